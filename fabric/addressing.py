@@ -1,0 +1,136 @@
+"""Addressing plan designed for aggregation, and deterministic switch ids and MACs.
+
+A host port's IPv4 address is built from fields, most significant first, inside 10.0.0.0/8:
+
+    10 . [plane][campus][pod][segment][leaf in segment][host port on leaf + 1]
+
+Each field gets just enough bits for its count, so every prefix in the hierarchy is one
+CIDR block:
+
+* every leaf's host ports share one **leaf prefix** (what a spine routes on);
+* every pod of a plane has a **pod prefix** (what a core routes on);
+* every campus of a plane has a **campus prefix** (what a far campus routes on);
+* every plane has a **plane prefix**: hosts put it on the interface of that plane, so the
+  host's kernel picks the interface by destination and the planes never mix.
+
+Host-port numbers on a leaf start at 1 so that no host address is a prefix's all-zeros.
+"""
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass
+
+BASE_NET = ipaddress.IPv4Network("10.0.0.0/8")
+
+# Role codes in the top byte of a datapath id.
+ROLE_CODE = {"leaf": 0x1, "edge": 0x1, "spine": 0x2, "agg": 0x2, "core": 0x3}
+
+
+def _bits(count: int) -> int:
+    """Bits needed to number `count` things (0 for one thing)."""
+    return max(0, (count - 1).bit_length())
+
+
+def ip_str(value: int) -> str:
+    return socket.inet_ntoa(struct.pack("!I", value))
+
+
+@dataclass(frozen=True)
+class AddressPlan:
+    planes: int
+    campuses: int
+    pods: int
+    segments: int
+    leaves_per_segment: int
+    ports_per_leaf: int
+
+    # bit widths, most significant first
+    @property
+    def widths(self) -> tuple[int, int, int, int, int, int]:
+        return (_bits(self.planes), _bits(self.campuses), _bits(self.pods), _bits(self.segments),
+                _bits(self.leaves_per_segment), _bits(self.ports_per_leaf + 1))
+
+    @property
+    def total_bits(self) -> int:
+        return sum(self.widths)
+
+    def check(self) -> None:
+        if self.total_bits > 32 - BASE_NET.prefixlen:
+            raise ValueError(f"addressing needs {self.total_bits} host bits, 10.0.0.0/8 has 24")
+
+    def _value(self, fields: tuple[int, ...]) -> int:
+        value = 0
+        for width, field_value in zip(self.widths, fields):
+            value = (value << width) | field_value
+        return value
+
+    def _prefix(self, fields: tuple[int, ...]) -> tuple[int, int]:
+        """(network int, prefix length) for the first len(fields) fields."""
+        widths = self.widths
+        used = sum(widths[: len(fields)])
+        rest = self.total_bits - used
+        value = 0
+        for width, field_value in zip(widths, fields):
+            value = (value << width) | field_value
+        net = int(BASE_NET.network_address) | (value << rest)
+        return net, 32 - rest
+
+    def host_ip_int(self, plane: int, campus: int, pod: int, segment: int, leaf: int, port: int) -> int:
+        return int(BASE_NET.network_address) | self._value((plane, campus, pod, segment, leaf, port + 1))
+
+    def host_ip(self, plane: int, campus: int, pod: int, segment: int, leaf: int, port: int) -> str:
+        return ip_str(self.host_ip_int(plane, campus, pod, segment, leaf, port))
+
+    def _cidr(self, fields: tuple[int, ...]) -> str:
+        net, length = self._prefix(fields)
+        return f"{ip_str(net)}/{length}"
+
+    def leaf_prefix(self, plane: int, campus: int, pod: int, segment: int, leaf: int) -> str:
+        return self._cidr((plane, campus, pod, segment, leaf))
+
+    def pod_prefix(self, plane: int, campus: int, pod: int) -> str:
+        return self._cidr((plane, campus, pod))
+
+    def campus_prefix(self, plane: int, campus: int) -> str:
+        return self._cidr((plane, campus))
+
+    def plane_prefix(self, plane: int) -> str:
+        net, length = self._prefix((plane,))
+        # The plane prefix can never be shorter than /8 (one plane: the whole 10/8).
+        return f"{ip_str(net)}/{max(length, BASE_NET.prefixlen)}"
+
+    def describe(self) -> list[str]:
+        names = ("plane", "campus", "pod", "segment", "leaf", "host port")
+        counts = (self.planes, self.campuses, self.pods, self.segments, self.leaves_per_segment,
+                  self.ports_per_leaf)
+        lines = [f"addressing: {BASE_NET} split as "
+                 + " | ".join(f"{n} {w}b" for n, w in zip(names, self.widths))]
+        for n, c, w in zip(names, counts, self.widths):
+            lines.append(f"  {n:<10} {c:>7} x  {w:>2} bits")
+        return lines
+
+
+def plan_for(scenario) -> AddressPlan:
+    plan = AddressPlan(planes=scenario.planes, campuses=scenario.campuses, pods=scenario.pods,
+                       segments=scenario.segments_per_pod,
+                       leaves_per_segment=scenario.leaves_per_plane_per_segment,
+                       ports_per_leaf=scenario.leaf_down_ports)
+    plan.check()
+    return plan
+
+
+def dpid(role: str, plane: int, campus: int, index: int) -> int:
+    """64-bit datapath id: role code | campus | plane | index (unique per switch)."""
+    return (ROLE_CODE[role] << 56) | ((campus & 0xFF) << 48) | ((plane & 0xFF) << 40) | (index & 0xFFFFFFFFFF)
+
+
+def dpid_str(value: int) -> str:
+    return f"{value:016x}"
+
+
+def host_mac(host_index: int, port_index: int) -> str:
+    """Locally administered unicast MAC: 02:00:<host index, 3 bytes>:<port index>."""
+    h = host_index & 0xFFFFFF
+    return f"02:00:{h >> 16:02x}:{(h >> 8) & 0xFF:02x}:{h & 0xFF:02x}:{port_index & 0xFF:02x}"

@@ -1,0 +1,212 @@
+"""Fabric graph builders: a Scenario becomes an annotated networkx MultiGraph.
+
+Nodes
+    hosts ``h1..hN``: role "host", tier 0, campus, pod, segment, index (0-based), accelerators,
+    ports (NIC ports: rails x planes).
+    switches: role ("leaf"/"spine"/"core" in an HPN, "edge"/"agg"/"core" in a fat-tree),
+    tier (1, 2, 3), plane, campus, pod (None for cores), segment (leaves), index (per plane),
+    dpid (int, unique), and for leaves ``prefix`` (the leaf's host prefix) and ``rails``.
+    HPN switch names carry their plane: ``p0l3`` is leaf 3 of plane 0, ``p1s0`` spine 0 of
+    plane 1, ``p0c1`` core 1 of plane 0. Fat-tree switches are ``e``, ``a`` and ``c``.
+Edges (parallel links allowed; key = link number)
+    kind ("host", "fabric", "core", "long-haul"), rate_gbps, delay_us, and
+    ``ports = {node: port number}``: the switch port (1-based, OpenFlow) or the host
+    interface number (0-based, ``hN-ethI``). Host links also carry plane, rail, ip, mac.
+    Port numbers on a switch: down-facing ports first, then up-facing, in build order.
+Graph attributes
+    scenario, plan (AddressPlan).
+
+Every number is deterministic: the same scenario always yields the same names, ports,
+dpids, addresses and MACs.
+"""
+from __future__ import annotations
+
+import networkx as nx
+
+from .addressing import AddressPlan, dpid, host_mac, plan_for
+from .spec import Scenario
+
+TIER = {"host": 0, "leaf": 1, "edge": 1, "spine": 2, "agg": 2, "core": 3}
+
+
+def build(scenario: Scenario) -> nx.MultiGraph:
+    """Build the fabric graph of a validated scenario."""
+    if scenario.kind == "fat-tree":
+        return _build_fat_tree(scenario)
+    return _build_hpn(scenario)
+
+
+def _new_graph(s: Scenario) -> tuple[nx.MultiGraph, AddressPlan]:
+    plan = plan_for(s)
+    g = nx.MultiGraph(name=s.name, scenario=s, plan=plan)
+    return g, plan
+
+
+def _add_hosts(g: nx.MultiGraph, s: Scenario) -> list[str]:
+    names = []
+    per_pod = s.segments_per_pod * s.hosts_per_segment
+    for idx in range(s.hosts):
+        campus, rest = divmod(idx, s.pods * per_pod)
+        pod, rest = divmod(rest, per_pod)
+        segment = rest // s.hosts_per_segment
+        name = f"h{idx + 1}"
+        g.add_node(name, role="host", tier=0, campus=campus, pod=pod, segment=segment, index=idx,
+                   accelerators=s.accelerators_per_host, ports=s.ports_per_host)
+        names.append(name)
+    return names
+
+
+def _build_hpn(s: Scenario) -> nx.MultiGraph:
+    g, plan = _new_graph(s)
+    hosts = _add_hosts(g, s)
+    L = s.leaves_per_plane_per_segment
+    rpl = s.rails_per_leaf
+    S = s.spines_per_plane
+    C = s.cores_per_plane
+    m = s.leaf_spine_links
+    mc = s.spine_core_links
+    leaf_down = s.leaf_down_ports
+    edges = []
+    for plane in range(s.planes):
+        cores = {}
+        for campus in range(s.campuses):
+            for c in range(C):
+                idx = campus * C + c
+                name = f"p{plane}c{idx}"
+                g.add_node(name, role="core", tier=3, plane=plane, campus=campus, pod=None, index=idx,
+                           dpid=dpid("core", plane, campus, idx),
+                           deep_buffer=bool(s.long_haul and s.long_haul.deep_buffer))
+                cores[campus, c] = name
+            for pod in range(s.pods):
+                pod_global = campus * s.pods + pod
+                spines = []
+                for sp in range(S):
+                    idx = pod_global * S + sp
+                    name = f"p{plane}s{idx}"
+                    g.add_node(name, role="spine", tier=2, plane=plane, campus=campus, pod=pod, index=idx,
+                               dpid=dpid("spine", plane, campus, idx))
+                    spines.append(name)
+                    # spine -> core uplinks: after the spine's down ports
+                    for c in range(C):
+                        for k in range(mc):
+                            sport = s.leaves_per_plane_per_pod * m + c * mc + k + 1
+                            cport = (pod * S + sp) * mc + k + 1
+                            edges.append((name, cores[campus, c], {
+                                "kind": "core", "rate_gbps": s.spine_core_rate_gbps, "delay_us": 0.0,
+                                "ports": {name: sport, cores[campus, c]: cport}}))
+                for seg in range(s.segments_per_pod):
+                    for lf in range(L):
+                        leaf_in_pod = seg * L + lf
+                        idx = pod_global * s.leaves_per_plane_per_pod + leaf_in_pod
+                        name = f"p{plane}l{idx}"
+                        g.add_node(name, role="leaf", tier=1, plane=plane, campus=campus, pod=pod,
+                                   segment=seg, leaf=lf, index=idx,
+                                   rails=tuple(range(lf * rpl, (lf + 1) * rpl)),
+                                   dpid=dpid("leaf", plane, campus, idx),
+                                   prefix=plan.leaf_prefix(plane, campus, pod, seg, lf))
+                        # leaf -> spine uplinks
+                        for sp, spine in enumerate(spines):
+                            for k in range(m):
+                                edges.append((name, spine, {
+                                    "kind": "fabric", "rate_gbps": s.leaf_spine_rate_gbps, "delay_us": 0.0,
+                                    "ports": {name: leaf_down + sp * m + k + 1,
+                                              spine: leaf_in_pod * m + k + 1}}))
+                        # host ports on this leaf
+                        first_host = (pod_global * s.segments_per_pod + seg) * s.hosts_per_segment
+                        for hs in range(s.hosts_per_segment):
+                            hidx = first_host + hs
+                            host = hosts[hidx]
+                            for r in range(rpl):
+                                rail = lf * rpl + r
+                                lport = hs * rpl + r
+                                intf = rail * s.planes + plane
+                                edges.append((host, name, {
+                                    "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0,
+                                    "plane": plane, "rail": rail,
+                                    "ip": plan.host_ip(plane, campus, pod, seg, lf, lport),
+                                    "mac": host_mac(hidx, intf),
+                                    "ports": {host: intf, name: lport + 1}}))
+        if s.long_haul:
+            lh = s.long_haul
+            for a in range(s.campuses):
+                for b in range(a + 1, s.campuses):
+                    for c in range(C):
+                        ca, cb = cores[a, c], cores[b, c]
+                        base = s.pods * S * mc
+                        for k in range(lh.links):
+                            # long-haul ports after the core's down ports, one block per far campus
+                            pa = base + ((b - 1) * lh.links) + k + 1
+                            pb = base + (a * lh.links) + k + 1
+                            edges.append((ca, cb, {
+                                "kind": "long-haul", "rate_gbps": lh.rate_gbps, "delay_us": lh.delay_us,
+                                "distance_km": lh.distance_km, "ports": {ca: pa, cb: pb}}))
+    g.add_edges_from(edges)
+    return g
+
+
+def _build_fat_tree(s: Scenario) -> nx.MultiGraph:
+    g, plan = _new_graph(s)
+    hosts = _add_hosts(g, s)
+    half = s.k // 2
+    edges = []
+    cores = []
+    for c in range(half * half):
+        name = f"c{c}"
+        g.add_node(name, role="core", tier=3, plane=0, campus=0, pod=None, index=c,
+                   dpid=dpid("core", 0, 0, c), deep_buffer=False)
+        cores.append(name)
+    for pod in range(s.k):
+        aggs = []
+        for a in range(half):
+            idx = pod * half + a
+            name = f"a{idx}"
+            g.add_node(name, role="agg", tier=2, plane=0, campus=0, pod=pod, index=idx,
+                       dpid=dpid("agg", 0, 0, idx))
+            aggs.append(name)
+            for j in range(half):
+                core = cores[a * half + j]
+                edges.append((name, core, {"kind": "core", "rate_gbps": s.spine_core_rate_gbps,
+                                           "delay_us": 0.0, "ports": {name: half + j + 1, core: pod + 1}}))
+        for e in range(half):
+            idx = pod * half + e
+            name = f"e{idx}"
+            g.add_node(name, role="edge", tier=1, plane=0, campus=0, pod=pod, segment=e, leaf=0,
+                       index=idx, rails=(0,), dpid=dpid("edge", 0, 0, idx),
+                       prefix=plan.leaf_prefix(0, 0, pod, e, 0))
+            for a, agg in enumerate(aggs):
+                edges.append((name, agg, {"kind": "fabric", "rate_gbps": s.leaf_spine_rate_gbps,
+                                          "delay_us": 0.0, "ports": {name: half + a + 1, agg: e + 1}}))
+            for hs in range(half):
+                hidx = (pod * half + e) * half + hs
+                host = hosts[hidx]
+                edges.append((host, name, {
+                    "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0, "plane": 0, "rail": 0,
+                    "ip": plan.host_ip(0, 0, pod, e, 0, hs), "mac": host_mac(hidx, 0),
+                    "ports": {host: 0, name: hs + 1}}))
+    g.add_edges_from(edges)
+    return g
+
+
+# ---- small queries used across the project -----------------------------------
+
+def switches(g: nx.MultiGraph, role: str | None = None) -> list[str]:
+    return [n for n, d in g.nodes(data=True) if d["tier"] > 0 and (role is None or d["role"] == role)]
+
+
+def hosts(g: nx.MultiGraph) -> list[str]:
+    return [n for n, d in g.nodes(data=True) if d["tier"] == 0]
+
+
+def host_ports(g: nx.MultiGraph, host: str) -> list[dict]:
+    """A host's NIC ports in interface order: dicts with intf, plane, rail, ip, mac, leaf, leaf_port."""
+    out = []
+    for _, leaf, data in g.edges(host, data=True):
+        out.append({"intf": data["ports"][host], "plane": data["plane"], "rail": data["rail"],
+                    "ip": data["ip"], "mac": data["mac"], "leaf": leaf, "leaf_port": data["ports"][leaf],
+                    "rate_gbps": data["rate_gbps"]})
+    return sorted(out, key=lambda p: p["intf"])
+
+
+def link_ports(g: nx.MultiGraph, u: str, v: str) -> list[tuple[int, int]]:
+    """(port on u, port on v) for every parallel link between u and v."""
+    return sorted((d["ports"][u], d["ports"][v]) for d in g.get_edge_data(u, v, default={}).values())
