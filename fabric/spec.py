@@ -28,6 +28,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from .errors import UserError
+
 #: One-way propagation delay of light in fibre.
 FIBRE_DELAY_US_PER_KM = 5.0
 
@@ -35,7 +37,7 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "topologies"
 _FAT_TREE_NAME = re.compile(r"^fat-tree-(\d+)$")
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """A scenario that cannot be built: the message names the field and the rule."""
 
     def __init__(self, field_name: str, rule: str, source: str | None = None):

@@ -1,0 +1,51 @@
+"""The `hpnlab` command: one subcommand per module `tools/cmd_<name>.py`.
+
+Each command module defines ``register(subparsers)``, which adds its parser and sets
+``func`` (called with the parsed args, returns an exit code). A user's mistake (bad
+scenario, missing privilege, missing kernel feature) is raised as ``UserError`` or
+``ScenarioError`` and printed as one line, exit code 2; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from fabric.errors import UserError
+
+# Order is the order `hpnlab --help` lists them in.
+COMMANDS = ["topo", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpnlab",
+        description="hpnlab: emulate and model the networks of AI training clusters.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        modname = f"hpnlab_tools.cmd_{name}"
+        if importlib.util.find_spec(modname) is None:
+            continue
+        importlib.import_module(modname).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:  # includes ScenarioError
+        print(f"hpnlab: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hpnlab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
