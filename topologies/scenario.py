@@ -1,0 +1,21 @@
+"""`mn --custom` entry for any scenario: a preset name or a YAML file, plus field overrides.
+
+    sudo .venv/bin/mn --custom topologies/scenario.py --topo scenario,mini-cross-campus \
+        --switch ovs,datapath=user,protocols=OpenFlow13 --controller remote --link tc
+    sudo .venv/bin/mn --custom topologies/scenario.py --topo scenario,path/to/my.yaml,planes=4
+
+Prefer ``sudo hpnlab emulate SCENARIO`` (controller, shaping, ECN stage, cleanup).
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fabric.mn import topo_from  # noqa: E402
+
+
+def scenario(name="mini-hpn", **fields):
+    return topo_from(str(name), **fields)
+
+
+topos = {"scenario": scenario}
