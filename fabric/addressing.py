@@ -1,6 +1,8 @@
 """Addressing plan designed for aggregation, and deterministic switch ids and MACs.
 
-A host port's IPv4 address is built from fields, most significant first, inside 10.0.0.0/8:
+A host port's IPv4 address is built from fields, most significant first, inside 10.0.0.0/8
+(when the fields below the plane fit in 16 bits, the plane takes the second octet, so
+``10.1.x.y`` is plane 1, and the campus field absorbs the spare bits):
 
     10 . [plane][campus][pod][segment][leaf in segment][host port on leaf + 1]
 
@@ -49,8 +51,13 @@ class AddressPlan:
     # bit widths, most significant first
     @property
     def widths(self) -> tuple[int, int, int, int, int, int]:
-        return (_bits(self.planes), _bits(self.campuses), _bits(self.pods), _bits(self.segments),
+        rest = (_bits(self.campuses), _bits(self.pods), _bits(self.segments),
                 _bits(self.leaves_per_segment), _bits(self.ports_per_leaf + 1))
+        # Readable plans: when everything below the plane fits in 16 bits, the plane gets the
+        # whole second octet (plane 1 is 10.1.0.0/16) and the rest is right-aligned below it.
+        if sum(rest) <= 16 and self.planes <= 256:
+            return (8, 16 - sum(rest) + rest[0], *rest[1:])
+        return (_bits(self.planes), *rest)
 
     @property
     def total_bits(self) -> int:
@@ -108,7 +115,9 @@ class AddressPlan:
         lines = [f"addressing: {BASE_NET} split as "
                  + " | ".join(f"{n} {w}b" for n, w in zip(names, self.widths))]
         for n, c, w in zip(names, counts, self.widths):
-            lines.append(f"  {n:<10} {c:>7} x  {w:>2} bits")
+            spare = w - _bits(c + 1 if n == "host port" else c)
+            note = f"  ({spare} spare, kept zero)" if spare else ""
+            lines.append(f"  {n:<10} {c:>7} x  {w:>2} bits{note}")
         return lines
 
 

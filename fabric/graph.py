@@ -127,6 +127,7 @@ def _build_hpn(s: Scenario) -> nx.MultiGraph:
                         for hs in range(s.hosts_per_segment):
                             hidx = first_host + hs
                             host = hosts[hidx]
+                            mac_base = host_mac(hidx, 0)[:-2]
                             for r in range(rpl):
                                 rail = lf * rpl + r
                                 lport = hs * rpl + r
@@ -135,7 +136,7 @@ def _build_hpn(s: Scenario) -> nx.MultiGraph:
                                     "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0,
                                     "plane": plane, "rail": rail,
                                     "ip": ip_str(ip_base + lport),
-                                    "mac": host_mac(hidx, intf),
+                                    "mac": f"{mac_base}{intf:02x}",
                                     "ports": {host: intf, name: lport + 1}}))
         if s.long_haul:
             lh = s.long_haul

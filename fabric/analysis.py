@@ -1,0 +1,271 @@
+"""Analyses of a fabric graph: sizes, radix use, oversubscription, bisection, paths, routes.
+
+Everything here is read off the graph (not from the scenario's numbers), so the tests can
+compare it with closed-form formulas and catch a builder that wires something wrong.
+
+Route-table sizes count IPv4 forwarding entries per switch under two policies:
+
+``host_routes``
+    one route per host address (NIC port) of the switch's plane: what a flat, unaggregated
+    fabric installs everywhere.
+``aggregated``
+    leaf/edge: one host route per attached host port + one default route up (if it has
+    uplinks); spine/agg: one prefix per leaf below it + one default up (if it has uplinks);
+    core: one prefix per pod below it + one campus prefix per far campus (long-haul).
+    This is the route plan the controller's ``aggregate`` policy compiles in a healthy fabric.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict, deque
+from typing import Any
+
+import networkx as nx
+
+PAIR_KINDS = ("same-leaf", "same-rail", "cross-rail", "cross-pod", "cross-campus")
+
+
+def scan(g: nx.MultiGraph) -> dict[str, Any]:
+    """One pass over every switch's links (the graph's raw adjacency: this is the hot loop
+    at 130k scale). Returns per-switch port use and route counts, link counts by kind and
+    host ports per plane."""
+    s = g.graph["scenario"]
+    node = g._node
+    port_rate = s.switch_port_rate_gbps
+    ports: dict[str, dict[str, float]] = {}
+    raw_routes: dict[str, tuple[int, int]] = {}
+    links: Counter[str] = Counter()
+    ports_per_plane: Counter[int] = Counter()
+    for n, d in node.items():
+        tier = d["tier"]
+        if tier == 0:
+            continue
+        nlinks = 0
+        down = up = peer = 0.0
+        host_ports = 0
+        below: set = set()
+        far: set = set()
+        has_up = False
+        for v, keydict in g._adj[n].items():
+            vd = node[v]
+            vt = vd["tier"]
+            if len(keydict) == 1:
+                nlinks += 1
+                for data in keydict.values():
+                    cap = data["rate_gbps"]
+            else:
+                nlinks += len(keydict)
+                cap = sum(data["rate_gbps"] for data in keydict.values())
+            if vt == 0:
+                down += cap
+                host_ports += len(keydict)
+                links["host"] += len(keydict)
+            elif vt < tier:
+                down += cap
+                # a spine counts the leaves below it; a core counts the pods below it
+                below.add(v if tier == 2 else (vd["campus"], vd["pod"]))
+            elif vt > tier:
+                up += cap
+                has_up = True
+                links[next(iter(keydict.values()))["kind"]] += len(keydict)
+            else:
+                peer += cap
+                far.add(vd["campus"])
+                if n < v:
+                    links[next(iter(keydict.values()))["kind"]] += len(keydict)
+        if host_ports:
+            ports_per_plane[d["plane"]] += host_ports
+        ports[n] = {"links": nlinks, "slots": (down + up + peer) / port_rate, "down_gbps": down,
+                    "up_gbps": up, "peer_gbps": peer}
+        raw_routes[n] = (d["plane"], host_ports + len(below) + len(far) + int(has_up))
+    routes = {n: {"host_routes": ports_per_plane[plane], "aggregated": agg}
+              for n, (plane, agg) in raw_routes.items()}
+    return {"ports": ports, "routes": routes, "links": links, "ports_per_plane": ports_per_plane}
+
+
+def switch_ports(g: nx.MultiGraph) -> dict[str, dict[str, float]]:
+    """Per switch: links, port slots used (in switch_port_rate units), down/up/peer capacity."""
+    return scan(g)["ports"]
+
+
+def route_counts(g: nx.MultiGraph) -> dict[str, dict[str, int]]:
+    """Per switch: {'host_routes': n, 'aggregated': n} (see the module docstring)."""
+    return scan(g)["routes"]
+
+
+def count_shortest_paths(g: nx.MultiGraph, src: str, dst: str) -> tuple[int, int]:
+    """(switch-to-switch links on a shortest path, number of shortest link-level paths)
+    between two switches, walking only switches (hosts do not forward)."""
+    if src == dst:
+        return 0, 1
+    node, adj = g._node, g._adj
+    dist = {src: 0}
+    sigma = {src: 1}
+    queue = deque([src])
+    while queue:
+        u = queue.popleft()
+        du = dist[u]
+        if dst in dist and du >= dist[dst]:
+            break
+        su = sigma[u]
+        for v, keydict in adj[u].items():
+            dv = dist.get(v)
+            if dv is None:
+                if node[v]["tier"] == 0:
+                    continue
+                dist[v] = dv = du + 1
+                sigma[v] = 0
+                queue.append(v)
+            if dv == du + 1:
+                sigma[v] += su * len(keydict)
+    if dst not in dist:
+        return -1, 0
+    return dist[dst], sigma[dst]
+
+
+def _host_port_on(g: nx.MultiGraph, leaf: str, *, rail: int | None = None, not_host: str | None = None):
+    for host, keydict in g._adj[leaf].items():
+        if host == not_host:
+            continue
+        for data in keydict.values():
+            if data["kind"] == "host" and (rail is None or data["rail"] == rail):
+                return {"host": host, "leaf": leaf, "rail": data["rail"], "ip": data["ip"]}
+    return None
+
+
+def representative_pairs(g: nx.MultiGraph) -> dict[str, tuple[dict, dict]]:
+    """One pair of host ports of plane 0 for each kind of pair the fabric has."""
+    leaves = {}
+    for n, d in g._node.items():
+        if d["tier"] == 1 and d["plane"] == 0:
+            leaves[(d["campus"], d["pod"], d["segment"], d["leaf"])] = n
+    first = leaves[min(leaves)]
+    fa = g._node[first]
+    a = _host_port_on(g, first)
+    pairs: dict[str, tuple[dict, dict]] = {}
+    b = _host_port_on(g, first, not_host=a["host"])
+    if b:
+        pairs["same-leaf"] = (a, b)
+    for key, leaf in sorted(leaves.items()):
+        if leaf == first:
+            continue
+        ld = g._node[leaf]
+        if ld["campus"] != fa["campus"]:
+            kind = "cross-campus"
+        elif ld["pod"] != fa["pod"]:
+            kind = "cross-pod"
+        elif a["rail"] in ld["rails"]:
+            kind = "same-rail"
+        else:
+            kind = "cross-rail"
+        if kind not in pairs:
+            b = _host_port_on(g, leaf, rail=a["rail"] if kind == "same-rail" else None,
+                              not_host=a["host"])
+            if b:
+                pairs[kind] = (a, b)
+    return pairs
+
+
+def path_table(g: nx.MultiGraph) -> dict[str, dict[str, Any]]:
+    """Per pair kind: host-to-host links on a shortest path and the number of equal-cost paths."""
+    out = {}
+    pairs = representative_pairs(g)
+    for kind in PAIR_KINDS:
+        if kind not in pairs:
+            continue
+        a, b = pairs[kind]
+        links, paths = count_shortest_paths(g, a["leaf"], b["leaf"])
+        out[kind] = {"hops": links + 2, "switches": links + 1, "paths": paths,
+                     "example": [f"{a['host']} {a['ip']}", f"{b['host']} {b['ip']}"]}
+    out["cross-plane"] = {"hops": None, "switches": None, "paths": 0,
+                          "note": "planes are disjoint networks; a host reaches another plane only "
+                                  "through its own NIC port on that plane"}
+    return out
+
+
+def bisection(g: nx.MultiGraph, ports: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Capacity of the worst balanced cut of a Clos: min over tiers of half the capacity above
+    the tier (all planes together), and the long-haul cut between campuses."""
+    s = g.graph["scenario"]
+    by_tier: dict[int, float] = defaultdict(float)
+    host_gbps = 0.0
+    for n, p in ports.items():
+        tier = g.nodes[n]["tier"]
+        by_tier[tier] += p["up_gbps"]
+        if tier == 1:
+            host_gbps += p["down_gbps"]
+    cuts = {"hosts": host_gbps / 2}
+    for tier, cap in sorted(by_tier.items()):
+        if cap > 0:
+            cuts[f"tier{tier}_up"] = cap / 2
+    if s.campuses > 1 and s.long_haul:
+        half = s.campuses // 2
+        per_pair = s.planes * s.cores_per_plane * s.long_haul.links * s.long_haul.rate_gbps
+        cuts["long_haul"] = half * (s.campuses - half) * per_pair
+    return {"bisection_gbps": min(cuts.values()), "cuts_gbps": cuts}
+
+
+def inspect(g: nx.MultiGraph) -> dict[str, Any]:
+    """The numbers `hpnlab topo inspect` prints (and its --json)."""
+    s = g.graph["scenario"]
+    nodes = g._node
+    scanned = scan(g)
+    ports, routes, links = scanned["ports"], scanned["routes"], scanned["links"]
+    roles = Counter(nodes[n]["role"] for n in ports)
+    nic_ports = links.get("host", 0)
+    max_slots = max((p["slots"] for p in ports.values()), default=0)
+    max_links = max((p["links"] for p in ports.values()), default=0)
+    over: dict[str, float] = {}
+    for n, p in ports.items():
+        role = nodes[n]["role"]
+        if p["up_gbps"] > 0:
+            over[role] = max(over.get(role, 0.0), p["down_gbps"] / p["up_gbps"])
+    if s.campuses > 1 and s.long_haul:
+        campus_host_gbps = s.hosts // s.campuses * s.ports_per_host * s.host_rate_gbps
+        far = (s.campuses - 1) * s.planes * s.cores_per_plane * s.long_haul.links * s.long_haul.rate_gbps
+        over["long-haul"] = campus_host_gbps / far
+    per_pod: dict[str, int] = defaultdict(int)
+    per_pod_host: dict[str, int] = defaultdict(int)
+    for n, r in routes.items():
+        d = nodes[n]
+        if d["pod"] is None:
+            continue
+        key = f"campus{d['campus']}/pod{d['pod']}"
+        per_pod[key] += r["aggregated"]
+        per_pod_host[key] += r["host_routes"]
+    by_role_routes = {}
+    for role in roles:
+        members = [routes[n] for n in ports if nodes[n]["role"] == role]
+        by_role_routes[role] = {"host_routes_max": max(r["host_routes"] for r in members),
+                                "aggregated_max": max(r["aggregated"] for r in members)}
+    result = {
+        "scenario": s.name,
+        "kind": s.kind,
+        "accelerators": s.hosts * s.accelerators_per_host,
+        "hosts": len(nodes) - len(ports),
+        "nic_ports": nic_ports,
+        "planes": s.planes,
+        "rails": s.rails,
+        "switches": dict(sorted(roles.items(), key=lambda kv: -_tier_of(kv[0]))) | {"total": len(ports)},
+        "links": dict(links) | {"total": sum(links.values())},
+        "radix": s.switch_radix,
+        "switch_port_rate_gbps": s.switch_port_rate_gbps,
+        "max_ports_used": max_slots,
+        "max_links_per_switch": max_links,
+        "ports_used_by_role": {role: max(ports[n]["slots"] for n in ports if nodes[n]["role"] == role)
+                               for role in roles},
+        "oversubscription": over,
+        "paths": path_table(g),
+        "routes": {
+            "host_routes_max": max((r["host_routes"] for r in routes.values()), default=0),
+            "aggregated_max": max((r["aggregated"] for r in routes.values()), default=0),
+            "per_pod_total": {"aggregated": dict(per_pod), "host_routes": dict(per_pod_host)},
+            "by_role": by_role_routes,
+        },
+    }
+    result.update(bisection(g, ports))
+    return result
+
+
+def _tier_of(role: str) -> int:
+    from .graph import TIER
+    return TIER[role]

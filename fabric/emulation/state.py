@@ -1,0 +1,342 @@
+"""The machine-wide lock, the per-run state file, and the cleanup that reads it.
+
+Everything an emulation creates on the machine is written into its state file
+(``/run/hpnlab/runs/<run id>.json``) *before* it is created:
+
+``bridges``      OVS bridges (each also carries ``external_ids:hpnlab-run=<run id>``)
+``interfaces``   interfaces in the root network namespace (switch-side veths)
+``pids``         processes: host/switch shells (their network namespaces die with them),
+                 the controller (its own process group), traffic tools; each with its
+                 start time so that a reused pid is never killed
+``bpf_pins``     bpffs paths (pinned ECN program and maps)
+``dirs``         run directories (logs, compiled objects)
+
+Every child process also inherits ``HPNLAB_RUN=<run id>`` in its environment, so a
+process started in the instant between creation and recording is still found.
+
+``clean()`` removes exactly what the state files of dead runs list (or every run with
+``force``), plus any OVS bridge marked ``hpnlab-run`` whose run is not alive. It never
+touches anything else: other OVS bridges, other interfaces and other processes survive.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import UserError
+
+RUN_DIR = Path(os.environ.get("HPNLAB_RUN_DIR", "/run/hpnlab"))
+ENV_MARK = "HPNLAB_RUN"
+OVS_MARK = "hpnlab-run"
+
+
+def runs_dir() -> Path:
+    return RUN_DIR / "runs"
+
+
+def _pid_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), or None when it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name may contain spaces: fields after the last ')'
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def pid_alive(pid: int, start: int | None = None) -> bool:
+    now = _pid_start(pid)
+    if now is None:
+        return False
+    return start is None or now == start
+
+
+# ---- the lock ---------------------------------------------------------------
+
+class Lock:
+    """One emulation per machine: an exclusive flock on ``/run/hpnlab/lock``."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or RUN_DIR / "lock"
+        self._fd: int | None = None
+
+    def acquire(self, what: str) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = ""
+            try:
+                holder = Path(self.path).read_text().strip()
+            except OSError:
+                pass
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise UserError(f"another emulation is running ({holder or 'holder unknown'}); "
+                                f"wait for it to finish or stop it") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, {what}, since {_now()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# ---- the state file -------------------------------------------------------------
+
+@dataclass
+class RunState:
+    run_id: str
+    owner_pid: int
+    owner_start: int | None
+    scenario: str
+    started: str = field(default_factory=_now)
+    bridges: list[str] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+    pids: list[dict[str, Any]] = field(default_factory=list)
+    bpf_pins: list[str] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, scenario: str) -> "RunState":
+        run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+        state = cls(run_id=run_id, owner_pid=os.getpid(), owner_start=_pid_start(os.getpid()),
+                    scenario=scenario)
+        state.save()
+        return state
+
+    @property
+    def path(self) -> Path:
+        return runs_dir() / f"{self.run_id}.json"
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_DIR / self.run_id
+
+    def save(self) -> None:
+        runs_dir().mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1))
+        os.replace(tmp, self.path)
+
+    # recording: always called before the thing is created
+    def add_bridges(self, names) -> None:
+        self.bridges.extend(n for n in names if n not in self.bridges)
+        self.save()
+
+    def add_interfaces(self, names) -> None:
+        known = set(self.interfaces)
+        self.interfaces.extend(n for n in names if n not in known)
+        self.save()
+
+    def add_pid(self, pid: int, what: str, group: bool = False) -> None:
+        self.pids.append({"pid": pid, "start": _pid_start(pid), "what": what, "group": group})
+        self.save()
+
+    def add_bpf_pin(self, path: str) -> None:
+        if path not in self.bpf_pins:
+            self.bpf_pins.append(path)
+            self.save()
+
+    def add_dir(self, path: str) -> None:
+        if path not in self.dirs:
+            self.dirs.append(path)
+            self.save()
+
+    def owner_alive(self) -> bool:
+        return pid_alive(self.owner_pid, self.owner_start)
+
+    @classmethod
+    def load(cls, path: Path) -> "RunState":
+        data = json.loads(path.read_text())
+        return cls(**data)
+
+
+def all_runs() -> list[RunState]:
+    out = []
+    d = runs_dir()
+    if d.is_dir():
+        for p in sorted(d.glob("*.json")):
+            try:
+                out.append(RunState.load(p))
+            except (OSError, ValueError, TypeError):
+                continue
+    return out
+
+
+# ---- cleanup -------------------------------------------------------------------------
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def marked_bridges() -> dict[str, str]:
+    """OVS bridges carrying ``external_ids:hpnlab-run``: name -> run id."""
+    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=name,external_ids", "list", "Bridge"])
+    if r.returncode != 0:
+        return {}
+    out = {}
+    for name, ext in json.loads(r.stdout).get("data", []):
+        pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
+        if OVS_MARK in pairs:
+            out[name] = pairs[OVS_MARK]
+    return out
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def marked_pids(run_ids: set[str]) -> list[int]:
+    """Processes whose environment carries HPNLAB_RUN=<one of run_ids> (never us or our parents)."""
+    wanted = {f"{ENV_MARK}={r}".encode() for r in run_ids}
+    skip = _ancestors()
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid in skip:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if any(var in wanted for var in env.split(b"\0")):
+            out.append(pid)
+    return out
+
+
+def _kill(pid: int, start: int | None, group: bool, sig: int) -> bool:
+    if not pid_alive(pid, start):
+        return False
+    try:
+        if group:
+            try:
+                os.killpg(pid, sig)  # a group we created: its leader's pid is its id
+            except ProcessLookupError:
+                os.kill(pid, sig)
+        else:
+            os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> dict[str, int]:
+    """Remove everything one run's state lists. Returns counts of what was removed."""
+    removed = {"processes": 0, "bridges": 0, "interfaces": 0, "bpf_pins": 0, "dirs": 0}
+    skip = _ancestors()
+    # 1. processes: recorded ones (by pid and start time), then any marked in the environment
+    victims = [(p["pid"], p.get("start"), p.get("group", False)) for p in state.pids
+               if p["pid"] not in skip]
+    recorded = {v[0] for v in victims}
+    victims += [(pid, _pid_start(pid), False) for pid in marked_pids({state.run_id})
+                if pid not in recorded]
+    for pid, start, group in victims:
+        if _kill(pid, start, group, signal.SIGTERM):
+            removed["processes"] += 1
+    deadline = time.monotonic() + 3.0
+    for pid, start, group in victims:
+        while pid_alive(pid, start) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _kill(pid, start, group, signal.SIGKILL)
+    for pid, start, _ in victims:
+        while pid_alive(pid, start) and time.monotonic() < deadline + 2:
+            time.sleep(0.02)
+    # 2. OVS bridges: those listed, and any marked with this run id
+    marked = marked_bridges()
+    bridges = [b for b in state.bridges if b not in marked or marked[b] == state.run_id]
+    bridges += [b for b, run in marked.items() if run == state.run_id and b not in bridges]
+    existing = set(_run(["ovs-vsctl", "--timeout=5", "list-br"]).stdout.split())
+    doomed = [b for b in bridges if b in existing and marked.get(b) == state.run_id]
+    if doomed:
+        args = ["ovs-vsctl", "--timeout=20"]
+        for b in doomed:
+            args += ["--", "--if-exists", "del-br", b]
+        r = _run(args)
+        if r.returncode != 0:
+            log(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
+        removed["bridges"] = len(doomed)
+    # 3. root-namespace interfaces (veths): only the listed names that still exist
+    present = {p.name for p in Path("/sys/class/net").iterdir()} if Path("/sys/class/net").is_dir() else set()
+    gone = [i for i in state.interfaces + state.bridges if i in present]
+    if gone:
+        batch = "".join(f"link del dev {i}\n" for i in gone)
+        _run(["ip", "-force", "-batch", "-"], input=batch)
+        removed["interfaces"] = len(gone)
+    # 4. pinned BPF objects (programs and maps are freed once unpinned and detached)
+    for pin in state.bpf_pins:
+        p = Path(pin)
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            removed["bpf_pins"] += 1
+        elif p.exists():
+            p.unlink(missing_ok=True)
+            removed["bpf_pins"] += 1
+    # 5. run directories
+    for d in state.dirs:
+        if Path(d).is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+            removed["dirs"] += 1
+    state.path.unlink(missing_ok=True)
+    return removed
+
+
+def clean(force: bool = False, log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """Tear down every run whose owner is dead (every run with ``force``).
+
+    Returns a summary: runs cleaned, runs skipped (alive), counts removed.
+    """
+    summary: dict[str, Any] = {"runs": [], "alive": [], "removed": {}}
+    live_ids = set()
+    for state in all_runs():
+        if state.owner_alive() and not force:
+            summary["alive"].append({"run_id": state.run_id, "pid": state.owner_pid,
+                                     "scenario": state.scenario})
+            live_ids.add(state.run_id)
+            continue
+        counts = teardown(state, log)
+        summary["runs"].append(state.run_id)
+        for k, v in counts.items():
+            summary["removed"][k] = summary["removed"].get(k, 0) + v
+    # bridges marked by a run that has no state file and is not alive
+    orphans = [b for b, run in marked_bridges().items() if run not in live_ids]
+    if orphans:
+        args = ["ovs-vsctl", "--timeout=20"]
+        for b in orphans:
+            args += ["--", "--if-exists", "del-br", b]
+        _run(args)
+        summary["removed"]["bridges"] = summary["removed"].get("bridges", 0) + len(orphans)
+    return summary

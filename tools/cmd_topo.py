@@ -1,0 +1,160 @@
+"""`hpnlab topo`: inspect, export and list fabrics (pure: no root needed)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fabric import analysis, export, graph, spec
+from fabric.errors import UserError
+
+
+def add_scenario_args(parser) -> None:
+    """SCENARIO and --set, shared by every command that takes a scenario."""
+    parser.add_argument("scenario", metavar="SCENARIO",
+                        help="preset name (see 'hpnlab topo presets'), fat-tree-K, or a YAML file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a scenario field (repeatable), e.g. --set planes=4 --set long_haul.distance_km=50")
+
+
+def load_scenario(args) -> spec.Scenario:
+    return spec.load(args.scenario, spec.parse_overrides(args.overrides))
+
+
+def register(sub) -> None:
+    topo = sub.add_parser("topo", help="inspect, export and list fabrics")
+    tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION")
+    tsub.required = True
+
+    p = tsub.add_parser("inspect", help="sizes, radix use, oversubscription, bisection, paths, routes")
+    add_scenario_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a report")
+    p.add_argument("--rules", action="store_true",
+                   help="also compile the controller's rules and report counts per policy")
+    p.set_defaults(func=cmd_inspect)
+
+    p = tsub.add_parser("export", help="write the fabric graph (json, graphml or dot)")
+    add_scenario_args(p)
+    p.add_argument("--format", choices=export.FORMATS, default="json")
+    p.add_argument("-o", "--output", help="file to write (default: standard output)")
+    p.set_defaults(func=cmd_export)
+
+    p = tsub.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
+    add_scenario_args(p)
+    p.add_argument("--hosts", type=int, default=4, help="host addresses to list (default 4)")
+    p.set_defaults(func=cmd_plan)
+
+    p = tsub.add_parser("presets", help="list the scenario presets")
+    p.set_defaults(func=cmd_presets)
+
+
+def _fmt_num(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if not value.is_integer() else f"{int(value):,}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def render(report: dict) -> str:
+    r = report
+    lines = [f"{r['scenario']} ({r['kind']})",
+             f"  accelerators      {r['accelerators']:>12,}",
+             f"  hosts             {r['hosts']:>12,}",
+             f"  NIC ports         {r['nic_ports']:>12,}   ({r['planes']} planes x {r['rails']} rails per host)",
+             "  switches          " + ", ".join(f"{k} {v:,}" for k, v in r["switches"].items()),
+             "  links             " + ", ".join(f"{k} {v:,}" for k, v in r["links"].items()),
+             f"  radix             {r['radix']} x {r['switch_port_rate_gbps']:g}G; most used "
+             f"{_fmt_num(r['max_ports_used'])} "
+             + "(" + ", ".join(f"{k} {_fmt_num(v)}" for k, v in r["ports_used_by_role"].items()) + ")",
+             "  oversubscription  " + ", ".join(f"{k} {v:.3f}:1" for k, v in r["oversubscription"].items()),
+             f"  bisection         {r['bisection_gbps'] / 1000:,.1f} Tbit/s (worst balanced cut: "
+             + ", ".join(f"{k} {v / 1000:,.1f}T" for k, v in r["cuts_gbps"].items()) + ")",
+             "  paths between host ports (plane 0):"]
+    for kind, p in r["paths"].items():
+        if p["hops"] is None:
+            lines.append(f"    {kind:<13} none: {p['note']}")
+        else:
+            lines.append(f"    {kind:<13} {p['hops']} links, {p['switches']} switches, "
+                         f"{p['paths']:,} equal-cost paths   e.g. {p['example'][0]} -> {p['example'][1]}")
+    rt = r["routes"]
+    lines.append("  routes per switch: host routes max "
+                 f"{rt['host_routes_max']:,}, aggregated max {rt['aggregated_max']:,} "
+                 f"({rt['host_routes_max'] / max(rt['aggregated_max'], 1):,.0f}x fewer)")
+    for role, v in rt["by_role"].items():
+        lines.append(f"    {role:<6} host routes {v['host_routes_max']:>9,}   aggregated {v['aggregated_max']:>7,}")
+    pods = rt["per_pod_total"]["aggregated"]
+    if pods:
+        first = next(iter(pods))
+        lines.append(f"  routes per pod (all planes, leaves + spines), {first}: aggregated "
+                     f"{pods[first]:,} vs host routes {rt['per_pod_total']['host_routes'][first]:,}"
+                     + (f" ({len(pods)} pods)" if len(pods) > 1 else ""))
+    if "rules" in r:
+        lines.append("  compiled controller rules:")
+        lines.extend("    " + line for line in json.dumps(r["rules"], indent=2).splitlines())
+    return "\n".join(lines)
+
+
+def cmd_inspect(args) -> int:
+    scenario = load_scenario(args)
+    g = graph.build(scenario)
+    report = analysis.inspect(g)
+    if args.rules:
+        try:
+            from controller.compiler import route_summary
+        except ImportError as exc:
+            raise UserError(f"--rules needs the controller compiler ({exc})") from None
+        report["rules"] = {policy: route_summary(g, policy) for policy in ("aggregate", "host-routes")}
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        print()
+    else:
+        print(render(report))
+    return 0
+
+
+def cmd_export(args) -> int:
+    scenario = load_scenario(args)
+    g = graph.build(scenario)
+    if args.output:
+        path = Path(args.output)
+        if not path.parent.is_dir():
+            raise UserError(f"--output: folder {path.parent} does not exist")
+        with path.open("w") as fh:
+            export.write(g, args.format, fh)
+        print(f"wrote {args.format} of {scenario.name} ({g.number_of_nodes():,} nodes, "
+              f"{g.number_of_edges():,} links) to {path}", file=sys.stderr)
+    else:
+        export.write(g, args.format, sys.stdout)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    scenario = load_scenario(args)
+    g = graph.build(scenario)
+    plan = g.graph["plan"]
+    print("\n".join(plan.describe()))
+    for p in range(scenario.planes):
+        print(f"plane {p}: {plan.plane_prefix(p)}")
+        for c in range(scenario.campuses):
+            if scenario.campuses > 1:
+                print(f"  campus {c}: {plan.campus_prefix(p, c)}")
+            for pod in range(scenario.pods):
+                print(f"    pod {pod}: {plan.pod_prefix(p, c, pod)}")
+    leaves = [n for n in graph.switches(g) if g.nodes[n]["tier"] == 1][:8]
+    print("leaf prefixes (first 8): " + ", ".join(f"{n} {g.nodes[n]['prefix']}" for n in leaves))
+    for h in graph.hosts(g)[: args.hosts]:
+        ports = graph.host_ports(g, h)
+        print(f"{h}: " + ", ".join(f"eth{p['intf']} {p['ip']} (plane {p['plane']}, rail {p['rail']}, "
+                                    f"{p['leaf']} port {p['leaf_port']}, {p['mac']})" for p in ports))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    for name in spec.preset_names():
+        s = spec.load(name)
+        print(f"{name:<20} {s.kind:<9} {s.accelerators:>8,} accelerators  "
+              f"{s.hosts:>6,} hosts  {s.planes} planes x {s.rails} rails  "
+              + (f"{s.campuses} campuses" if s.campuses > 1 else ""))
+    print("fat-tree-K           fat-tree  any even K, e.g. fat-tree-4, fat-tree-48")
+    return 0
