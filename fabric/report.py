@@ -1,0 +1,256 @@
+"""Results of collective runs: nccl-tests tables, JSON files and PNG plots.
+
+Pure except for the plot functions (matplotlib, imported when called). The input is what
+the rank workers return (``fabric.ranks``): per rank, per size, the seconds each timed
+iteration took and the number of wrong elements found when checking.
+
+How numbers are made (nccl-tests' conventions, doc/PERFORMANCE.md there)
+    time   an iteration's time is the slowest rank's (a collective ends when its last rank
+           does); the table shows the mean over the timed iterations, in microseconds.
+    algbw  size / time, in GB/s with GB = 1e9 bytes; "size" is the table's size column.
+    busbw  algbw x the collective's factor (``fabric.collectives.busbw_factor``).
+    #wrong elements that differ from the collective's definition, summed over ranks
+           ("N/A" when the run did not check, as nccl-tests prints with -c 0).
+    Avg bus bandwidth: mean busbw over every measured cell (out-of-place and in-place).
+hpnlab adds, as comment lines after nccl-tests' footer, the line rate of one rank's
+NIC ports (their emulated rate) and busbw as a fraction of it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import collectives as col
+
+GB = 1e9
+
+
+def cell(times_s: list[float], size_bytes: int, factor: float, wrong: int | None) -> dict:
+    t = sum(times_s) / len(times_s)
+    algbw = size_bytes / t / GB if t > 0 else 0.0
+    return {"time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * factor, "wrong": wrong,
+            "iterations": len(times_s)}
+
+
+def aggregate(rank_results: list[dict], collective: str) -> list[dict]:
+    """Table rows from per-rank results (each: {"rank", "sizes": [{"size", "count",
+    "param_count", "oop": {"times_s", "wrong"}, "ip": {...} or None}]})."""
+    n = len(rank_results)
+    factor = col.busbw_factor(collective, n)
+    by_rank = sorted(rank_results, key=lambda r: r["rank"])
+    rows = []
+    for i, first in enumerate(by_rank[0]["sizes"]):
+        row = {"size": first["size"], "count": first["param_count"]}
+        for mode in ("oop", "ip"):
+            if first.get(mode) is None:
+                row[mode] = None
+                continue
+            per_rank = [r["sizes"][i][mode] for r in by_rank]
+            iters = len(per_rank[0]["times_s"])
+            slowest = [max(p["times_s"][k] for p in per_rank) for k in range(iters)]
+            wrongs = [p["wrong"] for p in per_rank]
+            wrong = None if any(w is None for w in wrongs) else sum(wrongs)
+            row[mode] = cell(slowest, first["size"], factor, wrong)
+        rows.append(row)
+    return rows
+
+
+def avg_busbw(rows: list[dict]) -> float:
+    values = [r[m]["busbw_gbs"] for r in rows for m in ("oop", "ip") if r.get(m)]
+    return sum(values) / len(values) if values else 0.0
+
+
+def _decimals(values: Iterable[float]) -> int:
+    top = max([v for v in values if v > 0] or [1.0])
+    return max(2, min(7, 3 - math.floor(math.log10(top))))
+
+
+def format_table(result: dict) -> str:
+    """The nccl-tests layout for one collective run (``result`` as built by ``fabric.ranks``)."""
+    rows = result["rows"]
+    d = _decimals(r[m][k] for r in rows for m in ("oop", "ip") if r.get(m)
+                  for k in ("algbw_gbs", "busbw_gbs"))
+    bw = 7 + max(0, d - 2)
+    sub = f"{'time':>10} {'algbw':>{bw}} {'busbw':>{bw}} {'#wrong':>6}"
+    units = f"{'(us)':>10} {'(GB/s)':>{bw}} {'(GB/s)':>{bw}} {'':>6}"
+    span = len(sub)
+    lines = [
+        f"# hpnlab collective: {result['collective']}  nranks {result['nranks']}  "
+        f"transport {result.get('transport', '?')}  entropy {result.get('entropy', '-')}"
+        + (f"  job {result['job']}" if result.get("job") is not None else ""),
+        f"#{'':<53}  {'out-of-place':^{span}}  {'in-place':^{span}}",
+        f"#{'size':>11} {'count':>12} {'type':>8} {'redop':>6} {'root':>6}  {sub}  {sub}",
+        f"#{'(B)':>11} {'(elements)':>12} {'':>8} {'':>6} {'':>6}  {units}  {units}",
+    ]
+    for r in rows:
+        parts = [f" {r['size']:>11} {r['count']:>12} {result.get('type', col.TYPE_NAME):>8} "
+                 f"{result.get('redop', 'sum'):>6} {result.get('root', -1):>6}"]
+        for m in ("oop", "ip"):
+            c = r.get(m)
+            if c is None:
+                parts.append(f"{'N/A':>10} {'N/A':>{bw}} {'N/A':>{bw}} {'N/A':>6}")
+            else:
+                wrong = "N/A" if c["wrong"] is None else str(c["wrong"])
+                parts.append(f"{c['time_us']:>10.1f} {c['algbw_gbs']:>{bw}.{d}f} "
+                             f"{c['busbw_gbs']:>{bw}.{d}f} {wrong:>6}")
+        lines.append("  ".join(parts))
+    wrong_total = sum(r[m]["wrong"] or 0 for r in rows for m in ("oop", "ip") if r.get(m))
+    checked = any(r[m]["wrong"] is not None for r in rows for m in ("oop", "ip") if r.get(m))
+    avg = avg_busbw(rows)
+    lines.append(f"# Out of bounds values : {wrong_total} {'OK' if wrong_total == 0 else 'FAILED'}"
+                 + ("" if checked else " (not checked: -c 0)"))
+    lines.append(f"# Avg bus bandwidth    : {avg:.{d}f} ")
+    line = result.get("line_rate_bps")
+    if line:
+        lines.append(f"# Line rate per rank   : {line / 8 / GB:.{d}f} GB/s ({line / 1e6:g} Mbit/s); "
+                     f"avg busbw / line rate : {avg * GB * 8 / line:.3f}; "
+                     f"largest size : {largest_fraction(result):.3f}")
+    return "\n".join(lines)
+
+
+def largest_fraction(result: dict) -> float:
+    """busbw / line rate at the largest size (out-of-place), the figure the field quotes."""
+    line = result.get("line_rate_bps")
+    if not line or not result["rows"]:
+        return float("nan")
+    return result["rows"][-1]["oop"]["busbw_gbs"] * GB * 8 / line
+
+
+def flow_totals(result: dict) -> dict:
+    """Counters summed over every flow of the run (packets, retransmissions, CE, CNPs...)."""
+    total: dict[str, float] = {}
+    for f in result.get("flows", []):
+        for k, v in f.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("src", "dst"):
+                total[k] = max(total.get(k, 0), v) if k.startswith("max_") else total.get(k, 0) + v
+    return total
+
+
+def format_comparison(results: list[dict]) -> str:
+    """One line per run: the busbw fraction of line rate side by side, with the transport's
+    counters and the generator's CPU use (headroom = 1 - busiest rank's CPU share)."""
+    head = (f"{'collective':<14} {'transport':<9} {'entropy':<8} {'n':>3} {'size(B)':>9} "
+            f"{'busbw(GB/s)':>12} {'line':>6} {'pkts':>8} {'retx':>6} {'CE':>6} {'CNP':>6} "
+            f"{'reord':>5} {'cpu max':>7} {'headroom':>8}")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        t = flow_totals(r)
+        last = r["rows"][-1]["oop"] if r["rows"] else {"busbw_gbs": float("nan")}
+        cpu = r.get("cpu", {})
+        lines.append(
+            f"{r['collective']:<14} {r.get('transport', '?'):<9} {r.get('entropy') or '-':<8} "
+            f"{r['nranks']:>3} {r['rows'][-1]['size'] if r['rows'] else 0:>9} "
+            f"{last['busbw_gbs']:>12.6f} {largest_fraction(r):>6.3f} "
+            f"{int(t.get('packets', 0)):>8} {int(t.get('retransmissions', 0)):>6} "
+            f"{int(t.get('ce_marks', 0)):>6} {int(t.get('cnps', 0)):>6} "
+            f"{int(t.get('max_reorder', 0)):>5} {cpu.get('max_rank_share', float('nan')):>7.3f} "
+            f"{cpu.get('headroom', float('nan')):>8.3f}")
+    return "\n".join(lines)
+
+
+# ---- files ---------------------------------------------------------------------------
+
+def write_json(results: dict | list, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=True, default=_jsonable) + "\n")
+    return path
+
+
+def read_json(path: str | Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def _jsonable(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)
+
+
+def _label(r: dict) -> str:
+    lab = f"{r['collective']} {r.get('transport', '')}"
+    if r.get("entropy"):
+        lab += f" {r['entropy']}"
+    if r.get("job") is not None:
+        lab += f" job{r['job']}"
+    return lab
+
+
+def plot_busbw(results: list[dict], path: str | Path) -> Path:
+    """busbw against size (log x) for each run, with each run's line rate dashed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rates = set()
+    for r in results:
+        xs = [row["size"] for row in r["rows"]]
+        ys = [row["oop"]["busbw_gbs"] * 8 for row in r["rows"]]   # Gbit/s reads easier vs links
+        ax.plot(xs, ys, marker="o", label=_label(r))
+        if r.get("line_rate_bps"):
+            rates.add(r["line_rate_bps"])
+    for rate in sorted(rates):
+        ax.axhline(rate / 1e9, linestyle="--", color="grey", linewidth=1)
+        ax.annotate(f"line rate {rate / 1e6:g} Mbit/s", (ax.get_xlim()[0], rate / 1e9),
+                    fontsize=8, color="grey", va="bottom")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("busbw (Gbit/s)")
+    ax.set_title("bus bandwidth against size")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def flow_rate_series(flow: dict) -> tuple[list[float], list[float]]:
+    """(times s, delivered rate bit/s) from a flow's cumulative (t, bytes acked) samples."""
+    samples = flow.get("samples") or []
+    ts, rates = [], []
+    for (t0, b0, *_), (t1, b1, *_) in zip(samples, samples[1:]):
+        if t1 > t0:
+            ts.append(t1)
+            rates.append((b1 - b0) * 8 / (t1 - t0))
+    return ts, rates
+
+
+def plot_flow_rates(result: dict, path: str | Path, max_flows: int = 16) -> Path:
+    """Delivered rate of each flow over time (and DCQCN's current rate where the transport has one)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    flows = [f for f in result.get("flows", []) if f.get("samples")]
+    flows.sort(key=lambda f: -f.get("bytes", 0))
+    flows = flows[:max_flows]
+    t_zero = min((f["samples"][0][0] for f in flows), default=0.0)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for f in flows:
+        ts, rates = flow_rate_series(f)
+        line, = ax.plot([t - t_zero for t in ts], [x / 1e6 for x in rates], linewidth=1,
+                        label=f"{f['src']}→{f['dst']}")
+        dcqcn = [(s[0], s[2]) for s in f["samples"] if len(s) > 2 and s[2]]
+        if dcqcn:
+            ax.plot([t - t_zero for t, _ in dcqcn], [x / 1e6 for _, x in dcqcn], linestyle=":",
+                    linewidth=0.8, color=line.get_color())
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("rate (Mbit/s)")
+    ax.set_title(f"per-flow rate: {_label(result)} (dotted: DCQCN rate)")
+    ax.grid(True, alpha=0.3)
+    if flows:
+        ax.legend(fontsize=7, ncol=2)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
