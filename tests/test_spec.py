@@ -1,0 +1,141 @@
+"""Scenario validation: good presets load, bad input names the field and the rule."""
+import subprocess
+import sys
+
+import pytest
+
+from fabric import spec
+from fabric.addressing import AddressPlan
+
+
+@pytest.mark.parametrize("name", spec.preset_names())
+def test_every_preset_loads(name):
+    s = spec.load(name)
+    assert s.name == name and s.hosts > 0
+
+
+def test_fat_tree_name_sets_k():
+    assert spec.load("fat-tree-6").k == 6
+
+
+def test_overrides_change_fields_and_subfields():
+    s = spec.load("cross-campus", spec.parse_overrides(["planes=4", "long_haul.distance_km=50"]))
+    assert s.planes == 4 and s.long_haul.distance_km == 50 and s.long_haul.delay_us == 250
+
+
+def test_missing_spines_are_derived_from_oversubscription():
+    s = spec.from_dict({"name": "x", "rails": 1, "planes": 1, "hosts_per_segment": 8,
+                        "host_rate_gbps": 100, "leaf_spine_rate_gbps": 200, "oversubscription": 2})
+    assert s.spines_per_plane == 2   # 8 x 100G down / 2 = 400G up = 2 x 200G
+
+
+def _error(data=None, **fields):
+    data = data or {"name": "t", "rails": 2, "planes": 2, "hosts_per_segment": 4, "spines_per_plane": 2,
+                    "switch_radix": 64}
+    data.update(fields)
+    with pytest.raises(spec.ScenarioError) as info:
+        spec.from_dict(data)
+    return info.value
+
+
+def test_unknown_field_is_named():
+    err = _error(planez=2)
+    assert err.field == "planez" and "unknown field" in err.rule
+
+
+def test_negative_rate_is_refused():
+    err = _error(host_rate_gbps=-100)
+    assert err.field == "host_rate_gbps" and "positive" in err.rule
+
+
+def test_numbers_that_do_not_divide_are_refused():
+    err = _error(rails=8, leaves_per_plane_per_segment=3)
+    assert err.field == "leaves_per_plane_per_segment" and "divide" in err.rule
+
+
+def test_ports_above_radix_are_refused():
+    err = _error(hosts_per_segment=100, spines_per_plane=2)
+    assert "switch_radix" in err.rule
+
+
+def test_wrong_oversubscription_is_refused_with_the_actual_ratio():
+    err = _error(oversubscription=1.0, hosts_per_segment=4, spines_per_plane=1)
+    assert err.field == "oversubscription" and ":1" in err.rule
+
+
+def test_odd_fat_tree_k_is_refused():
+    with pytest.raises(spec.ScenarioError, match="even"):
+        spec.load("fat-tree-5")
+
+
+def test_campuses_need_a_core_tier_and_long_haul():
+    assert _error(campuses=2).field == "cores_per_plane"
+    assert _error(campuses=2, cores_per_plane=1).field == "long_haul"
+
+
+def test_non_integer_count_is_refused():
+    assert _error(planes=1.5).field == "planes"
+    assert _error(planes="two").field == "planes"
+
+
+def test_unknown_long_haul_field_is_named():
+    err = _error(campuses=2, cores_per_plane=1, long_haul={"distance": 3})
+    assert err.field == "long_haul.distance"
+
+
+def test_address_plan_refuses_more_than_24_bits():
+    with pytest.raises(ValueError, match="24"):
+        AddressPlan(planes=16, campuses=16, pods=16, segments=16, leaves_per_segment=16,
+                    ports_per_leaf=1000).check()
+
+
+def _hpnlab(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "hpnlab_tools.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("content,field", [
+    ("name: x\nplanez: 2\n", "planez"),
+    ("name: x\nhost_rate_gbps: -1\n", "host_rate_gbps"),
+    ("name: x\nrails: 8\nleaves_per_plane_per_segment: 3\n", "leaves_per_plane_per_segment"),
+    ("name: x\nhosts_per_segment: 1000\nswitch_radix: 64\n", "switch_radix"),
+    ("name: [unclosed\n", "YAML"),
+    ("", "empty"),
+])
+def test_cli_prints_one_line_and_exits_2_on_a_bad_scenario(tmp_path, content, field):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    result = _hpnlab("topo", "inspect", str(path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert field in lines[0] and str(path) in lines[0]
+
+
+def test_cli_names_unknown_presets():
+    result = _hpnlab("topo", "inspect", "no-such-fabric")
+    assert result.returncode == 2 and "unknown preset" in result.stderr
+
+
+def test_cli_inspect_json_has_the_documented_keys():
+    import json
+    result = _hpnlab("topo", "inspect", "mini-hpn", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    for key in ("accelerators", "hosts", "switches", "links", "max_ports_used", "radix", "oversubscription"):
+        assert key in report
+    assert set(report["routes"]) >= {"host_routes_max", "aggregated_max", "per_pod_total"}
+
+
+@pytest.mark.parametrize("fmt", ["json", "graphml", "dot"])
+def test_cli_exports_every_format(tmp_path, fmt):
+    out = tmp_path / f"g.{fmt}"
+    result = _hpnlab("topo", "export", "mini-hpn", "--format", fmt, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    text = out.read_text()
+    assert "p0l0" in text and "h16" in text
+    if fmt == "graphml":
+        import networkx as nx
+        g = nx.read_graphml(out)
+        assert g.number_of_edges() == 48
