@@ -153,8 +153,10 @@ class RunState:
         self.interfaces.extend(n for n in names if n not in known)
         self.save()
 
-    def add_pid(self, pid: int, what: str, group: bool = False) -> None:
-        self.pids.append({"pid": pid, "start": _pid_start(pid), "what": what, "group": group})
+    def add_pid(self, pid: int, what: str, group: bool = False, hard: bool = False) -> None:
+        """Record a process. ``group``: it leads its own process group (kill the group);
+        ``hard``: end it with SIGKILL at once (shells)."""
+        self.pids.append({"pid": pid, "start": _pid_start(pid), "what": what, "group": group, "hard": hard})
         self.save()
 
     def add_bpf_pin(self, path: str) -> None:
@@ -264,17 +266,20 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
     recorded = {v[0] for v in victims}
     victims += [(pid, _pid_start(pid), False) for pid in marked_pids({state.run_id})
                 if pid not in recorded]
+    # shells and unrecorded marked processes get SIGKILL at once (an interactive bash
+    # ignores SIGTERM); recorded programs (the controller, tools) get SIGTERM first
+    hard = {p["pid"] for p in state.pids if p.get("hard")} | {v[0] for v in victims if v[0] not in recorded}
     for pid, start, group in victims:
-        if _kill(pid, start, group, signal.SIGTERM):
+        if _kill(pid, start, group, signal.SIGKILL if pid in hard else signal.SIGTERM):
             removed["processes"] += 1
-    deadline = time.monotonic() + 3.0
+    deadline = time.monotonic() + 2.0
     for pid, start, group in victims:
         while pid_alive(pid, start) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.01)
         _kill(pid, start, group, signal.SIGKILL)
     for pid, start, _ in victims:
         while pid_alive(pid, start) and time.monotonic() < deadline + 2:
-            time.sleep(0.02)
+            time.sleep(0.01)
     # 2. OVS bridges: those listed, and any marked with this run id
     marked = marked_bridges()
     bridges = [b for b in state.bridges if b not in marked or marked[b] == state.run_id]

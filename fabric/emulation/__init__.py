@@ -1,0 +1,60 @@
+"""Run a scenario as a live emulated fabric: Mininet hosts, real Open vSwitch, a controller process.
+
+Python API (stable; tools and tests build on it)::
+
+    from fabric.emulation import Emulation
+
+    with Emulation("mini-hpn", overrides={"emulation": {"host_mbps": 10}},
+                   controller="hpnlab",        # or "none" (loop-free fabrics only, standalone OVS)
+                   ofp_port=None,              # None: 6653, or a free port if 6653 is taken
+                   policy=None,                # passed to the controller as --policy
+                   ecn=True, shape=True, verify=True) as emu:
+        emu.net                      # the mininet.net.Mininet object
+        emu.graph, emu.scenario      # the fabric graph and the validated Scenario
+        emu.host("h1")               # a Mininet host; .cmd(), .popen()
+        emu.ip("h3", plane=1)        # planned address of h3's port on plane 1 (rail 0)
+        emu.interfaces("h3")         # [{name, ip, cidr, plane, rail, mac, leaf, ...}]
+        emu.ping_all()               # {"pairs": n, "failed": [(src, sip, dst, dip), ...]}
+        emu.popen("h1", ["iperf3", "-s"])   # recorded; ended at exit even after SIGKILL + clean
+        t = emu.link_down("p0l0", "p0s1")   # both ends down; returns the time applied
+        emu.link_up("p0l0", "p0s1"); emu.switch_down("p1s0"); emu.switch_up("p1s0")
+        emu.run_timeline("failures.yaml")   # see fabric.emulation.timeline
+        emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
+        emu.switch_ports()           # every switch egress port with its emulated rate
+        emu.connected_switches()     # bridge -> connected to the controller (from ovsdb)
+        emu.metadata                 # mechanisms used and what could not be emulated here
+        emu.timings                  # seconds to controller ready, built, connected, up
+
+What ``start()`` (``__enter__``) does, in order:
+
+1. preflight, each failure one line (``UserError``): root, OVS installed and running,
+   Mininet present, htb present, the controller known and installed, the OpenFlow port free
+   when one was asked for, the scenario small enough for this machine (hosts + switches
+   per core, packets/s budget of userspace OVS), no bridge or interface name taken;
+2. takes the machine-wide lock (``/run/hpnlab/lock``) and writes the run's state file
+   (``/run/hpnlab/runs/<id>.json``); every bridge, veth, process and BPF pin is recorded
+   there *before* it is created, bridges are marked ``external_ids:hpnlab-run=<id>`` and
+   children inherit ``HPNLAB_RUN=<id>``, so ``hpnlab clean`` removes exactly them after a
+   SIGKILL. SIGINT/SIGTERM/SIGHUP unwind through ``stop()``;
+3. starts the controller (``python -m controller SCEN --ofp-port N --listen 127.0.0.1``)
+   in its own process group and waits for its ``ready`` line;
+4. builds the network through the Mininet Python API: ``OVSSwitch`` with the kernel
+   datapath when the openvswitch module is loaded, else ``datapath='user'``; fail mode
+   secure (standalone with ``controller="none"``), OpenFlow13, the graph's dpids and port
+   numbers; hosts with one interface per NIC port, plane-prefix addresses, per-source policy
+   routing when several ports share a plane, ``ethtool -K tx off`` (unless OVS has
+   userspace TSO on), IPv6 off, ``tcp_ecn=1``;
+5. shapes every sending interface with htb to the emulated rate (``fabric.mn.emulated_mbps``)
+   and a port buffer; netem delay only where the kernel has netem, otherwise one line and
+   ``metadata["not_emulated"]``;
+6. puts the ECN marking stage on every switch egress port (``fabric.emulation.ecn``);
+7. waits (``connect_timeout``) until ovsdb reports every bridge connected, then pings every
+   host-port pair on every plane and refuses to hand over if any pair fails.
+
+``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
+(``state.teardown``) and never runs ``mn -c``.
+"""
+from .harness import CONTROLLERS, Emulation, EmulationError, estimate
+from .state import Lock, RunState, clean
+
+__all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean", "estimate"]
