@@ -1,0 +1,128 @@
+"""Launcher: ``python -m controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
+[--policy aggregate|host-routes] [--metrics-port N]``.
+
+os-ken >= 4 has no manager script; this is the few lines it would run: parse the
+os-ken configuration, monkey-patch with eventlet, load and instantiate the app, and
+print one line containing ``ready`` once the OpenFlow port accepts connections.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import time
+
+from fabric.errors import UserError
+
+from .compiler import POLICIES
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="python -m controller",
+                                          description="hpnlab's OpenFlow 1.3 controller (os-ken).")
+    p.add_argument("scenario", help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field (repeatable)")
+    p.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow TCP port (default 6653)")
+    p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--policy", choices=POLICIES, default="aggregate",
+                   help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus metrics on LISTEN:N/metrics (0: off)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def _check_port(addr: str, port: int, what: str) -> None:
+    if not 0 < port < 65536:
+        raise UserError(f"{what} {port} is not a TCP port number (1-65535)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {addr}:{port} for the {what} ({exc.strerror}): "
+                            f"is another controller running? choose another port with --{what.replace(' ', '-')}"
+                            ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from fabric import graph, spec
+
+    # Validate everything the user gave before starting anything (one-line errors).
+    scenario = spec.load(args.scenario, spec.parse_overrides(args.set))
+    graph.build(scenario)
+    _check_port(args.listen, args.ofp_port, "ofp port")
+    if args.metrics_port:
+        if args.metrics_port == args.ofp_port:
+            raise UserError("--metrics-port must differ from --ofp-port")
+        _check_port(args.listen, args.metrics_port, "metrics port")
+    try:
+        import os_ken  # noqa: F401
+    except ImportError:
+        raise UserError("os-ken is not installed: run 'make venv' (it installs the controller extra)") from None
+
+    os.environ["HPNLAB_SCENARIO"] = args.scenario
+    os.environ["HPNLAB_SET"] = "\n".join(args.set)
+    os.environ["HPNLAB_POLICY"] = args.policy
+    os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["HPNLAB_METRICS_ADDR"] = args.listen
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        for noisy in ("os_ken.base.app_manager", "os_ken.controller.controller"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    from os_ken.lib import hub
+    hub.patch(thread=True)
+    from os_ken import cfg
+    from os_ken.base.app_manager import AppManager  # imports the controller: registers --ofp-*
+    cfg.CONF(args=["--ofp-tcp-listen-port", str(args.ofp_port), "--ofp-listen-host", args.listen],
+             project="os_ken", default_config_files=[])
+
+    mgr = AppManager.get_instance()
+    mgr.load_apps(["controller.app", "os_ken.controller.ofp_handler"])
+    contexts = mgr.create_contexts()
+    services = mgr.instantiate_apps(**contexts)
+
+    def announce():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((args.listen, args.ofp_port), timeout=1):
+                    break
+            except OSError:
+                hub.sleep(0.05)
+        else:
+            print("hpnlab controller: OpenFlow port never opened", file=sys.stderr, flush=True)
+            return
+        metrics = f", metrics http://{args.listen}:{args.metrics_port}/metrics" if args.metrics_port else ""
+        print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, OpenFlow 1.3 on "
+              f"{args.listen}:{args.ofp_port}{metrics}", flush=True)
+
+    services.append(hub.spawn(announce))
+    try:
+        hub.joinall(services)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        mgr.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except UserError as exc:
+        print(f"hpnlab: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

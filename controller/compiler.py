@@ -1,0 +1,638 @@
+"""The routing compiler: fabric graph + live state + policy -> each switch's flows, as plain values.
+
+Pure: imports only the standard library and the fabric library (no os-ken). The os-ken
+app (controller/app.py) turns the values into OpenFlow 1.3 messages; the table
+interpreter (tests/oftable.py) walks packets through them.
+
+Tables (the same on every switch; OpenFlow 1.3)
+    0  classify   ARP -> controller (leaves only: proxy ARP, nothing is ever flooded);
+                  IPv4 -> table 1; everything else misses and is dropped.
+    1  route      IPv4 destination, longest prefix first (priority = 1000 + prefix
+                  length). An action is one output port, a *next-hop set* (several ports:
+                  write the set's id into metadata, go to table 2) or drop (no actions).
+    2  entropy    multipath: (metadata = set id, masked bits of the UDP source port) ->
+                  one port of the set; the same for the TCP source port, and for
+                  non-UDP/TCP packets the IPv4 source address. A set of n ports uses
+                  B bits, 2**B patterns dealt round-robin, so every port carries
+                  2**B/n patterns (exact when n is a power of two, otherwise within
+                  +-1 pattern; B is chosen so that 2**B >= 4n). Switches of different
+                  tiers look at different bits (leaf bits 0.., spine bits 5.., core
+                  bits 10..) so that the tiers' choices are not correlated.
+                  Why not select groups: OVS select groups without an OpenFlow 1.5
+                  selection method ignore UDP ports, so RoCEv2 flows that differ only in
+                  the UDP source port (their entropy) would all take one uplink. Masked
+                  matching works on any OpenFlow 1.3 switch and the share of patterns a
+                  port gets is its weight.
+
+Routing: valley-free shortest paths, computed per destination leaf from the live links
+and switches (a failed switch takes its links with it). A packet goes down when the
+switch can reach the destination leaf downwards, otherwise up (or across a long-haul
+link) towards the switches that can. Distances strictly decrease hop by hop, so there
+are no loops.
+
+Policies
+    ``aggregate``   the per-destination-leaf actions are compressed along the address
+                    hierarchy (plane > campus > pod > leaf prefix): each level takes the
+                    most common action of its children; only children that differ get a
+                    route. Without failures a leaf holds its hosts' /32 routes and one
+                    plane route up; a spine one route per leaf of its pod (and one up).
+                    A failure makes some leaves' next-hop sets differ: exactly those
+                    more specific routes appear (RFC 7938 §5.2.3 de-aggregation), and
+                    vanish again on repair. Addresses of a leaf's prefix that are no host
+                    are dropped at that leaf (no ping-pong between leaf and spine).
+    ``host-routes`` the baseline: one /32 route per reachable host address on every
+                    switch; no aggregate routes at all.
+
+Compact representation: a route standing for "every host address on leaf d" is one
+``Flow`` whose ``hosts`` field holds those addresses (shared between switches); it counts
+as ``len(hosts)`` OpenFlow flows and ``expand()`` yields them. This keeps the 130k-port
+host-routes baseline (hundreds of millions of flows) countable in seconds.
+"""
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, NamedTuple
+
+import networkx as nx
+
+from fabric.addressing import ip_str
+from fabric.errors import UserError
+
+POLICIES = ("aggregate", "host-routes")
+
+TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY = 0, 1, 2
+ETH_IPV4, ETH_ARP = 0x0800, 0x0806
+PROTO_TCP, PROTO_UDP = 6, 17
+PRIO_ARP, PRIO_IPV4 = 100, 10
+PRIO_ROUTE_BASE = 1000
+PRIO_L4, PRIO_OTHER = 300, 200
+ENTROPY_OFFSET = {1: 0, 2: 5, 3: 10}   # first UDP/TCP source-port bit a tier looks at
+FULL = 0xFFFFFFFF
+
+
+class Flow(NamedTuple):
+    """One OpenFlow flow entry, or a compact block of /32 host routes (``hosts`` set).
+
+    match   ((field, value), ...) in OXM names; value an int or (int, mask).
+    actions ("output", port) | ("controller",) | ("metadata", value) | ("goto", table),
+            applied in order; () drops.
+    hosts   None, or the IPv4 addresses (ints) this entry stands for: one flow per address
+            with ``ipv4_dst`` exact (``match`` then holds the covering prefix).
+    """
+    table: int
+    priority: int
+    match: tuple
+    actions: tuple
+    hosts: tuple | None = None
+
+    @property
+    def count(self) -> int:
+        return 1 if self.hosts is None else len(self.hosts)
+
+    def expand(self) -> Iterator["Flow"]:
+        if self.hosts is None:
+            yield self
+            return
+        base = tuple(kv for kv in self.match if kv[0] != "ipv4_dst")
+        for addr in self.hosts:
+            yield Flow(self.table, self.priority, base + (("ipv4_dst", addr),), self.actions)
+
+    def key(self) -> tuple:
+        """What identifies an entry in a switch (OpenFlow: table, priority and match)."""
+        return (self.table, self.priority, self.match)
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    name: str
+    dpid: int
+    flows: tuple            # of Flow (possibly compact blocks)
+    groups: tuple = ()      # the entropy-table method uses no groups
+
+    @property
+    def flow_count(self) -> int:
+        return sum(f.count for f in self.flows)
+
+    @property
+    def route_count(self) -> int:
+        return sum(f.count for f in self.flows if f.table == TABLE_ROUTE)
+
+    def expanded(self) -> dict:
+        """{flow key: actions} of every concrete OpenFlow flow (what a switch would hold)."""
+        out = {}
+        for f in self.flows:
+            for e in f.expand():
+                out[e.key()] = e.actions
+        return out
+
+
+@dataclass(frozen=True)
+class Failures:
+    """Failed links (each (u, v, key) with u < v, as in the graph) and failed switches."""
+    links: frozenset = frozenset()
+    switches: frozenset = frozenset()
+
+    @staticmethod
+    def of(links: Iterable = (), switches: Iterable = ()) -> "Failures":
+        return Failures(frozenset(link_id(*l) for l in links), frozenset(switches))
+
+    def __bool__(self) -> bool:
+        return bool(self.links or self.switches)
+
+
+def link_id(u: str, v: str, key: int = 0) -> tuple:
+    return (u, v, key) if u < v else (v, u, key)
+
+
+def _mask(length: int) -> int:
+    return (FULL << (32 - length)) & FULL if length else 0
+
+
+def _parse_prefix(cidr: str) -> tuple[int, int]:
+    addr, _, length = cidr.partition("/")
+    a, b, c, d = (int(x) for x in addr.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d, int(length)
+
+
+# ---- the fabric index: everything the compiler needs, read once from the graph ----------
+
+@dataclass
+class _Sw:
+    name: str
+    dpid: int
+    tier: int
+    plane: int
+    pod: object            # (campus, pod) or None for cores
+    down: list = field(default_factory=list)     # (port, neighbour, link id)
+    up: list = field(default_factory=list)
+    lateral: list = field(default_factory=list)
+    hosts: list = field(default_factory=list)    # leaves: (ip int, port, mac, host, intf, link id)
+    prefix: tuple | None = None                  # leaves: (net, length)
+    path: tuple = ()                             # leaves: prefixes plane > campus > pod > leaf
+
+
+class FabricIndex:
+    """The graph read once into per-plane lists; reused by every compile of the same graph."""
+
+    def __init__(self, g: nx.MultiGraph):
+        self.graph = g
+        self.plan = g.graph["plan"]
+        self.sw: dict[str, _Sw] = {}
+        self.by_dpid: dict[int, str] = {}
+        self.port_link: dict[tuple[str, int], tuple] = {}   # (switch, port) -> link id
+        self.host_addr: dict[int, tuple[str, str, int]] = {}  # ip -> (mac, host, plane)
+        for n, d in g.nodes(data=True):
+            if d["tier"] == 0:
+                continue
+            pod = None if d.get("pod") is None else (d.get("campus", 0), d["pod"])
+            sw = _Sw(n, d["dpid"], d["tier"], d.get("plane", 0), pod)
+            if d["tier"] == 1:
+                sw.prefix = _parse_prefix(d["prefix"])
+                plane, campus = d.get("plane", 0), d.get("campus", 0)
+                sw.path = (("plane", plane), ("campus", plane, campus), ("pod", plane, campus, d["pod"]),
+                           ("leaf", n))
+            self.sw[n] = sw
+            self.by_dpid[d["dpid"]] = n
+        for u, v, k, d in g.edges(keys=True, data=True):
+            lid = (u, v, k) if u < v else (v, u, k)
+            ports = d["ports"]
+            if d["kind"] == "host":
+                host, leaf = (u, v) if u not in self.sw else (v, u)
+                ip = _parse_prefix(d["ip"] + "/32")[0]
+                self.sw[leaf].hosts.append((ip, ports[leaf], d["mac"], host, ports[host], lid))
+                self.port_link[leaf, ports[leaf]] = lid
+                self.host_addr[ip] = (d["mac"], host, d["plane"])
+                continue
+            a, b = self.sw[u], self.sw[v]
+            self.port_link[u, ports[u]] = lid
+            self.port_link[v, ports[v]] = lid
+            if a.tier == b.tier:
+                a.lateral.append((ports[u], v, lid))
+                b.lateral.append((ports[v], u, lid))
+            else:
+                lo, hi = (a, b) if a.tier < b.tier else (b, a)
+                lo.up.append((ports[lo.name], hi.name, lid))
+                hi.down.append((ports[hi.name], lo.name, lid))
+        self.planes: dict[int, list[_Sw]] = {}
+        for sw in self.sw.values():
+            sw.hosts.sort()
+            sw.up.sort(); sw.down.sort(); sw.lateral.sort()
+            self.planes.setdefault(sw.plane, []).append(sw)
+        # host addresses of each leaf: shared by every compact host-route block
+        self.leaf_hosts = {sw.name: tuple(h[0] for h in sw.hosts) for sw in self.sw.values() if sw.tier == 1}
+        # prefixes of the hierarchy levels
+        plan = self.plan
+        self.level_prefix: dict[tuple, tuple[int, int]] = {}
+        for n, d in g.nodes(data=True):
+            if d["tier"] != 1:
+                continue
+            plane, campus, pod = d.get("plane", 0), d.get("campus", 0), d["pod"]
+            self.level_prefix[("plane", plane)] = _parse_prefix(plan.plane_prefix(plane))
+            self.level_prefix[("campus", plane, campus)] = _parse_prefix(plan.campus_prefix(plane, campus))
+            self.level_prefix[("pod", plane, campus, pod)] = _parse_prefix(plan.pod_prefix(plane, campus, pod))
+            self.level_prefix[("leaf", n)] = _parse_prefix(d["prefix"])
+
+    def link_at(self, switch: str, port: int) -> tuple | None:
+        return self.port_link.get((switch, port))
+
+
+_INDEX_CACHE: dict[int, FabricIndex] = {}
+
+
+def index_of(g: nx.MultiGraph) -> FabricIndex:
+    idx = g.graph.get("_controller_index")
+    if idx is None or idx.graph is not g:
+        idx = FabricIndex(g)
+        g.graph["_controller_index"] = idx
+    return idx
+
+
+# ---- routing: next-hop sets per (switch, destination leaf) -----------------------------
+
+DROP: tuple = ()
+
+
+def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str, dict[str, tuple]]:
+    """{switch: {destination leaf: tuple of output ports (empty: unreachable)}} for one plane."""
+    sws = ix.planes[plane]
+    dead_sw = failures.switches
+    dead_ln = failures.links
+
+    def live(links):
+        return [(p, n) for p, n, lid in links if lid not in dead_ln and n not in dead_sw]
+
+    alive = [s for s in sws if s.name not in dead_sw]
+    leaves = [s for s in alive if s.tier == 1]
+    all_leaves = [s for s in sws if s.tier == 1]
+    spines = [s for s in alive if s.tier == 2]
+    cores = [s for s in alive if s.tier == 3]
+    up = {s.name: live(s.up) for s in alive}
+    down = {s.name: live(s.down) for s in alive}
+    lat = {s.name: live(s.lateral) for s in alive}
+    spine_pod = {s.name: s.pod for s in spines}
+    pod_spines: dict = {}
+    for s in spines:
+        pod_spines.setdefault(s.pod, []).append(s.name)
+    # per spine: the cores it reaches (for the "up to a core that can reach d" test)
+    spine_cores = {s.name: frozenset(n for _, n in up[s.name]) for s in spines}
+    has_cores = bool(cores)
+
+    result: dict[str, dict[str, tuple]] = {s.name: {} for s in alive}
+    memo_leaf: dict = {}
+    memo_sw: dict = {}
+    sig_ids: dict = {}
+    for d in all_leaves:
+        dn = d.name
+        if dn in dead_sw:
+            a2: frozenset = frozenset()
+        else:
+            a2 = frozenset(n for _, n in up[dn])            # spines with a live link to d
+        a3 = frozenset(c for s in a2 for c in spine_cores.get(s, ())) if has_cores else frozenset()
+        a3l = frozenset(c.name for c in cores if c.name not in a3
+                        and any(n in a3 for _, n in lat[c.name])) if a3 else frozenset()
+        # distance of every spine to d
+        dist: dict[str, int] = dict.fromkeys(a2, 1)
+        if has_cores:
+            for s in spines:
+                if s.name in dist:
+                    continue
+                sc = spine_cores[s.name]
+                if sc & a3:
+                    dist[s.name] = 3
+                elif sc & a3l:
+                    dist[s.name] = 4
+        # leaves: live uplinks towards the nearest spines
+        sig_by_pod: dict = {}
+        for x in leaves:
+            if x is d:
+                result[x.name][dn] = DROP     # its own hosts get /32 routes; the rest drops
+                continue
+            sid = sig_by_pod.get(x.pod)
+            if sid is None:
+                sig = frozenset((s, dist[s]) for s in pod_spines.get(x.pod, ()) if s in dist)
+                sid = sig_ids.setdefault(sig, len(sig_ids))
+                sig_by_pod[x.pod] = sid
+            key = (x.name, sid)
+            act = memo_leaf.get(key)
+            if act is None:
+                best, ports = None, []
+                for p, s in up[x.name]:
+                    ds = dist.get(s)
+                    if ds is None:
+                        continue
+                    if best is None or ds < best:
+                        best, ports = ds, [p]
+                    elif ds == best:
+                        ports.append(p)
+                act = memo_leaf[key] = tuple(sorted(ports))
+            result[x.name][dn] = act
+        # spines
+        a3_id = sig_ids.setdefault(("a3", a3), len(sig_ids))
+        a3l_id = sig_ids.setdefault(("a3l", a3l), len(sig_ids))
+        for s in spines:
+            ds = dist.get(s.name)
+            if ds == 1:
+                act = tuple(sorted(p for p, n in down[s.name] if n == dn))
+            elif ds == 3:
+                key = (s.name, a3_id)
+                act = memo_sw.get(key)
+                if act is None:
+                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in a3))
+            elif ds == 4:
+                key = (s.name, a3l_id)
+                act = memo_sw.get(key)
+                if act is None:
+                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in a3l))
+            else:
+                act = DROP
+            result[s.name][dn] = act
+        # cores
+        a2_id = sig_ids.setdefault(("a2", a2), len(sig_ids))
+        for c in cores:
+            if c.name in a3:
+                key = (c.name, "down", a2_id)
+                act = memo_sw.get(key)
+                if act is None:
+                    act = memo_sw[key] = tuple(sorted(p for p, n in down[c.name] if n in a2))
+            elif c.name in a3l:
+                key = (c.name, "lat", a3_id)
+                act = memo_sw.get(key)
+                if act is None:
+                    act = memo_sw[key] = tuple(sorted(p for p, n in lat[c.name] if n in a3))
+            else:
+                act = DROP
+            result[c.name][dn] = act
+    return result
+
+
+# ---- aggregation along the address hierarchy --------------------------------------------
+
+def _majority(actions: list) -> tuple:
+    """The most common action; ties go to a forwarding action, then to the first in order."""
+    counts = Counter(actions)
+    best = max(counts.values())
+    top = [a for a in actions if counts[a] == best]
+    for a in top:
+        if a != DROP:
+            return a
+    return top[0] if top else DROP
+
+
+def _compress(tree: dict, acts: Mapping[str, tuple], forced: Mapping) -> list[tuple[tuple, tuple]]:
+    """[(level key, action)] routes: every level whose action differs from its parent's.
+
+    ``tree`` maps a level key to its child keys (the top level under None); ``forced``
+    fixes the action of some levels (a switch's own scope drops what no more specific
+    route claims, so addresses that belong to no host can never ping-pong between tiers).
+    """
+    chosen: dict = {}
+
+    def solve(key):
+        kids = tree.get(key)
+        if kids is None:                          # a leaf level: its own action
+            a = acts.get(key[1], DROP)
+        else:
+            child_actions = [solve(k) for k in kids]
+            a = _majority(child_actions)
+        a = forced.get(key, a)
+        chosen[key] = a
+        return a
+
+    routes = []
+    (root,) = tree[None]
+    root_action = solve(root)
+    if root_action != DROP:
+        routes.append((root, root_action))
+    stack = [(root, root_action)]
+    while stack:
+        key, parent_action = stack.pop()
+        for k in tree.get(key, ()):
+            a = chosen[k]
+            if a != parent_action:
+                routes.append((k, a))
+            stack.append((k, a))
+    return routes
+
+
+def _scope(ix: FabricIndex, sw: "_Sw") -> dict:
+    """Levels a switch drops unless a more specific route says otherwise (see _compress)."""
+    if sw.tier == 1:
+        return {("leaf", sw.name): DROP}
+    node = ix.graph.nodes[sw.name]
+    plane, campus = sw.plane, node.get("campus", 0)
+    if sw.tier == 2:
+        return {("pod", plane, campus, node["pod"]): DROP}
+    return {("plane", plane): DROP, ("campus", plane, campus): DROP}
+
+
+def _plane_tree(ix: FabricIndex, plane: int) -> dict:
+    tree: dict = {}
+    for sw in ix.planes[plane]:
+        if sw.tier != 1:
+            continue
+        parent = None
+        for key in sw.path:
+            kids = tree.setdefault(parent, [])
+            if key not in kids:
+                kids.append(key)
+            parent = key
+    return tree
+
+
+# ---- tables ------------------------------------------------------------------------------
+
+def _entropy_bits(n: int) -> int:
+    if n & (n - 1) == 0:
+        return n.bit_length() - 1
+    return (n - 1).bit_length() + 2
+
+
+def set_id(ports: tuple) -> int:
+    """A next-hop set's metadata value: stable across recompiles (a CRC of its ports)."""
+    return zlib.crc32(",".join(map(str, ports)).encode()) & FULL or 1
+
+
+def entropy_flows(ports: tuple, tier: int, meta: int) -> list[Flow]:
+    n = len(ports)
+    bits = _entropy_bits(n)
+    off = min(ENTROPY_OFFSET.get(tier, 0), 16 - bits)
+    mask = (1 << bits) - 1
+    flows = []
+    for i in range(1 << bits):
+        out = (("output", ports[i % n]),)
+        flows.append(Flow(TABLE_ENTROPY, PRIO_L4, (("metadata", meta), ("eth_type", ETH_IPV4), ("ip_proto", PROTO_UDP),
+                                                   ("udp_src", (i << off, mask << off))), out))
+        flows.append(Flow(TABLE_ENTROPY, PRIO_L4, (("metadata", meta), ("eth_type", ETH_IPV4), ("ip_proto", PROTO_TCP),
+                                                   ("tcp_src", (i << off, mask << off))), out))
+        flows.append(Flow(TABLE_ENTROPY, PRIO_OTHER, (("metadata", meta), ("eth_type", ETH_IPV4),
+                                                      ("ipv4_src", (i, mask))), out))
+    return flows
+
+
+def _action(ports: tuple, metas: dict) -> tuple:
+    if not ports:
+        return ()
+    if len(ports) == 1:
+        return (("output", ports[0]),)
+    meta = metas.get(ports)
+    if meta is None:
+        meta = set_id(ports)
+        while meta in metas.values():   # a CRC collision inside one switch: probe on
+            meta = (meta + 1) & FULL or 1
+        metas[ports] = meta
+    return (("metadata", meta), ("goto", TABLE_ENTROPY))
+
+
+_CLASSIFY_LEAF = (Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),)),
+                  Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)))
+_CLASSIFY_OTHER = (Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)),)
+
+
+def _route_match(prefix: tuple[int, int]) -> tuple:
+    net, length = prefix
+    if length == 32:
+        return (("eth_type", ETH_IPV4), ("ipv4_dst", net))
+    return (("eth_type", ETH_IPV4), ("ipv4_dst", (net, _mask(length))))
+
+
+def _switch_state(ix: FabricIndex, sw: _Sw, acts: Mapping[str, tuple], policy: str, tree: dict,
+                  dead_links: frozenset) -> SwitchState:
+    flows: list[Flow] = list(_CLASSIFY_LEAF if sw.tier == 1 else _CLASSIFY_OTHER)
+    metas: dict = {}
+    if sw.tier == 1:
+        for ip, port, _mac, _h, _i, _lid in sw.hosts:
+            flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
+                              (("output", port),)))
+    if policy == "aggregate":
+        # levels in a single-child chain can share one prefix: the deepest one decides
+        by_prefix: dict = {}
+        for key, ports in _compress(tree, acts, _scope(ix, sw)):
+            by_prefix[ix.level_prefix[key]] = ports
+        for prefix, ports in by_prefix.items():
+            flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix),
+                              _action(ports, metas)))
+    else:
+        for d, ports in acts.items():
+            if not ports:
+                continue
+            hosts = ix.leaf_hosts[d]
+            if hosts:
+                flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, _route_match(ix.level_prefix[("leaf", d)]),
+                                  _action(ports, metas), hosts))
+    for ports, meta in metas.items():
+        flows.extend(entropy_flows(ports, sw.tier, meta))
+    return SwitchState(sw.name, sw.dpid, tuple(flows))
+
+
+def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
+                   switches: Iterable[str] | None = None) -> dict[str, SwitchState]:
+    """The desired state of every live switch (or of ``switches`` only)."""
+    if policy not in POLICIES:
+        raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(POLICIES)}")
+    failures = failures or Failures()
+    ix = index_of(g)
+    wanted = None if switches is None else set(switches)
+    out: dict[str, SwitchState] = {}
+    for plane, sws in sorted(ix.planes.items()):
+        if wanted is not None and not any(s.name in wanted for s in sws):
+            continue
+        acts = _plane_actions(ix, plane, failures)
+        tree = _plane_tree(ix, plane)
+        for sw in sws:
+            if sw.name in failures.switches or (wanted is not None and sw.name not in wanted):
+                continue
+            out[sw.name] = _switch_state(ix, sw, acts[sw.name], policy, tree, failures.links)
+    return out
+
+
+# ---- counts ---------------------------------------------------------------------------
+
+def minimum_routes(g: nx.MultiGraph) -> dict[str, int]:
+    """Lower bound on IPv4 routes per switch for any destination-based routing.
+
+    A leaf must tell apart each of its host ports and "elsewhere" (ports + 1); a spine
+    each leaf below it, plus "up" if it has uplinks; a core each pod below it, plus each
+    far campus it reaches over long-haul links.
+    """
+    ix = index_of(g)
+    out = {}
+    for sw in ix.sw.values():
+        if sw.tier == 1:
+            out[sw.name] = len(sw.hosts) + (1 if sw.up else 0)
+        elif sw.tier == 2:
+            out[sw.name] = len({n for _, n, _ in sw.down}) + (1 if sw.up else 0)
+        else:
+            pods = {ix.sw[n].pod for _, n, _ in sw.down}
+            far = {ix.graph.nodes[n].get("campus") for _, n, _ in sw.lateral}
+            out[sw.name] = len(pods) + len(far)
+    return out
+
+
+def route_summary(g: nx.MultiGraph, policy: str = "aggregate", failures: Failures | None = None) -> dict:
+    """Per-switch and per-POD flow, route and group counts of the compiled fabric.
+
+    ``switches``: {name: {"flows", "routes", "groups", "minimum_routes"}};
+    ``pods``: {"c<campus>/pod<pod>": {...sums over the pod's switches of every plane}}
+    (cores belong to no pod: "core"); ``totals``; ``max_flows_per_switch``.
+    ``routes`` counts table 1 (the IPv4 routing table), ``flows`` every table.
+    """
+    states = compile_fabric(g, failures, policy)
+    ix = index_of(g)
+    minimum = minimum_routes(g)
+    switches = {}
+    pods: dict[str, dict] = {}
+    for name, st in states.items():
+        sw = ix.sw[name]
+        row = {"flows": st.flow_count, "routes": st.route_count, "groups": len(st.groups),
+               "minimum_routes": minimum[name], "tier": sw.tier, "plane": sw.plane}
+        switches[name] = row
+        pod = "core" if sw.pod is None else f"c{sw.pod[0]}/pod{sw.pod[1]}"
+        acc = pods.setdefault(pod, {"switches": 0, "flows": 0, "routes": 0, "groups": 0, "minimum_routes": 0})
+        acc["switches"] += 1
+        for k in ("flows", "routes", "groups", "minimum_routes"):
+            acc[k] += row[k]
+    totals = {k: sum(r[k] for r in switches.values()) for k in ("flows", "routes", "groups", "minimum_routes")}
+    return {"policy": policy, "switches": switches, "pods": pods, "totals": totals,
+            "max_flows_per_switch": max((r["flows"] for r in switches.values()), default=0),
+            "max_routes_per_switch": max((r["routes"] for r in switches.values()), default=0)}
+
+
+def deaggregated(states: Mapping[str, SwitchState], healthy: Mapping[str, SwitchState]) -> int:
+    """Routes present only because of failures: table-1 entries absent from the healthy compile."""
+    n = 0
+    for name, st in states.items():
+        base = healthy.get(name)
+        keys = {f.key() for f in base.flows if f.table == TABLE_ROUTE} if base else set()
+        n += sum(f.count for f in st.flows if f.table == TABLE_ROUTE and f.key() not in keys)
+    return n
+
+
+def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str) -> str | None:
+    """The MAC a leaf answers for ``target_ip`` (proxy ARP), or None: only hosts of its plane."""
+    ix = index_of(g)
+    sw = ix.sw.get(leaf)
+    if sw is None or sw.tier != 1:
+        return None
+    try:
+        ip = _parse_prefix(target_ip + "/32")[0]
+    except ValueError:
+        return None
+    entry = ix.host_addr.get(ip)
+    if entry is None or entry[2] != sw.plane:
+        return None
+    return entry[0]
+
+
+def describe_flow(f: Flow) -> str:
+    def val(k, v):
+        if k in ("ipv4_dst", "ipv4_src"):
+            if isinstance(v, tuple):
+                return f"{ip_str(v[0])}/{ip_str(v[1])}"
+            return ip_str(v)
+        return f"{v[0]:#x}/{v[1]:#x}" if isinstance(v, tuple) else str(v)
+    m = ",".join(f"{k}={val(k, v)}" for k, v in f.match)
+    a = ",".join(":".join(map(str, x)) for x in f.actions) or "drop"
+    extra = f" x{len(f.hosts)} hosts" if f.hosts is not None else ""
+    return f"table={f.table} priority={f.priority} {m} actions={a}{extra}"
