@@ -1,0 +1,722 @@
+"""A userspace UDP transport modelled on RoCEv2 (reliable connection over UDP port 4791).
+
+What is modelled
+    * Packets carry a per-flow packet sequence number (PSN), the message id, its offset and
+      length; a flow is one direction of a rank pair (a QP).
+    * Receiver: places every packet at its offset (a reordering / reassembly buffer, as NICs
+      that accept sprayed packets do), delivers messages in order, sends a cumulative ACK
+      (coalesced: one per received batch), and a NACK naming the first missing PSN once
+      ``reorder_threshold`` packets beyond the hole have arrived.
+      ``recovery="gobackn"`` models a classic RoCE NIC instead: it drops every
+      out-of-order packet and NACKs the expected PSN (the sender resends from there).
+    * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
+      (go-back-N from the NACKed PSN in gobackn mode), a retransmission timeout
+      (RTO = srtt + 4 rttvar, at least ``min_rto_s``) for tail losses, and message completion
+      when every packet of the message is acknowledged (RDMA send completion).
+    * ECN: data packets leave with ECT(0) (IP_TOS); the receiver reads the TOS byte of
+      every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
+      per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
+    * DCQCN (Zhu et al., SIGCOMM 2015) at the sender, the reaction point: see
+      :class:`DcqcnParams`. Packets are paced per flow at DCQCN's current rate and per NIC
+      port at the port's line rate (the NIC's port scheduler).
+    * Entropy: each packet's (plane, UDP source port) comes from the entropy policy:
+      ``flow`` fixes both per flow (hash of the rank pair: the ECMP baseline), ``spray``
+      rotates per packet over every plane of the rank and ``ports_per_nic`` source ports
+      per plane (several sockets bound to different source ports on each interface);
+      ``adaptive`` is the hook :class:`EntropyPolicy` subclasses fill, with per-path
+      feedback (ACKed, CE/CNP, loss) given to ``on_feedback``.
+
+Every flow counts packets, bytes, retransmissions, timeouts, NACKs, CE marks (receiver),
+CNPs (sender), duplicates, the deepest reordering seen (PSN distance beyond the next
+expected one) and samples (time, bytes acknowledged, DCQCN rate) every ``sample_s``.
+"""
+from __future__ import annotations
+
+import math
+import select
+import socket
+import struct
+import time
+import zlib
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from . import PeerLost, Transport, TransportError
+
+DATA, ACK, NACK, CNP, ABORT = 1, 2, 3, 4, 5
+# type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us)
+HDR = struct.Struct("!BBHHIIIII")
+IP_UDP = 28          # IPv4 + UDP headers
+ETH = 14             # what an htb shaper counts on top of the IP packet
+ECT0, CE = 0x02, 0x03
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+
+
+@dataclass(frozen=True)
+class DcqcnParams:
+    """DCQCN reaction-point parameters.
+
+    Defaults are the DCQCN paper's (Zhu et al., SIGCOMM'15, Table 1/§5) and Mellanox's, at
+    the 40 Gbit/s they were tuned for: g = 1/256, alpha timer 55 us, rate-increase timer
+    55 us, byte counter 10 MB, 5 fast-recovery stages, additive increase 40 Mbit/s, hyper
+    increase 10x that, CNP interval 50 us. :meth:`scaled` scales them to a link rate:
+    rates and the byte counter in proportion to the rate; timers in inverse proportion
+    (a packet takes that much longer), bounded to ``[55 us, 10 ms]`` so that a slow
+    emulated link still recovers within a collective step.
+    """
+    line_rate_bps: float = 40e9
+    g: float = 1 / 256
+    alpha_timer_s: float = 55e-6
+    rate_timer_s: float = 55e-6
+    byte_counter: int = 10 * 1024 * 1024
+    fast_recovery_stages: int = 5
+    rai_bps: float = 40e6
+    rhai_bps: float = 400e6
+    min_rate_bps: float = 40e6 / 40          # 0.1% of line rate
+    cnp_interval_s: float = 50e-6
+
+    @classmethod
+    def scaled(cls, line_rate_bps: float, mtu_payload: int = 1400) -> "DcqcnParams":
+        ref = cls()
+        k = line_rate_bps / ref.line_rate_bps
+
+        def timer(t):
+            return min(10e-3, max(t, t / k))
+        return cls(line_rate_bps=line_rate_bps, g=ref.g,
+                   alpha_timer_s=timer(ref.alpha_timer_s), rate_timer_s=timer(ref.rate_timer_s),
+                   byte_counter=max(16 * mtu_payload, int(ref.byte_counter * k)),
+                   fast_recovery_stages=ref.fast_recovery_stages,
+                   rai_bps=ref.rai_bps * k, rhai_bps=ref.rhai_bps * k,
+                   min_rate_bps=max(ref.min_rate_bps * k, 8 * mtu_payload / 1.0),
+                   cnp_interval_s=timer(ref.cnp_interval_s))
+
+
+class Dcqcn:
+    """Rate state of one flow (current rate rc, target rt, alpha), driven by CNPs and timers."""
+    __slots__ = ("p", "rc", "rt", "alpha", "cnp_in_period", "alpha_t", "rate_t", "bytes",
+                 "timer_events", "byte_events", "cuts")
+
+    def __init__(self, p: DcqcnParams, now: float):
+        self.p = p
+        self.rc = self.rt = p.line_rate_bps
+        self.alpha = 1.0
+        self.cnp_in_period = False
+        self.alpha_t = self.rate_t = now
+        self.bytes = 0
+        self.timer_events = self.byte_events = 0
+        self.cuts = 0
+
+    def on_cnp(self, now: float) -> None:
+        p = self.p
+        self.rt = self.rc
+        self.rc = max(p.min_rate_bps, self.rc * (1 - self.alpha / 2))
+        self.alpha = (1 - p.g) * self.alpha + p.g
+        self.cnp_in_period = True
+        self.timer_events = self.byte_events = 0
+        self.bytes = 0
+        self.rate_t = now
+        self.cuts += 1
+
+    def _increase(self) -> None:
+        p = self.p
+        f = p.fast_recovery_stages
+        if max(self.timer_events, self.byte_events) < f:
+            pass                                    # fast recovery: towards rt
+        elif min(self.timer_events, self.byte_events) > f:
+            self.rt += (min(self.timer_events, self.byte_events) - f) * p.rhai_bps   # hyper
+        else:
+            self.rt += p.rai_bps                    # additive
+        self.rt = min(self.rt, p.line_rate_bps)
+        self.rc = min(p.line_rate_bps, (self.rt + self.rc) / 2)
+
+    def on_sent(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        if self.bytes >= self.p.byte_counter:
+            self.bytes = 0
+            self.byte_events += 1
+            self._increase()
+
+    def tick(self, now: float) -> None:
+        p = self.p
+        while now - self.alpha_t >= p.alpha_timer_s:
+            self.alpha_t += p.alpha_timer_s
+            if not self.cnp_in_period:
+                self.alpha = (1 - p.g) * self.alpha
+            self.cnp_in_period = False
+            if self.alpha < 1e-6:
+                self.alpha_t = now
+                break
+        if self.rc >= p.line_rate_bps and self.rt >= p.line_rate_bps:
+            self.rate_t = now
+            return
+        while now - self.rate_t >= p.rate_timer_s:
+            self.rate_t += p.rate_timer_s
+            self.timer_events += 1
+            self._increase()
+
+
+# ---- entropy policies ------------------------------------------------------------------
+
+class EntropyPolicy:
+    """Chooses each packet's path: (plane index, source-port index on that plane).
+
+    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind)`` is called with
+    kind "ack" (bytes acknowledged on that path), "ce" (a CNP for a packet of that path)
+    or "loss" (a NACK or timeout): the hook the adaptive policy uses.
+    """
+    name = "base"
+
+    def __init__(self, planes: int, ports_per_nic: int):
+        self.planes, self.ports = planes, ports_per_nic
+
+    def path(self, flow: "_TxFlow", seq: int) -> int:
+        raise NotImplementedError
+
+    def on_feedback(self, flow: "_TxFlow", path: int, kind: str) -> None:
+        pass
+
+
+class FlowEntropy(EntropyPolicy):
+    """One path per flow, from a hash of (src, dst): what per-flow ECMP gives a QP."""
+    name = "flow"
+
+    def path(self, flow, seq):
+        return flow.hash % (self.planes * self.ports)
+
+
+class SprayEntropy(EntropyPolicy):
+    """Per-packet spraying: rotate over every (plane, source port), planes interleaved."""
+    name = "spray"
+
+    def path(self, flow, seq):
+        i = seq + flow.hash
+        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
+
+
+class AdaptiveEntropy(EntropyPolicy):
+    """Hook for host-side adaptive routing (filled by the adaptive-routing issue)."""
+    name = "adaptive"
+
+    def __init__(self, planes, ports_per_nic):
+        raise TransportError("entropy 'adaptive' is a hook for the adaptive-routing work and has "
+                             "no policy yet; use --entropy flow or spray")
+
+
+POLICIES = {"flow": FlowEntropy, "spray": SprayEntropy, "adaptive": AdaptiveEntropy}
+
+
+# ---- per-flow state ----------------------------------------------------------------------
+
+class _TxFlow:
+    __slots__ = ("dst", "hash", "queue", "cur", "cur_off", "psn", "una", "unacked", "retx",
+                 "msg_next", "msg_last_psn", "done_msgs", "next_t", "dcqcn", "last_progress",
+                 "rto", "srtt", "rttvar", "stats", "samples", "acked_bytes", "last_sample",
+                 "seq", "gbn_resend_to")
+
+    def __init__(self, src, dst, now, dcqcn):
+        self.dst = dst
+        self.hash = zlib.crc32(struct.pack("!HH", src, dst))
+        self.queue = deque()          # (msg_id, memoryview)
+        self.cur = None
+        self.cur_off = 0
+        self.psn = 0
+        self.una = 0
+        self.unacked = {}             # psn -> [msg_id, off, mlen, view, sent_t, path, retx]
+        self.retx = deque()
+        self.msg_next = 0
+        self.msg_last_psn = {}        # msg id -> last psn (set when fully packetised)
+        self.done_msgs = set()
+        self.next_t = now
+        self.dcqcn = dcqcn
+        self.last_progress = now
+        self.rto = None
+        self.srtt = None
+        self.rttvar = 0.0
+        self.stats = {"packets": 0, "bytes": 0, "retransmissions": 0, "timeouts": 0, "nacks": 0,
+                      "cnps": 0, "acks": 0}
+        self.samples = []
+        self.acked_bytes = 0
+        self.last_sample = 0.0
+        self.seq = 0
+        self.gbn_resend_to = -1
+
+
+class _RxFlow:
+    __slots__ = ("src", "expected", "ooo", "msgs", "complete", "deliver_next", "ready",
+                 "ack_due", "ack_path", "ack_ts", "last_cnp", "last_nack", "stats", "plane")
+
+    def __init__(self, src):
+        self.src = src
+        self.expected = 0
+        self.ooo = set()
+        self.msgs = {}                # msg id -> [bytearray, received bytes]
+        self.complete = {}            # msg id -> bytearray (complete, not yet delivered)
+        self.deliver_next = 0
+        self.ready = deque()          # delivered in order, waiting for a posted receive
+        self.ack_due = False
+        self.ack_path = 0
+        self.ack_ts = 0
+        self.last_cnp = -1.0
+        self.last_nack = (-1, -1.0)
+        self.plane = 0
+        self.stats = {"packets_received": 0, "ce_marks": 0, "cnps_sent": 0, "duplicates": 0,
+                      "max_reorder": 0, "nacks_sent": 0, "dropped_out_of_order": 0}
+
+
+class RoceTransport(Transport):
+    name = "roce"
+
+    def __init__(self, rank: int, addrs: list[list[str]], *, base_port: int = 4791,
+                 line_rate_bps: float = 20e6, entropy: str = "flow", mtu: int = 1500,
+                 recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
+                 ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
+                 ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.02,
+                 sample_s: float = 0.025):
+        if recovery not in ("selective", "gobackn"):
+            raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
+        if entropy not in POLICIES:
+            raise TransportError(f"unknown entropy {entropy!r} (known: {', '.join(POLICIES)})")
+        self.rank, self.nranks, self.addrs = rank, len(addrs), addrs
+        self.planes = len(addrs[rank])
+        self.base_port = base_port
+        self.line_rate_bps = float(line_rate_bps)    # per NIC port (plane)
+        self.payload = mtu - IP_UDP - HDR.size
+        if self.payload < 64:
+            raise TransportError(f"mtu {mtu} is too small for the roce transport (at least {IP_UDP + HDR.size + 64})")
+        self.mtu = mtu
+        self.recovery = recovery
+        self.ports_per_nic = ports_per_nic if entropy != "flow" else max(1, ports_per_nic)
+        self.policy = POLICIES[entropy](self.planes, self.ports_per_nic)
+        self.entropy = entropy
+        self.window = window_pkts
+        self.reorder_threshold = reorder_threshold if reorder_threshold is not None else (
+            3 if entropy == "flow" else max(3, 2 * self.planes * self.ports_per_nic))
+        self.ecn = ecn
+        self.timeout_s = timeout_s
+        self.min_rto_s = min_rto_s
+        self.sample_s = sample_s
+        if dcqcn is True:
+            dcqcn = DcqcnParams.scaled(self.line_rate_bps, self.payload)
+        self.dcqcn_params = dcqcn or None
+        self.tx: dict[int, _TxFlow] = {}
+        self.rx: dict[int, _RxFlow] = {}
+        self.rx_socks: list[socket.socket] = []
+        self.tx_socks: list[socket.socket] = []     # index plane * ports + k
+        self.nic_next = []                          # per plane: next free time of the port
+        self.peer_addr = {}                         # (rank, plane) -> (ip, port)
+        self.hdr_buf = bytearray(HDR.size)
+        self.cpu_busy = 0.0
+        self.heard: dict[int, float] = {}
+
+    # ---- setup ---------------------------------------------------------------------------
+    def info(self) -> dict:
+        return {"transport": "roce", "entropy": self.entropy, "recovery": self.recovery,
+                "mtu": self.mtu, "payload_bytes": self.payload, "line_rate_bps": self.line_rate_bps,
+                "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window,
+                "reorder_threshold": self.reorder_threshold, "ecn": self.ecn,
+                "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
+                "udp_port": self.base_port + self.rank,
+                "source_ports": [s.getsockname()[1] for s in self.tx_socks]}
+
+    def start(self) -> None:
+        port = self.base_port + self.rank
+        for plane, ip in enumerate(self.addrs[self.rank]):
+            rs = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            try:
+                rs.bind((ip, port))
+            except OSError as exc:
+                rs.close()
+                raise TransportError(f"rank {self.rank}: cannot bind UDP {ip}:{port}: {exc.strerror} "
+                                     f"(is {ip} an address of this host?)") from None
+            rs.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+            rs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+            rs.setblocking(False)
+            self.rx_socks.append(rs)
+            for _ in range(self.ports_per_nic):
+                ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                ts.bind((ip, 0))
+                if self.ecn:
+                    ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+                ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+                ts.setblocking(False)
+                self.tx_socks.append(ts)
+            self.nic_next.append(0.0)
+        for r, ips in enumerate(self.addrs):
+            for p in range(self.planes):
+                self.peer_addr[r, p] = (ips[p % len(ips)], self.base_port + r)
+        now = time.monotonic()
+        for r in range(self.nranks):
+            if r != self.rank:
+                dc = Dcqcn(self.dcqcn_params, now) if self.dcqcn_params else None
+                self.tx[r] = _TxFlow(self.rank, r, now, dc)
+                self.rx[r] = _RxFlow(r)
+
+    # ---- the step ----------------------------------------------------------------------
+    def exchange(self, sends, recvs):
+        now = time.monotonic()
+        waiting = []                                  # (flow, msg id) not yet acknowledged
+        for peer, data in sends:
+            f = self.tx[peer]
+            mid = f.msg_next
+            f.msg_next += 1
+            mv = memoryview(data).cast("B")
+            waiting.append((f, mid))
+            if len(mv) == 0:
+                f.done_msgs.add(mid)
+                continue
+            f.queue.append((mid, mv))
+            f.last_progress = now
+        results: list = [None] * len(recvs)
+        want = deque(range(len(recvs)))
+        started = now
+        for f in self.tx.values():
+            if f.queue or f.unacked:
+                f.last_progress = now
+        busy_t0 = time.process_time()
+        try:
+            while True:
+                self._poll_rx()
+                now = time.monotonic()
+                # deliver what has arrived, in posting order per peer
+                for i in list(want):
+                    peer, nbytes = recvs[i]
+                    rxf = self.rx[peer]
+                    if rxf.ready and _first_for_peer(want, recvs, i, peer):
+                        data = rxf.ready.popleft()
+                        if len(data) != nbytes:
+                            raise TransportError(f"rank {self.rank}: rank {peer} sent a {len(data)} B "
+                                                 f"message where {nbytes} B were expected (out of step)")
+                        results[i] = data
+                        want.remove(i)
+                self._flush_acks()
+                if not want and all(m in f.done_msgs for f, m in waiting):
+                    for f, m in waiting:
+                        f.done_msgs.discard(m)
+                    return results
+                wake = self._send_and_timers(now)
+                wait = min(max(0.0, wake - time.monotonic()), 0.005)
+                if wait > 0:
+                    select.select(self.rx_socks, [], [], wait)
+                self._check_peers(now, want, recvs, started)
+        finally:
+            self.cpu_busy += time.process_time() - busy_t0
+
+    def _check_peers(self, now, want, recvs, started):
+        for f in self.tx.values():
+            if (f.unacked or f.queue or f.cur) and now - f.last_progress > self.timeout_s:
+                raise PeerLost(f.dst, self.peer_addr[f.dst, 0][0],
+                               f"stopped acknowledging for {self.timeout_s:g} s (unreachable or gone)")
+        if want:
+            peer = recvs[want[0]][0]
+            if now - max(self.heard.get(peer, 0.0), started) > self.timeout_s:
+                raise PeerLost(peer, self.peer_addr[peer, 0][0],
+                               f"sent nothing for {self.timeout_s:g} s (unreachable or gone)")
+
+    # ---- sending -----------------------------------------------------------------------
+    def _next_packet(self, f: _TxFlow):
+        """(psn, entry, is_retx) of the flow's next packet: a retransmission first, else the
+        next piece of the current message if the window allows."""
+        while f.retx:
+            psn = f.retx.popleft()
+            e = f.unacked.get(psn)
+            if e is not None:
+                return psn, e, True
+        if f.psn - f.una >= self.window:
+            return None
+        if f.cur is None:
+            if not f.queue:
+                return None
+            f.cur = f.queue.popleft()
+            f.cur_off = 0
+        mid, mv = f.cur
+        off = f.cur_off
+        n = min(self.payload, len(mv) - off)
+        f.cur_off += n
+        psn = f.psn
+        f.psn += 1
+        e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0]
+        f.unacked[psn] = e
+        if f.cur_off >= len(mv):
+            f.msg_last_psn[mid] = psn
+            f.cur = None
+        return psn, e, False
+
+    def _peek_ready(self, f: _TxFlow) -> bool:
+        while f.retx and f.retx[0] not in f.unacked:
+            f.retx.popleft()
+        if f.retx:
+            return True
+        return f.psn - f.una < self.window and (f.cur is not None or bool(f.queue))
+
+    def _send_and_timers(self, now: float) -> float:
+        wake = now + 0.005
+        flows = [f for f in self.tx.values() if f.retx or f.queue or f.cur or f.unacked]
+        progressed = True
+        while progressed:
+            progressed = False
+            for f in flows:
+                if f.dcqcn:
+                    f.dcqcn.tick(now)
+                if f.unacked:
+                    rto = f.rto or max(self.min_rto_s, 0.2)
+                    oldest = f.unacked.get(f.una)
+                    if oldest is not None and oldest[4] and now - oldest[4] > rto:
+                        self._timeout(f, now)
+                if f.next_t > now:
+                    wake = min(wake, f.next_t)
+                    continue
+                # the path (and so the NIC port) is chosen before checking that port's pacer
+                pkt = self._peek_ready(f)
+                if not pkt:
+                    continue
+                path = self.policy.path(f, f.seq)
+                plane = path // self.ports_per_nic
+                if self.nic_next[plane] > now:
+                    wake = min(wake, self.nic_next[plane])
+                    continue
+                psn, e, is_retx = self._next_packet(f)
+                self._send(f, psn, e, path, now, is_retx)
+                f.seq += 1
+                wire = (len(e[3]) + HDR.size + IP_UDP + ETH) * 8
+                burst = 2 * wire / self.line_rate_bps
+                self.nic_next[plane] = max(self.nic_next[plane], now - burst) + wire / self.line_rate_bps
+                if f.dcqcn:
+                    f.next_t = max(f.next_t, now - burst) + wire / f.dcqcn.rc
+                    f.dcqcn.on_sent(len(e[3]))
+                progressed = True
+            if progressed:
+                now = time.monotonic()
+                self._poll_rx()
+        for f in flows:
+            if f.unacked:
+                oldest = f.unacked.get(f.una)
+                if oldest is not None and oldest[4]:
+                    wake = min(wake, oldest[4] + (f.rto or 0.2))
+        return wake
+
+    def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
+        mid, off, mlen, view = e[0], e[1], e[2], e[3]
+        plane = path // self.ports_per_nic
+        HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen,
+                      int(now * 1e6) & 0xFFFFFFFF)
+        try:
+            self.tx_socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
+        except (BlockingIOError, ConnectionRefusedError):
+            pass                        # a full socket buffer or ICMP: the packet counts as lost
+        e[4] = now
+        e[5] = path
+        st = f.stats
+        st["packets"] += 1
+        st["bytes"] += len(view)
+        if is_retx:
+            e[6] += 1
+            st["retransmissions"] += 1
+
+    def _timeout(self, f: _TxFlow, now: float) -> None:
+        f.stats["timeouts"] += 1
+        e = f.unacked.get(f.una)
+        if e is not None:
+            self.policy.on_feedback(f, e[5], "loss")
+        if self.recovery == "gobackn":
+            f.retx.extend(p for p in range(f.una, f.psn) if p in f.unacked and p not in f.retx)
+        elif f.una not in f.retx:
+            f.retx.append(f.una)
+        for p in range(f.una, f.psn):          # restart the clock of what is being resent
+            ent = f.unacked.get(p)
+            if ent is not None:
+                ent[4] = now
+        f.rto = min(1.0, (f.rto or max(self.min_rto_s, 0.2)) * 2)
+
+    # ---- receiving ---------------------------------------------------------------------
+    def _poll_rx(self) -> None:
+        for plane, s in enumerate(self.rx_socks):
+            while True:
+                try:
+                    data, anc, _, _ = s.recvmsg(65536, 64)
+                except BlockingIOError:
+                    break
+                except ConnectionRefusedError:
+                    continue
+                tos = anc[0][2][0] if anc else 0
+                self._on_packet(data, tos, plane)
+
+    def _on_packet(self, data: bytes, tos: int, plane: int = 0) -> None:
+        if len(data) < HDR.size:
+            return
+        typ, path, src, dst, psn, mid, off, mlen, ts = HDR.unpack_from(data)
+        if dst != self.rank or src == self.rank or src >= self.nranks:
+            return
+        now = time.monotonic()
+        self.heard[src] = now
+        if typ == DATA:
+            self._on_data(self.rx[src], data, tos, path, psn, mid, off, mlen, ts, now, plane)
+        elif typ == ACK:
+            self._on_ack(self.tx[src], psn, ts, path, now)
+        elif typ == NACK:
+            self._on_nack(self.tx[src], psn, mid, path, now)
+        elif typ == CNP:
+            f = self.tx[src]
+            f.stats["cnps"] += 1
+            self.policy.on_feedback(f, path, "ce")
+            if f.dcqcn:
+                f.dcqcn.on_cnp(now)
+        elif typ == ABORT:
+            raise PeerLost(src, self.peer_addr[src, 0][0], "aborted the run")
+
+    def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane):
+        st = r.stats
+        st["packets_received"] += 1
+        r.plane = plane                       # answer on the plane the data came in on
+        if tos & 0x03 == CE:
+            st["ce_marks"] += 1
+            cnp_every = self.dcqcn_params.cnp_interval_s if self.dcqcn_params else 50e-6
+            if now - r.last_cnp >= cnp_every:
+                r.last_cnp = now
+                st["cnps_sent"] += 1
+                self._control(CNP, r.src, r.plane, path, 0, 0)
+        if psn < r.expected or psn in r.ooo:
+            st["duplicates"] += 1
+            r.ack_due, r.ack_ts, r.ack_path = True, ts, path
+            return
+        if psn != r.expected and self.recovery == "gobackn":
+            st["dropped_out_of_order"] += 1
+            if r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05:
+                r.last_nack = (r.expected, now)
+                st["nacks_sent"] += 1
+                self._control(NACK, r.src, r.plane, path, r.expected, 1)
+            return
+        # place the payload (reassembly buffer keyed by message)
+        if mid >= r.deliver_next and mid not in r.complete:
+            m = r.msgs.get(mid)
+            if m is None:
+                m = r.msgs[mid] = [bytearray(mlen), 0]
+            payload = memoryview(data)[HDR.size:]
+            m[0][off:off + len(payload)] = payload
+            m[1] += len(payload)
+            if m[1] >= mlen:
+                r.complete[mid] = m[0]
+                del r.msgs[mid]
+                while r.deliver_next in r.complete:
+                    r.ready.append(r.complete.pop(r.deliver_next))
+                    r.deliver_next += 1
+        if mlen == 0 and mid == r.deliver_next:
+            r.ready.append(bytearray())
+            r.deliver_next += 1
+        if psn == r.expected:
+            r.expected += 1
+            while r.expected in r.ooo:
+                r.ooo.discard(r.expected)
+                r.expected += 1
+        else:
+            r.ooo.add(psn)
+            depth = psn - r.expected
+            if depth > st["max_reorder"]:
+                st["max_reorder"] = depth
+        r.ack_due, r.ack_ts, r.ack_path = True, ts, path
+        if r.ooo and self.recovery == "selective":
+            beyond = max(r.ooo) - r.expected
+            if beyond >= self.reorder_threshold and (
+                    r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05):
+                r.last_nack = (r.expected, now)
+                hole = 1
+                while r.expected + hole not in r.ooo and hole < 64:
+                    hole += 1
+                st["nacks_sent"] += 1
+                self._control(NACK, r.src, r.plane, path, r.expected, hole)
+
+    def _flush_acks(self) -> None:
+        for r in self.rx.values():
+            if r.ack_due:
+                r.ack_due = False
+                self._control(ACK, r.src, r.plane, r.ack_path, r.expected, 0, r.ack_ts)
+
+    def _control(self, typ, peer, plane, path, psn, extra, ts=0) -> None:
+        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, 0, 0, ts)
+        try:
+            self.rx_socks[plane].sendto(self.hdr_buf, self.peer_addr[peer, plane])
+        except (BlockingIOError, ConnectionRefusedError):
+            pass
+
+    def _on_ack(self, f: _TxFlow, cum: int, ts: int, path: int, now: float) -> None:
+        f.stats["acks"] += 1
+        if ts:
+            rtt = ((int(now * 1e6) & 0xFFFFFFFF) - ts) % (1 << 32) / 1e6
+            if rtt < 10:
+                if f.srtt is None:
+                    f.srtt, f.rttvar = rtt, rtt / 2
+                else:
+                    f.rttvar = 0.75 * f.rttvar + 0.25 * abs(f.srtt - rtt)
+                    f.srtt = 0.875 * f.srtt + 0.125 * rtt
+                f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar)
+        if cum <= f.una:
+            return
+        acked = 0
+        for p in range(f.una, min(cum, f.psn)):
+            e = f.unacked.pop(p, None)
+            if e is not None:
+                acked += len(e[3])
+        f.una = min(cum, f.psn)
+        f.acked_bytes += acked
+        f.last_progress = now
+        self.policy.on_feedback(f, path, "ack")
+        for mid, last in list(f.msg_last_psn.items()):
+            if last < f.una:
+                f.done_msgs.add(mid)
+                del f.msg_last_psn[mid]
+        if now - f.last_sample >= self.sample_s:
+            f.last_sample = now
+            f.samples.append([time.time(), f.acked_bytes, f.dcqcn.rc if f.dcqcn else 0])
+
+    def _on_nack(self, f: _TxFlow, psn: int, count: int, path: int, now: float) -> None:
+        f.stats["nacks"] += 1
+        self.policy.on_feedback(f, path, "loss")
+        if psn > f.una:                       # a NACK acknowledges everything before it
+            self._on_ack(f, psn, 0, path, now)
+        if self.recovery == "gobackn":
+            f.retx.clear()
+            f.retx.extend(p for p in range(psn, f.psn) if p in f.unacked)
+        else:
+            for p in range(psn, min(psn + max(1, count), f.psn)):
+                if p in f.unacked and p not in f.retx:
+                    f.retx.append(p)
+
+    # ---- results ------------------------------------------------------------------------
+    def flow_stats(self) -> list[dict]:
+        """This rank's view of its flows: "tx" entries (rank -> peer: sender counters, DCQCN,
+        rate samples) and "rx" entries (peer -> rank: CE marks, CNPs sent, reordering)."""
+        out = []
+        for peer in sorted(self.tx):
+            f, r = self.tx[peer], self.rx[peer]
+            out.append({"side": "tx", "src": self.rank, "dst": peer, **f.stats,
+                        "rate_cuts": f.dcqcn.cuts if f.dcqcn else 0,
+                        "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.line_rate_bps,
+                        "srtt_us": (f.srtt or 0) * 1e6, "samples": f.samples})
+            out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats})
+        return out
+
+    def abort(self) -> None:
+        """Tell every peer to stop (best effort, a few copies)."""
+        for _ in range(3):
+            for r in range(self.nranks):
+                if r != self.rank:
+                    for p in range(self.planes):
+                        self._control(ABORT, r, p, 0, 0, 0)
+
+    def close(self) -> None:
+        for s in self.rx_socks + self.tx_socks:
+            s.close()
+
+
+def _first_for_peer(want, recvs, i, peer) -> bool:
+    for j in want:
+        if recvs[j][0] == peer:
+            return j == i
+    return False
+
+
+def wire_bits(payload: int) -> int:
+    return (payload + HDR.size + IP_UDP + ETH) * 8
+
+
+def packets_for(nbytes: int, mtu: int) -> int:
+    return max(1, math.ceil(nbytes / (mtu - IP_UDP - HDR.size)))

@@ -1,0 +1,285 @@
+"""The transports over loopback: bytes arrive complete and in order under loss, duplication
+and reordering (a fault-injecting UDP relay between the ranks), the roce transport answers
+CE marks with CNPs and a lower DCQCN rate, and spraying really changes the entropy."""
+import random
+import select
+import socket
+import threading
+import time
+
+import pytest
+
+from fabric.transport import PeerLost, TransportError, make
+from fabric.transport.roce import CE, Dcqcn, DcqcnParams
+
+BASE = 17400
+
+
+class Relay(threading.Thread):
+    """UDP relay that impairs what it forwards: drop, duplicate, reorder (hold a packet and
+    send it after the next one) and CE-mark (rewrite the ECN bits of the TOS byte)."""
+
+    def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, seed=1):
+        super().__init__(daemon=True)
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.bind(listen)
+        self.rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.forward = forward
+        self.p = dict(drop=drop, dup=dup, reorder=reorder, ce=ce)
+        self.rng = random.Random(seed)
+        self.stop = False
+        self.sources = set()
+        self.counts = dict(forwarded=0, dropped=0, duplicated=0, reordered=0, marked=0, ect=0)
+
+    def _send(self, data, tos):
+        self.tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        self.tx.sendto(data, self.forward)
+
+    def run(self):
+        held = None
+        while not self.stop:
+            r, _, _ = select.select([self.rx], [], [], 0.05)
+            if not r:
+                if held:
+                    self._send(*held)
+                    held = None
+                continue
+            data, anc, _, src = self.rx.recvmsg(65536, 64)
+            self.sources.add(src)
+            tos = anc[0][2][0] if anc else 0
+            self.counts["ect"] += (tos & 3) == 2
+            rnd = self.rng.random
+            if rnd() < self.p["drop"]:
+                self.counts["dropped"] += 1
+                continue
+            if (tos & 3) and rnd() < self.p["ce"]:
+                tos = (tos & ~3) | CE
+                self.counts["marked"] += 1
+            if held is None and rnd() < self.p["reorder"]:
+                held = (data, tos)
+                self.counts["reordered"] += 1
+                continue
+            self._send(data, tos)
+            self.counts["forwarded"] += 1
+            if rnd() < self.p["dup"]:
+                self._send(data, tos)
+                self.counts["duplicated"] += 1
+            if held:
+                self._send(*held)
+                held = None
+
+    def close(self):
+        self.stop = True
+        self.join(2)
+        self.rx.close()
+        self.tx.close()
+
+
+def _pair(kind, faults_fwd=None, faults_back=None, base=BASE, planes=1, **opts):
+    """Two ranks (0 on 127.0.0.2, 1 on 127.0.0.3); rank 0's packets to rank 1 pass through
+    a relay on 127.0.0.50 and rank 1's packets to rank 0 through one on 127.0.0.51."""
+    real = [[f"127.0.{p}.2" for p in range(planes)], [f"127.0.{p}.3" for p in range(planes)]]
+    relays = []
+    view0 = [real[0], real[1]]
+    view1 = [real[0], real[1]]
+    if faults_fwd is not None:
+        view0 = [real[0], [f"127.0.{p}.50" for p in range(planes)]]
+        for p in range(planes):
+            relays.append(Relay((f"127.0.{p}.50", base + 1), (real[1][p], base + 1), **faults_fwd))
+    if faults_back is not None:
+        view1 = [[f"127.0.{p}.51" for p in range(planes)], real[1]]
+        for p in range(planes):
+            relays.append(Relay((f"127.0.{p}.51", base), (real[0][p], base), seed=7, **faults_back))
+    for r in relays:
+        r.start()
+    t0 = make(kind, 0, view0, base_port=base, **opts)
+    t1 = make(kind, 1, view1, base_port=base, **opts)
+    return t0, t1, relays
+
+
+def _run_both(t0, t1, fn0, fn1):
+    out, errors = {}, []
+
+    def wrap(key, t, fn):
+        try:
+            t.start()
+            out[key] = fn(t)
+        except Exception as exc:   # surfaced in the main thread below
+            errors.append(exc)
+
+    th = threading.Thread(target=wrap, args=(1, t1, fn1))
+    th.start()
+    wrap(0, t0, fn0)
+    th.join(60)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _messages(seed, count=6):
+    rng = random.Random(seed)
+    sizes = [1, 1399, 1400, 5000, 40_000, 150_000][:count]
+    return [bytes(rng.getrandbits(8) for _ in range(min(s, 2048))) * (s // 2048 + 1) for s in sizes]
+
+
+def _send_all(msgs):
+    def fn(t):
+        for m in msgs:
+            t.exchange([(1, m[: len(m)])], [])
+        return t.flow_stats()
+    return fn
+
+
+def _recv_all(msgs):
+    def fn(t):
+        got = [bytes(t.exchange([], [(0, len(m))])[0]) for m in msgs]
+        return got, t.flow_stats()
+    return fn
+
+
+def _close(*things):
+    for t in things:
+        t.close()
+
+
+@pytest.mark.parametrize("recovery", ["selective", "gobackn"])
+def test_roce_delivers_every_byte_in_order_under_loss_duplication_and_reordering(recovery):
+    faults = dict(drop=0.05, dup=0.05, reorder=0.15)
+    t0, t1, relays = _pair("roce", faults, dict(drop=0.05, dup=0.05, reorder=0.1), base=BASE + 10,
+                           line_rate_bps=100e6, recovery=recovery, min_rto_s=0.01)
+    msgs = _messages(11)
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    got, rx_stats = out[1]
+    assert got == msgs
+    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
+    rx = next(f for f in rx_stats if f["side"] == "rx" and f["src"] == 0)
+    assert relays[0].counts["dropped"] > 0 and relays[0].counts["reordered"] > 0
+    assert tx["retransmissions"] > 0
+    assert rx["duplicates"] > 0
+    if recovery == "selective":
+        assert rx["max_reorder"] > 0            # held in the reordering buffer
+    else:
+        assert rx["dropped_out_of_order"] > 0   # a go-back-N receiver discards them
+
+
+def test_roce_answers_ce_marks_with_cnps_and_lowers_its_rate():
+    t0, t1, relays = _pair("roce", dict(ce=0.3), None, base=BASE + 20, line_rate_bps=50e6)
+    msgs = [bytes(range(256)) * 800]     # 200 KB
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    got, rx_stats = out[1]
+    assert got == msgs
+    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
+    rx = next(f for f in rx_stats if f["side"] == "rx" and f["src"] == 0)
+    assert relays[0].counts["ect"] > 0            # data leaves as ECT(0)
+    assert rx["ce_marks"] == relays[0].counts["marked"] > 0
+    assert tx["cnps"] > 0 and tx["rate_cuts"] > 0
+    assert tx["final_rate_bps"] < 50e6
+
+
+def test_roce_keeps_line_rate_when_nothing_is_marked():
+    t0, t1, relays = _pair("roce", dict(), None, base=BASE + 30, line_rate_bps=50e6)
+    msgs = [bytes(range(256)) * 800]
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
+    assert tx["cnps"] == 0 and tx["rate_cuts"] == 0
+    assert tx["final_rate_bps"] == 50e6
+
+
+@pytest.mark.parametrize("entropy,paths", [("flow", 1), ("spray", 2 * 4)])
+def test_spray_uses_every_plane_and_source_port_while_flow_uses_one(entropy, paths):
+    t0, t1, relays = _pair("roce", dict(), None, base=BASE + 40, planes=2, line_rate_bps=100e6,
+                           entropy=entropy, ports_per_nic=4)
+    msgs = [bytes(100_000)]
+    try:
+        _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    sources = relays[0].sources | relays[1].sources
+    data_sources = {s for s in sources if s[1] != BASE + 40}     # not the control port
+    assert len(data_sources) == paths
+    if entropy == "spray":
+        assert {ip for ip, _ in data_sources} == {"127.0.0.2", "127.0.1.2"}
+
+
+def test_roce_names_the_rank_that_never_answers():
+    t = make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], base_port=BASE + 50, timeout_s=0.5)
+    t.start()
+    try:
+        with pytest.raises(PeerLost, match=r"rank 1 \(127\.0\.0\.3\) stopped acknowledging"):
+            t.exchange([(1, b"hello")], [])
+    finally:
+        t.close()
+
+
+def test_adaptive_entropy_is_a_hook_that_says_so():
+    with pytest.raises(TransportError, match="adaptive"):
+        make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy="adaptive")
+
+
+def test_tcp_delivers_messages_in_order_between_two_ranks():
+    t0, t1, _ = _pair("tcp", base=BASE + 60)
+    msgs = _messages(5)
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1)
+    assert out[1][0] == msgs
+    assert out[0][0]["bytes"] >= sum(map(len, msgs))
+
+
+def test_tcp_reports_a_peer_that_closes_mid_run():
+    t0, t1, _ = _pair("tcp", base=BASE + 70, timeout_s=5)
+
+    def quitter(t):
+        t.close()
+        return None
+
+    with pytest.raises(PeerLost, match="rank 1 .* closed the connection"):
+        _run_both(t0, t1, lambda t: t.exchange([], [(1, 10)]), quitter)
+    t0.close()
+
+
+# ---- DCQCN reaction point (pure) -----------------------------------------------------
+
+def test_dcqcn_first_cnp_halves_the_rate_and_fast_recovery_climbs_back():
+    p = DcqcnParams.scaled(10e6)
+    d = Dcqcn(p, now=0.0)
+    d.on_cnp(0.0)
+    assert d.rc == pytest.approx(5e6)      # alpha starts at 1: rc * (1 - 1/2)
+    assert d.rt == 10e6
+    rates = []
+    for k in range(1, 6):                  # five rate-timer events: halve the gap each time
+        d.tick(k * p.rate_timer_s + 1e-9)
+        rates.append(d.rc)
+    assert rates == pytest.approx([10e6 - 5e6 / 2 ** i for i in range(1, 6)], rel=1e-6)
+
+
+def test_dcqcn_alpha_decays_without_cnps_so_later_cuts_are_gentler():
+    p = DcqcnParams.scaled(10e6)
+    d = Dcqcn(p, now=0.0)
+    d.on_cnp(0.0)
+    a1 = d.alpha
+    d.tick(200 * p.alpha_timer_s)
+    assert d.alpha < a1
+    before = d.rc
+    d.on_cnp(200 * p.alpha_timer_s)
+    assert d.rc > before * 0.5
+
+
+def test_dcqcn_defaults_scale_with_the_link_rate():
+    p = DcqcnParams.scaled(10e6)
+    ref = DcqcnParams()
+    assert p.rai_bps == pytest.approx(ref.rai_bps * 10e6 / 40e9)
+    assert ref.rate_timer_s <= p.rate_timer_s <= 10e-3
+    assert DcqcnParams.scaled(40e9) == ref
