@@ -141,6 +141,13 @@ def _node_classes(state: RunState, datapath: str, mtu: int):
 
         def start(self, controllers):
             super().start(self.targets)
+            # linux-noop QoS: OVS leaves the ports' qdiscs (our htb and clsact) alone
+            qid = f"noop_{self.name}"
+            ports = [str(i) for i in self.intfList() if self.ports[i] and not i.IP()]
+            if ports:
+                self.vsctl(f"-- --id=@{qid} create QoS type=linux-noop "
+                           f"external_ids:{OVS_MARK}={state.run_id} "
+                           + " ".join(f"-- set Port {p} qos=@{qid}" for p in ports))
 
     return HpnlabHost, HpnlabSwitch
 
@@ -373,8 +380,9 @@ class Emulation:
         self.net = net
         net.build()
         self._configure_hosts()
-        self._configure_switch_ports()
         net.start()
+        # after the ports joined their bridges: OVS resets a port's qdisc when it adds it
+        self._configure_switch_ports()
 
     def _configure_hosts(self) -> None:
         s = self.scenario
@@ -649,6 +657,8 @@ class Emulation:
         self._stopped = True
         from .state import teardown
         try:
+            if self.ecn is not None:
+                self.ecn.close()
             if self.state is not None:
                 counts = teardown(self.state, log=self.log)
                 self.metadata["removed"] = counts

@@ -209,6 +209,27 @@ def marked_bridges() -> dict[str, str]:
     return out
 
 
+def marked_qos() -> dict[str, str]:
+    """OVS QoS rows (a root table: they outlive their ports) marked hpnlab-run: uuid -> run id."""
+    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=_uuid,external_ids", "list", "QoS"])
+    if r.returncode != 0:
+        return {}
+    out = {}
+    for uid, ext in json.loads(r.stdout).get("data", []):
+        pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
+        if OVS_MARK in pairs:
+            out[uid[1]] = pairs[OVS_MARK]
+    return out
+
+
+def _destroy_qos(uuids: list[str]) -> None:
+    if uuids:
+        args = ["ovs-vsctl", "--timeout=20"]
+        for u in uuids:
+            args += ["--", "--if-exists", "destroy", "QoS", u]
+        _run(args)
+
+
 def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
@@ -294,6 +315,7 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
         if r.returncode != 0:
             log(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
         removed["bridges"] = len(doomed)
+    _destroy_qos([u for u, run in marked_qos().items() if run == state.run_id])
     # 3. root-namespace interfaces (veths): only the listed names that still exist
     present = {p.name for p in Path("/sys/class/net").iterdir()} if Path("/sys/class/net").is_dir() else set()
     gone = [i for i in state.interfaces + state.bridges if i in present]
@@ -344,4 +366,5 @@ def clean(force: bool = False, log: Callable[[str], None] = lambda s: None) -> d
             args += ["--", "--if-exists", "del-br", b]
         _run(args)
         summary["removed"]["bridges"] = summary["removed"].get("bridges", 0) + len(orphans)
+    _destroy_qos([u for u, run in marked_qos().items() if run not in live_ids])
     return summary

@@ -1,0 +1,339 @@
+"""ECN marking stage on every switch egress port, with live thresholds and readable counters.
+
+Two mechanisms, chosen by ``fabric.kernel.Capabilities.ecn_mechanism``:
+
+``bpf`` (this machine)
+    ``bpf/ecn_marker.bpf.c``, compiled with clang at run time into a cache directory, loaded
+    once with bpftool and pinned under ``/sys/fs/bpf/hpnlab-<run id>/``, attached as a tc
+    clsact *egress* filter (direct action) on every switch port. Per port (key: ifindex) it
+    keeps a virtual queue drained at the port's shaped rate and marks CE on ECT packets
+    between Kmin and Kmax with probability rising to Pmax (always at or above Kmax): the
+    RED/DCQCN profile. Thresholds are a BPF map entry (changed live); counters are another.
+``red`` (kernels with sch_red)
+    the port buffer under the htb class becomes ``red ... ecn`` with the same Kmin/Kmax/Pmax;
+    a live change is ``tc qdisc change``; counters come from ``tc -s -j qdisc`` (marked,
+    bytes, packets, backlog). ECT/CE-seen are not counted by RED (reported as None).
+
+Default thresholds (``default_thresholds``): DCQCN's published switch setting is Kmin 5 KB,
+Kmax 200 KB, Pmax 1% at 40 Gbit/s (Zhu et al., SIGCOMM 2015); HPCC's evaluation uses Kmin
+100 KB, Kmax 400 KB, Pmax 20% at 100 Gbit/s. Scaled by rate to a 10 Mbit/s emulated port
+these are below one packet, so the emulation keeps the *shape* (Kmax = 4 x Kmin, Pmax 20%)
+and expresses Kmin as queueing time at the port rate: 2 ms, but never less than 4 MTU-sized
+frames. A 10 Mbit/s port with MTU 1500: Kmin 6,056 B, Kmax 24,224 B, Pmax 0.2.
+
+Python API (for tests, tools and a controller-side dynamic-ECN feature)::
+
+    stage = emu.ecn                      # or EcnStage.open() from another process (root)
+    stage.ports                          # intf -> EcnPort(switch, port, ifindex, rate_mbps, ...)
+    stage.thresholds("p0l0-eth1")        # {"kmin": bytes, "kmax": bytes, "pmax": 0..1, "enabled"}
+    stage.set_thresholds(kmin=3000, kmax=12000, pmax=0.5, ports=["p0l0-eth1"])  # live; ports=None: all
+    stage.counters("p0l0-eth1")          # {"bytes", "packets", "ect", "ce_marked", "ce_seen",
+                                         #  "queue_bytes", "max_queue_bytes"}
+    stage.counters()                     # every port
+    stage.reset_counters()
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import struct
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import UserError
+from .state import RUN_DIR, all_runs
+
+SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.bpf.c"
+BPFFS = Path("/sys/fs/bpf")
+CFG_MAP, STATE_MAP = "hpn_ecn_cfg", "hpn_ecn_state"
+_CFG = struct.Struct("<QIIIIII")      # rate_bps kmin kmax pmax limit enabled pad
+_STATE = struct.Struct("<II8Q")       # lock pad queue last_ns bytes packets ect ce_marked ce_seen max_queue
+PMAX_ONE = 0xFFFFFFFF
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("HPNLAB_CACHE") or os.environ.get("XDG_CACHE_HOME")
+    if base:
+        return Path(base) / "hpnlab"
+    return Path("/var/cache/hpnlab") if os.geteuid() == 0 else Path.home() / ".cache" / "hpnlab"
+
+
+def default_thresholds(rate_mbps: float, mtu: int = 1500) -> tuple[int, int, float]:
+    """(Kmin bytes, Kmax bytes, Pmax) for a port of this emulated rate (see module docstring)."""
+    frame = mtu + 14
+    kmin = int(max(4 * frame, rate_mbps * 1e6 / 8 * 0.002))
+    return kmin, 4 * kmin, 0.2
+
+
+# ---- the bpf(2) system call, just what the maps need ----------------------------------
+
+_NR_BPF = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351, "riscv64": 280}
+_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_OBJ_GET = 1, 2, 7
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _bpf(cmd: int, attr: bytes) -> int:
+    nr = _NR_BPF.get(platform.machine())
+    if nr is None:
+        raise OSError(f"bpf syscall number unknown on {platform.machine()}")
+    buf = ctypes.create_string_buffer(attr.ljust(128, b"\0"), 128)
+    ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf, ctypes.c_uint(128))
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+class BpfMap:
+    """A pinned BPF hash map with u32 keys, opened by path."""
+
+    def __init__(self, path: Path, value: struct.Struct):
+        self.path = Path(path)
+        self.value = value
+        cpath = ctypes.create_string_buffer(str(self.path).encode())
+        self._cpath = cpath  # keep alive
+        self.fd = _bpf(_BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(cpath), 0, 0))
+
+    def _elem(self, cmd: int, key: int, value_buf, flags: int = 0) -> int:
+        k = ctypes.c_uint32(key)
+        attr = struct.pack("<IIQQQ", self.fd, 0, ctypes.addressof(k), ctypes.addressof(value_buf), flags)
+        return _bpf(cmd, attr)
+
+    def lookup(self, key: int) -> tuple | None:
+        buf = ctypes.create_string_buffer(self.value.size)
+        try:
+            self._elem(_BPF_MAP_LOOKUP_ELEM, key, buf)
+        except OSError as exc:
+            if exc.errno == 2:  # ENOENT
+                return None
+            raise
+        return self.value.unpack(buf.raw)
+
+    def update(self, key: int, values: tuple) -> None:
+        buf = ctypes.create_string_buffer(self.value.pack(*values), self.value.size)
+        self._elem(_BPF_MAP_UPDATE_ELEM, key, buf)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def compile_marker(log=lambda m: None) -> Path:
+    """Compile the marker (once per source and clang version) into the cache; return the object."""
+    clang = shutil.which("clang")
+    if not clang:
+        raise UserError("clang is needed for the ECN marking stage: sudo apt-get install clang llvm libbpf-dev")
+    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
+    out = cache_dir() / "bpf" / f"ecn_marker-{digest}.o"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I/usr/include/{platform.machine()}-linux-gnu",
+           "-c", str(SOURCE), "-o", str(tmp)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"compiling the ECN marker failed: {r.stderr.strip().splitlines()[-1] if r.stderr else r.returncode}")
+    os.replace(tmp, out)
+    log(f"compiled ECN marker into {out}")
+    return out
+
+
+def ensure_bpffs() -> bool:
+    """Mount bpffs at /sys/fs/bpf if it is not mounted. Returns True when this call mounted it."""
+    mounts = Path("/proc/mounts").read_text().split("\n")
+    if any(len(m.split()) > 2 and m.split()[1] == str(BPFFS) and m.split()[2] == "bpf" for m in mounts):
+        return False
+    r = subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"cannot mount bpffs at {BPFFS}: {r.stderr.strip()}")
+    return True
+
+
+@dataclass
+class EcnPort:
+    intf: str
+    switch: str
+    port: int
+    ifindex: int
+    rate_mbps: float
+    limit_bytes: int
+
+
+class EcnStage:
+    """The ECN stage of one emulation run (see the module docstring)."""
+
+    def __init__(self, mechanism: str, ports: dict[str, EcnPort], pin_dir: Path | None, mtu: int = 1500):
+        self.mechanism = mechanism
+        self.ports = ports
+        self.pin_dir = pin_dir
+        self.mtu = mtu
+        self._cfg: BpfMap | None = None
+        self._state: BpfMap | None = None
+        self._red: dict[str, dict[str, Any]] = {}
+        if mechanism == "bpf" and pin_dir is not None:
+            self._cfg = BpfMap(pin_dir / "maps" / CFG_MAP, _CFG)
+            self._state = BpfMap(pin_dir / "maps" / STATE_MAP, _STATE)
+
+    # -- set-up by the harness -------------------------------------------------------
+    @classmethod
+    def for_emulation(cls, emu, mechanism: str) -> "EcnStage":
+        from .shaping import Shape
+        mtu = emu.scenario.emulation.mtu
+        ports = {}
+        for p in emu.switch_ports():
+            ports[p["intf"]] = EcnPort(p["intf"], p["switch"], p["port"], socket.if_nametoindex(p["intf"]),
+                                       p["rate_mbps"], Shape(p["intf"], p["rate_mbps"], 0, mtu).queue_bytes)
+        state = emu.state
+        if mechanism == "bpf":
+            obj = compile_marker(emu.log)
+            if ensure_bpffs():
+                state.notes["mounted_bpffs"] = True
+            pin_dir = BPFFS / f"hpnlab-{state.run_id}"
+            state.add_bpf_pin(str(pin_dir))
+            pin_dir.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run(["bpftool", "prog", "load", str(obj), str(pin_dir / "prog"), "type", "classifier",
+                                "pinmaps", str(pin_dir / "maps")], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise UserError(f"loading the ECN marker failed: {r.stderr.strip()[-300:]}")
+            stage = cls("bpf", ports, pin_dir, mtu)
+            for port in ports.values():
+                kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
+                stage._write_cfg(port, kmin, kmax, pmax, True)
+                stage._state.update(port.ifindex, (0,) * 10)
+            lines = []
+            for intf in ports:
+                lines.append(f"qdisc add dev {intf} clsact")
+                lines.append(f"filter add dev {intf} egress bpf da object-pinned {pin_dir / 'prog'}")
+            r = subprocess.run(["tc", "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True, text=True)
+            if r.returncode != 0:
+                raise UserError(f"attaching the ECN marker failed: {r.stderr.strip()[-300:]}")
+        elif mechanism == "red":
+            stage = cls("red", ports, None, mtu)
+            for port in ports.values():
+                kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
+                stage._apply_red(port, kmin, kmax, pmax, "replace")
+        else:
+            raise UserError(f"unknown ECN mechanism {mechanism!r}")
+        (state.run_dir / "ecn.json").write_text(json.dumps(
+            {"mechanism": mechanism, "pin_dir": str(stage.pin_dir) if stage.pin_dir else None, "mtu": mtu,
+             "ports": {k: asdict(v) for k, v in ports.items()}}, indent=1))
+        return stage
+
+    @classmethod
+    def open(cls, run_id: str | None = None) -> "EcnStage":
+        """The ECN stage of a live run (the only one, or ``run_id``), from another process."""
+        runs = [r for r in all_runs() if (run_id is None or r.run_id == run_id) and r.owner_alive()]
+        if not runs:
+            raise UserError("no live hpnlab emulation" + (f" with run id {run_id}" if run_id else ""))
+        info = json.loads((RUN_DIR / runs[-1].run_id / "ecn.json").read_text())
+        ports = {k: EcnPort(**v) for k, v in info["ports"].items()}
+        return cls(info["mechanism"], ports, Path(info["pin_dir"]) if info["pin_dir"] else None, info["mtu"])
+
+    def defaults_description(self) -> str:
+        rates = sorted({p.rate_mbps for p in self.ports.values()})
+        parts = []
+        for r in rates:
+            kmin, kmax, pmax = default_thresholds(r, self.mtu)
+            parts.append(f"{r:g} Mbit/s: Kmin {kmin} B, Kmax {kmax} B, Pmax {pmax:g}")
+        return f"{self.mechanism} on {len(self.ports)} switch egress ports; " + "; ".join(parts)
+
+    # -- thresholds --------------------------------------------------------------------------
+    def _select(self, ports: Iterable[str] | str | None) -> list[EcnPort]:
+        if ports is None:
+            return list(self.ports.values())
+        if isinstance(ports, str):
+            ports = [ports]
+        out = []
+        for name in ports:
+            if name not in self.ports:
+                raise UserError(f"no switch egress port {name!r} in this emulation")
+            out.append(self.ports[name])
+        return out
+
+    def _write_cfg(self, port: EcnPort, kmin: int, kmax: int, pmax: float, enabled: bool) -> None:
+        rate_bps = int(port.rate_mbps * 1e6 / 8)
+        self._cfg.update(port.ifindex, (rate_bps, int(kmin), int(kmax), int(round(pmax * PMAX_ONE)),
+                                        int(port.limit_bytes), 1 if enabled else 0, 0))
+
+    def _apply_red(self, port: EcnPort, kmin: int, kmax: int, pmax: float, verb: str) -> None:
+        frame = self.mtu + 14
+        limit = max(port.limit_bytes, 2 * kmax)
+        burst = max(1, int((2 * kmin + kmax) / (3 * frame)))
+        cmd = ["tc", "qdisc", verb, "dev", port.intf, "parent", "1:1", "handle", "10:", "red",
+               "limit", str(limit), "min", str(int(kmin)), "max", str(int(kmax)), "avpkt", str(frame),
+               "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{port.rate_mbps:g}mbit", "ecn"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise UserError(f"RED on {port.intf} failed: {r.stderr.strip()}")
+        self._red[port.intf] = {"kmin": int(kmin), "kmax": int(kmax), "pmax": pmax, "enabled": True}
+
+    def thresholds(self, port: str) -> dict[str, Any]:
+        p = self._select(port)[0]
+        if self.mechanism == "red":
+            return dict(self._red[p.intf])
+        rate, kmin, kmax, pmax, limit, enabled, _ = self._cfg.lookup(p.ifindex)
+        return {"kmin": kmin, "kmax": kmax, "pmax": pmax / PMAX_ONE, "enabled": bool(enabled),
+                "rate_bytes_per_s": rate, "limit_bytes": limit}
+
+    def set_thresholds(self, kmin: int | None = None, kmax: int | None = None, pmax: float | None = None,
+                       enabled: bool | None = None, ports: Iterable[str] | str | None = None) -> None:
+        """Change Kmin/Kmax (bytes), Pmax (0..1) and on/off, live, on some or all ports."""
+        for p in self._select(ports):
+            cur = self.thresholds(p.intf)
+            new_kmin = cur["kmin"] if kmin is None else int(kmin)
+            new_kmax = cur["kmax"] if kmax is None else int(kmax)
+            new_pmax = cur["pmax"] if pmax is None else float(pmax)
+            on = cur["enabled"] if enabled is None else bool(enabled)
+            if not (0 <= new_kmin <= new_kmax) or not (0.0 <= new_pmax <= 1.0):
+                raise UserError(f"ECN thresholds need 0 <= kmin <= kmax and 0 <= pmax <= 1, got "
+                                f"kmin={new_kmin} kmax={new_kmax} pmax={new_pmax}")
+            if self.mechanism == "red":
+                self._apply_red(p, new_kmin, new_kmax, new_pmax if on else 0.0, "change")
+                self._red[p.intf]["enabled"] = on
+            else:
+                self._write_cfg(p, new_kmin, new_kmax, new_pmax, on)
+
+    # -- counters --------------------------------------------------------------------------------
+    def counters(self, ports: Iterable[str] | str | None = None) -> dict[str, dict[str, Any]] | dict[str, Any]:
+        """Counters of one port (a dict) when ``ports`` is one name, else {intf: counters}."""
+        single = isinstance(ports, str)
+        out = {}
+        for p in self._select(ports):
+            if self.mechanism == "red":
+                out[p.intf] = self._red_counters(p)
+            else:
+                vals = self._state.lookup(p.ifindex) or (0,) * 10
+                _, _, queue, _, nbytes, packets, ect, marked, seen, maxq = vals
+                out[p.intf] = {"bytes": nbytes, "packets": packets, "ect": ect, "ce_marked": marked,
+                               "ce_seen": seen, "queue_bytes": queue, "max_queue_bytes": maxq}
+        return out[ports] if single else out
+
+    def _red_counters(self, p: EcnPort) -> dict[str, Any]:
+        r = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", p.intf], capture_output=True, text=True)
+        for q in json.loads(r.stdout or "[]"):
+            if q.get("kind") == "red":
+                return {"bytes": q.get("bytes"), "packets": q.get("packets"), "ect": None,
+                        "ce_marked": q.get("marked"), "ce_seen": None, "queue_bytes": q.get("backlog"),
+                        "max_queue_bytes": None}
+        return {}
+
+    def reset_counters(self, ports: Iterable[str] | str | None = None) -> None:
+        if self.mechanism != "bpf":
+            raise UserError("counters of RED cannot be reset (they are the qdisc's own)")
+        for p in self._select(ports):
+            self._state.update(p.ifindex, (0,) * 10)
+
+    def close(self) -> None:
+        for m in (self._cfg, self._state):
+            if m is not None:
+                m.close()

@@ -1,0 +1,99 @@
+"""A paced UDP sender and a TOS-counting receiver, run inside emulated hosts.
+
+    python -m fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
+    python -m fabric.emulation.udp recv BIND_IP PORT --seconds 4
+
+The receiver prints one JSON line: packets, bytes, and how many arrived with each ECN
+codepoint (``not_ect``, ``ect1``, ``ect0``, ``ce``), read from the IP header through
+``IP_RECVTOS``: the way to see on the wire that a switch marked CE (and that the
+packet's checksum stayed valid, or the kernel would have dropped it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
+
+
+def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: int, src: str | None) -> dict:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+    if src:
+        s.bind((src, 0))
+    payload = b"\0" * size
+    interval = size * 8 / (rate_mbps * 1e6)
+    start = time.monotonic()
+    sent = 0
+    next_t = start
+    while True:
+        now = time.monotonic()
+        if now - start >= seconds:
+            break
+        if now < next_t:
+            time.sleep(min(next_t - now, 0.002))
+            continue
+        try:
+            s.sendto(payload, (dst, port))
+            sent += 1
+        except OSError:
+            pass
+        next_t += interval
+    return {"sent": sent, "bytes": sent * size, "seconds": time.monotonic() - start}
+
+
+def recv(bind: str, port: int, seconds: float) -> dict:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    s.bind((bind, port))
+    s.settimeout(0.2)
+    counts = {"packets": 0, "bytes": 0, "not_ect": 0, "ect1": 0, "ect0": 0, "ce": 0}
+    names = ("not_ect", "ect1", "ect0", "ce")
+    print("listening", flush=True)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data, anc, _, _ = s.recvmsg(65536, socket.CMSG_SPACE(4))
+        except socket.timeout:
+            continue
+        counts["packets"] += 1
+        counts["bytes"] += len(data)
+        tos = None
+        for level, typ, cdata in anc:
+            if level == socket.IPPROTO_IP and typ in (socket.IP_TOS, IP_RECVTOS) and cdata:
+                tos = cdata[0]
+        if tos is not None:
+            counts[names[tos & 3]] += 1
+    return counts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fabric.emulation.udp")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    ps = sub.add_parser("send")
+    ps.add_argument("dst")
+    ps.add_argument("port", type=int)
+    ps.add_argument("--rate-mbps", type=float, default=1.0)
+    ps.add_argument("--seconds", type=float, default=1.0)
+    ps.add_argument("--tos", type=lambda v: int(v, 0), default=2)
+    ps.add_argument("--size", type=int, default=1400)
+    ps.add_argument("--src")
+    pr = sub.add_parser("recv")
+    pr.add_argument("bind")
+    pr.add_argument("port", type=int)
+    pr.add_argument("--seconds", type=float, default=2.0)
+    a = p.parse_args(argv)
+    if a.cmd == "send":
+        out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src)
+    else:
+        out = recv(a.bind, a.port, a.seconds)
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
