@@ -1,0 +1,150 @@
+"""Reachability proofs on the compiled tables, with no switch running (tests/oftable.py).
+
+Every host pair on every plane is walked through the tables; on the small presets this is
+repeated for every single-link failure and every single-switch failure: every pair whose
+two ports are live must be delivered, and no packet may loop.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controller import compiler as C
+from fabric import graph, spec
+from oftable import FabricTables, valley_free_reachable
+
+SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
+_GRAPHS: dict = {}
+
+
+def fabric(name: str):
+    if name not in _GRAPHS:
+        _GRAPHS[name] = graph.build(spec.load(name))
+    return _GRAPHS[name]
+
+
+def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
+    """Assert every live pair is delivered and nothing loops. Returns (delivered, dead pairs).
+
+    A pair is live when both ports' links and leaves are up and a valley-free path joins
+    their leaves in the live graph (the oracle in oftable, independent of the compiler)."""
+    net = FabricTables(g, C.compile_fabric(g, failures, policy), failures)
+    delivered = dead = 0
+    problems = []
+    leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in graph.hosts(g) for p in graph.host_ports(g, h)}
+    for src, dst, plane, sr, dr in net.all_pairs():
+        walk = net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=49152 + (len(src) * 7 + plane) % 64)
+        alive = (net.live(src, plane, sr) and net.live(dst, plane, dr)
+                 and valley_free_reachable(g, failures, leaf[src, plane, sr], leaf[dst, plane, dr]))
+        if walk.result == "loop":
+            problems.append(f"LOOP {src}->{dst} plane {plane}: {walk.where} {walk.hops}")
+        elif alive and walk.result != "delivered":
+            problems.append(f"BLACK HOLE {src}->{dst} plane {plane} rails {sr}->{dr}: {walk.where} {walk.hops}")
+        elif walk.result == "delivered":
+            delivered += 1
+        else:
+            dead += 1
+    assert not problems, f"{len(problems)} problems under {failures}, e.g.:\n" + "\n".join(problems[:5])
+    return delivered, dead
+
+
+def fabric_links(g) -> list[tuple]:
+    return [C.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
+
+
+@pytest.mark.parametrize("policy", C.POLICIES)
+@pytest.mark.parametrize("name", SMALL)
+def test_every_pair_on_every_plane_is_delivered_in_a_healthy_fabric(name, policy):
+    g = fabric(name)
+    delivered, dead = check_all_pairs(g, C.Failures(), policy)
+    assert dead == 0 and delivered == len(FabricTables(g, {}).all_pairs())
+
+
+@pytest.mark.parametrize("policy", C.POLICIES)
+@pytest.mark.parametrize("name", SMALL)
+def test_no_live_pair_is_black_holed_under_any_single_link_failure(name, policy):
+    g = fabric(name)
+    links = [C.link_id(u, v, k) for u, v, k in g.edges(keys=True)]
+    for lid in links:
+        check_all_pairs(g, C.Failures(frozenset([lid])), policy)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_no_live_pair_is_black_holed_under_any_single_switch_failure(name):
+    g = fabric(name)
+    for sw in graph.switches(g):
+        check_all_pairs(g, C.Failures(switches=frozenset([sw])), "aggregate")
+
+
+def test_a_failed_host_link_makes_only_that_port_unreachable():
+    g = fabric("mini-hpn")
+    lid = C.link_id("h1", "p0l0", 0)
+    delivered, dead = check_all_pairs(g, C.Failures(frozenset([lid])), "aggregate")
+    # h1's plane-0 port is dead: 15 pairs towards it and 15 from it
+    assert dead == 30
+
+
+@pytest.mark.parametrize("name", ["mini-hpn", "fat-tree-4", "mini-cross-campus"])
+def test_no_live_pair_is_black_holed_under_random_double_link_failures(name):
+    g = fabric(name)
+    links = fabric_links(g)
+    rng = random.Random(7)
+    for _ in range(25):
+        pair = frozenset(rng.sample(links, 2))
+        check_all_pairs(g, C.Failures(pair), "aggregate")
+
+
+@pytest.mark.parametrize("name,failures", [("fat-tree-8", 2), ("cross-campus", 2), ("small-hpn", 2),
+                                           ("alibaba-hpn", 1), ("spine-leaf-rail", 1)])
+def test_sampled_pairs_are_delivered_on_large_presets(name, failures):
+    g = graph.build(spec.load(name))
+    rng = random.Random(11)
+    links = fabric_links(g)
+    for trial in range(failures + 1):
+        failed = C.Failures(frozenset(rng.sample(links, trial)))
+        net = FabricTables(g, C.compile_fabric(g, failed, "aggregate"), failed)
+        hs = graph.hosts(g)
+        planes = sorted({p["plane"] for p in graph.host_ports(g, hs[0])})
+        for _ in range(150):
+            src, dst = rng.sample(hs, 2)
+            plane = rng.choice(planes)
+            dports = [p for p in graph.host_ports(g, dst) if p["plane"] == plane]
+            dr = rng.choice(dports)["rail"]
+            walk = net.send(src, dst, plane, dst_rail=dr, sport=rng.randrange(49152, 65536))
+            assert walk.result == "delivered", (name, failed, src, dst, plane, walk)
+
+
+def test_a_packet_to_an_address_of_no_host_is_dropped_not_looped():
+    g = fabric("mini-cross-campus")
+    net = FabricTables(g, C.compile_fabric(g, None, "aggregate"))
+    plan = g.graph["plan"]
+    base = int.from_bytes(bytes(int(x) for x in plan.plane_prefix(0).split("/")[0].split(".")), "big")
+    src_port = graph.host_ports(g, "h1")[0]
+    for offset in range(0, 64):
+        pkt = {"eth_type": C.ETH_IPV4, "ip_proto": 1, "ipv4_src": 0x0A000001, "ipv4_dst": base + offset}
+        walk = net.inject("h1", src_port["intf"], pkt)
+        assert walk.result in ("delivered", "dropped"), (offset, walk)
+
+
+@pytest.mark.parametrize("name", ["mini-hpn", "fat-tree-4", "mini-cross-campus"])
+def test_udp_flows_differing_only_in_source_port_spread_evenly_over_uplinks(name):
+    """Entropy: 1024 flows, same addresses, source ports 49152.. -> every uplink of the first
+    switch gets exactly its share (the uplink counts here are powers of two)."""
+    g = fabric(name)
+    net = FabricTables(g, C.compile_fabric(g))
+    hs = graph.hosts(g)
+    src, dst = hs[0], hs[-1]
+    first_out, second_out = {}, {}
+    for sport in range(49152, 49152 + 1024):
+        walk = net.send(src, dst, 0, sport=sport)
+        assert walk.result == "delivered"
+        first_out[walk.hops[0][2]] = first_out.get(walk.hops[0][2], 0) + 1
+        key = (walk.hops[1][0], walk.hops[1][2])
+        second_out[key] = second_out.get(key, 0) + 1
+    leaf = walk.hops[0][0]
+    uplinks = len(C.index_of(g).sw[leaf].up)
+    assert len(first_out) == uplinks
+    assert set(first_out.values()) == {1024 // uplinks}
+    # the second tier uses other bits: its choice is independent of the first tier's
+    assert len(second_out) >= 2
