@@ -464,3 +464,41 @@ def parse_size(text: str) -> int:
     if value < 0:
         raise ScheduleError(f"size must not be negative: {text!r}")
     return int(value * mult)
+
+
+def expected_for(sched: Schedule, rank: int, seed: int = 0) -> np.ndarray:
+    """One rank's correct result, generating the other ranks' inputs one at a time (memory
+    of two buffers, not n): what a rank worker checks its received data against."""
+    n, c = sched.nranks, sched.collective
+
+    def inp(r: int) -> np.ndarray:
+        return rank_input(r, sched.in_count, seed)
+
+    if c in ("all_reduce", "all_reduce_hd", "reduce_scatter"):
+        total = np.zeros(sched.in_count, np.int64)
+        for r in range(n):
+            total += inp(r)
+        out = total.astype(DTYPE)
+        if c == "reduce_scatter":
+            per = sched.count // n
+            out = out[rank * per:(rank + 1) * per].copy()
+        return out
+    if c == "all_gather":
+        return np.concatenate([inp(r) for r in range(n)])
+    if c == "all_to_all":
+        per = sched.count // n
+        return np.concatenate([inp(src)[rank * per:(rank + 1) * per] for src in range(n)])
+    if c == "broadcast":
+        return inp(sched.root)
+    if c == "incast":
+        return np.concatenate([inp(r) for r in range(n)]) if rank == sched.root else np.zeros(0, DTYPE)
+    if c == "permutation":
+        return inp(sched.perm.index(rank))
+    raise ScheduleError(f"no reference for {c}")
+
+
+def memory_per_rank_bytes(collective: str, n: int, size_bytes: int) -> int:
+    """What a rank worker holds for one size: input, work buffer, expected result, the
+    transport's reassembly copies of one step's messages, and numpy temporaries (x2)."""
+    count = max(1, fit_count(collective, n, size_bytes))
+    return 6 * count * ELEM_BYTES + (8 << 20)

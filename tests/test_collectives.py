@@ -153,3 +153,12 @@ def test_in_place_aliases_the_input_where_nccl_defines_it():
     assert [ag.inplace_offset(r) for r in range(4)] == [0, 32, 64, 96]
     assert col.build("all_reduce", 4, 256).inplace_offset(3) == 0
     assert not col.build("all_to_all", 4, 256).has_inplace
+
+
+@pytest.mark.parametrize("name,n", CASES)
+def test_expected_result_of_one_rank_matches_the_definition(name, n):
+    sched = col.build(name, n, n * 4 * 9, root=n - 1)
+    inputs = [col.rank_input(r, sched.in_count, seed=5) for r in range(n)]
+    want = col.reference(sched, inputs)
+    for r in range(n):
+        assert np.array_equal(col.expected_for(sched, r, seed=5), want[r])

@@ -271,7 +271,7 @@ class RoceTransport(Transport):
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
                  ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.02,
-                 sample_s: float = 0.025):
+                 sample_s: float = 0.025, burst_s: float = 0.004):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in POLICIES:
@@ -295,6 +295,7 @@ class RoceTransport(Transport):
         self.timeout_s = timeout_s
         self.min_rto_s = min_rto_s
         self.sample_s = sample_s
+        self.burst_s = burst_s
         if dcqcn is True:
             dcqcn = DcqcnParams.scaled(self.line_rate_bps, self.payload)
         self.dcqcn_params = dcqcn or None
@@ -478,7 +479,9 @@ class RoceTransport(Transport):
                 self._send(f, psn, e, path, now, is_retx)
                 f.seq += 1
                 wire = (len(e[3]) + HDR.size + IP_UDP + ETH) * 8
-                burst = 2 * wire / self.line_rate_bps
+                # credit for a late wake-up (a busy CPU): catch up by at most max(2 packets,
+                # burst_s at line rate), which the sending port's buffer absorbs
+                burst = max(2 * wire / self.line_rate_bps, self.burst_s)
                 self.nic_next[plane] = max(self.nic_next[plane], now - burst) + wire / self.line_rate_bps
                 if f.dcqcn:
                     f.next_t = max(f.next_t, now - burst) + wire / f.dcqcn.rc
