@@ -37,8 +37,8 @@ FIXES = {
     "ovs_running": "sudo /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random  (or: sudo make ovs)",
     "ovs_kernel_datapath": "sudo modprobe openvswitch  (needs a kernel with CONFIG_OPENVSWITCH; "
                            "otherwise the userspace datapath is used)",
-    "netem": "sudo modprobe sch_netem  (Debian: apt-get install linux-modules-extra-$(uname -r) "
-             "on Ubuntu; a kernel with CONFIG_NET_SCH_NETEM)",
+    "netem": "sudo modprobe sch_netem  (Ubuntu: sudo apt-get install linux-modules-extra-$(uname -r); "
+             "otherwise a kernel with CONFIG_NET_SCH_NETEM)",
     "red": "sudo modprobe sch_red  (a kernel with CONFIG_NET_SCH_RED)",
     "htb": "sudo modprobe sch_htb  (a kernel with CONFIG_NET_SCH_HTB)",
     "clsact": "sudo modprobe sch_ingress  (a kernel with CONFIG_NET_SCH_INGRESS)",

@@ -1,0 +1,184 @@
+"""Failure timeline: link and switch down/up events at given times, each applied time logged.
+
+File format (YAML or JSON)::
+
+    # seconds after the timeline starts
+    events:
+      - {at: 1.0, action: link_down, link: [p0l0, p0s0]}      # every parallel link between them
+      - {at: 1.0, action: link_down, link: p1l2-p1s1, key: 0} # one of the parallel links
+      - {at: 2.5, action: link_up,   link: [p0l0, p0s0]}
+      - {at: 3.0, action: switch_down, switch: p1s0}          # all its links go down
+      - {at: 4.0, action: switch_up,   switch: p1s0}
+
+A bare list of events is accepted too. ``load()`` validates everything against the
+fabric graph first (unknown action, node or link, negative or unsorted time: one line).
+
+A link goes down by setting both of its interfaces administratively down (the peers see
+carrier loss, OVS sends PortStatus to the controller); a switch goes down by doing that to
+every link of it. ``run()`` sleeps on the monotonic clock until each event's time, applies
+it, and records the offset at which the change was in place (``applied_s``) and its wall
+clock time; the difference to the schedule (``late_ms``) is logged. ``TOLERANCE_S`` is the
+stated accuracy: an event is in place within that time of its schedule (checked by the
+tests with an independent sampler of the interface state).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from ..errors import UserError
+
+ACTIONS = ("link_down", "link_up", "switch_down", "switch_up")
+#: an event is in place within this many seconds of its scheduled time
+TOLERANCE_S = 0.05
+
+
+@dataclass(frozen=True)
+class Event:
+    at: float
+    action: str
+    target: tuple[str, ...]
+    key: int | None = None
+
+    def describe(self) -> str:
+        what = "-".join(self.target) + (f"#{self.key}" if self.key is not None else "")
+        return f"{self.action} {what}"
+
+
+def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
+    if isinstance(data, dict):
+        unknown = set(data) - {"events"}
+        if unknown:
+            raise UserError(f"{source}: unknown field {sorted(unknown)[0]!r} (expected 'events')")
+        data = data.get("events")
+    if not isinstance(data, list) or not data:
+        raise UserError(f"{source}: expected a non-empty list of events")
+    events = []
+    for i, item in enumerate(data):
+        where = f"{source}: event {i + 1}"
+        if not isinstance(item, dict):
+            raise UserError(f"{where}: must be a mapping like {{at: 1.0, action: link_down, link: [a, b]}}")
+        extra = set(item) - {"at", "action", "link", "switch", "key"}
+        if extra:
+            raise UserError(f"{where}: unknown field {sorted(extra)[0]!r}")
+        at = item.get("at")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or at < 0:
+            raise UserError(f"{where}: 'at' must be a time in seconds >= 0, got {at!r}")
+        action = item.get("action")
+        if action not in ACTIONS:
+            raise UserError(f"{where}: action must be one of {', '.join(ACTIONS)}, got {action!r}")
+        key = item.get("key")
+        if action.startswith("link"):
+            link = item.get("link")
+            if isinstance(link, str):
+                link = link.split("-")
+            if not isinstance(link, list) or len(link) != 2:
+                raise UserError(f"{where}: 'link' must name two nodes, like [p0l0, p0s0] or p0l0-p0s0")
+            u, v = (str(x) for x in link)
+            data_uv = graph.get_edge_data(u, v)
+            if not data_uv:
+                raise UserError(f"{where}: there is no link between {u} and {v}")
+            if key is not None and key not in data_uv:
+                raise UserError(f"{where}: link {u}-{v} has no parallel link {key} (has {sorted(data_uv)})")
+            target = (u, v)
+        else:
+            sw = item.get("switch")
+            if sw not in graph or graph.nodes[sw]["tier"] == 0:
+                raise UserError(f"{where}: 'switch' must name a switch of the fabric, got {sw!r}")
+            target = (str(sw),)
+        events.append(Event(float(at), action, target, key))
+    return sorted(events, key=lambda e: e.at)
+
+
+def load(path_or_data: str | Path | list | dict, graph) -> list[Event]:
+    if isinstance(path_or_data, (list, dict)):
+        return parse(path_or_data, graph)
+    path = Path(path_or_data)
+    if not path.is_file():
+        raise UserError(f"timeline file not found: {path}")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError):
+        raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}") from None
+    return parse(data, graph, str(path))
+
+
+def apply(emu, event: Event) -> None:
+    if event.action == "link_down":
+        emu.link_down(*event.target, key=event.key)
+    elif event.action == "link_up":
+        emu.link_up(*event.target, key=event.key)
+    elif event.action == "switch_down":
+        emu.switch_down(event.target[0])
+    else:
+        emu.switch_up(event.target[0])
+
+
+def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
+        stop: threading.Event | None = None) -> list[dict[str, Any]]:
+    """Apply the events at their times (blocking). Returns one record per event."""
+    events = load(timeline, emu.graph) if not (isinstance(timeline, list) and timeline
+                                               and isinstance(timeline[0], Event)) else timeline
+    t0 = time.monotonic()
+    wall0 = time.time()
+    records = []
+    for ev in events:
+        while True:
+            left = ev.at - (time.monotonic() - t0)
+            if left <= 0:
+                break
+            if stop is not None and stop.wait(min(left, 0.5)):
+                return records
+            elif stop is None:
+                time.sleep(min(left, 0.5) if left > 0.002 else left)
+        apply(emu, ev)
+        applied = time.monotonic() - t0
+        rec = {"at": ev.at, "action": ev.action, "target": list(ev.target), "key": ev.key,
+               "applied_s": round(applied, 6), "late_ms": round((applied - ev.at) * 1000, 3),
+               "wall": wall0 + applied}
+        records.append(rec)
+        log(f"t=+{applied:.3f}s {ev.describe()} (scheduled +{ev.at:.3f}s, {rec['late_ms']:+.1f} ms)")
+    return records
+
+
+class Runner:
+    """Run a timeline in a background thread: ``r = Runner(emu, tl).start(); ...; r.join()``."""
+
+    def __init__(self, emu, timeline, log: Callable[[str], None] = lambda m: None):
+        self.emu = emu
+        self.events = load(timeline, emu.graph)
+        self.log = log
+        self.records: list[dict[str, Any]] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="hpnlab-timeline")
+
+    def _run(self) -> None:
+        try:
+            self.records = run(self.emu, self.events, self.log, self._stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.error = exc
+
+    def start(self) -> "Runner":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        self._thread.join(timeout)
+        if self.error:
+            raise self.error
+        return self.records
+
+    @property
+    def duration(self) -> float:
+        return self.events[-1].at if self.events else 0.0

@@ -1,0 +1,49 @@
+"""Traffic checks on emulated hosts with iperf3 (never Mininet's net.iperf, which runs killall)."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+
+def iperf3(emu, src: str, dst: str, *, plane: int = 0, seconds: float = 3.0, udp_mbps: float | None = None,
+           port: int = 5201, omit: int = 1) -> dict[str, Any]:
+    """Run one iperf3 test from src to dst on a plane; returns received Mbit/s and the raw JSON.
+
+    The server runs once (``-1``) bound to dst's address on that plane; both processes are
+    recorded in the run's state, so a killed run leaves neither behind.
+    """
+    dip, sip = emu.ip(dst, plane), emu.ip(src, plane)
+    server = emu.popen(dst, ["iperf3", "-s", "-1", "-B", dip, "-p", str(port)])
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            out = emu.host(dst).cmd(f"ss -ltnH 'sport = :{port}'")
+            if dip in out:
+                break
+            time.sleep(0.05)
+        cmd = ["iperf3", "-c", dip, "-B", sip, "-p", str(port), "-t", f"{seconds:g}", "-J", "-O", str(omit)]
+        if udp_mbps:
+            cmd += ["-u", "-b", f"{udp_mbps:g}M", "-l", "1400"]
+        client = emu.popen(src, cmd)
+        out, err = client.communicate(timeout=seconds + omit + 20)
+        data = json.loads(out.decode() or "{}")
+        if "error" in data:
+            raise RuntimeError(f"iperf3 {src}->{dst}: {data['error']}")
+        end = data["end"]
+        if udp_mbps:
+            recv_bps = end["sum"]["bits_per_second"] * (1 - end["sum"].get("lost_percent", 0) / 100)
+            sent_bps = end["sum"]["bits_per_second"]
+        else:
+            recv_bps = end["sum_received"]["bits_per_second"]
+            sent_bps = end["sum_sent"]["bits_per_second"]
+        return {"src": src, "dst": dst, "plane": plane, "received_mbps": recv_bps / 1e6,
+                "sent_mbps": sent_bps / 1e6, "retransmits": end.get("sum_sent", {}).get("retransmits"),
+                "raw": data}
+    finally:
+        if server.poll() is None:
+            server.terminate()
+        try:
+            server.wait(timeout=3)
+        except Exception:  # noqa: BLE001
+            server.kill()

@@ -1,0 +1,82 @@
+"""`hpnlab demo`: a small emulation end to end: build, connect, pingall, traffic, clean shutdown, summary."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from fabric.errors import UserError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="emulate a small fabric end to end and print a summary (root)")
+    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
+                   help="preset or YAML file (default mini-hpn)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 check (default 3)")
+    p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args) -> int:
+    from fabric import spec
+    from fabric.emulation import Emulation, EmulationError
+    from fabric.emulation.traffic import iperf3
+    from fabric.mn import emulated_mbps
+
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    t0 = time.monotonic()
+    emu = Emulation(args.scenario, overrides=spec.parse_overrides(args.overrides), controller="hpnlab")
+    s = emu.scenario
+    say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
+        f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
+    summary: dict = {"scenario": s.name}
+    try:
+        with emu:
+            md = emu.metadata
+            say(f"[2/5] up in {emu.timings['up_s']:.1f} s; {len(emu.connected_switches())} switches connected to "
+                f"the controller on 127.0.0.1:{emu.ofp_port}; datapath {md['datapath']}, ECN {md['ecn']}, "
+                f"delay {md['delay']}")
+            for line in md.get("not_emulated", []):
+                say(f"      not emulated here: {line}")
+            t = time.monotonic()
+            ping = emu.ping_all()
+            say(f"[3/5] pingall: {ping['pairs'] - len(ping['failed'])}/{ping['pairs']} host-port pairs reachable "
+                f"on {s.planes} plane(s) ({time.monotonic() - t:.1f} s)")
+            hosts = emu.hosts
+            far = hosts[-1]
+            near = next((h for h in hosts[1:] if emu.graph.nodes[h]["segment"] == emu.graph.nodes[hosts[0]]["segment"]
+                         and emu.graph.nodes[h]["pod"] == emu.graph.nodes[hosts[0]]["pod"]), hosts[1])
+            rate = emulated_mbps(s, s.host_rate_gbps)
+            checks = []
+            for dst, plane, what in ((near, 0, "same leaf"), (far, s.planes - 1, "across the spines")):
+                r = iperf3(emu, hosts[0], dst, plane=plane, seconds=args.seconds)
+                ratio = r["received_mbps"] / rate
+                checks.append({"src": hosts[0], "dst": dst, "plane": plane, "path": what,
+                               "received_mbps": round(r["received_mbps"], 3), "shaped_mbps": rate,
+                               "ratio": round(ratio, 3), "retransmits": r["retransmits"]})
+                say(f"[4/5] iperf3 TCP {hosts[0]} -> {dst} plane {plane} ({what}): {r['received_mbps']:.2f} Mbit/s "
+                    f"of {rate:g} shaped ({ratio:.0%}), {r['retransmits']} retransmits")
+            ecn = {}
+            if emu.ecn is not None:
+                c = emu.ecn.counters()
+                ecn = {k: sum(v[k] or 0 for v in c.values()) for k in ("packets", "ect", "ce_marked")}
+                say(f"      ECN stage: {ecn['packets']} packets through {len(c)} switch ports, {ecn['ect']} ECT, "
+                    f"{ecn['ce_marked']} marked CE")
+            summary.update(timings=emu.timings, metadata=md, pingall={"pairs": ping["pairs"],
+                                                                      "failed": len(ping["failed"])},
+                           iperf3=checks, ecn=ecn)
+        summary["removed"] = emu.metadata.get("removed", {})
+        say(f"[5/5] clean shutdown: removed {summary['removed']}")
+    except EmulationError as exc:
+        print(f"hpnlab: demo failed: {exc}", file=sys.stderr)
+        return 1
+    ok = summary["pingall"]["failed"] == 0 and all(c["ratio"] > 0.9 for c in summary["iperf3"])
+    say(f"summary: {s.name} up in {summary['timings']['up_s']:.1f} s, pingall "
+        f"{summary['pingall']['pairs'] - summary['pingall']['failed']}/{summary['pingall']['pairs']}, "
+        f"TCP at {min(c['ratio'] for c in summary['iperf3']):.0%}-{max(c['ratio'] for c in summary['iperf3']):.0%} "
+        f"of the shaped rate, total {time.monotonic() - t0:.1f} s: {'OK' if ok else 'PROBLEMS'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1, default=str)
+    return 0 if ok else 1
