@@ -300,7 +300,10 @@ class SshSpawner:
         self.remote_python, self.ssh = remote_python, ssh
 
     def check(self, job: Job) -> None:
-        pass
+        import shutil
+        if shutil.which(self.ssh) is None:
+            raise UserError(f"--launcher ssh needs an ssh client ({self.ssh!r} not found; "
+                            f"apt-get install openssh-client)")
 
     def spawn(self, job: Job, rank: int) -> subprocess.Popen:
         host = job.addrs[rank][0]

@@ -231,7 +231,8 @@ def plot_flow_rates(result: dict, path: str | Path, max_flows: int = 16) -> Path
 
     flows = [f for f in result.get("flows", []) if f.get("samples")]
     flows.sort(key=lambda f: -f.get("bytes", 0))
-    flows = flows[:max_flows]
+    top = flows[0].get("bytes", 0) if flows else 0
+    flows = [f for f in flows[:max_flows] if f.get("bytes", 0) >= 0.01 * top]   # not barrier tokens
     t_zero = min((f["samples"][0][0] for f in flows), default=0.0)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for f in flows:
