@@ -222,7 +222,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         if hasattr(t, "abort"):
             try:
                 t.abort()
-            except OSError:
+            except Exception:   # best effort: never hide the error that brought us here
                 pass
         raise
     finally:

@@ -699,6 +699,8 @@ class RoceTransport(Transport):
 
     def abort(self) -> None:
         """Tell every peer to stop (best effort, a few copies)."""
+        if len(self.rx_socks) < self.planes:
+            return                      # never started: nobody to tell
         for _ in range(3):
             for r in range(self.nranks):
                 if r != self.rank:
