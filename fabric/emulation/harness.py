@@ -170,7 +170,7 @@ class Emulation:
     def __init__(self, scenario: str | spec.Scenario, *, overrides: dict | None = None,
                  controller: str = "hpnlab", ofp_port: int | None = None, policy: str | None = None,
                  ecn: bool = True, shape: bool = True, verify: bool = True,
-                 connect_timeout: float = 60.0, controller_args: Iterable[str] = (),
+                 connect_timeout: float = 60.0, controller_args: Iterable[str] = (), lock_wait_s: float = 0.0,
                  log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
@@ -186,6 +186,7 @@ class Emulation:
         self.want_shape = shape
         self.verify = verify
         self.connect_timeout = connect_timeout
+        self.lock_wait_s = lock_wait_s
         self.controller_args = list(controller_args)
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
@@ -271,7 +272,7 @@ class Emulation:
     def start(self) -> "Emulation":
         t0 = time.monotonic()
         self.caps = self.preflight()
-        self._lock.acquire(f"scenario {self.scenario.name}")
+        self._lock.acquire(f"scenario {self.scenario.name}", self.lock_wait_s)
         try:
             self._install_signal_handlers()
             self.state = RunState.new(self.scenario.name)

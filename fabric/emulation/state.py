@@ -71,22 +71,28 @@ class Lock:
         self.path = path or RUN_DIR / "lock"
         self._fd: int | None = None
 
-    def acquire(self, what: str) -> None:
+    def acquire(self, what: str, wait_s: float = 0.0) -> None:
+        """Take the lock; wait up to ``wait_s`` for another run to finish, else one-line UserError."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = ""
+        deadline = time.monotonic() + wait_s
+        while True:
             try:
-                holder = Path(self.path).read_text().strip()
-            except OSError:
-                pass
-            os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+            if time.monotonic() >= deadline:
+                try:
+                    holder = Path(self.path).read_text().strip()
+                except OSError:
+                    holder = ""
+                os.close(fd)
                 raise UserError(f"another emulation is running ({holder or 'holder unknown'}); "
-                                f"wait for it to finish or stop it") from None
-            raise
+                                f"wait for it to finish or stop it")
+            time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}, {what}, since {_now()}\n".encode())
         self._fd = fd

@@ -1,0 +1,216 @@
+"""mini-hpn on real Open vSwitch with the controller process: reachability, connection,
+shaping, the ECN stage and the failure timeline. One network for the whole module."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fabric import graph as fgraph
+from fabric.addressing import dpid_str
+from fabric.mn import emulated_mbps
+
+pytestmark = [pytest.mark.emulation, pytest.mark.controller]
+
+
+# ---- the fabric comes up ---------------------------------------------------------------
+
+def test_every_host_port_reaches_every_other_on_every_plane(mini_hpn):
+    result = mini_hpn.ping_all()
+    s = mini_hpn.scenario
+    assert result["pairs"] == s.hosts * (s.hosts - 1) * s.planes
+    assert result["failed"] == []
+
+
+def test_host_interfaces_carry_the_planned_addresses(mini_hpn):
+    for host in ("h1", "h16"):
+        out = mini_hpn.host(host).cmd("ip -j -4 addr show")
+        have = {(a["ifname"], f"{i['local']}/{i['prefixlen']}") for a in json.loads(out) for i in a["addr_info"]
+                if a["ifname"] != "lo"}
+        assert have == {(p["name"], p["cidr"]) for p in mini_hpn.interfaces(host)}
+
+
+def test_ovs_sees_every_switch_connected_to_the_controller_process(mini_hpn):
+    switches = fgraph.switches(mini_hpn.graph)
+    assert mini_hpn.connected_switches() == {sw: True for sw in switches}
+    # the connections are TCP sessions to the controller process we started, on its port
+    ss = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{mini_hpn.ofp_port} )"],
+                        capture_output=True, text=True).stdout
+    assert ss.count(f"pid={mini_hpn.controller_proc.pid},") == len(switches)
+    for sw in switches[:3]:
+        show = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "show", sw], capture_output=True, text=True)
+        assert show.returncode == 0
+        assert f"dpid:{dpid_str(mini_hpn.graph.nodes[sw]['dpid'])}" in show.stdout
+
+
+def test_bridges_are_marked_with_the_run_and_use_the_planned_port_numbers(mini_hpn):
+    sw = "p0l0"
+    ext = subprocess.run(["ovs-vsctl", "get", "Bridge", sw, "external_ids:hpnlab-run"],
+                         capture_output=True, text=True).stdout.strip().strip('"')
+    assert ext == mini_hpn.state.run_id
+    for port in [p for p in mini_hpn.switch_ports() if p["switch"] == sw]:
+        ofport = subprocess.run(["ovs-vsctl", "get", "Interface", port["intf"], "ofport"],
+                                capture_output=True, text=True).stdout.strip()
+        assert int(ofport) == port["port"]
+
+
+# ---- shaping ------------------------------------------------------------------------------
+
+def test_shaped_host_link_delivers_its_rate_within_10_percent(mini_hpn):
+    from fabric.emulation.traffic import iperf3
+
+    rate = emulated_mbps(mini_hpn.scenario, mini_hpn.scenario.host_rate_gbps)
+    result = iperf3(mini_hpn, "h1", "h2", plane=0, seconds=3)
+    assert result["received_mbps"] == pytest.approx(rate, rel=0.10)
+
+
+def test_udp_offered_above_the_shaped_rate_is_held_to_it(mini_hpn):
+    from fabric.emulation.traffic import iperf3
+
+    rate = emulated_mbps(mini_hpn.scenario, mini_hpn.scenario.host_rate_gbps)
+    result = iperf3(mini_hpn, "h3", "h4", plane=1, seconds=2, udp_mbps=3 * rate)
+    assert result["received_mbps"] == pytest.approx(rate, rel=0.10)
+
+
+# ---- ECN marking stage ----------------------------------------------------------------------
+
+def _bottleneck(emu, dst="h5"):
+    """The switch egress port towards dst on plane 0 (h1 and h2 sit on another leaf)."""
+    leaf = next(p["leaf"] for p in emu.interfaces(dst) if p["plane"] == 0)
+    return next(p["intf"] for p in emu.switch_ports() if p["switch"] == leaf and p["peer"] == dst)
+
+
+def _udp_phase(emu, rate_each_mbps, seconds=2.0, port=9000, during=None):
+    """h1 and h2 send ECT(0) UDP to h5; returns (bottleneck counters, receiver counts)."""
+    intf = _bottleneck(emu)
+    emu.ecn.reset_counters(intf)
+    py = sys.executable
+    recv = emu.popen("h5", [py, "-m", "fabric.emulation.udp", "recv", emu.ip("h5"), str(port),
+                            "--seconds", str(seconds + 1.5)])
+    assert recv.stdout.readline().strip() == b"listening"
+    senders = [emu.popen(h, [py, "-m", "fabric.emulation.udp", "send", emu.ip("h5"), str(port),
+                             "--rate-mbps", str(rate_each_mbps), "--seconds", str(seconds), "--tos", "2"])
+               for h in ("h1", "h2")]
+    if during:
+        time.sleep(seconds / 2)
+        during()
+    for s in senders:
+        s.communicate(timeout=seconds + 10)
+    out = recv.communicate(timeout=seconds + 10)[0].decode().strip().splitlines()[-1]
+    return emu.ecn.counters(intf), json.loads(out)
+
+
+def test_ecn_stage_does_not_mark_while_the_queue_stays_below_kmin(mini_hpn):
+    counters, received = _udp_phase(mini_hpn, rate_each_mbps=2)   # 4 of 10 Mbit/s
+    assert counters["ect"] > 500
+    assert counters["ce_marked"] == 0
+    assert received["ce"] == 0 and received["ect0"] > 500
+
+
+def test_ecn_stage_marks_ce_when_the_queue_exceeds_the_threshold(mini_hpn):
+    intf = _bottleneck(mini_hpn)
+    kmin = mini_hpn.ecn.thresholds(intf)["kmin"]
+    counters, received = _udp_phase(mini_hpn, rate_each_mbps=8)   # 16 of 10 Mbit/s
+    assert counters["max_queue_bytes"] > kmin
+    assert counters["ce_marked"] > 0.3 * counters["ect"]
+    # seen on the wire by the receiver (and the rewritten packets had valid checksums)
+    assert received["ce"] > 0.3 * received["packets"]
+
+
+def test_live_threshold_change_stops_and_restarts_marking(mini_hpn):
+    intf = _bottleneck(mini_hpn)
+    before = mini_hpn.ecn.thresholds(intf)
+    limit = before["limit_bytes"]
+    try:
+        mini_hpn.ecn.set_thresholds(kmin=2 * limit, kmax=2 * limit, ports=intf)  # above the buffer
+        counters, _ = _udp_phase(mini_hpn, rate_each_mbps=8)
+        assert counters["max_queue_bytes"] > before["kmax"]   # overloaded, yet ...
+        assert counters["ce_marked"] == 0                       # ... nothing marked
+
+        # lowered again while the overload runs: marking resumes in the same run
+        counters, _ = _udp_phase(mini_hpn, rate_each_mbps=8, during=lambda: mini_hpn.ecn.set_thresholds(
+            kmin=before["kmin"], kmax=before["kmax"], ports=intf))
+        assert counters["ce_marked"] > 0
+    finally:
+        mini_hpn.ecn.set_thresholds(kmin=before["kmin"], kmax=before["kmax"], pmax=before["pmax"], ports=intf)
+
+
+def test_ecn_counters_are_readable_from_another_process(mini_hpn):
+    code = ("import json; from fabric.emulation.ecn import EcnStage; s = EcnStage.open(); "
+            "print(json.dumps({'n': len(s.ports), 'p': s.counters('p0l0-eth1')['packets']}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parent.parent).stdout
+    data = json.loads(out)
+    assert data["n"] == len(mini_hpn.switch_ports())
+    assert data["p"] >= 0
+
+
+# ---- failure timeline -----------------------------------------------------------------------
+
+def _sampler(paths, stop, out):
+    """Poll operstate files every 2 ms; record (time, path, state) transitions."""
+    last = {}
+    while not stop.is_set():
+        now = time.time()
+        for p in paths:
+            try:
+                st = Path(p).read_text().strip()
+            except OSError:
+                st = "gone"
+            if last.get(p) != st:
+                out.append((now, p, st))
+                last[p] = st
+        time.sleep(0.002)
+
+
+def test_timeline_link_is_down_at_its_time_and_back_up(mini_hpn):
+    from fabric.emulation.timeline import TOLERANCE_S, Runner
+
+    u, v = "p0l0", "p0s0"
+    (pu, pv), = fgraph.link_ports(mini_hpn.graph, u, v)
+    files = [f"/sys/class/net/{u}-eth{pu}/operstate", f"/sys/class/net/{v}-eth{pv}/operstate"]
+    stop, seen = threading.Event(), []
+    sampler = threading.Thread(target=_sampler, args=(files, stop, seen), daemon=True)
+    sampler.start()
+    time.sleep(0.05)
+    events = [{"at": 0.3, "action": "link_down", "link": [u, v]},
+              {"at": 1.0, "action": "link_up", "link": [u, v]}]
+    records = Runner(mini_hpn, events).start().join(timeout=10)
+    time.sleep(0.3)
+    stop.set()
+    sampler.join()
+    t0 = records[0]["wall"] - records[0]["applied_s"]
+    for rec in records:
+        assert abs(rec["applied_s"] - rec["at"]) <= TOLERANCE_S
+    downs = [t - t0 for t, p, st in seen if st == "down"]
+    ups_after = [t - t0 for t, p, st in seen if st == "up" and t - t0 > 0.5]
+    assert downs and all(abs(t - 0.3) <= TOLERANCE_S for t in downs)
+    assert ups_after and all(abs(t - 1.0) <= TOLERANCE_S for t in ups_after)
+    assert {p for _, p, st in seen if st == "up" and _ - t0 > 0.5} == set(files)
+
+
+def test_timeline_switch_down_takes_all_its_links_down_and_up_again(mini_hpn):
+    sw = "p1s1"
+    intfs = [f"/sys/class/net/{sw}-eth{p}/operstate"
+             for nbr in mini_hpn.graph.neighbors(sw) for p, _ in fgraph.link_ports(mini_hpn.graph, sw, nbr)]
+    mini_hpn.switch_down(sw)
+    assert {Path(p).read_text().strip() for p in intfs} == {"down"}
+    mini_hpn.switch_up(sw)
+    deadline = time.time() + 2
+    while time.time() < deadline and {Path(p).read_text().strip() for p in intfs} != {"up"}:
+        time.sleep(0.01)
+    assert {Path(p).read_text().strip() for p in intfs} == {"up"}
+
+
+def test_fabric_is_whole_again_after_the_failures(mini_hpn):
+    time.sleep(0.5)
+    result = mini_hpn.ping_all()
+    if result["failed"]:
+        time.sleep(1.5)
+        result = mini_hpn.ping_all(pairs=result["failed"])
+    assert result["failed"] == []
