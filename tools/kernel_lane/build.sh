@@ -23,7 +23,7 @@ for p in $LANE_HOST_PKGS; do
 done
 if [ -n "$missing" ]; then
     lane_say "installing host tools:$missing"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null; } \
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null 2>&1; } \
         || unavailable "could not install$missing with apt"
 fi
 
@@ -124,8 +124,15 @@ mount --bind "$LANE_CACHE/pip-cache" "$ROOT/root/.cache/pip"; mounted+=("$ROOT/r
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 printf '#!/bin/sh\nexit 101\n' > "$ROOT/usr/sbin/policy-rc.d"; chmod 755 "$ROOT/usr/sbin/policy-rc.d"
 
+# pip in the image trusts what the host trusts (a site may intercept TLS with its own CA)
+# and uses the host's index settings from the environment, if any.
+cp /etc/ssl/certs/ca-certificates.crt "$ROOT/tmp/host-ca.crt" 2>/dev/null || true
+pip_env=(PIP_CERT=/tmp/host-ca.crt PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_DEFAULT_TIMEOUT=120)
+for v in PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST http_proxy https_proxy no_proxy; do
+    [ -n "${!v:-}" ] && pip_env+=("$v=${!v}")
+done
 in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
-            DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "$@"; }
+            DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8 "${pip_env[@]}" "$@"; }
 PKGS=$(grep -v '^#' "$LANE_DIR/packages.txt" | xargs)
 lane_say "apt in the image: $PKGS"
 in_root apt-get install -y -q --no-install-recommends $PKGS > "$WORK/apt.log" 2>&1 \
@@ -144,7 +151,7 @@ mkdir -p "$ROOT/lib/modules"
 cp -a "$KMOD" "$ROOT/lib/modules/$KVER"
 rm -f "$ROOT/lib/modules/$KVER/build" "$ROOT/lib/modules/$KVER/source"
 # Trim what the guest never needs.
-rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* "$ROOT/tmp/requirements.txt" \
+rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* "$ROOT/tmp/requirements.txt" "$ROOT/tmp/host-ca.crt" \
        "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/*
 rm -f "$ROOT/usr/sbin/policy-rc.d"
 echo "hpnlab-kernel-lane" > "$ROOT/etc/hostname"
@@ -152,13 +159,14 @@ echo "$KEY" > "$ROOT/etc/hpnlab-lane-image"
 
 lane_say "writing the root image"
 size_mb=$(( $(du -sm "$ROOT" | cut -f1) * 12 / 10 + 200 ))
-mkfs.ext4 -q -F -L hpnlab-root -d "$ROOT" "$WORK/root.img" "${size_mb}M"
+mkfs.ext4 -q -F -L hpnlab-root -d "$ROOT" "$WORK/root.img" "${size_mb}M" > "$WORK/mkfs.log" 2>&1 \
+    || { cat "$WORK/mkfs.log" >&2; lane_die "mkfs.ext4 failed"; }
 rm -rf "$ROOT"
 touch "$WORK/READY"
 mv "$WORK" "$IMG"
 # Keep the cache small: drop images of older keys (only ones this builder made).
 for old in "$LANE_CACHE"/images/*; do
-    [ "$old" = "$IMG" ] || [ ! -d "$old" ] || rm -rf "$old"
+    [ "$old" = "$IMG" ] || [ ! -d "$old" ] || grep -q " $old/" /proc/mounts || rm -rf "$old"
 done
 lane_say "image $KEY built in $(( $(date +%s) - start )) s"
 echo "$IMG"

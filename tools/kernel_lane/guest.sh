@@ -38,6 +38,7 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 ln -sf /proc/self/fd /dev/fd
 dmesg -n 1                               # keep kernel chatter off the console
 hostname hpnlab-kernel-lane
+echo "127.0.1.1 hpnlab-kernel-lane" >> /etc/hosts
 ip link set lo up
 say "guest up (kernel $(uname -r), image $(cat /etc/hpnlab-lane-image 2>/dev/null))"
 
@@ -54,7 +55,9 @@ say "Open vSwitch: $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)
 # The project, importable without writing to the checkout.
 mkdir -p /hpnlab/pylib
 ln -s "$SRC/tools" /hpnlab/pylib/hpnlab_tools
-export PYTHONPATH="$SRC:/hpnlab/pylib" PYTHONPYCACHEPREFIX=/tmp/pycache PYTHONUNBUFFERED=1
+# (No PYTHONPYCACHEPREFIX: the image's venv has its bytecode compiled already; writes of
+# bytecode to the read-only checkout fail quietly.)
+export PYTHONPATH="$SRC:/hpnlab/pylib" PYTHONUNBUFFERED=1
 export HPNLAB_KERNEL_LANE=1
 printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab_tools.cli "$@"\n' > /usr/local/bin/hpnlab
 chmod 755 /usr/local/bin/hpnlab
@@ -62,7 +65,7 @@ chmod 755 /usr/local/bin/hpnlab
 cd "$SRC" || finish 126 "no checkout"
 say "pytest start (limit ${LANE_TIMEOUT_S}s, ${LANE_TEST_TIMEOUT_S}s per test): $LANE_PYTEST_ARGS"
 # shellcheck disable=SC2086
-timeout -k 15 "$LANE_TIMEOUT_S" python -m pytest -p no:cacheprovider -m kernel -v -rA \
+timeout -k 15 "$LANE_TIMEOUT_S" python -m pytest -p no:cacheprovider -m kernel -v -rA --durations=15 \
     --timeout="$LANE_TEST_TIMEOUT_S" --junitxml="$OUT/junit.xml" $LANE_PYTEST_ARGS \
     > >(tee "$OUT/pytest.log") 2>&1
 rc=$?
