@@ -50,7 +50,10 @@ host-routes baseline (hundreds of millions of flows) countable in seconds.
 """
 from __future__ import annotations
 
+import gc
+import socket
 import zlib
+from functools import lru_cache
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, NamedTuple
@@ -173,6 +176,15 @@ class _Sw:
     path: tuple = ()                             # leaves: prefixes plane > campus > pod > leaf
 
 
+def _edges(g: nx.MultiGraph):
+    """Every link once as (u, v, key, data) with u < v, straight off the adjacency."""
+    for u, nbrs in g._adj.items():
+        for v, keydict in nbrs.items():
+            if u < v:
+                for k, d in keydict.items():
+                    yield u, v, k, d
+
+
 class FabricIndex:
     """The graph read once into per-plane lists; reused by every compile of the same graph."""
 
@@ -195,12 +207,12 @@ class FabricIndex:
                            ("leaf", n))
             self.sw[n] = sw
             self.by_dpid[d["dpid"]] = n
-        for u, v, k, d in g.edges(keys=True, data=True):
-            lid = (u, v, k) if u < v else (v, u, k)
+        for u, v, k, d in _edges(g):
+            lid = (u, v, k)
             ports = d["ports"]
             if d["kind"] == "host":
                 host, leaf = (u, v) if u not in self.sw else (v, u)
-                ip = _parse_prefix(d["ip"] + "/32")[0]
+                ip = int.from_bytes(socket.inet_aton(d["ip"]), "big")
                 self.sw[leaf].hosts.append((ip, ports[leaf], d["mac"], host, ports[host], lid))
                 self.port_link[leaf, ports[leaf]] = lid
                 self.host_addr[ip] = (d["mac"], host, d["plane"])
@@ -238,13 +250,16 @@ class FabricIndex:
         return self.port_link.get((switch, port))
 
 
-_INDEX_CACHE: dict[int, FabricIndex] = {}
-
-
 def index_of(g: nx.MultiGraph) -> FabricIndex:
     idx = g.graph.get("_controller_index")
     if idx is None or idx.graph is not g:
-        idx = FabricIndex(g)
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            idx = FabricIndex(g)
+        finally:
+            if was_enabled:
+                gc.enable()
         g.graph["_controller_index"] = idx
     return idx
 
@@ -254,8 +269,12 @@ def index_of(g: nx.MultiGraph) -> FabricIndex:
 DROP: tuple = ()
 
 
-def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str, dict[str, tuple]]:
-    """{switch: {destination leaf: tuple of output ports (empty: unreachable)}} for one plane."""
+def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str, tuple[tuple, dict]]:
+    """{switch: (default action, {destination leaf: action that differs})} for one plane.
+
+    An action is the tuple of output ports towards the destination leaf (empty: drop).
+    Sparse because at scale almost every destination gets a switch's default action.
+    """
     sws = ix.planes[plane]
     dead_sw = failures.switches
     dead_ln = failures.links
@@ -271,144 +290,186 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
     up = {s.name: live(s.up) for s in alive}
     down = {s.name: live(s.down) for s in alive}
     lat = {s.name: live(s.lateral) for s in alive}
-    spine_pod = {s.name: s.pod for s in spines}
+    down_to: dict[str, dict[str, tuple]] = {}
+    for s in spines:
+        by_leaf: dict[str, list] = {}
+        for p, n in down[s.name]:
+            by_leaf.setdefault(n, []).append(p)
+        down_to[s.name] = {n: tuple(sorted(ps)) for n, ps in by_leaf.items()}
     pod_spines: dict = {}
     for s in spines:
         pod_spines.setdefault(s.pod, []).append(s.name)
-    # per spine: the cores it reaches (for the "up to a core that can reach d" test)
     spine_cores = {s.name: frozenset(n for _, n in up[s.name]) for s in spines}
     has_cores = bool(cores)
+    leaf_pods = sorted({x.pod for x in leaves})
 
-    result: dict[str, dict[str, tuple]] = {s.name: {} for s in alive}
-    memo_leaf: dict = {}
+    full: dict[str, dict[str, tuple]] = {s.name: {} for s in spines + cores}
+    groups: dict = {pod: {} for pod in leaf_pods}    # pod -> {spine-distance signature: [d, ...]}
+    sig_dist: dict = {}                              # signature -> {spine: distance}
     memo_sw: dict = {}
-    sig_ids: dict = {}
     for d in all_leaves:
         dn = d.name
-        if dn in dead_sw:
-            a2: frozenset = frozenset()
-        else:
-            a2 = frozenset(n for _, n in up[dn])            # spines with a live link to d
+        a2 = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
         a3 = frozenset(c for s in a2 for c in spine_cores.get(s, ())) if has_cores else frozenset()
         a3l = frozenset(c.name for c in cores if c.name not in a3
                         and any(n in a3 for _, n in lat[c.name])) if a3 else frozenset()
-        # distance of every spine to d
+        # distance of the spines to d: 1 (adjacent), 3 (via a core above d), 4 (via a far core)
         dist: dict[str, int] = dict.fromkeys(a2, 1)
         if has_cores:
             for s in spines:
-                if s.name in dist:
-                    continue
-                sc = spine_cores[s.name]
-                if sc & a3:
-                    dist[s.name] = 3
-                elif sc & a3l:
-                    dist[s.name] = 4
-        # leaves: live uplinks towards the nearest spines
-        sig_by_pod: dict = {}
-        for x in leaves:
-            if x is d:
-                result[x.name][dn] = DROP     # its own hosts get /32 routes; the rest drops
-                continue
-            sid = sig_by_pod.get(x.pod)
-            if sid is None:
-                sig = frozenset((s, dist[s]) for s in pod_spines.get(x.pod, ()) if s in dist)
-                sid = sig_ids.setdefault(sig, len(sig_ids))
-                sig_by_pod[x.pod] = sid
-            key = (x.name, sid)
-            act = memo_leaf.get(key)
-            if act is None:
-                best, ports = None, []
-                for p, s in up[x.name]:
-                    ds = dist.get(s)
-                    if ds is None:
-                        continue
-                    if best is None or ds < best:
-                        best, ports = ds, [p]
-                    elif ds == best:
-                        ports.append(p)
-                act = memo_leaf[key] = tuple(sorted(ports))
-            result[x.name][dn] = act
-        # spines
-        a3_id = sig_ids.setdefault(("a3", a3), len(sig_ids))
-        a3l_id = sig_ids.setdefault(("a3l", a3l), len(sig_ids))
+                if s.name not in dist:
+                    sc = spine_cores[s.name]
+                    if sc & a3:
+                        dist[s.name] = 3
+                    elif sc & a3l:
+                        dist[s.name] = 4
+        for pod in leaf_pods:
+            sig = frozenset((s, dist[s]) for s in pod_spines.get(pod, ()) if s in dist)
+            sig_dist.setdefault(sig, dist)
+            groups[pod].setdefault(sig, []).append(dn)
         for s in spines:
             ds = dist.get(s.name)
             if ds == 1:
-                act = tuple(sorted(p for p, n in down[s.name] if n == dn))
-            elif ds == 3:
-                key = (s.name, a3_id)
+                act = down_to[s.name].get(dn, DROP)
+            elif ds == 3 or ds == 4:
+                target = a3 if ds == 3 else a3l
+                key = (s.name, target)
                 act = memo_sw.get(key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in a3))
-            elif ds == 4:
-                key = (s.name, a3l_id)
-                act = memo_sw.get(key)
-                if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in a3l))
+                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in target))
             else:
                 act = DROP
-            result[s.name][dn] = act
-        # cores
-        a2_id = sig_ids.setdefault(("a2", a2), len(sig_ids))
+            full[s.name][dn] = act
         for c in cores:
             if c.name in a3:
-                key = (c.name, "down", a2_id)
+                key = (c.name, "down", a2)
                 act = memo_sw.get(key)
                 if act is None:
                     act = memo_sw[key] = tuple(sorted(p for p, n in down[c.name] if n in a2))
             elif c.name in a3l:
-                key = (c.name, "lat", a3_id)
+                key = (c.name, "lat", a3)
                 act = memo_sw.get(key)
                 if act is None:
                     act = memo_sw[key] = tuple(sorted(p for p, n in lat[c.name] if n in a3))
             else:
                 act = DROP
-            result[c.name][dn] = act
+            full[c.name][dn] = act
+
+    result: dict[str, tuple[tuple, dict]] = {}
+    for name, acts in full.items():
+        counts = Counter(acts.values())
+        default = _pick(counts, DROP) if counts else DROP
+        result[name] = (default, {d: a for d, a in acts.items() if a != default})
+    # leaves: one action per signature group, towards the nearest spines on live uplinks
+    for x in leaves:
+        per_group = []
+        counts: Counter = Counter()
+        for sig, dests in groups[x.pod].items():
+            dist = sig_dist[sig]
+            best, ports = None, []
+            for p, s in up[x.name]:
+                ds = dist.get(s)
+                if ds is None:
+                    continue
+                if best is None or ds < best:
+                    best, ports = ds, [p]
+                elif ds == best:
+                    ports.append(p)
+            act = tuple(sorted(ports))
+            per_group.append((act, dests))
+            counts[act] += len(dests)
+        default = _pick(counts, DROP) if counts else DROP
+        exceptions = {d: act for act, dests in per_group if act != default for d in dests}
+        exceptions[x.name] = DROP     # its own hosts get /32 routes; the rest of its prefix drops
+        if default == DROP:
+            exceptions.pop(x.name)
+        result[x.name] = (default, exceptions)
     return result
 
 
 # ---- aggregation along the address hierarchy --------------------------------------------
 
-def _majority(actions: list) -> tuple:
-    """The most common action; ties go to a forwarding action, then to the first in order."""
-    counts = Counter(actions)
+def _pick(counts: Mapping, default: tuple) -> tuple:
+    """The most common action; ties go to a forwarding action, then ``default``, then the smallest."""
     best = max(counts.values())
-    top = [a for a in actions if counts[a] == best]
-    for a in top:
-        if a != DROP:
-            return a
-    return top[0] if top else DROP
+    top = [a for a, n in counts.items() if n == best]
+    if len(top) == 1:
+        return top[0]
+    fwd = [a for a in top if a != DROP]
+    if not fwd:
+        return DROP
+    return default if default in fwd else min(fwd)
 
 
-def _compress(tree: dict, acts: Mapping[str, tuple], forced: Mapping) -> list[tuple[tuple, tuple]]:
+class _Tree:
+    """The address hierarchy of one plane: plane > campus > pod > leaf, as level keys."""
+
+    def __init__(self, ix: FabricIndex, plane: int):
+        self.children: dict = {}
+        self.parent: dict = {}
+        self.path: dict[str, tuple] = {}
+        for sw in ix.planes[plane]:
+            if sw.tier != 1:
+                continue
+            self.path[sw.name] = sw.path
+            parent = None
+            for key in sw.path:
+                if key not in self.parent:
+                    self.parent[key] = parent
+                    self.children.setdefault(parent, []).append(key)
+                parent = key
+        (self.root,) = self.children[None]
+
+
+def _compress(tree: _Tree, default: tuple, exceptions: Mapping[str, tuple], forced: Mapping) -> list:
     """[(level key, action)] routes: every level whose action differs from its parent's.
 
-    ``tree`` maps a level key to its child keys (the top level under None); ``forced``
-    fixes the action of some levels (a switch's own scope drops what no more specific
-    route claims, so addresses that belong to no host can never ping-pong between tiers).
+    A level's action is the most common action of its children (a leaf level: the
+    switch's action towards that leaf). Only levels above an exception (or a forced
+    level) are evaluated; every other level has the default action. ``forced`` fixes the
+    action of some levels: a switch's own scope drops what no more specific route claims,
+    so addresses that belong to no host can never ping-pong between tiers.
     """
+    dirty_kids: dict = {}
+    for key in list(forced) + [tree.path[d][-1] for d in exceptions]:
+        k = key
+        while k is not None:
+            parent = tree.parent[k]
+            kids = dirty_kids.setdefault(parent, {})
+            if k in kids:
+                break
+            kids[k] = True
+            k = parent
     chosen: dict = {}
 
     def solve(key):
-        kids = tree.get(key)
-        if kids is None:                          # a leaf level: its own action
-            a = acts.get(key[1], DROP)
+        if key[0] == "leaf":
+            a = exceptions.get(key[1], default)
         else:
-            child_actions = [solve(k) for k in kids]
-            a = _majority(child_actions)
+            kids = dirty_kids.get(key, {})
+            counts: Counter = Counter(solve(k) for k in kids)
+            clean = len(tree.children[key]) - len(kids)
+            if clean:
+                counts[default] += clean
+            a = _pick(counts, default)
         a = forced.get(key, a)
         chosen[key] = a
         return a
 
+    root = tree.root
+    root_action = solve(root) if None in dirty_kids else default
     routes = []
-    (root,) = tree[None]
-    root_action = solve(root)
     if root_action != DROP:
         routes.append((root, root_action))
     stack = [(root, root_action)]
     while stack:
         key, parent_action = stack.pop()
-        for k in tree.get(key, ()):
+        kids = dirty_kids.get(key, {})
+        if parent_action != default:       # clean children (default action) differ: route each
+            for k in tree.children.get(key, ()):
+                if k not in kids:
+                    routes.append((k, default))
+        for k in kids:
             a = chosen[k]
             if a != parent_action:
                 routes.append((k, a))
@@ -427,20 +488,6 @@ def _scope(ix: FabricIndex, sw: "_Sw") -> dict:
     return {("plane", plane): DROP, ("campus", plane, campus): DROP}
 
 
-def _plane_tree(ix: FabricIndex, plane: int) -> dict:
-    tree: dict = {}
-    for sw in ix.planes[plane]:
-        if sw.tier != 1:
-            continue
-        parent = None
-        for key in sw.path:
-            kids = tree.setdefault(parent, [])
-            if key not in kids:
-                kids.append(key)
-            parent = key
-    return tree
-
-
 # ---- tables ------------------------------------------------------------------------------
 
 def _entropy_bits(n: int) -> int:
@@ -454,7 +501,9 @@ def set_id(ports: tuple) -> int:
     return zlib.crc32(",".join(map(str, ports)).encode()) & FULL or 1
 
 
-def entropy_flows(ports: tuple, tier: int, meta: int) -> list[Flow]:
+@lru_cache(maxsize=4096)
+def entropy_flows(ports: tuple, tier: int, meta: int) -> tuple:
+    """The entropy-table entries of one next-hop set (shared by every switch that has it)."""
     n = len(ports)
     bits = _entropy_bits(n)
     off = min(ENTROPY_OFFSET.get(tier, 0), 16 - bits)
@@ -468,7 +517,7 @@ def entropy_flows(ports: tuple, tier: int, meta: int) -> list[Flow]:
                                                    ("tcp_src", (i << off, mask << off))), out))
         flows.append(Flow(TABLE_ENTROPY, PRIO_OTHER, (("metadata", meta), ("eth_type", ETH_IPV4),
                                                       ("ipv4_src", (i, mask))), out))
-    return flows
+    return tuple(flows)
 
 
 def _action(ports: tuple, metas: dict) -> tuple:
@@ -497,10 +546,11 @@ def _route_match(prefix: tuple[int, int]) -> tuple:
     return (("eth_type", ETH_IPV4), ("ipv4_dst", (net, _mask(length))))
 
 
-def _switch_state(ix: FabricIndex, sw: _Sw, acts: Mapping[str, tuple], policy: str, tree: dict,
-                  dead_links: frozenset) -> SwitchState:
+def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tree,
+                  block_cache: dict) -> SwitchState:
     flows: list[Flow] = list(_CLASSIFY_LEAF if sw.tier == 1 else _CLASSIFY_OTHER)
     metas: dict = {}
+    default, exceptions = acts
     if sw.tier == 1:
         for ip, port, _mac, _h, _i, _lid in sw.hosts:
             flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
@@ -508,19 +558,23 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: Mapping[str, tuple], policy: s
     if policy == "aggregate":
         # levels in a single-child chain can share one prefix: the deepest one decides
         by_prefix: dict = {}
-        for key, ports in _compress(tree, acts, _scope(ix, sw)):
+        for key, ports in _compress(tree, default, exceptions, _scope(ix, sw)):
             by_prefix[ix.level_prefix[key]] = ports
         for prefix, ports in by_prefix.items():
             flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix),
                               _action(ports, metas)))
     else:
-        for d, ports in acts.items():
-            if not ports:
+        for d in tree.path:
+            ports = exceptions.get(d, default)
+            if not ports or not ix.leaf_hosts[d]:
                 continue
-            hosts = ix.leaf_hosts[d]
-            if hosts:
-                flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, _route_match(ix.level_prefix[("leaf", d)]),
-                                  _action(ports, metas), hosts))
+            actions = _action(ports, metas)
+            f = block_cache.get((d, actions))
+            if f is None:    # one shared value per (leaf, action): switches hold references
+                f = block_cache[d, actions] = Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32,
+                                                   _route_match(ix.level_prefix[("leaf", d)]), actions,
+                                                   ix.leaf_hosts[d])
+            flows.append(f)
     for ports, meta in metas.items():
         flows.extend(entropy_flows(ports, sw.tier, meta))
     return SwitchState(sw.name, sw.dpid, tuple(flows))
@@ -532,6 +586,16 @@ def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: s
     if policy not in POLICIES:
         raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(POLICIES)}")
     failures = failures or Failures()
+    was_enabled = gc.isenabled()
+    gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
+    try:
+        return _compile(g, failures, policy, switches)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchState]:
     ix = index_of(g)
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
@@ -539,11 +603,12 @@ def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: s
         if wanted is not None and not any(s.name in wanted for s in sws):
             continue
         acts = _plane_actions(ix, plane, failures)
-        tree = _plane_tree(ix, plane)
+        tree = _Tree(ix, plane)
+        block_cache: dict = {}
         for sw in sws:
             if sw.name in failures.switches or (wanted is not None and sw.name not in wanted):
                 continue
-            out[sw.name] = _switch_state(ix, sw, acts[sw.name], policy, tree, failures.links)
+            out[sw.name] = _switch_state(ix, sw, acts[sw.name], policy, tree, block_cache)
     return out
 
 

@@ -1,0 +1,234 @@
+"""The routing compiler's output, role by role, and its route counts against the formulas."""
+from __future__ import annotations
+
+import pytest
+
+from controller import compiler as C
+from fabric import analysis, graph, spec
+from fabric.errors import UserError
+
+_G: dict = {}
+
+
+def fabric(name, **overrides):
+    key = (name, tuple(sorted(overrides.items())))
+    if key not in _G:
+        _G[key] = graph.build(spec.load(name, overrides))
+    return _G[key]
+
+
+def routes(state):
+    """{prefix text: actions} of a switch's table 1 (compact blocks listed as 'leaf-prefix*')."""
+    out = {}
+    for f in state.flows:
+        if f.table != C.TABLE_ROUTE:
+            continue
+        (net_mask,) = [v for k, v in f.match if k == "ipv4_dst"]
+        if isinstance(net_mask, tuple):
+            net, mask = net_mask
+            text = f"{C.ip_str(net)}/{bin(mask).count('1')}"
+        else:
+            text = f"{C.ip_str(net_mask)}/32"
+        out[text + ("*" if f.hosts is not None else "")] = f.actions
+    return out
+
+
+def uplink_ports(g, sw):
+    return tuple(sorted(p for p, _, _ in C.index_of(g).sw[sw].up))
+
+
+# ---- per role ----------------------------------------------------------------------
+
+def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_up():
+    g = fabric("mini-hpn")
+    leaf = C.compile_fabric(g)["p0l1"]
+    r = routes(leaf)
+    plan = g.graph["plan"]
+    hosts = {p["ip"]: p["leaf_port"] for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["leaf"] == "p0l1"}
+    assert {k: v for k, v in r.items() if k.endswith("/32")} == {f"{ip}/32": (("output", port),)
+                                                               for ip, port in hosts.items()}
+    assert r[g.nodes["p0l1"]["prefix"]] == ()                               # the rest of its prefix: drop
+    up = r[plan.plane_prefix(0)]
+    assert up[0][0] == "metadata" and up[1] == ("goto", C.TABLE_ENTROPY)    # multipath over both uplinks
+    assert len(r) == len(hosts) + 2
+
+
+def test_leaf_sends_arp_to_the_controller_and_ipv4_to_routing_and_nothing_else():
+    g = fabric("mini-hpn")
+    t0 = [f for f in C.compile_fabric(g)["p0l0"].flows if f.table == C.TABLE_CLASSIFY]
+    assert {(dict(f.match)["eth_type"], f.actions) for f in t0} == {
+        (C.ETH_ARP, (("controller",),)), (C.ETH_IPV4, (("goto", C.TABLE_ROUTE),))}
+
+
+def test_spines_never_send_arp_to_the_controller():
+    g = fabric("mini-hpn")
+    t0 = [f for f in C.compile_fabric(g)["p0s0"].flows if f.table == C.TABLE_CLASSIFY]
+    assert [dict(f.match)["eth_type"] for f in t0] == [C.ETH_IPV4]
+
+
+def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
+    g = fabric("mini-hpn")
+    r = routes(C.compile_fabric(g)["p1s0"])
+    leaves = [n for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 1]
+    assert r == {g.nodes[l]["prefix"]: (("output", graph.link_ports(g, "p1s0", l)[0][0]),) for l in leaves}
+
+
+def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_up():
+    g = fabric("mini-cross-campus")
+    plan = g.graph["plan"]
+    r = routes(C.compile_fabric(g)["p0s0"])
+    assert r[plan.pod_prefix(0, 0, 0)] == ()
+    assert r[plan.plane_prefix(0)] == (("output", uplink_ports(g, "p0s0")[0]),)
+    assert len(r) == 2 + 2      # two leaves in its pod
+
+
+def test_core_routes_each_pod_down_and_each_far_campus_across():
+    g = fabric("mini-cross-campus")
+    plan = g.graph["plan"]
+    r = routes(C.compile_fabric(g)["p0c0"])
+    lateral = C.index_of(g).sw["p0c0"].lateral
+    assert r[plan.campus_prefix(0, 1)] == (("output", lateral[0][0]),)
+    assert r[plan.pod_prefix(0, 0, 0)][1] == ("goto", C.TABLE_ENTROPY)     # down to both spines
+    assert len(r) == 2
+
+
+def test_fat_tree_core_holds_one_route_per_pod():
+    g = fabric("fat-tree-4")
+    plan = g.graph["plan"]
+    r = routes(C.compile_fabric(g)["c0"])
+    assert set(r) == {plan.pod_prefix(0, 0, p) for p in range(4)}
+
+
+def test_host_routes_policy_has_one_route_per_host_address_and_no_aggregate():
+    g = fabric("mini-hpn")
+    st = C.compile_fabric(g, policy="host-routes")
+    plane_ports = sum(1 for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["plane"] == 0)
+    for name in ("p0l0", "p0s1"):
+        table = st[name].expanded()
+        dsts = [dict(k[2])["ipv4_dst"] for k in table if k[0] == C.TABLE_ROUTE]
+        assert all(isinstance(d, int) for d in dsts)          # only /32 routes
+        assert len(dsts) == st[name].route_count == plane_ports    # own hosts included on the leaf
+
+
+def test_unknown_policy_is_a_user_error():
+    with pytest.raises(UserError, match="routing policy"):
+        C.compile_fabric(fabric("mini-hpn"), policy="ecmp-magic")
+
+
+def test_compiling_twice_gives_identical_state():
+    g = fabric("mini-rail")
+    f = C.Failures.of([("p0l0", "p0s0", 0)])
+    assert C.compile_fabric(g, f) == C.compile_fabric(g, f)
+
+
+def test_failed_switch_gets_no_state():
+    g = fabric("mini-hpn")
+    assert "p0s0" not in C.compile_fabric(g, C.Failures(switches=frozenset(["p0s0"])))
+
+
+# ---- de-aggregation -----------------------------------------------------------------------
+
+def test_a_failed_leaf_spine_link_adds_exactly_one_specific_route_per_other_leaf():
+    g = fabric("mini-hpn")
+    healthy = C.compile_fabric(g)
+    failed = C.compile_fabric(g, C.Failures.of([("p0l0", "p0s0", 0)]))
+    prefix = g.nodes["p0l0"]["prefix"]
+    s1_port = [p for p, n, _ in C.index_of(g).sw["p0l1"].up if n == "p0s1"][0]
+    for leaf in ("p0l1", "p0l2", "p0l3"):
+        added = {k: v for k, v in routes(failed[leaf]).items() if routes(healthy[leaf]).get(k) != v}
+        assert added == {prefix: (("output", s1_port),)}     # avoid p0s0 for p0l0's hosts only
+    # p0l0 itself lost an uplink: its plane route now uses the other one; the spine forgets p0l0
+    assert routes(failed["p0l0"])[g.graph["plan"].plane_prefix(0)] == (("output", uplink_ports(g, "p0l0")[1]),)
+    assert prefix not in routes(failed["p0s0"])
+    assert C.deaggregated(failed, healthy) == 3
+    # the other plane is untouched
+    assert all(failed[n] == healthy[n] for n in healthy if n.startswith("p1"))
+
+
+def test_repair_removes_the_deaggregated_routes():
+    g = fabric("fat-tree-4")
+    healthy = C.compile_fabric(g)
+    failed = C.compile_fabric(g, C.Failures.of([("e0", "a0", 0)]))
+    assert C.deaggregated(failed, healthy) > 0
+    repaired = C.compile_fabric(g, C.Failures())
+    assert repaired == healthy and C.deaggregated(repaired, healthy) == 0
+
+
+def test_unreachable_destination_gets_explicit_drop_where_the_aggregate_would_send_it_on():
+    """A spine that lost its only path to a leaf must not bounce the leaf's traffic."""
+    g = fabric("mini-cross-campus")
+    f = C.Failures.of([("p0s0", "p0l0", 0), ("p0s1", "p0l0", 0)])   # p0l0 cut off from its spines
+    st = C.compile_fabric(g, f)
+    assert routes(st["p0c0"])[g.nodes["p0l0"]["prefix"]] == ()
+
+
+# ---- entropy -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 12, 256])
+def test_entropy_table_deals_source_port_patterns_evenly(n):
+    ports = tuple(range(10, 10 + n))
+    flows = C.entropy_flows(ports, 1, 7)
+    udp = [f for f in flows if dict(f.match).get("ip_proto") == C.PROTO_UDP]
+    share = {}
+    for f in udp:
+        share[f.actions[0][1]] = share.get(f.actions[0][1], 0) + 1
+    assert set(share) == set(ports)
+    lo, hi = min(share.values()), max(share.values())
+    assert hi - lo <= 1 and hi / lo <= 1.34     # 2**B >= 4n patterns when n is no power of two
+    if n & (n - 1) == 0:
+        assert lo == hi
+    # every UDP source port matches exactly one pattern
+    mask_val = [dict(f.match)["udp_src"] for f in udp]
+    for sport in range(0, 65536, 97):
+        assert sum(1 for v, m in mask_val if sport & m == v) == 1
+
+
+def test_next_hop_set_ids_are_stable_and_distinct():
+    assert C.set_id((5, 6)) == C.set_id((5, 6))
+    assert C.set_id((5, 6)) != C.set_id((5, 7))
+
+
+# ---- proxy ARP -------------------------------------------------------------------------
+
+def test_arp_is_answered_only_for_hosts_of_the_leafs_plane():
+    g = fabric("mini-hpn")
+    h5 = {p["plane"]: p for p in graph.host_ports(g, "h5")}
+    assert C.arp_answer(g, "p0l0", h5[0]["ip"]) == h5[0]["mac"]
+    assert C.arp_answer(g, "p0l0", h5[1]["ip"]) is None          # other plane
+    assert C.arp_answer(g, "p0l0", "10.0.0.250") is None          # no such host
+    assert C.arp_answer(g, "p0s0", h5[0]["ip"]) is None           # spines answer nothing
+    assert C.arp_answer(g, "p0l0", "not-an-ip") is None
+
+
+# ---- counts ------------------------------------------------------------------------------
+
+PRESETS = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf", "small-hpn",
+           "fat-tree-8", "cross-campus", "spine-leaf-rail"]
+
+
+def loop_guards(g, name):
+    """Drop routes the compiler adds beyond the analysis plan: a leaf's own prefix, and a
+    spine's own pod when it also has a route up (see controller.compiler, 'aggregate')."""
+    ix = C.index_of(g)
+    sw = ix.sw[name]
+    return 1 if (sw.tier == 1 and sw.up) or (sw.tier == 2 and sw.up) else 0
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_route_counts_equal_the_analysis_formulas(name):
+    g = fabric(name)
+    plan = analysis.route_counts(g)
+    agg = C.route_summary(g, "aggregate")["switches"]
+    host = C.route_summary(g, "host-routes")["switches"]
+    for sw, formula in plan.items():
+        assert agg[sw]["minimum_routes"] == formula["aggregated"], sw
+        assert agg[sw]["routes"] == formula["aggregated"] + loop_guards(g, sw), sw
+        assert host[sw]["routes"] == formula["host_routes"], sw
+
+
+def test_route_summary_sums_switches_into_pods():
+    g = fabric("fat-tree-4")
+    s = C.route_summary(g, "aggregate")
+    assert set(s["pods"]) == {f"c0/pod{p}" for p in range(4)} | {"core"}
+    assert sum(p["flows"] for p in s["pods"].values()) == s["totals"]["flows"]
+    assert s["pods"]["core"]["switches"] == 4
