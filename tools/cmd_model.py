@@ -1,0 +1,109 @@
+"""`hpnlab model`: the flow-level model at full scale (ECMP vs spray side by side, failures)."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from fabric import graph, model
+from fabric.collectives import parse_size, sweep
+from fabric.errors import UserError
+
+from .cmd_topo import add_scenario_args, load_scenario
+
+DEFAULT_DETECT = "dpfr=1,host-adaptive=50,control-plane=2000"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("model", help="flow-level model of a collective at full scale (ECMP vs spray, failures)",
+                       description=model.__doc__.split("\n\n")[0])
+    add_scenario_args(p)
+    p.add_argument("-c", "--collective", default="all_to_all",
+                   help=f"one of {', '.join(model.MODEL_COLLECTIVES)} (default all_to_all)")
+    p.add_argument("-b", "--minbytes", default="64M", help="smallest size per rank (nccl-tests -b), default 64M")
+    p.add_argument("-e", "--maxbytes", default=None, help="largest size (nccl-tests -e), default = -b")
+    p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="size multiplication factor (-f), default 4")
+    p.add_argument("--routing", default="ecmp,spray", help="ecmp, spray or both (default ecmp,spray)")
+    p.add_argument("--hosts", type=int, default=None, help="hosts in the job (default: all)")
+    p.add_argument("--placement", choices=("packed", "random"), default="random",
+                   help="job placement: first hosts in order, or a random set in random ring order (default)")
+    p.add_argument("--qps", type=int, default=4, help="connections (queue pairs) per rank pair, default 4")
+    p.add_argument("--max-steps", type=int, default=16,
+                   help="all-to-all: distinct steps modelled (evenly sampled), default 16")
+    p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
+    p.add_argument("--detect-ms", default=DEFAULT_DETECT,
+                   help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--json", action="store_true", help="print JSON results")
+    p.set_defaults(func=cmd_model)
+
+
+def _parse_detect(text: str) -> dict[str, float]:
+    out = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise UserError(f"--detect-ms: expected name=milliseconds, got {item!r}") from None
+    return out
+
+
+def cmd_model(args) -> int:
+    scenario = load_scenario(args)
+    routings = [r.strip() for r in args.routing.split(",") if r.strip()]
+    for r in routings:
+        if r not in model.ROUTINGS:
+            raise UserError(f"--routing: unknown {r!r} (choose from {', '.join(model.ROUTINGS)})")
+    lo = parse_size(args.minbytes)
+    hi = parse_size(args.maxbytes) if args.maxbytes else lo
+    if hi < lo:
+        raise UserError(f"-e {args.maxbytes} is below -b {args.minbytes}")
+    sizes = sweep(lo, hi, args.stepfactor)
+    t0 = time.perf_counter()
+    g = graph.build(scenario)
+    failed = model.random_fabric_links(g, args.fail_links, args.seed) if args.fail_links else None
+    net = model.Network(g, failed)
+    print(f"# {scenario.name}: fabric built and indexed in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps)
+    results = []
+    for size in sizes:
+        for routing in routings:
+            results.append(model.run_collective(g, args.collective, size, routing=routing, network=net, **kw))
+    failure = None
+    if failed:
+        detect = _parse_detect(args.detect_ms)
+        failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
+                                           routing=r, **kw) for r in routings}
+    if args.json:
+        json.dump({"scenario": scenario.name, "results": [r.__dict__ for r in results],
+                   "failure": failure}, sys.stdout, indent=2, default=float)
+        print()
+        return 0
+    first = results[0]
+    print(f"# hpnlab model: {scenario.name}, {first.collective}, {first.ranks:,} ranks "
+          f"({first.detail['hosts']:,} hosts, {args.placement} placement), {args.qps} QPs per pair, "
+          f"NIC {first.nic_gbps:g} Gbit/s ({scenario.planes} planes x {scenario.host_rate_gbps:g}G)")
+    print(f"# {'size (B)':>12} {'routing':>8} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} "
+          f"{'of line':>8} {'conn. Gbit/s mean/min':>22}")
+    for r in results:
+        step = r.detail["steps"][0]
+        print(f"  {r.size_bytes:>12} {r.routing:>8} {r.time_s * 1e6:>12.1f} {r.algbw_gbs:>13.2f} "
+              f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} {step['rate_gbps_mean']:>13.1f} / {step['rate_gbps_min']:<6.1f}")
+    if len(routings) == 2:
+        for size in sizes:
+            pair = {r.routing: r for r in results if r.size_bytes == size}
+            print(f"# {size} B: spray / ecmp busbw = {pair['spray'].busbw_gbs / pair['ecmp'].busbw_gbs:.2f}x")
+    if first.steps_modelled < first.steps_distinct:
+        print(f"# {first.steps_modelled} of {first.steps_distinct} distinct steps modelled (evenly sampled; "
+              f"raise --max-steps for more)")
+    if failure:
+        print(f"# {args.fail_links} leaf-spine link(s) failed at the start of the collective "
+              f"({sizes[-1]} B):")
+        for routing, f in failure.items():
+            print(f"#   {routing}: healthy {f['healthy_s'] * 1e3:.2f} ms, after repair {f['after_repair_s'] * 1e3:.2f} ms, "
+                  f"{f['connections_hit']} connections crossed a failed link")
+            for name, d in f["by_detection"].items():
+                print(f"#     {name:<14} detect+converge {d['detect_ms']:>7g} ms -> {d['time_s'] * 1e3:>9.2f} ms "
+                      f"({d['slowdown']:.2f}x)")
+    return 0
