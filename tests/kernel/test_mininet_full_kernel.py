@@ -77,15 +77,16 @@ def red_stats(sw, intf: str) -> dict:
 
 
 class TcpLoad:
-    """iperf3 TCP from h1 to h2 for `seconds`; .result is iperf3's JSON report."""
+    """iperf3 TCP from h1 to h2 (`flows` parallel connections) for `seconds`."""
 
-    def __init__(self, net, seconds: int):
-        self.h1, self.h2, self.seconds = net["h1"], net["h2"], seconds
+    def __init__(self, net, seconds: int, flows: int = 1):
+        self.h1, self.h2, self.seconds, self.flows = net["h1"], net["h2"], seconds, flows
 
     def __enter__(self):
         self.server = self.h2.popen(["iperf3", "-s", "-1"])
         time.sleep(1.0)
-        self.client = self.h1.popen(["iperf3", "-c", self.h2.IP(), "-t", str(self.seconds), "-J"])
+        self.client = self.h1.popen(["iperf3", "-c", self.h2.IP(), "-t", str(self.seconds),
+                                     "-P", str(self.flows), "-J"])
         return self
 
     def wait(self) -> dict:
@@ -122,38 +123,40 @@ def test_netem_delay_adds_the_configured_round_trip(net):
 
 
 def test_red_marks_ecn_capable_tcp_instead_of_dropping(net):
+    """Eight ECN-capable TCP flows share the bottleneck: RED marks them.
+
+    (Eight, because on this kernel TCP Small Queues follows the packets across the veth
+    into the switch's queue: one flow keeps only about two GSO packets, ~6 KB, queued
+    there, below Mininet's 30 KB RED minimum.)"""
     s1, intf = net["s1"], bottleneck_intf(net)
     before = red_stats(s1, intf)
     assert before["ecn"], before["text"]
-    with TcpLoad(net, seconds=5) as load:
+    with TcpLoad(net, seconds=5, flows=8) as load:
         result = load.wait()
     after = red_stats(s1, intf)
     mbps = result["end"]["sum_received"]["bits_per_second"] / 1e6
-    retrans = result["end"]["sum_sent"].get("retransmits", 0)
-    print(f"TCP {mbps:.2f} Mbit/s through a {BOTTLENECK_MBPS} Mbit/s link; RED marked "
-          f"{after['marked'] - before['marked']}, early drops {after['early'] - before['early']}, "
-          f"sender retransmits {retrans}")
-    assert after["marked"] > before["marked"]
+    marked, early = after["marked"] - before["marked"], after["early"] - before["early"]
+    print(f"8 TCP flows: {mbps:.2f} Mbit/s through a {BOTTLENECK_MBPS} Mbit/s link; "
+          f"RED marked {marked}, dropped early {early}")
+    assert marked > 0
+    assert marked > early
     assert mbps <= 1.05 * BOTTLENECK_MBPS          # htb holds the link to its rate
     assert mbps > 0.4 * BOTTLENECK_MBPS
 
 
-def test_lowering_red_thresholds_live_shortens_the_standing_queue(net):
+def test_lowering_red_thresholds_live_marks_what_was_below_them(net):
     """`tc qdisc change` on the running RED: the new thresholds apply at once (same qdisc,
-    its counters kept) and the queue TCP keeps standing at the bottleneck gets shorter."""
+    its counters kept) and one TCP flow, whose standing queue sits below Mininet's
+    30 KB minimum, gets marked once the minimum is 3 KB."""
     s1, intf = net["s1"], bottleneck_intf(net)
 
-    def standing_queue_bytes() -> float:
-        with TcpLoad(net, seconds=6) as load:
-            time.sleep(2.0)                               # let TCP fill the queue
-            samples = []
-            for _ in range(15):
-                samples.append(red_stats(s1, intf)["backlog"])
-                time.sleep(0.2)
+    def marks_for_one_flow() -> int:
+        before = red_stats(s1, intf)["marked"]
+        with TcpLoad(net, seconds=5, flows=1) as load:
             load.wait()
-        return statistics.median(samples)
+        return red_stats(s1, intf)["marked"] - before
 
-    high = standing_queue_bytes()
+    at_default = marks_for_one_flow()
     marked_before = red_stats(s1, intf)["marked"]
     out = s1.cmd(f"tc qdisc change dev {intf} parent 5:1 handle 6: red limit 1000000 "
                  f"min {LOW_RED_MIN} max {LOW_RED_MAX} avpkt 1500 burst 3 "
@@ -162,9 +165,8 @@ def test_lowering_red_thresholds_live_shortens_the_standing_queue(net):
     changed = red_stats(s1, intf)
     assert changed["marked"] >= marked_before          # same qdisc: counters not reset
     assert (changed["min"], changed["max"]) in {("3000b", "6000b"), ("3Kb", "6Kb")}, changed["text"]
-    low = standing_queue_bytes()
-    print(f"median RED backlog under TCP load: {high:.0f} B with min/max "
-          f"{DEFAULT_RED_MIN}/{DEFAULT_RED_MAX} B, {low:.0f} B with {LOW_RED_MIN}/{LOW_RED_MAX} B")
-    assert red_stats(s1, intf)["marked"] > changed["marked"]
-    assert high >= DEFAULT_RED_MIN / 2
-    assert low < high / 2
+    at_low = marks_for_one_flow()
+    print(f"one TCP flow: RED marked {at_default} with min/max {DEFAULT_RED_MIN}/{DEFAULT_RED_MAX} B, "
+          f"{at_low} with {LOW_RED_MIN}/{LOW_RED_MAX} B")
+    assert at_low > 0
+    assert at_low > 2 * at_default

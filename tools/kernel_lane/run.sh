@@ -53,10 +53,14 @@ timeout -k 10 "$HOST_TIMEOUT" qemu-system-x86_64 \
     > "$RUN/qemu.log" 2>&1 &
 QPID=$!
 # Show the guest's progress, and everything from pytest once it starts.
-(tail -n +1 -F --pid="$QPID" "$CONSOLE" 2>/dev/null | awk '
-    /hpnlab-lane: .*pytest start/ {on = 1}
-    /^hpnlab-lane:/ {print "  " $0; fflush(); next}
-    on {sub(/\r$/, ""); print "  | " $0; fflush()}') &
+(on=0; tail -n +1 -F --pid="$QPID" "$CONSOLE" 2>/dev/null | while IFS= read -r line; do
+     line=${line%$'\r'}
+     case $line in
+         hpnlab-lane:*pytest\ start*) on=1; echo "  $line";;
+         hpnlab-lane:*) echo "  $line";;
+         *) [ $on = 1 ] && echo "  | $line";;
+     esac
+ done) &
 TPID=$!
 # If the kernel has not printed anything by BOOT_TIMEOUT, qemu cannot boot it here.
 (for _ in $(seq "$BOOT_TIMEOUT"); do

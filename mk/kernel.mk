@@ -1,0 +1,22 @@
+# The full-kernel lane (issue 6): a stock Debian kernel under qemu runs the tests marked
+# `kernel` (OVS kernel datapath, netem, RED/ECN), which this machine's kernel cannot.
+# Called by `make test-kernel` (and so by `make test` and .ci/run).
+#
+#   sudo make test-kernel                         the lane (tests/kernel)
+#   sudo make -f mk/kernel.mk test-kernel KERNEL_TESTS=tests/kernel/test_x.py
+#   sudo make -f mk/kernel.mk kernel-image        build/refresh the cached guest only
+#   HPNLAB_KERNEL_LANE=skip make test             skip the lane, saying so
+#
+# The kernel, initramfs and root image are cached machine-wide in
+# $(HPNLAB_KERNEL_LANE_CACHE) (default /var/cache/hpnlab/kernel-lane), keyed by the
+# kernel version, tools/kernel_lane/packages.txt and setup.cfg's requirements.
+
+KERNEL_TESTS ?= tests/kernel
+
+.PHONY: test-kernel kernel-image
+
+test-kernel:
+	@tools/kernel_lane/run.sh $(KERNEL_TESTS)
+
+kernel-image:
+	@tools/kernel_lane/build.sh >/dev/null
