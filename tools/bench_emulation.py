@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Benchmark: time for an emulated fabric to come up, host count, and CPU headroom.
+
+For mini-hpn and the largest preset that fits this machine (small-hpn: 32 hosts x 2 planes;
+goal: up in < 60 s on 2 cores) it prints, measured in this run: seconds to controller ready,
+network built, all switches connected, all host-port pairs verified; the ratio to the goal;
+and CPU use of the whole machine idle with the fabric up and while every host sends TCP to
+a partner at its shaped rate (headroom = 1 - busy share). Needs root and Open vSwitch; when
+they are missing it says so and exits 0 (nothing to measure).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def cpu_times() -> tuple[float, float]:
+    vals = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = vals[3] + vals[4]
+    return sum(vals), idle
+
+
+def proc_cpu_s(pids) -> float:
+    """CPU seconds (user + system) used so far by these processes."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(f[11]) + int(f[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def fabric_pids(emu) -> list[int]:
+    """ovs-vswitchd (it forwards every packet) and the controller process."""
+    pids = []
+    try:
+        pids.append(int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().strip()))
+    except (OSError, ValueError):
+        pass
+    if emu.controller_proc is not None:
+        pids.append(emu.controller_proc.pid)
+    return pids
+
+
+def busy_share(seconds: float, pids=()) -> tuple[float, float]:
+    """(share of all CPUs busy machine-wide, cores used by `pids`) over `seconds`."""
+    t1, i1 = cpu_times()
+    c1 = proc_cpu_s(pids)
+    w1 = time.monotonic()
+    time.sleep(seconds)
+    t2, i2 = cpu_times()
+    c2 = proc_cpu_s(pids)
+    return 1.0 - (i2 - i1) / max(t2 - t1, 1e-9), (c2 - c1) / (time.monotonic() - w1)
+
+
+def load_share(emu, seconds: float) -> tuple[float, float]:
+    """Busy share while half the hosts send TCP to the other half (plane 0); returns (busy, Mbit/s total)."""
+    hosts = emu.hosts
+    half = len(hosts) // 2
+    servers, clients = [], []
+    for i in range(half):
+        dst = hosts[half + i]
+        servers.append(emu.popen(dst, ["iperf3", "-s", "-1", "-B", emu.ip(dst), "-p", "5301"]))
+    time.sleep(0.5)
+    for i in range(half):
+        src, dst = hosts[i], hosts[half + i]
+        clients.append(emu.popen(src, ["iperf3", "-c", emu.ip(dst), "-B", emu.ip(src), "-p", "5301",
+                                       "-t", f"{seconds + 2:g}", "-J"]))
+    time.sleep(1.0)
+    busy = busy_share(seconds, fabric_pids(emu))
+    import json
+    total = 0.0
+    for c in clients:
+        out, _ = c.communicate(timeout=seconds + 30)
+        try:
+            total += json.loads(out.decode())["end"]["sum_received"]["bits_per_second"] / 1e6
+        except (ValueError, KeyError):
+            pass
+    for s in servers:
+        s.wait(timeout=10)
+    return busy, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("presets", nargs="*", default=["mini-hpn", "small-hpn"])
+    ap.add_argument("--goal-s", type=float, default=60.0)
+    ap.add_argument("--load-s", type=float, default=4.0)
+    args = ap.parse_args()
+    from fabric import kernel
+    from fabric.emulation import Emulation
+
+    caps = kernel.probe(deep=False)
+    if not caps.root or not caps.ovs_running or not caps.mininet:
+        print("bench_emulation: needs root, a running Open vSwitch and Mininet; nothing measured")
+        return 0
+    print(f"machine: {caps.cpus} cores, datapath {caps.datapath}; goal: up in < {args.goal_s:g} s")
+    print(f"{'preset':<12} {'hosts':>5} {'ports':>5} {'switches':>8} {'ctl':>6} {'built':>6} {'conn':>6} "
+          f"{'up':>6} {'up/goal':>7} {'stop':>5} {'idle busy':>9} {'load busy':>9} {'fabric cores':>12} "
+          f"{'headroom':>8} {'TCP Mb/s':>8} {'of shaped':>9}")
+    ok = True
+    for preset in args.presets:
+        emu = Emulation(preset, controller="hpnlab", lock_wait_s=300, log=None)
+        emu.start()
+        try:
+            idle, _ = busy_share(2.0)
+            (busy, fabric_cores), mbps = load_share(emu, args.load_s)
+        finally:
+            t = time.monotonic()
+            emu.stop()
+            stop_s = time.monotonic() - t
+        tm = emu.timings
+        s = emu.scenario
+        ratio = tm["up_s"] / args.goal_s
+        ok &= ratio < 1.0
+        print(f"{preset:<12} {s.hosts:>5} {s.hosts * s.ports_per_host:>5} "
+              f"{emu.graph.number_of_nodes() - s.hosts:>8} {tm['controller_s']:>6.1f} {tm['built_s']:>6.1f} "
+              f"{tm['connected_s']:>6.1f} {tm['up_s']:>6.1f} {ratio:>7.2f} {stop_s:>5.1f} {idle:>9.0%} "
+              f"{busy:>9.0%} {fabric_cores:>12.2f} {1 - fabric_cores / caps.cpus:>8.0%} {mbps:>8.1f} "
+              f"{mbps / (s.hosts // 2 * s.emulation.host_mbps):>9.0%}", flush=True)
+    print("columns: seconds from start to controller ready / network built / switches connected / all pairs "
+          "verified; busy = share of all CPUs in use machine-wide (idle fabric, then half the hosts sending "
+          "TCP to the other half at their shaped rate; other work on the machine counts too); fabric cores = "
+          "CPU used by ovs-vswitchd + controller under that load; headroom = 1 - fabric cores / cores; "
+          "of shaped = TCP delivered / sum of the senders' shaped rates")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
