@@ -193,14 +193,17 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                     for sends, recvs in plan:
                         if not sends and not recvs:
                             continue
+                        # a rank moves on as soon as its data is in; its sends finish in
+                        # the background (copied), as a NIC's send queue would
                         got = t.exchange([(x.dst, col.source_bytes(x, src_in, work)) for x in sends],
-                                         [(x.src, x.nbytes) for x in recvs])
+                                         [(x.src, x.nbytes) for x in recvs], wait_sends=False)
                         for x, data in zip(recvs, got):
                             col.deliver(work, x, data)
-                    elapsed = time.perf_counter() - t0
+                    elapsed = time.perf_counter() - t0     # this rank has its whole result
+                    t.flush()                              # its last sends are acknowledged
                     if it >= job.warmup:
                         times.append(elapsed)
-                        timed_wall += elapsed
+                        timed_wall += time.perf_counter() - t0   # CPU share over the same span
                         timed_cpu += _cpu_s() - c0
                         if expected is not None:
                             off, nb = sched.result_slice(rank)
@@ -559,3 +562,87 @@ if __name__ == "__main__":
         sys.exit(worker_main(sys.argv[2:]))
     print("usage: python -m fabric.ranks worker JOB_JSON RANK", file=sys.stderr)
     sys.exit(2)
+
+
+# ---- placement on a fabric graph (pure) ------------------------------------------------------
+
+PLACEMENTS = ("cross-rail", "same-rail", "cross-plane", "cross-campus")
+
+
+@dataclass
+class Placed:
+    host: str
+    rail: int
+    addrs: list           # one address per plane used, plane order
+    planes: list
+
+
+def place(g, placement: str = "cross-rail", nranks: int | None = None, jobs: int = 1) -> list[list[Placed]]:
+    """Choose each job's ranks on the fabric graph: one rank per NIC (rail) of a host, using
+    that NIC's port on every plane (``fabric.graph.host_ports``). Jobs get disjoint hosts.
+
+    same-rail     ranks on rail 0 of hosts of one segment: every ring neighbour is under the
+                  same leaf in each plane (leaf-local traffic, no spine). Job j takes segment j.
+    cross-rail    ranks spread over segments and rails, rank i on rail i mod rails, hosts
+                  taken round-robin across segments: neighbours sit under different leaves,
+                  so traffic crosses the spines (the default).
+    cross-plane   as cross-rail, but job j uses only plane j mod planes (one port per rank):
+                  concurrent jobs are separated by plane; one job shows the single-plane case.
+    cross-campus  ranks alternate between campuses (needs a scenario with campuses > 1):
+                  every ring step crosses the long-haul links.
+    """
+    from . import graph as fgraph
+
+    if placement not in PLACEMENTS:
+        raise UserError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    s = g.graph["scenario"]
+    hosts = sorted(fgraph.hosts(g), key=lambda h: g.nodes[h]["index"])
+    ports = {h: fgraph.host_ports(g, h) for h in hosts}
+
+    def rank_on(h: str, rail: int, planes: list[int]) -> Placed:
+        mine = sorted((p for p in ports[h] if p["rail"] == rail and p["plane"] in planes),
+                      key=lambda p: p["plane"])
+        return Placed(h, rail, [p["ip"] for p in mine], [p["plane"] for p in mine])
+
+    all_planes = list(range(s.planes))
+    groups: list[list[str]] = []
+    if placement == "same-rail":
+        by_seg: dict = {}
+        for h in hosts:
+            d = g.nodes[h]
+            by_seg.setdefault((d["campus"], d["pod"], d["segment"]), []).append(h)
+        segs = list(by_seg.values())
+        if jobs > len(segs):
+            raise UserError(f"same-rail: {jobs} jobs need {jobs} segments, the scenario has {len(segs)}")
+        want = nranks or len(segs[0])
+        if want > len(segs[0]):
+            raise UserError(f"same-rail: a segment has {len(segs[0])} hosts, asked for {want} ranks "
+                            f"(lower --ranks or use cross-rail)")
+        return [[rank_on(h, 0, all_planes) for h in segs[j][:want]] for j in range(jobs)]
+    if placement == "cross-campus":
+        if s.campuses < 2:
+            raise UserError(f"cross-campus needs a scenario with several campuses ({s.name} has 1; "
+                            f"try mini-cross-campus)")
+        by_campus = [[h for h in hosts if g.nodes[h]["campus"] == c] for c in range(s.campuses)]
+        order = [h for tup in zip(*by_campus) for h in tup]
+    else:
+        by_seg = {}
+        for h in hosts:
+            d = g.nodes[h]
+            by_seg.setdefault((d["campus"], d["pod"], d["segment"]), []).append(h)
+        order = [h for tup in zip(*by_seg.values()) for h in tup]
+    per_job = nranks or len(order) // jobs
+    if per_job < 2:
+        raise UserError(f"{placement}: {len(order)} hosts cannot give {jobs} jobs of at least 2 ranks")
+    if per_job * jobs > len(order):
+        raise UserError(f"{placement}: {jobs} job(s) of {per_job} ranks need {per_job * jobs} hosts, "
+                        f"the scenario has {len(order)} usable")
+    out = []
+    for j in range(jobs):
+        mine = order[j::jobs][:per_job]     # interleave so every job spans the segments
+        planes = [j % s.planes] if placement == "cross-plane" else all_planes
+        out.append([rank_on(h, (i % s.rails) if placement != "cross-campus" else 0, planes)
+                    for i, h in enumerate(mine)])
+    return out

@@ -65,6 +65,8 @@ def add_generator_args(p, *, hosts: bool = True) -> None:
                    help="roce loss recovery (default selective)")
     p.add_argument("--no-dcqcn", action="store_true", help="roce: no DCQCN rate control (ignore CNPs)")
     p.add_argument("--ports-per-nic", type=int, default=8, help="roce spray: UDP source ports per NIC port")
+    p.add_argument("--pace", type=float, default=1.0,
+                   help="roce: each NIC port sends at this fraction of line rate (default 1.0)")
     p.add_argument("--window", type=int, default=64, help="roce: packets in flight per flow (default 64)")
     p.add_argument("--timeout", type=float, default=15.0, help="seconds of silence before a rank is declared lost")
     p.add_argument("--port", type=int, default=0, help="base port (rank r uses base+r; roce 4791, tcp 29500)")
@@ -86,12 +88,15 @@ def add_generator_args(p, *, hosts: bool = True) -> None:
 def jobs_from_args(args, addrs_per_job: list[list[list[str]]], line_rate_bps: float, mtu: int,
                    labels: list[list[str]] | None = None) -> list[ranks.Job]:
     name = col.canonical(args.collective)
+    if args.transport == "roce" and args.entropy == "adaptive":
+        raise UserError("entropy 'adaptive' is a hook for the adaptive-routing work and has no policy "
+                        "yet; use --entropy flow or spray")
     lo, hi = col.parse_size(args.minbytes), col.parse_size(args.maxbytes)
     sizes = col.sweep(lo, hi, args.stepfactor, col.parse_size(args.stepbytes))
     opts = {}
     if args.transport == "roce":
         opts = {"recovery": args.recovery, "dcqcn": not args.no_dcqcn,
-                "ports_per_nic": args.ports_per_nic, "window_pkts": args.window}
+                "ports_per_nic": args.ports_per_nic, "window_pkts": args.window, "pace": args.pace}
     jobs = []
     for j, addrs in enumerate(addrs_per_job):
         n = len(addrs)
@@ -133,7 +138,8 @@ def present(results: list[dict], out_dir: Path, meta: dict, say=print) -> Path:
     path = report.write_json(doc, out_dir / "results.json")
     plots = [report.plot_busbw(results, out_dir / "busbw.png")]
     for r in results:
-        plots.append(report.plot_flow_rates(r, out_dir / f"flows-job{r.get('job', 0)}.png"))
+        tag = "-".join(str(x) for x in (r["collective"], r["transport"], r.get("entropy")) if x)
+        plots.append(report.plot_flow_rates(r, out_dir / f"flows-{tag}-job{r.get('job', 0)}.png"))
     say(f"results: {path}  plots: {', '.join(str(p) for p in plots)}")
     return path
 

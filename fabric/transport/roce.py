@@ -271,7 +271,7 @@ class RoceTransport(Transport):
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
                  ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.02,
-                 sample_s: float = 0.025, burst_s: float = 0.004):
+                 sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in POLICIES:
@@ -279,6 +279,9 @@ class RoceTransport(Transport):
         self.rank, self.nranks, self.addrs = rank, len(addrs), addrs
         self.planes = len(addrs[rank])
         self.base_port = base_port
+        if not 0.1 <= pace <= 1.0:
+            raise TransportError(f"pace must be between 0.1 and 1 (a fraction of line rate), got {pace}")
+        self.pace = pace
         self.line_rate_bps = float(line_rate_bps)    # per NIC port (plane)
         self.payload = mtu - IP_UDP - HDR.size
         if self.payload < 64:
@@ -296,8 +299,11 @@ class RoceTransport(Transport):
         self.min_rto_s = min_rto_s
         self.sample_s = sample_s
         self.burst_s = burst_s
+        # A flow's top rate is what its paths can carry: one port with flow entropy, every
+        # plane's port when it sprays (the NIC pacers still hold each port to line rate).
+        self.flow_max_bps = self.line_rate_bps * (self.planes if entropy != "flow" else 1)
         if dcqcn is True:
-            dcqcn = DcqcnParams.scaled(self.line_rate_bps, self.payload)
+            dcqcn = DcqcnParams.scaled(self.flow_max_bps, self.payload)
         self.dcqcn_params = dcqcn or None
         self.tx: dict[int, _TxFlow] = {}
         self.rx: dict[int, _RxFlow] = {}
@@ -313,7 +319,7 @@ class RoceTransport(Transport):
     def info(self) -> dict:
         return {"transport": "roce", "entropy": self.entropy, "recovery": self.recovery,
                 "mtu": self.mtu, "payload_bytes": self.payload, "line_rate_bps": self.line_rate_bps,
-                "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window,
+                "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window, "pace": self.pace,
                 "reorder_threshold": self.reorder_threshold, "ecn": self.ecn,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
@@ -353,7 +359,12 @@ class RoceTransport(Transport):
                 self.rx[r] = _RxFlow(r)
 
     # ---- the step ----------------------------------------------------------------------
-    def exchange(self, sends, recvs):
+    def exchange(self, sends, recvs, wait_sends: bool = True):
+        """Post ``sends`` and ``recvs``; return the received payloads once every receive has
+        arrived and (``wait_sends``) every send is acknowledged. With ``wait_sends=False`` the
+        sends are copied and complete in the background of later calls (as a NIC's send
+        queue does), so a rank moves to its next step as soon as its data is in;
+        :meth:`flush` waits for them."""
         now = time.monotonic()
         waiting = []                                  # (flow, msg id) not yet acknowledged
         for peer, data in sends:
@@ -361,12 +372,35 @@ class RoceTransport(Transport):
             mid = f.msg_next
             f.msg_next += 1
             mv = memoryview(data).cast("B")
-            waiting.append((f, mid))
             if len(mv) == 0:
-                f.done_msgs.add(mid)
                 continue
+            if not wait_sends:
+                mv = memoryview(bytes(mv))
+            else:
+                waiting.append((f, mid))
             f.queue.append((mid, mv))
             f.last_progress = now
+
+        def sends_done() -> bool:
+            if all(m in f.done_msgs for f, m in waiting):
+                for f, m in waiting:
+                    f.done_msgs.discard(m)
+                return True
+            return False
+        return self._run(recvs, sends_done)
+
+    def flush(self) -> None:
+        """Wait until everything sent so far is acknowledged."""
+        def idle() -> bool:
+            if any(f.queue or f.cur or f.unacked for f in self.tx.values()):
+                return False
+            for f in self.tx.values():
+                f.done_msgs.clear()
+            return True
+        self._run([], idle)
+
+    def _run(self, recvs, sends_done):
+        now = time.monotonic()
         results: list = [None] * len(recvs)
         want = deque(range(len(recvs)))
         started = now
@@ -390,9 +424,7 @@ class RoceTransport(Transport):
                         results[i] = data
                         want.remove(i)
                 self._flush_acks()
-                if not want and all(m in f.done_msgs for f, m in waiting):
-                    for f, m in waiting:
-                        f.done_msgs.discard(m)
+                if not want and sends_done():
                     return results
                 wake = self._send_and_timers(now)
                 wait = min(max(0.0, wake - time.monotonic()), 0.005)
@@ -482,9 +514,10 @@ class RoceTransport(Transport):
                 # credit for a late wake-up (a busy CPU): catch up by at most max(2 packets,
                 # burst_s at line rate), which the sending port's buffer absorbs
                 burst = max(2 * wire / self.line_rate_bps, self.burst_s)
-                self.nic_next[plane] = max(self.nic_next[plane], now - burst) + wire / self.line_rate_bps
+                self.nic_next[plane] = (max(self.nic_next[plane], now - burst)
+                                        + wire / (self.line_rate_bps * self.pace))
                 if f.dcqcn:
-                    f.next_t = max(f.next_t, now - burst) + wire / f.dcqcn.rc
+                    f.next_t = max(f.next_t, now - self.burst_s) + wire / f.dcqcn.rc
                     f.dcqcn.on_sent(len(e[3]))
                 progressed = True
             if progressed:
@@ -531,7 +564,8 @@ class RoceTransport(Transport):
         f.rto = min(1.0, (f.rto or max(self.min_rto_s, 0.2)) * 2)
 
     # ---- receiving ---------------------------------------------------------------------
-    def _poll_rx(self) -> None:
+    def _poll_rx(self) -> int:
+        got = 0
         for plane, s in enumerate(self.rx_socks):
             while True:
                 try:
@@ -541,7 +575,9 @@ class RoceTransport(Transport):
                 except ConnectionRefusedError:
                     continue
                 tos = anc[0][2][0] if anc else 0
+                got += 1
                 self._on_packet(data, tos, plane)
+        return got
 
     def _on_packet(self, data: bytes, tos: int, plane: int = 0) -> None:
         if len(data) < HDR.size:
@@ -692,7 +728,7 @@ class RoceTransport(Transport):
             f, r = self.tx[peer], self.rx[peer]
             out.append({"side": "tx", "src": self.rank, "dst": peer, **f.stats,
                         "rate_cuts": f.dcqcn.cuts if f.dcqcn else 0,
-                        "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.line_rate_bps,
+                        "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.flow_max_bps,
                         "srtt_us": (f.srtt or 0) * 1e6, "samples": f.samples})
             out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats})
         return out
@@ -707,9 +743,25 @@ class RoceTransport(Transport):
                     for p in range(self.planes):
                         self._control(ABORT, r, p, 0, 0, 0)
 
-    def close(self) -> None:
+    def close(self, linger_s: float = 3.0, quiet_s: float = 0.5) -> None:
+        """Keep answering for a while (like TCP's TIME_WAIT): a peer whose last ACK was lost
+        retransmits, and only a rank still listening can acknowledge it. Ends after
+        ``quiet_s`` without packets, at most ``linger_s``."""
+        if self.rx_socks and linger_s > 0:
+            now = time.monotonic()
+            deadline, last = now + linger_s, now
+            try:
+                while now < deadline and now - last < quiet_s:
+                    select.select(self.rx_socks, [], [], 0.05)
+                    if self._poll_rx():
+                        last = time.monotonic()
+                    self._flush_acks()
+                    now = time.monotonic()
+            except (OSError, TransportError):
+                pass
         for s in self.rx_socks + self.tx_socks:
             s.close()
+        self.rx_socks, self.tx_socks = [], []
 
 
 def _first_for_peer(want, recvs, i, peer) -> bool:

@@ -10,6 +10,7 @@ deliveries, bytes acked) are the per-flow counters.
 from __future__ import annotations
 
 import errno
+import select
 import selectors
 import socket
 import struct
@@ -145,7 +146,9 @@ class TcpTransport(Transport):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sndbuf)
         self.conns[peer] = _Conn(peer, s, ip)
 
-    def exchange(self, sends, recvs):
+    def exchange(self, sends, recvs, wait_sends: bool = True):
+        """See ``fabric.transport``; with ``wait_sends=False`` the sends are copied and written
+        in the background of later calls (``flush`` finishes them)."""
         results: list = [None] * len(recvs)
         slots: dict[int, list[int]] = {}
         for i, (peer, nbytes) in enumerate(recvs):
@@ -155,8 +158,11 @@ class TcpTransport(Transport):
         for peer, data in sends:
             c = self.conns[peer]
             mv = memoryview(data).cast("B")
+            if not wait_sends:
+                mv = memoryview(bytes(mv))
             c.out.append(memoryview(HDR.pack(MAGIC, len(mv))))
             c.out.append(mv)
+        mine = {peer for peer, _ in sends} if wait_sends else set()
         active = {c.peer for c in self.conns.values() if c.out or c.inq}
         for peer in active:
             c = self.conns[peer]
@@ -165,7 +171,7 @@ class TcpTransport(Transport):
         pending_recv = len(recvs)
         last_progress = time.monotonic()
         try:
-            while pending_recv or any(self.conns[p].out for p in active):
+            while pending_recv or any(self.conns[p].out for p in mine):
                 events = self.sel.select(timeout=0.2)
                 now = time.monotonic()
                 if not events and now - last_progress > self.timeout_s:
@@ -194,6 +200,24 @@ class TcpTransport(Transport):
                 except (KeyError, ValueError):
                     pass
         return results
+
+    def flush(self) -> None:
+        """Write out everything still queued (the kernel then delivers it)."""
+        last = time.monotonic()
+        while True:
+            pending = [c for c in self.conns.values() if c.out]
+            if not pending:
+                return
+            _, writable, _ = select.select([], [c.sock for c in pending], [], 0.2)
+            for c in pending:
+                if c.sock in writable:
+                    before = c.sent_bytes
+                    self._write(c)
+                    if c.sent_bytes != before:
+                        last = time.monotonic()
+            if time.monotonic() - last > self.timeout_s:
+                c = pending[0]
+                raise PeerLost(c.peer, c.addr, f"took nothing for {self.timeout_s:g} s")
 
     def _write(self, c: _Conn) -> None:
         while c.out:
