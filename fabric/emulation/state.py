@@ -45,21 +45,33 @@ def runs_dir() -> Path:
     return RUN_DIR / "runs"
 
 
-def _pid_start(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot), or None when it does not exist."""
+def _pid_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (field 3 = state first), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name may contain spaces: fields after the last ')'
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _pid_start(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot), or None when it does not exist."""
+    fields = _pid_stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def pid_alive(pid: int, start: int | None = None) -> bool:
-    now = _pid_start(pid)
-    if now is None:
+    """The process exists, is not a zombie, and (if given) started at ``start``."""
+    fields = _pid_stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        if fields is not None:
+            try:  # our own child: reap it
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
         return False
-    return start is None or now == start
+    return start is None or int(fields[19]) == start
 
 
 # ---- the lock ---------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Pure parts of the emulation harness (no root): sizing, loops, shaping, ECN defaults, timelines, state."""
+from __future__ import annotations
+
+import pytest
+
+from fabric import graph, spec
+from fabric.emulation import shaping
+from fabric.emulation.ecn import default_thresholds
+from fabric.emulation.harness import check_fits, estimate, has_loops
+from fabric.emulation.timeline import load as load_timeline
+from fabric.errors import UserError
+
+
+def _g(name, **over):
+    return graph.build(spec.load(name, over))
+
+
+def test_estimate_counts_hosts_switches_links_and_packet_rate():
+    est = estimate(_g("mini-hpn"), cpus=2)
+    assert (est["hosts"], est["switches"], est["links"], est["host_ports"]) == (16, 12, 48, 32)
+    # 32 host ports at 10 Mbit/s in 1514-byte frames
+    assert est["pps_full_load_per_hop"] == round(32 * 10e6 / (8 * 1514))
+    assert est["fits"]
+
+
+def test_check_fits_refuses_too_many_nodes_with_the_numbers():
+    with pytest.raises(UserError, match=r"128 hosts \+ 80 switches = 208 nodes.*at most 128"):
+        check_fits(_g("fat-tree-8"), cpus=2)
+    assert check_fits(_g("fat-tree-8", emulation={"host_mbps": 2}), cpus=4)["fits"]
+
+
+def test_check_fits_refuses_a_packet_rate_beyond_userspace_ovs():
+    g = _g("small-hpn", emulation={"host_mbps": 100, "max_mbps": 400})
+    with pytest.raises(UserError, match="too fast.*packets/s"):
+        check_fits(g, cpus=2)
+
+
+def test_loops_are_found_in_clos_fabrics_and_not_in_trees():
+    assert has_loops(_g("mini-hpn"))
+    assert not has_loops(_g("mini-hpn", spines_per_plane=1, oversubscription=None))
+    assert has_loops(_g("mini-hpn", spines_per_plane=1, leaf_spine_links=2, oversubscription=None))
+
+
+def test_shaping_uses_htb_and_a_port_buffer_and_netem_only_when_present():
+    shape = shaping.Shape("p0l0-eth1", 10.0, delay_us=100.0)
+    with_netem = shaping.tc_lines(shape, netem=True)
+    without = shaping.tc_lines(shape, netem=False)
+    assert "htb rate 10mbit ceil 10mbit" in with_netem[1]
+    assert "netem delay 100us" in with_netem[2]
+    assert "bfifo limit" in without[2] and "netem" not in " ".join(without)
+    assert shape.queue_bytes == max(32 * 1514, int(10e6 / 8 * 0.05))
+
+
+def test_ecn_defaults_keep_the_dcqcn_shape_and_at_least_four_frames():
+    kmin, kmax, pmax = default_thresholds(10.0, mtu=1500)
+    assert kmin == 4 * 1514 and kmax == 4 * kmin and pmax == 0.2
+    kmin_fast, _, _ = default_thresholds(1000.0, mtu=1500)
+    assert kmin_fast == int(1000e6 / 8 * 0.002)
+
+
+def test_timeline_is_validated_against_the_fabric():
+    g = _g("mini-hpn")
+    events = load_timeline([{"at": 2, "action": "link_up", "link": "p0l0-p0s0"},
+                            {"at": 1, "action": "link_down", "link": ["p0l0", "p0s0"]},
+                            {"at": 1.5, "action": "switch_down", "switch": "p1s1"}], g)
+    assert [e.at for e in events] == [1, 1.5, 2]
+    bad = [
+        ([{"at": 1, "action": "explode", "link": "p0l0-p0s0"}], "action must be one of"),
+        ([{"at": -1, "action": "link_down", "link": "p0l0-p0s0"}], "'at' must be"),
+        ([{"at": 1, "action": "link_down", "link": "p0l0-p1s0"}], "no link between p0l0 and p1s0"),
+        ([{"at": 1, "action": "switch_down", "switch": "h1"}], "must name a switch"),
+        ([{"at": 1, "action": "link_down", "link": "p0l0-p0s0", "key": 3}], "no parallel link 3"),
+        ([{"at": 1, "action": "link_down", "lnk": "p0l0-p0s0"}], "unknown field 'lnk'"),
+        ([], "non-empty list"),
+    ]
+    for data, message in bad:
+        with pytest.raises(UserError, match=message):
+            load_timeline(data, g)
+
+
+def test_timeline_file_errors_are_one_line(tmp_path):
+    g = _g("mini-hpn")
+    with pytest.raises(UserError, match="not found"):
+        load_timeline(tmp_path / "missing.yaml", g)
+    broken = tmp_path / "t.yaml"
+    broken.write_text("events: [\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_timeline(broken, g)
+    good = tmp_path / "t.json"
+    good.write_text('{"events": [{"at": 0.5, "action": "switch_up", "switch": "p0s1"}]}')
+    assert load_timeline(good, g)[0].target == ("p0s1",)
+
+
+def test_state_file_records_before_creation_and_round_trips(tmp_path, monkeypatch):
+    from fabric.emulation import state
+    monkeypatch.setattr(state, "RUN_DIR", tmp_path)
+    run = state.RunState.new("mini-hpn")
+    run.add_bridges(["p0l0", "p0l0"])
+    run.add_interfaces(["p0l0-eth1"])
+    run.add_bpf_pin("/sys/fs/bpf/hpnlab-x")
+    again = state.RunState.load(run.path)
+    assert again.bridges == ["p0l0"] and again.interfaces == ["p0l0-eth1"]
+    assert again.owner_alive()
+    assert [r.run_id for r in state.all_runs()] == [run.run_id]
+
+
+def test_unknown_controller_is_refused_in_one_line():
+    from fabric.emulation import Emulation
+    with pytest.raises(UserError, match="unknown controller 'ryu'"):
+        Emulation("mini-hpn", controller="ryu")
