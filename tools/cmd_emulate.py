@@ -26,6 +26,13 @@ def register(sub) -> None:
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
+    p.add_argument("--servers", metavar="LIST",
+                   help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
+                        "e.g. localhost,node2,node3 (ssh as root without a password to each)")
+    p.add_argument("--placement", default="plane", choices=("plane", "switch-bin", "round-robin", "random"),
+                   help="cluster placement: plane (each plane's switches on one server, default), or Mininet's")
+    p.add_argument("--controller-ip", default="127.0.0.1",
+                   help="address the controller listens on and switches dial (a routable one with --servers)")
     p.set_defaults(func=cmd_emulate)
 
 
@@ -37,7 +44,9 @@ def cmd_emulate(args) -> int:
         raise UserError(f"unknown controller {args.controller!r} (known: {', '.join(CONTROLLERS)})")
     overrides = spec.parse_overrides(args.overrides)
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
-                    policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify)
+                    policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
+                    servers=args.servers.split(",") if args.servers else None, placement=args.placement,
+                    controller_ip=args.controller_ip)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "

@@ -191,6 +191,8 @@ class EcnStage:
         mtu = emu.scenario.emulation.mtu
         ports = {}
         for p in emu.switch_ports():
+            if not p["local"]:
+                continue
             ports[p["intf"]] = EcnPort(p["intf"], p["switch"], p["port"], socket.if_nametoindex(p["intf"]),
                                        p["rate_mbps"], Shape(p["intf"], p["rate_mbps"], 0, mtu).queue_bytes)
         state = emu.state

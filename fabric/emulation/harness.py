@@ -109,13 +109,14 @@ def has_loops(g: nx.MultiGraph) -> bool:
 
 # ---- Mininet node classes (built per run: they record what they start) ----------------
 
-def _node_classes(state: RunState, datapath: str, mtu: int):
+def _node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False):
     from mininet.node import Host, OVSSwitch
 
     class HpnlabHost(Host):
         def startShell(self, *args, **kwargs):
             super().startShell(*args, **kwargs)
-            state.add_pid(self.pid, f"host {self.name}", hard=True)
+            if not getattr(self, "isRemote", False):  # a remote pid means nothing here
+                state.add_pid(self.pid, f"host {self.name}", hard=True)
 
     class HpnlabSwitch(OVSSwitch):
         """OVSSwitch whose bridge is marked as ours and which talks to our controller."""
@@ -128,7 +129,8 @@ def _node_classes(state: RunState, datapath: str, mtu: int):
 
         def startShell(self, *args, **kwargs):
             super().startShell(*args, **kwargs)
-            state.add_pid(self.pid, f"switch shell {self.name}", hard=True)
+            if not getattr(self, "isRemote", False):
+                state.add_pid(self.pid, f"switch shell {self.name}", hard=True)
 
         def bridgeOpts(self):
             return super().bridgeOpts() + f" external_ids:{OVS_MARK}={state.run_id}"
@@ -149,17 +151,60 @@ def _node_classes(state: RunState, datapath: str, mtu: int):
                            f"external_ids:{OVS_MARK}={state.run_id} "
                            + " ".join(f"-- set Port {p} qos=@{qid}" for p in ports))
 
-    return HpnlabHost, HpnlabSwitch
+    if not cluster:
+        return HpnlabHost, HpnlabSwitch
+
+    from itertools import groupby
+    from operator import attrgetter
+
+    from mininet.examples.cluster import RemoteHost, RemoteOVSSwitch
+    from mininet.util import errRun
+
+    class ClusterHost(HpnlabHost, RemoteHost):
+        """A host placed on a cluster server (``server=``), local when that is localhost."""
+
+    class ClusterSwitch(HpnlabSwitch, RemoteOVSSwitch):
+        """A switch placed on a cluster server; its bridge is marked and talks to our controller."""
+
+        @classmethod
+        def batchStartup(cls, switches, **_kwargs):
+            # one ovs-vsctl per server; locally without a shell (a pty truncates long lines)
+            for server, group in groupby(sorted(switches, key=attrgetter("server")), attrgetter("server")):
+                group = tuple(group)
+                run = errRun if server == "localhost" else group[0].rcmd
+                OVSSwitch.batchStartup(group, run=run)
+            return switches
+
+    return ClusterHost, ClusterSwitch
+
+
+def plane_placer(graph: nx.MultiGraph):
+    """A MininetCluster placer that puts each plane's switches on one server (planes never
+    share a link, so only host links cross servers) and spreads hosts round-robin."""
+    from mininet.examples.cluster import Placer
+
+    class PlanePlacer(Placer):
+        def place(self, node):
+            n = len(self.servers)
+            data = graph.nodes[node]
+            if data["tier"] == 0:
+                return self.servers[data["index"] % n]
+            return self.servers[(data["plane"] * max(1, data.get("campus", 0) + 1)) % n]
+
+    return PlanePlacer
+
+
+PLACEMENTS = ("plane", "switch-bin", "round-robin", "random")
 
 
 class _Target:
     """What OVSSwitch.start needs to know about a controller."""
 
-    def __init__(self, port: int):
-        self.name, self.protocol, self.port = "c0", "tcp", port
+    def __init__(self, port: int, ip: str = "127.0.0.1"):
+        self.name, self.protocol, self.port, self.ip = "c0", "tcp", port, ip
 
     def IP(self):  # noqa: N802 - Mininet's name
-        return "127.0.0.1"
+        return self.ip
 
 
 # ---- the harness ------------------------------------------------------------------------
@@ -174,6 +219,7 @@ class Emulation:
                  controller: str = "hpnlab", ofp_port: int | None = None, policy: str | None = None,
                  ecn: bool = True, shape: bool = True, verify: bool = True,
                  connect_timeout: float = 60.0, controller_args: Iterable[str] = (), lock_wait_s: float = 0.0,
+                 servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
@@ -190,6 +236,11 @@ class Emulation:
         self.verify = verify
         self.connect_timeout = connect_timeout
         self.lock_wait_s = lock_wait_s
+        self.servers = list(servers) if servers else None
+        if placement not in PLACEMENTS:
+            raise UserError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+        self.placement = placement
+        self.controller_ip = controller_ip
         self.controller_args = list(controller_args)
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
@@ -336,7 +387,7 @@ class Emulation:
         scen_file = self.state.run_dir / "scenario.yaml"
         scen_file.write_text(yaml.safe_dump(spec.to_dict(self.scenario), sort_keys=False))
         cmd = [sys.executable, "-m", "controller", str(scen_file), "--ofp-port", str(port),
-               "--listen", "127.0.0.1"]
+               "--listen", self.controller_ip]
         if self.policy:
             cmd += ["--policy", self.policy]
         cmd += self.controller_args
@@ -371,16 +422,36 @@ class Emulation:
         setLogLevel("error")
         s = self.scenario
         state = self.state
-        host_cls, switch_cls = _node_classes(state, self.caps.datapath, s.emulation.mtu)
-        switch_cls.targets = [_Target(self.ofp_port)] if self.controller == "hpnlab" else []
+        cluster = self.servers is not None
+        host_cls, switch_cls = _node_classes(state, self.caps.datapath, s.emulation.mtu, cluster)
+        switch_cls.targets = ([_Target(self.ofp_port, self.controller_ip)]
+                              if self.controller == "hpnlab" else [])
         fail_mode = "secure" if self.controller == "hpnlab" else "standalone"
         topo = FabricTopo(self.graph)
         # recorded before anything exists: bridges (and their userspace tap), veth names
         state.add_bridges(fgraph.switches(self.graph))
         state.add_interfaces(self._planned_root_interfaces())
-        net = Mininet(topo=topo, switch=lambda name, **p: switch_cls(name, failMode=fail_mode, **p),
-                      host=host_cls, controller=None, link=Link, autoSetMacs=False, autoStaticArp=False,
+        common = dict(topo=topo, switch=lambda name, **p: switch_cls(name, failMode=fail_mode, **p),
+                      host=host_cls, controller=None, autoSetMacs=False, autoStaticArp=False,
                       build=False, waitConnected=False, cleanup=False)
+        if cluster:
+            from mininet.examples import cluster as mncluster
+            placers = {"plane": plane_placer(self.graph), "switch-bin": mncluster.SwitchBinPlacer,
+                       "round-robin": mncluster.RoundRobinPlacer, "random": mncluster.RandomPlacer}
+            ssh_dir = Path(os.environ.get("HOME", "/root")) / ".ssh" / "mn"
+            for d in (ssh_dir.parent, ssh_dir):   # MininetCluster runs mkdir -p on it
+                if not d.exists():
+                    state.add_empty_dir(str(d))
+            net = mncluster.MininetCluster(servers=self.servers, placement=placers[self.placement],
+                                           link=mncluster.RemoteLink, **common)
+            remote = sorted(set(self.servers) - {"localhost"})
+            self.metadata["cluster"] = {"servers": self.servers, "placement": self.placement}
+            if remote:
+                self.metadata.setdefault("not_emulated", []).append(
+                    f"nodes on {', '.join(remote)}: no htb shaping or ECN stage on their switch ports, and "
+                    f"'hpnlab clean' here cannot remove what a killed run left there (run it on each server)")
+        else:
+            net = Mininet(link=Link, **common)
         self.net = net
         net.build()
         self._configure_hosts()
@@ -439,12 +510,19 @@ class Emulation:
                 port = d["ports"][a]
                 out.append({"switch": a, "port": port, "intf": switch_intf_name(a, port), "peer": b,
                             "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
-                            "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"]})
+                            "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
+                            "local": self._is_local(a)})
         return out
+
+    def _is_local(self, node: str) -> bool:
+        """Whether a node runs on this machine (always, unless cluster servers were given)."""
+        if not self.servers or self.net is None:
+            return True
+        return getattr(self.net.get(node), "server", "localhost") == "localhost"
 
     def _configure_switch_ports(self) -> None:
         s = self.scenario
-        ports = self.switch_ports()
+        ports = [p for p in self.switch_ports() if p["local"]]
         for p in ports:
             try:
                 Path(f"/proc/sys/net/ipv6/conf/{p['intf']}/disable_ipv6").write_text("1")

@@ -137,6 +137,7 @@ class RunState:
     pids: list[dict[str, Any]] = field(default_factory=list)
     bpf_pins: list[str] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
+    empty_dirs: list[str] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -187,12 +188,19 @@ class RunState:
             self.dirs.append(path)
             self.save()
 
+    def add_empty_dir(self, path: str) -> None:
+        """A directory we create that others might fill: removed only while it is empty."""
+        if path not in self.empty_dirs:
+            self.empty_dirs.append(path)
+            self.save()
+
     def owner_alive(self) -> bool:
         return pid_alive(self.owner_pid, self.owner_start)
 
     @classmethod
     def load(cls, path: Path) -> "RunState":
         data = json.loads(path.read_text())
+        data.setdefault("empty_dirs", [])
         return cls(**data)
 
 
@@ -355,6 +363,12 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
         if Path(d).is_dir():
             shutil.rmtree(d, ignore_errors=True)
             removed["dirs"] += 1
+    for d in sorted(state.empty_dirs, key=len, reverse=True):  # deepest first
+        try:
+            os.rmdir(d)
+            removed["dirs"] += 1
+        except OSError:
+            pass
     state.path.unlink(missing_ok=True)
     return removed
 
