@@ -119,3 +119,16 @@ def test_mn_custom_overrides_reach_the_emulation_block():
     topo = _load_custom(ROOT / "topologies" / "scenario.py")["scenario"](
         "mini-hpn", **{"emulation.host_mbps": 5})
     assert topo.fabric.graph["scenario"].emulation.host_mbps == 5
+
+
+def test_mn_custom_files_load_the_way_mn_loads_them():
+    """`mn --custom F` exec()s F with no __file__ and takes its `topos` (the repo root need not be on sys.path)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.path = [p for p in sys.path if p not in ('', '.')]; "
+            "f = sys.argv[1]; ns = {}; exec(compile(open(f).read(), f, 'exec'), ns, ns); "
+            "print(len(ns['topos']['hpn'](planes=2).hosts()))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "topologies" / "hpn.py")],
+                         capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "16"

@@ -12,7 +12,9 @@ port numbers. Prefer ``sudo hpnlab emulate`` (controller, shaping, ECN, cleanup)
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# `mn --custom` exec()s this file without __file__: the code object still knows its file name
+_HERE = globals().get("__file__") or sys._getframe(0).f_code.co_filename
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(_HERE))))
 
 from fabric.mn import topo_from  # noqa: E402
 
