@@ -243,7 +243,8 @@ class _TxFlow:
 
 class _RxFlow:
     __slots__ = ("src", "expected", "ooo", "msgs", "complete", "deliver_next", "ready",
-                 "ack_due", "ack_path", "ack_ts", "last_cnp", "last_nack", "stats", "plane")
+                 "ack_due", "ack_path", "ack_ts", "last_cnp", "last_nack", "stats", "plane",
+                 "pending", "ack_at")
 
     def __init__(self, src):
         self.src = src
@@ -254,6 +255,8 @@ class _RxFlow:
         self.deliver_next = 0
         self.ready = deque()          # delivered in order, waiting for a posted receive
         self.ack_due = False
+        self.pending = 0              # packets received since the last ACK
+        self.ack_at = 0.0             # when a delayed ACK is due (0: none)
         self.ack_path = 0
         self.ack_ts = 0
         self.last_cnp = -1.0
@@ -271,7 +274,8 @@ class RoceTransport(Transport):
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
                  ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.02,
-                 sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0):
+                 sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0,
+                 ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in POLICIES:
@@ -299,6 +303,9 @@ class RoceTransport(Transport):
         self.min_rto_s = min_rto_s
         self.sample_s = sample_s
         self.burst_s = burst_s
+        self.lookahead_s = lookahead_s
+        self.ack_every = max(1, ack_every)
+        self.ack_delay_s = ack_delay_s
         # A flow's top rate is what its paths can carry: one port with flow entropy, every
         # plane's port when it sprays (the NIC pacers still hold each port to line rate).
         self.flow_max_bps = self.line_rate_bps * (self.planes if entropy != "flow" else 1)
@@ -314,6 +321,8 @@ class RoceTransport(Transport):
         self.hdr_buf = bytearray(HDR.size)
         self.cpu_busy = 0.0
         self.heard: dict[int, float] = {}
+        self._ep = select.epoll()
+        self._plane_of_fd: dict[int, tuple] = {}
 
     # ---- setup ---------------------------------------------------------------------------
     def info(self) -> dict:
@@ -339,6 +348,8 @@ class RoceTransport(Transport):
             rs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             rs.setblocking(False)
             self.rx_socks.append(rs)
+            self._ep.register(rs.fileno(), select.EPOLLIN)
+            self._plane_of_fd[rs.fileno()] = (plane, rs)
             for _ in range(self.ports_per_nic):
                 ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
                 ts.bind((ip, 0))
@@ -408,9 +419,11 @@ class RoceTransport(Transport):
             if f.queue or f.unacked:
                 f.last_progress = now
         busy_t0 = time.process_time()
+        ready = None                                   # None: try every socket
         try:
             while True:
-                self._poll_rx()
+                if ready is None or ready:
+                    self._poll_rx(ready)
                 now = time.monotonic()
                 # deliver what has arrived, in posting order per peer
                 for i in list(want):
@@ -423,13 +436,14 @@ class RoceTransport(Transport):
                                                  f"message where {nbytes} B were expected (out of step)")
                         results[i] = data
                         want.remove(i)
-                self._flush_acks()
+                ack_at = self._flush_acks(now)
                 if not want and sends_done():
                     return results
                 wake = self._send_and_timers(now)
+                if ack_at:
+                    wake = min(wake, ack_at)
                 wait = min(max(0.0, wake - time.monotonic()), 0.005)
-                if wait > 0:
-                    select.select(self.rx_socks, [], [], wait)
+                ready = self._wait_rx(wait)
                 self._check_peers(now, want, recvs, started)
         finally:
             self.cpu_busy += time.process_time() - busy_t0
@@ -483,20 +497,25 @@ class RoceTransport(Transport):
 
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
+        la = self.lookahead_s
         flows = [f for f in self.tx.values() if f.retx or f.queue or f.cur or f.unacked]
+        for f in flows:
+            if f.dcqcn:
+                f.dcqcn.tick(now)
+            if f.unacked:
+                rto = f.rto or max(self.min_rto_s, 0.2)
+                oldest = f.unacked.get(f.una)
+                if oldest is not None and oldest[4] and now - oldest[4] > rto:
+                    self._timeout(f, now)
         progressed = True
         while progressed:
             progressed = False
             for f in flows:
-                if f.dcqcn:
-                    f.dcqcn.tick(now)
-                if f.unacked:
-                    rto = f.rto or max(self.min_rto_s, 0.2)
-                    oldest = f.unacked.get(f.una)
-                    if oldest is not None and oldest[4] and now - oldest[4] > rto:
-                        self._timeout(f, now)
-                if f.next_t > now:
-                    wake = min(wake, f.next_t)
+                # pacing with a small lookahead: a packet may leave up to `la` before its
+                # slot (the sending port's queue holds at most that), so one wake-up sends a
+                # few packets instead of one
+                if f.next_t > now + la:
+                    wake = min(wake, f.next_t - la)
                     continue
                 # the path (and so the NIC port) is chosen before checking that port's pacer
                 pkt = self._peek_ready(f)
@@ -504,8 +523,8 @@ class RoceTransport(Transport):
                     continue
                 path = self.policy.path(f, f.seq)
                 plane = path // self.ports_per_nic
-                if self.nic_next[plane] > now:
-                    wake = min(wake, self.nic_next[plane])
+                if self.nic_next[plane] > now + la:
+                    wake = min(wake, self.nic_next[plane] - la)
                     continue
                 psn, e, is_retx = self._next_packet(f)
                 self._send(f, psn, e, path, now, is_retx)
@@ -522,7 +541,6 @@ class RoceTransport(Transport):
                 progressed = True
             if progressed:
                 now = time.monotonic()
-                self._poll_rx()
         for f in flows:
             if f.unacked:
                 oldest = f.unacked.get(f.una)
@@ -564,9 +582,13 @@ class RoceTransport(Transport):
         f.rto = min(1.0, (f.rto or max(self.min_rto_s, 0.2)) * 2)
 
     # ---- receiving ---------------------------------------------------------------------
-    def _poll_rx(self) -> int:
+    def _wait_rx(self, timeout: float) -> list:
+        """(plane, socket) pairs with packets waiting, after at most ``timeout`` seconds."""
+        return [self._plane_of_fd[fd] for fd, _ in self._ep.poll(timeout)]
+
+    def _poll_rx(self, ready=None) -> int:
         got = 0
-        for plane, s in enumerate(self.rx_socks):
+        for plane, s in (ready if ready is not None else enumerate(self.rx_socks)):
             while True:
                 try:
                     data, anc, _, _ = s.recvmsg(65536, 64)
@@ -625,6 +647,7 @@ class RoceTransport(Transport):
                 self._control(NACK, r.src, r.plane, path, r.expected, 1)
             return
         # place the payload (reassembly buffer keyed by message)
+        completed = False
         if mid >= r.deliver_next and mid not in r.complete:
             m = r.msgs.get(mid)
             if m is None:
@@ -633,6 +656,7 @@ class RoceTransport(Transport):
             m[0][off:off + len(payload)] = payload
             m[1] += len(payload)
             if m[1] >= mlen:
+                completed = True
                 r.complete[mid] = m[0]
                 del r.msgs[mid]
                 while r.deliver_next in r.complete:
@@ -651,7 +675,14 @@ class RoceTransport(Transport):
             depth = psn - r.expected
             if depth > st["max_reorder"]:
                 st["max_reorder"] = depth
-        r.ack_due, r.ack_ts, r.ack_path = True, ts, path
+        # ACK coalescing (as NICs do): at once when a message completes, on reordering, or
+        # every ack_every packets; otherwise within ack_delay_s
+        r.ack_ts, r.ack_path = ts, path
+        r.pending += 1
+        if completed or r.ooo or r.pending >= self.ack_every:
+            r.ack_due = True
+        elif not r.ack_at:
+            r.ack_at = now + self.ack_delay_s
         if r.ooo and self.recovery == "selective":
             beyond = max(r.ooo) - r.expected
             if beyond >= self.reorder_threshold and (
@@ -663,11 +694,18 @@ class RoceTransport(Transport):
                 st["nacks_sent"] += 1
                 self._control(NACK, r.src, r.plane, path, r.expected, hole)
 
-    def _flush_acks(self) -> None:
+    def _flush_acks(self, now: float = 0.0, force: bool = False) -> float:
+        """Send the ACKs that are due; return when the next delayed one is (0: none)."""
+        nxt = 0.0
         for r in self.rx.values():
-            if r.ack_due:
+            if r.ack_due or (r.ack_at and (force or now >= r.ack_at)):
                 r.ack_due = False
+                r.pending = 0
+                r.ack_at = 0.0
                 self._control(ACK, r.src, r.plane, r.ack_path, r.expected, 0, r.ack_ts)
+            elif r.ack_at and (not nxt or r.ack_at < nxt):
+                nxt = r.ack_at
+        return nxt
 
     def _control(self, typ, peer, plane, path, psn, extra, ts=0) -> None:
         HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, 0, 0, ts)
@@ -755,13 +793,14 @@ class RoceTransport(Transport):
                     select.select(self.rx_socks, [], [], 0.05)
                     if self._poll_rx():
                         last = time.monotonic()
-                    self._flush_acks()
+                    self._flush_acks(force=True)
                     now = time.monotonic()
             except (OSError, TransportError):
                 pass
         for s in self.rx_socks + self.tx_socks:
             s.close()
         self.rx_socks, self.tx_socks = [], []
+        self._ep.close()
 
 
 def _first_for_peer(want, recvs, i, peer) -> bool:
