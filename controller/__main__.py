@@ -7,9 +7,24 @@ print one line containing ``ready`` once the OpenFlow port accepts connections.
 """
 from __future__ import annotations
 
+import os
+
+if __name__ == "__main__":
+    # os-ken's default "native" hub cannot stop a connection's sender thread, so a switch
+    # that disconnects is never reported (no DEAD_DISPATCHER event). The eventlet hub is
+    # what Ryu always used; it must patch the standard library before anything else loads.
+    os.environ.setdefault("OSKEN_HUB_TYPE", "eventlet")
+    import warnings
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # eventlet's deprecation notice
+            from os_ken.lib import hub as _hub
+        _hub.patch(thread=True)
+    except ImportError:   # reported as one line by run()
+        pass
+
 import argparse
 import logging
-import os
 import socket
 import sys
 import time
@@ -73,11 +88,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
-        for noisy in ("os_ken.base.app_manager", "os_ken.controller.controller"):
+        for noisy in ("os_ken.base.app_manager", "os_ken.controller.controller", "os_ken.lib.hub"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
     from os_ken.lib import hub
-    hub.patch(thread=True)
+    if hub.HUB_TYPE == "eventlet" and __name__ != "__main__":
+        hub.patch(thread=True)
     from os_ken import cfg
     from os_ken.base.app_manager import AppManager  # imports the controller: registers --ofp-*
     cfg.CONF(args=["--ofp-tcp-listen-port", str(args.ofp_port), "--ofp-listen-host", args.listen],

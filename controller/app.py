@@ -29,7 +29,7 @@ from fabric.addressing import ip_str
 
 from . import compiler as C
 from .ofp import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, BaseApp, arp, ether_types,
-                  ethernet, ofp_event, ofproto_v1_3, packet, set_ev_cls)
+                  ethernet, hub, ofp_event, ofproto_v1_3, packet, set_ev_cls)
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
 
@@ -73,7 +73,7 @@ class HpnController(BaseApp):
         if self.metrics:
             self.metrics.switches_expected.set(len(self.index.sw))
             if cfg["metrics_port"]:
-                self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"])
+                self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
@@ -198,6 +198,7 @@ class HpnController(BaseApp):
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def on_state_change(self, ev):
         dp = ev.datapath
+        LOG.debug("state change %s dpid %s", ev.state, dp.id)
         if ev.state != DEAD_DISPATCHER or dp.id is None:
             return
         name = self.index.by_dpid.get(dp.id)

@@ -1,7 +1,7 @@
 """Prometheus metrics of the controller (served on 127.0.0.1, as Faucet does)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
 
 
 class Metrics:
@@ -22,5 +22,13 @@ class Metrics:
         self.unknown_switches = Counter("hpnlab_unknown_switch_connects",
                                         "Connections from datapath ids not in the scenario", registry=r)
 
-    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=addr, registry=self.registry)
+    def serve(self, port: int, addr: str = "127.0.0.1", hub=None) -> None:
+        """Serve /metrics. Under an eventlet hub, as a green WSGI server of the hub (the
+        prometheus_client thread would block the whole process in a real select());
+        otherwise on prometheus_client's own thread."""
+        wsgi_server = getattr(hub, "WSGIServer", None) if hub is not None else None
+        if wsgi_server is not None:
+            server = wsgi_server((addr, port), make_wsgi_app(self.registry))
+            hub.spawn(server.serve_forever)
+        else:
+            start_http_server(port, addr=addr, registry=self.registry)
