@@ -32,7 +32,9 @@ def register(sub) -> None:
                    help=f"comma list of {', '.join(col.COLLECTIVES)} (default all_reduce,all_to_all)")
     p.add_argument("--placement", default="cross-rail", choices=ranks.PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
-    p.add_argument("--ranks", type=int, default=8, help="ranks per job (default 8; one per host NIC)")
+    p.add_argument("--ranks", type=int, default=4,
+                   help="ranks per job (default 4: one per host NIC; more ranks on a 2-core machine "
+                        "exceed userspace OVS's packet rate)")
     p.add_argument("--jobs", type=int, default=1, help="concurrent jobs on disjoint hosts (default 1)")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")

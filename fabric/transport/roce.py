@@ -17,7 +17,8 @@ What is modelled
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
     * DCQCN (Zhu et al., SIGCOMM 2015) at the sender, the reaction point: see
-      :class:`DcqcnParams`. Packets are paced per flow at DCQCN's current rate and per NIC
+      :class:`DcqcnParams`. There is no PFC in the emulation, so a retransmission timeout
+      also cuts the rate (once per timeout), as a CNP does. Packets are paced per flow at DCQCN's current rate and per NIC
       port at the port's line rate (the NIC's port scheduler).
     * Entropy: each packet's (plane, UDP source port) comes from the entropy policy:
       ``flow`` fixes both per flow (hash of the rank pair: the ECMP baseline), ``spray``
@@ -568,6 +569,10 @@ class RoceTransport(Transport):
 
     def _timeout(self, f: _TxFlow, now: float) -> None:
         f.stats["timeouts"] += 1
+        # No PFC here: a loss is congestion the ECN marks did not prevent (a queue overflowed,
+        # or the emulated switch dropped), so a timeout cuts the rate as a CNP would.
+        if f.dcqcn and f.dcqcn.rc > f.dcqcn.p.min_rate_bps:
+            f.dcqcn.on_cnp(now)
         e = f.unacked.get(f.una)
         if e is not None:
             self.policy.on_feedback(f, e[5], "loss")
