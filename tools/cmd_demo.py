@@ -37,8 +37,6 @@ def cmd_demo(args) -> int:
             say(f"[2/5] up in {emu.timings['up_s']:.1f} s; {len(emu.connected_switches())} switches connected to "
                 f"the controller on 127.0.0.1:{emu.ofp_port}; datapath {md['datapath']}, ECN {md['ecn']}, "
                 f"delay {md['delay']}")
-            for line in md.get("not_emulated", []):
-                say(f"      not emulated here: {line}")
             t = time.monotonic()
             ping = emu.ping_all()
             say(f"[3/5] pingall: {ping['pairs'] - len(ping['failed'])}/{ping['pairs']} host-port pairs reachable "

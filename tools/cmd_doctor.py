@@ -57,6 +57,12 @@ def findings(caps) -> list[tuple[str, str, str, str]]:
         "no controller: only --controller none on loop-free fabrics", "os_ken")
     row(bool(caps.mininet) and caps.mnexec, f"Mininet {caps.mininet or ''}".strip(),
         "hosts in network namespaces", "mininet", True)
+    import importlib.util
+    missing = [m for m in ("networkx", "numpy", "yaml", "scapy", "pyroute2", "matplotlib")
+               if importlib.util.find_spec(m) is None]
+    rows.append(("ok" if not missing else "gap", "Python packages",
+                 "networkx numpy PyYAML scapy pyroute2 matplotlib present" if not missing
+                 else f"missing: {' '.join(missing)}", "" if not missing else "make venv"))
     row(caps.iperf3, "iperf3", "traffic checks in the demo", "iperf3")
     row(caps.ping, "ping", "reachability checks", "ping", True)
     row(caps.ethtool, "ethtool", "host offload settings", "ethtool")

@@ -61,8 +61,6 @@ def cmd_emulate(args) -> int:
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")
-            for line in md.get("not_emulated", []):
-                say(f"not emulated here: {line}")
             if events:
                 records = emu.run_timeline(events, log=say)
             if args.cli:

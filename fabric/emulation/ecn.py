@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import struct
@@ -268,15 +269,31 @@ class EcnStage:
                                         int(port.limit_bytes), 1 if enabled else 0, 0))
 
     def _apply_red(self, port: EcnPort, kmin: int, kmax: int, pmax: float, verb: str) -> None:
+        """RED with ecn as the port's leaf qdisc (handle 20: under the htb class 1:1).
+
+        The shaping put a bfifo (or netem) there as 10:; a qdisc of another kind cannot
+        replace it under the same handle, so RED takes 20: and a netem delay that was there
+        moves under RED (30:). Live changes are ``tc qdisc change`` on 20:. (Found and fixed
+        in the full-kernel lane, which has sch_red; this machine has not.)
+        """
         frame = self.mtu + 14
         limit = max(port.limit_bytes, 2 * kmax)
         burst = max(1, int((2 * kmin + kmax) / (3 * frame)))
-        cmd = ["tc", "qdisc", verb, "dev", port.intf, "parent", "1:1", "handle", "10:", "red",
-               "limit", str(limit), "min", str(int(kmin)), "max", str(int(kmax)), "avpkt", str(frame),
+        red = ["red", "limit", str(limit), "min", str(int(kmin)), "max", str(int(kmax)), "avpkt", str(frame),
                "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{port.rate_mbps:g}mbit", "ecn"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise UserError(f"RED on {port.intf} failed: {r.stderr.strip()}")
+        if verb == "replace":
+            shown = subprocess.run(["tc", "qdisc", "show", "dev", port.intf], capture_output=True, text=True).stdout
+            netem = re.search(r"netem 10: .*?limit (\d+) delay (\S+)", shown)
+            cmds = [["tc", "qdisc", "replace", "dev", port.intf, "parent", "1:1", "handle", "20:", *red]]
+            if netem:
+                cmds.append(["tc", "qdisc", "add", "dev", port.intf, "parent", "20:", "handle", "30:", "netem",
+                             "delay", netem.group(2), "limit", netem.group(1)])
+        else:
+            cmds = [["tc", "qdisc", "change", "dev", port.intf, "parent", "1:1", "handle", "20:", *red]]
+        for cmd in cmds:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise UserError(f"RED on {port.intf} failed: {r.stderr.strip()} ({' '.join(cmd[3:8])} ...)")
         self._red[port.intf] = {"kmin": int(kmin), "kmax": int(kmax), "pmax": pmax, "enabled": True}
 
     def thresholds(self, port: str) -> dict[str, Any]:

@@ -447,9 +447,10 @@ class Emulation:
             remote = sorted(set(self.servers) - {"localhost"})
             self.metadata["cluster"] = {"servers": self.servers, "placement": self.placement}
             if remote:
-                self.metadata.setdefault("not_emulated", []).append(
-                    f"nodes on {', '.join(remote)}: no htb shaping or ECN stage on their switch ports, and "
-                    f"'hpnlab clean' here cannot remove what a killed run left there (run it on each server)")
+                line = (f"nodes on {', '.join(remote)}: no htb shaping or ECN stage on their switch ports, and "
+                        f"'hpnlab clean' here cannot remove what a killed run left there (run it on each server)")
+                self.metadata.setdefault("not_emulated", []).append(line)
+                self.log(line)
         else:
             net = Mininet(link=Link, **common)
         self.net = net

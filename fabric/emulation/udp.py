@@ -41,7 +41,8 @@ def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: 
             sent += 1
         except OSError:
             pass
-        next_t += interval
+        # paced, never bursting to catch up: a slot missed while descheduled is skipped
+        next_t = max(next_t + interval, time.monotonic() - interval)
     return {"sent": sent, "bytes": sent * size, "seconds": time.monotonic() - start}
 
 
