@@ -119,3 +119,56 @@ def test_a_rank_that_cannot_bind_its_address_is_named():
             ranks.run_jobs([job], ranks.LocalSpawner(), progress=False)
     finally:
         blocker.close()
+
+
+# ---- placement on the fabric graph (pure) ------------------------------------------------
+
+def _graph(name):
+    from fabric import graph, spec
+    return graph.build(spec.load(name))
+
+
+def _leaves(g, host, planes):
+    return {leaf for _, leaf, d in g.edges(host, data=True) if d["plane"] in planes}
+
+
+def test_same_rail_puts_every_rank_under_one_leaf_per_plane():
+    g = _graph("mini-hpn")
+    [job] = ranks.place(g, "same-rail", 4)
+    assert len({frozenset(_leaves(g, p.host, {0, 1})) for p in job}) == 1
+    assert all(len(p.addrs) == 2 and p.planes == [0, 1] for p in job)
+
+
+def test_cross_rail_spreads_ranks_over_segments_and_rails():
+    g = _graph("mini-rail")
+    [job] = ranks.place(g, "cross-rail", 4)
+    assert len({g.nodes[p.host]["segment"] for p in job}) == 2
+    assert {p.rail for p in job} == {0, 1}
+    # ring neighbours never share a leaf
+    for a, b in zip(job, job[1:] + job[:1]):
+        la = {leaf for _, leaf, d in g.edges(a.host, data=True) if d["rail"] == a.rail}
+        lb = {leaf for _, leaf, d in g.edges(b.host, data=True) if d["rail"] == b.rail}
+        assert not la & lb
+
+
+def test_cross_plane_pins_each_job_to_one_plane_and_jobs_get_disjoint_hosts():
+    g = _graph("mini-hpn")
+    jobs = ranks.place(g, "cross-plane", 4, jobs=2)
+    assert [{tuple(p.planes) for p in job} for job in jobs] == [{(0,)}, {(1,)}]
+    assert not {p.host for p in jobs[0]} & {p.host for p in jobs[1]}
+
+
+def test_cross_campus_alternates_campuses_and_needs_several():
+    g = _graph("mini-cross-campus")
+    [job] = ranks.place(g, "cross-campus", 4)
+    assert [g.nodes[p.host]["campus"] for p in job] == [0, 1, 0, 1]
+    with pytest.raises(UserError, match="several campuses"):
+        ranks.place(_graph("mini-hpn"), "cross-campus", 4)
+
+
+def test_placement_that_does_not_fit_says_how_many_hosts_there_are():
+    g = _graph("mini-hpn")
+    with pytest.raises(UserError, match="need 20 hosts, the scenario has 16"):
+        ranks.place(g, "cross-rail", 10, jobs=2)
+    with pytest.raises(UserError, match="unknown placement"):
+        ranks.place(g, "same-plane", 4)
