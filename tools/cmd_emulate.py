@@ -36,6 +36,26 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_emulate)
 
 
+def safe_cli(net) -> None:
+    """Mininet's CLI, without the commands that kill processes machine-wide by name."""
+    from mininet.cli import CLI
+    from mininet.log import setLogLevel
+
+    class SafeCLI(CLI):
+        def _refuse(self, _line):
+            print("disabled in hpnlab: Mininet's iperf runs 'killall -9 iperf' machine-wide; "
+                  "use e.g. 'h2 iperf3 -s -1 &' then 'h1 iperf3 -c <h2 address>'")
+
+        do_iperf = _refuse
+        do_iperfudp = _refuse
+
+    setLogLevel("output")   # the CLI prints node output at this level
+    try:
+        SafeCLI(net)
+    finally:
+        setLogLevel("error")
+
+
 def cmd_emulate(args) -> int:
     from fabric.emulation import CONTROLLERS, Emulation, EmulationError
     from fabric.emulation import timeline as tl
@@ -64,8 +84,9 @@ def cmd_emulate(args) -> int:
             if events:
                 records = emu.run_timeline(events, log=say)
             if args.cli:
-                from mininet.cli import CLI
-                CLI(emu.net)
+                say("Mininet CLI: 'h1 ping -c1 10.1.0.5', 'h1 iperf3 ...', 'links', 'exit'; "
+                    "iperf/iperfudp are disabled (they run killall)")
+                safe_cli(emu.net)
             elif args.duration:
                 say(f"holding the fabric up for {args.duration:g} s (Ctrl-C to stop)")
                 time.sleep(args.duration)

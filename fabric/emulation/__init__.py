@@ -51,6 +51,23 @@ What ``start()`` (``__enter__``) does, in order:
 7. waits (``connect_timeout``) until ovsdb reports every bridge connected, then pings every
    host-port pair on every plane and refuses to hand over if any pair fails.
 
+Multi-machine (Mininet's cluster edition, ``mininet.examples.cluster.MininetCluster``)::
+
+    Emulation("small-hpn", servers=["localhost", "node2"], placement="plane",
+              controller_ip="192.0.2.10")
+    sudo hpnlab emulate small-hpn --servers localhost,node2 --placement plane --controller-ip 192.0.2.10
+
+Every server needs Mininet, Open vSwitch and this repository, and root on this machine must
+reach ``root@server`` by ssh without a password (MininetCluster checks with ``ssh server
+sudo true``). ``placement="plane"`` puts each plane's switches on one server (planes share
+no link, so only host links cross machines, as SSH-tunnelled ``RemoteLink`` s); Mininet's
+``switch-bin``, ``round-robin`` and ``random`` placers are also accepted. The controller
+must listen on an address the servers reach (``controller_ip``). Tested here with
+``localhost`` as the only server (tests/test_emulation_cluster.py); with remote servers,
+shaping and the ECN stage are applied to local switch ports only, and ``hpnlab clean`` must
+run on each server after a crash (both are written into ``metadata["not_emulated"]``).
+Never run ``mn -c`` on a server: MininetCluster's own cleanup does that over ssh.
+
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
 (``state.teardown``) and never runs ``mn -c``.
 """
