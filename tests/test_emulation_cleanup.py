@@ -156,3 +156,37 @@ def test_clean_leaves_a_live_run_alone(bystanders):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def _state_of(pid: int, timeout: float = 10.0) -> dict | None:
+    """The state file written by the run whose owner is `pid` (None if it never wrote one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in Path("/run/hpnlab/runs").glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if data.get("owner_pid") == pid:
+                return data
+        time.sleep(0.05)
+    return None
+
+
+@pytest.mark.controller
+@pytest.mark.parametrize("after_s", [2.0, 4.0], ids=["while-building", "while-connecting"])
+def test_kill_9_during_start_then_clean_leaves_nothing(bystanders, after_s):
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, "hpnlab"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    state = _state_of(proc.pid)
+    assert state is not None, "the run should have written its state file"
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    state = _state_of(proc.pid)            # as the killed run left it
+    host_netns = {_netns_inode(p["pid"]) for p in state["pids"] if p["what"].startswith("host ")} - {None}
+    done = subprocess.run(HPNLAB + ["clean"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    left = _leftovers(state, host_netns)
+    assert left == {k: [] for k in left}
+    _assert_bystanders_survive(bystanders)
