@@ -356,10 +356,15 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
             full[c.name][dn] = act
 
     result: dict[str, tuple[tuple, dict]] = {}
+    shared: dict = {}     # switches with identical tables (e.g. the spines of a pod) share one value
     for name, acts in full.items():
-        counts = Counter(acts.values())
-        default = _pick(counts, DROP) if counts else DROP
-        result[name] = (default, {d: a for d, a in acts.items() if a != default})
+        key = tuple(acts.values())
+        value = shared.get(key)
+        if value is None:
+            counts = Counter(key)
+            default = _pick(counts, DROP) if counts else DROP
+            value = shared[key] = (default, {d: a for d, a in acts.items() if a != default})
+        result[name] = value
     # leaves: one action per signature group, towards the nearest spines on live uplinks
     for x in leaves:
         per_group = []
@@ -556,13 +561,22 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
             flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
                               (("output", port),)))
     if policy == "aggregate":
-        # levels in a single-child chain can share one prefix: the deepest one decides
-        by_prefix: dict = {}
-        for key, ports in _compress(tree, default, exceptions, _scope(ix, sw)):
-            by_prefix[ix.level_prefix[key]] = ports
-        for prefix, ports in by_prefix.items():
-            flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix),
-                              _action(ports, metas)))
+        scope = _scope(ix, sw)
+        memo_key = (id(acts), tuple(scope))
+        routes = block_cache.get(memo_key)
+        if routes is None:
+            # levels in a single-child chain can share one prefix: the deepest one decides
+            by_prefix: dict = {}
+            for key, ports in _compress(tree, default, exceptions, scope):
+                by_prefix[ix.level_prefix[key]] = ports
+            routes = block_cache[memo_key] = tuple(by_prefix.items())
+        for prefix, ports in routes:
+            actions = _action(ports, metas)
+            f = block_cache.get((prefix, actions))
+            if f is None:    # identical routes of different switches share one value
+                f = block_cache[prefix, actions] = Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + prefix[1],
+                                                        _route_match(prefix), actions)
+            flows.append(f)
     else:
         for d in tree.path:
             ports = exceptions.get(d, default)
