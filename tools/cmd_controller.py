@@ -1,0 +1,75 @@
+"""`hpnlab controller`: run the OpenFlow 1.3 controller, or show what it would install.
+
+    hpnlab controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
+                      [--policy aggregate|host-routes] [--metrics-port N]
+        runs the os-ken app in this process (the same as `python -m controller ...`);
+        prints a line containing "ready" once switches can connect.
+    hpnlab controller SCENARIO --show SWITCH [--fail A-B ...] [--policy ...]
+        prints the flows the compiler gives SWITCH (with links A-B failed), no switch needed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from fabric.errors import UserError
+
+
+def register(sub) -> None:
+    from controller.__main__ import build_parser
+
+    p = sub.add_parser("controller", help="run the OpenFlow 1.3 controller (os-ken) or show its compiled flows",
+                       description=__doc__.split("\n\n", 1)[0])
+    build_parser(p)
+    p.add_argument("--show", metavar="SWITCH", help="print SWITCH's compiled flows and exit (no controller started)")
+    p.add_argument("--fail", action="append", default=[], metavar="A-B",
+                   help="with --show: treat the link(s) between switches/hosts A and B as failed (repeatable)")
+    p.set_defaults(func=cmd_controller)
+
+
+def _show(args) -> int:
+    from controller import compiler as C
+    from fabric import graph, spec
+
+    g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.set)))
+    if args.show not in g or g.nodes[args.show]["tier"] == 0:
+        raise UserError(f"no switch {args.show!r} in {g.graph['scenario'].name} "
+                        f"(switches look like {', '.join(graph.switches(g)[:3])})")
+    links = []
+    for item in args.fail:
+        a, sep, b = item.partition("-")
+        if not sep or a not in g or b not in g or not g.has_edge(a, b):
+            raise UserError(f"--fail {item!r}: no link between {a!r} and {b!r} (write it as NODE-NODE)")
+        links += [(a, b, k) for k in g[a][b]]
+    failures = C.Failures.of(links)
+    states = C.compile_fabric(g, failures, args.policy)
+    st = states.get(args.show)
+    if st is None:
+        print(f"{args.show}: failed (no state)")
+        return 0
+    healthy = C.compile_fabric(g, None, args.policy)
+    print(f"# {args.show} dpid {st.dpid:016x}, policy {args.policy}: {st.flow_count} flows "
+          f"({st.route_count} routes, {len(st.groups)} groups); {C.deaggregated(states, healthy)} de-aggregated "
+          f"routes fabric-wide")
+    for f in st.flows:
+        print(C.describe_flow(f))
+    return 0
+
+
+def cmd_controller(args) -> int:
+    if args.show:
+        return _show(args)
+    if args.fail:
+        raise UserError("--fail only goes with --show (a running controller learns failures from the switches)")
+    # Run the launcher in a fresh interpreter (it must monkey-patch the standard library with
+    # eventlet before anything else is imported): same pid, same output, same exit code.
+    argv = [sys.executable, "-m", "controller", args.scenario, "--ofp-port", str(args.ofp_port),
+            "--listen", args.listen, "--policy", args.policy, "--metrics-port", str(args.metrics_port)]
+    for item in args.set:
+        argv += ["--set", item]
+    if args.verbose:
+        argv.append("-v")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+    return 0  # not reached
