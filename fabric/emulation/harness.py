@@ -496,7 +496,10 @@ class Emulation:
                 batch = self.state.run_dir / f"tc-{host}.txt"
                 batch.write_text("\n".join(lines) + "\n")
                 cmds.append(f"tc -batch {batch}")
-            out = node.cmd("; ".join(cmds) + "; echo hpnlab-done $?")
+            # a file, not a long command line: a Mininet shell's pty truncates lines at 4096 bytes
+            script = self.state.run_dir / f"config-{host}.sh"
+            script.write_text("\n".join(cmds) + "\n")
+            out = node.cmd(f"sh {script}; echo hpnlab-done $?")
             if "hpnlab-done" not in out:
                 raise EmulationError(f"configuring {host} failed: {out.strip()[-200:]}")
 
