@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI once the fabric is up")
     p.add_argument("--timeline", metavar="FILE", help="failure timeline (YAML/JSON) to run once up")
     p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="keep the fabric up for S seconds (default: until the timeline ends, or 0)")
+                   help="keep the fabric up for S seconds (default: until the timeline ends, or until Ctrl-C)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
@@ -90,6 +90,13 @@ def cmd_emulate(args) -> int:
             elif args.duration:
                 say(f"holding the fabric up for {args.duration:g} s (Ctrl-C to stop)")
                 time.sleep(args.duration)
+            elif not events:
+                say("fabric is up; Ctrl-C (or SIGTERM) stops it and removes everything")
+                try:
+                    while True:
+                        time.sleep(3600)
+                except KeyboardInterrupt:
+                    say("stopping")
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"metadata": md, "timings": emu.timings, "timeline": records}, f, indent=1,
