@@ -17,8 +17,8 @@ What is modelled
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
     * DCQCN (Zhu et al., SIGCOMM 2015) at the sender, the reaction point: see
-      :class:`DcqcnParams`. There is no PFC in the emulation, so a retransmission timeout
-      also cuts the rate (once per timeout), as a CNP does. Packets are paced per flow at DCQCN's current rate and per NIC
+      :class:`DcqcnParams`. There is no PFC in the emulation, so a NACK (a loss the
+      receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at DCQCN's current rate and per NIC
       port at the port's line rate (the NIC's port scheduler).
     * Entropy: each packet's (plane, UDP source port) comes from the entropy policy:
       ``flow`` fixes both per flow (hash of the rank pair: the ECMP baseline), ``spray``
@@ -212,7 +212,7 @@ class _TxFlow:
     __slots__ = ("dst", "hash", "queue", "cur", "cur_off", "psn", "una", "unacked", "retx",
                  "msg_next", "msg_last_psn", "done_msgs", "next_t", "dcqcn", "last_progress",
                  "rto", "srtt", "rttvar", "stats", "samples", "acked_bytes", "last_sample",
-                 "seq", "gbn_resend_to")
+                 "seq", "gbn_resend_to", "min_rtt", "window")
 
     def __init__(self, src, dst, now, dcqcn):
         self.dst = dst
@@ -240,6 +240,8 @@ class _TxFlow:
         self.last_sample = 0.0
         self.seq = 0
         self.gbn_resend_to = -1
+        self.min_rtt = None
+        self.window = 0
 
 
 class _RxFlow:
@@ -274,9 +276,10 @@ class RoceTransport(Transport):
                  line_rate_bps: float = 20e6, entropy: str = "flow", mtu: int = 1500,
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
-                 ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.02,
+                 ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.04,
                  sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0,
-                 ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003):
+                 ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003,
+                 bdp_factor: float = 6.0):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in POLICIES:
@@ -305,6 +308,7 @@ class RoceTransport(Transport):
         self.sample_s = sample_s
         self.burst_s = burst_s
         self.lookahead_s = lookahead_s
+        self.bdp_factor = bdp_factor
         self.ack_every = max(1, ack_every)
         self.ack_delay_s = ack_delay_s
         # A flow's top rate is what its paths can carry: one port with flow entropy, every
@@ -329,7 +333,7 @@ class RoceTransport(Transport):
     def info(self) -> dict:
         return {"transport": "roce", "entropy": self.entropy, "recovery": self.recovery,
                 "mtu": self.mtu, "payload_bytes": self.payload, "line_rate_bps": self.line_rate_bps,
-                "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window, "pace": self.pace,
+                "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window, "bdp_factor": self.bdp_factor, "pace": self.pace,
                 "reorder_threshold": self.reorder_threshold, "ecn": self.ecn,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
@@ -368,6 +372,7 @@ class RoceTransport(Transport):
             if r != self.rank:
                 dc = Dcqcn(self.dcqcn_params, now) if self.dcqcn_params else None
                 self.tx[r] = _TxFlow(self.rank, r, now, dc)
+                self.tx[r].window = self.window
                 self.rx[r] = _RxFlow(r)
 
     # ---- the step ----------------------------------------------------------------------
@@ -469,7 +474,7 @@ class RoceTransport(Transport):
             e = f.unacked.get(psn)
             if e is not None:
                 return psn, e, True
-        if f.psn - f.una >= self.window:
+        if f.psn - f.una >= f.window:
             return None
         if f.cur is None:
             if not f.queue:
@@ -489,12 +494,20 @@ class RoceTransport(Transport):
             f.cur = None
         return psn, e, False
 
+    def _bdp_window(self, base_rtt: float) -> int:
+        """Packets in flight a flow may have: ``bdp_factor`` x its bandwidth-delay product
+        (top rate x the smallest RTT seen) plus one ACK batch, within [8, window_pkts]. Like
+        IRN's BDP-based flow control (Mittal et al., SIGCOMM'18): it bounds the queue a flow
+        can build, which a network without PFC needs, without slowing a lone flow."""
+        bdp = self.flow_max_bps * base_rtt / (8 * (self.payload + HDR.size + IP_UDP + ETH))
+        return int(max(8, min(self.window, math.ceil(self.bdp_factor * bdp) + self.ack_every)))
+
     def _peek_ready(self, f: _TxFlow) -> bool:
         while f.retx and f.retx[0] not in f.unacked:
             f.retx.popleft()
         if f.retx:
             return True
-        return f.psn - f.una < self.window and (f.cur is not None or bool(f.queue))
+        return f.psn - f.una < f.window and (f.cur is not None or bool(f.queue))
 
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
@@ -569,10 +582,6 @@ class RoceTransport(Transport):
 
     def _timeout(self, f: _TxFlow, now: float) -> None:
         f.stats["timeouts"] += 1
-        # No PFC here: a loss is congestion the ECN marks did not prevent (a queue overflowed,
-        # or the emulated switch dropped), so a timeout cuts the rate as a CNP would.
-        if f.dcqcn and f.dcqcn.rc > f.dcqcn.p.min_rate_bps:
-            f.dcqcn.on_cnp(now)
         e = f.unacked.get(f.una)
         if e is not None:
             self.policy.on_feedback(f, e[5], "loss")
@@ -724,6 +733,9 @@ class RoceTransport(Transport):
         if ts:
             rtt = ((int(now * 1e6) & 0xFFFFFFFF) - ts) % (1 << 32) / 1e6
             if rtt < 10:
+                if f.min_rtt is None or rtt < f.min_rtt:
+                    f.min_rtt = rtt
+                    f.window = self._bdp_window(rtt)
                 if f.srtt is None:
                     f.srtt, f.rttvar = rtt, rtt / 2
                 else:
@@ -751,6 +763,13 @@ class RoceTransport(Transport):
 
     def _on_nack(self, f: _TxFlow, psn: int, count: int, path: int, now: float) -> None:
         f.stats["nacks"] += 1
+        # No PFC here: a loss is congestion the ECN marks did not prevent (a queue overflowed
+        # or the emulated switch dropped), so a NACK (a hole that outlived the reordering
+        # allowance) cuts the rate as a CNP would. Timeouts do not: on a busy machine most
+        # are a late ACK, not a loss.
+        if f.dcqcn and self.recovery == "selective":
+            f.dcqcn.on_cnp(now)
+            f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
         self.policy.on_feedback(f, path, "loss")
         if psn > f.una:                       # a NACK acknowledges everything before it
             self._on_ack(f, psn, 0, path, now)
@@ -772,7 +791,8 @@ class RoceTransport(Transport):
             out.append({"side": "tx", "src": self.rank, "dst": peer, **f.stats,
                         "rate_cuts": f.dcqcn.cuts if f.dcqcn else 0,
                         "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.flow_max_bps,
-                        "srtt_us": (f.srtt or 0) * 1e6, "samples": f.samples})
+                        "srtt_us": (f.srtt or 0) * 1e6, "min_rtt_us": (f.min_rtt or 0) * 1e6,
+                        "window_pkts": f.window, "samples": f.samples})
             out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats})
         return out
 
