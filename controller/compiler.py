@@ -193,8 +193,8 @@ class FabricIndex:
         self.plan = g.graph["plan"]
         self.sw: dict[str, _Sw] = {}
         self.by_dpid: dict[int, str] = {}
-        self.port_link: dict[tuple[str, int], tuple] = {}   # (switch, port) -> link id
-        self.host_addr: dict[int, tuple[str, str, int]] = {}  # ip -> (mac, host, plane)
+        self._port_link: dict[tuple[str, int], tuple] | None = None
+        self._host_addr: dict[int, tuple[str, str, int]] | None = None
         for n, d in g.nodes(data=True):
             if d["tier"] == 0:
                 continue
@@ -214,12 +214,8 @@ class FabricIndex:
                 host, leaf = (u, v) if u not in self.sw else (v, u)
                 ip = int.from_bytes(socket.inet_aton(d["ip"]), "big")
                 self.sw[leaf].hosts.append((ip, ports[leaf], d["mac"], host, ports[host], lid))
-                self.port_link[leaf, ports[leaf]] = lid
-                self.host_addr[ip] = (d["mac"], host, d["plane"])
                 continue
             a, b = self.sw[u], self.sw[v]
-            self.port_link[u, ports[u]] = lid
-            self.port_link[v, ports[v]] = lid
             if a.tier == b.tier:
                 a.lateral.append((ports[u], v, lid))
                 b.lateral.append((ports[v], u, lid))
@@ -245,6 +241,26 @@ class FabricIndex:
             self.level_prefix[("campus", plane, campus)] = _parse_prefix(plan.campus_prefix(plane, campus))
             self.level_prefix[("pod", plane, campus, pod)] = _parse_prefix(plan.pod_prefix(plane, campus, pod))
             self.level_prefix[("leaf", n)] = _parse_prefix(d["prefix"])
+
+    @property
+    def port_link(self) -> dict[tuple[str, int], tuple]:
+        """(switch, port) -> link id (built on first use: the app needs it, a compile does not)."""
+        if self._port_link is None:
+            out = {}
+            for sw in self.sw.values():
+                for p, _n, lid in sw.up + sw.down + sw.lateral:
+                    out[sw.name, p] = lid
+                for h in sw.hosts:
+                    out[sw.name, h[1]] = h[5]
+            self._port_link = out
+        return self._port_link
+
+    @property
+    def host_addr(self) -> dict[int, tuple[str, str, int]]:
+        """Host address -> (mac, host, plane), for proxy ARP (built on first use)."""
+        if self._host_addr is None:
+            self._host_addr = {h[0]: (h[2], h[3], sw.plane) for sw in self.sw.values() for h in sw.hosts}
+        return self._host_addr
 
     def link_at(self, switch: str, port: int) -> tuple | None:
         return self.port_link.get((switch, port))

@@ -232,3 +232,16 @@ def test_route_summary_sums_switches_into_pods():
     assert set(s["pods"]) == {f"c0/pod{p}" for p in range(4)} | {"core"}
     assert sum(p["flows"] for p in s["pods"].values()) == s["totals"]["flows"]
     assert s["pods"]["core"]["switches"] == 4
+
+
+@pytest.mark.slow
+def test_route_counts_at_130k_equal_the_analysis_formulas():
+    g = graph.build(spec.load("hpn-130k"))
+    plan = analysis.route_counts(g)
+    agg = C.route_summary(g, "aggregate")
+    assert {sw: r["routes"] - loop_guards(g, sw) for sw, r in agg["switches"].items()} == \
+        {sw: f["aggregated"] for sw, f in plan.items()}
+    assert agg["max_routes_per_switch"] == 512
+    host = C.route_summary(g, "host-routes")
+    assert {sw: r["routes"] for sw, r in host["switches"].items()} == {sw: f["host_routes"] for sw, f in plan.items()}
+    assert host["max_routes_per_switch"] == 131_072
