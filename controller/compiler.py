@@ -594,17 +594,26 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
                                                         _route_match(prefix), actions)
             flows.append(f)
     else:
-        for d in tree.path:
-            ports = exceptions.get(d, default)
-            if not ports or not ix.leaf_hosts[d]:
-                continue
+        def block(d, ports):
             actions = _action(ports, metas)
             f = block_cache.get((d, actions))
             if f is None:    # one shared value per (leaf, action): switches hold references
                 f = block_cache[d, actions] = Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32,
                                                    _route_match(ix.level_prefix[("leaf", d)]), actions,
                                                    ix.leaf_hosts[d])
-            flows.append(f)
+            return f
+
+        if default:
+            base = block_cache.get(("every leaf", default))
+            if base is None:   # (leaf, block) for every leaf with hosts, all with the default action
+                base = block_cache["every leaf", default] = tuple(
+                    (d, block(d, default)) for d in tree.path if ix.leaf_hosts[d])
+            else:
+                _action(default, metas)
+            flows.extend(f for d, f in base if d not in exceptions)
+        for d, ports in exceptions.items():
+            if ports and ix.leaf_hosts[d]:
+                flows.append(block(d, ports))
     for ports, meta in metas.items():
         flows.extend(entropy_flows(ports, sw.tier, meta))
     return SwitchState(sw.name, sw.dpid, tuple(flows))
