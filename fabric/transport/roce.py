@@ -247,6 +247,7 @@ class _TxFlow:
 class _RxFlow:
     __slots__ = ("src", "expected", "ooo", "msgs", "complete", "deliver_next", "ready",
                  "ack_due", "ack_path", "ack_ts", "last_cnp", "last_nack", "stats", "plane",
+                 "hole_psn", "hole_since", "reorder_time",
                  "pending", "ack_at")
 
     def __init__(self, src):
@@ -259,6 +260,9 @@ class _RxFlow:
         self.ready = deque()          # delivered in order, waiting for a posted receive
         self.ack_due = False
         self.pending = 0              # packets received since the last ACK
+        self.hole_psn = -1            # the missing PSN being timed, and since when
+        self.hole_since = 0.0
+        self.reorder_time = 0.0       # set by the transport; grows after a spurious NACK
         self.ack_at = 0.0             # when a delayed ACK is due (0: none)
         self.ack_path = 0
         self.ack_ts = 0
@@ -276,6 +280,7 @@ class RoceTransport(Transport):
                  line_rate_bps: float = 20e6, entropy: str = "flow", mtu: int = 1500,
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
+                 reorder_time_s: float | None = None,
                  ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.04,
                  sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0,
                  ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003,
@@ -301,7 +306,9 @@ class RoceTransport(Transport):
         self.entropy = entropy
         self.window = window_pkts
         self.reorder_threshold = reorder_threshold if reorder_threshold is not None else (
-            3 if entropy == "flow" else max(3, 2 * self.planes * self.ports_per_nic))
+            3 if entropy == "flow" else window_pkts)
+        self.reorder_time_s = reorder_time_s if reorder_time_s is not None else (
+            0.0 if entropy == "flow" else 0.008)
         self.ecn = ecn
         self.timeout_s = timeout_s
         self.min_rto_s = min_rto_s
@@ -334,7 +341,8 @@ class RoceTransport(Transport):
         return {"transport": "roce", "entropy": self.entropy, "recovery": self.recovery,
                 "mtu": self.mtu, "payload_bytes": self.payload, "line_rate_bps": self.line_rate_bps,
                 "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window, "bdp_factor": self.bdp_factor, "pace": self.pace,
-                "reorder_threshold": self.reorder_threshold, "ecn": self.ecn,
+                "reorder_threshold": self.reorder_threshold, "reorder_time_s": self.reorder_time_s,
+                "ecn": self.ecn,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
                 "source_ports": [s.getsockname()[1] for s in self.tx_socks]}
@@ -374,6 +382,7 @@ class RoceTransport(Transport):
                 self.tx[r] = _TxFlow(self.rank, r, now, dc)
                 self.tx[r].window = self.window
                 self.rx[r] = _RxFlow(r)
+                self.rx[r].reorder_time = self.reorder_time_s
 
     # ---- the step ----------------------------------------------------------------------
     def exchange(self, sends, recvs, wait_sends: bool = True):
@@ -651,6 +660,11 @@ class RoceTransport(Transport):
                 self._control(CNP, r.src, r.plane, path, 0, 0)
         if psn < r.expected or psn in r.ooo:
             st["duplicates"] += 1
+            if r.last_nack[0] >= 0 and psn >= r.last_nack[0] and r.reorder_time:
+                # the NACKed packet came twice: it was late, not lost (like RACK's reo_wnd
+                # growing on a DSACK) - wait longer before calling a hole a loss
+                r.reorder_time = min(0.2, r.reorder_time * 2)
+                r.last_nack = (-1, r.last_nack[1])
             r.ack_due, r.ack_ts, r.ack_path = True, ts, path
             return
         if psn != r.expected and self.recovery == "gobackn":
@@ -699,7 +713,14 @@ class RoceTransport(Transport):
             r.ack_at = now + self.ack_delay_s
         if r.ooo and self.recovery == "selective":
             beyond = max(r.ooo) - r.expected
-            if beyond >= self.reorder_threshold and (
+            if r.hole_psn != r.expected:
+                r.hole_psn, r.hole_since = r.expected, now
+            # a hole is a loss once `reorder_threshold` packets passed it, or (RACK-like,
+            # for sprayed packets whose paths differ in delay) once it is older than
+            # reorder_time_s with at least 3 packets past it
+            lost = beyond >= self.reorder_threshold or (
+                beyond >= 3 and now - r.hole_since >= r.reorder_time)
+            if lost and (
                     r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05):
                 r.last_nack = (r.expected, now)
                 hole = 1
@@ -793,7 +814,8 @@ class RoceTransport(Transport):
                         "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.flow_max_bps,
                         "srtt_us": (f.srtt or 0) * 1e6, "min_rtt_us": (f.min_rtt or 0) * 1e6,
                         "window_pkts": f.window, "samples": f.samples})
-            out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats})
+            out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats,
+                        "reorder_time_ms": r.reorder_time * 1e3})
         return out
 
     def abort(self) -> None:
