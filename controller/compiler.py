@@ -193,6 +193,7 @@ class FabricIndex:
         self.plan = g.graph["plan"]
         self.sw: dict[str, _Sw] = {}
         self.by_dpid: dict[int, str] = {}
+        self.local_routes: dict[str, tuple] = {}   # leaf -> its hosts' /32 flows (filled by compiles)
         self._port_link: dict[tuple[str, int], tuple] | None = None
         self._host_addr: dict[int, tuple[str, str, int]] | None = None
         for n, d in g.nodes(data=True):
@@ -573,9 +574,12 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
     metas: dict = {}
     default, exceptions = acts
     if sw.tier == 1:
-        for ip, port, _mac, _h, _i, _lid in sw.hosts:
-            flows.append(Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
-                              (("output", port),)))
+        local = ix.local_routes.get(sw.name)
+        if local is None:   # a leaf's own /32 routes never change: built once per graph
+            local = ix.local_routes[sw.name] = tuple(
+                Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
+                     (("output", port),)) for ip, port, _mac, _h, _i, _lid in sw.hosts)
+        flows.extend(local)
     if policy == "aggregate":
         scope = _scope(ix, sw)
         memo_key = (id(acts), tuple(scope))
