@@ -53,7 +53,9 @@ def test_busbw_on_an_uncontended_shaped_fabric_is_within_15_percent_of_line_rate
     assert res["rows"][0]["oop"]["wrong"] == 0
     fraction = report.largest_fraction(res)
     print(report.format_table(res))
-    assert fraction >= 0.85, f"busbw is {fraction:.3f} of line rate"
+    load = os.getloadavg()[0]
+    assert fraction >= 0.85, (f"busbw is {fraction:.3f} of line rate (load average {load:.1f} on "
+                              f"{os.cpu_count()} cores: userspace OVS and the ranks share them)")
 
 
 def test_run_pipeline_writes_tables_json_and_plots(mini_hpn, tmp_path):
