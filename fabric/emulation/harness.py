@@ -709,13 +709,33 @@ class Emulation:
 
     def _set_intfs(self, ends: list[tuple[str, str]], up: bool) -> None:
         state = "up" if up else "down"
-        root = [name for node, name in ends if self.graph.nodes[node]["tier"] > 0]
+        root = [name for node, name in ends if self.graph.nodes[node]["tier"] > 0 and self._is_local(node)]
         if root:
-            subprocess.run(["ip", "-batch", "-"], input="".join(f"link set dev {n} {state}\n" for n in root),
-                           text=True, capture_output=True, check=True)
+            self._set_root_links(root, up)
         for node, name in ends:
             if self.graph.nodes[node]["tier"] == 0:
                 self.host(node).cmd(f"ip link set dev {name} {state}")
+
+    def _set_root_links(self, names: list[str], up: bool) -> None:
+        """Set root-namespace interfaces up/down over netlink (no process to fork: precise timing)."""
+        ipr = self.netlink()
+        if ipr is None:
+            state = "up" if up else "down"
+            subprocess.run(["ip", "-batch", "-"], input="".join(f"link set dev {n} {state}\n" for n in names),
+                           text=True, capture_output=True, check=True)
+            return
+        for name in names:
+            ipr.link("set", index=socket.if_nametoindex(name), state="up" if up else "down")
+
+    def netlink(self):
+        """A pyroute2 IPRoute socket in the root namespace (opened once; None without pyroute2)."""
+        if getattr(self, "_ipr", None) is None:
+            try:
+                from pyroute2 import IPRoute
+            except ImportError:
+                return None
+            self._ipr = IPRoute()
+        return self._ipr
 
     def link_down(self, u: str, v: str, key: int | None = None) -> float:
         """Take a link down (both ends). Returns the time.time() at which it was applied."""
@@ -763,6 +783,9 @@ class Emulation:
         self._stopped = True
         from .state import teardown
         try:
+            if getattr(self, "_ipr", None) is not None:
+                self._ipr.close()
+                self._ipr = None
             if self.ecn is not None:
                 self.ecn.close()
             if self.state is not None:

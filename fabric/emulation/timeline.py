@@ -24,6 +24,7 @@ tests with an independent sampler of the interface state).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -126,6 +127,34 @@ def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
     """Apply the events at their times (blocking). Returns one record per event."""
     events = load(timeline, emu.graph) if not (isinstance(timeline, list) and timeline
                                                and isinstance(timeline[0], Event)) else timeline
+    if hasattr(emu, "netlink"):
+        emu.netlink()          # open the netlink socket now, not at the first event
+    restore = _realtime()
+    try:
+        return _run(emu, events, log, stop)
+    finally:
+        restore()
+
+
+def _realtime():
+    """Run this thread with SCHED_FIFO while the timeline runs (root only), so that a busy
+    machine does not delay events by its scheduling latency. Returns the undo function."""
+    try:
+        old_policy = os.sched_getscheduler(0)
+        old_param = os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except (OSError, AttributeError):
+        return lambda: None
+
+    def undo():
+        try:
+            os.sched_setscheduler(0, old_policy, old_param)
+        except OSError:
+            pass
+    return undo
+
+
+def _run(emu, events, log, stop) -> list[dict[str, Any]]:
     t0 = time.monotonic()
     wall0 = time.time()
     records = []
