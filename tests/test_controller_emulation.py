@@ -122,6 +122,20 @@ def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_ta
     assert metrics()["hpnlab_deaggregated_routes"] == 0
 
 
+def test_a_failed_spine_is_routed_around_on_its_plane(emu):
+    """Every link of p1s0 goes down (as when the switch dies): plane 1 keeps every pair."""
+    emu.switch_down("p1s0")
+    try:
+        links = [(u, v, k) for u, v, k in emu.graph.edges("p1s0", keys=True)]
+        expected = expected_counts(emu, C.Failures.of(links))
+        assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
+        assert emu.ping_all()["failed"] == []
+    finally:
+        emu.switch_up("p1s0")
+    expected = expected_counts(emu)
+    assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
+
+
 def test_a_restarted_switch_gets_its_state_back_and_nothing_is_duplicated(emu):
     """p0s1 loses its controller and its flows (as a restarted switch would); while it is
     away the fabric routes around it; on reconnect it is reinstalled exactly."""
