@@ -33,10 +33,6 @@ class Walk:
     hops: list = field(default_factory=list)
     delivered_to: tuple | None = None   # (host, interface number)
 
-    @property
-    def uplinks(self) -> list:
-        return [h for h in self.hops]
-
 
 def _ip(text: str) -> int:
     a, b, c, d = (int(x) for x in text.split("."))
