@@ -12,7 +12,11 @@ Route-table sizes count IPv4 forwarding entries per switch under two policies:
     leaf/edge: one host route per attached host port + one default route up (if it has
     uplinks); spine/agg: one prefix per leaf below it + one default up (if it has uplinks);
     core: one prefix per pod below it + one campus prefix per far campus (long-haul).
-    This is the route plan the controller's ``aggregate`` policy compiles in a healthy fabric.
+    This is the route plan the controller's ``aggregate`` policy compiles in a healthy fabric,
+    which adds one more entry on every leaf and spine that has uplinks: a drop for addresses
+    of its own prefix that belong to no host (without it such a packet would bounce between
+    tiers, as OpenFlow switches do not decrement TTL here). ``controller.compiler.minimum_routes``
+    equals this count; tests/test_compiler.py checks both relations on every preset.
 """
 from __future__ import annotations
 
