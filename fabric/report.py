@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -255,3 +256,34 @@ def plot_flow_rates(result: dict, path: str | Path, max_flows: int = 16) -> Path
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fabric.report results.json [--plots DIR]``: the tables again from a results
+    file (``hpnlab collective``/``hpnlab run`` write it), and optionally the plots."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m fabric.report", description=main.__doc__)
+    p.add_argument("results", help="results.json written by hpnlab collective or hpnlab run")
+    p.add_argument("--plots", metavar="DIR", help="also draw busbw.png and flows-*.png here")
+    args = p.parse_args(argv)
+    try:
+        doc = read_json(args.results)
+        results = doc["results"] if isinstance(doc, dict) else doc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"hpnlab: cannot read results from {args.results}: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        print(format_table(r))
+        print()
+    print(format_comparison(results))
+    if args.plots:
+        plot_busbw(results, Path(args.plots) / "busbw.png")
+        for r in results:
+            tag = "-".join(str(x) for x in (r["collective"], r.get("transport"), r.get("entropy")) if x)
+            plot_flow_rates(r, Path(args.plots) / f"flows-{tag}-job{r.get('job', 0)}.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -97,3 +97,13 @@ def test_results_roundtrip_through_json_and_plot_to_png(tmp_path):
         data = out.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert "roce" in report.format_comparison([res])
+
+
+def test_tables_and_plots_come_back_from_a_results_file(tmp_path, capsys):
+    rows = report.aggregate([_rank(r, [0.5]) for r in range(4)], "all_reduce")
+    path = report.write_json({"meta": {}, "results": [_result(rows, line_rate_bps=20e6)]}, tmp_path / "r.json")
+    assert report.main([str(path), "--plots", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "# Avg bus bandwidth" in out and "roce" in out
+    assert (tmp_path / "p" / "busbw.png").is_file()
+    assert report.main([str(tmp_path / "missing.json")]) == 2
