@@ -1,4 +1,6 @@
-"""`hpnlab demo`: a small emulation end to end: build, connect, pingall, traffic, clean shutdown, summary."""
+"""`hpnlab demo`: a small emulation end to end: build, connect, pingall, traffic, collectives
+reported like nccl-tests (the default `hpnlab run` matrix, on the same fabric), clean
+shutdown, summary."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,19 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 check (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
+    p.add_argument("--no-collectives", action="store_true",
+                   help="skip the collective experiment (the default 'hpnlab run' matrix)")
     p.set_defaults(func=cmd_demo)
+
+
+def _run_args(scenario: str, overrides: list[str]):
+    """The arguments `hpnlab run SCENARIO` would get, defaults included."""
+    from .cli import build_parser
+
+    argv = ["run", scenario]
+    for item in overrides:
+        argv += ["--set", item]
+    return build_parser().parse_args(argv)
 
 
 def cmd_demo(args) -> int:
@@ -24,9 +38,19 @@ def cmd_demo(args) -> int:
     from fabric.emulation.traffic import iperf3
     from fabric.mn import emulated_mbps
 
+    from . import cmd_run
+    from .cmd_collective import default_out, present
+
     say = lambda m: print(m, flush=True)  # noqa: E731
     t0 = time.monotonic()
+    run_args = runs = None
+    if not args.no_collectives:
+        run_args = _run_args(args.scenario, args.overrides)
+        runs = cmd_run.matrix(run_args)
     emu = Emulation(args.scenario, overrides=spec.parse_overrides(args.overrides), controller="hpnlab")
+    if runs:
+        for run in runs:                    # every mistake shows before anything is built
+            cmd_run.plan_jobs(run_args, emu.graph, run)
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
@@ -64,16 +88,33 @@ def cmd_demo(args) -> int:
             summary.update(timings=emu.timings, metadata=md, pingall={"pairs": ping["pairs"],
                                                                       "failed": len(ping["failed"])},
                            iperf3=checks, ecn=ecn)
+            results = []
+            if runs:
+                say(f"[5/5] collectives ({len(runs)} runs, as 'hpnlab run {s.name}'):")
+                results = cmd_run.run_on(emu, run_args, runs, say)
+                meta = {"command": " ".join(sys.argv), "scenario": spec.to_dict(s),
+                        "kernel": emu.caps.as_dict() if emu.caps else None,
+                        "emulation": dict(md), "timings": dict(emu.timings), "time": time.time()}
         summary["removed"] = emu.metadata.get("removed", {})
-        say(f"[5/5] clean shutdown: removed {summary['removed']}")
+        say(f"clean shutdown: removed {summary['removed']}")
+        if results:
+            present(results, default_out("demo"), meta, say)
+            summary["collectives"] = [{"collective": r.get("collective"), "transport": r.get("transport"),
+                                       "entropy": r.get("entropy")} for r in results]
+            summary["collectives_wrong"] = sum((row[m] or {}).get("wrong") or 0 for r in results
+                                               for row in r["rows"] for m in ("oop", "ip"))
     except EmulationError as exc:
         print(f"hpnlab: demo failed: {exc}", file=sys.stderr)
         return 1
-    ok = summary["pingall"]["failed"] == 0 and all(c["ratio"] > 0.9 for c in summary["iperf3"])
+    ok = (summary["pingall"]["failed"] == 0 and all(c["ratio"] > 0.9 for c in summary["iperf3"])
+          and not summary.get("collectives_wrong"))
     say(f"summary: {s.name} up in {summary['timings']['up_s']:.1f} s, pingall "
         f"{summary['pingall']['pairs'] - summary['pingall']['failed']}/{summary['pingall']['pairs']}, "
         f"TCP at {min(c['ratio'] for c in summary['iperf3']):.0%}-{max(c['ratio'] for c in summary['iperf3']):.0%} "
-        f"of the shaped rate, total {time.monotonic() - t0:.1f} s: {'OK' if ok else 'PROBLEMS'}")
+        f"of the shaped rate"
+        + (f", {len(summary['collectives'])} collective runs with every element verified"
+           if summary.get("collectives") and not summary.get("collectives_wrong") else "")
+        + f", total {time.monotonic() - t0:.1f} s: {'OK' if ok else 'PROBLEMS'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1, default=str)
