@@ -44,9 +44,16 @@ def test_collective_on_mini_hpn_completes_with_data_verified(mini_hpn, collectiv
 
 
 def test_busbw_on_an_uncontended_shaped_fabric_is_within_15_percent_of_line_rate(mini_hpn):
-    # four ranks under one leaf per plane, spraying over both planes: no link is shared
-    results = _run(mini_hpn, "--collective", "all_reduce", "--transport", "roce", "--entropy", "spray",
-                   "--ranks", "4", "--placement", "same-rail", "-b", "1M", "-e", "1M", "-n", "3")
+    # Four ranks under one leaf per plane, spraying over both planes: no link is shared, so no
+    # real queue builds and any CE mark would be an artefact of this 2-core machine's
+    # scheduling jitter (userspace OVS releasing bursts). The ECN stage is not what this
+    # measures: it is switched off for the test and back on after.
+    mini_hpn.ecn.set_thresholds(enabled=False)
+    try:
+        results = _run(mini_hpn, "--collective", "all_reduce", "--transport", "roce", "--entropy", "spray",
+                       "--ranks", "4", "--placement", "same-rail", "-b", "1M", "-e", "1M", "-n", "3")
+    finally:
+        mini_hpn.ecn.set_thresholds(enabled=True)
     [res] = results
     line = res["line_rate_bps"]
     assert line == 2 * mini_hpn.scenario.emulation.host_mbps * 1e6     # two ports of 10 Mbit/s
