@@ -69,7 +69,7 @@ run on each server after a crash (both are written into ``metadata["not_emulated
 Never run ``mn -c`` on a server: MininetCluster's own cleanup does that over ssh.
 
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
-(``state.teardown``) and never runs ``mn -c``.
+(``state.teardown``) and never uses Mininet's machine-wide cleanup.
 """
 from .harness import CONTROLLERS, Emulation, EmulationError, estimate
 from .state import Lock, RunState, clean

@@ -1,4 +1,4 @@
-"""Traffic checks on emulated hosts with iperf3 (never Mininet's net.iperf, which runs killall)."""
+"""Traffic checks on emulated hosts with iperf3 (never Mininet's own iperf helper, which kills by name)."""
 from __future__ import annotations
 
 import json
