@@ -125,9 +125,9 @@ def test_netem_delay_adds_the_configured_round_trip(net):
 def test_red_marks_ecn_capable_tcp_instead_of_dropping(net):
     """Eight ECN-capable TCP flows share the bottleneck: RED marks them.
 
-    (Eight, because on this kernel TCP Small Queues follows the packets across the veth
-    into the switch's queue: one flow keeps only about two GSO packets, ~6 KB, queued
-    there, below Mininet's 30 KB RED minimum.)"""
+    (Eight, because one TCP flow keeps only about two GSO packets, ~6 KB, in the switch's
+    queue on this kernel (measured; TCP Small Queues counting the switch's queue as the
+    sender's is the likely cause), below Mininet's 30 KB RED minimum.)"""
     s1, intf = net["s1"], bottleneck_intf(net)
     before = red_stats(s1, intf)
     assert before["ecn"], before["text"]

@@ -11,6 +11,7 @@
 # installed. Exit code 3 means "cannot build here for a reason outside the project".
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+lane_say() { echo "kernel lane: $*" >&2; }   # stdout carries only the image directory
 
 unavailable() { echo "kernel lane: $*" >&2; exit 3; }
 

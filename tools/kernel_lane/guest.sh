@@ -4,9 +4,9 @@
 # pytest selection with a hard time limit, writes the results to the output share and
 # powers the VM off. Its console lines starting "hpnlab-lane:" are the host's progress.
 #
-# The checkout (/hpnlab/src) is read-only: the project is importable through PYTHONPATH
-# and a symlink hpnlab_tools -> /hpnlab/src/tools in a writable directory; bytecode goes
-# to /tmp; pytest's cache is off.
+# The checkout is shared read-only (/hpnlab/src-ro); /hpnlab/src is an overlay of it whose
+# writes (bytecode) stay in guest memory. The project is importable through PYTHONPATH and
+# a symlink hpnlab_tools -> /hpnlab/src/tools (tools/ is installed as hpnlab_tools).
 export PATH=/opt/hpnlab-venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LC_ALL=C.UTF-8 TERM=dumb
 SRC=/hpnlab/src
@@ -43,7 +43,7 @@ ip link set lo up
 say "guest up (kernel $(uname -r), image $(cat /etc/hpnlab-lane-image 2>/dev/null))"
 
 # Settings from the host (written before boot): LANE_TIMEOUT_S, LANE_TEST_TIMEOUT_S, LANE_PYTEST_ARGS.
-LANE_TIMEOUT_S=420 LANE_TEST_TIMEOUT_S=240 LANE_PYTEST_ARGS="tests/kernel"
+LANE_TIMEOUT_S=900 LANE_TEST_TIMEOUT_S=420 LANE_PYTEST_ARGS="tests/kernel"
 [ -f "$OUT/lane.env" ] && . "$OUT/lane.env"
 
 # Open vSwitch on the kernel datapath: ovs-ctl loads the openvswitch module itself.
@@ -55,8 +55,6 @@ say "Open vSwitch: $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)
 # The project, importable without writing to the checkout.
 mkdir -p /hpnlab/pylib
 ln -s "$SRC/tools" /hpnlab/pylib/hpnlab_tools
-# (No PYTHONPYCACHEPREFIX: the image's venv has its bytecode compiled already; writes of
-# bytecode to the read-only checkout fail quietly.)
 export PYTHONPATH="$SRC:/hpnlab/pylib" PYTHONUNBUFFERED=1
 export HPNLAB_KERNEL_LANE=1
 printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab_tools.cli "$@"\n' > /usr/local/bin/hpnlab

@@ -5,8 +5,9 @@
 #
 #   sudo tools/kernel_lane/run.sh [PYTEST ARGS...]      (default: tests/kernel)
 #
-# Environment: HPNLAB_KERNEL_LANE_TIMEOUT (s, whole pytest run in the guest, default 420),
-# HPNLAB_KERNEL_LANE_TEST_TIMEOUT (s per test, default 240), HPNLAB_KERNEL_LANE_CACHE,
+# Environment: HPNLAB_KERNEL_LANE_TIMEOUT (s, whole pytest run in the guest, default 900),
+# HPNLAB_KERNEL_LANE_TEST_TIMEOUT (s per test incl. its fixtures, default 420), HPNLAB_KERNEL_LANE_CACHE,
+# HPNLAB_KERNEL_LANE_BOOT_TIMEOUT (s until the guest's first line, default 120),
 # HPNLAB_KERNEL_LANE=skip (skip the lane, saying so).
 # Exit: 0 tests passed, or the lane was skipped for a reason outside the project (one
 # line "kernel lane: SKIPPED: <why>"); 1 the tests failed or the guest broke.
@@ -28,8 +29,9 @@ case ${PIPESTATUS[0]} in
 esac
 t_built=$(date +%s)
 
-GUEST_TIMEOUT=${HPNLAB_KERNEL_LANE_TIMEOUT:-420}
-TEST_TIMEOUT=${HPNLAB_KERNEL_LANE_TEST_TIMEOUT:-240}
+GUEST_TIMEOUT=${HPNLAB_KERNEL_LANE_TIMEOUT:-900}
+TEST_TIMEOUT=${HPNLAB_KERNEL_LANE_TEST_TIMEOUT:-420}
+QEMU=${HPNLAB_KERNEL_LANE_QEMU:-qemu-system-x86_64}
 BOOT_TIMEOUT=${HPNLAB_KERNEL_LANE_BOOT_TIMEOUT:-120}    # qemu start to the guest runner
 HOST_TIMEOUT=$((GUEST_TIMEOUT + BOOT_TIMEOUT + 60))     # hard stop for qemu itself
 
@@ -42,7 +44,7 @@ OUT="$RUN/out"; mkdir -p "$OUT"
 CONSOLE="$RUN/console.log"; : > "$CONSOLE"
 
 lane_say "booting $(cat "$IMG/kver") under qemu (TCG, 2 vCPUs, 4 GiB); run dir $RUN"
-timeout -k 10 "$HOST_TIMEOUT" qemu-system-x86_64 \
+timeout -k 10 "$HOST_TIMEOUT" "$QEMU" \
     -accel tcg,thread=multi -cpu max -m 4G -smp 2 \
     -display none -monitor none -serial "file:$CONSOLE" -no-reboot -nic none \
     -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
@@ -65,7 +67,7 @@ TPID=$!
 # If the kernel has not printed anything by BOOT_TIMEOUT, qemu cannot boot it here.
 (for _ in $(seq "$BOOT_TIMEOUT"); do
      sleep 1; kill -0 "$QPID" 2>/dev/null || exit 0; grep -q "hpnlab-lane:" "$CONSOLE" && exit 0
- done; kill "$QPID") >/dev/null 2>&1 &
+ done; touch "$RUN/no-boot"; kill "$QPID") >/dev/null 2>&1 &
 WPID=$!
 wait "$QPID"; qrc=$?
 kill "$WPID" 2>/dev/null; wait "$TPID" 2>/dev/null
@@ -86,6 +88,7 @@ fi
 # the project: skip) or the project's boot path broke (fail).
 if ! grep -q "Linux version\|hpnlab-lane:\|Run /init" "$CONSOLE"; then
     reason=$(tail -1 "$RUN/qemu.log" 2>/dev/null)
+    [ -f "$RUN/no-boot" ] && reason="the kernel printed nothing within ${BOOT_TIMEOUT} s"
     skip "qemu could not boot the Debian kernel on this machine (qemu exit $qrc${reason:+: $reason})"
 fi
 lane_say "FAILED: the guest gave no result (qemu exit $qrc; $timing). Last console lines:"

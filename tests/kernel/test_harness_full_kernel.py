@@ -1,0 +1,307 @@
+"""The project's emulation harness on the full kernel: mini-cross-campus with the hpnlab
+controller, as a user on a stock Ubuntu/Debian kernel would run it.
+
+What only a full kernel can show: the harness picks the OVS kernel datapath by itself,
+the long-haul links carry the scenario's delay through netem, and the ECN stage is RED
+with ECN, changed live and counted. The controller checks are the userspace lane's
+(every pair on every plane, installed flows equal to the compiler's, a link failure).
+
+The emulation runs with ecn=False and the ECN test puts the harness's own ECN stage
+(``EcnStage.for_emulation`` with the mechanism ``fabric.kernel`` picks) on the running
+fabric, so that a fault in the RED path fails that test alone, not the whole module.
+
+Long-haul delay: 20 km is 100 us one way, below what TCG's timing noise lets a ping
+resolve, so the module scales delays by DELAY_SCALE (the scenario's own
+emulation.delay_scale knob): 2.5 ms one way, 5 ms more round trip across the campuses.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from controller import compiler as C
+from fabric import graph as fgraph
+from fabric.errors import UserError
+
+pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
+
+SCENARIO = "mini-cross-campus"
+DELAY_SCALE = 25
+
+
+class _ScaledTime:
+    """The ``time`` module with a clock running at ``rate`` of real time (sleep unchanged)."""
+
+    def __init__(self, real, rate: float):
+        self._real, self._rate, self._t0 = real, rate, real.monotonic()
+
+    def monotonic(self) -> float:
+        return self._t0 + (self._real.monotonic() - self._t0) * self._rate
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+#: OVS drops a controller connection that leaves its echo unanswered for the inactivity
+#: probe (default 5 s); a CPU-starved controller under TCG misses that and every switch
+#: flaps. The lane's switches wait this long (ms).
+INACTIVITY_PROBE_MS = 60000
+
+
+def patient_emulation(*args, **kwargs):
+    """The harness, patient enough for software emulation (TCG), until it takes these as
+    parameters (see the issue 6 report); nothing else of it is changed:
+
+    * it waits a fixed 30 s for the controller's 'ready' line, and under TCG the controller
+      needs 30-60 s just to import: its clock runs at a quarter of real time meanwhile;
+    * before it waits for the switches to connect, their controller records get
+      inactivity_probe=INACTIVITY_PROBE_MS."""
+    from fabric.emulation import Emulation
+    from fabric.emulation import harness
+
+    class PatientEmulation(Emulation):
+        def _start_controller(self):
+            real = harness.time
+            harness.time = _ScaledTime(real, 0.25)
+            try:
+                super()._start_controller()
+            finally:
+                harness.time = real
+
+        def _wait_connected(self):
+            for sw in fgraph.switches(self.graph):
+                uuids = ovs("get", "bridge", sw, "controller").strip("[]").replace(",", " ").split()
+                for uuid in uuids:
+                    ovs("set", "controller", uuid, f"inactivity_probe={INACTIVITY_PROBE_MS}")
+            super()._wait_connected()
+
+    return PatientEmulation(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def emu():
+    e = patient_emulation(SCENARIO, overrides={"emulation": {"delay_scale": DELAY_SCALE}}, controller="hpnlab",
+                          ecn=False, verify=False, lock_wait_s=300, connect_timeout=180)
+    e.start()
+    try:
+        print(f"{SCENARIO} up under the full kernel: " + ", ".join(f"{k} {v:.1f}" for k, v in e.timings.items()))
+        yield e
+    finally:
+        e.stop()
+
+
+def ovs(*args: str) -> str:
+    return subprocess.run(["ovs-vsctl", "--timeout=10", *args], capture_output=True, text=True).stdout.strip()
+
+
+def flow_count(bridge: str) -> int:
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge], capture_output=True,
+                         text=True, timeout=30).stdout
+    return sum(1 for line in out.splitlines() if "cookie=" in line)
+
+
+def expected_counts(emu, failures=None) -> dict[str, int]:
+    states = C.compile_fabric(emu.graph, failures, "aggregate")
+    return {sw: states[sw].flow_count for sw in fgraph.switches(emu.graph)}
+
+
+def wait_for(predicate, timeout_s: float = 60.0, step_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(step_s)
+        value = predicate()
+    return value
+
+
+def diagnosis(emu) -> str:
+    """What to look at when pings fail: controller alive, switch connections, its log's tail."""
+    alive = emu.controller_proc is not None and emu.controller_proc.poll() is None
+    conn = emu.connected_switches()
+    status = subprocess.run(["ovs-vsctl", "--timeout=10", "--columns=target,is_connected,status", "list",
+                             "Controller"], capture_output=True, text=True).stdout
+    try:
+        with open(emu.metadata["controller_log"], errors="replace") as f:
+            log = f.read()[-3000:]
+    except (KeyError, OSError) as exc:
+        log = f"(no controller log: {exc})"
+    return (f"\ncontroller alive: {alive}; switches connected: {sum(conn.values())}/{len(conn)}\n"
+            f"{status[:1500]}\n--- controller log (tail) ---\n{log}")
+
+
+def ping_all_patiently(emu, rounds: int = 4) -> dict:
+    """emu.ping_all(), then again for the pairs that failed, up to ``rounds`` rounds.
+
+    Every first packet of a pair waits for proxy ARP at the controller; all hosts ask at
+    once, and under TCG the controller answers a burst of ~100 ARP packet-ins in tens of
+    seconds, past ping's wait. The harness's own start-up check retries the same way."""
+    result = emu.ping_all(timeout_s=5)
+    failed, n = result["failed"], 1
+    while failed and n < rounds:
+        failed = emu.ping_all(pairs=failed, timeout_s=5)["failed"]
+        n += 1
+    print(f"ping_all: {result['pairs']} pairs, {len(result['failed'])} failed in round 1, "
+          f"{len(failed)} after {n} round(s)")
+    return {"pairs": result["pairs"], "failed": failed}
+
+
+def campus_of(emu, host: str) -> int:
+    leaf = emu.interfaces(host)[0]["leaf"]
+    return emu.graph.nodes[leaf]["campus"]
+
+
+def min_rtt_ms(emu, src: str, dst_ip: str, count: int = 15) -> float:
+    out = emu.host(src).cmd(f"ping -n -c {count} -i 0.2 -W 2 {dst_ip}")
+    rtts = [float(x) for x in re.findall(r"time=([\d.]+) ms", out)]
+    assert len(rtts) >= count - 2, out + diagnosis(emu)
+    return min(rtts)
+
+
+def test_the_harness_picks_the_kernel_datapath(emu):
+    assert emu.metadata["datapath"] == "kernel"
+    switches = fgraph.switches(emu.graph)
+    for sw in switches:
+        assert ovs("get", "bridge", sw, "datapath_type") in ('""', "system"), sw
+    dp = subprocess.run(["ovs-dpctl", "show"], capture_output=True, text=True).stdout
+    assert "system@ovs-system" in dp
+    # every switch port is a port of the kernel datapath
+    for p in emu.switch_ports():
+        assert f": {p['intf']}" in dp, p["intf"]
+
+
+def test_every_pair_on_every_plane_pings(emu):
+    result = ping_all_patiently(emu)
+    assert result["pairs"] == 8 * 7 * 2
+    assert result["failed"] == [], diagnosis(emu)
+
+
+def test_installed_flow_counts_equal_the_compilers(emu):
+    expected = expected_counts(emu)
+    assert wait_for(lambda: {sw: flow_count(sw) for sw in expected} == expected), expected
+
+
+def test_a_link_taken_down_keeps_every_pair_reachable(emu):
+    failures = C.Failures.of([("p0l0", "p0s0", 0)])
+    normal, degraded = expected_counts(emu), expected_counts(emu, failures)
+    changed = {sw: n for sw, n in degraded.items() if n != normal[sw]}   # the switches that must react
+    assert changed
+    emu.link_down("p0l0", "p0s0")
+    try:
+        assert wait_for(lambda: {sw: flow_count(sw) for sw in changed} == changed), (changed, diagnosis(emu))
+        result = ping_all_patiently(emu)
+        assert result["failed"] == [], diagnosis(emu)
+    finally:
+        emu.link_up("p0l0", "p0s0")
+    back = {sw: normal[sw] for sw in changed}
+    assert wait_for(lambda: {sw: flow_count(sw) for sw in back} == back), (back, diagnosis(emu))
+
+
+def test_long_haul_ports_carry_the_scenarios_delay_in_netem(emu):
+    one_way_us = emu.scenario.long_haul.delay_us * DELAY_SCALE
+    long_haul = [p for p in emu.switch_ports() if p["kind"] == "long-haul"]
+    assert len(long_haul) == 2 * 2          # one link per plane, both ends
+    for p in long_haul:
+        assert netem_delays_us(p["intf"]) == [pytest.approx(one_way_us, rel=0.01)], p["intf"]
+    assert emu.metadata["delay"] == "netem"
+    assert "not_emulated" not in emu.metadata
+
+
+def test_round_trips_across_the_campuses_show_the_long_haul_delay(emu):
+    src = "h1"
+    same_campus = next(h for h in emu.hosts if h != src and campus_of(emu, h) == campus_of(emu, src)
+                       and emu.interfaces(h)[0]["leaf"] != emu.interfaces(src)[0]["leaf"])
+    other_campus = next(h for h in emu.hosts if campus_of(emu, h) != campus_of(emu, src))
+    expected_ms = 2 * emu.scenario.long_haul.delay_us * DELAY_SCALE / 1000
+    for plane in (0, 1):
+        local = min_rtt_ms(emu, src, emu.ip(same_campus, plane=plane))
+        across = min_rtt_ms(emu, src, emu.ip(other_campus, plane=plane))
+        added = across - local
+        print(f"plane {plane}: RTT {src}->{other_campus} (other campus) {across:.2f} ms, "
+              f"{src}->{same_campus} (same campus, TCG/OVS offset) {local:.2f} ms: long haul adds "
+              f"{added:.2f} ms for {expected_ms:.2f} ms configured")
+        assert expected_ms * 0.95 <= added <= expected_ms + 3
+
+
+def incast_marks(emu, stage, port: str, seconds: int = 5) -> int:
+    """h1 and h3 each send 4 ECN-capable TCP flows to h2 (plane 0): the leaf's port to h2
+    is the bottleneck. Returns the CE marks counted there meanwhile."""
+    dst_ip = emu.ip("h2", plane=0)
+    before = stage.counters(port)["ce_marked"]
+    servers = [emu.popen("h2", ["iperf3", "-s", "-1", "-B", dst_ip, "-p", str(5201 + i)]) for i in range(2)]
+    clients = []
+    try:
+        time.sleep(1.5)
+        for i, src in enumerate(("h1", "h3")):
+            clients.append(emu.popen(src, ["iperf3", "-c", dst_ip, "-B", emu.ip(src, plane=0),
+                                           "-p", str(5201 + i), "-t", str(seconds), "-P", "4"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for c in clients:
+            c.wait(timeout=seconds + 60)
+    finally:
+        for p in clients + servers:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=10)
+    return stage.counters(port)["ce_marked"] - before
+
+
+def netem_delays_us(intf: str) -> list[float]:
+    out = subprocess.run(["tc", "qdisc", "show", "dev", intf], capture_output=True, text=True).stdout
+    return [float(v) * {"us": 1, "ms": 1e3, "s": 1e6}[u]
+            for v, u in re.findall(r"netem .*?delay ([\d.]+)(us|ms|s)\b", out)]
+
+
+@pytest.mark.xfail(strict=True, raises=UserError, reason=(
+    "fabric/emulation/ecn.py _apply_red: 'tc qdisc replace ... parent 1:1 handle 10: red' on a port whose "
+    "leaf qdisc 10: is a bfifo (or netem): the kernel refuses a new kind under the same handle "
+    "('Invalid qdisc name'); see the issue 6 report for the fix"))
+def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
+    from fabric import kernel
+    from fabric.emulation.ecn import EcnStage
+
+    mechanism = kernel.probe(deep=False).ecn_mechanism
+    assert mechanism == "red"          # the guest image has no clang/bpftool: sch_red is the stage
+    long_haul = {p["intf"]: p["delay_us"] for p in emu.switch_ports() if p["kind"] == "long-haul"}
+    stage = EcnStage.for_emulation(emu, mechanism=mechanism)
+    try:
+        assert stage.mechanism == "red"
+        # the ECN stage keeps the long-haul delay
+        for intf, delay_us in long_haul.items():
+            assert netem_delays_us(intf) == [pytest.approx(delay_us, rel=0.01)], intf
+        leaf = emu.interfaces("h2")[0]["leaf"]
+        port = next(p["intf"] for p in emu.switch_ports() if p["switch"] == leaf and p["peer"] == "h2")
+        defaults = stage.thresholds(port)
+
+        at_defaults = incast_marks(emu, stage, port)
+        # Raise Kmin/Kmax live above any queue this load builds: marking stops.
+        high = 60000
+        stage.set_thresholds(kmin=high, kmax=high, ports=[port])
+        shown = subprocess.run(["tc", "qdisc", "show", "dev", port], capture_output=True, text=True).stdout
+        assert re.search(r"red .*min (60000b|58\d*Kb|60Kb) max (60000b|58\d*Kb|60Kb)", shown), shown
+        assert stage.thresholds(port)["kmin"] == high
+        raised = incast_marks(emu, stage, port)
+        print(f"incast into {port}: {at_defaults} CE marks with Kmin/Kmax {defaults['kmin']}/{defaults['kmax']} B, "
+              f"{raised} with {high}/{high} B set live")
+        assert at_defaults > 0
+        assert raised * 10 <= at_defaults
+    finally:
+        stage.close()
+
+
+def test_doctor_reports_the_full_kernel():
+    r = subprocess.run([sys.executable, "-m", "hpnlab_tools.cli", "doctor", "--json"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    caps = report["capabilities"]
+    assert caps["ovs_kernel_datapath"] and caps["datapath"] == "kernel"
+    assert caps["netem"] and caps["red"] and caps["qdiscs"]["htb"]
+    assert caps["ecn_mechanism"] in ("red", "bpf")
+    status = {f["item"]: f["status"] for f in report["findings"]}
+    for item in ("OVS kernel datapath", "qdisc netem", "qdisc red", "ECN marking stage"):
+        assert status[item] == "ok", report["findings"]
