@@ -35,6 +35,8 @@ QEMU=${HPNLAB_KERNEL_LANE_QEMU:-qemu-system-x86_64}
 BOOT_TIMEOUT=${HPNLAB_KERNEL_LANE_BOOT_TIMEOUT:-120}    # qemu start to the guest runner
 HOST_TIMEOUT=$((GUEST_TIMEOUT + BOOT_TIMEOUT + 60))     # hard stop for qemu itself
 
+# Keep the five newest earlier run directories (console + pytest output), drop older ones.
+ls -dt /tmp/hpnlab-kernel-lane.?????? 2>/dev/null | tail -n +6 | xargs -r rm -rf --
 RUN=$(mktemp -d /tmp/hpnlab-kernel-lane.XXXXXX)
 OUT="$RUN/out"; mkdir -p "$OUT"
 {
