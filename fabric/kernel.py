@@ -98,11 +98,12 @@ class Capabilities:
 
     @property
     def ecn_mechanism(self) -> str | None:
-        """How switch egress ports mark ECN here: 'bpf', 'red', or None (cannot)."""
-        if self.bpf and self.clang and self.bpftool and self.tc_bpf and self.qdiscs.get("clsact"):
-            return "bpf"
+        """How switch egress ports mark ECN here: 'red' where the kernel has sch_red (what a
+        user's full kernel has, and what switches do), else the eBPF marker, else None."""
         if self.red:
             return "red"
+        if self.bpf and self.clang and self.bpftool and self.tc_bpf and self.qdiscs.get("clsact"):
+            return "bpf"
         return None
 
     def as_dict(self) -> dict:

@@ -44,14 +44,16 @@ def test_qdisc_probe_matches_what_tc_can_create(caps, qdisc, args):
     assert caps.qdiscs[qdisc] is created
 
 
-def test_ecn_mechanism_prefers_bpf_and_falls_back_to_red():
+def test_ecn_mechanism_prefers_red_and_falls_back_to_the_bpf_marker():
     full = kernel.Capabilities(bpf=True, clang=True, bpftool=True, tc_bpf=True,
                                qdiscs={"clsact": True, "red": True})
-    assert full.ecn_mechanism == "bpf"
+    assert full.ecn_mechanism == "red"
+    no_red = kernel.Capabilities(bpf=True, clang=True, bpftool=True, tc_bpf=True,
+                                 qdiscs={"clsact": True, "red": False})
+    assert no_red.ecn_mechanism == "bpf"
     no_toolchain = kernel.Capabilities(bpf=True, clang=False, bpftool=True, tc_bpf=True,
-                                       qdiscs={"clsact": True, "red": True})
-    assert no_toolchain.ecn_mechanism == "red"
-    assert kernel.Capabilities(qdiscs={"red": False}).ecn_mechanism is None
+                                       qdiscs={"clsact": True, "red": False})
+    assert no_toolchain.ecn_mechanism is None
 
 
 def test_every_capability_gap_has_a_fix_command():

@@ -219,6 +219,7 @@ class Emulation:
                  controller: str = "hpnlab", ofp_port: int | None = None, policy: str | None = None,
                  ecn: bool = True, shape: bool = True, verify: bool = True,
                  connect_timeout: float = 60.0, controller_args: Iterable[str] = (), lock_wait_s: float = 0.0,
+                 ready_timeout: float = 30.0, inactivity_probe_ms: int | None = None,
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
@@ -236,6 +237,12 @@ class Emulation:
         self.verify = verify
         self.connect_timeout = connect_timeout
         self.lock_wait_s = lock_wait_s
+        # How long the controller may take to print 'ready' (slow machines, software-emulated
+        # guests: os-ken's imports alone take 30-60 s under qemu TCG).
+        self.ready_timeout = ready_timeout
+        # OVS drops a controller that leaves its echo unanswered this long (OVS default 5 s);
+        # a CPU-starved controller needs more, or every switch flaps.
+        self.inactivity_probe_ms = inactivity_probe_ms
         self.servers = list(servers) if servers else None
         if placement not in PLACEMENTS:
             raise UserError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
@@ -402,7 +409,7 @@ class Emulation:
                                                     stdin=subprocess.DEVNULL, start_new_session=True,
                                                     cwd=root, env=env)
         self.state.add_pid(self.controller_proc.pid, "controller", group=True)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             text = logf.read_text(errors="replace")
             if "ready" in text:
@@ -412,7 +419,7 @@ class Emulation:
                 raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}): "
                                      + " | ".join(tail))
             time.sleep(0.05)
-        raise EmulationError(f"the controller did not print 'ready' within 30 s (log: {logf})")
+        raise EmulationError(f"the controller did not print 'ready' within {self.ready_timeout:g} s (log: {logf})")
 
     def _build(self) -> None:
         from mininet.link import Link
@@ -478,7 +485,9 @@ class Emulation:
                 cmds.append(f"sysctl -qw net.ipv4.conf.{p['name'].replace('.', '/')}.rp_filter=0")
                 if mtu != 1500:
                     cmds.append(f"ip link set dev {p['name']} mtu {mtu}")
-                if not self.caps.ovs_userspace_tso:
+                # Userspace OVS without TSO forwards TCP with bad checksums unless hosts
+                # compute them; the kernel datapath handles offloads itself.
+                if self.caps.datapath == "user" and not self.caps.ovs_userspace_tso:
                     cmds.append(f"ethtool -K {p['name']} tx off >/dev/null 2>&1")
             for plane, ports in planes.items():
                 if len(ports) < 2:
@@ -577,7 +586,17 @@ class Emulation:
             out[name] = any(conn.get(u) is True for u in uuids)
         return out
 
+    def _set_inactivity_probe(self) -> None:
+        for sw in fgraph.switches(self.graph):
+            r = subprocess.run(["ovs-vsctl", "--timeout=10", "get", "bridge", sw, "controller"],
+                               capture_output=True, text=True)
+            for uuid in r.stdout.strip().strip("[]").replace(",", " ").split():
+                subprocess.run(["ovs-vsctl", "--timeout=10", "set", "controller", uuid,
+                                f"inactivity_probe={int(self.inactivity_probe_ms)}"], capture_output=True)
+
     def _wait_connected(self) -> None:
+        if self.inactivity_probe_ms is not None:
+            self._set_inactivity_probe()
         deadline = time.monotonic() + self.connect_timeout
         want = set(fgraph.switches(self.graph))
         while True:

@@ -26,7 +26,6 @@ import pytest
 
 from controller import compiler as C
 from fabric import graph as fgraph
-from fabric.errors import UserError
 
 pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
 
@@ -34,59 +33,21 @@ SCENARIO = "mini-cross-campus"
 DELAY_SCALE = 25
 
 
-class _ScaledTime:
-    """The ``time`` module with a clock running at ``rate`` of real time (sleep unchanged)."""
-
-    def __init__(self, real, rate: float):
-        self._real, self._rate, self._t0 = real, rate, real.monotonic()
-
-    def monotonic(self) -> float:
-        return self._t0 + (self._real.monotonic() - self._t0) * self._rate
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
 #: OVS drops a controller connection that leaves its echo unanswered for the inactivity
 #: probe (default 5 s); a CPU-starved controller under TCG misses that and every switch
 #: flaps. The lane's switches wait this long (ms).
 INACTIVITY_PROBE_MS = 60000
-
-
-def patient_emulation(*args, **kwargs):
-    """The harness, patient enough for software emulation (TCG), until it takes these as
-    parameters (see the issue 6 report); nothing else of it is changed:
-
-    * it waits a fixed 30 s for the controller's 'ready' line, and under TCG the controller
-      needs 30-60 s just to import: its clock runs at a quarter of real time meanwhile;
-    * before it waits for the switches to connect, their controller records get
-      inactivity_probe=INACTIVITY_PROBE_MS."""
-    from fabric.emulation import Emulation
-    from fabric.emulation import harness
-
-    class PatientEmulation(Emulation):
-        def _start_controller(self):
-            real = harness.time
-            harness.time = _ScaledTime(real, 0.25)
-            try:
-                super()._start_controller()
-            finally:
-                harness.time = real
-
-        def _wait_connected(self):
-            for sw in fgraph.switches(self.graph):
-                uuids = ovs("get", "bridge", sw, "controller").strip("[]").replace(",", " ").split()
-                for uuid in uuids:
-                    ovs("set", "controller", uuid, f"inactivity_probe={INACTIVITY_PROBE_MS}")
-            super()._wait_connected()
-
-    return PatientEmulation(*args, **kwargs)
+#: Under TCG the controller needs 30-60 s just to import os-ken.
+READY_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
 def emu():
-    e = patient_emulation(SCENARIO, overrides={"emulation": {"delay_scale": DELAY_SCALE}}, controller="hpnlab",
-                          ecn=False, verify=False, lock_wait_s=300, connect_timeout=180)
+    from fabric.emulation import Emulation
+
+    e = Emulation(SCENARIO, overrides={"emulation": {"delay_scale": DELAY_SCALE}}, controller="hpnlab",
+                  ecn=False, verify=False, lock_wait_s=300, connect_timeout=180,
+                  ready_timeout=READY_TIMEOUT_S, inactivity_probe_ms=INACTIVITY_PROBE_MS)
     e.start()
     try:
         print(f"{SCENARIO} up under the full kernel: " + ", ".join(f"{k} {v:.1f}" for k, v in e.timings.items()))
@@ -256,10 +217,6 @@ def netem_delays_us(intf: str) -> list[float]:
             for v, u in re.findall(r"netem .*?delay ([\d.]+)(us|ms|s)\b", out)]
 
 
-@pytest.mark.xfail(strict=True, raises=UserError, reason=(
-    "fabric/emulation/ecn.py _apply_red: 'tc qdisc replace ... parent 1:1 handle 10: red' on a port whose "
-    "leaf qdisc 10: is a bfifo (or netem): the kernel refuses a new kind under the same handle "
-    "('Invalid qdisc name'); see the issue 6 report for the fix"))
 def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
     from fabric import kernel
     from fabric.emulation.ecn import EcnStage
