@@ -67,3 +67,24 @@ def test_probe_leaves_no_network_namespace_behind():
     kernel.probe()
     after = set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
     assert after == before
+
+
+def _red_value(args, key):
+    return int(args[args.index(key) + 1])
+
+
+def test_red_burst_meets_tc_ewma_rule_even_when_kmin_equals_kmax():
+    from fabric.emulation.ecn import red_args
+
+    # tc refuses burst < 1 + min/avpkt ("tc_red_eval_ewma() burst 39 is too small ? Try burst 40")
+    args = red_args(60000, 60000, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
+    assert _red_value(args, "burst") >= 1 + 60000 // 1514
+    assert args[-1] == "ecn" and _red_value(args, "limit") >= 2 * 60000
+
+
+def test_red_burst_follows_the_tc_red_rule_of_thumb():
+    from fabric.emulation.ecn import red_args
+
+    args = red_args(6056, 24224, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
+    assert _red_value(args, "burst") == max((2 * 6056 + 24224) // (3 * 1514), 1 + 6056 // 1514)
+    assert args[args.index("probability") + 1] == "0.2" and "10mbit" in args

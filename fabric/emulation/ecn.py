@@ -66,6 +66,18 @@ def cache_dir() -> Path:
     return Path("/var/cache/hpnlab") if os.geteuid() == 0 else Path.home() / ".cache" / "hpnlab"
 
 
+def red_args(kmin: int, kmax: int, pmax: float, *, mtu: int, rate_mbps: float, limit_bytes: int) -> list[str]:
+    """The ``tc qdisc ... red`` arguments of a RED-with-ECN stage (pure; tested as such)."""
+    frame = mtu + 14
+    limit = max(limit_bytes, 2 * kmax)
+    # tc-red(8)'s rule of thumb (2 min + max) / (3 avpkt), but never below what tc's EWMA
+    # computation accepts: burst >= 1 + min / avpkt (integer division), which the rule of
+    # thumb misses by one when kmin == kmax.
+    burst = max(1, int((2 * kmin + kmax) / (3 * frame)), 1 + int(kmin) // frame)
+    return ["red", "limit", str(int(limit)), "min", str(int(kmin)), "max", str(int(kmax)), "avpkt", str(frame),
+            "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{rate_mbps:g}mbit", "ecn"]
+
+
 def default_thresholds(rate_mbps: float, mtu: int = 1500) -> tuple[int, int, float]:
     """(Kmin bytes, Kmax bytes, Pmax) for a port of this emulated rate (see module docstring)."""
     frame = mtu + 14
@@ -276,11 +288,7 @@ class EcnStage:
         moves under RED (30:). Live changes are ``tc qdisc change`` on 20:. (Found and fixed
         in the full-kernel lane, which has sch_red; this machine has not.)
         """
-        frame = self.mtu + 14
-        limit = max(port.limit_bytes, 2 * kmax)
-        burst = max(1, int((2 * kmin + kmax) / (3 * frame)))
-        red = ["red", "limit", str(limit), "min", str(int(kmin)), "max", str(int(kmax)), "avpkt", str(frame),
-               "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{port.rate_mbps:g}mbit", "ecn"]
+        red = red_args(kmin, kmax, pmax, mtu=self.mtu, rate_mbps=port.rate_mbps, limit_bytes=port.limit_bytes)
         if verb == "replace":
             shown = subprocess.run(["tc", "qdisc", "show", "dev", port.intf], capture_output=True, text=True).stdout
             netem = re.search(r"netem 10: .*?limit (\d+) delay (\S+)", shown)
