@@ -205,12 +205,7 @@ def plot_busbw(results: list[dict], path: str | Path) -> Path:
     ax.set_title("bus bandwidth against size (out-of-place)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def flow_rate_series(flow: dict) -> tuple[list[float], list[float]]:
@@ -250,6 +245,13 @@ def plot_flow_rates(result: dict, path: str | Path, max_flows: int = 16) -> Path
     ax.grid(True, alpha=0.3)
     if flows:
         ax.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def _save(fig, path) -> Path:
+    """Write a figure as PNG (creating its folder) and free it."""
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
