@@ -79,7 +79,15 @@ def test_red_burst_meets_tc_ewma_rule_even_when_kmin_equals_kmax():
     # tc refuses burst < 1 + min/avpkt ("tc_red_eval_ewma() burst 39 is too small ? Try burst 40")
     args = red_args(60000, 60000, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
     assert _red_value(args, "burst") >= 1 + 60000 // 1514
-    assert args[-1] == "ecn" and _red_value(args, "limit") >= 2 * 60000
+    assert args[-1] == "ecn"
+
+
+def test_red_limit_is_the_port_buffer_whatever_the_thresholds():
+    from fabric.emulation.ecn import red_args
+
+    for kmin, kmax in ((6056, 24224), (60000, 60000)):
+        args = red_args(kmin, kmax, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
+        assert _red_value(args, "limit") == 62500
 
 
 def test_red_burst_follows_the_tc_red_rule_of_thumb():

@@ -69,7 +69,9 @@ def cache_dir() -> Path:
 def red_args(kmin: int, kmax: int, pmax: float, *, mtu: int, rate_mbps: float, limit_bytes: int) -> list[str]:
     """The ``tc qdisc ... red`` arguments of a RED-with-ECN stage (pure; tested as such)."""
     frame = mtu + 14
-    limit = max(limit_bytes, 2 * kmax)
+    # The hard limit is the port's buffer, whatever the thresholds: a live threshold change
+    # must not resize the buffer (thresholds above it simply never mark, as on a switch).
+    limit = limit_bytes
     # tc-red(8)'s rule of thumb (2 min + max) / (3 avpkt), but never below what tc's EWMA
     # computation accepts: burst >= 1 + min / avpkt (integer division), which the rule of
     # thumb misses by one when kmin == kmax.
