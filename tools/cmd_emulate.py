@@ -43,7 +43,7 @@ def safe_cli(net) -> None:
 
     class SafeCLI(CLI):
         def _refuse(self, _line):
-            print("disabled in hpnlab: Mininet's iperf runs 'killall -9 iperf' machine-wide; "
+            print("disabled in hpnlab: Mininet's iperf kills every iperf process on the machine by name; "
                   "use e.g. 'h2 iperf3 -s -1 &' then 'h1 iperf3 -c <h2 address>'")
 
         do_iperf = _refuse
@@ -85,7 +85,7 @@ def cmd_emulate(args) -> int:
                 records = emu.run_timeline(events, log=say)
             if args.cli:
                 say("Mininet CLI: 'h1 ping -c1 10.1.0.5', 'h1 iperf3 ...', 'links', 'exit'; "
-                    "iperf/iperfudp are disabled (they run killall)")
+                    "iperf/iperfudp are disabled (they kill processes by name machine-wide)")
                 safe_cli(emu.net)
             elif args.duration:
                 say(f"holding the fabric up for {args.duration:g} s (Ctrl-C to stop)")

@@ -66,7 +66,7 @@ must listen on an address the servers reach (``controller_ip``). Tested here wit
 ``localhost`` as the only server (tests/test_emulation_cluster.py); with remote servers,
 shaping and the ECN stage are applied to local switch ports only, and ``hpnlab clean`` must
 run on each server after a crash (both are written into ``metadata["not_emulated"]``).
-Never run ``mn -c`` on a server: MininetCluster's own cleanup does that over ssh.
+Never run Mininet's machine-wide cleanup on a server (MininetCluster's own cleanup does it over ssh).
 
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
 (``state.teardown``) and never uses Mininet's machine-wide cleanup.
