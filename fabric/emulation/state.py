@@ -222,30 +222,28 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def marked_bridges() -> dict[str, str]:
-    """OVS bridges carrying ``external_ids:hpnlab-run``: name -> run id."""
-    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=name,external_ids", "list", "Bridge"])
+def _marked(table: str, id_column: str) -> dict[str, str]:
+    """Rows of an OVS table carrying ``external_ids:hpnlab-run``: row id -> run id."""
+    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", f"--columns={id_column},external_ids", "list", table])
     if r.returncode != 0:
         return {}
     out = {}
-    for name, ext in json.loads(r.stdout).get("data", []):
+    for row_id, ext in json.loads(r.stdout).get("data", []):
         pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
         if OVS_MARK in pairs:
-            out[name] = pairs[OVS_MARK]
+            # _uuid comes as ["uuid", "<id>"]; a name is a plain string
+            out[row_id[1] if isinstance(row_id, list) else row_id] = pairs[OVS_MARK]
     return out
+
+
+def marked_bridges() -> dict[str, str]:
+    """OVS bridges carrying ``external_ids:hpnlab-run``: name -> run id."""
+    return _marked("Bridge", "name")
 
 
 def marked_qos() -> dict[str, str]:
     """OVS QoS rows (a root table: they outlive their ports) marked hpnlab-run: uuid -> run id."""
-    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=_uuid,external_ids", "list", "QoS"])
-    if r.returncode != 0:
-        return {}
-    out = {}
-    for uid, ext in json.loads(r.stdout).get("data", []):
-        pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
-        if OVS_MARK in pairs:
-            out[uid[1]] = pairs[OVS_MARK]
-    return out
+    return _marked("QoS", "_uuid")
 
 
 def _destroy_qos(uuids: list[str]) -> None:
