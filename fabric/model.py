@@ -108,12 +108,17 @@ class Network:
                         self.peer[a][node[b]["campus"]].append((i, b))
         self.bundle_of: dict[int, int] = {}
         self.cap = np.array(caps)
+        bundle_delay: dict[tuple, float] = defaultdict(float)
+        for i, name in bundle_member.items():
+            bundle_delay[name] = max(bundle_delay[name], delays[i])
         self.delay_us = np.array(delays)
         self.n_links = lid
         self.bundle_ids = {name: self.n_links + j for j, name in enumerate(self.bundle_cap)}
         for i, name in bundle_member.items():
             self.bundle_of[i] = self.bundle_ids[name]
         self.cap_all = np.concatenate([self.cap, np.array(list(self.bundle_cap.values()))])
+        # a bundle's delay is its slowest member's: sprayed paths pay it like any link
+        self.delay_all = np.concatenate([self.delay_us, np.array([bundle_delay[n] for n in self.bundle_cap])])
 
     @staticmethod
     def _norm(u, v, k=0):
@@ -126,7 +131,7 @@ class Network:
         return ("pod-up", d["plane"], d["campus"], d["pod"])   # spine -> core links of a pod
 
     def _down_bundle(self, a: str, b: str) -> tuple:
-        da, db = self.g._node[a], self.g._node[b]
+        db = self.g._node[b]
         if db["tier"] == 1:
             return ("leaf-down", b)
         return ("pod-down", db["plane"], db["campus"], db["pod"])
@@ -412,7 +417,7 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str,
                 l_idx.extend(links)
                 w.extend([1.0] * len(links))
                 hops = len(links) - 1
-                lat = max(lat, float(net.delay_us[links].sum()) + hops * switch_latency_us)
+                lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
             else:
                 for p in range(planes):
                     (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
@@ -424,12 +429,7 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str,
                     l_idx.extend(links)
                     w.extend([1.0 / planes] * len(links))
                     hops = len(links) - 1
-                    delay = sum(net.delay_us[i] for i in (s_up, d_down))
-                    if len(mid) > 2:   # crossed the core: add the long-haul delay if any
-                        lh = net.s.long_haul
-                        if lh and net.g._node[sleaf]["campus"] != net.g._node[dleaf]["campus"]:
-                            delay += lh.delay_us
-                    lat = max(lat, delay + hops * switch_latency_us)
+                    lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
             sizes.append(bytes_per_pair * 8 / qps)
             flow += 1
     if flow == 0:

@@ -87,9 +87,10 @@ def test_ring_all_reduce_busbw_uses_the_nccl_factor():
     assert r.steps_total == 2 * (n - 1)
 
 
-def test_cross_campus_steps_pay_the_long_haul_delay():
+@pytest.mark.parametrize("routing", model.ROUTINGS)
+def test_cross_campus_steps_pay_the_long_haul_delay(routing):
     g = fabric("mini-cross-campus")
-    r = model.run_collective(g, "all_to_all", 1 << 20, routing="ecmp", max_steps=7)
+    r = model.run_collective(g, "all_to_all", 1 << 20, routing=routing, max_steps=7)
     worst = max(step["latency_us"] for step in r.detail["steps"])
     assert worst >= 100.0  # 20 km at 5 us/km
 
