@@ -8,7 +8,7 @@ PYTHON     ?= /usr/bin/python3
 VENV       ?= .venv
 VPY        := $(VENV)/bin/python
 HPNLAB     := $(VENV)/bin/hpnlab
-PYTEST     := $(VPY) -m pytest
+PYTEST     := $(VENV)/bin/pytest
 # apt packages the project uses at run time and in its tests.
 APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps \
               python3-venv python3-dev clang llvm libbpf-dev bpftool make

@@ -1,4 +1,4 @@
-"""Launcher: ``python -m controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
+"""Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
 [--policy aggregate|host-routes] [--metrics-port N]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
@@ -29,13 +29,13 @@ import socket
 import sys
 import time
 
-from fabric.errors import UserError
+from hpnlab.fabric.errors import UserError
 
 from .compiler import POLICIES
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="python -m controller",
+    p = parser or argparse.ArgumentParser(prog="python -m hpnlab.controller",
                                           description="hpnlab's OpenFlow 1.3 controller (os-ken).")
     p.add_argument("scenario", help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -64,7 +64,7 @@ def _check_port(addr: str, port: int, what: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fabric import graph, spec
+    from hpnlab.fabric import graph, spec
 
     # Validate everything the user gave before starting anything (one-line errors).
     scenario = spec.load(args.scenario, spec.parse_overrides(args.set))
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
              project="os_ken", default_config_files=[])
 
     mgr = AppManager.get_instance()
-    mgr.load_apps(["controller.app", "os_ken.controller.ofp_handler"])
+    mgr.load_apps(["hpnlab.controller.app", "os_ken.controller.ofp_handler"])
     contexts = mgr.create_contexts()
     services = mgr.instantiate_apps(**contexts)
 

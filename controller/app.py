@@ -1,6 +1,6 @@
-"""hpnlab's OpenFlow 1.3 controller app: a thin shell around controller.compiler.
+"""hpnlab's OpenFlow 1.3 controller app: a thin shell around hpnlab.controller.compiler.
 
-Runs on os-ken (``python -m controller SCENARIO``) and, through the import shim, under
+Runs on os-ken (``python -m hpnlab.controller SCENARIO``) and, through the import shim, under
 Ryu's ``ryu-manager controller/app.py``. Configuration comes from the environment so
 both launchers work the same way:
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import os
 
-from fabric import graph as fgraph
-from fabric import spec as fspec
-from fabric.addressing import ip_str
+from hpnlab.fabric import graph as fgraph
+from hpnlab.fabric import spec as fspec
+from hpnlab.fabric.addressing import ip_str
 
 from . import compiler as C
 from .ofp import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, BaseApp, arp, ether_types,
@@ -39,7 +39,7 @@ LOG = logging.getLogger("hpnlab.controller")
 def _config() -> dict:
     scenario = os.environ.get("HPNLAB_SCENARIO")
     if not scenario:
-        raise RuntimeError("HPNLAB_SCENARIO is not set: start the controller with 'python -m controller SCENARIO'")
+        raise RuntimeError("HPNLAB_SCENARIO is not set: start the controller with 'python -m hpnlab.controller SCENARIO'")
     sets = [s for s in os.environ.get("HPNLAB_SET", "").splitlines() if s.strip()]
     return {"scenario": scenario, "overrides": fspec.parse_overrides(sets),
             "policy": os.environ.get("HPNLAB_POLICY", "aggregate"),

@@ -60,8 +60,8 @@ from typing import Iterable, Iterator, Mapping, NamedTuple
 
 import networkx as nx
 
-from fabric.addressing import ip_str
-from fabric.errors import UserError
+from hpnlab.fabric.addressing import ip_str
+from hpnlab.fabric.errors import UserError
 
 POLICIES = ("aggregate", "host-routes")
 

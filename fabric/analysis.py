@@ -15,7 +15,7 @@ Route-table sizes count IPv4 forwarding entries per switch under two policies:
     This is the route plan the controller's ``aggregate`` policy compiles in a healthy fabric,
     which adds one more entry on every leaf and spine that has uplinks: a drop for addresses
     of its own prefix that belong to no host (without it such a packet would bounce between
-    tiers, as OpenFlow switches do not decrement TTL here). ``controller.compiler.minimum_routes``
+    tiers, as OpenFlow switches do not decrement TTL here). ``hpnlab.controller.compiler.minimum_routes``
     equals this count; tests/test_compiler.py checks both relations on every preset.
 """
 from __future__ import annotations

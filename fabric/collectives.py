@@ -1,7 +1,7 @@
 """Collective communication schedules: who sends which bytes to whom at every step.
 
 Pure (standard library + numpy). A :class:`Schedule` is plain data that a rank worker
-executes step by step over a transport (``fabric.transport``); the same schedule can be
+executes step by step over a transport (``hpnlab.fabric.transport``); the same schedule can be
 interpreted here without a network (:func:`simulate`), which is how the tests check every
 schedule against the definition of its collective (:func:`reference`).
 

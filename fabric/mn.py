@@ -14,7 +14,7 @@
   (only when the graph's delay is non-zero), and the fabric edge's ``kind``.
 
 The link options are Mininet ``TCLink`` options, so ``mn --custom ... --link tc`` shapes
-with them. ``fabric.emulation`` does its own shaping (htb, and netem only where it exists)
+with them. ``hpnlab.fabric.emulation`` does its own shaping (htb, and netem only where it exists)
 and only uses the structure from here.
 
 Emulated rates: a scenario describes 400G fabrics; a 2-core machine forwards about 43k

@@ -1,9 +1,9 @@
 """Rank workers and the launcher that runs one worker process per rank and gathers results.
 
-Worker (``python -m fabric.ranks worker JOB_JSON``): one process per rank. It builds its
+Worker (``python -m hpnlab.fabric.ranks worker JOB_JSON``): one process per rank. It builds its
 transport on its own addresses, proves every rank is there with a barrier *over the data
 network*, then for every size runs warm-up and timed iterations of the collective's
-schedule (``fabric.collectives``): a barrier, the timer, every step's sends and receives
+schedule (``hpnlab.fabric.collectives``): a barrier, the timer, every step's sends and receives
 (``Transport.exchange``), the timer; with ``check`` it compares its result, element by
 element, with the collective's definition. It writes JSON lines on stdout: ``ready``,
 ``progress`` and finally ``result`` (or ``error`` with a one-line message) and exits
@@ -250,7 +250,7 @@ def worker_main(argv: list[str]) -> int:
 # ---- spawners ----------------------------------------------------------------------------
 
 def worker_argv(job: Job, rank: int, python: str = sys.executable) -> list[str]:
-    return [python, "-m", "fabric.ranks", "worker", job.to_json(), str(rank)]
+    return [python, "-m", "hpnlab.fabric.ranks", "worker", job.to_json(), str(rank)]
 
 
 def local_addresses() -> set[str]:
@@ -288,14 +288,12 @@ class LocalSpawner:
                                     f"use --launcher ssh to run ranks on other hosts")
 
     def spawn(self, job: Job, rank: int) -> subprocess.Popen:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = self.cwd + os.pathsep + env.get("PYTHONPATH", "")
         return subprocess.Popen(worker_argv(job, rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, cwd=self.cwd, env=env, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True)
 
 
 class SshSpawner:
-    """Ranks on other machines: ``ssh HOST python3 -m fabric.ranks worker ...`` (hpnlab must be
+    """Ranks on other machines: ``ssh HOST python3 -m hpnlab.fabric.ranks worker ...`` (hpnlab must be
     importable there; ``remote_python`` names its interpreter)."""
     name = "ssh"
 
@@ -317,7 +315,7 @@ class SshSpawner:
 
 
 class EmulationSpawner:
-    """Ranks on the emulated hosts (``fabric.emulation.Emulation.popen``, recorded by the
+    """Ranks on the emulated hosts (``hpnlab.fabric.emulation.Emulation.popen``, recorded by the
     harness so that even a killed run leaves nothing behind)."""
     name = "emulation"
 
@@ -330,10 +328,8 @@ class EmulationSpawner:
 
     def spawn(self, job: Job, rank: int) -> subprocess.Popen:
         host = self.hosts_of_job[job.job][rank]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = _project_root() + os.pathsep + env.get("PYTHONPATH", "")
         return self.emu.popen(host, worker_argv(job, rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, env=env, cwd=_project_root())
+                              stdin=subprocess.DEVNULL, cwd=_project_root())
 
 
 def _project_root() -> str:
@@ -560,7 +556,7 @@ def build_result(job: Job, rank_results: list[dict]) -> dict:
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "worker":
         sys.exit(worker_main(sys.argv[2:]))
-    print("usage: python -m fabric.ranks worker JOB_JSON RANK", file=sys.stderr)
+    print("usage: python -m hpnlab.fabric.ranks worker JOB_JSON RANK", file=sys.stderr)
     sys.exit(2)
 
 
@@ -579,7 +575,7 @@ class Placed:
 
 def place(g, placement: str = "cross-rail", nranks: int | None = None, jobs: int = 1) -> list[list[Placed]]:
     """Choose each job's ranks on the fabric graph: one rank per NIC (rail) of a host, using
-    that NIC's port on every plane (``fabric.graph.host_ports``). Jobs get disjoint hosts.
+    that NIC's port on every plane (``hpnlab.fabric.graph.host_ports``). Jobs get disjoint hosts.
 
     same-rail     ranks on rail 0 of hosts of one segment: every ring neighbour is under the
                   same leaf in each plane (leaf-local traffic, no spine). Job j takes segment j.

@@ -1,14 +1,14 @@
 """Results of collective runs: nccl-tests tables, JSON files and PNG plots.
 
 Pure except for the plot functions (matplotlib, imported when called). The input is what
-the rank workers return (``fabric.ranks``): per rank, per size, the seconds each timed
+the rank workers return (``hpnlab.fabric.ranks``): per rank, per size, the seconds each timed
 iteration took and the number of wrong elements found when checking.
 
 How numbers are made (nccl-tests' conventions, doc/PERFORMANCE.md there)
     time   an iteration's time is the slowest rank's (a collective ends when its last rank
            does); the table shows the mean over the timed iterations, in microseconds.
     algbw  size / time, in GB/s with GB = 1e9 bytes; "size" is the table's size column.
-    busbw  algbw x the collective's factor (``fabric.collectives.busbw_factor``).
+    busbw  algbw x the collective's factor (``hpnlab.fabric.collectives.busbw_factor``).
     #wrong elements that differ from the collective's definition, summed over ranks
            ("N/A" when the run did not check, as nccl-tests prints with -c 0).
     Avg bus bandwidth: mean busbw over every measured cell (out-of-place and in-place).
@@ -69,7 +69,7 @@ def _decimals(values: Iterable[float]) -> int:
 
 
 def format_table(result: dict) -> str:
-    """The nccl-tests layout for one collective run (``result`` as built by ``fabric.ranks``)."""
+    """The nccl-tests layout for one collective run (``result`` as built by ``hpnlab.fabric.ranks``)."""
     rows = result["rows"]
     d = _decimals(r[m][k] for r in rows for m in ("oop", "ip") if r.get(m)
                   for k in ("algbw_gbs", "busbw_gbs"))
@@ -261,11 +261,11 @@ def _save(fig, path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fabric.report results.json [--plots DIR]``: the tables again from a results
+    """``python -m hpnlab.fabric.report results.json [--plots DIR]``: the tables again from a results
     file (``hpnlab collective``/``hpnlab run`` write it), and optionally the plots."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m fabric.report", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.report", description=main.__doc__)
     p.add_argument("results", help="results.json written by hpnlab collective or hpnlab run")
     p.add_argument("--plots", metavar="DIR", help="also draw busbw.png and flows-*.png here")
     args = p.parse_args(argv)

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 
-# ---- emulation (fabric.emulation): root, real Open vSwitch, Mininet -------------------------
+# ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
 def emulation_missing() -> str | None:
     """Why emulation tests cannot run here (names the missing feature), or None."""
@@ -39,7 +39,7 @@ def emulation_ready():
 @pytest.fixture(scope="module")
 def mini_hpn(emulation_ready):
     """mini-hpn emulated with the hpnlab controller, shared by a test module; always torn down."""
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     emu = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300)
     emu.start()

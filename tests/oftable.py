@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from controller import compiler as C
+from hpnlab.controller import compiler as C
 
 
 class Ambiguous(AssertionError):
@@ -122,7 +122,7 @@ class FabricTables:
         return ports[0]
 
     def _host_ports(self, host: str) -> list:
-        from fabric.graph import host_ports
+        from hpnlab.fabric.graph import host_ports
         return host_ports(self.g, host)
 
     def send(self, src: str, dst: str, plane: int, **kw) -> Walk:
@@ -187,7 +187,7 @@ class FabricTables:
     # ---- all pairs ------------------------------------------------------------------------
     def all_pairs(self, planes: list[int] | None = None) -> list[tuple]:
         """Every (src, dst, plane, src_rail, dst_rail) of distinct hosts on each plane, rail 0 to every rail."""
-        from fabric.graph import hosts
+        from hpnlab.fabric.graph import hosts
         hs = hosts(self.g)
         ports = {h: self._host_ports(h) for h in hs}
         out = []

@@ -1,7 +1,7 @@
 """`topo inspect` numbers against closed-form formulas, including the 130k preset."""
 import pytest
 
-from fabric import analysis, graph, spec
+from hpnlab.fabric import analysis, graph, spec
 
 
 def inspect(name, **overrides):

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from fabric import collectives as col
-from fabric.errors import UserError
+from hpnlab.fabric import collectives as col
+from hpnlab.fabric.errors import UserError
 
 
 def _run(name, n, size, **kw):

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller import compiler as C
-from fabric import analysis, graph, spec
-from fabric.errors import UserError
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import analysis, graph, spec
+from hpnlab.fabric.errors import UserError
 
 _G: dict = {}
 
@@ -208,7 +208,7 @@ PRESETS = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spi
 
 def loop_guards(g, name):
     """Drop routes the compiler adds beyond the analysis plan: a leaf's own prefix, and a
-    spine's own pod when it also has a route up (see controller.compiler, 'aggregate')."""
+    spine's own pod when it also has a route up (see hpnlab.controller.compiler, 'aggregate')."""
     ix = C.index_of(g)
     sw = ix.sw[name]
     return 1 if (sw.tier == 1 and sw.up) or (sw.tier == 2 and sw.up) else 0

@@ -1,5 +1,5 @@
 """The controller on a live fabric: mini-hpn on real Open vSwitch, Mininet hosts, and the
-controller as a real process over TCP (started by fabric.emulation with `python -m controller`).
+controller as a real process over TCP (started by hpnlab.fabric.emulation with `python -m hpnlab.controller`).
 
 One emulated network is shared by the whole module; tests that break something repair it.
 """
@@ -15,8 +15,8 @@ import urllib.request
 
 import pytest
 
-from controller import compiler as C
-from fabric import graph as fgraph
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import graph as fgraph
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -76,7 +76,7 @@ def controller_log(emu) -> str:
 
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     e = Emulation("mini-hpn", controller="hpnlab", ecn=False, shape=False, verify=False, lock_wait_s=300,
                   controller_args=["--metrics-port", str(METRICS_PORT)])

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
 @pytest.mark.parametrize("name,link", [("fat-tree-4", ("a0", "c0")), ("mini-cross-campus", ("p0s0", "p0c0"))])
 def test_every_pair_pings_before_and_after_a_core_link_fails(emulation_ready, name, link):
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     with Emulation(name, controller="hpnlab", ecn=False, shape=False, verify=False, lock_wait_s=300) as emu:
         first = emu.ping_all()

@@ -1,4 +1,4 @@
-"""The controller as a process: `python -m controller` and `hpnlab controller` (real os-ken, real TCP)."""
+"""The controller as a process: `python -m hpnlab.controller` and `hpnlab controller` (real os-ken, real TCP)."""
 from __future__ import annotations
 
 import os
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import compiler as C
-from fabric import graph, spec
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import graph, spec
 
 ROOT = Path(__file__).resolve().parent.parent
 HPNLAB = str(Path(sys.executable).with_name("hpnlab"))
@@ -61,7 +61,7 @@ def openflow_hello(port: int) -> bytes:
 @pytest.mark.controller
 def test_launcher_prints_ready_and_speaks_openflow_13_on_loopback():
     port = free_port()
-    proc, line = start([sys.executable, "-m", "controller", "mini-hpn", "--ofp-port", str(port)])
+    proc, line = start([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(port)])
     try:
         assert f"127.0.0.1:{port}" in line and "aggregate" in line
         version, msg_type, _, _ = struct.unpack("!BBHI", openflow_hello(port))
@@ -94,7 +94,7 @@ def test_hpnlab_controller_runs_the_same_launcher_with_metrics():
     (["mini-hpn", "--ofp-port", "70000"], "not a TCP port"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(argv, needle):
-    r = subprocess.run([sys.executable, "-m", "controller", *argv], capture_output=True, text=True, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "hpnlab.controller", *argv], capture_output=True, text=True, cwd=ROOT,
                        timeout=60)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
@@ -106,7 +106,7 @@ def test_a_taken_port_is_one_line_and_exit_code_2():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run([sys.executable, "-m", "controller", "mini-hpn", "--ofp-port", str(port)],
+        r = subprocess.run([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(port)],
                            capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and f"127.0.0.1:{port}" in r.stderr
@@ -139,7 +139,7 @@ def test_the_same_app_file_runs_under_ryu_manager():
                     "the import shim is exercised by os-ken only")
     manager = shutil.which("ryu-manager") or str(Path(sys.executable).with_name("ryu-manager"))
     port = free_port()
-    env = dict(os.environ, HPNLAB_SCENARIO="mini-hpn", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, HPNLAB_SCENARIO="mini-hpn")
     proc = subprocess.Popen([manager, "--ofp-tcp-listen-port", str(port), "--ofp-listen-host", "127.0.0.1",
                              str(ROOT / "controller" / "app.py")], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

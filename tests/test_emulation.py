@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric import graph as fgraph
-from fabric.addressing import dpid_str
-from fabric.mn import emulated_mbps
+from hpnlab.fabric import graph as fgraph
+from hpnlab.fabric.addressing import dpid_str
+from hpnlab.fabric.mn import emulated_mbps
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -62,7 +62,7 @@ def test_bridges_are_marked_with_the_run_and_use_the_planned_port_numbers(mini_h
 # ---- shaping ------------------------------------------------------------------------------
 
 def test_shaped_host_link_delivers_its_rate_within_10_percent(mini_hpn):
-    from fabric.emulation.traffic import iperf3
+    from hpnlab.fabric.emulation.traffic import iperf3
 
     rate = emulated_mbps(mini_hpn.scenario, mini_hpn.scenario.host_rate_gbps)
     result = iperf3(mini_hpn, "h1", "h2", plane=0, seconds=3)
@@ -70,7 +70,7 @@ def test_shaped_host_link_delivers_its_rate_within_10_percent(mini_hpn):
 
 
 def test_udp_offered_above_the_shaped_rate_is_held_to_it(mini_hpn):
-    from fabric.emulation.traffic import iperf3
+    from hpnlab.fabric.emulation.traffic import iperf3
 
     rate = emulated_mbps(mini_hpn.scenario, mini_hpn.scenario.host_rate_gbps)
     result = iperf3(mini_hpn, "h3", "h4", plane=1, seconds=2, udp_mbps=3 * rate)
@@ -90,10 +90,10 @@ def _udp_phase(emu, rate_each_mbps, seconds=2.0, port=9000, during=None):
     intf = _bottleneck(emu)
     emu.ecn.reset_counters(intf)
     py = sys.executable
-    recv = emu.popen("h5", [py, "-m", "fabric.emulation.udp", "recv", emu.ip("h5"), str(port),
+    recv = emu.popen("h5", [py, "-m", "hpnlab.fabric.emulation.udp", "recv", emu.ip("h5"), str(port),
                             "--seconds", str(seconds + 1.5)])
     assert recv.stdout.readline().strip() == b"listening"
-    senders = [emu.popen(h, [py, "-m", "fabric.emulation.udp", "send", emu.ip("h5"), str(port),
+    senders = [emu.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", emu.ip("h5"), str(port),
                              "--rate-mbps", str(rate_each_mbps), "--seconds", str(seconds), "--tos", "2"])
                for h in ("h1", "h2")]
     if during:
@@ -158,7 +158,7 @@ def test_live_threshold_change_stops_and_restarts_marking(mini_hpn):
 
 
 def test_ecn_counters_are_readable_from_another_process(mini_hpn):
-    code = ("import json; from fabric.emulation.ecn import EcnStage; s = EcnStage.open(); "
+    code = ("import json; from hpnlab.fabric.emulation.ecn import EcnStage; s = EcnStage.open(); "
             "print(json.dumps({'n': len(s.ports), 'p': s.counters('p0l0-eth1')['packets']}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent).stdout
@@ -186,7 +186,7 @@ def _sampler(paths, stop, out):
 
 
 def test_timeline_link_is_down_at_its_time_and_back_up(mini_hpn):
-    from fabric.emulation.timeline import TOLERANCE_S, Runner
+    from hpnlab.fabric.emulation.timeline import TOLERANCE_S, Runner
 
     u, v = "p0l0", "p0s0"
     (pu, pv), = fgraph.link_ports(mini_hpn.graph, u, v)

@@ -15,11 +15,11 @@ import pytest
 
 pytestmark = [pytest.mark.emulation]
 ROOT = Path(__file__).resolve().parent.parent
-HPNLAB = [sys.executable, "-m", "hpnlab_tools.cli"]
+HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
 
 RUNNER = """
 import sys, time
-from fabric.emulation import Emulation
+from hpnlab.fabric.emulation import Emulation
 controller = sys.argv[1]
 over = {"segments_per_pod": 2}
 if controller == "none":
@@ -64,7 +64,7 @@ def _netns_in_use() -> set[int]:
 
 
 def _marked_processes(run_id: str) -> list[int]:
-    from fabric.emulation.state import marked_pids
+    from hpnlab.fabric.emulation.state import marked_pids
     return marked_pids({run_id})
 
 
@@ -89,7 +89,7 @@ def _leftovers(state: dict, host_netns: set[int]) -> dict[str, list]:
 
 
 def _alive(p: dict) -> bool:
-    from fabric.emulation.state import pid_alive
+    from hpnlab.fabric.emulation.state import pid_alive
     return pid_alive(p["pid"], p.get("start"))
 
 

@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = [pytest.mark.emulation]
 ROOT = Path(__file__).resolve().parent.parent
-HPNLAB = [sys.executable, "-m", "hpnlab_tools.cli"]
+HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
 
 
 def _hpnlab(*args, env=None, user=None, timeout=120):
@@ -88,7 +88,7 @@ def test_controller_none_refuses_a_fabric_with_loops(nothing_built):
 
 
 def test_doctor_reports_what_an_emulation_will_use_here(emulation_ready):
-    from fabric import kernel
+    from hpnlab.fabric import kernel
 
     r = _hpnlab("doctor", "--json")
     assert r.returncode == 0, r.stderr
@@ -118,7 +118,7 @@ def test_doctor_estimates_whether_a_scenario_fits(emulation_ready):
 
 @pytest.mark.controller
 def test_mini_cross_campus_comes_up_with_every_pair_reachable(emulation_ready):
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     with Emulation("mini-cross-campus", controller="hpnlab", lock_wait_s=300) as emu:
         assert emu.graph.graph["scenario"].campuses == 2

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 def test_cluster_edition_with_localhost_builds_and_reaches_every_pair(emulation_ready):
     from mininet.examples.cluster import MininetCluster
 
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     ssh = Path(os.environ.get("HOME", "/root")) / ".ssh"
     had_ssh = ssh.exists()

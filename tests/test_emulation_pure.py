@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from fabric import graph, spec
-from fabric.emulation import shaping
-from fabric.emulation.ecn import default_thresholds
-from fabric.emulation.harness import check_fits, estimate, has_loops
-from fabric.emulation.timeline import load as load_timeline
-from fabric.errors import UserError
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.emulation import shaping
+from hpnlab.fabric.emulation.ecn import default_thresholds
+from hpnlab.fabric.emulation.harness import check_fits, estimate, has_loops
+from hpnlab.fabric.emulation.timeline import load as load_timeline
+from hpnlab.fabric.errors import UserError
 
 
 def _g(name, **over):
@@ -92,7 +92,7 @@ def test_timeline_file_errors_are_one_line(tmp_path):
 
 
 def test_state_file_records_before_creation_and_round_trips(tmp_path, monkeypatch):
-    from fabric.emulation import state
+    from hpnlab.fabric.emulation import state
     monkeypatch.setattr(state, "RUN_DIR", tmp_path)
     run = state.RunState.new("mini-hpn")
     run.add_bridges(["p0l0", "p0l0"])
@@ -105,6 +105,6 @@ def test_state_file_records_before_creation_and_round_trips(tmp_path, monkeypatc
 
 
 def test_unknown_controller_is_refused_in_one_line():
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
     with pytest.raises(UserError, match="unknown controller 'ryu'"):
         Emulation("mini-hpn", controller="ryu")

@@ -11,7 +11,7 @@ def _tx_packets(emu, host, intf):
 
 
 def test_multi_rail_hosts_reach_every_port_and_send_from_the_port_of_their_source_address(emulation_ready):
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     with Emulation("mini-rail", controller="hpnlab", ecn=False, lock_wait_s=300) as emu:
         s = emu.scenario

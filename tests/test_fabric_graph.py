@@ -5,7 +5,7 @@ from collections import Counter, defaultdict
 import networkx as nx
 import pytest
 
-from fabric import graph, spec
+from hpnlab.fabric import graph, spec
 
 SMALL_PRESETS = [n for n in spec.preset_names() if n != "hpn-130k"] + ["fat-tree-4", "fat-tree-8"]
 

@@ -1,4 +1,4 @@
-"""fabric.kernel: capability probes agree with the machine, and every gap has a fix."""
+"""hpnlab.fabric.kernel: capability probes agree with the machine, and every gap has a fix."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric import kernel
+from hpnlab.fabric import kernel
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def _red_value(args, key):
 
 
 def test_red_burst_meets_tc_ewma_rule_even_when_kmin_equals_kmax():
-    from fabric.emulation.ecn import red_args
+    from hpnlab.fabric.emulation.ecn import red_args
 
     # tc refuses burst < 1 + min/avpkt ("tc_red_eval_ewma() burst 39 is too small ? Try burst 40")
     args = red_args(60000, 60000, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
@@ -83,7 +83,7 @@ def test_red_burst_meets_tc_ewma_rule_even_when_kmin_equals_kmax():
 
 
 def test_red_limit_is_the_port_buffer_whatever_the_thresholds():
-    from fabric.emulation.ecn import red_args
+    from hpnlab.fabric.emulation.ecn import red_args
 
     for kmin, kmax in ((6056, 24224), (60000, 60000)):
         args = red_args(kmin, kmax, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
@@ -91,7 +91,7 @@ def test_red_limit_is_the_port_buffer_whatever_the_thresholds():
 
 
 def test_red_burst_follows_the_tc_red_rule_of_thumb():
-    from fabric.emulation.ecn import red_args
+    from hpnlab.fabric.emulation.ecn import red_args
 
     args = red_args(6056, 24224, 0.2, mtu=1500, rate_mbps=10, limit_bytes=62500)
     assert _red_value(args, "burst") == max((2 * 6056 + 24224) // (3 * 1514), 1 + 6056 // 1514)

@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("mininet.topo", reason="mininet (the emulation extra) is not installed")
 
-from fabric import graph, spec  # noqa: E402
-from fabric.addressing import dpid_str  # noqa: E402
-from fabric.mn import emulated_mbps, topo_for  # noqa: E402
+from hpnlab.fabric import graph, spec  # noqa: E402
+from hpnlab.fabric.addressing import dpid_str  # noqa: E402
+from hpnlab.fabric.mn import emulated_mbps, topo_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

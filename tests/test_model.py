@@ -5,8 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from fabric import graph, model, spec
-from fabric.errors import UserError
+from hpnlab.fabric import graph, model, spec
+from hpnlab.fabric.errors import UserError
 
 
 def fabric(name, **over):

@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from controller import compiler as C
-from fabric import graph, spec
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import graph, spec
 from oftable import FabricTables, valley_free_reachable
 
 SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]

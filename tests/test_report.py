@@ -1,7 +1,7 @@
 """nccl-tests tables, JSON results and plots from per-rank measurements (pure + matplotlib)."""
 import pytest
 
-from fabric import report
+from hpnlab.fabric import report
 
 
 def _rank(rank, times, wrong=0, ip=True):

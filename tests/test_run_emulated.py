@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from fabric import ranks, report
-from fabric.errors import UserError
-from hpnlab_tools import cli
-from hpnlab_tools.cmd_run import matrix, plan_jobs, run_on
+from hpnlab.fabric import ranks, report
+from hpnlab.fabric.errors import UserError
+from hpnlab.cli import main as cli
+from hpnlab.cli.cmd_run import matrix, plan_jobs, run_on
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -66,7 +66,7 @@ def test_busbw_on_an_uncontended_shaped_fabric_is_within_15_percent_of_line_rate
 
 
 def test_run_pipeline_writes_tables_json_and_plots(mini_hpn, tmp_path):
-    from hpnlab_tools.cmd_collective import present
+    from hpnlab.cli.cmd_collective import present
 
     args = _args("--collective", "permutation", "--transport", "roce", "--entropy", "flow,spray",
                  "--ranks", "4", "-b", "64K", "-e", "64K", "-n", "1", "--jobs", "2")
@@ -83,7 +83,7 @@ def test_run_pipeline_writes_tables_json_and_plots(mini_hpn, tmp_path):
 
 
 def test_bad_run_input_fails_before_touching_the_fabric():
-    g = __import__("fabric.graph", fromlist=["build"]).build(__import__("fabric.spec", fromlist=["load"]).load("mini-hpn"))
+    g = __import__("hpnlab.fabric.graph", fromlist=["build"]).build(__import__("hpnlab.fabric.spec", fromlist=["load"]).load("mini-hpn"))
     with pytest.raises(UserError, match="same-rail: a segment has 4 hosts"):
         plan_jobs(_args("--placement", "same-rail", "--ranks", "8"), g, ("all_reduce", "roce", "flow"))
     with pytest.raises(UserError, match="cross-campus needs"):

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric import ranks
-from fabric.errors import UserError
+from hpnlab.fabric import ranks
+from hpnlab.fabric.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
-HPNLAB = [sys.executable, "-c", "import sys; from hpnlab_tools.cli import main; sys.exit(main())"]
+HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
 
 
 def hpnlab(*args, timeout=120):
@@ -124,7 +124,7 @@ def test_a_rank_that_cannot_bind_its_address_is_named():
 # ---- placement on the fabric graph (pure) ------------------------------------------------
 
 def _graph(name):
-    from fabric import graph, spec
+    from hpnlab.fabric import graph, spec
     return graph.build(spec.load(name))
 
 

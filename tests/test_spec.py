@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from fabric import spec
-from fabric.addressing import AddressPlan
+from hpnlab.fabric import spec
+from hpnlab.fabric.addressing import AddressPlan
 
 
 @pytest.mark.parametrize("name", spec.preset_names())
@@ -90,7 +90,7 @@ def test_address_plan_refuses_more_than_24_bits():
 
 
 def _hpnlab(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "hpnlab_tools.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpnlab.cli", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=120)
 
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from fabric.transport import PeerLost, TransportError, make
-from fabric.transport.roce import CE, Dcqcn, DcqcnParams
+from hpnlab.fabric.transport import PeerLost, TransportError, make
+from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams
 
 BASE = 17400
 

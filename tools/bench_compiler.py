@@ -5,7 +5,7 @@ For each preset: the time to read the graph into the compiler's index (once per 
 to compile every switch under each policy, and to recompile after one leaf-spine link
 fails (what the app does on a PortStatus); then the rule counts: max flows and routes per
 switch, routes per POD for both policies, their ratio, the theoretical minimum (a lower
-bound for any destination-based routing, see controller.compiler.minimum_routes), next to
+bound for any destination-based routing, see hpnlab.controller.compiler.minimum_routes), next to
 the ~4,000 routes per POD reported by Baidu. Side by side, measured in this run: the
 compact host-route blocks against expanding every /32 into its own value, on a slice of
 the switches (the expanded form is what a naive compiler would build).
@@ -16,8 +16,8 @@ import argparse
 import gc
 import time
 
-from controller import compiler as C
-from fabric import graph, spec
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import graph, spec
 
 BAIDU_ROUTES_PER_POD = 4000
 

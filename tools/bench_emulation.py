@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def cpu_times() -> tuple[float, float]:
@@ -94,8 +93,8 @@ def main() -> int:
     ap.add_argument("--goal-s", type=float, default=60.0)
     ap.add_argument("--load-s", type=float, default=4.0)
     args = ap.parse_args()
-    from fabric import kernel
-    from fabric.emulation import Emulation
+    from hpnlab.fabric import kernel
+    from hpnlab.fabric.emulation import Emulation
 
     caps = kernel.probe(deep=False)
     if not caps.root or not caps.ovs_running or not caps.mininet:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from fabric import graph, model, spec
+from hpnlab.fabric import graph, model, spec
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ import time
 
 import networkx as nx
 
-from fabric import analysis, graph, spec
+from hpnlab.fabric import analysis, graph, spec
 
 
 def timed(fn, *args):

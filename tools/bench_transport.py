@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from fabric import ranks, report  # noqa: E402
-from fabric.spec import load  # noqa: E402
+from hpnlab.fabric import ranks, report  # noqa: E402
+from hpnlab.fabric.spec import load  # noqa: E402
 
 SIZE = 4 << 20
 

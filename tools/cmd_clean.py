@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from fabric.errors import UserError
+from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
@@ -16,7 +16,7 @@ def register(sub) -> None:
 def cmd_clean(args) -> int:
     if os.geteuid() != 0:
         raise UserError("hpnlab clean needs root: run it with sudo")
-    from fabric.emulation.state import clean
+    from hpnlab.fabric.emulation.state import clean
 
     summary = clean(force=args.force, log=lambda m: print(f"hpnlab: {m}"))
     for run in summary["alive"]:

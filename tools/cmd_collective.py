@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from fabric import collectives as col
-from fabric import ranks, report
-from fabric.errors import UserError
+from hpnlab.fabric import collectives as col
+from hpnlab.fabric import ranks, report
+from hpnlab.fabric.errors import UserError
 
 
 def parse_rate_bps(text: str) -> float:
@@ -150,7 +150,7 @@ def default_out(kind: str) -> Path:
 
 def kernel_caps() -> dict:
     try:
-        from fabric import kernel
+        from hpnlab.fabric import kernel
         return kernel.probe(deep=False).as_dict()
     except Exception as exc:   # the probe is informational here; say why it is missing
         return {"error": f"{type(exc).__name__}: {exc}"}

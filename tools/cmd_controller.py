@@ -2,7 +2,7 @@
 
     hpnlab controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
                       [--policy aggregate|host-routes] [--metrics-port N]
-        runs the os-ken app in this process (the same as `python -m controller ...`);
+        runs the os-ken app in this process (the same as `python -m hpnlab.controller ...`);
         prints a line containing "ready" once switches can connect.
     hpnlab controller SCENARIO --show SWITCH [--fail A-B ...] [--policy ...]
         prints the flows the compiler gives SWITCH (with links A-B failed), no switch needed.
@@ -12,11 +12,11 @@ from __future__ import annotations
 import os
 import sys
 
-from fabric.errors import UserError
+from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
-    from controller.__main__ import build_parser
+    from hpnlab.controller.__main__ import build_parser
 
     p = sub.add_parser("controller", help="run the OpenFlow 1.3 controller (os-ken) or show its compiled flows",
                        description=__doc__.split("\n\n", 1)[0])
@@ -28,8 +28,8 @@ def register(sub) -> None:
 
 
 def _show(args) -> int:
-    from controller import compiler as C
-    from fabric import graph, spec
+    from hpnlab.controller import compiler as C
+    from hpnlab.fabric import graph, spec
 
     g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.set)))
     if args.show not in g or g.nodes[args.show]["tier"] == 0:
@@ -63,7 +63,7 @@ def cmd_controller(args) -> int:
         raise UserError("--fail only goes with --show (a running controller learns failures from the switches)")
     # Run the launcher in a fresh interpreter (it must monkey-patch the standard library with
     # eventlet before anything else is imported): same pid, same output, same exit code.
-    argv = [sys.executable, "-m", "controller", args.scenario, "--ofp-port", str(args.ofp_port),
+    argv = [sys.executable, "-m", "hpnlab.controller", args.scenario, "--ofp-port", str(args.ofp_port),
             "--listen", args.listen, "--policy", args.policy, "--metrics-port", str(args.metrics_port)]
     for item in args.set:
         argv += ["--set", item]

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from fabric.errors import UserError
+from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
@@ -33,10 +33,10 @@ def _run_args(scenario: str, overrides: list[str]):
 
 
 def cmd_demo(args) -> int:
-    from fabric import spec
-    from fabric.emulation import Emulation, EmulationError
-    from fabric.emulation.traffic import iperf3
-    from fabric.mn import emulated_mbps
+    from hpnlab.fabric import spec
+    from hpnlab.fabric.emulation import Emulation, EmulationError
+    from hpnlab.fabric.emulation.traffic import iperf3
+    from hpnlab.fabric.mn import emulated_mbps
 
     from . import cmd_run
     from .cmd_collective import default_out, present

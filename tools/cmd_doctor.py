@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 def findings(caps) -> list[tuple[str, str, str, str]]:
     """(status, item, what it means for an emulation, fix command) rows. status: ok|gap|FAIL."""
-    from fabric.kernel import fix_for
+    from hpnlab.fabric.kernel import fix_for
     rows = []
 
     def row(ok: bool, item: str, meaning: str, fix_key: str, fatal: bool = False):
@@ -70,13 +70,13 @@ def findings(caps) -> list[tuple[str, str, str, str]]:
 
 
 def cmd_doctor(args) -> int:
-    from fabric import graph, kernel, spec
+    from hpnlab.fabric import graph, kernel, spec
 
     caps = kernel.probe()
     rows = findings(caps)
     est = None
     if args.scenario:
-        from fabric.emulation.harness import estimate
+        from hpnlab.fabric.emulation.harness import estimate
         g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.overrides)))
         est = estimate(g, caps.cpus)
     if args.json:

@@ -5,8 +5,8 @@ import json
 import sys
 import time
 
-from fabric import spec
-from fabric.errors import UserError
+from hpnlab.fabric import spec
+from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
@@ -57,8 +57,8 @@ def safe_cli(net) -> None:
 
 
 def cmd_emulate(args) -> int:
-    from fabric.emulation import CONTROLLERS, Emulation, EmulationError
-    from fabric.emulation import timeline as tl
+    from hpnlab.fabric.emulation import CONTROLLERS, Emulation, EmulationError
+    from hpnlab.fabric.emulation import timeline as tl
 
     if args.controller not in CONTROLLERS:
         raise UserError(f"unknown controller {args.controller!r} (known: {', '.join(CONTROLLERS)})")

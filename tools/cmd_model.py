@@ -5,9 +5,9 @@ import json
 import sys
 import time
 
-from fabric import graph, model
-from fabric.collectives import parse_size, sweep
-from fabric.errors import UserError
+from hpnlab.fabric import graph, model
+from hpnlab.fabric.collectives import parse_size, sweep
+from hpnlab.fabric.errors import UserError
 
 from .cmd_topo import add_scenario_args, load_scenario
 

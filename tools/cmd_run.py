@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from fabric import collectives as col
-from fabric import ranks, spec
-from fabric.errors import UserError
+from hpnlab.fabric import collectives as col
+from hpnlab.fabric import ranks, spec
+from hpnlab.fabric.errors import UserError
 
 from .cmd_collective import add_generator_args, default_out, jobs_from_args, present
 
@@ -75,7 +75,7 @@ def matrix(args) -> list[tuple[str, str, str]]:
 
 def plan_jobs(args, g, run: tuple[str, str, str]) -> tuple[list[ranks.Job], list[list[str]]]:
     """The jobs of one (collective, transport, entropy) run on graph g, and their hosts."""
-    from fabric.mn import emulated_mbps
+    from hpnlab.fabric.mn import emulated_mbps
 
     s = g.graph["scenario"]
     placed = ranks.place(g, args.placement, args.ranks, args.jobs)
@@ -118,8 +118,8 @@ def run_on(emu, args, runs, say=print) -> list[dict]:
 
 
 def cmd_run(args) -> int:
-    from fabric import graph as fgraph
-    from fabric.emulation import Emulation, EmulationError
+    from hpnlab.fabric import graph as fgraph
+    from hpnlab.fabric.emulation import Emulation, EmulationError
 
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)

@@ -5,8 +5,8 @@ import json
 import sys
 from pathlib import Path
 
-from fabric import analysis, export, graph, spec
-from fabric.errors import UserError
+from hpnlab.fabric import analysis, export, graph, spec
+from hpnlab.fabric.errors import UserError
 
 
 def add_scenario_args(parser) -> None:
@@ -118,7 +118,7 @@ def cmd_inspect(args) -> int:
     report = analysis.inspect(g)
     if args.rules:
         try:
-            from controller.compiler import route_summary
+            from hpnlab.controller.compiler import route_summary
         except ImportError as exc:
             raise UserError(f"--rules needs the controller compiler ({exc})") from None
         report["rules"] = {policy: route_summary(g, policy) for policy in ("aggregate", "host-routes")}

@@ -14,9 +14,10 @@ import sys
 
 # `mn --custom` exec()s this file without __file__: the code object still knows its file name
 _HERE = globals().get("__file__") or sys._getframe(0).f_code.co_filename
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(_HERE))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(_HERE)))
+import _hpnlab_import  # noqa: E402,F401  (hpnlab.* from an install or this checkout)
 
-from fabric.mn import topo_from  # noqa: E402
+from hpnlab.fabric.mn import topo_from  # noqa: E402
 
 
 def hpn(preset="mini-hpn", **fields):

@@ -2,7 +2,7 @@
 
 Python API (stable; tools and tests build on it)::
 
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     with Emulation("mini-hpn", overrides={"emulation": {"host_mbps": 10}},
                    controller="hpnlab",        # or "none" (loop-free fabrics only, standalone OVS)
@@ -18,7 +18,7 @@ Python API (stable; tools and tests build on it)::
         emu.popen("h1", ["iperf3", "-s"])   # recorded; ended at exit even after SIGKILL + clean
         t = emu.link_down("p0l0", "p0s1")   # both ends down; returns the time applied
         emu.link_up("p0l0", "p0s1"); emu.switch_down("p1s0"); emu.switch_up("p1s0")
-        emu.run_timeline("failures.yaml")   # see fabric.emulation.timeline
+        emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
         emu.switch_ports()           # every switch egress port with its emulated rate
         emu.connected_switches()     # bridge -> connected to the controller (from ovsdb)
@@ -36,7 +36,7 @@ What ``start()`` (``__enter__``) does, in order:
    there *before* it is created, bridges are marked ``external_ids:hpnlab-run=<id>`` and
    children inherit ``HPNLAB_RUN=<id>``, so ``hpnlab clean`` removes exactly them after a
    SIGKILL. SIGINT/SIGTERM/SIGHUP unwind through ``stop()``;
-3. starts the controller (``python -m controller SCEN --ofp-port N --listen 127.0.0.1``)
+3. starts the controller (``python -m hpnlab.controller SCEN --ofp-port N --listen 127.0.0.1``)
    in its own process group and waits for its ``ready`` line;
 4. builds the network through the Mininet Python API: ``OVSSwitch`` with the kernel
    datapath when the openvswitch module is loaded, else ``datapath='user'``; fail mode
@@ -44,10 +44,10 @@ What ``start()`` (``__enter__``) does, in order:
    numbers; hosts with one interface per NIC port, plane-prefix addresses, per-source policy
    routing when several ports share a plane, ``ethtool -K tx off`` (unless OVS has
    userspace TSO on), IPv6 off, ``tcp_ecn=1``;
-5. shapes every sending interface with htb to the emulated rate (``fabric.mn.emulated_mbps``)
+5. shapes every sending interface with htb to the emulated rate (``hpnlab.fabric.mn.emulated_mbps``)
    and a port buffer; netem delay only where the kernel has netem, otherwise one line and
    ``metadata["not_emulated"]``;
-6. puts the ECN marking stage on every switch egress port (``fabric.emulation.ecn``);
+6. puts the ECN marking stage on every switch egress port (``hpnlab.fabric.emulation.ecn``);
 7. waits (``connect_timeout``) until ovsdb reports every bridge connected, then pings every
    host-port pair on every plane and refuses to hand over if any pair fails.
 

@@ -1,6 +1,6 @@
 """The emulation harness: a scenario as a live Mininet network on real Open vSwitch.
 
-See the package docstring (``fabric.emulation``) for the API and what it does.
+See the package docstring (``hpnlab.fabric.emulation``) for the API and what it does.
 """
 from __future__ import annotations
 
@@ -256,7 +256,7 @@ class Emulation:
         self.state: RunState | None = None
         self.ofp_port: int | None = None
         self.controller_proc: subprocess.Popen | None = None
-        self.ecn = None  # fabric.emulation.ecn.EcnStage once started
+        self.ecn = None  # hpnlab.fabric.emulation.ecn.EcnStage once started
         self.metadata: dict[str, Any] = {"scenario": self.scenario.name, "controller": controller}
         self.timings: dict[str, float] = {}
         self._lock = Lock()
@@ -288,7 +288,7 @@ class Emulation:
         if not caps.htb:
             raise UserError(f"the kernel has no htb qdisc, links cannot be shaped: {kernel.fix_for('htb')}")
         if self.controller == "hpnlab":
-            if importlib.util.find_spec("controller.__main__") is None:
+            if importlib.util.find_spec("hpnlab.controller.__main__") is None:
                 raise UserError("controller 'hpnlab' is not available (controller/__main__.py is missing); "
                                 "use --controller none on a loop-free scenario")
             if not caps.os_ken:
@@ -393,7 +393,7 @@ class Emulation:
         self.ofp_port = port
         scen_file = self.state.run_dir / "scenario.yaml"
         scen_file.write_text(yaml.safe_dump(spec.to_dict(self.scenario), sort_keys=False))
-        cmd = [sys.executable, "-m", "controller", str(scen_file), "--ofp-port", str(port),
+        cmd = [sys.executable, "-m", "hpnlab.controller", str(scen_file), "--ofp-port", str(port),
                "--listen", self.controller_ip]
         if self.policy:
             cmd += ["--policy", self.policy]
@@ -402,8 +402,7 @@ class Emulation:
         self.metadata["controller_cmd"] = " ".join(cmd)
         self.metadata["controller_log"] = str(logf)
         root = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(logf, "wb") as out:
             self.controller_proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                     stdin=subprocess.DEVNULL, start_new_session=True,

@@ -1,7 +1,7 @@
 """A paced UDP sender and a TOS-counting receiver, run inside emulated hosts.
 
-    python -m fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
-    python -m fabric.emulation.udp recv BIND_IP PORT --seconds 4
+    python -m hpnlab.fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
+    python -m hpnlab.fabric.emulation.udp recv BIND_IP PORT --seconds 4
 
 The receiver prints one JSON line: packets, bytes, and how many arrived with each ECN
 codepoint (``not_ect``, ``ect1``, ``ect0``, ``ce``), read from the IP header through
@@ -73,7 +73,7 @@ def recv(bind: str, port: int, seconds: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fabric.emulation.udp")
+    p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.emulation.udp")
     sub = p.add_subparsers(dest="cmd", required=True)
     ps = sub.add_parser("send")
     ps.add_argument("dst")

@@ -1,6 +1,6 @@
 """Transports that carry collective traffic between ranks (side-effecting: sockets).
 
-Both transports offer the same small interface, used by the rank worker (``fabric.ranks``):
+Both transports offer the same small interface, used by the rank worker (``hpnlab.fabric.ranks``):
 
 ``start()``
     bind/listen/connect; returns when the transport can send (the first barrier proves

@@ -147,7 +147,7 @@ class TcpTransport(Transport):
         self.conns[peer] = _Conn(peer, s, ip)
 
     def exchange(self, sends, recvs, wait_sends: bool = True):
-        """See ``fabric.transport``; with ``wait_sends=False`` the sends are copied and written
+        """See ``hpnlab.fabric.transport``; with ``wait_sends=False`` the sends are copied and written
         in the background of later calls (``flush`` finishes them)."""
         results: list = [None] * len(recvs)
         slots: dict[int, list[int]] = {}

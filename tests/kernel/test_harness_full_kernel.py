@@ -7,7 +7,7 @@ with ECN, changed live and counted. The controller checks are the userspace lane
 (every pair on every plane, installed flows equal to the compiler's, a link failure).
 
 The emulation runs with ecn=False and the ECN test puts the harness's own ECN stage
-(``EcnStage.for_emulation`` with the mechanism ``fabric.kernel`` picks) on the running
+(``EcnStage.for_emulation`` with the mechanism ``hpnlab.fabric.kernel`` picks) on the running
 fabric, so that a fault in the RED path fails that test alone, not the whole module.
 
 Long-haul delay: 20 km is 100 us one way, below what TCG's timing noise lets a ping
@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from controller import compiler as C
-from fabric import graph as fgraph
+from hpnlab.controller import compiler as C
+from hpnlab.fabric import graph as fgraph
 
 pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
 
@@ -43,7 +43,7 @@ READY_TIMEOUT_S = 240
 
 @pytest.fixture(scope="module")
 def emu():
-    from fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import Emulation
 
     e = Emulation(SCENARIO, overrides={"emulation": {"delay_scale": DELAY_SCALE}}, controller="hpnlab",
                   ecn=False, verify=False, lock_wait_s=300, connect_timeout=180,
@@ -218,8 +218,8 @@ def netem_delays_us(intf: str) -> list[float]:
 
 
 def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
-    from fabric import kernel
-    from fabric.emulation.ecn import EcnStage
+    from hpnlab.fabric import kernel
+    from hpnlab.fabric.emulation.ecn import EcnStage
 
     mechanism = kernel.probe(deep=False).ecn_mechanism
     assert mechanism == "red"          # the guest image has no clang/bpftool: sch_red is the stage
@@ -251,7 +251,7 @@ def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
 
 
 def test_doctor_reports_the_full_kernel():
-    r = subprocess.run([sys.executable, "-m", "hpnlab_tools.cli", "doctor", "--json"],
+    r = subprocess.run([sys.executable, "-m", "hpnlab.cli", "doctor", "--json"],
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)

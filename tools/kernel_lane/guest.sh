@@ -6,7 +6,7 @@
 #
 # The checkout is shared read-only (/hpnlab/src-ro); /hpnlab/src is an overlay of it whose
 # writes (bytecode) stay in guest memory. The project is importable through PYTHONPATH and
-# a symlink hpnlab_tools -> /hpnlab/src/tools (tools/ is installed as hpnlab_tools).
+# the namespace hpnlab/{fabric,controller,cli} symlinked onto the checkout's folders, as setup.cfg maps them.
 export PATH=/opt/hpnlab-venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root LC_ALL=C.UTF-8 TERM=dumb
 SRC=/hpnlab/src
@@ -53,11 +53,14 @@ fi
 say "Open vSwitch: $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1), module: $(cat /sys/module/openvswitch/initstate 2>&1)"
 
 # The project, importable without writing to the checkout.
-mkdir -p /hpnlab/pylib
-ln -s "$SRC/tools" /hpnlab/pylib/hpnlab_tools
-export PYTHONPATH="$SRC:/hpnlab/pylib" PYTHONUNBUFFERED=1
+
+mkdir -p /hpnlab/pylib/hpnlab
+ln -s "$SRC/fabric" /hpnlab/pylib/hpnlab/fabric
+ln -s "$SRC/controller" /hpnlab/pylib/hpnlab/controller
+ln -s "$SRC/tools" /hpnlab/pylib/hpnlab/cli
+export PYTHONPATH="/hpnlab/pylib" PYTHONUNBUFFERED=1
 export HPNLAB_KERNEL_LANE=1
-printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab_tools.cli "$@"\n' > /usr/local/bin/hpnlab
+printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab.cli "$@"\n' > /usr/local/bin/hpnlab
 chmod 755 /usr/local/bin/hpnlab
 
 cd "$SRC" || finish 126 "no checkout"

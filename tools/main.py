@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import sys
 
-from fabric.errors import UserError
+from hpnlab.fabric.errors import UserError
 
 # Order is the order `hpnlab --help` lists them in.
 COMMANDS = ["topo", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo"]
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
-        modname = f"hpnlab_tools.cmd_{name}"
+        modname = f"hpnlab.cli.cmd_{name}"
         if importlib.util.find_spec(modname) is None:
             continue
         importlib.import_module(modname).register(sub)
