@@ -7,7 +7,7 @@ installs that wheel and Fabric into one fresh venv, in both orders, and removes 
 from __future__ import annotations
 
 import configparser
-import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,9 +23,11 @@ FABRIC_SSH = "fabric==3.2.3"   # the release the namespace clash was found with
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
+    src = build / "src"   # a copy: setuptools builds in the source tree, and the checkout stays clean
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "results", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache", ".cache"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(out), str(ROOT)], capture_output=True, text=True, cwd=build, timeout=300,
-                       env=dict(os.environ, TMPDIR=str(build)))
+                        "-w", str(out), str(src)], capture_output=True, text=True, cwd=build, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     wheels = list(out.glob("hpnlab-*.whl"))
     assert len(wheels) == 1
