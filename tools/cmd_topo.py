@@ -1,27 +1,37 @@
 """`hpnlab topo`: inspect, export and list fabrics (pure: no root needed)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+import networkx as nx
 
 from hpnlab.fabric import analysis, export, graph, spec
 from hpnlab.fabric.errors import UserError
 
 
-def add_scenario_args(parser) -> None:
+def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """SCENARIO and --set, shared by every command that takes a scenario."""
     parser.add_argument("scenario", metavar="SCENARIO",
                         help="preset name (see 'hpnlab topo presets'), fat-tree-K, or a YAML file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a scenario field (repeatable), e.g. --set planes=4 --set long_haul.distance_km=50")
+                        help="override a scenario field (repeatable), "
+                             "e.g. --set planes=4 --set long_haul.distance_km=50")
 
 
-def load_scenario(args) -> spec.Scenario:
+def load_scenario(args: argparse.Namespace) -> spec.Scenario:
     return spec.load(args.scenario, spec.parse_overrides(args.overrides))
 
 
-def register(sub) -> None:
+def load_fabric(args: argparse.Namespace) -> tuple[spec.Scenario, nx.MultiGraph]:
+    """The scenario the arguments name and its fabric graph."""
+    scenario = load_scenario(args)
+    return scenario, graph.build(scenario)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     topo = sub.add_parser("topo", help="inspect, export and list fabrics")
     tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION")
     tsub.required = True
@@ -112,9 +122,8 @@ def render_rules(rules: dict) -> list[str]:
     return lines
 
 
-def cmd_inspect(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_inspect(args: argparse.Namespace) -> int:
+    _, g = load_fabric(args)
     report = analysis.inspect(g)
     if args.rules:
         try:
@@ -130,9 +139,8 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_export(args: argparse.Namespace) -> int:
+    scenario, g = load_fabric(args)
     if args.output:
         path = Path(args.output)
         if not path.parent.is_dir():
@@ -146,28 +154,28 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_plan(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_plan(args: argparse.Namespace) -> int:
+    scenario, g = load_fabric(args)
     plan = g.graph["plan"]
     print("\n".join(plan.describe()))
-    for p in range(scenario.planes):
-        print(f"plane {p}: {plan.plane_prefix(p)}")
-        for c in range(scenario.campuses):
+    for plane in range(scenario.planes):
+        print(f"plane {plane}: {plan.plane_prefix(plane)}")
+        for campus in range(scenario.campuses):
             if scenario.campuses > 1:
-                print(f"  campus {c}: {plan.campus_prefix(p, c)}")
+                print(f"  campus {campus}: {plan.campus_prefix(plane, campus)}")
             for pod in range(scenario.pods):
-                print(f"    pod {pod}: {plan.pod_prefix(p, c, pod)}")
-    leaves = [n for n in graph.switches(g) if g.nodes[n]["tier"] == 1][:8]
-    print("leaf prefixes (first 8): " + ", ".join(f"{n} {g.nodes[n]['prefix']}" for n in leaves))
-    for h in graph.hosts(g)[: args.hosts]:
-        ports = graph.host_ports(g, h)
-        print(f"{h}: " + ", ".join(f"eth{p['intf']} {p['ip']} (plane {p['plane']}, rail {p['rail']}, "
-                                    f"{p['leaf']} port {p['leaf_port']}, {p['mac']})" for p in ports))
+                print(f"    pod {pod}: {plan.pod_prefix(plane, campus, pod)}")
+    leaves = [switch for switch in graph.switches(g) if g.nodes[switch]["tier"] == 1][:8]
+    print("leaf prefixes (first 8): " + ", ".join(f"{leaf} {g.nodes[leaf]['prefix']}" for leaf in leaves))
+    for host in graph.hosts(g)[: args.hosts]:
+        ports = graph.host_ports(g, host)
+        print(f"{host}: " + ", ".join(
+            f"{graph.intf_name(host, port['intf'])} {port['ip']} (plane {port['plane']}, rail {port['rail']}, "
+            f"{port['leaf']} port {port['leaf_port']}, {port['mac']})" for port in ports))
     return 0
 
 
-def cmd_presets(args) -> int:
+def cmd_presets(args: argparse.Namespace) -> int:
     for name in spec.preset_names():
         s = spec.load(name)
         print(f"{name:<20} {s.kind:<9} {s.accelerators:>8,} accelerators  "
