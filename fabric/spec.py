@@ -262,11 +262,11 @@ def _complete(s: Scenario) -> Scenario:
         return _check_fat_tree(s)
     if s.accelerators_per_host < 1:
         raise ScenarioError("accelerators_per_host", "must be at least 1")
-    lps = s.leaves_per_plane_per_segment or s.rails
-    if s.rails % lps:
+    leaves_per_segment = s.leaves_per_plane_per_segment or s.rails
+    if s.rails % leaves_per_segment:
         raise ScenarioError("leaves_per_plane_per_segment",
-                            f"must divide rails ({s.rails}), got {lps}")
-    s = s.replace(leaves_per_plane_per_segment=lps)
+                            f"must divide rails ({s.rails}), got {leaves_per_segment}")
+    s = s.replace(leaves_per_plane_per_segment=leaves_per_segment)
     if s.spines_per_plane == 0:
         target = s.oversubscription or 1.0
         down = s.leaf_down_ports * s.host_rate_gbps

@@ -56,10 +56,10 @@ def test_each_nic_has_one_port_in_every_plane(fabric):
 def test_every_leaf_reaches_every_spine_of_its_plane_and_pod(fabric):
     s = fabric.graph["scenario"]
     for leaf in (n for n in graph.switches(fabric) if fabric.nodes[n]["tier"] == 1):
-        ld = fabric.nodes[leaf]
+        leaf_attrs = fabric.nodes[leaf]
         spines = {n for n in graph.switches(fabric)
-                  if fabric.nodes[n]["tier"] == 2 and fabric.nodes[n]["plane"] == ld["plane"]
-                  and (fabric.nodes[n]["campus"], fabric.nodes[n]["pod"]) == (ld["campus"], ld["pod"])}
+                  if fabric.nodes[n]["tier"] == 2 and fabric.nodes[n]["plane"] == leaf_attrs["plane"]
+                  and (fabric.nodes[n]["campus"], fabric.nodes[n]["pod"]) == (leaf_attrs["campus"], leaf_attrs["pod"])}
         assert {v for v in fabric[leaf] if fabric.nodes[v]["tier"] == 2} == spines
         for spine in spines:
             assert fabric.number_of_edges(leaf, spine) == s.leaf_spine_links

@@ -112,8 +112,8 @@ def test_mn_custom_files_build_topos_with_overrides():
     assert len(hpn.switches()) == 4 * (4 + 2)
     fat = _load_custom(ROOT / "topologies" / "fattree.py")["fattree"](k=4)
     assert len(fat.hosts()) == 16 and len(fat.switches()) == 20
-    cc = _load_custom(ROOT / "topologies" / "scenario.py")["scenario"]("mini-cross-campus")
-    assert "p0c1" in cc.switches()
+    cross_campus = _load_custom(ROOT / "topologies" / "scenario.py")["scenario"]("mini-cross-campus")
+    assert "p0c1" in cross_campus.switches()
 
 
 def test_mn_custom_overrides_reach_the_emulation_block():

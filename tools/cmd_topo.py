@@ -33,28 +33,28 @@ def load_fabric(args: argparse.Namespace) -> tuple[spec.Scenario, nx.MultiGraph]
 
 def register(sub: argparse._SubParsersAction) -> None:
     topo = sub.add_parser("topo", help="inspect, export and list fabrics")
-    tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION")
-    tsub.required = True
+    actions = topo.add_subparsers(dest="topo_command", metavar="ACTION")
+    actions.required = True
 
-    p = tsub.add_parser("inspect", help="sizes, radix use, oversubscription, bisection, paths, routes")
+    p = actions.add_parser("inspect", help="sizes, radix use, oversubscription, bisection, paths, routes")
     add_scenario_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a report")
     p.add_argument("--rules", action="store_true",
                    help="also compile the controller's rules and report counts per policy")
     p.set_defaults(func=cmd_inspect)
 
-    p = tsub.add_parser("export", help="write the fabric graph (json, graphml or dot)")
+    p = actions.add_parser("export", help="write the fabric graph (json, graphml or dot)")
     add_scenario_args(p)
     p.add_argument("--format", choices=export.FORMATS, default="json")
     p.add_argument("-o", "--output", help="file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
 
-    p = tsub.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
+    p = actions.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
     add_scenario_args(p)
     p.add_argument("--hosts", type=int, default=4, help="host addresses to list (default 4)")
     p.set_defaults(func=cmd_plan)
 
-    p = tsub.add_parser("presets", help="list the scenario presets")
+    p = actions.add_parser("presets", help="list the scenario presets")
     p.set_defaults(func=cmd_presets)
 
 
@@ -87,17 +87,17 @@ def render(report: dict) -> str:
         else:
             lines.append(f"    {kind:<13} {p['hops']} links, {p['switches']} switches, "
                          f"{p['paths']:,} equal-cost paths   e.g. {p['example'][0]} -> {p['example'][1]}")
-    rt = r["routes"]
+    routes = r["routes"]
     lines.append("  routes per switch: host routes max "
-                 f"{rt['host_routes_max']:,}, aggregated max {rt['aggregated_max']:,} "
-                 f"({rt['host_routes_max'] / max(rt['aggregated_max'], 1):,.0f}x fewer)")
-    for role, v in rt["by_role"].items():
+                 f"{routes['host_routes_max']:,}, aggregated max {routes['aggregated_max']:,} "
+                 f"({routes['host_routes_max'] / max(routes['aggregated_max'], 1):,.0f}x fewer)")
+    for role, v in routes["by_role"].items():
         lines.append(f"    {role:<6} host routes {v['host_routes_max']:>9,}   aggregated {v['aggregated_max']:>7,}")
-    pods = rt["per_pod_total"]["aggregated"]
+    pods = routes["per_pod_total"]["aggregated"]
     if pods:
         first = next(iter(pods))
         lines.append(f"  routes per pod (all planes, leaves + spines), {first}: aggregated "
-                     f"{pods[first]:,} vs host routes {rt['per_pod_total']['host_routes'][first]:,}"
+                     f"{pods[first]:,} vs host routes {routes['per_pod_total']['host_routes'][first]:,}"
                      + (f" ({len(pods)} pods)" if len(pods) > 1 else ""))
     if "rules" in r:
         lines.extend(render_rules(r["rules"]))
