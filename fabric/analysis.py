@@ -25,6 +25,8 @@ from typing import Any
 
 import networkx as nx
 
+from .graph import TIER
+
 PAIR_KINDS = ("same-leaf", "same-rail", "cross-rail", "cross-pod", "cross-campus")
 
 
@@ -39,19 +41,19 @@ def scan(g: nx.MultiGraph) -> dict[str, Any]:
     raw_routes: dict[str, tuple[int, int]] = {}
     links: Counter[str] = Counter()
     ports_per_plane: Counter[int] = Counter()
-    for n, d in node.items():
-        tier = d["tier"]
+    for switch, attrs in node.items():
+        tier = attrs["tier"]
         if tier == 0:
             continue
         nlinks = 0
         down = up = peer = 0.0
         host_ports = 0
-        below: set = set()
-        far: set = set()
+        below: set[object] = set()     # leaves below a spine, (campus, pod)s below a core
+        far_campuses: set[int] = set()
         has_up = False
-        for v, keydict in g._adj[n].items():
-            vd = node[v]
-            vt = vd["tier"]
+        for neighbour, keydict in g._adj[switch].items():
+            neighbour_attrs = node[neighbour]
+            neighbour_tier = neighbour_attrs["tier"]
             if len(keydict) == 1:
                 nlinks += 1
                 for data in keydict.values():
@@ -59,30 +61,30 @@ def scan(g: nx.MultiGraph) -> dict[str, Any]:
             else:
                 nlinks += len(keydict)
                 cap = sum(data["rate_gbps"] for data in keydict.values())
-            if vt == 0:
+            if neighbour_tier == 0:
                 down += cap
                 host_ports += len(keydict)
                 links["host"] += len(keydict)
-            elif vt < tier:
+            elif neighbour_tier < tier:
                 down += cap
                 # a spine counts the leaves below it; a core counts the pods below it
-                below.add(v if tier == 2 else (vd["campus"], vd["pod"]))
-            elif vt > tier:
+                below.add(neighbour if tier == 2 else (neighbour_attrs["campus"], neighbour_attrs["pod"]))
+            elif neighbour_tier > tier:
                 up += cap
                 has_up = True
                 links[next(iter(keydict.values()))["kind"]] += len(keydict)
             else:
                 peer += cap
-                far.add(vd["campus"])
-                if n < v:
+                far_campuses.add(neighbour_attrs["campus"])
+                if switch < neighbour:
                     links[next(iter(keydict.values()))["kind"]] += len(keydict)
         if host_ports:
-            ports_per_plane[d["plane"]] += host_ports
-        ports[n] = {"links": nlinks, "slots": (down + up + peer) / port_rate, "down_gbps": down,
-                    "up_gbps": up, "peer_gbps": peer}
-        raw_routes[n] = (d["plane"], host_ports + len(below) + len(far) + int(has_up))
-    routes = {n: {"host_routes": ports_per_plane[plane], "aggregated": agg}
-              for n, (plane, agg) in raw_routes.items()}
+            ports_per_plane[attrs["plane"]] += host_ports
+        ports[switch] = {"links": nlinks, "slots": (down + up + peer) / port_rate, "down_gbps": down,
+                         "up_gbps": up, "peer_gbps": peer}
+        raw_routes[switch] = (attrs["plane"], host_ports + len(below) + len(far_campuses) + int(has_up))
+    routes = {switch: {"host_routes": ports_per_plane[plane], "aggregated": aggregated}
+              for switch, (plane, aggregated) in raw_routes.items()}
     return {"ports": ports, "routes": routes, "links": links, "ports_per_plane": ports_per_plane}
 
 
@@ -126,7 +128,9 @@ def count_shortest_paths(g: nx.MultiGraph, src: str, dst: str) -> tuple[int, int
     return dist[dst], sigma[dst]
 
 
-def _host_port_on(g: nx.MultiGraph, leaf: str, *, rail: int | None = None, not_host: str | None = None):
+def _host_port_on(g: nx.MultiGraph, leaf: str, *, rail: int | None = None,
+                  not_host: str | None = None) -> dict[str, Any] | None:
+    """The first host port on a leaf (of a rail, not of a host): host, leaf, rail, ip."""
     for host, keydict in g._adj[leaf].items():
         if host == not_host:
             continue
@@ -139,64 +143,66 @@ def _host_port_on(g: nx.MultiGraph, leaf: str, *, rail: int | None = None, not_h
 def representative_pairs(g: nx.MultiGraph) -> dict[str, tuple[dict, dict]]:
     """One pair of host ports of plane 0 for each kind of pair the fabric has."""
     leaves = {}
-    for n, d in g._node.items():
-        if d["tier"] == 1 and d["plane"] == 0:
-            leaves[(d["campus"], d["pod"], d["segment"], d["leaf"])] = n
-    first = leaves[min(leaves)]
-    fa = g._node[first]
-    a = _host_port_on(g, first)
+    for switch, attrs in g._node.items():
+        if attrs["tier"] == 1 and attrs["plane"] == 0:
+            leaves[(attrs["campus"], attrs["pod"], attrs["segment"], attrs["leaf"])] = switch
+    first_leaf = leaves[min(leaves)]
+    first_attrs = g._node[first_leaf]
+    source = _host_port_on(g, first_leaf)
+    if source is None:
+        return {}
     pairs: dict[str, tuple[dict, dict]] = {}
-    b = _host_port_on(g, first, not_host=a["host"])
-    if b:
-        pairs["same-leaf"] = (a, b)
-    for key, leaf in sorted(leaves.items()):
-        if leaf == first:
+    target = _host_port_on(g, first_leaf, not_host=source["host"])
+    if target:
+        pairs["same-leaf"] = (source, target)
+    for _, leaf in sorted(leaves.items()):
+        if leaf == first_leaf:
             continue
-        ld = g._node[leaf]
-        if ld["campus"] != fa["campus"]:
+        leaf_attrs = g._node[leaf]
+        if leaf_attrs["campus"] != first_attrs["campus"]:
             kind = "cross-campus"
-        elif ld["pod"] != fa["pod"]:
+        elif leaf_attrs["pod"] != first_attrs["pod"]:
             kind = "cross-pod"
-        elif a["rail"] in ld["rails"]:
+        elif source["rail"] in leaf_attrs["rails"]:
             kind = "same-rail"
         else:
             kind = "cross-rail"
         if kind not in pairs:
-            b = _host_port_on(g, leaf, rail=a["rail"] if kind == "same-rail" else None,
-                              not_host=a["host"])
-            if b:
-                pairs[kind] = (a, b)
+            target = _host_port_on(g, leaf, rail=source["rail"] if kind == "same-rail" else None,
+                                   not_host=source["host"])
+            if target:
+                pairs[kind] = (source, target)
     return pairs
 
 
 def path_table(g: nx.MultiGraph) -> dict[str, dict[str, Any]]:
     """Per pair kind: host-to-host links on a shortest path and the number of equal-cost paths."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     pairs = representative_pairs(g)
     for kind in PAIR_KINDS:
         if kind not in pairs:
             continue
-        a, b = pairs[kind]
-        links, paths = count_shortest_paths(g, a["leaf"], b["leaf"])
+        source, target = pairs[kind]
+        links, paths = count_shortest_paths(g, source["leaf"], target["leaf"])
         out[kind] = {"hops": links + 2, "switches": links + 1, "paths": paths,
-                     "example": [f"{a['host']} {a['ip']}", f"{b['host']} {b['ip']}"]}
+                     "example": [f"{source['host']} {source['ip']}", f"{target['host']} {target['ip']}"]}
     out["cross-plane"] = {"hops": None, "switches": None, "paths": 0,
                           "note": "planes are disjoint networks; a host reaches another plane only "
                                   "through its own NIC port on that plane"}
     return out
 
 
-def bisection(g: nx.MultiGraph, ports: dict[str, dict[str, float]]) -> dict[str, float]:
+def bisection(g: nx.MultiGraph, ports: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Capacity of the worst balanced cut of a Clos: min over tiers of half the capacity above
     the tier (all planes together), and the long-haul cut between campuses."""
     s = g.graph["scenario"]
     by_tier: dict[int, float] = defaultdict(float)
     host_gbps = 0.0
-    for n, p in ports.items():
-        tier = g.nodes[n]["tier"]
-        by_tier[tier] += p["up_gbps"]
+    for switch, use in ports.items():
+        tier = g.nodes[switch]["tier"]
+        by_tier[tier] += use["up_gbps"]
         if tier == 1:
-            host_gbps += p["down_gbps"]
+            host_gbps += use["down_gbps"]
     cuts = {"hosts": host_gbps / 2}
     for tier, cap in sorted(by_tier.items()):
         if cap > 0:
@@ -214,33 +220,33 @@ def inspect(g: nx.MultiGraph) -> dict[str, Any]:
     nodes = g._node
     scanned = scan(g)
     ports, routes, links = scanned["ports"], scanned["routes"], scanned["links"]
-    roles = Counter(nodes[n]["role"] for n in ports)
+    roles = Counter(nodes[switch]["role"] for switch in ports)
     nic_ports = links.get("host", 0)
-    max_slots = max((p["slots"] for p in ports.values()), default=0)
-    max_links = max((p["links"] for p in ports.values()), default=0)
-    over: dict[str, float] = {}
-    for n, p in ports.items():
-        role = nodes[n]["role"]
-        if p["up_gbps"] > 0:
-            over[role] = max(over.get(role, 0.0), p["down_gbps"] / p["up_gbps"])
+    max_slots = max((use["slots"] for use in ports.values()), default=0)
+    max_links = max((use["links"] for use in ports.values()), default=0)
+    oversubscription: dict[str, float] = {}
+    for switch, use in ports.items():
+        role = nodes[switch]["role"]
+        if use["up_gbps"] > 0:
+            oversubscription[role] = max(oversubscription.get(role, 0.0), use["down_gbps"] / use["up_gbps"])
     if s.campuses > 1 and s.long_haul:
         campus_host_gbps = s.hosts // s.campuses * s.ports_per_host * s.host_rate_gbps
-        far = (s.campuses - 1) * s.planes * s.cores_per_plane * s.long_haul.links * s.long_haul.rate_gbps
-        over["long-haul"] = campus_host_gbps / far
+        far_gbps = (s.campuses - 1) * s.planes * s.cores_per_plane * s.long_haul.links * s.long_haul.rate_gbps
+        oversubscription["long-haul"] = campus_host_gbps / far_gbps
     per_pod: dict[str, int] = defaultdict(int)
     per_pod_host: dict[str, int] = defaultdict(int)
-    for n, r in routes.items():
-        d = nodes[n]
-        if d["pod"] is None:
+    for switch, counts in routes.items():
+        attrs = nodes[switch]
+        if attrs["pod"] is None:
             continue
-        key = f"campus{d['campus']}/pod{d['pod']}"
-        per_pod[key] += r["aggregated"]
-        per_pod_host[key] += r["host_routes"]
+        key = f"campus{attrs['campus']}/pod{attrs['pod']}"
+        per_pod[key] += counts["aggregated"]
+        per_pod_host[key] += counts["host_routes"]
     by_role_routes = {}
     for role in roles:
-        members = [routes[n] for n in ports if nodes[n]["role"] == role]
-        by_role_routes[role] = {"host_routes_max": max(r["host_routes"] for r in members),
-                                "aggregated_max": max(r["aggregated"] for r in members)}
+        members = [routes[switch] for switch in ports if nodes[switch]["role"] == role]
+        by_role_routes[role] = {"host_routes_max": max(counts["host_routes"] for counts in members),
+                                "aggregated_max": max(counts["aggregated"] for counts in members)}
     result = {
         "scenario": s.name,
         "kind": s.kind,
@@ -249,27 +255,23 @@ def inspect(g: nx.MultiGraph) -> dict[str, Any]:
         "nic_ports": nic_ports,
         "planes": s.planes,
         "rails": s.rails,
-        "switches": dict(sorted(roles.items(), key=lambda kv: -_tier_of(kv[0]))) | {"total": len(ports)},
+        "switches": dict(sorted(roles.items(), key=lambda item: -TIER[item[0]])) | {"total": len(ports)},
         "links": dict(links) | {"total": sum(links.values())},
         "radix": s.switch_radix,
         "switch_port_rate_gbps": s.switch_port_rate_gbps,
         "max_ports_used": max_slots,
         "max_links_per_switch": max_links,
-        "ports_used_by_role": {role: max(ports[n]["slots"] for n in ports if nodes[n]["role"] == role)
+        "ports_used_by_role": {role: max(use["slots"] for switch, use in ports.items()
+                                         if nodes[switch]["role"] == role)
                                for role in roles},
-        "oversubscription": over,
+        "oversubscription": oversubscription,
         "paths": path_table(g),
         "routes": {
-            "host_routes_max": max((r["host_routes"] for r in routes.values()), default=0),
-            "aggregated_max": max((r["aggregated"] for r in routes.values()), default=0),
+            "host_routes_max": max((counts["host_routes"] for counts in routes.values()), default=0),
+            "aggregated_max": max((counts["aggregated"] for counts in routes.values()), default=0),
             "per_pod_total": {"aggregated": dict(per_pod), "host_routes": dict(per_pod_host)},
             "by_role": by_role_routes,
         },
     }
     result.update(bisection(g, ports))
     return result
-
-
-def _tier_of(role: str) -> int:
-    from .graph import TIER
-    return TIER[role]

@@ -6,7 +6,8 @@ Exports hold plain values only: the scenario is written as a mapping, each link'
 from __future__ import annotations
 
 import json
-from typing import IO
+from collections.abc import Iterator
+from typing import IO, Any
 
 import networkx as nx
 
@@ -15,7 +16,8 @@ from .spec import to_dict
 FORMATS = ("json", "graphml", "dot")
 
 
-def _flat_links(g: nx.MultiGraph):
+def _flat_links(g: nx.MultiGraph) -> Iterator[tuple[str, str, int, dict[str, Any]]]:
+    """Every link as (u, v, key, attributes) with ``ports`` flattened to port_a (u's), port_b (v's)."""
     for u, v, k, d in g.edges(keys=True, data=True):
         attrs = {key: value for key, value in d.items() if key != "ports"}
         attrs["port_a"] = d["ports"][u]
@@ -51,7 +53,7 @@ def write(g: nx.MultiGraph, fmt: str, fh: IO[str]) -> None:
         for n, d in g.nodes(data=True):
             label = n if d["tier"] == 0 else f"{n}\\n{d['role']}"
             fh.write(f'  "{n}" [role="{d["role"]}", tier={d["tier"]}, label="{label}"];\n')
-        for u, v, k, attrs in _flat_links(g):
+        for u, v, _, attrs in _flat_links(g):
             fh.write(f'  "{u}" -- "{v}" [kind="{attrs["kind"]}", rate_gbps={attrs["rate_gbps"]:g}, '
                      f'taillabel="{attrs["port_a"]}", headlabel="{attrs["port_b"]}"];\n')
         fh.write("}\n")

@@ -53,7 +53,7 @@ def _new_graph(s: Scenario) -> tuple[nx.MultiGraph, AddressPlan]:
 
 
 def _add_hosts(g: nx.MultiGraph, s: Scenario) -> list[str]:
-    names = []
+    names: list[str] = []
     per_pod = s.segments_per_pod * s.hosts_per_segment
     for idx in range(s.hosts):
         campus, rest = divmod(idx, s.pods * per_pod)
@@ -69,89 +69,94 @@ def _add_hosts(g: nx.MultiGraph, s: Scenario) -> list[str]:
 def _build_hpn(s: Scenario) -> nx.MultiGraph:
     g, plan = _new_graph(s)
     hosts = _add_hosts(g, s)
-    L = s.leaves_per_plane_per_segment
-    rpl = s.rails_per_leaf
-    S = s.spines_per_plane
-    C = s.cores_per_plane
-    m = s.leaf_spine_links
-    mc = s.spine_core_links
+    leaves_per_segment = s.leaves_per_plane_per_segment
+    rails_per_leaf = s.rails_per_leaf
+    spines_per_pod = s.spines_per_plane
+    cores_per_campus = s.cores_per_plane
+    leaf_spine_links = s.leaf_spine_links
+    spine_core_links = s.spine_core_links
     leaf_down = s.leaf_down_ports
-    edges = []
+    edges: list[tuple[str, str, dict]] = []
     for plane in range(s.planes):
-        cores = {}
+        cores: dict[tuple[int, int], str] = {}  # (campus, core in campus) -> name
         for campus in range(s.campuses):
-            for c in range(C):
-                idx = campus * C + c
+            for core_in_campus in range(cores_per_campus):
+                idx = campus * cores_per_campus + core_in_campus
                 name = f"p{plane}c{idx}"
                 g.add_node(name, role="core", tier=3, plane=plane, campus=campus, pod=None, index=idx,
                            dpid=dpid("core", plane, campus, idx),
                            deep_buffer=bool(s.long_haul and s.long_haul.deep_buffer))
-                cores[campus, c] = name
+                cores[campus, core_in_campus] = name
             for pod in range(s.pods):
                 pod_global = campus * s.pods + pod
                 spines = []
-                for sp in range(S):
-                    idx = pod_global * S + sp
+                for spine_in_pod in range(spines_per_pod):
+                    idx = pod_global * spines_per_pod + spine_in_pod
                     name = f"p{plane}s{idx}"
                     g.add_node(name, role="spine", tier=2, plane=plane, campus=campus, pod=pod, index=idx,
                                dpid=dpid("spine", plane, campus, idx))
                     spines.append(name)
                     # spine -> core uplinks: after the spine's down ports
-                    for c in range(C):
-                        for k in range(mc):
-                            sport = s.leaves_per_plane_per_pod * m + c * mc + k + 1
-                            cport = (pod * S + sp) * mc + k + 1
-                            edges.append((name, cores[campus, c], {
+                    for core_in_campus in range(cores_per_campus):
+                        core = cores[campus, core_in_campus]
+                        for link in range(spine_core_links):
+                            spine_port = (s.leaves_per_plane_per_pod * leaf_spine_links
+                                          + core_in_campus * spine_core_links + link + 1)
+                            core_port = (pod * spines_per_pod + spine_in_pod) * spine_core_links + link + 1
+                            edges.append((name, core, {
                                 "kind": "core", "rate_gbps": s.spine_core_rate_gbps, "delay_us": 0.0,
-                                "ports": {name: sport, cores[campus, c]: cport}}))
-                for seg in range(s.segments_per_pod):
-                    for lf in range(L):
-                        leaf_in_pod = seg * L + lf
+                                "ports": {name: spine_port, core: core_port}}))
+                for segment in range(s.segments_per_pod):
+                    for leaf_in_segment in range(leaves_per_segment):
+                        leaf_in_pod = segment * leaves_per_segment + leaf_in_segment
                         idx = pod_global * s.leaves_per_plane_per_pod + leaf_in_pod
                         name = f"p{plane}l{idx}"
+                        first_rail = leaf_in_segment * rails_per_leaf
                         g.add_node(name, role="leaf", tier=1, plane=plane, campus=campus, pod=pod,
-                                   segment=seg, leaf=lf, index=idx,
-                                   rails=tuple(range(lf * rpl, (lf + 1) * rpl)),
+                                   segment=segment, leaf=leaf_in_segment, index=idx,
+                                   rails=tuple(range(first_rail, first_rail + rails_per_leaf)),
                                    dpid=dpid("leaf", plane, campus, idx),
-                                   prefix=plan.leaf_prefix(plane, campus, pod, seg, lf))
+                                   prefix=plan.leaf_prefix(plane, campus, pod, segment, leaf_in_segment))
                         # leaf -> spine uplinks
-                        for sp, spine in enumerate(spines):
-                            for k in range(m):
+                        for spine_in_pod, spine in enumerate(spines):
+                            for link in range(leaf_spine_links):
                                 edges.append((name, spine, {
                                     "kind": "fabric", "rate_gbps": s.leaf_spine_rate_gbps, "delay_us": 0.0,
-                                    "ports": {name: leaf_down + sp * m + k + 1,
-                                              spine: leaf_in_pod * m + k + 1}}))
+                                    "ports": {name: leaf_down + spine_in_pod * leaf_spine_links + link + 1,
+                                              spine: leaf_in_pod * leaf_spine_links + link + 1}}))
                         # host ports on this leaf
-                        first_host = (pod_global * s.segments_per_pod + seg) * s.hosts_per_segment
-                        ip_base = plan.host_ip_int(plane, campus, pod, seg, lf, 0)
-                        for hs in range(s.hosts_per_segment):
-                            hidx = first_host + hs
-                            host = hosts[hidx]
-                            mac_base = host_mac(hidx, 0)[:-2]
-                            for r in range(rpl):
-                                rail = lf * rpl + r
-                                lport = hs * rpl + r
+                        first_host = (pod_global * s.segments_per_pod + segment) * s.hosts_per_segment
+                        ip_base = plan.host_ip_int(plane, campus, pod, segment, leaf_in_segment, 0)
+                        for host_in_segment in range(s.hosts_per_segment):
+                            host_index = first_host + host_in_segment
+                            host = hosts[host_index]
+                            mac_base = host_mac(host_index, 0)[:-2]
+                            for rail_on_leaf in range(rails_per_leaf):
+                                rail = first_rail + rail_on_leaf
+                                leaf_port = host_in_segment * rails_per_leaf + rail_on_leaf  # 0-based
                                 intf = rail * s.planes + plane
                                 edges.append((host, name, {
                                     "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0,
                                     "plane": plane, "rail": rail,
-                                    "ip": ip_str(ip_base + lport),
+                                    "ip": ip_str(ip_base + leaf_port),
                                     "mac": f"{mac_base}{intf:02x}",
-                                    "ports": {host: intf, name: lport + 1}}))
+                                    "ports": {host: intf, name: leaf_port + 1}}))
         if s.long_haul:
-            lh = s.long_haul
-            for a in range(s.campuses):
-                for b in range(a + 1, s.campuses):
-                    for c in range(C):
-                        ca, cb = cores[a, c], cores[b, c]
-                        base = s.pods * S * mc
-                        for k in range(lh.links):
+            long_haul = s.long_haul
+            down_ports = s.pods * spines_per_pod * spine_core_links  # a core's ports to its spines
+            for near in range(s.campuses):
+                for far in range(near + 1, s.campuses):
+                    for core_in_campus in range(cores_per_campus):
+                        near_core, far_core = cores[near, core_in_campus], cores[far, core_in_campus]
+                        for link in range(long_haul.links):
                             # long-haul ports after the core's down ports, one block per far campus
-                            pa = base + ((b - 1) * lh.links) + k + 1
-                            pb = base + (a * lh.links) + k + 1
-                            edges.append((ca, cb, {
-                                "kind": "long-haul", "rate_gbps": lh.rate_gbps, "delay_us": lh.delay_us,
-                                "distance_km": lh.distance_km, "ports": {ca: pa, cb: pb}}))
+                            # (numbered without the core's own campus)
+                            near_port = down_ports + (far - 1) * long_haul.links + link + 1
+                            far_port = down_ports + near * long_haul.links + link + 1
+                            edges.append((near_core, far_core, {
+                                "kind": "long-haul", "rate_gbps": long_haul.rate_gbps,
+                                "delay_us": long_haul.delay_us, "distance_km": long_haul.distance_km,
+                                "ports": {near_core: near_port, far_core: far_port}}))
     add_links(g, edges)
     return g
 
@@ -160,41 +165,42 @@ def _build_fat_tree(s: Scenario) -> nx.MultiGraph:
     g, plan = _new_graph(s)
     hosts = _add_hosts(g, s)
     half = s.k // 2
-    edges = []
+    edges: list[tuple[str, str, dict]] = []
     cores = []
-    for c in range(half * half):
-        name = f"c{c}"
-        g.add_node(name, role="core", tier=3, plane=0, campus=0, pod=None, index=c,
-                   dpid=dpid("core", 0, 0, c), deep_buffer=False)
+    for idx in range(half * half):
+        name = f"c{idx}"
+        g.add_node(name, role="core", tier=3, plane=0, campus=0, pod=None, index=idx,
+                   dpid=dpid("core", 0, 0, idx), deep_buffer=False)
         cores.append(name)
     for pod in range(s.k):
         aggs = []
-        for a in range(half):
-            idx = pod * half + a
+        for agg_in_pod in range(half):
+            idx = pod * half + agg_in_pod
             name = f"a{idx}"
             g.add_node(name, role="agg", tier=2, plane=0, campus=0, pod=pod, index=idx,
                        dpid=dpid("agg", 0, 0, idx))
             aggs.append(name)
-            for j in range(half):
-                core = cores[a * half + j]
+            # aggregation switch i of every pod reaches cores i*k/2 .. (i+1)*k/2 - 1
+            for uplink in range(half):
+                core = cores[agg_in_pod * half + uplink]
                 edges.append((name, core, {"kind": "core", "rate_gbps": s.spine_core_rate_gbps,
-                                           "delay_us": 0.0, "ports": {name: half + j + 1, core: pod + 1}}))
-        for e in range(half):
-            idx = pod * half + e
+                                           "delay_us": 0.0, "ports": {name: half + uplink + 1, core: pod + 1}}))
+        for edge_in_pod in range(half):
+            idx = pod * half + edge_in_pod
             name = f"e{idx}"
-            g.add_node(name, role="edge", tier=1, plane=0, campus=0, pod=pod, segment=e, leaf=0,
+            g.add_node(name, role="edge", tier=1, plane=0, campus=0, pod=pod, segment=edge_in_pod, leaf=0,
                        index=idx, rails=(0,), dpid=dpid("edge", 0, 0, idx),
-                       prefix=plan.leaf_prefix(0, 0, pod, e, 0))
-            for a, agg in enumerate(aggs):
-                edges.append((name, agg, {"kind": "fabric", "rate_gbps": s.leaf_spine_rate_gbps,
-                                          "delay_us": 0.0, "ports": {name: half + a + 1, agg: e + 1}}))
-            for hs in range(half):
-                hidx = (pod * half + e) * half + hs
-                host = hosts[hidx]
+                       prefix=plan.leaf_prefix(0, 0, pod, edge_in_pod, 0))
+            for agg_in_pod, agg in enumerate(aggs):
+                edges.append((name, agg, {"kind": "fabric", "rate_gbps": s.leaf_spine_rate_gbps, "delay_us": 0.0,
+                                          "ports": {name: half + agg_in_pod + 1, agg: edge_in_pod + 1}}))
+            for host_on_edge in range(half):
+                host_index = idx * half + host_on_edge
+                host = hosts[host_index]
                 edges.append((host, name, {
                     "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0, "plane": 0, "rail": 0,
-                    "ip": plan.host_ip(0, 0, pod, e, 0, hs), "mac": host_mac(hidx, 0),
-                    "ports": {host: 0, name: hs + 1}}))
+                    "ip": plan.host_ip(0, 0, pod, edge_in_pod, 0, host_on_edge), "mac": host_mac(host_index, 0),
+                    "ports": {host: 0, name: host_on_edge + 1}}))
     add_links(g, edges)
     return g
 
@@ -217,6 +223,13 @@ def add_links(g: nx.MultiGraph, edges: list[tuple[str, str, dict]]) -> None:
 
 
 # ---- small queries used across the project -----------------------------------
+
+def intf_name(node: str, port: int) -> str:
+    """The Linux name of a node's interface: ``hN-ethI`` for a host's NIC port ``I`` (its
+    ``intf`` number), ``<switch>-ethP`` for a switch's OpenFlow port ``P``, as Mininet and the
+    emulation name them (at most 15 characters: see ``mn.IFNAMSIZ``)."""
+    return f"{node}-eth{port}"
+
 
 def switches(g: nx.MultiGraph, role: str | None = None) -> list[str]:
     return [n for n, d in g.nodes(data=True) if d["tier"] > 0 and (role is None or d["role"] == role)]

@@ -30,13 +30,14 @@ from typing import Any
 import networkx as nx
 
 from . import graph as fgraph
+from . import spec
 from .addressing import dpid_str
 from .spec import Scenario
 
 try:  # Mininet is an optional (emulation) dependency; the pure helpers work without it.
     from mininet.topo import Topo as _Topo
 except ImportError:  # pragma: no cover - exercised only where mininet is missing
-    _Topo = object  # type: ignore[assignment,misc]
+    _Topo = object
 
 # Linux limits interface names to 15 characters.
 IFNAMSIZ = 15
@@ -62,14 +63,14 @@ def host_interfaces(g: nx.MultiGraph, host: str) -> list[dict[str, Any]]:
     out = []
     for port in fgraph.host_ports(g, host):
         port = dict(port)
-        port["name"] = f"{host}-eth{port['intf']}"
+        port["name"] = fgraph.intf_name(host, port["intf"])
         port["cidr"] = f"{port['ip']}/{plane_prefixlen(g, port['plane'])}"
         out.append(port)
     return out
 
 
-def switch_intf_name(switch: str, port: int) -> str:
-    return f"{switch}-eth{port}"
+#: The old name of ``graph.intf_name``, still imported by the emulation harness.
+switch_intf_name = fgraph.intf_name
 
 
 def link_options(g: nx.MultiGraph, u: str, v: str, data: dict) -> dict[str, Any]:
@@ -87,28 +88,25 @@ def link_options(g: nx.MultiGraph, u: str, v: str, data: dict) -> dict[str, Any]
     delay = emulated_delay_us(s, data.get("delay_us", 0.0))
     if delay > 0:
         opts["delay"] = f"{delay:g}us"
+    opts["intfName1"] = fgraph.intf_name(u, p1)
+    opts["intfName2"] = fgraph.intf_name(v, p2)
     if g.nodes[u]["tier"] == 0:
-        name1 = f"{u}-eth{p1}"
-        opts["intfName1"] = name1
         opts["addr1"] = data["mac"]
         opts["params1"] = {"ip": f"{data['ip']}/{plane_prefixlen(g, data['plane'])}"}
-    else:
-        opts["intfName1"] = switch_intf_name(u, p1)
-    opts["intfName2"] = switch_intf_name(v, p2)
     for key in ("intfName1", "intfName2"):
         if len(opts[key]) > IFNAMSIZ:
             raise ValueError(f"interface name {opts[key]!r} is longer than {IFNAMSIZ} characters")
     return {"node1": u, "node2": v, **opts}
 
 
-class FabricTopo(_Topo):  # type: ignore[misc,valid-type]
+class FabricTopo(_Topo):
     """A Mininet Topo built from a fabric graph. ``self.fabric`` is the graph."""
 
-    def __init__(self, fabric_graph: nx.MultiGraph, **opts):
+    def __init__(self, fabric_graph: nx.MultiGraph, **opts: Any) -> None:
         self.fabric = fabric_graph
         super().__init__(**opts)
 
-    def build(self, **_opts) -> None:  # noqa: D401 - Mininet's hook
+    def build(self, **_opts: Any) -> None:  # Mininet's hook: Topo.__init__ calls it
         g = self.fabric
         for host in fgraph.hosts(g):
             intfs = host_interfaces(g, host)
@@ -130,18 +128,10 @@ def topo_for(scenario: Scenario) -> FabricTopo:
 
 
 def topo_from(name_or_path: str = "mini-hpn", **overrides: Any) -> FabricTopo:
-    """The Topo of a preset or scenario file, with field overrides (``planes=2``...)."""
-    from . import spec
-    return topo_for(spec.load(name_or_path, _nest(overrides)))
+    """The Topo of a preset or scenario file, with field overrides (``planes=2``...).
 
-
-def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
-    """``emulation.host_mbps=5`` style keys (mn passes them flat) into nested mappings."""
-    out: dict[str, Any] = {}
-    for key, value in overrides.items():
-        parts = key.replace("__", ".").split(".")
-        target = out
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
-        target[parts[-1]] = value
-    return out
+    Sub-fields come as ``emulation.host_mbps=5`` (what ``mn --topo hpn,emulation.host_mbps=5``
+    passes) or, where a Python keyword is needed, ``emulation__host_mbps=5``.
+    """
+    flat = ((key.replace("__", "."), value) for key, value in overrides.items())
+    return topo_for(spec.load(name_or_path, spec.nest_dotted(flat)))

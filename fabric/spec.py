@@ -22,9 +22,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, TypeVar
 
 import yaml
 
@@ -150,11 +151,11 @@ class Scenario:
         """Switch-port slots a port of this rate uses (a 51.2T switch: 128x400G or 512x100G)."""
         return rate_gbps / self.switch_port_rate_gbps
 
-    def replace(self, **changes: Any) -> "Scenario":
+    def replace(self, **changes: Any) -> Scenario:
         return dataclasses.replace(self, **changes)
 
 
-_SCALAR_FIELDS = {f.name: f for f in dataclasses.fields(Scenario)} 
+_SCALAR_FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
 _INT_FIELDS = {"accelerators_per_host", "rails", "planes", "hosts_per_segment", "segments_per_pod",
                "leaves_per_plane_per_segment", "spines_per_plane", "leaf_spine_links", "pods",
                "cores_per_plane", "spine_core_links", "campuses", "k", "switch_radix"}
@@ -185,13 +186,17 @@ def _num(value: Any, name: str, *, positive: bool = True) -> float:
     return float(value)
 
 
-def _sub(cls, data: Any, name: str):
+_Block = TypeVar("_Block", LongHaul, Emulation)
+
+
+def _sub(cls: type[_Block], data: Any, name: str) -> _Block | None:
+    """A sub-block (``long_haul``, ``emulation``) validated field by field against its defaults."""
     if data is None:
         return None
     if not isinstance(data, Mapping):
         raise ScenarioError(name, f"must be a mapping of fields, got {type(data).__name__}")
     known = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
             raise ScenarioError(f"{name}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
@@ -257,11 +262,11 @@ def _complete(s: Scenario) -> Scenario:
         return _check_fat_tree(s)
     if s.accelerators_per_host < 1:
         raise ScenarioError("accelerators_per_host", "must be at least 1")
-    lps = s.leaves_per_plane_per_segment or s.rails
-    if s.rails % lps:
+    leaves_per_segment = s.leaves_per_plane_per_segment or s.rails
+    if s.rails % leaves_per_segment:
         raise ScenarioError("leaves_per_plane_per_segment",
-                            f"must divide rails ({s.rails}), got {lps}")
-    s = s.replace(leaves_per_plane_per_segment=lps)
+                            f"must divide rails ({s.rails}), got {leaves_per_segment}")
+    s = s.replace(leaves_per_plane_per_segment=leaves_per_segment)
     if s.spines_per_plane == 0:
         target = s.oversubscription or 1.0
         down = s.leaf_down_ports * s.host_rate_gbps
@@ -330,30 +335,53 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """`key=value` strings (values parsed as YAML scalars; `a.b=1` for sub-fields)."""
+def nest_dotted(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """Flat ``(dotted key, value)`` pairs as nested mappings: ``("a.b.c", 1)`` -> ``{"a": {"b": {"c": 1}}}``.
+
+    A later pair wins over an earlier one with the same key. A key that is both a value and a
+    group of fields (``long_haul=1`` and ``long_haul.links=2``) raises ScenarioError.
+    """
     result: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ScenarioError(item, "an override must look like field=value")
-        key, _, raw = item.partition("=")
-        value = yaml.safe_load(raw) if raw else None
-        target = result
+    for key, value in pairs:
         parts = key.strip().split(".")
-        for part in parts[:-1]:
-            target = target.setdefault(part, {})
+        target = result
+        for depth, part in enumerate(parts[:-1]):
+            inner = target.setdefault(part, {})
+            if not isinstance(inner, dict):
+                group = ".".join(parts[: depth + 1])
+                raise ScenarioError(key, f"{group} is given both as a value and as a group of fields")
+            target = inner
+        if isinstance(target.get(parts[-1]), dict):
+            raise ScenarioError(key, f"{key} is given both as a value and as a group of fields")
         target[parts[-1]] = value
     return result
 
 
-def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`key=value` strings (values parsed as YAML scalars; `a.b=1` for sub-fields)."""
+    pairs = []
+    for item in items or []:
+        if "=" not in item:
+            raise ScenarioError(item, "an override must look like field=value")
+        key, _, raw = item.partition("=")
+        pairs.append((key, yaml.safe_load(raw) if raw else None))
+    return nest_dotted(pairs)
+
+
+def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` updated with ``extra``, mapping into mapping (``extra`` wins on a plain value)."""
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
+        current = out.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            out[key] = deep_merge(current, value)
         else:
             out[key] = value
     return out
+
+
+#: The old private name, still imported by the emulation harness.
+_merge = deep_merge
 
 
 def load(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
@@ -372,7 +400,7 @@ def load(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scena
                 "description": f"three-tier k-ary fat-tree, k={match.group(1)}",
                 "host_rate_gbps": 400, "leaf_spine_rate_gbps": 400, "spine_core_rate_gbps": 400,
                 "switch_radix": max(128, int(match.group(1))), "accelerators_per_host": 1}
-        return from_dict(_merge(data, overrides or {}), source=name_or_path)
+        return from_dict(deep_merge(data, overrides or {}), source=name_or_path)
     else:
         raise ScenarioError("scenario", f"unknown preset or file {name_or_path!r} "
                                         f"(presets: {', '.join(preset_names())}, fat-tree-K)")
@@ -386,7 +414,7 @@ def load(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scena
         raise ScenarioError("(top level)", "the file is empty", source)
     if not isinstance(data, Mapping):
         raise ScenarioError("(top level)", "a scenario must be a mapping of fields", source)
-    return from_dict(_merge(dict(data), overrides or {}), source=source)
+    return from_dict(deep_merge(data, overrides or {}), source=source)
 
 
 def to_dict(s: Scenario) -> dict[str, Any]:

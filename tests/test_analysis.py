@@ -59,6 +59,7 @@ def test_cross_campus_reports_long_haul_oversubscription_and_cut():
     s = spec.load("cross-campus")
     r = inspect("cross-campus")
     campus_hosts_gbps = s.hosts // 2 * s.ports_per_host * s.host_rate_gbps
+    assert s.long_haul is not None
     long_haul_gbps = s.planes * s.cores_per_plane * s.long_haul.links * s.long_haul.rate_gbps
     assert r["oversubscription"]["long-haul"] == pytest.approx(campus_hosts_gbps / long_haul_gbps)
     assert r["bisection_gbps"] == pytest.approx(long_haul_gbps)

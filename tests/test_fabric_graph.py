@@ -1,5 +1,6 @@
 """Invariants of every preset's fabric graph, checked edge by edge (pure, no root)."""
 import ipaddress
+import itertools
 from collections import Counter, defaultdict
 
 import networkx as nx
@@ -17,7 +18,7 @@ def fabric(request):
 
 def _switch_slots(g):
     s = g.graph["scenario"]
-    slots = Counter()
+    slots: Counter[str] = Counter()
     for u, v, d in g.edges(data=True):
         for n in (u, v):
             if g.nodes[n]["tier"] > 0:
@@ -55,10 +56,10 @@ def test_each_nic_has_one_port_in_every_plane(fabric):
 def test_every_leaf_reaches_every_spine_of_its_plane_and_pod(fabric):
     s = fabric.graph["scenario"]
     for leaf in (n for n in graph.switches(fabric) if fabric.nodes[n]["tier"] == 1):
-        ld = fabric.nodes[leaf]
+        leaf_attrs = fabric.nodes[leaf]
         spines = {n for n in graph.switches(fabric)
-                  if fabric.nodes[n]["tier"] == 2 and fabric.nodes[n]["plane"] == ld["plane"]
-                  and (fabric.nodes[n]["campus"], fabric.nodes[n]["pod"]) == (ld["campus"], ld["pod"])}
+                  if fabric.nodes[n]["tier"] == 2 and fabric.nodes[n]["plane"] == leaf_attrs["plane"]
+                  and (fabric.nodes[n]["campus"], fabric.nodes[n]["pod"]) == (leaf_attrs["campus"], leaf_attrs["pod"])}
         assert {v for v in fabric[leaf] if fabric.nodes[v]["tier"] == 2} == spines
         for spine in spines:
             assert fabric.number_of_edges(leaf, spine) == s.leaf_spine_links
@@ -88,14 +89,14 @@ def test_leaf_prefixes_nest_in_pod_and_plane_prefixes_without_overlap(fabric):
     plan = fabric.graph["plan"]
     leaves = [fabric.nodes[n] for n in graph.switches(fabric) if fabric.nodes[n]["tier"] == 1]
     nets = [ipaddress.IPv4Network(d["prefix"]) for d in leaves]
-    for d, net in zip(leaves, nets):
+    for d, net in zip(leaves, nets, strict=True):
         pod = ipaddress.IPv4Network(plan.pod_prefix(d["plane"], d["campus"], d["pod"]))
         campus = ipaddress.IPv4Network(plan.campus_prefix(d["plane"], d["campus"]))
         plane = ipaddress.IPv4Network(plan.plane_prefix(d["plane"]))
         assert net.subnet_of(pod) and pod.subnet_of(campus) and campus.subnet_of(plane)
     ordered = sorted(nets)
-    for a, b in zip(ordered, ordered[1:]):
-        assert not a.overlaps(b)
+    for lower, upper in itertools.pairwise(ordered):
+        assert not lower.overlaps(upper)
 
 
 def test_dpids_and_macs_are_unique(fabric):
@@ -131,9 +132,10 @@ def test_fat_tree_has_the_closed_form_sizes(k):
 def test_long_haul_links_carry_fibre_delay_between_matching_cores():
     s = spec.load("cross-campus")
     g = graph.build(s)
-    lh = [(u, v, d) for u, v, d in g.edges(data=True) if d["kind"] == "long-haul"]
-    assert len(lh) == s.planes * s.cores_per_plane * s.long_haul.links
-    for u, v, d in lh:
+    assert s.long_haul is not None
+    long_haul = [(u, v, d) for u, v, d in g.edges(data=True) if d["kind"] == "long-haul"]
+    assert len(long_haul) == s.planes * s.cores_per_plane * s.long_haul.links
+    for u, v, d in long_haul:
         assert d["delay_us"] == pytest.approx(s.long_haul.distance_km * 5.0)
         assert g.nodes[u]["plane"] == g.nodes[v]["plane"]
         assert g.nodes[u]["campus"] != g.nodes[v]["campus"]

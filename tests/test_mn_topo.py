@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("mininet.topo", reason="mininet (the emulation extra) is not installed")
 
-from hpnlab.fabric import graph, spec  # noqa: E402
-from hpnlab.fabric.addressing import dpid_str  # noqa: E402
-from hpnlab.fabric.mn import emulated_mbps, topo_for  # noqa: E402
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.addressing import dpid_str
+from hpnlab.fabric.mn import emulated_mbps, topo_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def mini():
 def _host_links(topo, host):
     """(intf name, port, ip, mac) of every link of `host` in the Topo."""
     out = []
-    for n1, n2, info in topo.links(withKeys=False, withInfo=True):
+    for _, _, info in topo.links(withKeys=False, withInfo=True):
         if info["node1"] == host:
             out.append((info["intfName1"], info["port1"], info["params1"]["ip"], info["addr1"]))
     return sorted(out, key=lambda t: t[1])
@@ -44,7 +44,7 @@ def test_each_host_has_one_interface_per_nic_port_with_planned_address_and_plane
         links = _host_links(topo, host)
         ports = graph.host_ports(g, host)
         assert len(links) == s.ports_per_host
-        for (name, port, cidr, mac), planned in zip(links, ports):
+        for (name, port, cidr, mac), planned in zip(links, ports, strict=True):
             assert name == f"{host}-eth{planned['intf']}"
             assert port == planned["intf"]
             assert mac == planned["mac"]
@@ -65,15 +65,15 @@ def test_switches_carry_graph_dpids_and_port_numbers(mini):
     _, g, topo = mini
     for sw in graph.switches(g):
         assert topo.nodeInfo(sw)["dpid"] == dpid_str(g.nodes[sw]["dpid"])
-    for n1, n2, info in topo.links(withKeys=False, withInfo=True):
+    for _, _, info in topo.links(withKeys=False, withInfo=True):
         u, v = info["node1"], info["node2"]
         planned = graph.link_ports(g, u, v)
         assert (info["port1"], info["port2"]) in planned
 
 
 def test_links_carry_emulated_rates_scaled_and_capped(mini):
-    s, g, topo = mini
-    for n1, n2, info in topo.links(withKeys=False, withInfo=True):
+    s, _, topo = mini
+    for _, _, info in topo.links(withKeys=False, withInfo=True):
         if info["kind"] == "host":
             assert info["bw"] == s.emulation.host_mbps
         else:
@@ -85,7 +85,7 @@ def test_links_carry_emulated_rates_scaled_and_capped(mini):
 def test_long_haul_links_carry_their_delay():
     s = spec.load("mini-cross-campus")
     topo = topo_for(s)
-    kinds = {}
+    kinds: dict[str, set[str | None]] = {}
     for _, _, info in topo.links(withKeys=False, withInfo=True):
         kinds.setdefault(info["kind"], set()).add(info.get("delay"))
     assert kinds["long-haul"] == {"100us"}
@@ -101,6 +101,7 @@ def test_multi_rail_hosts_have_several_interfaces_on_one_plane():
 
 def _load_custom(path):
     module_spec = importlib.util.spec_from_file_location(f"custom_{path.stem}", path)
+    assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module.topos
@@ -111,8 +112,8 @@ def test_mn_custom_files_build_topos_with_overrides():
     assert len(hpn.switches()) == 4 * (4 + 2)
     fat = _load_custom(ROOT / "topologies" / "fattree.py")["fattree"](k=4)
     assert len(fat.hosts()) == 16 and len(fat.switches()) == 20
-    cc = _load_custom(ROOT / "topologies" / "scenario.py")["scenario"]("mini-cross-campus")
-    assert "p0c1" in cc.switches()
+    cross_campus = _load_custom(ROOT / "topologies" / "scenario.py")["scenario"]("mini-cross-campus")
+    assert "p0c1" in cross_campus.switches()
 
 
 def test_mn_custom_overrides_reach_the_emulation_block():

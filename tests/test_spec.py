@@ -20,7 +20,34 @@ def test_fat_tree_name_sets_k():
 
 def test_overrides_change_fields_and_subfields():
     s = spec.load("cross-campus", spec.parse_overrides(["planes=4", "long_haul.distance_km=50"]))
+    assert s.long_haul is not None
     assert s.planes == 4 and s.long_haul.distance_km == 50 and s.long_haul.delay_us == 250
+
+
+def test_dotted_keys_nest_into_sub_fields():
+    nested = spec.nest_dotted([("long_haul.distance_km", 50), ("long_haul.links", 2), ("planes", 4)])
+    assert nested == {"long_haul": {"distance_km": 50, "links": 2}, "planes": 4}
+
+
+def test_a_later_override_of_the_same_field_wins():
+    assert spec.parse_overrides(["planes=2", "planes=4"]) == {"planes": 4}
+
+
+@pytest.mark.parametrize("items", [["long_haul=1", "long_haul.links=2"], ["long_haul.links=2", "long_haul=1"]])
+def test_a_field_given_as_a_value_and_as_a_group_is_refused(items):
+    with pytest.raises(spec.ScenarioError, match="both as a value and as a group"):
+        spec.parse_overrides(items)
+
+
+def test_deep_merge_keeps_the_sub_fields_the_extra_does_not_name():
+    base = {"name": "x", "long_haul": {"distance_km": 10, "links": 1}}
+    merged = spec.deep_merge(base, {"long_haul": {"links": 2}, "planes": 4})
+    assert merged == {"name": "x", "long_haul": {"distance_km": 10, "links": 2}, "planes": 4}
+    assert base == {"name": "x", "long_haul": {"distance_km": 10, "links": 1}}   # not changed in place
+
+
+def test_a_plain_value_replaces_a_sub_block_in_a_merge():
+    assert spec.deep_merge({"long_haul": {"links": 1}}, {"long_haul": None}) == {"long_haul": None}
 
 
 def test_missing_spines_are_derived_from_oversubscription():
@@ -111,6 +138,12 @@ def test_cli_prints_one_line_and_exits_2_on_a_bad_scenario(tmp_path, content, fi
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert field in lines[0] and str(path) in lines[0]
+
+
+def test_cli_refuses_a_field_set_as_a_value_and_as_a_group_in_one_line():
+    result = _hpnlab("topo", "inspect", "cross-campus", "--set", "long_haul=1", "--set", "long_haul.links=2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "long_haul" in result.stderr
 
 
 def test_cli_names_unknown_presets():

@@ -23,21 +23,21 @@ def timed(fn, *args):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("presets", nargs="*", default=["alibaba-hpn", "cross-campus", "hpn-130k"])
-    ap.add_argument("--target-s", type=float, default=10.0)
-    args = ap.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("presets", nargs="*", default=["alibaba-hpn", "cross-campus", "hpn-130k"])
+    parser.add_argument("--target-s", type=float, default=10.0)
+    args = parser.parse_args()
     ok = True
     print(f"{'preset':<14} {'accel':>8} {'links':>10} {'build s':>8} {'analyse s':>9} {'total s':>8}")
     for name in args.presets:
         s = spec.load(name)
         g, t_build = timed(graph.build, s)
-        report, t_an = timed(analysis.inspect, g)
-        total = t_build + t_an
+        report, t_analyse = timed(analysis.inspect, g)
+        total = t_build + t_analyse
         flag = "" if total < args.target_s else f"  ABOVE TARGET {args.target_s:g} s"
         ok &= total < args.target_s
         print(f"{name:<14} {report['accelerators']:>8,} {report['links']['total']:>10,} "
-              f"{t_build:>8.2f} {t_an:>9.2f} {total:>8.2f}{flag}")
+              f"{t_build:>8.2f} {t_analyse:>9.2f} {total:>8.2f}{flag}")
     # Side by side: the builder's link insertion vs networkx's public API, same links.
     g = graph.build(spec.load("alibaba-hpn"))
     links = [(u, v, dict(d)) for u, v, d in g.edges(data=True)]

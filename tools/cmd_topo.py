@@ -1,50 +1,60 @@
 """`hpnlab topo`: inspect, export and list fabrics (pure: no root needed)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+import networkx as nx
 
 from hpnlab.fabric import analysis, export, graph, spec
 from hpnlab.fabric.errors import UserError
 
 
-def add_scenario_args(parser) -> None:
+def add_scenario_args(parser: argparse.ArgumentParser) -> None:
     """SCENARIO and --set, shared by every command that takes a scenario."""
     parser.add_argument("scenario", metavar="SCENARIO",
                         help="preset name (see 'hpnlab topo presets'), fat-tree-K, or a YAML file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a scenario field (repeatable), e.g. --set planes=4 --set long_haul.distance_km=50")
+                        help="override a scenario field (repeatable), "
+                             "e.g. --set planes=4 --set long_haul.distance_km=50")
 
 
-def load_scenario(args) -> spec.Scenario:
+def load_scenario(args: argparse.Namespace) -> spec.Scenario:
     return spec.load(args.scenario, spec.parse_overrides(args.overrides))
 
 
-def register(sub) -> None:
-    topo = sub.add_parser("topo", help="inspect, export and list fabrics")
-    tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION")
-    tsub.required = True
+def load_fabric(args: argparse.Namespace) -> tuple[spec.Scenario, nx.MultiGraph]:
+    """The scenario the arguments name and its fabric graph."""
+    scenario = load_scenario(args)
+    return scenario, graph.build(scenario)
 
-    p = tsub.add_parser("inspect", help="sizes, radix use, oversubscription, bisection, paths, routes")
+
+def register(sub: argparse._SubParsersAction) -> None:
+    topo = sub.add_parser("topo", help="inspect, export and list fabrics")
+    actions = topo.add_subparsers(dest="topo_command", metavar="ACTION")
+    actions.required = True
+
+    p = actions.add_parser("inspect", help="sizes, radix use, oversubscription, bisection, paths, routes")
     add_scenario_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a report")
     p.add_argument("--rules", action="store_true",
                    help="also compile the controller's rules and report counts per policy")
     p.set_defaults(func=cmd_inspect)
 
-    p = tsub.add_parser("export", help="write the fabric graph (json, graphml or dot)")
+    p = actions.add_parser("export", help="write the fabric graph (json, graphml or dot)")
     add_scenario_args(p)
     p.add_argument("--format", choices=export.FORMATS, default="json")
     p.add_argument("-o", "--output", help="file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
 
-    p = tsub.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
+    p = actions.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
     add_scenario_args(p)
     p.add_argument("--hosts", type=int, default=4, help="host addresses to list (default 4)")
     p.set_defaults(func=cmd_plan)
 
-    p = tsub.add_parser("presets", help="list the scenario presets")
+    p = actions.add_parser("presets", help="list the scenario presets")
     p.set_defaults(func=cmd_presets)
 
 
@@ -77,17 +87,17 @@ def render(report: dict) -> str:
         else:
             lines.append(f"    {kind:<13} {p['hops']} links, {p['switches']} switches, "
                          f"{p['paths']:,} equal-cost paths   e.g. {p['example'][0]} -> {p['example'][1]}")
-    rt = r["routes"]
+    routes = r["routes"]
     lines.append("  routes per switch: host routes max "
-                 f"{rt['host_routes_max']:,}, aggregated max {rt['aggregated_max']:,} "
-                 f"({rt['host_routes_max'] / max(rt['aggregated_max'], 1):,.0f}x fewer)")
-    for role, v in rt["by_role"].items():
+                 f"{routes['host_routes_max']:,}, aggregated max {routes['aggregated_max']:,} "
+                 f"({routes['host_routes_max'] / max(routes['aggregated_max'], 1):,.0f}x fewer)")
+    for role, v in routes["by_role"].items():
         lines.append(f"    {role:<6} host routes {v['host_routes_max']:>9,}   aggregated {v['aggregated_max']:>7,}")
-    pods = rt["per_pod_total"]["aggregated"]
+    pods = routes["per_pod_total"]["aggregated"]
     if pods:
         first = next(iter(pods))
         lines.append(f"  routes per pod (all planes, leaves + spines), {first}: aggregated "
-                     f"{pods[first]:,} vs host routes {rt['per_pod_total']['host_routes'][first]:,}"
+                     f"{pods[first]:,} vs host routes {routes['per_pod_total']['host_routes'][first]:,}"
                      + (f" ({len(pods)} pods)" if len(pods) > 1 else ""))
     if "rules" in r:
         lines.extend(render_rules(r["rules"]))
@@ -112,9 +122,8 @@ def render_rules(rules: dict) -> list[str]:
     return lines
 
 
-def cmd_inspect(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_inspect(args: argparse.Namespace) -> int:
+    _, g = load_fabric(args)
     report = analysis.inspect(g)
     if args.rules:
         try:
@@ -130,9 +139,8 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_export(args: argparse.Namespace) -> int:
+    scenario, g = load_fabric(args)
     if args.output:
         path = Path(args.output)
         if not path.parent.is_dir():
@@ -146,28 +154,28 @@ def cmd_export(args) -> int:
     return 0
 
 
-def cmd_plan(args) -> int:
-    scenario = load_scenario(args)
-    g = graph.build(scenario)
+def cmd_plan(args: argparse.Namespace) -> int:
+    scenario, g = load_fabric(args)
     plan = g.graph["plan"]
     print("\n".join(plan.describe()))
-    for p in range(scenario.planes):
-        print(f"plane {p}: {plan.plane_prefix(p)}")
-        for c in range(scenario.campuses):
+    for plane in range(scenario.planes):
+        print(f"plane {plane}: {plan.plane_prefix(plane)}")
+        for campus in range(scenario.campuses):
             if scenario.campuses > 1:
-                print(f"  campus {c}: {plan.campus_prefix(p, c)}")
+                print(f"  campus {campus}: {plan.campus_prefix(plane, campus)}")
             for pod in range(scenario.pods):
-                print(f"    pod {pod}: {plan.pod_prefix(p, c, pod)}")
-    leaves = [n for n in graph.switches(g) if g.nodes[n]["tier"] == 1][:8]
-    print("leaf prefixes (first 8): " + ", ".join(f"{n} {g.nodes[n]['prefix']}" for n in leaves))
-    for h in graph.hosts(g)[: args.hosts]:
-        ports = graph.host_ports(g, h)
-        print(f"{h}: " + ", ".join(f"eth{p['intf']} {p['ip']} (plane {p['plane']}, rail {p['rail']}, "
-                                    f"{p['leaf']} port {p['leaf_port']}, {p['mac']})" for p in ports))
+                print(f"    pod {pod}: {plan.pod_prefix(plane, campus, pod)}")
+    leaves = [switch for switch in graph.switches(g) if g.nodes[switch]["tier"] == 1][:8]
+    print("leaf prefixes (first 8): " + ", ".join(f"{leaf} {g.nodes[leaf]['prefix']}" for leaf in leaves))
+    for host in graph.hosts(g)[: args.hosts]:
+        ports = graph.host_ports(g, host)
+        print(f"{host}: " + ", ".join(
+            f"{graph.intf_name(host, port['intf'])} {port['ip']} (plane {port['plane']}, rail {port['rail']}, "
+            f"{port['leaf']} port {port['leaf_port']}, {port['mac']})" for port in ports))
     return 0
 
 
-def cmd_presets(args) -> int:
+def cmd_presets(args: argparse.Namespace) -> int:
     for name in spec.preset_names():
         s = spec.load(name)
         print(f"{name:<20} {s.kind:<9} {s.accelerators:>8,} accelerators  "

@@ -24,6 +24,8 @@ def ensure() -> None:
         path = os.path.join(ROOT, folder)
         spec = importlib.util.spec_from_file_location(
             f"hpnlab.{name}", os.path.join(path, "__init__.py"), submodule_search_locations=[path])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"hpnlab.{name}: no package at {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         setattr(pkg, name, module)
