@@ -24,9 +24,11 @@ from functools import cache
 import networkx as nx
 import numpy as np
 import pytest
+
 from hpnlab.controller import compiler as C
 from hpnlab.fabric import graph, model, spec
 from hpnlab.fabric.errors import UserError
+
 from oftable import valley_free_reachable
 
 EXACT = dict(rel=1e-9)     # rounding only: see the module docstring
