@@ -244,7 +244,8 @@ class Network:
         return src_leaf == dst_leaf or bool(self._next_hops(src_leaf, self._dest(dst_leaf)))
 
     def ecmp_path(self, src_leaf: str, dst_leaf: str, rnd: random.Random) -> list[int] | None:
-        """Directed link ids from leaf to leaf, hashing at every choice; None if unreachable."""
+        """Directed link ids from leaf to leaf, hashing at every choice; None if the source leaf
+        has no route to the destination (a dead end further on is a bug, and raises)."""
         if src_leaf == dst_leaf:
             return []
         r = self._dest(dst_leaf)
@@ -257,7 +258,9 @@ class Network:
                 return path
             hops = self._next_hops(cur, r)
             if not hops:
-                return None
+                if cur == src_leaf:
+                    return None
+                raise AssertionError(f"routing bug: {src_leaf} -> {dst_leaf} dead-ends at {cur}")
             i, cur = hops[rnd.randrange(len(hops))]
             path.append(i)
         raise AssertionError(f"no path from {src_leaf} to {dst_leaf} within 6 hops: a routing loop")
@@ -483,15 +486,15 @@ def _ecmp_links(net: Network, sp, dp, rnd: random.Random) -> list[int] | None:
     among the other usable ones."""
     p = rnd.randrange(len(sp))
     (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-    if not (net.cap[s_up] > 0 and net.cap[d_down] > 0 and net.leaf_reaches(sleaf, dleaf)):
+    mid = net.ecmp_path(sleaf, dleaf, rnd) if net.cap[s_up] > 0 and net.cap[d_down] > 0 else None
+    if mid is None:
         rest = [q for q in usable_planes(net, sp, dp) if q != p]
         if not rest:
             return None
         p = rest[rnd.randrange(len(rest))]
         (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-    mid = net.ecmp_path(sleaf, dleaf, rnd)
-    if mid is None:
-        raise AssertionError(f"routing bug: {sleaf} reaches {dleaf} but a hashed path dead-ends")
+        mid = net.ecmp_path(sleaf, dleaf, rnd)
+        assert mid is not None, "usable_planes and ecmp_path disagree"
     return [s_up, *mid, d_down]
 
 

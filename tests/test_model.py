@@ -143,7 +143,7 @@ def test_drain_time_never_exceeds_the_exact_fluid_makespan():
     args = (r.flow_idx, r.link_idx, r.weight, net.cap_all, r.size_bits)
     exact = model.flow_times(*args, group=0.0).max()
     estimate = model.drain_times(*args).max()
-    assert estimate <= exact * (1 + 1e-12)
+    assert estimate <= exact * (1 + 1e-12)     # a bound, up to the rounding of the fluid simulation's sums
 
 
 # ---- whole collectives, by hand ---------------------------------------------------------
