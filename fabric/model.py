@@ -24,9 +24,17 @@ Model
       for small fabrics, and the tests check the two agree there.
     * Latency: per step, the longest path's propagation delay (links' ``delay_us``) plus
       ``switch_latency_us`` per switch traversed.
-    * Failures: failed links carry nothing and are removed from the hash choices after
-      convergence; before convergence, the connections hashed onto a failed link stall for
-      the detection + convergence time (see :func:`failure_impact`).
+    * Failures: failed links carry nothing. After convergence, routes are the controller
+      compiler's: valley-free shortest paths per destination leaf over the live links
+      (:meth:`Network.ecmp_path`), so a switch hashes only over next hops that still reach
+      the destination, and a connection hashes only over the planes on which it has a path
+      (both host links up, the leaves joined). Before convergence, the connections hashed
+      onto a failed link stall for the detection + convergence time (see :func:`failure_impact`).
+      Sprayed connections use the same planes; a bundle's capacity is its live links'.
+    * Stalls: a connection with no path on any plane is never dropped silently: the result
+      counts it (``stalled_connections``), lists its rank pair (``stalled_pairs``), and the
+      collective never completes (``time_s`` is inf, busbw 0). Valley paths (down to a third
+      leaf and up again) are not routed, as the compiler does not route them.
 
 Not modelled: congestion control dynamics (DCQCN), PFC, buffers, packet reordering cost,
 intra-host (NVLink) transfers, NIC processing; a step's flows start together.
@@ -36,8 +44,9 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 import numpy as np
@@ -52,6 +61,15 @@ RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 # ---- the network as directed links ----------------------------------------------------
 
+class _Dest(NamedTuple):
+    """A destination leaf's routing class: leaves with equal sets route alike."""
+    id: int
+    adjacent: frozenset     # spines with a live link down to the leaf
+    above: frozenset        # cores with a live link down to one of those spines
+    far: frozenset          # other cores with a live long-haul link to a core above
+    pod: tuple              # (campus, pod) of the leaf
+
+
 class Network:
     """Directed links of a fabric graph with capacities (Gbit/s) and next-hop tables."""
 
@@ -65,9 +83,15 @@ class Network:
         failed = {self._norm(*f) for f in (failed or set())}
         # next hops: switch -> list of (directed link id, neighbour)
         self.up: dict[str, list[tuple[int, str]]] = defaultdict(list)
-        self.down: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+        # spine -> leaf -> link ids; core -> (campus, pod) -> link ids
+        self.down: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
         self.peer: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
         self.host_port: dict[tuple[str, int], tuple[str, int, int]] = {}   # (host, intf) -> leaf, up id, down id
+        self.leaf_spines: dict[str, set[str]] = defaultdict(set)   # leaf -> spines with a live link to it
+        self._dest_cache: dict[str, _Dest] = {}
+        self._dest_intern: dict[tuple, _Dest] = {}
+        self._spine_cores_cache: dict[str, frozenset] = {}
+        self._hops_cache: dict[tuple[str, int], list[tuple[int, str]]] = {}
         # spray bundles: name -> capacity; each directed link belongs to at most one bundle
         self.bundle_cap: dict[tuple, float] = defaultdict(float)
         bundle_member: dict[int, tuple] = {}
@@ -101,6 +125,8 @@ class Network:
                     self.bundle_cap[bundle_member[i]] += cap
                     if not dead:
                         self.down[a][key].append(i)
+                        if tb == 1:
+                            self.leaf_spines[b].add(a)
                 else:
                     bundle_member[i] = ("lh", node[a]["plane"], node[a]["campus"], node[b]["campus"])
                     self.bundle_cap[bundle_member[i]] += cap
@@ -137,58 +163,118 @@ class Network:
         return ("pod-down", db["plane"], db["campus"], db["pod"])
 
     # -- paths -----------------------------------------------------------------------
+    # Routing after convergence is the controller compiler's rule (hpnlab.controller.compiler):
+    # valley-free shortest paths per destination leaf, from the live links. For a
+    # destination leaf d:
+    #   adjacent spines  the spines with a live link down to d                  (distance 1)
+    #   cores above      the cores with a live link down to an adjacent spine   (distance 2)
+    #   far cores        other cores with a live long-haul link to a core above (distance 3)
+    # and a spine that is not adjacent is at distance 3 (a live uplink to a core above) or
+    # 4 (to a far core). Every switch hashes over the next hops at the least distance, so
+    # every hop lowers the distance: no loops, and a switch is never offered a next hop
+    # that cannot reach d (the model used to send a connection up to a spine that had lost
+    # its link to d, and counted it as stalled although the fabric still connected it).
+
+    def _dest(self, dst_leaf: str) -> _Dest:
+        """What a destination leaf's routes depend on (cached per leaf, interned by value)."""
+        r = self._dest_cache.get(dst_leaf)
+        if r is None:
+            a2 = frozenset(self.leaf_spines.get(dst_leaf, ()))
+            a3 = frozenset(c for s in a2 for c in self._spine_cores(s))
+            a3l = frozenset(c for c3 in a3 for peers in self.peer[c3].values() for _, c in peers
+                            if c not in a3)
+            node = self.g._node[dst_leaf]
+            key = (a2, a3, a3l, node["campus"], node["pod"])
+            r = self._dest_intern.get(key)
+            if r is None:
+                r = self._dest_intern[key] = _Dest(len(self._dest_intern), a2, a3, a3l,
+                                                   (node["campus"], node["pod"]))
+            self._dest_cache[dst_leaf] = r
+        return r
+
+    def _spine_cores(self, spine: str) -> frozenset:
+        cores = self._spine_cores_cache.get(spine)
+        if cores is None:
+            cores = self._spine_cores_cache[spine] = frozenset(c for _, c in self.up.get(spine, ()))
+        return cores
+
+    def _spine_distance(self, spine: str, r: _Dest) -> int | None:
+        if spine in r.adjacent:
+            return 1
+        cores = self._spine_cores(spine)
+        if not cores.isdisjoint(r.above):
+            return 3
+        if not cores.isdisjoint(r.far):
+            return 4
+        return None
+
+    def _next_hops(self, switch: str, r: _Dest) -> list[tuple[int, str]]:
+        """(directed link id, neighbour) pairs ``switch`` hashes over towards ``r``'s leaf,
+        for a leaf, a spine not adjacent to it, or a core (memoised per destination class)."""
+        key = (switch, r.id)
+        hops = self._hops_cache.get(key)
+        if hops is not None:
+            return hops
+        tier = self.g._node[switch]["tier"]
+        hops = []
+        if tier == 1:
+            best = None
+            for i, spine in self.up.get(switch, ()):
+                dist = self._spine_distance(spine, r)
+                if dist is None:
+                    continue
+                if best is None or dist < best:
+                    best, hops = dist, [(i, spine)]
+                elif dist == best:
+                    hops.append((i, spine))
+        elif tier == 2:
+            cores = self._spine_cores(switch)
+            target = r.above if not cores.isdisjoint(r.above) else r.far
+            hops = [(i, c) for i, c in self.up.get(switch, ()) if c in target]
+        elif switch in r.above:
+            heads = self._heads
+            hops = [(i, heads[i]) for i in self.down[switch].get(r.pod, ()) if heads[i] in r.adjacent]
+        elif switch in r.far:
+            hops = [(i, c) for peers in self.peer[switch].values() for i, c in peers if c in r.above]
+        self._hops_cache[key] = hops
+        return hops
+
+    def leaf_reaches(self, src_leaf: str, dst_leaf: str) -> bool:
+        """Whether the converged routes lead from one leaf to another (same plane)."""
+        return src_leaf == dst_leaf or bool(self._next_hops(src_leaf, self._dest(dst_leaf)))
+
     def ecmp_path(self, src_leaf: str, dst_leaf: str, rnd: random.Random) -> list[int] | None:
-        """Directed link ids from leaf to leaf, hashing at every choice; None if unreachable."""
+        """Directed link ids from leaf to leaf, hashing at every choice; None if the source leaf
+        has no route to the destination (a dead end further on is a bug, and raises)."""
         if src_leaf == dst_leaf:
             return []
-        node = self.g._node
-        db = node[dst_leaf]
+        r = self._dest(dst_leaf)
         path: list[int] = []
         cur = src_leaf
-        # climb until a switch that has the destination (leaf, pod or campus) below or beside it
-        while True:
-            dc = node[cur]
-            if dc["tier"] == 2 and dst_leaf in self.down[cur]:
-                break
-            if dc["tier"] == 3:
-                break
-            choices = self.up.get(cur)
-            if dc["tier"] == 2 and dc["pod"] == db["pod"] and dc["campus"] == db["campus"]:
-                return None  # a spine of the right pod that lost its link to the leaf
-            if not choices:
-                return None
-            i, nxt = choices[rnd.randrange(len(choices))]
-            path.append(i)
-            cur = nxt
-        if node[cur]["tier"] == 3:
-            if node[cur]["campus"] != db["campus"]:
-                peers = self.peer[cur].get(db["campus"])
-                if not peers:
+        for _ in range(6):          # leaf, spine, core, far core, spine: at most 5 hops up to d
+            if cur in r.adjacent:
+                downs = self.down[cur][dst_leaf]
+                path.append(downs[rnd.randrange(len(downs))])
+                return path
+            hops = self._next_hops(cur, r)
+            if not hops:
+                if cur == src_leaf:
                     return None
-                i, cur = peers[rnd.randrange(len(peers))]
-                path.append(i)
-            downs = self.down[cur].get((db["campus"], db["pod"]))
-            if not downs:
-                return None
-            # choose a spine of the destination pod that still reaches the leaf
-            options = [i for i in downs if dst_leaf in self.down[self._head(i)]]
-            if not options:
-                return None
-            i = options[rnd.randrange(len(options))]
+                raise AssertionError(f"routing bug: {src_leaf} -> {dst_leaf} dead-ends at {cur}")
+            i, cur = hops[rnd.randrange(len(hops))]
             path.append(i)
-            cur = self._head(i)
-        downs = self.down[cur][dst_leaf]
-        path.append(downs[rnd.randrange(len(downs))])
-        return path
+        raise AssertionError(f"no path from {src_leaf} to {dst_leaf} within 6 hops: a routing loop")
 
-    def _head(self, link_id: int) -> str:
-        return self._heads[link_id]
+    def link_ends(self, link_id: int) -> tuple[str, str]:
+        """(tail, head) of a directed link id (ids 2j and 2j + 1 are the two directions of a link)."""
+        heads = self._heads
+        return heads[link_id ^ 1], heads[link_id]
 
     @property
     def _heads(self) -> list[str]:
         heads = getattr(self, "_heads_cache", None)
         if heads is None:
-            heads = [None] * self.n_links
+            heads = [""] * self.n_links
             i = 0
             for u, v in self.g.edges():
                 heads[i], heads[i + 1] = v, u
@@ -369,13 +455,14 @@ def ranks_in_collective(collective: str, job: Job, rails: int) -> int:
 
 @dataclass
 class StepResult:
-    time_s: float
+    time_s: float                # inf when a connection has no path: the step never completes
     latency_s: float
-    flows: int
-    stalled: int
+    flows: int                   # connections routed
+    stalled: int                 # connections with no path on any plane
     hit: int
     rate_gbps_min: float
     rate_gbps_mean: float
+    stalled_pairs: list[tuple[int, int]] = field(default_factory=list)   # (src rank, dst rank)
 
 
 def _rank_ports(net: Network, rank: tuple[str, int]) -> list[tuple[str, int, int]]:
@@ -384,34 +471,80 @@ def _rank_ports(net: Network, rank: tuple[str, int]) -> list[tuple[str, int, int
     return [net.host_port[(host, rail * planes + p)] for p in range(planes)]
 
 
-def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str, qps: int,
-             rnd: random.Random, switch_latency_us: float, watch: set[int] = frozenset()) -> StepResult:
-    """Model one step. ``watch``: directed link ids whose failure is being studied; the result
-    counts the connections whose path (or, sprayed, whose bundles) include one."""
+def usable_planes(net: Network, src_ports, dst_ports) -> list[int]:
+    """Planes on which a connection between two NICs has a path after convergence: both
+    host links up and the source leaf's routes reach the destination leaf."""
+    cap = net.cap
+    return [p for p, ((sleaf, s_up, _), (dleaf, _, d_down)) in enumerate(zip(src_ports, dst_ports))
+            if cap[s_up] > 0 and cap[d_down] > 0 and net.leaf_reaches(sleaf, dleaf)]
+
+
+def _ecmp_links(net: Network, sp, dp, rnd: random.Random) -> list[int] | None:
+    """One connection's directed links: hashed onto a plane, then onto a next hop at every
+    switch. A plane without a path is left out of the hash (its routes were withdrawn), so
+    the plane is uniform over the usable ones: take the hashed plane if usable, else pick
+    among the other usable ones."""
+    p = rnd.randrange(len(sp))
+    (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
+    mid = net.ecmp_path(sleaf, dleaf, rnd) if net.cap[s_up] > 0 and net.cap[d_down] > 0 else None
+    if mid is None:
+        rest = [q for q in usable_planes(net, sp, dp) if q != p]
+        if not rest:
+            return None
+        p = rest[rnd.randrange(len(rest))]
+        (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
+        mid = net.ecmp_path(sleaf, dleaf, rnd)
+        assert mid is not None, "usable_planes and ecmp_path disagree"
+    return [s_up, *mid, d_down]
+
+
+@dataclass
+class RoutedStep:
+    """A step's connections on the network: entries (flow, link, weight) grouped by flow."""
+    flow_idx: np.ndarray
+    link_idx: np.ndarray
+    weight: np.ndarray
+    size_bits: np.ndarray      # per routed connection
+    latency_us: float          # the longest path's
+    stalled: int
+    stalled_pairs: list[tuple[int, int]]
+    hit: int
+
+
+def route_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str, qps: int,
+               rnd: random.Random, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset()) -> RoutedStep:
+    """Route one step's connections. ``watch``: directed link ids whose failure is being
+    studied; ``hit`` counts the connections whose path (or, sprayed, whose bundles) include
+    one. A connection with no path on any plane is counted and its pair listed."""
     f_idx: list[int] = []
     l_idx: list[int] = []
     w: list[float] = []
     sizes: list[float] = []
     lat = 0.0
     stalled = 0
+    stalled_pairs: list[tuple[int, int]] = []
     hit = 0
     flow = 0
-    planes = net.s.planes
     watched_bundles = {net.bundle_of[i] for i in watch if i in net.bundle_of}
     for src, dst in pairs:
-        sp = _rank_ports(net, job.ranks[src])
-        dp = _rank_ports(net, job.ranks[dst])
         if job.ranks[src][0] == job.ranks[dst][0]:
             continue  # same host: NVLink, not the network
+        sp = _rank_ports(net, job.ranks[src])
+        dp = _rank_ports(net, job.ranks[dst])
+        if routing == "spray":
+            planes = usable_planes(net, sp, dp)
+            if not planes:
+                stalled += qps
+                stalled_pairs.append((src, dst))
+                continue
         for _ in range(qps):
             if routing == "ecmp":
-                p = rnd.randrange(planes)
-                (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-                mid = net.ecmp_path(sleaf, dleaf, rnd)
-                if mid is None:
+                links = _ecmp_links(net, sp, dp, rnd)
+                if links is None:
                     stalled += 1
+                    if not stalled_pairs or stalled_pairs[-1] != (src, dst):
+                        stalled_pairs.append((src, dst))
                     continue
-                links = [s_up, *mid, d_down]
                 hit += bool(watch) and not watch.isdisjoint(links)
                 f_idx.extend([flow] * len(links))
                 l_idx.extend(links)
@@ -419,7 +552,7 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str,
                 hops = len(links) - 1
                 lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
             else:
-                for p in range(planes):
+                for p in planes:
                     (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
                     mid = net.spray_path(sleaf, dleaf)
                     links = [s_up, *mid, d_down]
@@ -427,18 +560,30 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str,
                         hit += 1
                     f_idx.extend([flow] * len(links))
                     l_idx.extend(links)
-                    w.extend([1.0 / planes] * len(links))
+                    w.extend([1.0 / len(planes)] * len(links))
                     hops = len(links) - 1
                     lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
             sizes.append(bytes_per_pair * 8 / qps)
             flow += 1
-    if flow == 0:
-        return StepResult(0.0, 0.0, 0, stalled, hit, math.inf, math.inf)
-    fi, li, wi = np.array(f_idx), np.array(l_idx), np.array(w)
-    finish = drain_times(fi, li, wi, net.cap_all, np.array(sizes))
-    rates = np.array(sizes) / np.maximum(finish, 1e-30) / 1e9
-    return StepResult(time_s=float(finish.max()) + lat * 1e-6, latency_s=lat * 1e-6, flows=flow,
-                      stalled=stalled, hit=hit, rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()))
+    return RoutedStep(np.array(f_idx, dtype=int), np.array(l_idx, dtype=int), np.array(w, dtype=float),
+                      np.array(sizes, dtype=float), lat, stalled, stalled_pairs, hit)
+
+
+def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str, qps: int,
+             rnd: random.Random, switch_latency_us: float, watch: AbstractSet[int] = frozenset()) -> StepResult:
+    """Model one step (:func:`route_step`, then :func:`drain_times`). A stalled connection is
+    never dropped from the timing silently: the step then never completes (``time_s`` inf)."""
+    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, rnd, switch_latency_us, watch)
+    flows = len(r.size_bits)
+    if flows == 0:
+        return StepResult(math.inf if r.stalled else 0.0, 0.0, 0, r.stalled, r.hit, math.inf, math.inf,
+                          r.stalled_pairs)
+    finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap_all, r.size_bits)
+    rates = r.size_bits / np.maximum(finish, 1e-30) / 1e9
+    time_s = math.inf if r.stalled else float(finish.max()) + r.latency_us * 1e-6
+    return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows, stalled=r.stalled, hit=r.hit,
+                      rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()),
+                      stalled_pairs=r.stalled_pairs)
 
 
 # ---- the collective ---------------------------------------------------------------------
@@ -454,17 +599,19 @@ class ModelResult:
     busbw_gbs: float
     nic_gbps: float
     efficiency: float          # busbw as a fraction of the NIC's line rate
-    stalled_connections: int
+    stalled_connections: int  # connections with no path (summed over the modelled steps); then time_s is inf
     steps_modelled: int        # distinct steps computed
     steps_distinct: int        # distinct steps the collective has (all-to-all: n-1; rings: 1)
     steps_total: float
     detail: dict[str, Any] = field(default_factory=dict)
+    stalled_pairs: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
+    """Rank pairs ((host, rail) -> (host, rail)) with a stalled connection, each listed once."""
 
 
 def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: str = "ecmp",
                    hosts: int | None = None, placement: str = "packed", qps: int = 4, seed: int = 1,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
-                   network: Network | None = None, watch: set[int] = frozenset()) -> ModelResult:
+                   network: Network | None = None, watch: AbstractSet[int] = frozenset()) -> ModelResult:
     if routing not in ROUTINGS:
         raise UserError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if qps < 1:
@@ -483,6 +630,7 @@ def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routin
     modelled = 0
     stalled = 0
     hits = 0
+    stalled_pairs: dict[tuple, None] = {}
     details = []
     for mult, pairs, nbytes in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed,
                                      rails=s.rails):
@@ -492,10 +640,12 @@ def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routin
         n_steps += mult
         modelled += 1
         stalled += r.stalled
+        for a, b in r.stalled_pairs:
+            stalled_pairs[job.ranks[a], job.ranks[b]] = None
         details.append({"multiplicity": mult, "time_us": r.time_s * 1e6, "latency_us": r.latency_s * 1e6,
                         "flows": r.flows, "rate_gbps_min": r.rate_gbps_min, "rate_gbps_mean": r.rate_gbps_mean})
     n = ranks_in_collective(collective, job, s.rails)
-    algbw = size_bytes / total / 1e9 if total > 0 else math.inf
+    algbw = size_bytes / total / 1e9 if total > 0 else math.inf     # 0 when a connection stalled
     busbw = algbw * busbw_factor(collective, n)
     nic_gbps = s.planes * s.host_rate_gbps     # one NIC: a port in every plane
     line = nic_gbps / 8                        # GB/s
@@ -504,7 +654,8 @@ def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routin
                        stalled_connections=stalled, steps_modelled=modelled,
                        steps_distinct=job.n - 1 if collective == "all_to_all" else 1, steps_total=n_steps,
                        detail={"steps": details[:4], "qps": qps, "placement": placement,
-                               "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits})
+                               "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits},
+                       stalled_pairs=list(stalled_pairs))
 
 
 def random_fabric_links(g: nx.MultiGraph, count: int, seed: int) -> set[tuple[str, str, int]]:
@@ -518,12 +669,15 @@ def failure_impact(g: nx.MultiGraph, collective: str, size_bytes: int, failed: s
                    detect_ms: dict[str, float], **kw) -> dict[str, Any]:
     """Collective time with links failing at its start, for several detection + convergence
     times: if any connection's path crosses a failed link, the synchronous collective stalls
-    until the failure is handled, then runs on the repaired routing (failed links removed)."""
+    until the failure is handled, then runs on the repaired routing (failed links removed).
+    Connections the repaired routing cannot carry are reported (``stalled_after_repair``);
+    the collective then never completes (inf)."""
     watch = Network(g, failed).failed_ids
     healthy = run_collective(g, collective, size_bytes, watch=watch, **kw)
     after = run_collective(g, collective, size_bytes, failed=failed, **kw)
     hit = healthy.detail["connections_on_watched_links"]
     out = {"healthy_s": healthy.time_s, "after_repair_s": after.time_s, "connections_hit": hit,
+           "stalled_after_repair": after.stalled_connections, "stalled_pairs_after_repair": after.stalled_pairs,
            "by_detection": {}}
     for name, ms in detect_ms.items():
         total = (ms / 1e3 if hit else 0.0) + after.time_s

@@ -1,25 +1,34 @@
 """The transports over loopback: bytes arrive complete and in order under loss, duplication
 and reordering (a fault-injecting UDP relay between the ranks), the roce transport answers
-CE marks with CNPs and a lower DCQCN rate, and spraying really changes the entropy."""
+CE marks with CNPs and a lower DCQCN rate, and spraying really changes the entropy.
+
+Every roce run also checks the DCQCN invariant that holds whether or not the rate was cut
+(:func:`assert_rate_follows_its_cuts`); the two branches are forced deterministically by
+the relay (a CE mark on a chosen packet; no impairment with go-back-N, where only a CNP can
+cut). No test here asserts a speed: those figures are in tools/bench_transport.py."""
+import os
 import random
 import select
 import socket
 import threading
-import time
 
 import pytest
 
-from hpnlab.fabric.transport import PeerLost, TransportError, make
+from hpnlab.fabric.transport import ENTROPIES, ENTROPY_POLICIES, PeerLost, TransportError, make
+from hpnlab.fabric.transport.entropy import AdaptiveEntropy, FlowEntropy, SprayEntropy
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams
 
-BASE = 17400
+# per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
+# clear of test_run_local's 22000s and the benchmarks' 23000s)
+BASE = 17400 + (os.getpid() % 40) * 100
 
 
 class Relay(threading.Thread):
     """UDP relay that impairs what it forwards: drop, duplicate, reorder (hold a packet and
-    send it after the next one) and CE-mark (rewrite the ECN bits of the TOS byte)."""
+    send it after the next one) and CE-mark (rewrite the ECN bits of the TOS byte), at random
+    (``ce``) or exactly the ECT packets numbered in ``ce_packets`` (0 = the first)."""
 
-    def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, seed=1):
+    def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, ce_packets=(), seed=1):
         super().__init__(daemon=True)
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.bind(listen)
@@ -28,6 +37,7 @@ class Relay(threading.Thread):
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.forward = forward
         self.p = dict(drop=drop, dup=dup, reorder=reorder, ce=ce)
+        self.ce_packets = frozenset(ce_packets)
         self.rng = random.Random(seed)
         self.stop = False
         self.sources = set()
@@ -49,12 +59,13 @@ class Relay(threading.Thread):
             data, anc, _, src = self.rx.recvmsg(65536, 64)
             self.sources.add(src)
             tos = anc[0][2][0] if anc else 0
+            ect_index = self.counts["ect"] if (tos & 3) == 2 else -1
             self.counts["ect"] += (tos & 3) == 2
             rnd = self.rng.random
             if rnd() < self.p["drop"]:
                 self.counts["dropped"] += 1
                 continue
-            if (tos & 3) and rnd() < self.p["ce"]:
+            if (tos & 3) and (rnd() < self.p["ce"] or ect_index in self.ce_packets):
                 tos = (tos & ~3) | CE
                 self.counts["marked"] += 1
             if held is None and rnd() < self.p["reorder"]:
@@ -145,6 +156,27 @@ def _close(*things):
         t.close()
 
 
+def _tx(stats, dst=1):
+    return next(f for f in stats if f["side"] == "tx" and f["dst"] == dst)
+
+
+def _rx(stats, src=0):
+    return next(f for f in stats if f["side"] == "rx" and f["src"] == src)
+
+
+def assert_rate_follows_its_cuts(tx, line_bps, recovery="selective"):
+    """What holds whether or not the rate was cut: every cut has a cause (a CNP, or with
+    selective recovery a NACK: there is no PFC); a flow never cut ends at its line rate; a
+    flow cut at least once ends between the DCQCN floor and below its line rate (the rate
+    climbs back by halving the gap to its target, so it stays below line)."""
+    causes = tx["cnps"] + (tx.get("loss_cuts", 0) if recovery == "selective" else 0)
+    assert tx["rate_cuts"] == causes
+    if tx["rate_cuts"] == 0:
+        assert tx["final_rate_bps"] == line_bps
+    else:
+        assert DcqcnParams.scaled(line_bps).min_rate_bps <= tx["final_rate_bps"] < line_bps
+
+
 @pytest.mark.parametrize("recovery", ["selective", "gobackn"])
 def test_roce_delivers_every_byte_in_order_under_loss_duplication_and_reordering(recovery):
     faults = dict(drop=0.05, dup=0.05, reorder=0.15)
@@ -157,11 +189,11 @@ def test_roce_delivers_every_byte_in_order_under_loss_duplication_and_reordering
         _close(t0, t1, *relays)
     got, rx_stats = out[1]
     assert got == msgs
-    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
-    rx = next(f for f in rx_stats if f["side"] == "rx" and f["src"] == 0)
+    tx, rx = _tx(out[0]), _rx(rx_stats)
     assert relays[0].counts["dropped"] > 0 and relays[0].counts["reordered"] > 0
     assert tx["retransmissions"] > 0
     assert rx["duplicates"] > 0
+    assert_rate_follows_its_cuts(tx, 100e6, recovery)
     if recovery == "selective":
         assert rx["max_reorder"] > 0            # held in the reordering buffer
     else:
@@ -177,31 +209,54 @@ def test_roce_answers_ce_marks_with_cnps_and_lowers_its_rate():
         _close(t0, t1, *relays)
     got, rx_stats = out[1]
     assert got == msgs
-    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
-    rx = next(f for f in rx_stats if f["side"] == "rx" and f["src"] == 0)
+    tx, rx = _tx(out[0]), _rx(rx_stats)
     assert relays[0].counts["ect"] > 0            # data leaves as ECT(0)
     assert rx["ce_marks"] == relays[0].counts["marked"] > 0
     assert tx["cnps"] > 0 and tx["rate_cuts"] > 0
-    assert tx["final_rate_bps"] < 50e6
+    assert_rate_follows_its_cuts(tx, 50e6)
 
 
-def test_roce_keeps_line_rate_when_nothing_is_marked():
-    t0, t1, relays = _pair("roce", dict(), None, base=BASE + 30, line_rate_bps=50e6)
+def test_a_flow_that_is_never_marked_and_cannot_lose_ends_at_line_rate():
+    """Go-back-N: a NACK does not cut the rate, so without CE marks nothing can cut it."""
+    t0, t1, relays = _pair("roce", dict(), None, base=BASE + 30, line_rate_bps=50e6, recovery="gobackn")
     msgs = [bytes(range(256)) * 800]
     try:
         out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
     finally:
         _close(t0, t1, *relays)
-    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
-    assert tx["cnps"] == 0
-    # the only cuts allowed are for a loss (a NACK), which the relay can cause when the
-    # machine is busy; with none, the flow ends at its line rate
-    assert tx["rate_cuts"] == tx.get("loss_cuts", 0)
-    if not tx["rate_cuts"]:
-        assert tx["final_rate_bps"] == 50e6
+    assert out[1][0] == msgs
+    tx = _tx(out[0])
+    assert relays[0].counts["marked"] == 0
+    assert (tx["cnps"], tx["rate_cuts"]) == (0, 0)
+    assert tx["final_rate_bps"] == 50e6
+    assert_rate_follows_its_cuts(tx, 50e6, "gobackn")
 
 
-@pytest.mark.parametrize("entropy,paths", [("flow", 1), ("spray", 2 * 4)])
+def test_one_ce_mark_cuts_the_rate_once_and_it_climbs_back_by_halving_the_gap():
+    """DCQCN: the first CNP (alpha = 1) halves the rate and sets the target to the old rate,
+    the line rate; every increase event after it sets rc = (target + rc) / 2. So with one cut
+    the final rate is line * (1 - 2**-(k + 1)) after k >= 0 increase events: exactly, in
+    binary floating point (each step halves a power-of-two gap)."""
+    line = 50e6
+    t0, t1, relays = _pair("roce", dict(ce_packets={0}), None, base=BASE + 35, line_rate_bps=line,
+                           recovery="gobackn")
+    msgs = [bytes(range(256)) * 800]     # 200 KB: ~9 byte-counter events after the cut
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    assert out[1][0] == msgs
+    tx, rx = _tx(out[0]), _rx(out[1][1])
+    assert relays[0].counts["marked"] == rx["ce_marks"] == 1
+    assert tx["cnps"] == tx["rate_cuts"] == 1
+    assert_rate_follows_its_cuts(tx, line, "gobackn")
+    forms = {k: line * (1 - 2.0 ** -(k + 1)) for k in range(53)}
+    k = next((k for k, rate in forms.items() if rate == tx["final_rate_bps"]), None)
+    assert k is not None, f"final rate {tx['final_rate_bps']} is not line * (1 - 2**-(k+1))"
+    assert k >= 1                         # it climbed back at least once
+
+
+@pytest.mark.parametrize("entropy,paths", [(FlowEntropy.name, 1), (SprayEntropy.name, 2 * 4)])
 def test_spray_uses_every_plane_and_source_port_while_flow_uses_one(entropy, paths):
     t0, t1, relays = _pair("roce", dict(), None, base=BASE + 40, planes=2, line_rate_bps=100e6,
                            entropy=entropy, ports_per_nic=4)
@@ -213,7 +268,7 @@ def test_spray_uses_every_plane_and_source_port_while_flow_uses_one(entropy, pat
     sources = relays[0].sources | relays[1].sources
     data_sources = {s for s in sources if s[1] != BASE + 40}     # not the control port
     assert len(data_sources) == paths
-    if entropy == "spray":
+    if entropy == SprayEntropy.name:
         assert {ip for ip, _ in data_sources} == {"127.0.0.2", "127.0.1.2"}
 
 
@@ -228,8 +283,19 @@ def test_roce_names_the_rank_that_never_answers():
 
 
 def test_adaptive_entropy_is_a_hook_that_says_so():
-    with pytest.raises(TransportError, match="adaptive"):
-        make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy="adaptive")
+    with pytest.raises(TransportError, match=AdaptiveEntropy.name):
+        make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy=AdaptiveEntropy.name)
+
+
+def test_entropy_names_are_the_keys_of_the_one_policy_table():
+    assert ENTROPIES == tuple(ENTROPY_POLICIES)
+    assert all(ENTROPY_POLICIES[name].name == name for name in ENTROPIES)
+    assert {FlowEntropy.name, SprayEntropy.name, AdaptiveEntropy.name} == set(ENTROPIES)
+
+
+def test_an_unknown_entropy_is_refused_naming_the_known_ones():
+    with pytest.raises(TransportError, match=", ".join(ENTROPIES)):
+        make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy="rainbow")
 
 
 def test_tcp_delivers_messages_in_order_between_two_ranks():
@@ -268,6 +334,16 @@ def test_dcqcn_first_cnp_halves_the_rate_and_fast_recovery_climbs_back():
         d.tick(k * p.rate_timer_s + 1e-9)
         rates.append(d.rc)
     assert rates == pytest.approx([10e6 - 5e6 / 2 ** i for i in range(1, 6)], rel=1e-6)
+
+
+def test_dcqcn_climbs_back_to_exactly_the_line_rate_once_the_cnps_stop():
+    """Each increase halves the gap to the target (the line rate after one cut): in binary
+    floating point the gap reaches zero after at most 53 halvings (the mantissa's bits)."""
+    p = DcqcnParams.scaled(10e6)
+    d = Dcqcn(p, now=0.0)
+    d.on_cnp(0.0)
+    d.tick(60 * p.rate_timer_s + 1e-9)
+    assert d.rc == d.rt == p.line_rate_bps
 
 
 def test_dcqcn_alpha_decays_without_cnps_so_later_cuts_are_gentler():
@@ -320,6 +396,7 @@ def test_a_nack_cuts_the_rate_because_there_is_no_pfc():
     finally:
         _close(t0, t1, *relays)
     assert out[1][0] == msgs
-    tx = next(f for f in out[0] if f["side"] == "tx" and f["dst"] == 1)
+    tx = _tx(out[0])
     assert tx["nacks"] > 0 and tx["loss_cuts"] == tx["nacks"]
     assert tx["cnps"] == 0 and tx["rate_cuts"] == tx["loss_cuts"]
+    assert_rate_follows_its_cuts(tx, 50e6)

@@ -6,21 +6,24 @@ Measured side by side on this machine, two rank processes exchanging 4 MB each w
   2. kernel TCP, for reference;
   3. the roce transport paced at the demo's per-rank rate (mini-hpn: 2 ports x 10 Mbit/s):
      the CPU one rank uses at that rate, i.e. the headroom left.
-Prints the ratios: generator capacity / demo rate per rank, and the CPU share per rank.
+Prints the ratios: generator capacity / demo rate per rank, and the CPU share per rank, each
+measured ``--repeat`` times (min/median/max), with the machine's load average beside them.
 """
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
 import sys
 
-
-from hpnlab.fabric import ranks, report  # noqa: E402
-from hpnlab.fabric.spec import load  # noqa: E402
+from hpnlab.fabric import ranks, report
+from hpnlab.fabric.spec import load
+from hpnlab.fabric.transport.entropy import FlowEntropy, SprayEntropy
 
 SIZE = 4 << 20
 
 
-def measure(transport: str, rate_bps: float, planes: int = 1, entropy: str = "flow", dcqcn: bool = True,
+def measure(transport: str, rate_bps: float, planes: int = 1, entropy: str = FlowEntropy.name, dcqcn: bool = True,
             port: int = 23000) -> dict:
     addrs = [[f"127.0.{p}.{2 + r}" for p in range(planes)] for r in range(2)]
     opts = {"dcqcn": dcqcn} if transport == "roce" else {}
@@ -34,22 +37,41 @@ def measure(transport: str, rate_bps: float, planes: int = 1, entropy: str = "fl
             "fraction": report.largest_fraction(res)}
 
 
+def _spread(xs: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
+    xs = [x / scale for x in xs]
+    return f"{min(xs):{fmt}}/{statistics.median(xs):{fmt}}/{max(xs):{fmt}}"
+
+
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3, help="measurements of each kind (default 3)")
+    args = ap.parse_args()
     s = load("mini-hpn")
     demo_port_bps = s.emulation.host_mbps * 1e6
     demo_rank_bps = demo_port_bps * s.planes
     print(f"demo rate per rank: {s.planes} ports x {demo_port_bps / 1e6:g} Mbit/s = {demo_rank_bps / 1e6:g} Mbit/s")
-    top = measure("roce", 10e9, dcqcn=False, port=23000)
-    tcp = measure("tcp", 10e9, port=23100)
-    paced = measure("roce", demo_port_bps, planes=s.planes, entropy="spray", port=23200)
-    print(f"{'what':<44} {'goodput Mbit/s':>15} {'CPU/rank':>9}")
-    print(f"{'roce unpaced (generator ceiling)':<44} {top['goodput_bps'] / 1e6:>15.1f} {top['cpu_share']:>9.2f}")
-    print(f"{'kernel tcp (reference)':<44} {tcp['goodput_bps'] / 1e6:>15.1f} {tcp['cpu_share']:>9.2f}")
-    print(f"{'roce spray paced at the demo rate':<44} {paced['goodput_bps'] / 1e6:>15.2f} {paced['cpu_share']:>9.2f}")
-    print(f"ratio roce ceiling / demo rate per rank : {top['goodput_bps'] / demo_rank_bps:.1f}x")
-    print(f"ratio roce ceiling / kernel tcp         : {top['goodput_bps'] / tcp['goodput_bps']:.2f}")
-    print(f"paced at the demo rate: goodput / line rate {paced['fraction']:.3f}, "
-          f"CPU headroom per rank {1 - paced['cpu_share']:.2f} of a core")
+    runs: dict[str, list[dict]] = {"top": [], "tcp": [], "paced": []}
+    loads = []
+    for i in range(args.repeat):
+        runs["top"].append(measure("roce", 10e9, dcqcn=False, port=23000 + 300 * i))
+        runs["tcp"].append(measure("tcp", 10e9, port=23100 + 300 * i))
+        runs["paced"].append(measure("roce", demo_port_bps, planes=s.planes, entropy=SprayEntropy.name,
+                                     port=23200 + 300 * i))
+        loads.append(os.getloadavg()[0])
+
+    def col(kind: str, key: str) -> list[float]:
+        return [r[key] for r in runs[kind]]
+    print(f"min/median/max of {args.repeat}; 1-minute load average during the runs: {_spread(loads)}")
+    print(f"{'what':<44} {'goodput Mbit/s':>20} {'CPU/rank':>16}")
+    for kind, what in (("top", "roce unpaced (generator ceiling)"), ("tcp", "kernel tcp (reference)"),
+                       ("paced", "roce spray paced at the demo rate")):
+        goodput, cpu = _spread(col(kind, "goodput_bps"), 1e6), _spread(col(kind, "cpu_share"), fmt=".2f")
+        print(f"{what:<44} {goodput:>20} {cpu:>16}")
+    top, tcp = statistics.median(col("top", "goodput_bps")), statistics.median(col("tcp", "goodput_bps"))
+    print(f"ratio roce ceiling / demo rate per rank : {top / demo_rank_bps:.1f}x (medians)")
+    print(f"ratio roce ceiling / kernel tcp         : {top / tcp:.2f} (medians)")
+    print(f"paced at the demo rate: goodput / line rate {_spread(col('paced', 'fraction'), fmt='.3f')}, "
+          f"CPU headroom per rank {1 - statistics.median(col('paced', 'cpu_share')):.2f} of a core (median)")
     return 0
 
 

@@ -49,6 +49,14 @@ def _parse_detect(text: str) -> dict[str, float]:
     return out
 
 
+def _stalled(count: int, pairs: list) -> str:
+    """One line: how many connections have no path, between which rank pairs (a few named)."""
+    shown = ", ".join(f"{a[0]}/rail{a[1]} -> {b[0]}/rail{b[1]}" for a, b in pairs[:3])
+    more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
+    return (f"{count} connections have no path ({len(pairs)} rank pairs: {shown}{more}); "
+            f"the collective never completes")
+
+
 def cmd_model(args) -> int:
     scenario = load_scenario(args)
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
@@ -89,7 +97,11 @@ def cmd_model(args) -> int:
     for r in results:
         step = r.detail["steps"][0]
         print(f"  {r.size_bytes:>12} {r.routing:>8} {r.time_s * 1e6:>12.1f} {r.algbw_gbs:>13.2f} "
-              f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} {step['rate_gbps_mean']:>13.1f} / {step['rate_gbps_min']:<6.1f}")
+              f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} "
+              f"{step['rate_gbps_mean']:>13.1f} / {step['rate_gbps_min']:<6.1f}")
+    for r in results:
+        if r.stalled_connections:
+            print(f"# {r.routing}, {r.size_bytes} B: {_stalled(r.stalled_connections, r.stalled_pairs)}")
     if len(routings) == 2:
         for size in sizes:
             pair = {r.routing: r for r in results if r.size_bytes == size}
@@ -101,9 +113,12 @@ def cmd_model(args) -> int:
         print(f"# {args.fail_links} leaf-spine link(s) failed at the start of the collective "
               f"({sizes[-1]} B):")
         for routing, f in failure.items():
-            print(f"#   {routing}: healthy {f['healthy_s'] * 1e3:.2f} ms, after repair {f['after_repair_s'] * 1e3:.2f} ms, "
+            print(f"#   {routing}: healthy {f['healthy_s'] * 1e3:.2f} ms, "
+                  f"after repair {f['after_repair_s'] * 1e3:.2f} ms, "
                   f"{f['connections_hit']} connections crossed a failed link")
+            if f["stalled_after_repair"]:
+                print(f"#     after repair: {_stalled(f['stalled_after_repair'], f['stalled_pairs_after_repair'])}")
             for name, d in f["by_detection"].items():
-                print(f"#     {name:<14} detect+converge {d['detect_ms']:>7g} ms -> {d['time_s'] * 1e3:>9.2f} ms "
-                      f"({d['slowdown']:.2f}x)")
+                print(f"#     {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
+                      f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
     return 0

@@ -21,45 +21,14 @@ A rank that stops answering raises :class:`PeerLost` naming the rank and its add
 """
 from __future__ import annotations
 
-from ..errors import UserError
+from .base import PeerLost, Transport, TransportError
+from .entropy import ENTROPY_POLICIES
+
+__all__ = ["ENTROPIES", "ENTROPY_POLICIES", "PeerLost", "TRANSPORTS", "Transport", "TransportError", "make"]
 
 TRANSPORTS = ("tcp", "roce")
-ENTROPIES = ("flow", "spray", "adaptive")
-
-
-class TransportError(UserError):
-    """The transport cannot go on (peer gone, address not usable); the message says which."""
-
-
-class PeerLost(TransportError):
-    def __init__(self, rank: int, addr: str, why: str):
-        self.rank = rank
-        self.addr = addr
-        super().__init__(f"rank {rank} ({addr}) {why}")
-
-
-class Transport:
-    rank: int
-    nranks: int
-
-    def barrier(self) -> None:
-        """Gather a 1-byte token at rank 0, then release every rank (2 message rounds)."""
-        token = b"\x01"
-        if self.rank == 0:
-            self.exchange([], [(r, 1) for r in range(1, self.nranks)])
-            self.exchange([(r, token) for r in range(1, self.nranks)], [])
-        else:
-            self.exchange([(0, token)], [])
-            self.exchange([], [(0, 1)])
-
-    def exchange(self, sends, recvs):  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def flow_stats(self) -> list[dict]:  # pragma: no cover - interface
-        return []
-
-    def close(self) -> None:  # pragma: no cover - interface
-        pass
+ENTROPIES: tuple[str, ...] = tuple(ENTROPY_POLICIES)
+"""The entropy policy names (``--entropy``): the keys of the one policy table."""
 
 
 def make(kind: str, rank: int, addrs: list[list[str]], **options) -> Transport:

@@ -18,13 +18,13 @@ What is modelled
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
     * DCQCN (Zhu et al., SIGCOMM 2015) at the sender, the reaction point: see
       :class:`DcqcnParams`. There is no PFC in the emulation, so a NACK (a loss the
-      receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at DCQCN's current rate and per NIC
-      port at the port's line rate (the NIC's port scheduler).
+      receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at
+      DCQCN's current rate and per NIC port at the port's line rate (the NIC's port scheduler).
     * Entropy: each packet's (plane, UDP source port) comes from the entropy policy:
       ``flow`` fixes both per flow (hash of the rank pair: the ECMP baseline), ``spray``
       rotates per packet over every plane of the rank and ``ports_per_nic`` source ports
       per plane (several sockets bound to different source ports on each interface);
-      ``adaptive`` is the hook :class:`EntropyPolicy` subclasses fill, with per-path
+      ``adaptive`` is the hook :class:`~.entropy.EntropyPolicy` subclasses fill, with per-path
       feedback (ACKed, CE/CNP, loss) given to ``on_feedback``.
 
 Every flow counts packets, bytes, retransmissions, timeouts, NACKs, CE marks (receiver),
@@ -42,7 +42,8 @@ import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from . import PeerLost, Transport, TransportError
+from .base import PeerLost, Transport, TransportError
+from .entropy import ENTROPY_POLICIES, FlowEntropy
 
 DATA, ACK, NACK, CNP, ABORT = 1, 2, 3, 4, 5
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us)
@@ -77,7 +78,7 @@ class DcqcnParams:
     cnp_interval_s: float = 50e-6
 
     @classmethod
-    def scaled(cls, line_rate_bps: float, mtu_payload: int = 1400) -> "DcqcnParams":
+    def scaled(cls, line_rate_bps: float, mtu_payload: int = 1400) -> DcqcnParams:
         ref = cls()
         k = line_rate_bps / ref.line_rate_bps
 
@@ -156,56 +157,6 @@ class Dcqcn:
             self._increase()
 
 
-# ---- entropy policies ------------------------------------------------------------------
-
-class EntropyPolicy:
-    """Chooses each packet's path: (plane index, source-port index on that plane).
-
-    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind)`` is called with
-    kind "ack" (bytes acknowledged on that path), "ce" (a CNP for a packet of that path)
-    or "loss" (a NACK or timeout): the hook the adaptive policy uses.
-    """
-    name = "base"
-
-    def __init__(self, planes: int, ports_per_nic: int):
-        self.planes, self.ports = planes, ports_per_nic
-
-    def path(self, flow: "_TxFlow", seq: int) -> int:
-        raise NotImplementedError
-
-    def on_feedback(self, flow: "_TxFlow", path: int, kind: str) -> None:
-        pass
-
-
-class FlowEntropy(EntropyPolicy):
-    """One path per flow, from a hash of (src, dst): what per-flow ECMP gives a QP."""
-    name = "flow"
-
-    def path(self, flow, seq):
-        return flow.hash % (self.planes * self.ports)
-
-
-class SprayEntropy(EntropyPolicy):
-    """Per-packet spraying: rotate over every (plane, source port), planes interleaved."""
-    name = "spray"
-
-    def path(self, flow, seq):
-        i = seq + flow.hash
-        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
-
-
-class AdaptiveEntropy(EntropyPolicy):
-    """Hook for host-side adaptive routing (filled by the adaptive-routing issue)."""
-    name = "adaptive"
-
-    def __init__(self, planes, ports_per_nic):
-        raise TransportError("entropy 'adaptive' is a hook for the adaptive-routing work and has "
-                             "no policy yet; use --entropy flow or spray")
-
-
-POLICIES = {"flow": FlowEntropy, "spray": SprayEntropy, "adaptive": AdaptiveEntropy}
-
-
 # ---- per-flow state ----------------------------------------------------------------------
 
 class _TxFlow:
@@ -277,7 +228,7 @@ class RoceTransport(Transport):
     name = "roce"
 
     def __init__(self, rank: int, addrs: list[list[str]], *, base_port: int = 4791,
-                 line_rate_bps: float = 20e6, entropy: str = "flow", mtu: int = 1500,
+                 line_rate_bps: float = 20e6, entropy: str = FlowEntropy.name, mtu: int = 1500,
                  recovery: str = "selective", dcqcn: bool | DcqcnParams = True,
                  ports_per_nic: int = 8, window_pkts: int = 64, reorder_threshold: int | None = None,
                  reorder_time_s: float | None = None,
@@ -287,8 +238,8 @@ class RoceTransport(Transport):
                  bdp_factor: float = 6.0):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
-        if entropy not in POLICIES:
-            raise TransportError(f"unknown entropy {entropy!r} (known: {', '.join(POLICIES)})")
+        if entropy not in ENTROPY_POLICIES:
+            raise TransportError(f"unknown entropy {entropy!r} (known: {', '.join(ENTROPY_POLICIES)})")
         self.rank, self.nranks, self.addrs = rank, len(addrs), addrs
         self.planes = len(addrs[rank])
         self.base_port = base_port
@@ -301,14 +252,15 @@ class RoceTransport(Transport):
             raise TransportError(f"mtu {mtu} is too small for the roce transport (at least {IP_UDP + HDR.size + 64})")
         self.mtu = mtu
         self.recovery = recovery
-        self.ports_per_nic = ports_per_nic if entropy != "flow" else max(1, ports_per_nic)
-        self.policy = POLICIES[entropy](self.planes, self.ports_per_nic)
+        self.ports_per_nic = max(1, ports_per_nic)
+        self.policy = ENTROPY_POLICIES[entropy](self.planes, self.ports_per_nic)
+        per_flow = self.policy.per_flow
         self.entropy = entropy
         self.window = window_pkts
         self.reorder_threshold = reorder_threshold if reorder_threshold is not None else (
-            3 if entropy == "flow" else window_pkts)
+            3 if per_flow else window_pkts)
         self.reorder_time_s = reorder_time_s if reorder_time_s is not None else (
-            0.0 if entropy == "flow" else 0.008)
+            0.0 if per_flow else 0.008)
         self.ecn = ecn
         self.timeout_s = timeout_s
         self.min_rto_s = min_rto_s
@@ -320,7 +272,7 @@ class RoceTransport(Transport):
         self.ack_delay_s = ack_delay_s
         # A flow's top rate is what its paths can carry: one port with flow entropy, every
         # plane's port when it sprays (the NIC pacers still hold each port to line rate).
-        self.flow_max_bps = self.line_rate_bps * (self.planes if entropy != "flow" else 1)
+        self.flow_max_bps = self.line_rate_bps * (1 if per_flow else self.planes)
         if dcqcn is True:
             dcqcn = DcqcnParams.scaled(self.flow_max_bps, self.payload)
         self.dcqcn_params = dcqcn or None
@@ -328,8 +280,8 @@ class RoceTransport(Transport):
         self.rx: dict[int, _RxFlow] = {}
         self.rx_socks: list[socket.socket] = []
         self.tx_socks: list[socket.socket] = []     # index plane * ports + k
-        self.nic_next = []                          # per plane: next free time of the port
-        self.peer_addr = {}                         # (rank, plane) -> (ip, port)
+        self.nic_next: list[float] = []             # per plane: next free time of the port
+        self.peer_addr: dict[tuple[int, int], tuple[str, int]] = {}   # (rank, plane) -> (ip, port)
         self.hdr_buf = bytearray(HDR.size)
         self.cpu_busy = 0.0
         self.heard: dict[int, float] = {}
@@ -340,7 +292,8 @@ class RoceTransport(Transport):
     def info(self) -> dict:
         return {"transport": "roce", "entropy": self.entropy, "recovery": self.recovery,
                 "mtu": self.mtu, "payload_bytes": self.payload, "line_rate_bps": self.line_rate_bps,
-                "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic, "window_pkts": self.window, "bdp_factor": self.bdp_factor, "pace": self.pace,
+                "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic,
+                "window_pkts": self.window, "bdp_factor": self.bdp_factor, "pace": self.pace,
                 "reorder_threshold": self.reorder_threshold, "reorder_time_s": self.reorder_time_s,
                 "ecn": self.ecn,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,

@@ -16,7 +16,7 @@ import socket
 import struct
 import time
 
-from . import PeerLost, Transport, TransportError
+from .base import PeerLost, Transport, TransportError
 
 HDR = struct.Struct("!IQ")          # magic, message length
 MAGIC = 0x48504E4C                  # "HPNL"
@@ -78,7 +78,7 @@ class TcpTransport(Transport):
         self.sndbuf = sndbuf
         self.conns: dict[int, _Conn] = {}
         self.sel = selectors.DefaultSelector()
-        self.listeners = []
+        self.listeners: list[socket.socket] = []
 
     def info(self) -> dict:
         return {"transport": "tcp", "tcp_ecn": tcp_ecn_setting(), "base_port": self.base_port}
@@ -237,7 +237,7 @@ class TcpTransport(Transport):
                 return
 
     def _read(self, c: _Conn):
-        done = []
+        done: list[bytearray] = []
         while c.inq:
             try:
                 if c.cur is None:
