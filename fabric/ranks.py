@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
             plan = [sched.transfers_of(rank, s) for s in range(len(sched.steps))]
             inp = col.rank_input(rank, sched.in_count, job.seed)
             expected = col.expected_for(sched, rank, job.seed) if job.check else None
-            entry = {"size": sched.size_bytes, "count": sched.count, "param_count": sched.param_count,
+            entry: dict[str, Any] = {"size": sched.size_bytes, "count": sched.count, "param_count": sched.param_count,
                      "oop": None, "ip": None}
             modes = ["oop"] + (["ip"] if job.inplace and sched.has_inplace else [])
             for mode in modes:
@@ -86,7 +87,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                 for it in range(job.warmup + job.iters):
                     work[:] = 0
                     if mode == "ip":
-                        off = sched.inplace_offset(rank) // col.ELEM_BYTES
+                        off = (sched.inplace_offset(rank) or 0) // col.ELEM_BYTES
                         work[off:off + sched.in_count] = inp
                         src_in = work[off:off + sched.in_count]
                     else:
@@ -244,11 +245,15 @@ def _project_root() -> str:
 
 class _Proc:
     def __init__(self, job: Job, rank: int, popen: subprocess.Popen):
+        if popen.stdout is None or popen.stderr is None:
+            raise ValueError("a rank's process needs piped stdout and stderr")
         self.job, self.rank, self.popen = job, rank, popen
+        self.stdout, self.stderr = popen.stdout, popen.stderr
         self.buf = b""
         self.err = b""
-        self.result = None
-        self.error = None
+        self.out_bytes = 0          # stdout bytes read so far (said when a rank ends without a result)
+        self.result: dict | None = None
+        self.error: str | None = None
         self.done = False
         self.last_heard = time.monotonic()
 
@@ -298,8 +303,8 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
             for rank in range(job.nranks):
                 p = _Proc(job, rank, spawner.spawn(job, rank))
                 procs.append(p)
-                sel.register(p.popen.stdout, selectors.EVENT_READ, (p, "out"))
-                sel.register(p.popen.stderr, selectors.EVENT_READ, (p, "err"))
+                sel.register(p.stdout, selectors.EVENT_READ, (p, "out"))
+                sel.register(p.stderr, selectors.EVENT_READ, (p, "err"))
         if on_started:
             on_started([p.popen for p in procs])
         silence = max(j.timeout_s for j in jobs) + 10.0
@@ -308,7 +313,7 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
         while failure is None and not all(p.done for p in procs):
             for key, _ in sel.select(timeout=0.5):
                 p, which = key.data
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
@@ -317,6 +322,7 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
                     p.err = (p.err + chunk)[-4000:]
                     continue
                 p.buf += chunk
+                p.out_bytes += len(chunk)
                 while b"\n" in p.buf:
                     line, p.buf = p.buf.split(b"\n", 1)
                     _handle_line(p, line, bar, jobs)
@@ -328,9 +334,10 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
                 if code is not None and p.result is None and p.error is None:
                     # drain what it wrote before exiting
                     try:
-                        rest = p.popen.stdout.read() or b""
+                        rest = p.stdout.read() or b""
                     except (OSError, ValueError):
                         rest = b""
+                    p.out_bytes += len(rest)
                     for line in (p.buf + rest).split(b"\n"):
                         if line.strip():
                             _handle_line(p, line, bar, jobs)
@@ -341,7 +348,8 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
                 if code is not None:
                     if p.result is None:
                         tail = p.err.decode(errors="replace").strip().splitlines()
-                        why = tail[-1] if tail else f"exit code {code}"
+                        why = tail[-1] if tail else (f"exit code {code} without a result line, "
+                                                     f"{p.out_bytes} bytes of output read")
                         if code < 0:
                             why = f"killed by signal {-code}"
                         failure = f"{p.job.where(p.rank)} died ({why})"
@@ -362,7 +370,8 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
     finally:
         _stop_all(procs)
         sel.close()
-    return [report.build_result(job, [p.result for p in procs if p.job is job]) for job in jobs]
+    return [report.build_result(job, [p.result for p in procs if p.job is job and p.result is not None])
+            for job in jobs]
 
 
 def _all_silent(procs, now, silence) -> bool:
@@ -402,7 +411,7 @@ def _stop_all(procs: list[_Proc]) -> None:
                 p.popen.kill()
             p.popen.wait(timeout=5)
     for p in procs:
-        for f in (p.popen.stdout, p.popen.stderr):
+        for f in (p.stdout, p.stderr):
             with contextlib.suppress(OSError, AttributeError):
                 f.close()
 

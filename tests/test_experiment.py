@@ -98,7 +98,7 @@ def test_loopback_picks_a_base_port_every_rank_can_bind():
 
 
 def test_running_on_something_that_is_not_a_target_is_one_line():
-    with pytest.raises(UserError, match="give an Emulation, experiment.Loopback or experiment.Hosts"):
+    with pytest.raises(UserError, match=r"give an Emulation, experiment\.Loopback or experiment\.Hosts"):
         experiment.run(Plan(), "mini-hpn")
 
 
@@ -133,3 +133,19 @@ def test_the_readme_python_example_runs_and_prints_verified_nccl_tests_tables():
     text = out.getvalue()
     tables = text.count("# Avg bus bandwidth")
     assert tables >= 1 and text.count("# Out of bounds values : 0 OK") == tables, text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--placement", "same-rail", "--ranks", "8"], "same-rail: a segment has 4 hosts"),
+    (["--collective", "all_reduse"], "unknown collective 'all_reduse'"),
+    (["--transport", "roce,rdma"], "unknown transport 'rdma'"),
+])
+def test_the_run_command_refuses_a_bad_plan_in_one_line_before_building_anything(argv, message):
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "hpnlab.cli", "run", "mini-hpn", *argv], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], res.stderr
+    assert "emulating" not in res.stdout
