@@ -77,7 +77,7 @@ def _decimals(values: Iterable[float]) -> int:
 
 
 def format_table(result: dict) -> str:
-    """The nccl-tests layout for one collective run (``result`` as built by ``hpnlab.fabric.ranks``)."""
+    """The nccl-tests layout for one collective run (``result`` as :func:`build_result` makes it)."""
     rows = result["rows"]
     d = _decimals(r[m][k] for r in rows for m in ("oop", "ip") if r.get(m)
                   for k in ("algbw_gbs", "busbw_gbs"))
