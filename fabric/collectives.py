@@ -254,7 +254,7 @@ def _all_reduce_hd(n, count, root, perm):
     def span(lo: int, hi: int) -> tuple[int, int]:   # chunk range -> (byte offset, nbytes)
         return b[lo] * ELEM_BYTES, (b[hi] - b[lo]) * ELEM_BYTES
 
-    owned = {r: (0, n) for r in range(n)}
+    owned = dict.fromkeys(range(n), (0, n))
     steps = []
     # recursive halving: distance n/2, n/4, ..., 1; the rank with the distance bit set keeps
     # the upper half, sends the lower half to its partner and adds the partner's upper half.
@@ -424,7 +424,7 @@ def simulate(sched: Schedule, inputs: list[np.ndarray]) -> list[np.ndarray]:
         apply_prologue(sched, r, inputs[r], works[r])
     for step in sched.steps:
         payloads = [bytes(source_bytes(t, inputs[t.src], works[t.src])) for t in step]
-        for t, data in zip(step, payloads):
+        for t, data in zip(step, payloads, strict=False):
             deliver(works[t.dst], t, data)
     out = []
     for r in range(n):

@@ -9,6 +9,9 @@ element, with the collective's definition. It writes JSON lines on stdout: ``rea
 ``progress`` and finally ``result`` (or ``error`` with a one-line message) and exits
 0 (or 3). The job description travels on the command line; nothing goes through files.
 
+What a job is, its validation and where ranks sit on a fabric are pure and live in
+``hpnlab.fabric.placement``; merging the ranks' results into one is ``hpnlab.fabric.report``.
+
 Launcher (:func:`run_jobs`): starts every rank of every job through a *spawner*
 (:class:`LocalSpawner` for addresses of this machine, :class:`SshSpawner` for a real
 cluster, or the emulation's ``host.popen``), reads their lines, shows progress, and when
@@ -17,6 +20,7 @@ rank by pid and raises one ``UserError`` naming the rank. Nothing is left runnin
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -27,117 +31,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from . import collectives as col
 from . import report
 from .errors import UserError
-
-
-# ---- the job description ------------------------------------------------------------------
-
-@dataclass
-class Job:
-    """Everything a rank needs; serialised to JSON on the worker's command line."""
-    collective: str
-    addrs: list                     # per rank: list of addresses (one per plane / NIC port)
-    sizes: list                     # bytes
-    iters: int = 5
-    warmup: int = 1
-    check: bool = True
-    inplace: bool = True
-    transport: str = "roce"
-    entropy: str = "flow"
-    line_rate_bps: float = 20e6     # per NIC port of a rank (pacing and the busbw fraction)
-    mtu: int = 1500
-    base_port: int = 0              # 0: the transport's default (roce 4791, tcp 29500)
-    root: int = 0
-    perm: list | None = None
-    seed: int = 0
-    timeout_s: float = 15.0
-    options: dict = field(default_factory=dict)   # extra transport options (recovery, dcqcn, ...)
-    job: int = 0
-    labels: list | None = None      # per rank: where it runs (host name), for messages
-
-    @property
-    def nranks(self) -> int:
-        return len(self.addrs)
-
-    def rank_line_rate_bps(self, rank: int = 0) -> float:
-        return self.line_rate_bps * len(self.addrs[rank])
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Job":
-        return cls(**json.loads(text))
-
-    def where(self, rank: int) -> str:
-        label = self.labels[rank] if self.labels else None
-        addr = "+".join(self.addrs[rank])
-        return f"rank {rank} ({label} {addr})" if label else f"rank {rank} ({addr})"
-
-
-def validate(job: Job, ranks_here: int | None = None) -> None:
-    """Check a job before anything starts; a mistake raises one UserError line."""
-    name = col.canonical(job.collective)
-    n = job.nranks
-    if n < 2:
-        raise UserError(f"{name} needs at least 2 ranks, got {n}")
-    flat = [a for addrs in job.addrs for a in addrs]
-    for a in flat:
-        try:
-            socket.inet_aton(a)
-            if a.count(".") != 3:
-                raise OSError
-        except OSError:
-            raise UserError(f"not an IPv4 address: {a!r}") from None
-    for r, addrs in enumerate(job.addrs):
-        if not addrs:
-            raise UserError(f"rank {r} has no address")
-    if len({len(a) for a in job.addrs}) != 1:
-        raise UserError("every rank must have the same number of addresses (one per plane)")
-    if job.iters < 1 or job.warmup < 0:
-        raise UserError(f"-n must be at least 1 and -w at least 0 (got {job.iters}, {job.warmup})")
-    if not job.sizes:
-        raise UserError("no sizes to run (check -b/-e)")
-    for size in job.sizes:
-        col.build(name, n, size, root=job.root, perm=tuple(job.perm) if job.perm else None)
-    if not 0 <= job.root < n:
-        raise UserError(f"root {job.root} is not a rank (0..{n - 1})")
-    if job.transport not in ("tcp", "roce"):
-        raise UserError(f"unknown transport {job.transport!r} (known: tcp, roce)")
-    if job.entropy not in ("flow", "spray", "adaptive"):
-        raise UserError(f"unknown entropy {job.entropy!r} (known: flow, spray, adaptive)")
-    need = col.memory_per_rank_bytes(name, n, max(job.sizes))
-    if job.transport == "roce":
-        need += 2 * col.fit_count(name, n, max(job.sizes)) * col.ELEM_BYTES
-    avail = _mem_available()
-    here = ranks_here if ranks_here is not None else n
-    if avail and need * here > 0.8 * avail:
-        raise UserError(f"size {max(job.sizes)} B does not fit: {here} ranks on this machine need about "
-                        f"{need * here / 2**20:.0f} MiB, {avail / 2**20:.0f} MiB are available (lower -e)")
-
-
-def _mem_available() -> int:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
+from .placement import Job, validate
 
 # ---- worker ----------------------------------------------------------------------------
 
 def _emit(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":"), default=report._jsonable) + "\n")
+    sys.stdout.write(json.dumps(obj, separators=(",", ":"), default=report.jsonable) + "\n")
     sys.stdout.flush()
 
 
@@ -171,7 +78,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
             plan = [sched.transfers_of(rank, s) for s in range(len(sched.steps))]
             inp = col.rank_input(rank, sched.in_count, job.seed)
             expected = col.expected_for(sched, rank, job.seed) if job.check else None
-            entry = {"size": sched.size_bytes, "count": sched.count, "param_count": sched.param_count,
+            entry: dict[str, Any] = {"size": sched.size_bytes, "count": sched.count, "param_count": sched.param_count,
                      "oop": None, "ip": None}
             modes = ["oop"] + (["ip"] if job.inplace and sched.has_inplace else [])
             for mode in modes:
@@ -180,7 +87,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                 for it in range(job.warmup + job.iters):
                     work[:] = 0
                     if mode == "ip":
-                        off = sched.inplace_offset(rank) // col.ELEM_BYTES
+                        off = (sched.inplace_offset(rank) or 0) // col.ELEM_BYTES
                         work[off:off + sched.in_count] = inp
                         src_in = work[off:off + sched.in_count]
                     else:
@@ -197,7 +104,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                         # the background (copied), as a NIC's send queue would
                         got = t.exchange([(x.dst, col.source_bytes(x, src_in, work)) for x in sends],
                                          [(x.src, x.nbytes) for x in recvs], wait_sends=False)
-                        for x, data in zip(recvs, got):
+                        for x, data in zip(recvs, got, strict=False):
                             col.deliver(work, x, data)
                     elapsed = time.perf_counter() - t0     # this rank has its whole result
                     t.flush()                              # its last sends are acknowledged
@@ -223,10 +130,8 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         return result
     except BaseException:
         if hasattr(t, "abort"):
-            try:
+            with contextlib.suppress(Exception):   # best effort: never hide the error that brought us here
                 t.abort()
-            except Exception:   # best effort: never hide the error that brought us here
-                pass
         raise
     finally:
         t.close()
@@ -340,11 +245,15 @@ def _project_root() -> str:
 
 class _Proc:
     def __init__(self, job: Job, rank: int, popen: subprocess.Popen):
+        if popen.stdout is None or popen.stderr is None:
+            raise ValueError("a rank's process needs piped stdout and stderr")
         self.job, self.rank, self.popen = job, rank, popen
+        self.stdout, self.stderr = popen.stdout, popen.stderr
         self.buf = b""
         self.err = b""
-        self.result = None
-        self.error = None
+        self.out_bytes = 0          # stdout bytes read so far (said when a rank ends without a result)
+        self.result: dict | None = None
+        self.error: str | None = None
         self.done = False
         self.last_heard = time.monotonic()
 
@@ -352,8 +261,9 @@ class _Proc:
 class Progress:
     """A progress line on stderr: sizes done by the slowest job's rank 0."""
 
-    def __init__(self, total: int, stream=sys.stderr, enabled: bool = True):
-        self.total, self.stream, self.enabled = total, stream, enabled
+    def __init__(self, total: int, stream=sys.stderr, enabled: bool = True,
+                 callback: Callable[[int, int, str], None] | None = None):
+        self.total, self.stream, self.enabled, self.callback = total, stream, enabled, callback
         self.done = 0
         self.tty = hasattr(stream, "isatty") and stream.isatty()
 
@@ -361,6 +271,9 @@ class Progress:
         if not self.enabled or done <= self.done:
             return
         self.done = done
+        if self.callback is not None:
+            self.callback(done, self.total, label)
+            return
         width = 30
         fill = int(width * done / max(1, self.total))
         line = f"[{'#' * fill}{'.' * (width - fill)}] {done}/{self.total} sizes  {label}"
@@ -371,24 +284,27 @@ class Progress:
         self.stream.flush()
 
 
-def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None,
-             startup_timeout_s: float | None = None) -> list[dict]:
+def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, str], None] = True,
+             on_started=None, startup_timeout_s: float | None = None) -> list[dict]:
     """Run every job's ranks at once (concurrent jobs on disjoint ranks); return one result
-    dict per job (``build_result``). Any failure stops every rank and raises UserError."""
+    dict per job (``hpnlab.fabric.report.build_result``). Any failure stops every rank and
+    raises UserError. ``progress``: a bar on stderr (True), nothing (False), or a function
+    called with (sizes done, sizes in all, label)."""
     for job in jobs:
         validate(job)
         spawner.check(job)
     procs: list[_Proc] = []
     sel = selectors.DefaultSelector()
-    bar = Progress(len(jobs[0].sizes), enabled=progress)
+    bar = Progress(len(jobs[0].sizes), enabled=bool(progress),
+                   callback=progress if callable(progress) else None)
     failure: str | None = None
     try:
         for job in jobs:
             for rank in range(job.nranks):
                 p = _Proc(job, rank, spawner.spawn(job, rank))
                 procs.append(p)
-                sel.register(p.popen.stdout, selectors.EVENT_READ, (p, "out"))
-                sel.register(p.popen.stderr, selectors.EVENT_READ, (p, "err"))
+                sel.register(p.stdout, selectors.EVENT_READ, (p, "out"))
+                sel.register(p.stderr, selectors.EVENT_READ, (p, "err"))
         if on_started:
             on_started([p.popen for p in procs])
         silence = max(j.timeout_s for j in jobs) + 10.0
@@ -397,7 +313,7 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None
         while failure is None and not all(p.done for p in procs):
             for key, _ in sel.select(timeout=0.5):
                 p, which = key.data
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
@@ -406,6 +322,7 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None
                     p.err = (p.err + chunk)[-4000:]
                     continue
                 p.buf += chunk
+                p.out_bytes += len(chunk)
                 while b"\n" in p.buf:
                     line, p.buf = p.buf.split(b"\n", 1)
                     _handle_line(p, line, bar, jobs)
@@ -417,9 +334,10 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None
                 if code is not None and p.result is None and p.error is None:
                     # drain what it wrote before exiting
                     try:
-                        rest = p.popen.stdout.read() or b""
+                        rest = p.stdout.read() or b""
                     except (OSError, ValueError):
                         rest = b""
+                    p.out_bytes += len(rest)
                     for line in (p.buf + rest).split(b"\n"):
                         if line.strip():
                             _handle_line(p, line, bar, jobs)
@@ -430,7 +348,8 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None
                 if code is not None:
                     if p.result is None:
                         tail = p.err.decode(errors="replace").strip().splitlines()
-                        why = tail[-1] if tail else f"exit code {code}"
+                        why = tail[-1] if tail else (f"exit code {code} without a result line, "
+                                                     f"{p.out_bytes} bytes of output read")
                         if code < 0:
                             why = f"killed by signal {-code}"
                         failure = f"{p.job.where(p.rank)} died ({why})"
@@ -451,7 +370,8 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool = True, on_started=None
     finally:
         _stop_all(procs)
         sel.close()
-    return [build_result(job, [p.result for p in procs if p.job is job]) for job in jobs]
+    return [report.build_result(job, [p.result for p in procs if p.job is job and p.result is not None])
+            for job in jobs]
 
 
 def _all_silent(procs, now, silence) -> bool:
@@ -480,77 +400,20 @@ def _stop_all(procs: list[_Proc]) -> None:
     """End every rank process still running: SIGTERM, then SIGKILL; reap all."""
     alive = [p for p in procs if p.popen.poll() is None]
     for p in alive:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             p.popen.terminate()
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + 2.0
     for p in alive:
         try:
             p.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 p.popen.kill()
-            except ProcessLookupError:
-                pass
             p.popen.wait(timeout=5)
     for p in procs:
-        for f in (p.popen.stdout, p.popen.stderr):
-            try:
+        for f in (p.stdout, p.stderr):
+            with contextlib.suppress(OSError, AttributeError):
                 f.close()
-            except (OSError, AttributeError):
-                pass
-
-
-# ---- merging ranks into one result --------------------------------------------------------
-
-def merge_flows(rank_results: list[dict]) -> list[dict]:
-    """One record per directed flow, joining the sender's and the receiver's counters."""
-    flows: dict[tuple, dict] = {}
-    for rr in rank_results:
-        for f in rr.get("flows", []):
-            key = (f["src"], f["dst"])
-            rec = flows.setdefault(key, {"src": f["src"], "dst": f["dst"]})
-            side = f.get("side", "tx")
-            for k, v in f.items():
-                if k in ("side", "src", "dst"):
-                    continue
-                rec[k] = v
-            rec.setdefault("sides", []).append(side)
-    out = [f for f in flows.values() if f.get("bytes", 0) or f.get("packets_received", 0)]
-    for f in out:
-        f.pop("sides", None)
-    return sorted(out, key=lambda f: (f["src"], f["dst"]))
-
-
-def cpu_summary(rank_results: list[dict]) -> dict:
-    """Generator CPU during the timed iterations: each rank's share of one core, the busiest
-    rank's share, the cores all ranks used together, and headroom = 1 - busiest share."""
-    shares = []
-    for rr in rank_results:
-        c = rr["cpu"]
-        shares.append(c["timed_cpu_s"] / c["timed_wall_s"] if c["timed_wall_s"] > 0 else 0.0)
-    top = max(shares) if shares else 0.0
-    return {"rank_shares": shares, "max_rank_share": top, "cores_used": sum(shares),
-            "headroom": 1.0 - top, "machine_cores": os.cpu_count()}
-
-
-def build_result(job: Job, rank_results: list[dict]) -> dict:
-    name = col.canonical(job.collective)
-    rows = report.aggregate(rank_results, name)
-    info = rank_results[0].get("transport_info", {})
-    sched = col.build(name, job.nranks, job.sizes[0], root=job.root,
-                      perm=tuple(job.perm) if job.perm else None)
-    return {"collective": name, "nranks": job.nranks, "job": job.job, "transport": job.transport,
-            "entropy": job.entropy if job.transport == "roce" else None,
-            "type": col.TYPE_NAME, "redop": sched.redop, "root": sched.root,
-            "line_rate_bps": job.rank_line_rate_bps(),
-            "busbw_factor": col.busbw_factor(name, job.nranks),
-            "rows": rows, "avg_busbw_gbs": report.avg_busbw(rows),
-            "flows": merge_flows(rank_results), "cpu": cpu_summary(rank_results),
-            "transport_info": info, "params": json.loads(job.to_json()),
-            "ranks": [{"rank": r["rank"], "host": r.get("host"), "pid": r.get("pid"),
-                       "cpu": r["cpu"]} for r in sorted(rank_results, key=lambda r: r["rank"])]}
 
 
 if __name__ == "__main__":
@@ -558,87 +421,3 @@ if __name__ == "__main__":
         sys.exit(worker_main(sys.argv[2:]))
     print("usage: python -m hpnlab.fabric.ranks worker JOB_JSON RANK", file=sys.stderr)
     sys.exit(2)
-
-
-# ---- placement on a fabric graph (pure) ------------------------------------------------------
-
-PLACEMENTS = ("cross-rail", "same-rail", "cross-plane", "cross-campus")
-
-
-@dataclass
-class Placed:
-    host: str
-    rail: int
-    addrs: list           # one address per plane used, plane order
-    planes: list
-
-
-def place(g, placement: str = "cross-rail", nranks: int | None = None, jobs: int = 1) -> list[list[Placed]]:
-    """Choose each job's ranks on the fabric graph: one rank per NIC (rail) of a host, using
-    that NIC's port on every plane (``hpnlab.fabric.graph.host_ports``). Jobs get disjoint hosts.
-
-    same-rail     ranks on rail 0 of hosts of one segment: every ring neighbour is under the
-                  same leaf in each plane (leaf-local traffic, no spine). Job j takes segment j.
-    cross-rail    ranks spread over segments and rails, rank i on rail i mod rails, hosts
-                  taken round-robin across segments: neighbours sit under different leaves,
-                  so traffic crosses the spines (the default).
-    cross-plane   as cross-rail, but job j uses only plane j mod planes (one port per rank):
-                  concurrent jobs are separated by plane; one job shows the single-plane case.
-    cross-campus  ranks alternate between campuses (needs a scenario with campuses > 1):
-                  every ring step crosses the long-haul links.
-    """
-    from . import graph as fgraph
-
-    if placement not in PLACEMENTS:
-        raise UserError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
-    s = g.graph["scenario"]
-    hosts = sorted(fgraph.hosts(g), key=lambda h: g.nodes[h]["index"])
-    ports = {h: fgraph.host_ports(g, h) for h in hosts}
-
-    def rank_on(h: str, rail: int, planes: list[int]) -> Placed:
-        mine = sorted((p for p in ports[h] if p["rail"] == rail and p["plane"] in planes),
-                      key=lambda p: p["plane"])
-        return Placed(h, rail, [p["ip"] for p in mine], [p["plane"] for p in mine])
-
-    all_planes = list(range(s.planes))
-    groups: list[list[str]] = []
-    if placement == "same-rail":
-        by_seg: dict = {}
-        for h in hosts:
-            d = g.nodes[h]
-            by_seg.setdefault((d["campus"], d["pod"], d["segment"]), []).append(h)
-        segs = list(by_seg.values())
-        if jobs > len(segs):
-            raise UserError(f"same-rail: {jobs} jobs need {jobs} segments, the scenario has {len(segs)}")
-        want = nranks or len(segs[0])
-        if want > len(segs[0]):
-            raise UserError(f"same-rail: a segment has {len(segs[0])} hosts, asked for {want} ranks "
-                            f"(lower --ranks or use cross-rail)")
-        return [[rank_on(h, 0, all_planes) for h in segs[j][:want]] for j in range(jobs)]
-    if placement == "cross-campus":
-        if s.campuses < 2:
-            raise UserError(f"cross-campus needs a scenario with several campuses ({s.name} has 1; "
-                            f"try mini-cross-campus)")
-        by_campus = [[h for h in hosts if g.nodes[h]["campus"] == c] for c in range(s.campuses)]
-        order = [h for tup in zip(*by_campus) for h in tup]
-    else:
-        by_seg = {}
-        for h in hosts:
-            d = g.nodes[h]
-            by_seg.setdefault((d["campus"], d["pod"], d["segment"]), []).append(h)
-        order = [h for tup in zip(*by_seg.values()) for h in tup]
-    per_job = nranks or len(order) // jobs
-    if per_job < 2:
-        raise UserError(f"{placement}: {len(order)} hosts cannot give {jobs} jobs of at least 2 ranks")
-    if per_job * jobs > len(order):
-        raise UserError(f"{placement}: {jobs} job(s) of {per_job} ranks need {per_job * jobs} hosts, "
-                        f"the scenario has {len(order)} usable")
-    out = []
-    for j in range(jobs):
-        mine = order[j::jobs][:per_job]     # interleave so every job spans the segments
-        planes = [j % s.planes] if placement == "cross-plane" else all_planes
-        out.append([rank_on(h, (i % s.rails) if placement != "cross-campus" else 0, planes)
-                    for i, h in enumerate(mine)])
-    return out

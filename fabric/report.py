@@ -1,8 +1,10 @@
 """Results of collective runs: nccl-tests tables, JSON files and PNG plots.
 
-Pure except for the plot functions (matplotlib, imported when called). The input is what
-the rank workers return (``hpnlab.fabric.ranks``): per rank, per size, the seconds each timed
-iteration took and the number of wrong elements found when checking.
+Pure except for the plot functions (matplotlib, imported when called) and the file writers.
+The input is what the rank workers return (``hpnlab.fabric.ranks``): per rank, per size, the
+seconds each timed iteration took and the number of wrong elements found when checking;
+:func:`build_result` merges one job's ranks into the result that tables, plots and
+``results.json`` are made from.
 
 How numbers are made (nccl-tests' conventions, doc/PERFORMANCE.md there)
     time   an iteration's time is the slowest rank's (a collective ends when its last rank
@@ -17,13 +19,19 @@ NIC ports (their emulated rate) and busbw as a fraction of it.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import os
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from . import collectives as col
+
+if TYPE_CHECKING:
+    from .placement import Job
 
 GB = 1e9
 
@@ -69,7 +77,7 @@ def _decimals(values: Iterable[float]) -> int:
 
 
 def format_table(result: dict) -> str:
-    """The nccl-tests layout for one collective run (``result`` as built by ``hpnlab.fabric.ranks``)."""
+    """The nccl-tests layout for one collective run (``result`` as :func:`build_result` makes it)."""
     rows = result["rows"]
     d = _decimals(r[m][k] for r in rows for m in ("oop", "ip") if r.get(m)
                   for k in ("algbw_gbs", "busbw_gbs"))
@@ -151,12 +159,62 @@ def format_comparison(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def wrong_total(results: list[dict]) -> int:
+    """Wrong elements over every run, size and column (0 when every check passed)."""
+    return sum((row[m] or {}).get("wrong") or 0 for r in results for row in r["rows"] for m in ("oop", "ip"))
+
+
+# ---- one job's result from its ranks' -------------------------------------------------------
+
+def merge_flows(rank_results: list[dict]) -> list[dict]:
+    """One record per directed flow, joining the sender's and the receiver's counters."""
+    flows: dict[tuple, dict] = {}
+    for rr in rank_results:
+        for f in rr.get("flows", []):
+            rec = flows.setdefault((f["src"], f["dst"]), {"src": f["src"], "dst": f["dst"]})
+            for k, v in f.items():
+                if k not in ("side", "src", "dst"):
+                    rec[k] = v
+    out = [f for f in flows.values() if f.get("bytes", 0) or f.get("packets_received", 0)]
+    return sorted(out, key=lambda f: (f["src"], f["dst"]))
+
+
+def cpu_summary(rank_results: list[dict]) -> dict:
+    """Generator CPU during the timed iterations: each rank's share of one core, the busiest
+    rank's share, the cores all ranks used together, and headroom = 1 - busiest share."""
+    shares = []
+    for rr in rank_results:
+        c = rr["cpu"]
+        shares.append(c["timed_cpu_s"] / c["timed_wall_s"] if c["timed_wall_s"] > 0 else 0.0)
+    top = max(shares) if shares else 0.0
+    return {"rank_shares": shares, "max_rank_share": top, "cores_used": sum(shares),
+            "headroom": 1.0 - top, "machine_cores": os.cpu_count()}
+
+
+def build_result(job: Job, rank_results: list[dict]) -> dict:
+    """One job's result: the nccl-tests rows, flows, CPU, and every parameter of the job."""
+    name = col.canonical(job.collective)
+    rows = aggregate(rank_results, name)
+    sched = col.build(name, job.nranks, job.sizes[0], root=job.root,
+                      perm=tuple(job.perm) if job.perm else None)
+    return {"collective": name, "nranks": job.nranks, "job": job.job, "transport": job.transport,
+            "entropy": job.entropy if job.transport == "roce" else None,
+            "type": col.TYPE_NAME, "redop": sched.redop, "root": sched.root,
+            "line_rate_bps": job.rank_line_rate_bps(),
+            "busbw_factor": col.busbw_factor(name, job.nranks),
+            "rows": rows, "avg_busbw_gbs": avg_busbw(rows),
+            "flows": merge_flows(rank_results), "cpu": cpu_summary(rank_results),
+            "transport_info": rank_results[0].get("transport_info", {}), "params": json.loads(job.to_json()),
+            "ranks": [{"rank": r["rank"], "host": r.get("host"), "pid": r.get("pid"),
+                       "cpu": r["cpu"]} for r in sorted(rank_results, key=lambda r: r["rank"])]}
+
+
 # ---- files ---------------------------------------------------------------------------
 
 def write_json(results: dict | list, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1, sort_keys=True, default=_jsonable) + "\n")
+    path.write_text(json.dumps(results, indent=1, sort_keys=True, default=jsonable) + "\n")
     return path
 
 
@@ -164,7 +222,27 @@ def read_json(path: str | Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def _jsonable(value):
+def save(doc: dict, out_dir: str | Path, say: Callable[[str], None] = print) -> Path:
+    """Print every table and the comparison, write ``results.json`` (``doc``: {"meta",
+    "results"}) and the plots under ``out_dir``; return the JSON path."""
+    out_dir = Path(out_dir)
+    results = doc["results"]
+    for r in results:
+        say(format_table(r))
+        say("")
+    if results:
+        say(format_comparison(results))
+    path = write_json(doc, out_dir / "results.json")
+    plots = [plot_busbw(results, out_dir / "busbw.png")]
+    for r in results:
+        tag = "-".join(str(x) for x in (r["collective"], r["transport"], r.get("entropy")) if x)
+        plots.append(plot_flow_rates(r, out_dir / f"flows-{tag}-job{r.get('job', 0)}.png"))
+    say(f"results: {path}  plots: {', '.join(str(p) for p in plots)}")
+    return path
+
+
+def jsonable(value: Any) -> Any:
+    """What json cannot write by itself: numpy values as lists, sets and tuples as lists."""
     if hasattr(value, "tolist"):
         return value.tolist()
     if isinstance(value, (set, tuple)):
@@ -212,7 +290,7 @@ def flow_rate_series(flow: dict) -> tuple[list[float], list[float]]:
     """(times s, delivered rate bit/s) from a flow's cumulative (t, bytes acked) samples."""
     samples = flow.get("samples") or []
     ts, rates = [], []
-    for (t0, b0, *_), (t1, b1, *_) in zip(samples, samples[1:]):
+    for (t0, b0, *_), (t1, b1, *_) in itertools.pairwise(samples):
         if t1 > t0:
             ts.append(t1)
             rates.append((b1 - b0) * 8 / (t1 - t0))

@@ -63,7 +63,7 @@ def test_table_has_the_nccl_tests_columns_rows_and_footer():
 
 def test_in_place_columns_read_na_when_not_run_and_wrong_reads_na_unchecked():
     rows = report.aggregate([_rank(r, [0.5], wrong=None, ip=False) for r in range(2)], "all_to_all")
-    line = [x for x in report.format_table(_result(rows)).splitlines() if not x.startswith("#")][0]
+    line = next(x for x in report.format_table(_result(rows)).splitlines() if not x.startswith("#"))
     assert line.split()[-4:] == ["N/A"] * 4
     assert line.split()[8] == "N/A"
 
@@ -107,3 +107,19 @@ def test_tables_and_plots_come_back_from_a_results_file(tmp_path, capsys):
     assert "# Avg bus bandwidth" in out and "roce" in out
     assert (tmp_path / "p" / "busbw.png").is_file()
     assert report.main([str(tmp_path / "missing.json")]) == 2
+
+
+def test_a_flow_joins_its_senders_and_its_receivers_counters_and_idle_pairs_are_dropped():
+    ranks = [{"flows": [{"side": "tx", "src": 0, "dst": 1, "bytes": 4096, "packets": 4},
+                        {"side": "rx", "src": 1, "dst": 0, "packets_received": 0, "ce_marks": 0}]},
+             {"flows": [{"side": "rx", "src": 0, "dst": 1, "packets_received": 4, "ce_marks": 2},
+                        {"side": "tx", "src": 1, "dst": 0, "bytes": 0, "packets": 0}]}]
+    assert report.merge_flows(ranks) == [
+        {"src": 0, "dst": 1, "bytes": 4096, "packets": 4, "packets_received": 4, "ce_marks": 2}]
+
+
+def test_wrong_elements_are_counted_over_every_run_size_and_column():
+    ok = {"rows": [{"oop": {"wrong": 0}, "ip": None}]}
+    bad = {"rows": [{"oop": {"wrong": 2}, "ip": {"wrong": 3}}, {"oop": {"wrong": None}, "ip": None}]}
+    assert report.wrong_total([ok]) == 0
+    assert report.wrong_total([ok, bad]) == 5

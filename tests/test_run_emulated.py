@@ -1,6 +1,9 @@
 """Collectives on the emulated mini-hpn (real OVS, the controller process, shaped links, the
-ECN stage): data verified at every rank, busbw against line rate on an uncontended path,
-`hpnlab run`'s pipeline on the live fabric, and a rank killed on an emulated host."""
+ECN stage), run through the library (``hpnlab.fabric.experiment``): data verified at every
+rank, busbw as nccl-tests defines it, spray using both planes where per-flow entropy keeps a
+flow on one (from the hosts' interface counters), the results pipeline, and a rank killed on
+an emulated host. How close busbw comes to line rate is a speed figure and lives in
+``tools/bench_collective.py``, not here."""
 from __future__ import annotations
 
 import os
@@ -9,102 +12,94 @@ import time
 
 import pytest
 
-from hpnlab.fabric import ranks, report
+from hpnlab.fabric import experiment, ranks, report
 from hpnlab.fabric.errors import UserError
-from hpnlab.cli import main as cli
-from hpnlab.cli.cmd_run import matrix, plan_jobs, run_on
+from hpnlab.fabric.experiment import Plan, Run
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-
-def _args(*argv):
-    return cli.build_parser().parse_args(["run", "mini-hpn", "--quiet", *argv])
-
-
-def _run(emu, *argv):
-    args = _args(*argv)
-    return run_on(emu, args, matrix(args), say=lambda m: None)
+# busbw / algbw as nccl-tests defines it, written out independently of hpnlab.fabric.collectives
+NCCL_TESTS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
 
 
 @pytest.mark.parametrize("collective,transport,entropy", [
     ("all_reduce", "roce", "spray"), ("all_reduce", "tcp", "flow"),
     ("all_to_all", "roce", "flow"), ("all_to_all", "tcp", "flow")])
 def test_collective_on_mini_hpn_completes_with_data_verified(mini_hpn, collective, transport, entropy):
-    results = _run(mini_hpn, "--collective", collective, "--transport", transport, "--entropy", entropy,
-                   "--ranks", "8", "--placement", "cross-rail", "-b", "64K", "-e", "128K", "-n", "2")
-    [res] = results
+    plan = Plan(collectives=collective, transports=transport, entropies=entropy, ranks=8,
+                placement="cross-rail", sizes=experiment.sweep("64K", "128K"), iterations=2)
+    [res] = experiment.run(plan, mini_hpn, progress=False)["results"]
     assert res["nranks"] == 8 and len(set(res["hosts"])) == 8
     assert [row["size"] for row in res["rows"]] == [65536, 131072]
     for row in res["rows"]:
-        assert row["oop"]["wrong"] == 0          # every element checked at every rank
-        assert row["oop"]["busbw_gbs"] > 0
+        cell = row["oop"]
+        assert cell["wrong"] == 0                   # every element checked at every rank
+        algbw = row["size"] / (cell["time_us"] * 1e-6) / 1e9
+        assert cell["busbw_gbs"] == pytest.approx(algbw * NCCL_TESTS_FACTOR[collective](8))
     # the traffic crossed the fabric: the ranks' hosts span segments (leaves)
     segs = {mini_hpn.graph.nodes[h]["segment"] for h in res["hosts"]}
     assert len(segs) > 1
 
 
-def test_busbw_on_an_uncontended_shaped_fabric_is_within_15_percent_of_line_rate(mini_hpn):
-    # Four ranks under one leaf per plane, spraying over both planes: no link is shared, so no
-    # real queue builds and any CE mark would be an artefact of this 2-core machine's
-    # scheduling jitter (userspace OVS releasing bursts). The ECN stage is not what this
-    # measures: it is switched off for the test and back on after.
-    mini_hpn.ecn.set_thresholds(enabled=False)
-    try:
-        results = _run(mini_hpn, "--collective", "all_reduce", "--transport", "roce", "--entropy", "spray",
-                       "--ranks", "4", "--placement", "same-rail", "-b", "1M", "-e", "1M", "-n", "3")
-    finally:
-        mini_hpn.ecn.set_thresholds(enabled=True)
-    [res] = results
-    line = res["line_rate_bps"]
-    assert line == 2 * mini_hpn.scenario.emulation.host_mbps * 1e6     # two ports of 10 Mbit/s
-    assert res["rows"][0]["oop"]["wrong"] == 0
-    fraction = report.largest_fraction(res)
-    print(report.format_table(res))
-    load = os.getloadavg()[0]
-    assert fraction >= 0.85, (f"busbw is {fraction:.3f} of line rate (load average {load:.1f} on "
-                              f"{os.cpu_count()} cores: userspace OVS and the ranks share them)")
+def test_spray_puts_a_real_share_of_every_ranks_bytes_on_both_planes_and_flow_keeps_one(mini_hpn):
+    # one elephant flow per rank (permutation), measured by the hosts' own interface counters:
+    # per-flow entropy hashes a flow onto one plane; spraying alternates planes packet by packet
+    plan = Plan(collectives="permutation", transports="roce", entropies="flow,spray", ranks=4,
+                placement="cross-rail", sizes="256K", iterations=2, inplace=False)
+    flow, spray = experiment.run(plan, mini_hpn, progress=False)["results"]
+    assert (flow["entropy"], spray["entropy"]) == ("flow", "spray")
+    for res in (flow, spray):
+        assert res["rows"][0]["oop"]["wrong"] == 0
+        assert set(res["tx_bytes_by_plane"]) == set(res["hosts"])
+    for host, per_plane in spray["tx_bytes_by_plane"].items():
+        assert len(per_plane) == 2 and min(per_plane) >= 0.35 * sum(per_plane), (host, per_plane)
+    for host, per_plane in flow["tx_bytes_by_plane"].items():
+        assert max(per_plane) >= 0.9 * sum(per_plane), (host, per_plane)
+    # and the bytes counted are the collective's: at least each rank's buffer per iteration
+    for res in (flow, spray):
+        for per_plane in res["tx_bytes_by_plane"].values():
+            assert sum(per_plane) >= (plan.iterations + plan.warmup) * 256 * 1024
 
 
 def test_run_pipeline_writes_tables_json_and_plots(mini_hpn, tmp_path):
-    from hpnlab.cli.cmd_collective import present
-
-    args = _args("--collective", "permutation", "--transport", "roce", "--entropy", "flow,spray",
-                 "--ranks", "4", "-b", "64K", "-e", "64K", "-n", "1", "--jobs", "2")
-    results = run_on(mini_hpn, args, matrix(args), say=lambda m: None)
+    plan = Plan(collectives="permutation", transports="roce", entropies="flow,spray", ranks=4, jobs=2,
+                sizes="64K", iterations=1)
+    doc = experiment.run(plan, mini_hpn, progress=False)
+    results = doc["results"]
     assert [(r["entropy"], r["job"]) for r in results] == [("flow", 0), ("flow", 1), ("spray", 0), ("spray", 1)]
     hosts0, hosts1 = set(results[0]["hosts"]), set(results[1]["hosts"])
     assert not hosts0 & hosts1                                  # concurrent jobs on disjoint hosts
-    lines = []
-    path = present(results, tmp_path, {"scenario": "mini-hpn"}, say=lines.append)
+    assert doc["meta"]["target"] == {"kind": "emulation", "scenario": "mini-hpn"}
+    lines: list[str] = []
+    path = report.save(doc, tmp_path, say=lines.append)
     text = "\n".join(lines)
     assert text.count("# Avg bus bandwidth") == 4 and "busbw / line rate" in text
-    assert path.is_file() and (tmp_path / "busbw.png").is_file()
+    assert report.read_json(path)["meta"]["plan"]["entropies"] == ["flow", "spray"]
+    assert (tmp_path / "busbw.png").is_file()
     assert len(list(tmp_path.glob("flows-permutation-roce-*-job*.png"))) == 4
 
 
-def test_bad_run_input_fails_before_touching_the_fabric():
-    g = __import__("hpnlab.fabric.graph", fromlist=["build"]).build(__import__("hpnlab.fabric.spec", fromlist=["load"]).load("mini-hpn"))
-    with pytest.raises(UserError, match="same-rail: a segment has 4 hosts"):
-        plan_jobs(_args("--placement", "same-rail", "--ranks", "8"), g, ("all_reduce", "roce", "flow"))
-    with pytest.raises(UserError, match="cross-campus needs"):
-        plan_jobs(_args("--placement", "cross-campus"), g, ("all_reduce", "roce", "flow"))
-    with pytest.raises(UserError, match="unknown collective"):
-        matrix(_args("--collective", "all_reduse"))
-
-
 def test_a_rank_killed_on_an_emulated_host_stops_the_others(mini_hpn):
-    args = _args("--collective", "all_reduce", "--transport", "roce", "--ranks", "4",
-                 "-b", "1M", "-e", "1M", "-n", "20")
-    [job], hosts = plan_jobs(args, mini_hpn.graph, ("all_reduce", "roce", "flow"))
-    spawner = ranks.EmulationSpawner(mini_hpn, {0: hosts[0]})
+    plan = Plan(collectives="all_reduce", transports="roce", ranks=4, sizes="1M", iterations=20)
+    [job] = plan.jobs_on(mini_hpn.graph)[Run("all_reduce", "roce", "flow")]
+    spawner = ranks.EmulationSpawner(mini_hpn, {0: job.labels})
     pids = []
 
     def on_started(popens):
         pids.extend(p.pid for p in popens)
         threading.Timer(3.0, lambda: os.kill(popens[1].pid, 9)).start()
 
-    with pytest.raises(UserError, match=rf"rank 1 \({hosts[0][1]} .*\) died .* the other ranks were stopped"):
+    with pytest.raises(UserError, match=rf"rank 1 \({job.labels[1]} .*\) died .* the other ranks were stopped"):
         ranks.run_jobs([job], spawner, progress=False, on_started=on_started)
     time.sleep(0.2)
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        assert not _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    """A process that still runs (a zombie not yet reaped does not count)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,13 +1,11 @@
 """`hpnlab demo`: a small emulation end to end: build, connect, pingall, traffic, collectives
-reported like nccl-tests (the default `hpnlab run` matrix, on the same fabric), clean
-shutdown, summary."""
+reported like nccl-tests (``hpnlab.fabric.experiment.RUN_DEFAULTS``, the matrix `hpnlab run`
+runs by default, on the same fabric), clean shutdown, summary."""
 from __future__ import annotations
 
 import json
 import sys
 import time
-
-from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
@@ -22,35 +20,19 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _run_args(scenario: str, overrides: list[str]):
-    """The arguments `hpnlab run SCENARIO` would get, defaults included."""
-    from .cli import build_parser
-
-    argv = ["run", scenario]
-    for item in overrides:
-        argv += ["--set", item]
-    return build_parser().parse_args(argv)
-
-
 def cmd_demo(args) -> int:
-    from hpnlab.fabric import spec
+    from hpnlab.fabric import experiment, report, spec
     from hpnlab.fabric.emulation import Emulation, EmulationError
     from hpnlab.fabric.emulation.traffic import iperf3
     from hpnlab.fabric.mn import emulated_mbps
 
-    from . import cmd_run
-    from .cmd_collective import default_out, present
+    from .cmd_collective import default_out
 
     say = lambda m: print(m, flush=True)  # noqa: E731
     t0 = time.monotonic()
-    run_args = runs = None
-    if not args.no_collectives:
-        run_args = _run_args(args.scenario, args.overrides)
-        runs = cmd_run.matrix(run_args)
+    plan = None if args.no_collectives else experiment.RUN_DEFAULTS    # what `hpnlab run` runs
     emu = Emulation(args.scenario, overrides=spec.parse_overrides(args.overrides), controller="hpnlab")
-    if runs:
-        for run in runs:                    # every mistake shows before anything is built
-            cmd_run.plan_jobs(run_args, emu.graph, run)
+    cells = plan.jobs_on(emu.graph) if plan else {}     # every mistake shows before anything is built
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
@@ -88,21 +70,20 @@ def cmd_demo(args) -> int:
             summary.update(timings=emu.timings, metadata=md, pingall={"pairs": ping["pairs"],
                                                                       "failed": len(ping["failed"])},
                            iperf3=checks, ecn=ecn)
-            results = []
-            if runs:
-                say(f"[5/5] collectives ({len(runs)} runs, as 'hpnlab run {s.name}'):")
-                results = cmd_run.run_on(emu, run_args, runs, say)
-                meta = {"command": " ".join(sys.argv), "scenario": spec.to_dict(s),
-                        "kernel": emu.caps.as_dict() if emu.caps else None,
-                        "emulation": dict(md), "timings": dict(emu.timings), "time": time.time()}
+            doc = None
+            if plan:
+                say(f"[5/5] collectives ({len(cells)} runs, as 'hpnlab run {s.name}'):")
+                doc = experiment.run(plan, emu, say=say)
+                doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(s),
+                                   kernel=emu.caps.as_dict() if emu.caps else None,
+                                   emulation=dict(md), timings=dict(emu.timings))
         summary["removed"] = emu.metadata.get("removed", {})
         say(f"clean shutdown: removed {summary['removed']}")
-        if results:
-            present(results, default_out("demo"), meta, say)
+        if doc:
+            report.save(doc, default_out("demo"), say)
             summary["collectives"] = [{"collective": r.get("collective"), "transport": r.get("transport"),
-                                       "entropy": r.get("entropy")} for r in results]
-            summary["collectives_wrong"] = sum((row[m] or {}).get("wrong") or 0 for r in results
-                                               for row in r["rows"] for m in ("oop", "ip"))
+                                       "entropy": r.get("entropy")} for r in doc["results"]]
+            summary["collectives_wrong"] = report.wrong_total(doc["results"])
     except EmulationError as exc:
         print(f"hpnlab: demo failed: {exc}", file=sys.stderr)
         return 1

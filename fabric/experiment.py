@@ -1,0 +1,416 @@
+"""Experiments as a library: a plan (what to run), a target (where), and :func:`run`.
+
+A :class:`Plan` is plain, frozen data: the collectives, transports and entropies whose
+product is the run matrix (:meth:`Plan.matrix`), the sizes, iterations and warm-up, and where
+ranks sit on a fabric (placement, ranks per job, concurrent jobs). Building one checks it: a
+mistake raises one ``UserError`` line. :meth:`Plan.jobs_on` turns it into the jobs of every run
+on a fabric graph (``hpnlab.fabric.placement``), so every mistake shows before anything is
+built.
+
+Targets: a live ``hpnlab.fabric.emulation.Emulation`` (ranks on its hosts, placed on its
+graph), :class:`Loopback` (ranks on this machine's 127.0.0.0/8, no root) or :class:`Hosts`
+(addresses you give: this machine's, or a cluster's over ssh).
+
+:func:`run` runs the matrix in order and returns ``{"meta": ..., "results": [...]}``, the
+document ``results.json`` holds (``hpnlab.fabric.report`` makes tables and plots of it)::
+
+    from hpnlab.fabric import experiment, report
+    plan = experiment.Plan(collectives=["all_reduce"], entropies=["flow", "spray"])
+    doc = experiment.run(plan, experiment.Loopback(planes=2))
+    print(report.format_table(doc["results"][0]))
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from . import collectives as col
+from . import placement as pl
+from . import ranks
+from .errors import UserError
+from .placement import Job
+from .transport import ENTROPIES, TRANSPORTS
+
+RECOVERIES = ("selective", "gobackn")
+PERMUTATIONS = ("shift", "random")
+#: the transports' own base ports (roce: RoCEv2's UDP port; tcp: torch.distributed's)
+DEFAULT_BASE_PORT = {"roce": 4791, "tcp": 29500}
+
+Say = Callable[[str], None]
+Progress = bool | Callable[[int, int, str], None]
+
+
+def sweep(min_bytes: int | str, max_bytes: int | str, factor: float = 2.0,
+          step_bytes: int | str = 0) -> tuple[int, ...]:
+    """Sizes as nccl-tests' ``-b/-e/-f`` (or ``-i``) make them; "64K" and "1M" are accepted."""
+    return tuple(col.sweep(col.parse_size(str(min_bytes)), col.parse_size(str(max_bytes)), factor,
+                           col.parse_size(str(step_bytes))))
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cell of the matrix. ``entropy`` is None for tcp (the kernel picks the path)."""
+    collective: str
+    transport: str
+    entropy: str | None
+
+    def describe(self) -> str:
+        return f"{self.collective} over {self.transport}" + (f" ({self.entropy} entropy)" if self.entropy else "")
+
+
+def _names(value: str | Iterable[str]) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+def _known(items: tuple[str, ...], known: Sequence[str], what: str) -> None:
+    if not items:
+        raise UserError(f"no {what} given (known: {', '.join(known)})")
+    for item in items:
+        if item not in known:
+            raise UserError(f"unknown {what} {item!r} (known: {', '.join(known)})")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to run: the matrix collectives x transports x entropies (tcp once, whatever the
+    entropies), each over every size, and where ranks sit on a fabric graph.
+
+    Sequences may be given as lists or comma strings; sizes as ints or "64K"-like strings
+    (or :func:`sweep`). ``ranks``/``jobs``/``placement`` place ranks on an emulated fabric or
+    on :class:`Loopback`; a :class:`Hosts` target brings its own addresses.
+    """
+    collectives: tuple[str, ...] = ("all_reduce", "all_to_all")
+    transports: tuple[str, ...] = ("roce",)
+    entropies: tuple[str, ...] = ("flow",)
+    sizes: tuple[int, ...] = field(default_factory=lambda: sweep("64K", "1M"))
+    iterations: int = 5
+    warmup: int = 1
+    check: bool = True
+    inplace: bool = True
+    placement: str = "cross-rail"
+    ranks: int = 4
+    jobs: int = 1
+    root: int = 0
+    perm: str = "shift"
+    seed: int = 0
+    recovery: str = "selective"
+    dcqcn: bool = True
+    ports_per_nic: int = 8
+    window_pkts: int = 64
+    pace: float = 1.0
+    timeout_s: float = 15.0
+    base_port: int = 0
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+        put("collectives", tuple(col.canonical(c) for c in _names(self.collectives)))
+        if not self.collectives:
+            raise UserError(f"no collective given (known: {', '.join(col.COLLECTIVES)})")
+        put("transports", _names(self.transports))
+        _known(self.transports, TRANSPORTS, "transport")
+        put("entropies", _names(self.entropies))
+        _known(self.entropies, ENTROPIES, "entropy")
+        if "roce" in self.transports and "adaptive" in self.entropies:
+            raise UserError("entropy 'adaptive' is a hook for the adaptive-routing work and has no policy "
+                            "yet; use --entropy flow or spray")
+        sizes = [self.sizes] if isinstance(self.sizes, (int, str)) else list(self.sizes)
+        put("sizes", tuple(col.parse_size(str(s)) for s in sizes))
+        if not self.sizes or min(self.sizes) < 1:
+            raise UserError("no sizes to run (check -b/-e)")
+        if self.iterations < 1 or self.warmup < 0:
+            raise UserError(f"-n must be at least 1 and -w at least 0 (got {self.iterations}, {self.warmup})")
+        if self.placement not in pl.PLACEMENTS:
+            raise UserError(f"unknown placement {self.placement!r} (known: {', '.join(pl.PLACEMENTS)})")
+        if self.ranks < 2:
+            raise UserError(f"--ranks must be at least 2, got {self.ranks}")
+        if self.jobs < 1:
+            raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        _known((self.perm,), PERMUTATIONS, "permutation (--perm)")
+        _known((self.recovery,), RECOVERIES, "recovery")
+        if not 0.1 <= self.pace <= 1.0:
+            raise UserError(f"--pace must be between 0.1 and 1 (a fraction of line rate), got {self.pace}")
+
+    def replace(self, **changes: Any) -> Plan:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def matrix(self) -> list[Run]:
+        """Every (collective, transport, entropy) to run, in order; tcp once per collective."""
+        return [Run(c, t, e if t == "roce" else None)
+                for c in self.collectives for t in self.transports
+                for e in (self.entropies if t == "roce" else self.entropies[:1])]
+
+    def jobs_at(self, run: Run, addrs_per_job: list[list[list[str]]], line_rate_bps: float, mtu: int = 1500,
+                labels: list[list[str]] | None = None, base_port: int | None = None) -> list[Job]:
+        """The jobs of one run on given addresses (per job, per rank, one address per plane),
+        each checked (``hpnlab.fabric.placement.validate``)."""
+        base = self.base_port if base_port is None else base_port
+        if not base and len(addrs_per_job) > 1:
+            base = DEFAULT_BASE_PORT[run.transport]
+        opts: dict[str, Any] = {}
+        if run.transport == "roce":
+            opts = {"recovery": self.recovery, "dcqcn": self.dcqcn, "ports_per_nic": self.ports_per_nic,
+                    "window_pkts": self.window_pkts, "pace": self.pace}
+        jobs = []
+        for j, addrs in enumerate(addrs_per_job):
+            n = len(addrs)
+            perm = list(col.random_perm(n, self.seed)) if (run.collective == "permutation" and n > 1
+                                                           and self.perm == "random") else None
+            for size in self.sizes:
+                if n > 1 and col.fit_count(run.collective, n, size) < (1 if run.collective == "permutation" else n):
+                    raise UserError(f"size {size} B is too small for {run.collective} over {n} ranks "
+                                    f"(at least {n * col.ELEM_BYTES} B; raise -b)")
+            job = Job(collective=run.collective, addrs=addrs, sizes=list(self.sizes), iters=self.iterations,
+                      warmup=self.warmup, check=self.check, inplace=self.inplace, transport=run.transport,
+                      entropy=run.entropy or "flow", line_rate_bps=line_rate_bps, mtu=mtu,
+                      base_port=base + 100 * j if base else 0, root=self.root, perm=perm, seed=self.seed,
+                      timeout_s=self.timeout_s, options=opts, job=j, labels=labels[j] if labels else None)
+            pl.validate(job)
+            jobs.append(job)
+        flat = [a for job in jobs for addrs in job.addrs for a in addrs]
+        if len(set(flat)) != len(flat):
+            raise UserError("concurrent jobs must use disjoint addresses" if len(jobs) > 1
+                            else "two ranks of one job share an address")
+        return jobs
+
+    def jobs_on(self, g: nx.MultiGraph) -> dict[Run, list[Job]]:
+        """Every run's jobs on a fabric graph: ranks placed by ``placement`` (their hosts are
+        the jobs' ``labels``), at the scenario's emulated host rate and MTU. Checks them all."""
+        from .mn import emulated_mbps
+
+        s = g.graph["scenario"]
+        placed = pl.place(g, self.placement, self.ranks, self.jobs)
+        addrs = [[p.addrs for p in job] for job in placed]
+        hosts = [[p.host for p in job] for job in placed]
+        line = emulated_mbps(s, s.host_rate_gbps) * 1e6
+        return {run: self.jobs_at(run, addrs, line, s.emulation.mtu, labels=hosts) for run in self.matrix()}
+
+
+#: the matrix `hpnlab run` and `hpnlab demo` run by default
+RUN_DEFAULTS = Plan(collectives=("all_reduce", "all_to_all"), transports=("roce", "tcp"),
+                    entropies=("flow", "spray"), sizes=sweep("128K", "1M"), iterations=3, inplace=False)
+
+
+# ---- targets -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Hosts:
+    """Ranks at the addresses you give: per job, per rank, one address per plane. Ranks whose
+    addresses are all this machine's start here; ``launcher="ssh"`` starts the others over ssh
+    (hpnlab installed there, ``remote_python`` its interpreter)."""
+    addrs: tuple
+    line_rate_bps: float = 20e6      # one NIC port's rate
+    mtu: int = 1500
+    launcher: str = "auto"
+    remote_python: str = "python3"
+
+    def __post_init__(self) -> None:
+        _known((self.launcher,), ("auto", "local", "ssh"), "launcher")
+        if self.line_rate_bps <= 0:
+            raise UserError(f"a line rate must be positive, got {self.line_rate_bps}")
+
+    def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
+        addrs = [[list(a) for a in job] for job in self.addrs]
+        return {run: plan.jobs_at(run, addrs, self.line_rate_bps, self.mtu) for run in plan.matrix()}
+
+    def spawner(self, jobs: list[Job]) -> Any:
+        launcher = self.launcher
+        if launcher == "auto":
+            here = ranks.local_addresses()
+            if not all(ranks.is_local(a, here) for job in jobs for ad in job.addrs for a in ad):
+                raise UserError("some addresses are not on this machine; pass --launcher ssh to start "
+                                "those ranks over ssh (hpnlab must be installed there)")
+            launcher = "local"
+        return ranks.LocalSpawner() if launcher == "local" else ranks.SshSpawner(self.remote_python)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "hosts", "launcher": self.launcher, "hosts": [list(j) for j in self.addrs],
+                "line_rate_bps": self.line_rate_bps, "mtu": self.mtu}
+
+
+@dataclass(frozen=True)
+class Loopback:
+    """Ranks on this machine's loopback, no root and no fabric: the plan's ``ranks`` per job
+    and ``jobs``; rank r of job j on plane p at 127.p.j.(first + r). With the plan's
+    ``base_port`` 0 it picks ports no socket of this machine is bound to."""
+    planes: int = 1
+    line_rate_bps: float = 20e6      # one (emulated) NIC port's rate
+    mtu: int = 1500
+    first: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.planes <= 8:
+            raise UserError(f"loopback planes must be 1..8, got {self.planes}")
+        if self.line_rate_bps <= 0:
+            raise UserError(f"a line rate must be positive, got {self.line_rate_bps}")
+
+    def addresses(self, plan: Plan) -> list[list[list[str]]]:
+        if self.first + plan.ranks > 255:
+            raise UserError(f"loopback has room for {255 - self.first} ranks per job, asked for {plan.ranks}")
+        return [[[f"127.{p}.{j}.{self.first + r}" for p in range(self.planes)] for r in range(plan.ranks)]
+                for j in range(plan.jobs)]
+
+    def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
+        addrs = self.addresses(plan)
+        base = plan.base_port or free_base_port(addrs)
+        return {run: plan.jobs_at(run, addrs, self.line_rate_bps, self.mtu, base_port=base)
+                for run in plan.matrix()}
+
+    def spawner(self, jobs: list[Job]) -> Any:
+        return ranks.LocalSpawner()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "loopback", "planes": self.planes, "line_rate_bps": self.line_rate_bps, "mtu": self.mtu}
+
+
+def free_base_port(addrs_per_job: list[list[list[str]]], low: int = 20000, high: int = 32000,
+                   tries: int = 50) -> int:
+    """A base port b such that job j's rank r can bind b + 100 j + r (UDP and TCP) on each of
+    its addresses right now (below Linux's ephemeral range)."""
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(low, high - 100 * len(addrs_per_job), 10)
+        if all(_bindable(a, base + 100 * j + r) for j, job in enumerate(addrs_per_job)
+               for r, addrs in enumerate(job) for a in addrs):
+            return base
+    raise UserError(f"no free port range found on loopback between {low} and {high}")
+
+
+def _bindable(addr: str, port: int) -> bool:
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((addr, port))
+            except OSError:
+                return False
+    return True
+
+
+# ---- the emulation as a target (duck-typed: graph, popen, interfaces) -----------------------
+
+class _OnEmulation:
+    """Ranks on an emulation's hosts; per run, the hosts' interface byte counters by plane and
+    the ECN stage's counters (when the emulation has one)."""
+
+    def __init__(self, emu: Any):
+        self.emu = emu
+
+    def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
+        return plan.jobs_on(self.emu.graph)
+
+    def spawner(self, jobs: list[Job]) -> Any:
+        return ranks.EmulationSpawner(self.emu, {j.job: list(j.labels or []) for j in jobs})
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "emulation", "scenario": self.emu.graph.graph["scenario"].name}
+
+    def counters(self, hosts: list[str]) -> dict[str, dict[str, int]]:
+        """tx bytes of every interface of ``hosts``, read inside each host's namespace."""
+        procs = {h: self.emu.popen(h, ["cat", "/proc/net/dev"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL) for h in hosts}
+        out = {}
+        for h, p in procs.items():
+            text, _ = p.communicate(timeout=30)
+            out[h] = tx_bytes_by_interface(text.decode(errors="replace"))
+        return out
+
+    def after_run(self, results: list[dict], before: dict[str, dict[str, int]]) -> None:
+        after = self.counters(list(before))
+        for r in results:
+            r["tx_bytes_by_plane"] = {h: plane_bytes(self.emu.interfaces(h), before[h], after[h])
+                                      for h in r["hosts"]}
+        ecn_stage = getattr(self.emu, "ecn", None)
+        ecn = None
+        if ecn_stage is not None:
+            try:
+                counters = ecn_stage.counters()
+                ecn = {"ce_marked": sum(c.get("ce_marked", 0) or 0 for c in counters.values()),
+                       "max_queue_bytes": max((c.get("max_queue_bytes", 0) or 0 for c in counters.values()),
+                                              default=0)}
+                ecn_stage.reset_counters()
+            except Exception as exc:   # counters are informative; keep the run's results
+                ecn = {"error": f"{type(exc).__name__}: {exc}"}
+        for r in results:
+            r["switch_ecn"] = ecn
+
+
+def tx_bytes_by_interface(proc_net_dev: str) -> dict[str, int]:
+    """``/proc/net/dev`` -> {interface: bytes transmitted}."""
+    out = {}
+    for line in proc_net_dev.splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        values = fields.split()
+        if len(values) >= 9:
+            out[name.strip()] = int(values[8])
+    return out
+
+
+def plane_bytes(interfaces: list[dict], before: dict[str, int], after: dict[str, int]) -> list[int]:
+    """Bytes a host sent on each plane between two readings (``interfaces``: name, plane)."""
+    planes = 1 + max((i["plane"] for i in interfaces), default=0)
+    out = [0] * planes
+    for i in interfaces:
+        out[i["plane"]] += after.get(i["name"], 0) - before.get(i["name"], 0)
+    return out
+
+
+def _target(where: Any) -> Any:
+    if isinstance(where, (Hosts, Loopback)):
+        return where
+    if hasattr(where, "graph") and hasattr(where, "popen"):
+        return _OnEmulation(where)
+    raise UserError(f"cannot run on {type(where).__name__}: give an Emulation, experiment.Loopback "
+                    f"or experiment.Hosts")
+
+
+# ---- running -------------------------------------------------------------------------------
+
+def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None) -> dict[str, Any]:
+    """Run every cell of ``plan.matrix()`` on ``where`` (an Emulation, :class:`Loopback` or
+    :class:`Hosts`), one after the other; concurrent jobs of a cell run at once.
+
+    Every cell's jobs are built and checked before the first starts. Returns
+    ``{"meta": {plan, target, load average, times}, "results": [one dict per job and cell]}``;
+    a failing rank stops the others and raises one UserError line. ``progress``: a bar on
+    stderr (True), none (False), or a function of (sizes done, sizes, label); ``say`` gets a
+    line per cell.
+    """
+    target = _target(where)
+    say = say or (lambda _m: None)
+    cells = target.jobs(plan)
+    t0 = time.monotonic()
+    load_before = os.getloadavg()
+    results: list[dict] = []
+    for k, (cell, jobs) in enumerate(cells.items()):
+        first = jobs[0]
+        say(f"[{k + 1}/{len(cells)}] {cell.describe()}: {len(jobs)} job(s) x {first.nranks} ranks"
+            + (f", {plan.placement}" if isinstance(target, _OnEmulation) else "")
+            + f", line rate {first.line_rate_bps / 1e6:g} Mbit/s x {len(first.addrs[0])} port(s) per rank")
+        hosts = sorted({h for job in jobs for h in (job.labels or [])})
+        before = target.counters(hosts) if isinstance(target, _OnEmulation) else None
+        out = ranks.run_jobs(jobs, target.spawner(jobs), progress=progress)
+        for r, job in zip(out, jobs, strict=False):
+            r["hosts"] = list(job.labels) if job.labels else None
+            r["placement"] = plan.placement if isinstance(target, _OnEmulation) else None
+        if before is not None:
+            target.after_run(out, before)
+        results.extend(out)
+    meta = {"plan": plan.as_dict(), "target": target.describe(), "time": time.time(),
+            "wall_s": time.monotonic() - t0, "load_average": {"before": load_before, "after": os.getloadavg()},
+            "cpus": os.cpu_count()}
+    return {"meta": meta, "results": results}
