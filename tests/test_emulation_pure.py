@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
-
 from hpnlab.fabric import graph, spec
 from hpnlab.fabric.emulation import shaping
 from hpnlab.fabric.emulation.ecn import default_thresholds
-from hpnlab.fabric.emulation.harness import check_fits, estimate, has_loops
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.sizing import check_fits, estimate, has_loops
 
 
 def _g(name, **over):

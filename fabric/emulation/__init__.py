@@ -71,7 +71,8 @@ Never run Mininet's machine-wide cleanup on a server (MininetCluster's own clean
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
 (``state.teardown``) and never uses Mininet's machine-wide cleanup.
 """
-from .harness import CONTROLLERS, Emulation, EmulationError, estimate
+from ..sizing import estimate
+from .harness import CONTROLLERS, Emulation, EmulationError
 from .state import Lock, RunState, clean
 
 __all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean", "estimate"]
