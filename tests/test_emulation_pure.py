@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hpnlab.fabric import graph, spec
 from hpnlab.fabric.emulation import shaping
 from hpnlab.fabric.emulation.ecn import default_thresholds
