@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -22,13 +20,14 @@ from typing import Any, Callable, Iterable
 from .. import graph as fgraph
 from .. import kernel, spec
 from ..errors import UserError
-from ..mn import FabricTopo, emulated_delay_us, emulated_mbps, host_interfaces, switch_intf_name
+from ..mn import FabricTopo, host_interfaces
 from ..sizing import NODES_PER_CORE, PPS_PER_CORE, check_fits, estimate, has_loops
 from . import nodes, ovsdb, preflight, reachability
 from .controller_process import DEFAULT_OFP_PORT, ControllerError, ControllerProcess, free_port, port_free
 from .faults import Faults
 from .nodes import PLACEMENTS, plane_placer
 from .preflight import CONTROLLERS
+from .signals import Unwind
 from .state import ENV_MARK, Lock, RunState
 
 __all__ = ["CONTROLLERS", "DEFAULT_OFP_PORT", "NODES_PER_CORE", "PLACEMENTS", "PPS_PER_CORE", "Emulation",
@@ -100,7 +99,7 @@ class Emulation:
                              self.scenario.name)
         self._lock = Lock()
         self._old_env: str | None = None
-        self._old_handlers: dict[int, Any] = {}
+        self._signals = Unwind()
         self._stopped = True
 
     # -- context manager --------------------------------------------------------------
@@ -122,7 +121,7 @@ class Emulation:
         self.caps = self.preflight()
         self._lock.acquire(f"scenario {self.scenario.name}", self.lock_wait_s)
         try:
-            self._install_signal_handlers()
+            self._signals.install()
             self.state = RunState.new(self.scenario.name)
             self._stopped = False
             self.metadata["run_id"] = self.state.run_id
@@ -294,19 +293,8 @@ class Emulation:
         return [tuple(p) for p in reachability.all_pairs(self.graph)]  # type: ignore[misc]
 
     def switch_ports(self) -> list[dict[str, Any]]:
-        """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay."""
-        s = self.scenario
-        out = []
-        for u, v, d in self.graph.edges(data=True):
-            for a, b in ((u, v), (v, u)):
-                if self.graph.nodes[a]["tier"] == 0:
-                    continue
-                port = d["ports"][a]
-                out.append({"switch": a, "port": port, "intf": switch_intf_name(a, port), "peer": b,
-                            "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
-                            "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
-                            "local": self._is_local(a)})
-        return out
+        """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay, local."""
+        return nodes.switch_ports(self.graph, self._is_local)
 
     def _is_local(self, node: str) -> bool:
         """Whether a node runs on this machine (always, unless cluster servers were given)."""
@@ -438,27 +426,8 @@ class Emulation:
                 os.environ.pop(ENV_MARK, None)
             else:
                 os.environ[ENV_MARK] = self._old_env
-            self._restore_signal_handlers()
+            self._signals.restore()
             self._lock.release()
-
-    # -- signals: SIGTERM/SIGHUP unwind through stop() ----------------------------------------
-    def _install_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def on_term(signum: int, _frame: Any) -> None:
-            raise SystemExit(128 + signum)
-
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._old_handlers[sig] = signal.signal(sig, on_term)
-
-    def _restore_signal_handlers(self) -> None:
-        for sig, handler in self._old_handlers.items():
-            try:
-                signal.signal(sig, handler)
-            except (ValueError, TypeError):
-                pass
-        self._old_handlers.clear()
 
 
 def _communicate(proc: subprocess.Popen, timeout_s: float) -> str:

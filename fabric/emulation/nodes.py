@@ -14,12 +14,12 @@ from __future__ import annotations
 import subprocess
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import networkx as nx
 
 from .. import spec
-from ..mn import emulated_mbps, host_interfaces
+from ..mn import emulated_delay_us, emulated_mbps, host_interfaces, switch_intf_name
 from . import ovsdb, shaping
 from .state import RunState
 
@@ -78,6 +78,22 @@ def host_tc_lines(graph: nx.MultiGraph, host: str, netem: bool) -> list[str]:
         lines += shaping.tc_lines(shaping.Shape(p["name"], emulated_mbps(s, p["rate_gbps"]), 0.0,
                                                 s.emulation.mtu), netem)
     return lines
+
+
+def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda node: True) -> list[dict[str, Any]]:
+    """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay, kind, local."""
+    s: spec.Scenario = graph.graph["scenario"]
+    out = []
+    for u, v, d in graph.edges(data=True):
+        for a, b in ((u, v), (v, u)):
+            if graph.nodes[a]["tier"] == 0:
+                continue
+            port = d["ports"][a]
+            out.append({"switch": a, "port": port, "intf": switch_intf_name(a, port), "peer": b,
+                        "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
+                        "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
+                        "local": is_local(a)})
+    return out
 
 
 def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool, run_dir: Path) -> None:
