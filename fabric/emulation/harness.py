@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -22,7 +21,7 @@ from .. import kernel, spec
 from ..errors import UserError
 from ..mn import FabricTopo, host_interfaces
 from ..sizing import NODES_PER_CORE, PPS_PER_CORE, check_fits, estimate, has_loops
-from . import nodes, ovsdb, preflight, reachability
+from . import nodes, ovsdb, preflight, reachability, walks
 from .controller_process import DEFAULT_OFP_PORT, ControllerError, ControllerProcess, free_port, port_free
 from .faults import Faults
 from .nodes import PLACEMENTS, plane_placer
@@ -312,59 +311,27 @@ class Emulation:
         """Ping every host-port pair on every plane (from the source's port on that plane).
 
         Returns ``{"pairs": n, "failed": [(src, src_ip, dst, dst_ip), ...]}``. Sources run in
-        parallel, each pinging all its destinations at once.
+        parallel, each pinging ``PING_BATCH`` destinations at once.
         """
-        pairs = self.all_pairs() if pairs is None else pairs
-        by_src: dict[str, list] = defaultdict(list)
-        for pair in pairs:
-            by_src[pair[0]].append(pair)
-        wait = max(1, int(round(timeout_s)))
-        procs = {src: self.host(src).popen(nodes.script(self.state.run_dir / f"ping-{src}.sh",
-                                                        reachability.ping_lines(plist, count, wait, self.PING_BATCH)))
-                 for src, plist in by_src.items()}
-        ok: set[tuple[str, str]] = set()
-        for proc in procs.values():
-            ok |= reachability.parse_ping(_communicate(proc, wait * count + 60))
-        return {"pairs": len(pairs), "failed": reachability.failed_pairs(pairs, ok)}
+        return walks.ping(lambda host, argv: self.host(host).popen(argv), self.state.run_dir,
+                          self.all_pairs() if pairs is None else pairs, timeout_s, count, self.PING_BATCH)
 
     def entropy_source_ports(self) -> list[int]:
-        """One UDP source port per entropy branch, from the patterns the switches match now
-        (their entropy table, read with ovs-ofctl); one port when nothing spreads."""
-        patterns: set[tuple[int, int]] = set()
-        for sw in fgraph.switches(self.graph):
-            if self._is_local(sw):
-                r = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw, "table=2"],
-                                   capture_output=True, text=True)
-                patterns |= reachability.entropy_patterns(r.stdout)
-        return reachability.source_ports(patterns)
+        """One UDP source port per entropy branch the switches match now (one when nothing spreads)."""
+        return walks.entropy_source_ports(sw for sw in fgraph.switches(self.graph) if self._is_local(sw))
 
     def walk_branches(self, pairs: list[tuple[str, str, str, str]] | None = None,
                       source_ports: list[int] | None = None, repeat: int = 3) -> dict[str, Any]:
         """UDP probes from every host port to every other on its plane, one per entropy
         branch (source port); returns ``reachability.branch_report``: per (pair, branch)
         whether it arrived. Bounded: every host sends for ``repeat * 50 ms`` and listens 1 s more."""
-        pairs = self.all_pairs() if pairs is None else pairs
-        sports = self.entropy_source_ports() if source_ports is None else source_ports
         listen = {h: [p["ip"] for p in self.interfaces(h)] for h in self.hosts}
-        plans = reachability.probe_plan(pairs, sports, listen, repeat=repeat)
-        procs = {}
-        for host, plan in plans.items():
-            path = self.state.run_dir / f"probe-{host}.json"
-            path.write_text(json.dumps(plan))
-            procs[host] = self.popen(host, [sys.executable, "-m", "hpnlab.fabric.emulation.udp", "probe", str(path)],
-                                     stdin=subprocess.PIPE)
-        for host, proc in procs.items():
-            line = proc.stdout.readline()
-            if line.strip() != b"listening":
-                raise EmulationError(f"the probe on {host} did not start: {line.decode(errors='replace')[:200]}"
-                                     f"{_communicate(proc, 5)[-300:]}")
-        for proc in procs.values():
-            proc.stdin.write(b"go\n")
-            proc.stdin.flush()
-        received: set[tuple[str, int, str]] = set()
-        for host, proc in procs.items():
-            received |= reachability.parse_probe(_communicate(proc, reachability.probe_seconds(plans[host]) + 30))
-        return reachability.branch_report(pairs, sports, received)
+        try:
+            return walks.branches(self.popen, self.state.run_dir, self.all_pairs() if pairs is None else pairs,
+                                  self.entropy_source_ports() if source_ports is None else source_ports,
+                                  listen, repeat)
+        except walks.WalkError as exc:
+            raise EmulationError(str(exc)) from None
 
     # -- processes on hosts ------------------------------------------------------------------
     def popen(self, host: str, cmd: list[str] | str, **kwargs: Any) -> subprocess.Popen:
@@ -428,13 +395,3 @@ class Emulation:
                 os.environ[ENV_MARK] = self._old_env
             self._signals.restore()
             self._lock.release()
-
-
-def _communicate(proc: subprocess.Popen, timeout_s: float) -> str:
-    """A process's stdout once it ended (killed after ``timeout_s``)."""
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-    return (out or b"").decode(errors="replace")
