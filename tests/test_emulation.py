@@ -277,6 +277,26 @@ def test_timeline_switch_down_takes_all_its_links_down_and_up_again(mini_hpn):
     assert {Path(p).read_text().strip() for p in intfs} == {"up"}
 
 
+def test_a_one_sided_link_fault_sets_only_that_end_down(mini_hpn):
+    u, v = "p0l1", "p0s1"
+    (pu, pv), = fgraph.link_ports(mini_hpn.graph, u, v)
+
+    def flags(name):
+        return int(Path(f"/sys/class/net/{name}/flags").read_text(), 16) & 1   # IFF_UP: administratively up
+
+    mini_hpn.link_down(u, v, side=v)
+    try:
+        assert flags(f"{v}-eth{pv}") == 0                 # v's end is set down ...
+        assert flags(f"{u}-eth{pu}") == 1                 # ... u's end is not touched ...
+        assert not mini_hpn.intf_is_up(f"{u}-eth{pu}")    # ... and loses carrier (a veth's peer is down)
+    finally:
+        mini_hpn.link_up(u, v, side=v)
+    deadline = time.time() + 2
+    while time.time() < deadline and not mini_hpn.intf_is_up(f"{u}-eth{pu}"):
+        time.sleep(0.01)
+    assert mini_hpn.intf_is_up(f"{u}-eth{pu}") and mini_hpn.intf_is_up(f"{v}-eth{pv}")
+
+
 def test_fabric_is_whole_again_after_the_failures(mini_hpn):
     time.sleep(0.5)
     result = mini_hpn.ping_all()
