@@ -138,3 +138,14 @@ def test_a_one_sided_fault_touches_only_that_side():
     assert calls == [(host, f"ip link set dev {host}-eth{host_port} down")]
     with pytest.raises(UserError, match="neither end"):
         faults.link_down("p0l0", host, side="p0s0")
+
+
+def test_doctor_sizes_a_scenario_without_loading_the_harness_or_mininet():
+    import subprocess
+    import sys
+
+    code = ("import sys; from hpnlab.cli.main import main; rc = main(['doctor', 'mini-hpn', '--json']); "
+            "print('LOADED', sorted(m for m in ('hpnlab.fabric.emulation.harness', 'mininet') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert '"fits": true' in out
+    assert out.strip().splitlines()[-1] == "LOADED []"

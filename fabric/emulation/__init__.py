@@ -80,8 +80,24 @@ Never run Mininet's machine-wide cleanup on a server (MininetCluster's own clean
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
 (``state.teardown``) and never uses Mininet's machine-wide cleanup.
 """
-from ..sizing import estimate
-from .harness import CONTROLLERS, Emulation, EmulationError
-from .state import Lock, RunState, clean
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean", "estimate"]
+
+# Loaded on first use (PEP 562), so that a light module of this package (``ovsdb``, ``reachability``,
+# ``shaping``) never pulls the harness in: ``hpnlab doctor`` and the kernel probe stay light.
+_WHERE = {"CONTROLLERS": ".preflight", "Emulation": ".harness", "EmulationError": ".harness",
+          "Lock": ".state", "RunState": ".state", "clean": ".state", "estimate": "..sizing"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+    return getattr(import_module(_WHERE[name], __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -14,7 +14,33 @@ OVS_MARK = "hpnlab-run"
 
 
 def _vsctl(*args: str, timeout: int = 5, **kw: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(["ovs-vsctl", f"--timeout={timeout}", *args], capture_output=True, text=True, **kw)
+    try:
+        return subprocess.run(["ovs-vsctl", f"--timeout={timeout}", *args], capture_output=True, text=True,
+                              timeout=timeout + 5, **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:   # not installed, or hung: as a failed call
+        return subprocess.CompletedProcess(["ovs-vsctl", *args], 127, "", str(exc))
+
+
+# ---- what the capability probe (hpnlab.fabric.kernel) asks ----------------------------------
+
+def version() -> str | None:
+    """Open vSwitch's version (``ovs-vsctl --version``), or None."""
+    r = _vsctl("--version")
+    return r.stdout.splitlines()[0].rsplit(" ", 1)[-1] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def answers() -> bool:
+    """ovsdb answers (``ovs-vsctl show``)."""
+    return _vsctl("show", timeout=3).returncode == 0
+
+
+def userspace_tso() -> bool:
+    """``other_config:userspace-tso-enable`` is true."""
+    r = _vsctl("get", "Open_vSwitch", ".", "other_config:userspace-tso-enable", timeout=3)
+    return r.returncode == 0 and "true" in r.stdout
+
+
+# ---- the emulation's rows ------------------------------------------------------------------
 
 
 def _list(table: str, columns: str) -> list[list[Any]] | None:
