@@ -101,6 +101,19 @@ class Emulation:
         self._signals = Unwind()
         self._stopped = True
 
+    @property
+    def _st(self) -> RunState:
+        """The run's state (typed access; only once started)."""
+        if self.state is None:
+            raise EmulationError("the emulation is not started")
+        return self.state
+
+    @property
+    def _caps(self) -> kernel.Capabilities:
+        if self.caps is None:
+            raise EmulationError("the emulation is not started")
+        return self.caps
+
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> "Emulation":
         self.start()
@@ -158,17 +171,17 @@ class Emulation:
         return self
 
     def _start_controller(self) -> None:
-        port = self.requested_port or free_port(DEFAULT_OFP_PORT)
+        port: int = self.requested_port or free_port(DEFAULT_OFP_PORT)
         if self.requested_port is None and port != DEFAULT_OFP_PORT:
             self.log(f"port {DEFAULT_OFP_PORT} is taken; the controller listens on {port}")
         self.ofp_port = port
-        ctl = ControllerProcess(self.scenario, self.state.run_dir, port, self.controller_ip, self.policy,
+        ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 self.controller_args)
         self._controller = ctl
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
         self.metadata["controller_log"] = str(ctl.log_file)
         self.controller_proc = ctl.start()
-        self.state.add_pid(self.controller_proc.pid, "controller", group=True)
+        self._st.add_pid(self.controller_proc.pid, "controller", group=True)
         try:
             ctl.wait_ready(self.ready_timeout)
         except ControllerError as exc:
@@ -180,10 +193,10 @@ class Emulation:
         from mininet.net import Mininet
 
         setLogLevel("error")
-        state = self.state
+        state = self._st
         cluster = self.servers is not None
-        host_cls, switch_cls = nodes.node_classes(state, self.caps.datapath, self.scenario.emulation.mtu, cluster)
-        switch_cls.targets = ([nodes.ControllerTarget(self.ofp_port, self.controller_ip)]
+        host_cls, switch_cls = nodes.node_classes(state, self._caps.datapath, self.scenario.emulation.mtu, cluster)
+        switch_cls.targets = ([nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip)]  # type: ignore[attr-defined]
                               if self.controller == "hpnlab" else [])
         fail_mode = "secure" if self.controller == "hpnlab" else "standalone"
         # recorded before anything exists: bridges (and their userspace tap), veth names
@@ -200,7 +213,7 @@ class Emulation:
                     state.add_empty_dir(str(d))
             net = mncluster.MininetCluster(servers=self.servers, placement=nodes.placers(self.graph)[self.placement],
                                            link=mncluster.RemoteLink, **common)
-            remote = sorted(set(self.servers) - {"localhost"})
+            remote = sorted(set(self.servers or ()) - {"localhost"})
             self.metadata["cluster"] = {"servers": self.servers, "placement": self.placement}
             if remote:
                 line = (f"nodes on {', '.join(remote)}: no htb shaping or ECN stage on their switch ports, and "
@@ -211,13 +224,13 @@ class Emulation:
             net = Mininet(link=Link, **common)
         self.net = net
         net.build()
-        tx_off = self.caps.datapath == "user" and not self.caps.ovs_userspace_tso
+        tx_off = self._caps.datapath == "user" and not self._caps.ovs_userspace_tso
         try:
             for host in self.hosts:
-                net.get(host).configure(self.graph, tx_off, self.want_shape, self.caps.netem)
+                net.get(host).configure(self.graph, tx_off, self.want_shape, self._caps.netem)
             net.start()
             nodes.configure_switch_ports([p for p in self.switch_ports() if p["local"]], self.scenario.emulation.mtu,
-                                         self.want_shape, self.caps.netem, state.run_dir)
+                                         self.want_shape, self._caps.netem, state.run_dir)
         except nodes.NodeError as exc:
             raise EmulationError(str(exc)) from None
 
@@ -313,7 +326,7 @@ class Emulation:
         Returns ``{"pairs": n, "failed": [(src, src_ip, dst, dst_ip), ...]}``. Sources run in
         parallel, each pinging ``PING_BATCH`` destinations at once.
         """
-        return walks.ping(lambda host, argv: self.host(host).popen(argv), self.state.run_dir,
+        return walks.ping(lambda host, argv: self.host(host).popen(argv), self._st.run_dir,
                           self.all_pairs() if pairs is None else pairs, timeout_s, count, self.PING_BATCH)
 
     def entropy_source_ports(self) -> list[int]:
@@ -327,7 +340,7 @@ class Emulation:
         whether it arrived. Bounded: every host sends for ``repeat * 50 ms`` and listens 1 s more."""
         listen = {h: [p["ip"] for p in self.interfaces(h)] for h in self.hosts}
         try:
-            return walks.branches(self.popen, self.state.run_dir, self.all_pairs() if pairs is None else pairs,
+            return walks.branches(self.popen, self._st.run_dir, self.all_pairs() if pairs is None else pairs,
                                   self.entropy_source_ports() if source_ports is None else source_ports,
                                   listen, repeat)
         except walks.WalkError as exc:
@@ -337,7 +350,7 @@ class Emulation:
     def popen(self, host: str, cmd: list[str] | str, **kwargs: Any) -> subprocess.Popen:
         """Start a process on a host (recorded in the run's state; ended at stop)."""
         proc = self.host(host).popen(cmd, **kwargs)
-        self.state.add_pid(proc.pid, f"{host}: {cmd if isinstance(cmd, str) else ' '.join(cmd)}")
+        self._st.add_pid(proc.pid, f"{host}: {cmd if isinstance(cmd, str) else ' '.join(cmd)}")
         return proc
 
     # -- faults (hpnlab.fabric.emulation.faults) ---------------------------------------------

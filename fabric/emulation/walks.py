@@ -68,11 +68,13 @@ def branches(popen: Callable[..., subprocess.Popen], run_dir: Path, pairs: list[
                             stdin=subprocess.PIPE)
     try:
         for host, proc in procs.items():
+            assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != b"listening":
                 raise WalkError(f"the probe on {host} did not start: {line.decode(errors='replace')[:200]}"
                                 f"{communicate(proc, 5)[-300:]}")
         for proc in procs.values():   # every host listens before anyone sends
+            assert proc.stdin is not None
             proc.stdin.write(b"go\n")
             proc.stdin.flush()
         received: set[tuple[str, int, str]] = set()
