@@ -3,7 +3,8 @@
 ``Emulation`` keeps the order of things; each concern lives in its own module:
 ``preflight`` (checks, mechanisms), ``controller_process``, ``nodes`` (node classes and
 interface configuration), ``ovsdb`` (every ovs-vsctl call), ``reachability`` (pure walk
-scripts and parsers), ``faults`` (links and switches down/up), ``ecn``, ``state``.
+scripts and parsers) and ``walks`` (running them on the hosts), ``faults`` (links and
+switches down/up), ``ecn``, ``state``, ``signals``.
 See the package docstring (``hpnlab.fabric.emulation``) for the API and what it does.
 """
 from __future__ import annotations
