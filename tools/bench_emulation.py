@@ -128,9 +128,6 @@ def main() -> int:
         return 0
     print(f"machine: {caps.cpus} cores, datapath {caps.datapath}, load average {os.getloadavg()[0]:.2f}; "
           f"goal: up in < {args.goal_s:g} s")
-    print(f"{'preset':<12} {'hosts':>5} {'ports':>5} {'switches':>8} {'ctl':>6} {'built':>6} {'conn':>6} "
-          f"{'up':>6} {'up/goal':>7} {'stop':>5} {'idle busy':>9} {'load busy':>9} {'fabric cores':>12} "
-          f"{'headroom':>8} {'TCP Mb/s':>8} {'of shaped':>9}")
     ok = True
     for i, preset in enumerate(args.presets):
         emu = Emulation(preset, controller="hpnlab", lock_wait_s=300, log=None)
@@ -138,6 +135,10 @@ def main() -> int:
         try:
             if i == 0 and args.repeat > 0:
                 shaping_ratios(emu, args.repeat)
+            if i == 0:
+                print(f"{'preset':<12} {'hosts':>5} {'ports':>5} {'switches':>8} {'ctl':>6} {'built':>6} "
+                      f"{'conn':>6} {'up':>6} {'up/goal':>7} {'stop':>5} {'idle busy':>9} {'load busy':>9} "
+                      f"{'fabric cores':>12} {'headroom':>8} {'TCP Mb/s':>8} {'of shaped':>9}")
             idle, _ = busy_share(2.0)
             (busy, fabric_cores), mbps = load_share(emu, args.load_s)
         finally:
