@@ -202,8 +202,8 @@ def _probe_qdiscs_in_netns(kinds: tuple[str, ...]) -> set[str]:
 
 
 def ovs_running() -> bool:
-    r = _run("ovs-vsctl", "--timeout=3", "show")
-    return bool(r and r.returncode == 0)
+    from .emulation import ovsdb   # every ovs-vsctl call lives there (imported late: no cycle)
+    return ovsdb.answers()
 
 
 def probe(deep: bool = True) -> Capabilities:
@@ -220,16 +220,11 @@ def probe(deep: bool = True) -> Capabilities:
     c.kernel = os.uname().release
     c.ovs_installed = shutil.which("ovs-vsctl") is not None
     if c.ovs_installed:
-        r = _run("ovs-vsctl", "--version")
-        if r and r.returncode == 0 and r.stdout:
-            c.ovs_version = r.stdout.split()[-1] if r.stdout.split() else None
-            first = r.stdout.splitlines()[0]
-            c.ovs_version = first.rsplit(" ", 1)[-1]
-        c.ovs_running = ovs_running()
+        from .emulation import ovsdb
+        c.ovs_version = ovsdb.version()
+        c.ovs_running = ovsdb.answers()
         if c.ovs_running:
-            r = _run("ovs-vsctl", "--timeout=3", "get", "Open_vSwitch", ".",
-                     "other_config:userspace-tso-enable")
-            c.ovs_userspace_tso = bool(r and r.returncode == 0 and "true" in r.stdout)
+            c.ovs_userspace_tso = ovsdb.userspace_tso()
     c.ovs_kernel_datapath = Path("/sys/module/openvswitch").exists()
     if c.root and deep:
         works = _probe_qdiscs_in_netns(QDISCS)

@@ -6,9 +6,9 @@ import pytest
 from hpnlab.fabric import graph, spec
 from hpnlab.fabric.emulation import shaping
 from hpnlab.fabric.emulation.ecn import default_thresholds
-from hpnlab.fabric.emulation.harness import check_fits, estimate, has_loops
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.sizing import check_fits, estimate, has_loops
 
 
 def _g(name, **over):
@@ -108,3 +108,44 @@ def test_unknown_controller_is_refused_in_one_line():
     from hpnlab.fabric.emulation import Emulation
     with pytest.raises(UserError, match="unknown controller 'ryu'"):
         Emulation("mini-hpn", controller="ryu")
+
+
+def test_fault_ends_name_both_interfaces_of_a_link_and_every_link_of_a_switch():
+    from hpnlab.fabric.emulation.faults import link_ends, switch_ends
+
+    g = _g("mini-hpn")
+    (pu, pv), = graph.link_ports(g, "p0l0", "p0s0")
+    assert link_ends(g, "p0l0", "p0s0") == [("p0l0", f"p0l0-eth{pu}"), ("p0s0", f"p0s0-eth{pv}")]
+    ends = switch_ends(g, "p0s0")
+    assert len(ends) == 2 * g.degree("p0s0")
+    assert sorted(name for node, name in ends if node == "p0s0") == sorted(
+        f"p0s0-eth{d['ports']['p0s0']}" for _, _, d in g.edges("p0s0", data=True))
+    with pytest.raises(UserError, match="no link between p0l0 and p1s0"):
+        link_ends(g, "p0l0", "p1s0")
+    with pytest.raises(UserError, match="no switch 'h1'"):
+        switch_ends(g, "h1")
+
+
+def test_a_one_sided_fault_touches_only_that_side():
+    from hpnlab.fabric.emulation.faults import Faults
+
+    g = _g("mini-hpn")
+    host = next(n for n in g.neighbors("p0l0") if g.nodes[n]["tier"] == 0)
+    calls = []
+    faults = Faults(g, lambda node, line: calls.append((node, line)), is_local=lambda node: False)
+    faults.link_down("p0l0", host, side=host)
+    (_, host_port), = graph.link_ports(g, "p0l0", host)
+    assert calls == [(host, f"ip link set dev {host}-eth{host_port} down")]
+    with pytest.raises(UserError, match="neither end"):
+        faults.link_down("p0l0", host, side="p0s0")
+
+
+def test_doctor_sizes_a_scenario_without_loading_the_harness_or_mininet():
+    import subprocess
+    import sys
+
+    code = ("import sys; from hpnlab.cli.main import main; rc = main(['doctor', 'mini-hpn', '--json']); "
+            "print('LOADED', sorted(m for m in ('hpnlab.fabric.emulation.harness', 'mininet') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert '"fits": true' in out
+    assert out.strip().splitlines()[-1] == "LOADED []"

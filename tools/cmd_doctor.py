@@ -70,15 +70,14 @@ def findings(caps) -> list[tuple[str, str, str, str]]:
 
 
 def cmd_doctor(args) -> int:
-    from hpnlab.fabric import graph, kernel, spec
+    from hpnlab.fabric import graph, kernel, sizing, spec
 
     caps = kernel.probe()
     rows = findings(caps)
     est = None
     if args.scenario:
-        from hpnlab.fabric.emulation.harness import estimate
         g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.overrides)))
-        est = estimate(g, caps.cpus)
+        est = sizing.estimate(g, caps.cpus)
     if args.json:
         print(json.dumps({"capabilities": caps.as_dict(),
                           "findings": [dict(zip(("status", "item", "meaning", "fix"), r)) for r in rows],

@@ -25,6 +25,8 @@ def register(sub) -> None:
                    help="keep the fabric up for S seconds (default: until the timeline ends, or until Ctrl-C)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
+    p.add_argument("--verify-branches", action="store_true",
+                   help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
@@ -65,6 +67,7 @@ def cmd_emulate(args) -> int:
     overrides = spec.parse_overrides(args.overrides)
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
+                    verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
                     controller_ip=args.controller_ip)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None

@@ -15,8 +15,10 @@ Python API (stable; tools and tests build on it)::
         emu.ip("h3", plane=1)        # planned address of h3's port on plane 1 (rail 0)
         emu.interfaces("h3")         # [{name, ip, cidr, plane, rail, mac, leaf, ...}]
         emu.ping_all()               # {"pairs": n, "failed": [(src, sip, dst, dip), ...]}
+        emu.walk_branches()          # UDP probes on every entropy branch of every pair (see .reachability)
         emu.popen("h1", ["iperf3", "-s"])   # recorded; ended at exit even after SIGKILL + clean
         t = emu.link_down("p0l0", "p0s1")   # both ends down; returns the time applied
+        emu.link_down("p0l0", "p0s1", side="p0s1")   # one-sided: only p0s1's end
         emu.link_up("p0l0", "p0s1"); emu.switch_down("p1s0"); emu.switch_up("p1s0")
         emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
@@ -49,7 +51,14 @@ What ``start()`` (``__enter__``) does, in order:
    ``metadata["not_emulated"]``;
 6. puts the ECN marking stage on every switch egress port (``hpnlab.fabric.emulation.ecn``);
 7. waits (``connect_timeout``) until ovsdb reports every bridge connected, then pings every
-   host-port pair on every plane and refuses to hand over if any pair fails.
+   host-port pair on every plane and refuses to hand over if any pair fails; with
+   ``verify_branches=True`` it also walks every entropy branch of every pair with UDP probes.
+
+One concern per module (after Mininet's node.py/link.py/net.py): ``harness`` (``Emulation``:
+the order of things), ``preflight``, ``controller_process``, ``nodes`` (node classes and
+interface configuration), ``ovsdb`` (every ovs-vsctl call), ``reachability`` (pure scripts and
+parsers) and ``walks`` (running them), ``faults``, ``shaping``, ``ecn``, ``state``, ``signals``,
+``timeline``, ``udp``, ``traffic``; the size estimate is ``hpnlab.fabric.sizing``.
 
 Multi-machine (Mininet's cluster edition, ``mininet.examples.cluster.MininetCluster``)::
 
@@ -71,7 +80,24 @@ Never run Mininet's machine-wide cleanup on a server (MininetCluster's own clean
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
 (``state.teardown``) and never uses Mininet's machine-wide cleanup.
 """
-from .harness import CONTROLLERS, Emulation, EmulationError, estimate
-from .state import Lock, RunState, clean
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean", "estimate"]
+
+# Loaded on first use (PEP 562), so that a light module of this package (``ovsdb``, ``reachability``,
+# ``shaping``) never pulls the harness in: ``hpnlab doctor`` and the kernel probe stay light.
+_WHERE = {"CONTROLLERS": ".preflight", "Emulation": ".harness", "EmulationError": ".harness",
+          "Lock": ".state", "RunState": ".state", "clean": ".state", "estimate": "..sizing"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+    return getattr(import_module(_WHERE[name], __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -157,7 +157,8 @@ def compile_marker(log=lambda m: None) -> Path:
            "-c", str(SOURCE), "-o", str(tmp)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        raise UserError(f"compiling the ECN marker failed: {r.stderr.strip().splitlines()[-1] if r.stderr else r.returncode}")
+        why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit code {r.returncode}"
+        raise UserError(f"compiling the ECN marker failed: {why}")
     os.replace(tmp, out)
     log(f"compiled ECN marker into {out}")
     return out

@@ -35,10 +35,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import UserError
+from . import ovsdb
+from .ovsdb import OVS_MARK, marked_bridges, marked_qos
+
+__all__ = ["ENV_MARK", "OVS_MARK", "Lock", "RunState", "all_runs", "clean", "marked_bridges", "marked_pids",
+           "marked_qos", "pid_alive", "teardown"]
 
 RUN_DIR = Path(os.environ.get("HPNLAB_RUN_DIR", "/run/hpnlab"))
 ENV_MARK = "HPNLAB_RUN"
-OVS_MARK = "hpnlab-run"
 
 
 def runs_dir() -> Path:
@@ -222,38 +226,6 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def _marked(table: str, id_column: str) -> dict[str, str]:
-    """Rows of an OVS table carrying ``external_ids:hpnlab-run``: row id -> run id."""
-    r = _run(["ovs-vsctl", "--timeout=5", "--format=json", f"--columns={id_column},external_ids", "list", table])
-    if r.returncode != 0:
-        return {}
-    out = {}
-    for row_id, ext in json.loads(r.stdout).get("data", []):
-        pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
-        if OVS_MARK in pairs:
-            # _uuid comes as ["uuid", "<id>"]; a name is a plain string
-            out[row_id[1] if isinstance(row_id, list) else row_id] = pairs[OVS_MARK]
-    return out
-
-
-def marked_bridges() -> dict[str, str]:
-    """OVS bridges carrying ``external_ids:hpnlab-run``: name -> run id."""
-    return _marked("Bridge", "name")
-
-
-def marked_qos() -> dict[str, str]:
-    """OVS QoS rows (a root table: they outlive their ports) marked hpnlab-run: uuid -> run id."""
-    return _marked("QoS", "_uuid")
-
-
-def _destroy_qos(uuids: list[str]) -> None:
-    if uuids:
-        args = ["ovs-vsctl", "--timeout=20"]
-        for u in uuids:
-            args += ["--", "--if-exists", "destroy", "QoS", u]
-        _run(args)
-
-
 def _ancestors() -> set[int]:
     pids, pid = set(), os.getpid()
     while pid > 1:
@@ -329,17 +301,14 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
     marked = marked_bridges()
     bridges = [b for b in state.bridges if b not in marked or marked[b] == state.run_id]
     bridges += [b for b, run in marked.items() if run == state.run_id and b not in bridges]
-    existing = set(_run(["ovs-vsctl", "--timeout=5", "list-br"]).stdout.split())
+    existing = ovsdb.bridges()
     doomed = [b for b in bridges if b in existing and marked.get(b) == state.run_id]
     if doomed:
-        args = ["ovs-vsctl", "--timeout=20"]
-        for b in doomed:
-            args += ["--", "--if-exists", "del-br", b]
-        r = _run(args)
-        if r.returncode != 0:
-            log(f"ovs-vsctl del-br failed: {r.stderr.strip()}")
+        error = ovsdb.delete_bridges(doomed)
+        if error:
+            log(f"ovs-vsctl del-br failed: {error}")
         removed["bridges"] = len(doomed)
-    _destroy_qos([u for u, run in marked_qos().items() if run == state.run_id])
+    ovsdb.destroy_qos([u for u, run in marked_qos().items() if run == state.run_id])
     # 3. root-namespace interfaces (veths): only the listed names that still exist
     present = {p.name for p in Path("/sys/class/net").iterdir()} if Path("/sys/class/net").is_dir() else set()
     gone = [i for i in state.interfaces + state.bridges if i in present]
@@ -391,10 +360,7 @@ def clean(force: bool = False, log: Callable[[str], None] = lambda s: None) -> d
     # bridges marked by a run that has no state file and is not alive
     orphans = [b for b, run in marked_bridges().items() if run not in live_ids]
     if orphans:
-        args = ["ovs-vsctl", "--timeout=20"]
-        for b in orphans:
-            args += ["--", "--if-exists", "del-br", b]
-        _run(args)
+        ovsdb.delete_bridges(orphans)
         summary["removed"]["bridges"] = summary["removed"].get("bridges", 0) + len(orphans)
-    _destroy_qos([u for u, run in marked_qos().items() if run not in live_ids])
+    ovsdb.destroy_qos([u for u, run in marked_qos().items() if run not in live_ids])
     return summary

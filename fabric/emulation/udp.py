@@ -2,6 +2,13 @@
 
     python -m hpnlab.fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
     python -m hpnlab.fabric.emulation.udp recv BIND_IP PORT --seconds 4
+    python -m hpnlab.fabric.emulation.udp probe PLAN.json
+
+``probe`` runs one host's part of a reachability walk over every entropy branch (see
+``hpnlab.fabric.emulation.reachability``): it listens on the plan's addresses, prints
+``listening``, waits for ``go`` on stdin, sends each probe (source address and port as
+planned) ``repeat`` times, keeps listening ``settle_s`` and prints one JSON line with the
+(source ip, source port, destination ip) of every probe it received.
 
 The receiver prints one JSON line: packets, bytes, and how many arrived with each ECN
 codepoint (``not_ect``, ``ect1``, ``ect0``, ``ce``), read from the IP header through
@@ -12,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import selectors
 import socket
 import sys
 import time
+from pathlib import Path
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
@@ -72,6 +81,53 @@ def recv(bind: str, port: int, seconds: float) -> dict:
     return counts
 
 
+def probe(plan: dict) -> dict:
+    sel = selectors.DefaultSelector()
+    listeners = []
+    for ip in plan["listen"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        s.bind((ip, plan["port"]))
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, ip)
+        listeners.append(s)
+    senders: dict[tuple[str, int], socket.socket] = {}
+    for sip, _, sport in plan["send"]:
+        if (sip, sport) not in senders:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((sip, sport))
+            senders[(sip, sport)] = s
+    print("listening", flush=True)
+    sys.stdin.readline()            # 'go': every host listens before anyone sends
+    received: set[tuple[str, int, str]] = set()
+
+    def drain(timeout: float) -> None:
+        for key, _ in sel.select(timeout):
+            while True:
+                try:
+                    _, (peer, peer_port) = key.fileobj.recvfrom(2048)
+                except BlockingIOError:
+                    break
+                received.add((peer, peer_port, key.data))
+
+    sent = errors = 0
+    for _ in range(plan["repeat"]):
+        t = time.monotonic()
+        for sip, dip, sport in plan["send"]:
+            try:
+                senders[(sip, sport)].sendto(b"hpnlab-probe", (dip, plan["port"]))
+                sent += 1
+            except OSError:
+                errors += 1
+        while (left := plan["gap_s"] - (time.monotonic() - t)) > 0:
+            drain(left)
+    end = time.monotonic() + plan["settle_s"]
+    while (left := end - time.monotonic()) > 0:
+        drain(left)
+    return {"sent": sent, "send_errors": errors, "received": sorted(received)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.emulation.udp")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -87,8 +143,12 @@ def main(argv=None) -> int:
     pr.add_argument("bind")
     pr.add_argument("port", type=int)
     pr.add_argument("--seconds", type=float, default=2.0)
+    pp = sub.add_parser("probe")
+    pp.add_argument("plan", type=Path)
     a = p.parse_args(argv)
-    if a.cmd == "send":
+    if a.cmd == "probe":
+        out = probe(json.loads(a.plan.read_text()))
+    elif a.cmd == "send":
         out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src)
     else:
         out = recv(a.bind, a.port, a.seconds)

@@ -1,0 +1,105 @@
+"""The controller as a process: started in its own process group, ready when it prints
+``ready``, stopped by its pid (never by name)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .. import spec
+
+DEFAULT_OFP_PORT = 6653
+
+
+class ControllerError(RuntimeError):
+    """The controller exited or never said it was ready."""
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(preferred: int = DEFAULT_OFP_PORT) -> int:
+    """``preferred`` when it is free, else a port the kernel picks."""
+    if port_free(preferred):
+        return preferred
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(scenario_file: Path, port: int, listen: str, policy: str | None = None,
+            extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The controller's command line (this interpreter, ``-m hpnlab.controller``)."""
+    cmd = [sys.executable, "-m", "hpnlab.controller", str(scenario_file), "--ofp-port", str(port),
+           "--listen", listen]
+    if policy:
+        cmd += ["--policy", policy]
+    return cmd + list(extra)
+
+
+class ControllerProcess:
+    """One controller process for one run; its files go into ``run_dir``."""
+
+    def __init__(self, scenario: spec.Scenario, run_dir: Path, port: int, listen: str = "127.0.0.1",
+                 policy: str | None = None, extra_args: list[str] | tuple[str, ...] = ()):
+        self.scenario_file = run_dir / "scenario.yaml"
+        self.log_file = run_dir / "controller.log"
+        self.scenario = scenario
+        self.port = port
+        self.cmd = command(self.scenario_file, port, listen, policy, extra_args)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> subprocess.Popen:
+        """Start it in its own session (process group = its pid); the caller records the pid."""
+        self.scenario_file.write_text(yaml.safe_dump(spec.to_dict(self.scenario), sort_keys=False))
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_file, "wb") as out:
+            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, cwd=root, env=env)
+        return self.proc
+
+    def exited(self) -> int | None:
+        """Its exit code once it has exited, else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until the log says ``ready``; ControllerError when it exits or the time is up."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            text = self.log_file.read_text(errors="replace")
+            if "ready" in text:
+                return
+            if self.exited() is not None:
+                tail = text.strip().splitlines()[-3:]
+                raise ControllerError(f"the controller exited (code {self.exited()}): " + " | ".join(tail))
+            time.sleep(0.05)
+        raise ControllerError(f"the controller did not print 'ready' within {timeout_s:g} s (log: {self.log_file})")
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """SIGTERM to its process group (by its pid), SIGKILL after ``grace_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue

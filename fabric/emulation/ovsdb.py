@@ -1,0 +1,139 @@
+"""Every ``ovs-vsctl`` call the emulation makes: one module between hpnlab and ovsdb.
+
+Reads (bridges, marked rows, controller connections) return plain values; writes take plain
+names. Rows hpnlab creates carry ``external_ids:hpnlab-run=<run id>`` (``OVS_MARK``), so a
+cleanup can find exactly them and nothing else.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any, Iterable
+
+OVS_MARK = "hpnlab-run"
+
+
+def _vsctl(*args: str, timeout: int = 5, **kw: Any) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["ovs-vsctl", f"--timeout={timeout}", *args], capture_output=True, text=True,
+                              timeout=timeout + 5, **kw)
+    except (OSError, subprocess.TimeoutExpired) as exc:   # not installed, or hung: as a failed call
+        return subprocess.CompletedProcess(["ovs-vsctl", *args], 127, "", str(exc))
+
+
+# ---- what the capability probe (hpnlab.fabric.kernel) asks ----------------------------------
+
+def version() -> str | None:
+    """Open vSwitch's version (``ovs-vsctl --version``), or None."""
+    r = _vsctl("--version")
+    return r.stdout.splitlines()[0].rsplit(" ", 1)[-1] if r.returncode == 0 and r.stdout.strip() else None
+
+
+def answers() -> bool:
+    """ovsdb answers (``ovs-vsctl show``)."""
+    return _vsctl("show", timeout=3).returncode == 0
+
+
+def userspace_tso() -> bool:
+    """``other_config:userspace-tso-enable`` is true."""
+    r = _vsctl("get", "Open_vSwitch", ".", "other_config:userspace-tso-enable", timeout=3)
+    return r.returncode == 0 and "true" in r.stdout
+
+
+# ---- the emulation's rows ------------------------------------------------------------------
+
+
+def _list(table: str, columns: str) -> list[list[Any]] | None:
+    """Rows of one table as JSON values (``--format=json``), or None when ovsdb does not answer."""
+    r = _vsctl("--format=json", f"--columns={columns}", "list", table)
+    if r.returncode != 0:
+        return None
+    return json.loads(r.stdout).get("data", [])
+
+
+def _uuids(cell: Any) -> list[str]:
+    """A reference column's uuids: ``["uuid", u]`` or ``["set", [["uuid", u], ...]]``."""
+    if isinstance(cell, list) and cell and cell[0] == "uuid":
+        return [cell[1]]
+    if isinstance(cell, list) and cell and cell[0] == "set":
+        return [u[1] for u in cell[1]]
+    return []
+
+
+def bridges() -> set[str]:
+    """Names of every OVS bridge on the machine (ours or not)."""
+    return set(_vsctl("list-br").stdout.split())
+
+
+def marked(table: str, id_column: str) -> dict[str, str]:
+    """Rows of an OVS table carrying ``external_ids:hpnlab-run``: row id -> run id."""
+    out: dict[str, str] = {}
+    for row_id, ext in _list(table, f"{id_column},external_ids") or []:
+        pairs = dict(ext[1]) if isinstance(ext, list) and ext and ext[0] == "map" else {}
+        if OVS_MARK in pairs:
+            # _uuid comes as ["uuid", "<id>"]; a name is a plain string
+            out[row_id[1] if isinstance(row_id, list) else row_id] = pairs[OVS_MARK]
+    return out
+
+
+def marked_bridges() -> dict[str, str]:
+    """OVS bridges carrying ``external_ids:hpnlab-run``: name -> run id."""
+    return marked("Bridge", "name")
+
+
+def marked_qos() -> dict[str, str]:
+    """OVS QoS rows (a root table: they outlive their ports) marked hpnlab-run: uuid -> run id."""
+    return marked("QoS", "_uuid")
+
+
+def delete_bridges(names: Iterable[str]) -> str | None:
+    """Delete these bridges in one transaction; the error text, or None."""
+    args: list[str] = []
+    for b in names:
+        args += ["--", "--if-exists", "del-br", b]
+    if not args:
+        return None
+    r = _vsctl(*args, timeout=20)
+    return r.stderr.strip() if r.returncode != 0 else None
+
+
+def destroy_qos(uuids: Iterable[str]) -> None:
+    args: list[str] = []
+    for u in uuids:
+        args += ["--", "--if-exists", "destroy", "QoS", u]
+    if args:
+        _vsctl(*args, timeout=20)
+
+
+def noop_qos_args(name: str, ports: list[str], run_id: str) -> str:
+    """ovs-vsctl arguments that give ports one marked linux-noop QoS row: OVS then leaves the
+    ports' qdiscs (hpnlab's htb and clsact) alone. For ``OVSSwitch.vsctl``."""
+    qid = f"noop_{name}"
+    return (f"-- --id=@{qid} create QoS type=linux-noop external_ids:{OVS_MARK}={run_id} "
+            + " ".join(f"-- set Port {p} qos=@{qid}" for p in ports))
+
+
+def connected(names: Iterable[str]) -> dict[str, bool]:
+    """Bridge name -> whether any of its controllers is connected (only the named bridges)."""
+    rows = _list("Bridge", "name,controller")
+    ctls = _list("Controller", "_uuid,is_connected")
+    if rows is None or ctls is None:
+        return {}
+    conn = {row[0][1]: row[1] for row in ctls}
+    wanted = set(names)
+    return {name: any(conn.get(u) is True for u in _uuids(ctl)) for name, ctl in rows if name in wanted}
+
+
+def set_inactivity_probe(names: Iterable[str], ms: int) -> None:
+    """OVS drops a controller that leaves its echo unanswered this long (OVS default 5 s)."""
+    wanted = set(names)
+    for name, ctl in _list("Bridge", "name,controller") or []:
+        if name in wanted:
+            for uuid in _uuids(ctl):
+                _vsctl("set", "controller", uuid, f"inactivity_probe={int(ms)}", timeout=10)
+
+
+def get(table: str, record: str, column: str) -> str:
+    """One cell as ovs-vsctl prints it (quotes stripped), or '' when absent."""
+    r = _vsctl("--if-exists", "get", table, record, column)
+    return r.stdout.strip().strip('"') if r.returncode == 0 else ""

@@ -1,0 +1,101 @@
+"""Preflight: everything that could stop a run, checked before anything is created, each
+failure one line (UserError); and what the run will use on this machine (pure)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from .. import graph as fgraph
+from .. import kernel, spec
+from ..errors import UserError
+from ..mn import emulated_delay_us, switch_intf_name
+from ..sizing import check_fits, has_loops
+from . import ovsdb
+from .controller_process import port_free
+
+CONTROLLERS = ("hpnlab", "none")
+
+
+def planned_root_interfaces(graph: nx.MultiGraph) -> list[str]:
+    """Every interface name the links will create (both ends, as Mininet names them)."""
+    return [switch_intf_name(node, d["ports"][node]) for u, v, d in graph.edges(data=True) for node in (u, v)]
+
+
+def check_names_free(graph: nx.MultiGraph) -> None:
+    """No OVS bridge and no interface of ours may exist yet (a clash says whose it is)."""
+    clash = sorted(ovsdb.bridges() & set(fgraph.switches(graph)))
+    if clash:
+        marked = ovsdb.marked_bridges()
+        if all(b in marked for b in clash):
+            raise UserError(f"OVS bridges {', '.join(clash[:4])} are left from an earlier hpnlab run; "
+                            f"run 'sudo hpnlab clean' first")
+        raise UserError(f"an OVS bridge named {clash[0]} exists and is not hpnlab's; "
+                        f"rename or remove it (hpnlab never deletes bridges it did not create)")
+    present = {p.name for p in Path("/sys/class/net").iterdir()}
+    clash_if = sorted(present & set(planned_root_interfaces(graph)))
+    if clash_if:
+        raise UserError(f"network interface {clash_if[0]} already exists; if an earlier hpnlab run left it, "
+                        f"run 'sudo hpnlab clean'")
+
+
+def check(graph: nx.MultiGraph, controller: str, requested_port: int | None) -> tuple[kernel.Capabilities,
+                                                                                     dict[str, Any]]:
+    """Probe the machine and refuse what cannot run. Returns (capabilities, size estimate)."""
+    scenario: spec.Scenario = graph.graph["scenario"]
+    if os.geteuid() != 0:
+        raise UserError("emulation needs root (real Open vSwitch, network namespaces): run it with sudo")
+    caps = kernel.probe()
+    if not caps.ovs_installed:
+        raise UserError(f"Open vSwitch is not installed: {kernel.fix_for('ovs_installed')}")
+    if not caps.ovs_running:
+        raise UserError(f"Open vSwitch is not running: {kernel.fix_for('ovs_running')}")
+    if not caps.mininet or not caps.mnexec:
+        raise UserError(f"Mininet is missing: {kernel.fix_for('mininet')}")
+    if not caps.htb:
+        raise UserError(f"the kernel has no htb qdisc, links cannot be shaped: {kernel.fix_for('htb')}")
+    if controller == "hpnlab":
+        if importlib.util.find_spec("hpnlab.controller.__main__") is None:
+            raise UserError("controller 'hpnlab' is not available (controller/__main__.py is missing); "
+                            "use --controller none on a loop-free scenario")
+        if not caps.os_ken:
+            raise UserError(f"the controller runtime os-ken is missing: {kernel.fix_for('os_ken')}")
+    elif has_loops(graph):
+        raise UserError(f"--controller none needs a loop-free fabric and {scenario.name!r} has loops "
+                        f"(switches would flood forever); use --controller hpnlab")
+    if requested_port is not None and not port_free(requested_port):
+        raise UserError(f"OpenFlow port {requested_port} on 127.0.0.1 is taken by another program; "
+                        f"pick another with --ofp-port or leave it out to choose a free one")
+    estimate = check_fits(graph, caps.cpus)
+    check_names_free(graph)
+    return caps, estimate
+
+
+def mechanisms(caps: kernel.Capabilities, graph: nx.MultiGraph, shape: bool, ecn: bool) -> tuple[dict[str, Any],
+                                                                                              list[str]]:
+    """What the run uses for each feature, and the lines to tell the user (pure).
+
+    Returns (metadata entries, warnings); what cannot be emulated here is listed in
+    ``metadata["not_emulated"]``."""
+    scenario: spec.Scenario = graph.graph["scenario"]
+    md: dict[str, Any] = {"datapath": caps.datapath, "shaping": "htb" if shape else "off"}
+    warnings: list[str] = []
+    delays = [d for _, _, d in graph.edges(data=True) if d.get("delay_us", 0) > 0]
+    md["delay"] = "netem" if caps.netem else ("none needed" if not delays else "not emulated")
+    if delays and not caps.netem:
+        worst = max(emulated_delay_us(scenario, d["delay_us"]) for d in delays)
+        md.setdefault("not_emulated", []).append(
+            f"link delay: {len(delays)} links want up to {worst:g} us but the kernel has no netem")
+        warnings.append(f"no netem in this kernel: {len(delays)} link delays (up to {worst:g} us) are NOT emulated")
+    if ecn:
+        md["ecn"] = caps.ecn_mechanism or "none"
+        if caps.ecn_mechanism is None:
+            md.setdefault("not_emulated", []).append("ECN marking: neither sch_red nor clang/bpftool/cls_bpf")
+            warnings.append("no ECN marking possible here (no sch_red, no BPF toolchain); switches will not mark")
+    else:
+        md["ecn"] = "off"
+    md["tcp_offload"] = "userspace-tso" if caps.ovs_userspace_tso else "host tx checksum offload off"
+    return md, warnings
