@@ -412,7 +412,7 @@ def deliver(work: np.ndarray, t: Transfer, payload) -> None:
 
 def source_bytes(t: Transfer, inp: np.ndarray, work: np.ndarray) -> memoryview:
     buf = inp if t.src_buf == "in" else work
-    return memoryview(buf.view(np.uint8))[t.src_off:t.src_off + t.nbytes]
+    return memoryview(buf.view(np.uint8).data)[t.src_off:t.src_off + t.nbytes]
 
 
 def simulate(sched: Schedule, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -29,7 +29,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import networkx as nx
 
@@ -72,7 +72,7 @@ def _names(value: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(str(v).strip() for v in items if str(v).strip())
 
 
-def _known(items: tuple[str, ...], known: Sequence[str], what: str) -> None:
+def _known(items: Sequence[str], known: Sequence[str], what: str) -> None:
     if not items:
         raise UserError(f"no {what} given (known: {', '.join(known)})")
     for item in items:
@@ -89,10 +89,11 @@ class Plan:
     (or :func:`sweep`). ``ranks``/``jobs``/``placement`` place ranks on an emulated fabric or
     on :class:`Loopback`; a :class:`Hosts` target brings its own addresses.
     """
-    collectives: tuple[str, ...] = ("all_reduce", "all_to_all")
-    transports: tuple[str, ...] = ("roce",)
-    entropies: tuple[str, ...] = ("flow",)
-    sizes: tuple[int, ...] = field(default_factory=lambda: sweep("64K", "1M"))
+    # Given as a list, a tuple or a comma string (sizes also as "64K"); held as tuples once checked.
+    collectives: str | Sequence[str] = ("all_reduce", "all_to_all")
+    transports: str | Sequence[str] = ("roce",)
+    entropies: str | Sequence[str] = ("flow",)
+    sizes: int | str | Sequence[int | str] = field(default_factory=lambda: sweep("64K", "1M"))
     iterations: int = 5
     warmup: int = 1
     check: bool = True
@@ -127,7 +128,7 @@ class Plan:
                             "yet; use --entropy flow or spray")
         sizes = [self.sizes] if isinstance(self.sizes, (int, str)) else list(self.sizes)
         put("sizes", tuple(col.parse_size(str(s)) for s in sizes))
-        if not self.sizes or min(self.sizes) < 1:
+        if not self.size_list or min(self.size_list) < 1:
             raise UserError("no sizes to run (check -b/-e)")
         if self.iterations < 1 or self.warmup < 0:
             raise UserError(f"-n must be at least 1 and -w at least 0 (got {self.iterations}, {self.warmup})")
@@ -141,6 +142,11 @@ class Plan:
         _known((self.recovery,), RECOVERIES, "recovery")
         if not 0.1 <= self.pace <= 1.0:
             raise UserError(f"--pace must be between 0.1 and 1 (a fraction of line rate), got {self.pace}")
+
+    @property
+    def size_list(self) -> tuple[int, ...]:
+        """The sizes in bytes (``__post_init__`` has parsed them)."""
+        return cast(tuple[int, ...], self.sizes)
 
     def replace(self, **changes: Any) -> Plan:
         """A copy with some fields changed (checked again)."""
@@ -171,11 +177,11 @@ class Plan:
             n = len(addrs)
             perm = list(col.random_perm(n, self.seed)) if (run.collective == "permutation" and n > 1
                                                            and self.perm == "random") else None
-            for size in self.sizes:
+            for size in self.size_list:
                 if n > 1 and col.fit_count(run.collective, n, size) < (1 if run.collective == "permutation" else n):
                     raise UserError(f"size {size} B is too small for {run.collective} over {n} ranks "
                                     f"(at least {n * col.ELEM_BYTES} B; raise -b)")
-            job = Job(collective=run.collective, addrs=addrs, sizes=list(self.sizes), iters=self.iterations,
+            job = Job(collective=run.collective, addrs=addrs, sizes=list(self.size_list), iters=self.iterations,
                       warmup=self.warmup, check=self.check, inplace=self.inplace, transport=run.transport,
                       entropy=run.entropy or "flow", line_rate_bps=line_rate_bps, mtu=mtu,
                       base_port=base + 100 * j if base else 0, root=self.root, perm=perm, seed=self.seed,

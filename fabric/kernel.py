@@ -165,7 +165,7 @@ def qdisc_works(kind: str) -> bool:
 
 def _probe_qdiscs_in_netns(kinds: tuple[str, ...]) -> set[str]:
     ns = f"hpnlab-probe-{os.getpid()}"
-    works = set()
+    works: set[str] = set()
     if _run("ip", "netns", "add", ns) is None:
         return works
     try:
@@ -202,7 +202,7 @@ def _probe_qdiscs_in_netns(kinds: tuple[str, ...]) -> set[str]:
 
 
 def ovs_running() -> bool:
-    from .emulation import ovsdb   # every ovs-vsctl call lives there (imported late: no cycle)
+    from .emulation import ovsdb  # every ovs-vsctl call lives there (imported late: no cycle)
     return ovsdb.answers()
 
 
@@ -253,7 +253,7 @@ def _dist_version(dist: str, module: str) -> str | None:
     try:
         from importlib.metadata import version
         return version(dist)
-    except Exception:  # noqa: BLE001 - importable without metadata
+    except Exception:
         return "unknown"
 
 

@@ -69,9 +69,6 @@ def host_interfaces(g: nx.MultiGraph, host: str) -> list[dict[str, Any]]:
     return out
 
 
-#: The old name of ``graph.intf_name``, still imported by the emulation harness.
-switch_intf_name = fgraph.intf_name
-
 
 def link_options(g: nx.MultiGraph, u: str, v: str, data: dict) -> dict[str, Any]:
     """Mininet link options (port1/port2, names, TCLink bw/delay) for one fabric edge."""

@@ -100,14 +100,14 @@ class Network:
             dead = self._norm(u, v, k) in failed
             cap = 0.0 if dead else d["rate_gbps"]
             ids = []
-            for a, b in ((u, v), (v, u)):
+            for _direction in ((u, v), (v, u)):
                 caps.append(cap)
                 delays.append(d["delay_us"])
                 if dead:
                     self.failed_ids.add(lid)
                 ids.append(lid)
                 lid += 1
-            for (a, b), i in zip(((u, v), (v, u)), ids):
+            for (a, b), i in zip(((u, v), (v, u)), ids, strict=True):
                 ta, tb = node[a]["tier"], node[b]["tier"]
                 if ta == 0:
                     leaf_down = ids[1] if i == ids[0] else ids[0]
@@ -475,7 +475,7 @@ def usable_planes(net: Network, src_ports, dst_ports) -> list[int]:
     """Planes on which a connection between two NICs has a path after convergence: both
     host links up and the source leaf's routes reach the destination leaf."""
     cap = net.cap
-    return [p for p, ((sleaf, s_up, _), (dleaf, _, d_down)) in enumerate(zip(src_ports, dst_ports))
+    return [p for p, ((sleaf, s_up, _), (dleaf, _, d_down)) in enumerate(zip(src_ports, dst_ports, strict=True))
             if cap[s_up] > 0 and cap[d_down] > 0 and net.leaf_reaches(sleaf, dleaf)]
 
 

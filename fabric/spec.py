@@ -380,9 +380,6 @@ def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
     return out
 
 
-#: The old private name, still imported by the emulation harness.
-_merge = deep_merge
-
 
 def load(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
     """Load a scenario by preset name (``mini-hpn``, ``fat-tree-8``) or path to a YAML file."""

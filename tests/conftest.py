@@ -7,7 +7,6 @@ import subprocess
 
 import pytest
 
-
 # ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
 def emulation_missing() -> str | None:

@@ -1,4 +1,6 @@
 """Collective schedules checked against the definitions of their collectives (pure)."""
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -108,7 +110,7 @@ def test_incast_root_receives_n_minus_1_over_n_of_the_array():
 
 def test_broadcast_pipeline_has_every_piece_cross_every_ring_hop_once():
     sched = col.build("broadcast", 4, 4 * 1000, root=1)
-    hops = {}
+    hops: dict[Any, Any] = {}
     for step in sched.steps:
         for t in step:
             hops.setdefault((t.src, t.dst), 0)

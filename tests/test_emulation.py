@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_host_interfaces_carry_the_planned_addresses(mini_hpn):
 
 def test_ovs_sees_every_switch_connected_to_the_controller_process(mini_hpn):
     switches = fgraph.switches(mini_hpn.graph)
-    assert mini_hpn.connected_switches() == {sw: True for sw in switches}
+    assert mini_hpn.connected_switches() == dict.fromkeys(switches, True)
     # the connections are TCP sessions to the controller process we started, on its port
     ss = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{mini_hpn.ofp_port} )"],
                         capture_output=True, text=True).stdout
@@ -164,7 +165,7 @@ def thresholds_30k_50k(mini_hpn):
 
 def test_ecn_stage_does_not_mark_while_the_queue_stays_below_kmin(mini_hpn, thresholds_30k_50k):
     kmin, _ = thresholds_30k_50k
-    for attempt in range(3):
+    for _attempt in range(3):
         counters, received = _udp_phase(mini_hpn, rate_each_mbps=1.0, seconds=3.0)   # 2 of 10 Mbit/s, paced
         assert counters["ect"] > 0 and received["ect0"] > 0
         if counters["max_queue_bytes"] < kmin:
@@ -224,7 +225,7 @@ def test_ecn_counters_are_readable_from_another_process(mini_hpn):
 
 def _sampler(paths, stop, out):
     """Poll operstate files every 2 ms; record (time, path, state) transitions."""
-    last = {}
+    last: dict[str, Any] = {}
     while not stop.is_set():
         now = time.time()
         for p in paths:
@@ -244,7 +245,8 @@ def test_timeline_link_is_down_at_its_time_and_back_up(mini_hpn):
     u, v = "p0l0", "p0s0"
     (pu, pv), = fgraph.link_ports(mini_hpn.graph, u, v)
     files = [f"/sys/class/net/{u}-eth{pu}/operstate", f"/sys/class/net/{v}-eth{pv}/operstate"]
-    stop, seen = threading.Event(), []
+    stop = threading.Event()
+    seen: list[Any] = []
     sampler = threading.Thread(target=_sampler, args=(files, stop, seen), daemon=True)
     sampler.start()
     time.sleep(0.05)

@@ -34,6 +34,7 @@ with Emulation("mini-hpn", overrides=over, controller=controller, lock_wait_s=30
 def _start(controller: str) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen([sys.executable, "-c", RUNNER, controller], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
     line = proc.stdout.readline().split()
     if not line or line[0] != "READY":
         proc.kill()
@@ -68,7 +69,7 @@ def _marked_processes(run_id: str) -> list[int]:
     return marked_pids({run_id})
 
 
-def _leftovers(state: dict, host_netns: set[int]) -> dict[str, list]:
+def _leftovers(state: dict, host_netns: set[int | None]) -> dict[str, list]:
     present = {p.name for p in Path("/sys/class/net").iterdir()}
     qdisc_devs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     bpf_progs = subprocess.run(["bpftool", "prog", "show", "name", "hpn_ecn"], capture_output=True,
@@ -184,6 +185,7 @@ def test_kill_9_during_start_then_clean_leaves_nothing(bystanders, after_s):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     state = _state_of(proc.pid)            # as the killed run left it
+    assert state is not None
     host_netns = {_netns_inode(p["pid"]) for p in state["pids"] if p["what"].startswith("host ")} - {None}
     done = subprocess.run(HPNLAB + ["clean"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -96,9 +96,10 @@ def test_doctor_reports_what_an_emulation_will_use_here(emulation_ready):
     caps = report["capabilities"]
     assert caps["ovs_running"] is True
     # independent checks of what the doctor claims: a qdisc exists iff tc can create it
-    for q in ("htb", "netem", "red"):
-        with_tc = subprocess.run(["unshare", "-n", "sh", "-c",
-                                  f"tc qdisc add dev lo root {'htb' if q == 'htb' else q + (' delay 1ms' if q == 'netem' else ' limit 400000 min 30000 max 90000 avpkt 1000 burst 55 bandwidth 10mbit')}"],
+    qdisc_args = {"htb": "htb", "netem": "netem delay 1ms",
+                  "red": "red limit 400000 min 30000 max 90000 avpkt 1000 burst 55 bandwidth 10mbit"}
+    for q, args in qdisc_args.items():
+        with_tc = subprocess.run(["unshare", "-n", "sh", "-c", f"tc qdisc add dev lo root {args}"],
                                  capture_output=True).returncode == 0
         assert caps["qdiscs"][q] is with_tc, q
     assert caps["datapath"] == ("kernel" if Path("/sys/module/openvswitch").exists() else "user")

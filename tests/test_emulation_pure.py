@@ -31,7 +31,7 @@ def test_check_fits_refuses_too_many_nodes_with_the_numbers():
 
 def test_check_fits_refuses_a_packet_rate_beyond_userspace_ovs():
     g = _g("small-hpn", emulation={"host_mbps": 100, "max_mbps": 400})
-    with pytest.raises(UserError, match="too fast.*packets/s"):
+    with pytest.raises(UserError, match=r"too fast.*packets/s"):
         check_fits(g, cpus=2)
 
 

@@ -60,9 +60,10 @@ def test_jobs_on_a_fabric_graph_carry_the_placed_hosts_addresses_and_emulated_ra
     assert list(cells) == plan.matrix()
     roce, tcp = cells[Run("all_reduce", "roce", "spray")], cells[Run("all_reduce", "tcp", None)]
     assert [j.job for j in roce] == [0, 1] and all(j.nranks == 4 for j in roce)
+    assert roce[0].labels is not None and roce[1].labels is not None
     assert not set(roce[0].labels) & set(roce[1].labels)            # concurrent jobs: disjoint hosts
     for job in roce:
-        for host, addrs in zip(job.labels, job.addrs, strict=True):
+        for host, addrs in zip(job.labels or [], job.addrs, strict=True):
             ips = {p["ip"] for p in graph.host_ports(g, host)}
             assert len(addrs) == s.planes and set(addrs) <= ips       # one address per plane, its own
     assert roce[0].line_rate_bps == s.emulation.host_mbps * 1e6
@@ -118,7 +119,9 @@ def readme_example() -> str:
     """The Python block of the README's 'From Python' section, exactly as printed."""
     text = README.read_text()
     section = text[text.index("### From Python"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "README: no python block under 'From Python'"
+    return block.group(1)
 
 
 def test_the_readme_python_example_is_ten_lines_or_fewer():

@@ -20,18 +20,18 @@ from __future__ import annotations
 import math
 import random
 from functools import cache
+from typing import Any
 
 import networkx as nx
 import numpy as np
 import pytest
+from oftable import valley_free_reachable
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import graph, model, spec
 from hpnlab.fabric.errors import UserError
 
-from oftable import valley_free_reachable
-
-EXACT = dict(rel=1e-9)     # rounding only: see the module docstring
+EXACT: dict[str, Any] = dict(rel=1e-9)     # rounding only: see the module docstring
 SIZE = 1 << 26             # bytes per rank
 
 
@@ -78,7 +78,7 @@ def oracle_disconnected(g, failed: set, ranks: list[tuple[str, int]]) -> set[tup
         for b in ranks:
             if a[0] == b[0]:
                 continue
-            if not any(nx.has_path(planes[p], leaf[(*a, p)], leaf[(*b, p)]) for p in range(s.planes)):
+            if not any(nx.has_path(planes[p], leaf[(a[0], a[1], p)], leaf[(b[0], b[1], p)]) for p in range(s.planes)):
                 out.add((a, b))
     return out
 
@@ -322,6 +322,7 @@ def test_every_ecmp_path_runs_over_live_links_from_leaf_to_leaf_without_revisiti
                         continue
                     for _ in range(8):               # several hash outcomes per pair
                         path = net.ecmp_path(a, b, rnd)
+                        assert path is not None
                         hops = [net.link_ends(i) for i in path]
                         assert not dead.intersection(path), (link, a, b, hops)
                         assert [u for u, _ in hops] + [hops[-1][1]] == [a, *[v for _, v in hops]], hops
@@ -341,7 +342,7 @@ def test_reachability_under_several_failures_is_the_valley_free_oracles_and_neve
     for _ in range(30):
         failed = set(rnd.sample(links, 3))
         net = model.Network(g, failed)
-        failures = C.Failures.of(failed)
+        failures = compiler.Failures.of(failed)
         for plane, leaves in planes.items():
             h = plane_graph(g, plane, failed)
             for a in leaves:
@@ -394,7 +395,7 @@ def test_a_failed_host_link_moves_that_nics_connections_to_its_other_plane():
 def test_per_flow_hashing_collides_and_loses_to_spraying():
     g = fabric("alibaba-hpn")
     net = model.Network(g)
-    kw = dict(placement="random", qps=4, network=net, hosts=256)
+    kw: dict[str, Any] = dict(placement="random", qps=4, network=net, hosts=256)
     ecmp = model.run_collective(g, "permutation", 1 << 26, routing="ecmp", **kw)
     spray = model.run_collective(g, "permutation", 1 << 26, routing="spray", **kw)
     assert ecmp.busbw_gbs < spray.busbw_gbs

@@ -82,8 +82,9 @@ def test_run_pipeline_writes_tables_json_and_plots(mini_hpn, tmp_path):
 def test_a_rank_killed_on_an_emulated_host_stops_the_others(mini_hpn):
     plan = Plan(collectives="all_reduce", transports="roce", ranks=4, sizes="1M", iterations=20)
     [job] = plan.jobs_on(mini_hpn.graph)[Run("all_reduce", "roce", "flow")]
+    assert job.labels is not None
     spawner = ranks.EmulationSpawner(mini_hpn, {0: job.labels})
-    pids = []
+    pids: list[int] = []
 
     def on_started(popens):
         pids.extend(p.pid for p in popens)

@@ -69,7 +69,7 @@ def test_collective_over_loopback_verifies_every_element_and_reports_nccl_tests_
     moved = sum(f.get("bytes", 0) for f in result["flows"] if "bytes" in f)
     iterations = plan.iterations + plan.warmup
     need = 0
-    for size in plan.sizes:
+    for size in plan.size_list:
         sched = col.build(collective, n, size)
         modes = 2 if sched.has_inplace else 1
         need += modes * iterations * sum(sched.bytes_sent(r) for r in range(n))

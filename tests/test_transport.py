@@ -288,7 +288,7 @@ def test_adaptive_entropy_is_a_hook_that_says_so():
 
 
 def test_entropy_names_are_the_keys_of_the_one_policy_table():
-    assert ENTROPIES == tuple(ENTROPY_POLICIES)
+    assert tuple(ENTROPY_POLICIES) == ENTROPIES
     assert all(ENTROPY_POLICIES[name].name == name for name in ENTROPIES)
     assert {FlowEntropy.name, SprayEntropy.name, AdaptiveEntropy.name} == set(ENTROPIES)
 
@@ -316,7 +316,7 @@ def test_tcp_reports_a_peer_that_closes_mid_run():
         t.close()
         return None
 
-    with pytest.raises(PeerLost, match="rank 1 .* closed the connection"):
+    with pytest.raises(PeerLost, match=r"rank 1 .* closed the connection"):
         _run_both(t0, t1, lambda t: t.exchange([], [(1, 10)]), quitter)
     t0.close()
 

@@ -97,7 +97,7 @@ def shaping_ratios(emu, repeat: int, seconds: float = 3.0) -> None:
     from hpnlab.fabric.mn import emulated_mbps
 
     rate = emulated_mbps(emu.scenario, emu.scenario.host_rate_gbps)
-    rows = {"tcp h1->h2": [], "udp 3x h3->h4": []}
+    rows: dict[str, list[float]] = {"tcp h1->h2": [], "udp 3x h3->h4": []}
     load = [os.getloadavg()[0]]
     for _ in range(repeat):
         rows["tcp h1->h2"].append(iperf3(emu, "h1", "h2", plane=0, seconds=seconds)["received_mbps"] / rate)

@@ -82,7 +82,7 @@ def failures(presets: list[str], trials: int) -> None:
         g = graph.build(spec.load(name))
         links = [(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
         n = len(graph.hosts(g)) * g.graph["scenario"].rails
-        stalled = {routing: 0 for routing in model.ROUTINGS}
+        stalled = dict.fromkeys(model.ROUTINGS, 0)
         for link in links:
             for routing in model.ROUTINGS:
                 r = model.run_collective(g, "all_to_all", 1 << 20, routing=routing, failed={link}, qps=4,

@@ -80,7 +80,7 @@ def cmd_doctor(args) -> int:
         est = sizing.estimate(g, caps.cpus)
     if args.json:
         print(json.dumps({"capabilities": caps.as_dict(),
-                          "findings": [dict(zip(("status", "item", "meaning", "fix"), r)) for r in rows],
+                          "findings": [dict(zip(("status", "item", "meaning", "fix"), r, strict=True)) for r in rows],
                           "estimate": est}, indent=1))
         return 0
     print(f"machine: {caps.cpus} cores, {caps.mem_gib:g} GiB, kernel {caps.kernel}")

@@ -45,7 +45,8 @@ def register(sub) -> None:
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
-                   iters=DEFAULTS.iterations, minbytes=str(min(DEFAULTS.sizes)), maxbytes=str(max(DEFAULTS.sizes)),
+                   iters=DEFAULTS.iterations,
+                   minbytes=str(min(DEFAULTS.size_list)), maxbytes=str(max(DEFAULTS.size_list)),
                    no_inplace=not DEFAULTS.inplace)
     for action in p._actions:                      # comma lists instead of single choices
         if action.dest in ("transport", "entropy"):

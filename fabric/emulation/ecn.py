@@ -44,9 +44,10 @@ import shutil
 import socket
 import struct
 import subprocess
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..errors import UserError
 from .state import RUN_DIR, all_runs
@@ -202,7 +203,7 @@ class EcnStage:
 
     # -- set-up by the harness -------------------------------------------------------
     @classmethod
-    def for_emulation(cls, emu, mechanism: str) -> "EcnStage":
+    def for_emulation(cls, emu, mechanism: str) -> EcnStage:
         from .shaping import Shape
         mtu = emu.scenario.emulation.mtu
         ports = {}
@@ -227,7 +228,7 @@ class EcnStage:
             for port in ports.values():
                 kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
                 stage._write_cfg(port, kmin, kmax, pmax, True)
-                stage._state.update(port.ifindex, (0,) * 10)
+                stage._maps()[1].update(port.ifindex, (0,) * 10)
             lines = []
             for intf in ports:
                 lines.append(f"qdisc add dev {intf} clsact")
@@ -248,7 +249,7 @@ class EcnStage:
         return stage
 
     @classmethod
-    def open(cls, run_id: str | None = None) -> "EcnStage":
+    def open(cls, run_id: str | None = None) -> EcnStage:
         """The ECN stage of a live run (the only one, or ``run_id``), from another process."""
         runs = [r for r in all_runs() if (run_id is None or r.run_id == run_id) and r.owner_alive()]
         if not runs:
@@ -266,6 +267,12 @@ class EcnStage:
         return f"{self.mechanism} on {len(self.ports)} switch egress ports; " + "; ".join(parts)
 
     # -- thresholds --------------------------------------------------------------------------
+    def _maps(self) -> tuple[BpfMap, BpfMap]:
+        """The pinned (config, state) maps of the eBPF marker (only that mechanism has them)."""
+        if self._cfg is None or self._state is None:
+            raise UserError(f"the {self.mechanism} ECN stage has no eBPF maps")
+        return self._cfg, self._state
+
     def _select(self, ports: Iterable[str] | str | None) -> list[EcnPort]:
         if ports is None:
             return list(self.ports.values())
@@ -280,7 +287,7 @@ class EcnStage:
 
     def _write_cfg(self, port: EcnPort, kmin: int, kmax: int, pmax: float, enabled: bool) -> None:
         rate_bps = int(port.rate_mbps * 1e6 / 8)
-        self._cfg.update(port.ifindex, (rate_bps, int(kmin), int(kmax), int(round(pmax * PMAX_ONE)),
+        self._maps()[0].update(port.ifindex, (rate_bps, int(kmin), int(kmax), round(pmax * PMAX_ONE),
                                         int(port.limit_bytes), 1 if enabled else 0, 0))
 
     def _apply_red(self, port: EcnPort, kmin: int, kmax: int, pmax: float, verb: str) -> None:
@@ -311,7 +318,10 @@ class EcnStage:
         p = self._select(port)[0]
         if self.mechanism == "red":
             return dict(self._red[p.intf])
-        rate, kmin, kmax, pmax, limit, enabled, _ = self._cfg.lookup(p.ifindex)
+        values = self._maps()[0].lookup(p.ifindex)
+        if values is None:
+            raise UserError(f"no ECN configuration for {p.intf} in the marker's map")
+        rate, kmin, kmax, pmax, limit, enabled, _ = values
         return {"kmin": kmin, "kmax": kmax, "pmax": pmax / PMAX_ONE, "enabled": bool(enabled),
                 "rate_bytes_per_s": rate, "limit_bytes": limit}
 
@@ -336,17 +346,16 @@ class EcnStage:
     # -- counters --------------------------------------------------------------------------------
     def counters(self, ports: Iterable[str] | str | None = None) -> dict[str, dict[str, Any]] | dict[str, Any]:
         """Counters of one port (a dict) when ``ports`` is one name, else {intf: counters}."""
-        single = isinstance(ports, str)
         out = {}
         for p in self._select(ports):
             if self.mechanism == "red":
                 out[p.intf] = self._red_counters(p)
             else:
-                vals = self._state.lookup(p.ifindex) or (0,) * 10
+                vals = self._maps()[1].lookup(p.ifindex) or (0,) * 10
                 _, _, queue, _, nbytes, packets, ect, marked, seen, maxq = vals
                 out[p.intf] = {"bytes": nbytes, "packets": packets, "ect": ect, "ce_marked": marked,
                                "ce_seen": seen, "queue_bytes": queue, "max_queue_bytes": maxq}
-        return out[ports] if single else out
+        return out[ports] if isinstance(ports, str) else out
 
     def _red_counters(self, p: EcnPort) -> dict[str, Any]:
         r = subprocess.run(["tc", "-s", "-j", "qdisc", "show", "dev", p.intf], capture_output=True, text=True)
@@ -361,7 +370,7 @@ class EcnStage:
         if self.mechanism != "bpf":
             raise UserError("counters of RED cannot be reset (they are the qdisc's own)")
         for p in self._select(ports):
-            self._state.update(p.ifindex, (0,) * 10)
+            self._maps()[1].update(p.ifindex, (0,) * 10)
 
     def close(self) -> None:
         for m in (self._cfg, self._state):

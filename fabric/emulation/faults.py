@@ -9,13 +9,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import networkx as nx
 
 from ..errors import UserError
-from ..mn import switch_intf_name
+from ..graph import intf_name
 
 #: (node, interface name): one end of a link
 End = tuple[str, str]
@@ -31,7 +32,7 @@ def link_ends(graph: nx.MultiGraph, u: str, v: str, key: int | None = None, scen
     out: list[End] = []
     for k in ([key] if key is not None else list(data)):
         ports = data[k]["ports"]
-        out += [(u, switch_intf_name(u, ports[u])), (v, switch_intf_name(v, ports[v]))]
+        out += [(u, intf_name(u, ports[u])), (v, intf_name(v, ports[v]))]
     return out
 
 

@@ -14,8 +14,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .. import graph as fgraph
 from .. import kernel, spec
@@ -59,7 +60,7 @@ class Emulation:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
             self.scenario = scenario if not overrides else spec.from_dict(
-                spec._merge(spec.to_dict(scenario), overrides), scenario.source)
+                spec.deep_merge(spec.to_dict(scenario), overrides), scenario.source)
         else:
             self.scenario = spec.load(scenario, overrides or {})
         if placement not in PLACEMENTS:
@@ -116,7 +117,7 @@ class Emulation:
         return self.caps
 
     # -- context manager --------------------------------------------------------------
-    def __enter__(self) -> "Emulation":
+    def __enter__(self) -> Emulation:
         self.start()
         return self
 
@@ -129,7 +130,7 @@ class Emulation:
         return caps
 
     # -- start: the order of things -----------------------------------------------------
-    def start(self) -> "Emulation":
+    def start(self) -> Emulation:
         t0 = time.monotonic()
         self.caps = self.preflight()
         self._lock.acquire(f"scenario {self.scenario.name}", self.lock_wait_s)
@@ -400,7 +401,7 @@ class Emulation:
                     if shell is not None:
                         try:
                             shell.wait(timeout=1)
-                        except Exception:  # noqa: BLE001
+                        except Exception:
                             pass
         finally:
             if self._old_env is None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import subprocess
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, ClassVar
 
 import networkx as nx
 
 from .. import spec
-from ..mn import emulated_delay_us, emulated_mbps, host_interfaces, switch_intf_name
+from ..graph import intf_name
+from ..mn import emulated_delay_us, emulated_mbps, host_interfaces
 from . import ovsdb, shaping
 from .state import RunState
 
@@ -89,7 +91,7 @@ def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda 
             if graph.nodes[a]["tier"] == 0:
                 continue
             port = d["ports"][a]
-            out.append({"switch": a, "port": port, "intf": switch_intf_name(a, port), "peer": b,
+            out.append({"switch": a, "port": port, "intf": intf_name(a, port), "peer": b,
                         "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
                         "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
                         "local": is_local(a)})
@@ -133,7 +135,7 @@ def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False
     from mininet.node import Host, OVSSwitch
 
     class HpnlabHost(Host):
-        def startShell(self, *args, **kwargs):  # noqa: N802 - Mininet's name
+        def startShell(self, *args, **kwargs):
             super().startShell(*args, **kwargs)
             if not getattr(self, "isRemote", False):  # a remote pid means nothing here
                 state.add_pid(self.pid, f"host {self.name}", hard=True)
@@ -152,22 +154,22 @@ def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False
 
     class HpnlabSwitch(OVSSwitch):
         """OVSSwitch whose bridge is marked as ours and which talks to our controller."""
-        targets: list = []
+        targets: ClassVar[list] = []
 
         def __init__(self, name, **params):
             params.setdefault("datapath", datapath)
             params.setdefault("protocols", "OpenFlow13")
             super().__init__(name, **params)
 
-        def startShell(self, *args, **kwargs):  # noqa: N802 - Mininet's name
+        def startShell(self, *args, **kwargs):
             super().startShell(*args, **kwargs)
             if not getattr(self, "isRemote", False):
                 state.add_pid(self.pid, f"switch shell {self.name}", hard=True)
 
-        def bridgeOpts(self):  # noqa: N802 - Mininet's name
+        def bridgeOpts(self):
             return super().bridgeOpts() + f" external_ids:{ovsdb.OVS_MARK}={state.run_id}"
 
-        def intfOpts(self, intf):  # noqa: N802 - Mininet's name
+        def intfOpts(self, intf):
             opts = super().intfOpts(intf)
             if mtu != 1500:
                 opts += f" mtu_request={mtu}"
@@ -195,10 +197,10 @@ def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False
         """A switch placed on a cluster server; its bridge is marked and talks to our controller."""
 
         @classmethod
-        def batchStartup(cls, switches, **_kwargs):  # noqa: N802 - Mininet's name
+        def batchStartup(cls, switches, **_kwargs):
             # one ovs-vsctl per server; locally without a shell (see ``script``: a pty truncates long lines)
-            for server, group in groupby(sorted(switches, key=attrgetter("server")), attrgetter("server")):
-                group = tuple(group)
+            for server, members in groupby(sorted(switches, key=attrgetter("server")), attrgetter("server")):
+                group = tuple(members)
                 run = errRun if server == "localhost" else group[0].rcmd
                 OVSSwitch.batchStartup(group, run=run)
             return switches

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 OVS_MARK = "hpnlab-run"
 

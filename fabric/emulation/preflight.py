@@ -12,7 +12,8 @@ import networkx as nx
 from .. import graph as fgraph
 from .. import kernel, spec
 from ..errors import UserError
-from ..mn import emulated_delay_us, switch_intf_name
+from ..graph import intf_name
+from ..mn import emulated_delay_us
 from ..sizing import check_fits, has_loops
 from . import ovsdb
 from .controller_process import port_free
@@ -22,7 +23,7 @@ CONTROLLERS = ("hpnlab", "none")
 
 def planned_root_interfaces(graph: nx.MultiGraph) -> list[str]:
     """Every interface name the links will create (both ends, as Mininet names them)."""
-    return [switch_intf_name(node, d["ports"][node]) for u, v, d in graph.edges(data=True) for node in (u, v)]
+    return [intf_name(node, d["ports"][node]) for u, v, d in graph.edges(data=True) for node in (u, v)]
 
 
 def check_names_free(graph: nx.MultiGraph) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from typing import Any, Iterable, NamedTuple
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import networkx as nx
 

@@ -30,9 +30,10 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import UserError
 from . import ovsdb
@@ -145,7 +146,7 @@ class RunState:
     notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def new(cls, scenario: str) -> "RunState":
+    def new(cls, scenario: str) -> RunState:
         run_id = _dt.datetime.now().strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
         state = cls(run_id=run_id, owner_pid=os.getpid(), owner_start=_pid_start(os.getpid()),
                     scenario=scenario)
@@ -202,7 +203,7 @@ class RunState:
         return pid_alive(self.owner_pid, self.owner_start)
 
     @classmethod
-    def load(cls, path: Path) -> "RunState":
+    def load(cls, path: Path) -> RunState:
         data = json.loads(path.read_text())
         data.setdefault("empty_dirs", [])
         return cls(**data)

@@ -27,9 +27,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -87,7 +88,7 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
                 raise UserError(f"{where}: there is no link between {u} and {v}")
             if key is not None and key not in data_uv:
                 raise UserError(f"{where}: link {u}-{v} has no parallel link {key} (has {sorted(data_uv)})")
-            target = (u, v)
+            target: tuple[str, ...] = (u, v)
         else:
             sw = item.get("switch")
             if sw not in graph or graph.nodes[sw]["tier"] == 0:
@@ -157,7 +158,7 @@ def _realtime():
 def _run(emu, events, log, stop) -> list[dict[str, Any]]:
     t0 = time.monotonic()
     wall0 = time.time()
-    records = []
+    records: list[dict[str, Any]] = []
     for ev in events:
         while True:
             left = ev.at - (time.monotonic() - t0)
@@ -192,10 +193,10 @@ class Runner:
     def _run(self) -> None:
         try:
             self.records = run(self.emu, self.events, self.log, self._stop)
-        except BaseException as exc:  # noqa: BLE001 - reported by join()
+        except BaseException as exc:
             self.error = exc
 
-    def start(self) -> "Runner":
+    def start(self) -> Runner:
         self._thread.start()
         return self
 

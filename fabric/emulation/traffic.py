@@ -29,7 +29,7 @@ def iperf3(emu, src: str, dst: str, *, plane: int = 0, seconds: float = 3.0, udp
         else:
             cmd += ["-O", str(omit)]
         client = emu.popen(src, cmd)
-        out, err = client.communicate(timeout=seconds + omit + 20)
+        out, _ = client.communicate(timeout=seconds + omit + 20)
         data = json.loads(out.decode() or "{}")
         if "error" in data:
             raise RuntimeError(f"iperf3 {src}->{dst}: {data['error']}")
@@ -49,5 +49,5 @@ def iperf3(emu, src: str, dst: str, *, plane: int = 0, seconds: float = 3.0, udp
             server.terminate()
         try:
             server.wait(timeout=3)
-        except Exception:  # noqa: BLE001
+        except Exception:
             server.kill()

@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
@@ -68,7 +69,7 @@ def recv(bind: str, port: int, seconds: float) -> dict:
     while time.monotonic() < end:
         try:
             data, anc, _, _ = s.recvmsg(65536, socket.CMSG_SPACE(4))
-        except socket.timeout:
+        except TimeoutError:
             continue
         counts["packets"] += 1
         counts["bytes"] += len(data)
@@ -106,7 +107,7 @@ def probe(plan: dict) -> dict:
         for key, _ in sel.select(timeout):
             while True:
                 try:
-                    _, (peer, peer_port) = key.fileobj.recvfrom(2048)
+                    _, (peer, peer_port) = cast(socket.socket, key.fileobj).recvfrom(2048)
                 except BlockingIOError:
                     break
                 received.add((peer, peer_port, key.data))

@@ -7,8 +7,9 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from . import nodes, reachability
 
@@ -35,7 +36,7 @@ def ping(host_popen: Callable[..., subprocess.Popen], run_dir: Path, pairs: list
     by_src: dict[str, list[PairT]] = defaultdict(list)
     for pair in pairs:
         by_src[pair[0]].append(pair)
-    wait = max(1, int(round(timeout_s)))
+    wait = max(1, round(timeout_s))
     procs = [host_popen(src, nodes.script(run_dir / f"ping-{src}.sh",
                                           reachability.ping_lines(plist, count, wait, batch)))
              for src, plist in by_src.items()]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES
 
-__all__ = ["ENTROPIES", "ENTROPY_POLICIES", "PeerLost", "TRANSPORTS", "Transport", "TransportError", "make"]
+__all__ = ["ENTROPIES", "ENTROPY_POLICIES", "TRANSPORTS", "PeerLost", "Transport", "TransportError", "make"]
 
 TRANSPORTS = ("tcp", "roce")
 ENTROPIES: tuple[str, ...] = tuple(ENTROPY_POLICIES)

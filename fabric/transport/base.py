@@ -29,7 +29,21 @@ class Transport:
             self.exchange([(0, token)], [])
             self.exchange([], [(0, 1)])
 
-    def exchange(self, sends, recvs):  # pragma: no cover - interface
+    def start(self) -> None:  # pragma: no cover - interface
+        """Connect to every peer (before the first exchange)."""
+        raise NotImplementedError
+
+    def info(self) -> dict:  # pragma: no cover - interface
+        """What this transport is and how it is configured (for the results' metadata)."""
+        raise NotImplementedError
+
+    def exchange(self, sends, recvs, wait_sends: bool = True):  # pragma: no cover - interface
+        """Send ``(peer, bytes)`` and receive ``(peer, nbytes)`` in one step; with
+        ``wait_sends=False`` the sends may still be in flight on return (see ``flush``)."""
+        raise NotImplementedError
+
+    def flush(self) -> None:  # pragma: no cover - interface
+        """Wait until every send handed to ``exchange`` has been delivered."""
         raise NotImplementedError
 
     def flow_stats(self) -> list[dict]:  # pragma: no cover - interface

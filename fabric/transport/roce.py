@@ -41,6 +41,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES, FlowEntropy
@@ -95,8 +96,19 @@ class DcqcnParams:
 
 class Dcqcn:
     """Rate state of one flow (current rate rc, target rt, alpha), driven by CNPs and timers."""
-    __slots__ = ("p", "rc", "rt", "alpha", "cnp_in_period", "alpha_t", "rate_t", "bytes",
-                 "timer_events", "byte_events", "cuts")
+    __slots__ = (
+        "alpha",
+        "alpha_t",
+        "byte_events",
+        "bytes",
+        "cnp_in_period",
+        "cuts",
+        "p",
+        "rate_t",
+        "rc",
+        "rt",
+        "timer_events",
+    )
 
     def __init__(self, p: DcqcnParams, now: float):
         self.p = p
@@ -160,21 +172,45 @@ class Dcqcn:
 # ---- per-flow state ----------------------------------------------------------------------
 
 class _TxFlow:
-    __slots__ = ("dst", "hash", "queue", "cur", "cur_off", "psn", "una", "unacked", "retx",
-                 "msg_next", "msg_last_psn", "done_msgs", "next_t", "dcqcn", "last_progress",
-                 "rto", "srtt", "rttvar", "stats", "samples", "acked_bytes", "last_sample",
-                 "seq", "gbn_resend_to", "min_rtt", "window")
+    __slots__ = (
+        "acked_bytes",
+        "cur",
+        "cur_off",
+        "dcqcn",
+        "done_msgs",
+        "dst",
+        "gbn_resend_to",
+        "hash",
+        "last_progress",
+        "last_sample",
+        "min_rtt",
+        "msg_last_psn",
+        "msg_next",
+        "next_t",
+        "psn",
+        "queue",
+        "retx",
+        "rto",
+        "rttvar",
+        "samples",
+        "seq",
+        "srtt",
+        "stats",
+        "una",
+        "unacked",
+        "window",
+    )
 
     def __init__(self, src, dst, now, dcqcn):
         self.dst = dst
         self.hash = zlib.crc32(struct.pack("!HH", src, dst))
-        self.queue = deque()          # (msg_id, memoryview)
+        self.queue: deque[tuple[int, memoryview]] = deque()          # (msg_id, memoryview)
         self.cur = None
         self.cur_off = 0
         self.psn = 0
         self.una = 0
         self.unacked = {}             # psn -> [msg_id, off, mlen, view, sent_t, path, retx]
-        self.retx = deque()
+        self.retx: deque[Any] = deque()
         self.msg_next = 0
         self.msg_last_psn = {}        # msg id -> last psn (set when fully packetised)
         self.done_msgs = set()
@@ -196,10 +232,27 @@ class _TxFlow:
 
 
 class _RxFlow:
-    __slots__ = ("src", "expected", "ooo", "msgs", "complete", "deliver_next", "ready",
-                 "ack_due", "ack_path", "ack_ts", "last_cnp", "last_nack", "stats", "plane",
-                 "hole_psn", "hole_since", "reorder_time",
-                 "pending", "ack_at")
+    __slots__ = (
+        "ack_at",
+        "ack_due",
+        "ack_path",
+        "ack_ts",
+        "complete",
+        "deliver_next",
+        "expected",
+        "hole_psn",
+        "hole_since",
+        "last_cnp",
+        "last_nack",
+        "msgs",
+        "ooo",
+        "pending",
+        "plane",
+        "ready",
+        "reorder_time",
+        "src",
+        "stats",
+    )
 
     def __init__(self, src):
         self.src = src
@@ -208,7 +261,7 @@ class _RxFlow:
         self.msgs = {}                # msg id -> [bytearray, received bytes]
         self.complete = {}            # msg id -> bytearray (complete, not yet delivered)
         self.deliver_next = 0
-        self.ready = deque()          # delivered in order, waiting for a posted receive
+        self.ready: deque[Any] = deque()          # delivered in order, waiting for a posted receive
         self.ack_due = False
         self.pending = 0              # packets received since the last ACK
         self.hole_psn = -1            # the missing PSN being timed, and since when

@@ -51,8 +51,20 @@ def tcp_info(sock: socket.socket) -> dict:
 
 
 class _Conn:
-    __slots__ = ("peer", "sock", "addr", "out", "out_pos", "inq", "cur", "cur_pos", "hdr",
-                 "sent_bytes", "samples", "last_sample")
+    __slots__ = (
+        "addr",
+        "cur",
+        "cur_pos",
+        "hdr",
+        "inq",
+        "last_sample",
+        "out",
+        "out_pos",
+        "peer",
+        "samples",
+        "sent_bytes",
+        "sock",
+    )
 
     def __init__(self, peer, sock, addr):
         self.peer, self.sock, self.addr = peer, sock, addr

@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import graph as fgraph
 
 pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
@@ -67,7 +67,7 @@ def flow_count(bridge: str) -> int:
 
 
 def expected_counts(emu, failures=None) -> dict[str, int]:
-    states = C.compile_fabric(emu.graph, failures, "aggregate")
+    states = compiler.compile_fabric(emu.graph, failures, "aggregate")
     return {sw: states[sw].flow_count for sw in fgraph.switches(emu.graph)}
 
 
@@ -147,7 +147,7 @@ def test_installed_flow_counts_equal_the_compilers(emu):
 
 
 def test_a_link_taken_down_keeps_every_pair_reachable(emu):
-    failures = C.Failures.of([("p0l0", "p0s0", 0)])
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
     normal, degraded = expected_counts(emu), expected_counts(emu, failures)
     changed = {sw: n for sw, n in degraded.items() if n != normal[sw]}   # the switches that must react
     assert changed

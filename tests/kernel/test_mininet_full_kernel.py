@@ -70,6 +70,7 @@ def red_stats(sw, intf: str) -> dict:
     m = re.search(r"qdisc red 6:.*?backlog (\d+)b.*?marked (\d+) early (\d+) pdrop (\d+)", out, re.S)
     assert m, f"no RED qdisc on {intf}:\n{out}"
     params = re.search(r"qdisc red 6:.*?min (\S+) max (\S+)(.*)", out)
+    assert params, f"no RED parameters on {intf}:\n{out}"
     return {"backlog": int(m.group(1)), "marked": int(m.group(2)), "early": int(m.group(3)),
             "pdrop": int(m.group(4)), "min": params.group(1), "max": params.group(2),
             "ecn": " ecn" in params.group(3), "text": out}
