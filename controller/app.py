@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
@@ -32,8 +33,20 @@ from hpnlab.fabric.addressing import ip_str
 
 from . import compiler as C
 from . import reconcile as R
-from .ofp import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, BaseApp, arp, ether_types,
-                  ethernet, hub, ofp_event, ofproto_v1_3, packet, set_ev_cls)
+from .ofp import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    BaseApp,
+    arp,
+    ether_types,
+    ethernet,
+    hub,
+    ofp_event,
+    ofproto_v1_3,
+    packet,
+    set_ev_cls,
+)
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
@@ -46,7 +59,8 @@ LOG = logging.getLogger("hpnlab.controller")
 def _config() -> dict:
     scenario = os.environ.get("HPNLAB_SCENARIO")
     if not scenario:
-        raise RuntimeError("HPNLAB_SCENARIO is not set: start the controller with 'python -m hpnlab.controller SCENARIO'")
+        raise RuntimeError("HPNLAB_SCENARIO is not set: "
+                           "start the controller with 'python -m hpnlab.controller SCENARIO'")
     sets = [s for s in os.environ.get("HPNLAB_SET", "").splitlines() if s.strip()]
     return {"scenario": scenario, "overrides": fspec.parse_overrides(sets),
             "policy": os.environ.get("HPNLAB_POLICY", "aggregate"),
@@ -160,7 +174,7 @@ class HpnController(BaseApp):
         self.graph = fgraph.build(self.scenario)
         self.index = C.index_of(self.graph)
         self.reconciler = R.Reconciler(self.graph, self.policy)
-        self.datapaths: dict[str, object] = {}          # switch name -> connected datapath
+        self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
         try:

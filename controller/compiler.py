@@ -53,10 +53,11 @@ from __future__ import annotations
 import gc
 import socket
 import zlib
-from functools import lru_cache
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from functools import lru_cache
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -91,10 +92,11 @@ class Flow(NamedTuple):
     hosts: tuple | None = None
 
     @property
-    def count(self) -> int:
+    def entry_count(self) -> int:
+        """How many OpenFlow entries this value stands for."""
         return 1 if self.hosts is None else len(self.hosts)
 
-    def expand(self) -> Iterator["Flow"]:
+    def expand(self) -> Iterator[Flow]:
         if self.hosts is None:
             yield self
             return
@@ -115,11 +117,11 @@ class SwitchState:
 
     @property
     def flow_count(self) -> int:
-        return sum(f.count for f in self.flows)
+        return sum(f.entry_count for f in self.flows)
 
     @property
     def route_count(self) -> int:
-        return sum(f.count for f in self.flows if f.table == TABLE_ROUTE)
+        return sum(f.entry_count for f in self.flows if f.table == TABLE_ROUTE)
 
     def expanded(self) -> dict:
         """{flow key: actions} of every concrete OpenFlow flow (what a switch would hold)."""
@@ -137,8 +139,8 @@ class Failures:
     switches: frozenset = frozenset()
 
     @staticmethod
-    def of(links: Iterable = (), switches: Iterable = ()) -> "Failures":
-        return Failures(frozenset(link_id(*l) for l in links), frozenset(switches))
+    def of(links: Iterable = (), switches: Iterable = ()) -> Failures:
+        return Failures(frozenset(link_id(*link) for link in links), frozenset(switches))
 
     def __bool__(self) -> bool:
         return bool(self.links or self.switches)
@@ -176,7 +178,7 @@ class _Sw:
     dpid: int
     tier: int
     plane: int
-    pod: object            # (campus, pod) or None for cores
+    pod: tuple | None      # (campus, pod) or None for cores
     down: list = field(default_factory=list)     # (port, neighbour, link id)
     up: list = field(default_factory=list)
     lateral: list = field(default_factory=list)
@@ -236,7 +238,9 @@ class FabricIndex:
         self.planes: dict[int, list[_Sw]] = {}
         for sw in self.sw.values():
             sw.hosts.sort()
-            sw.up.sort(); sw.down.sort(); sw.lateral.sort()
+            sw.up.sort()
+            sw.down.sort()
+            sw.lateral.sort()
             self.planes.setdefault(sw.plane, []).append(sw)
         # host addresses of each leaf: shared by every compact host-route block
         self.leaf_hosts = {sw.name: tuple(h.ip for h in sw.hosts) for sw in self.sw.values() if sw.tier == 1}
@@ -332,12 +336,12 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
         pod_spines.setdefault(s.pod, []).append(s.name)
     spine_cores = {s.name: frozenset(n for _, n in up[s.name]) for s in spines}
     has_cores = bool(cores)
-    leaf_pods = sorted({x.pod for x in leaves})
+    leaf_pods = sorted({x.pod for x in leaves if x.pod is not None})
 
     full: dict[str, dict[str, tuple]] = {s.name: {} for s in spines + cores}
     leaf_groups: dict = {pod: {} for pod in leaf_pods}   # pod -> {spine-distance signature: [d, ...]}
     sig_dist: dict = {}                              # signature -> {spine: distance}
-    memo_sw: dict = {}
+    memo_sw: dict[tuple, tuple] = {}
     for d in all_leaves:
         dn = d.name
         spines_above = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
@@ -360,28 +364,29 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
             leaf_groups[pod].setdefault(sig, []).append(dn)
         for s in spines:
             ds = dist.get(s.name)
+            act: tuple | None
             if ds == 1:
                 act = down_to[s.name].get(dn, DROP)
             elif ds == 3 or ds == 4:
                 target = cores_above if ds == 3 else far_cores
-                key = (s.name, target)
-                act = memo_sw.get(key)
+                memo_key: tuple = (s.name, target)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in target))
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in up[s.name] if n in target))
             else:
                 act = DROP
             full[s.name][dn] = act
         for c in cores:
             if c.name in cores_above:
-                key = (c.name, "down", spines_above)
-                act = memo_sw.get(key)
+                memo_key = (c.name, "down", spines_above)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in down[c.name] if n in spines_above))
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in down[c.name] if n in spines_above))
             elif c.name in far_cores:
-                key = (c.name, "lat", cores_above)
-                act = memo_sw.get(key)
+                memo_key = (c.name, "lat", cores_above)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in lat[c.name] if n in cores_above))
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in lat[c.name] if n in cores_above))
             else:
                 act = DROP
             full[c.name][dn] = act
@@ -389,12 +394,12 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
     result: dict[str, tuple[tuple, dict]] = {}
     shared: dict = {}     # switches with identical tables (e.g. the spines of a pod) share one value
     for name, acts in full.items():
-        key = tuple(acts.values())
-        value = shared.get(key)
+        table_actions = tuple(acts.values())
+        value = shared.get(table_actions)
         if value is None:
-            counts = Counter(key)
-            default = _pick(counts, DROP) if counts else DROP
-            value = shared[key] = (default, {d: a for d, a in acts.items() if a != default})
+            action_counts = Counter(table_actions)
+            default = _pick(action_counts, DROP) if action_counts else DROP
+            value = shared[table_actions] = (default, {d: a for d, a in acts.items() if a != default})
         result[name] = value
     # leaves: one action per signature group, towards the nearest spines on live uplinks
     for x in leaves:
@@ -513,7 +518,7 @@ def _compress(tree: _Tree, default: tuple, exceptions: Mapping[str, tuple], forc
     return routes
 
 
-def _scope(ix: FabricIndex, sw: "_Sw") -> dict:
+def _scope(ix: FabricIndex, sw: _Sw) -> dict:
     """Levels a switch drops unless a more specific route says otherwise (see _compress)."""
     if sw.tier == 1:
         return {("leaf", sw.name): DROP}
@@ -727,7 +732,7 @@ def deaggregated(states: Mapping[str, SwitchState], healthy: Mapping[str, Switch
     for name, st in states.items():
         base = healthy.get(name)
         keys = {f.key() for f in base.flows if f.table == TABLE_ROUTE} if base else set()
-        n += sum(f.count for f in st.flows if f.table == TABLE_ROUTE and f.key() not in keys)
+        n += sum(f.entry_count for f in st.flows if f.table == TABLE_ROUTE and f.key() not in keys)
     return n
 
 

@@ -36,9 +36,9 @@ the confirmed state, so a new event in between simply changes the target.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
-from typing import Iterable, Mapping, Union
 
 import networkx as nx
 
@@ -110,7 +110,7 @@ class FlowStatsReply:
     more: bool = False
 
 
-Event = Union[SwitchUp, SwitchDown, PortStatus, BarrierReply, Error, Tick, FlowStatsReply]
+Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply
 
 
 # ---- messages (out) ------------------------------------------------------------------------
@@ -151,7 +151,7 @@ class FlowStatsRequest:
     xid: int
 
 
-Message = Union[FlowMod, WipeTables, Barrier, FlowStatsRequest]
+Message = FlowMod | WipeTables | Barrier | FlowStatsRequest
 
 
 # ---- flows as tables ---------------------------------------------------------------------
@@ -271,7 +271,7 @@ def plan_step(ix: C.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Ma
                 for other in by_switch.get(peer, ()):
                     if address in touched.get(other, ()):
                         deps[it].add(other)
-    for sw, its in by_switch.items():
+    for its in by_switch.values():
         routes = [it for it in its if it.key[0] != C.TABLE_ENTROPY]
         for it in its:
             if it.key[0] == C.TABLE_ENTROPY and it.actions is None:

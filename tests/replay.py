@@ -16,8 +16,8 @@ whether the state is acceptable.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import networkx as nx
 
@@ -55,7 +55,7 @@ class Counts:
     walks: int = 0                  # walks actually run (a walk not crossing the changed switch is reused)
     problems: list = field(default_factory=list)
 
-    def add(self, other: "Counts") -> None:
+    def add(self, other: Counts) -> None:
         self.events += other.events
         self.states += other.states
         self.pair_branches += other.pair_branches
