@@ -55,8 +55,11 @@ FlowTable = dict         # {FlowKey: Actions}: one switch's flows
 
 @dataclass(frozen=True)
 class SwitchUp:
-    """A switch connected (or reconnected): it is wiped and gets its whole state."""
+    """A switch connected (or reconnected): it is wiped and gets its whole state. ``ports``
+    (port -> up), when known; otherwise its ports keep their last known state until a
+    PortStatus with its port descriptions arrives."""
     switch: str
+    ports: Mapping[int, bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -361,7 +364,7 @@ class Reconciler:
     def handle(self, event: Event, now: float = 0.0) -> list[Message]:
         out: list[Message] = []
         if isinstance(event, SwitchUp):
-            out += self._switch_up(event.switch, now)
+            out += self._switch_up(event.switch, event.ports, now)
         elif isinstance(event, SwitchDown):
             self._switch_down(event.switch)
         elif isinstance(event, PortStatus):
@@ -383,16 +386,18 @@ class Reconciler:
         out += self._step(now)
         return out
 
-    def _switch_up(self, sw: str, now: float) -> list[Message]:
+    def _switch_up(self, sw: str, ports: Mapping[int, bool] | None, now: float) -> list[Message]:
         if sw not in self.ix.sw:
             return []
         self.connected.add(sw)
         self.pending.pop(sw, None)
         self.resyncing.pop(sw, None)
         self.confirmed.pop(sw, None)
-        self.down_ports = {(s, p) for s, p in self.down_ports if s != sw}   # it reports its ports anew
         self.failed_switches.discard(sw)
-        self._recompile()
+        if ports is not None:
+            self._port_status(sw, ports)      # recompiles
+        else:
+            self._recompile()
         xid = self._next_xid()
         self.pending[sw] = [_Pending(xid, now, wipe=True)]
         return [WipeTables(sw), Barrier(sw, xid)]

@@ -173,8 +173,7 @@ class Replay:
         self._physical(switches=self.net.failures.switches - {sw})
         self.net.load(sw, {})
         self.begin("monotone")
-        self.feed(R.SwitchUp(sw))
-        self.feed(R.PortStatus(sw, {p: True for p in self._ports(sw)}))
+        self.feed(R.SwitchUp(sw, {p: True for p in self._ports(sw)}))
         self.drain()
         self.end()
 

@@ -228,3 +228,14 @@ def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, polic
     answer(rec, rec.handle(R.SwitchDown("p1s1")))
     want = C.compile_fabric(mini_hpn, failures, policy)
     assert rec.confirmed == {sw: R.flow_table(st) for sw, st in want.items()}
+
+
+def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_reports_them(mini_hpn):
+    rec = installed(mini_hpn)
+    p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
+    answer(rec, rec.handle(R.PortStatus("p0l0", {p: False})))
+    answer(rec, rec.handle(R.SwitchDown("p0l0")))
+    answer(rec, rec.handle(R.SwitchUp("p0l0")))
+    assert rec.failures.links == {("p0l0", "p0s0", 0)} and not rec.failures.switches
+    answer(rec, rec.handle(R.SwitchUp("p0l0", {p: True})))
+    assert not rec.failures and rec.settled
