@@ -57,6 +57,7 @@ class FabricTables:
         self._entries: dict[str, dict[tuple, C.Flow]] = {}     # switches whose tables were replaced
         self._pipeline_cache: dict[tuple, int | None] = {}
         self._sport_mask: dict[str, int] = {}
+        self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)
         self.peer: dict[tuple, tuple] = {}
         for u, v, k, d in g.edges(keys=True, data=True):
@@ -200,12 +201,45 @@ class FabricTables:
         return ports[0]
 
     def _host_ports(self, host: str) -> list:
-        from hpnlab.fabric.graph import host_ports
-        return host_ports(self.g, host)
+        ports = self._host_port_cache.get(host)
+        if ports is None:
+            from hpnlab.fabric.graph import host_ports
+            ports = self._host_port_cache[host] = host_ports(self.g, host)
+        return ports
 
     def send(self, src: str, dst: str, plane: int, **kw) -> Walk:
         sport, pkt = self.packet(src, dst, plane, **kw)
         return self.inject(src, sport["intf"], pkt)
+
+    def send_branches(self, src: str, dst: str, plane: int, **kw) -> list[tuple[int, int, Walk]]:
+        """Every entropy branch of a UDP packet src -> dst: [(source port, fixed mask, walk)].
+
+        Each walk stands for every source port that agrees with its port on ``fixed mask``:
+        a walk is split wherever a switch on its path looks at source-port bits not fixed
+        yet, until every switch it crosses looks only at fixed bits. So every bit pattern of
+        every switch's entropy table is taken, without walking all 2**bits ports."""
+        kw.pop("sport", None)
+        out = []
+        stack = [(0xC000, 0)]
+        while stack:
+            sport, fixed = stack.pop()
+            walk = self.send(src, dst, plane, sport=sport, **kw)
+            seen = 0
+            for hop in walk.hops:
+                self.tables(hop[0])
+                seen |= self._sport_mask[hop[0]]
+            new = seen & ~fixed
+            if not new:
+                out.append((sport, fixed, walk))
+                continue
+            bits = [b for b in range(16) if new >> b & 1]
+            for pattern in range(1 << len(bits)):
+                value = sport & ~new
+                for i, b in enumerate(bits):
+                    if pattern >> i & 1:
+                        value |= 1 << b
+                stack.append((value, fixed | new))
+        return out
 
     def inject(self, host: str, intf: int, pkt: dict) -> Walk:
         """Send ``pkt`` out of a host interface and follow it."""

@@ -17,6 +17,7 @@ from hpnlab.fabric import graph, spec
 from oftable import FabricTables, valley_free_reachable
 
 SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
+WALK_BUDGET = 20_000    # per failure trial on a large preset (cross-campus: 512 branches per pair)
 _GRAPHS: dict = {}
 
 
@@ -33,7 +34,6 @@ def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
     A pair is live when both ports' links and leaves are up and a valley-free path joins
     their leaves in the live graph (the oracle in oftable, independent of the compiler)."""
     net = FabricTables(g, C.compile_fabric(g, failures, policy), failures)
-    sports = net.entropy_ports()
     delivered = dead = 0
     problems = []
     leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in graph.hosts(g) for p in graph.host_ports(g, h)}
@@ -41,8 +41,7 @@ def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
         alive = (net.live(src, plane, sr) and net.live(dst, plane, dr)
                  and valley_free_reachable(g, failures, leaf[src, plane, sr], leaf[dst, plane, dr]))
         results = set()
-        for sport in sports:
-            walk = net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=sport)
+        for sport, _fixed, walk in net.send_branches(src, dst, plane, src_rail=sr, dst_rail=dr):
             results.add(walk.result)
             if walk.result == "loop":
                 problems.append(f"LOOP {src}->{dst} plane {plane} sport {sport:#x}: {walk.where} {walk.hops}")
@@ -55,6 +54,21 @@ def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
             dead += 1
     assert not problems, f"{len(problems)} problems under {failures}, e.g.:\n" + "\n".join(problems[:5])
     return delivered, dead
+
+
+@pytest.mark.parametrize("name", ["fat-tree-4", "mini-cross-campus"])
+def test_split_walks_take_the_same_paths_as_walking_every_source_port_pattern(name):
+    """send_branches splits a walk only where a switch looks at unfixed bits: the paths it finds
+    for a pair are exactly those of walking one port per pattern of every entropy bit, under a
+    failure that gives some switch a three-port set (more bits) too."""
+    g = fabric(name)
+    failures = C.Failures(frozenset([fabric_links(g)[0]]))
+    net = FabricTables(g, C.compile_fabric(g, failures), failures)
+    for src, dst, plane, sr, dr in net.all_pairs()[::7]:
+        every = {tuple(net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=s).hops)
+                 for s in net.entropy_ports()}
+        split = {tuple(w.hops) for _s, _f, w in net.send_branches(src, dst, plane, src_rail=sr, dst_rail=dr)}
+        assert split == every
 
 
 def test_the_walks_take_every_multipath_choice_of_the_first_switch():
@@ -122,16 +136,19 @@ def test_sampled_pairs_are_delivered_on_large_presets(name, failures):
     for trial in range(failures + 1):
         failed = C.Failures(frozenset(rng.sample(links, trial)))
         net = FabricTables(g, C.compile_fabric(g, failed, "aggregate"), failed)
-        sports = net.entropy_ports()
         hs = graph.hosts(g)
         planes = sorted({p["plane"] for p in graph.host_ports(g, hs[0])})
+        walks = 0
         for _ in range(150):
+            if walks > WALK_BUDGET:     # presets with many entropy bits: fewer pairs, every branch each
+                break
             src, dst = rng.sample(hs, 2)
             plane = rng.choice(planes)
             dports = [p for p in graph.host_ports(g, dst) if p["plane"] == plane]
             dr = rng.choice(dports)["rail"]
-            for sport in sports:
-                walk = net.send(src, dst, plane, dst_rail=dr, sport=sport)
+            branches = net.send_branches(src, dst, plane, dst_rail=dr)
+            walks += len(branches)
+            for sport, _fixed, walk in branches:
                 assert walk.result == "delivered", (name, failed, src, dst, plane, sport, walk)
 
 
