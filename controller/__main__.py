@@ -31,7 +31,7 @@ import time
 
 from hpnlab.fabric.errors import UserError
 
-from .compiler import POLICIES
+from .compiler import ROUTING_POLICIES
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="override a scenario field (repeatable)")
     p.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow TCP port (default 6653)")
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--policy", choices=POLICIES, default="aggregate",
+    p.add_argument("--policy", choices=ROUTING_POLICIES, default="aggregate",
                    help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on LISTEN:N/metrics (0: off)")

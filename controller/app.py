@@ -1,4 +1,4 @@
-"""hpnlab's OpenFlow 1.3 controller app: a thin shell around hpnlab.controller.compiler.
+"""hpnlab's OpenFlow 1.3 controller app: event plumbing and encoding around the pure reconciler.
 
 Runs on os-ken (``python -m hpnlab.controller SCENARIO``) and, through the import shim, under
 Ryu's ``ryu-manager controller/app.py``. Configuration comes from the environment so
@@ -10,28 +10,48 @@ both launchers work the same way:
     HPNLAB_METRICS_PORT  Prometheus endpoint port (0 or unset: none)
     HPNLAB_METRICS_ADDR  its address (default 127.0.0.1)
 
-What it does: on a switch's connect it wipes the switch's tables and installs the
-compiled state; on PortStatus (and on a switch disconnecting) it recompiles the whole
-fabric and sends every switch only the difference between desired and installed state;
-on a reconnect it reinstalls (the wipe makes duplicates impossible). ARP requests from
-host ports reach it as packet-ins at the leaves and are answered with the target host's
-real MAC (proxy ARP, no flooding). Anything it cannot use (unknown datapath ids,
-malformed or unexpected packet-ins) is logged and ignored.
+Every decision (link state, what to recompile, the diff and its order, what counts as
+installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
+this module decodes os-ken events into reconciler events (switch features -> SwitchUp,
+disconnect -> SwitchDown, PortStatus and port descriptions -> PortStatus, BarrierReply,
+ErrorMsg, FlowStatsReply, a one-second Tick) and encodes the reconciler's messages into
+OpenFlow 1.3 (FlowMod, barrier, flow stats request). ARP requests from host ports reach it
+as packet-ins at the leaves and are answered with the target host's real MAC (proxy ARP,
+the answer decided by ``compiler.arp_answer``). Anything it cannot use (unknown datapath
+ids, malformed or unexpected packet-ins) is logged and ignored.
 """
 from __future__ import annotations
 
 import logging
 import os
+import time
+from typing import Any
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_str
 
 from . import compiler as C
-from .ofp import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, BaseApp, arp, ether_types,
-                  ethernet, hub, ofp_event, ofproto_v1_3, packet, set_ev_cls)
+from . import reconcile as R
+from .ofp import (
+    CONFIG_DISPATCHER,
+    DEAD_DISPATCHER,
+    MAIN_DISPATCHER,
+    BaseApp,
+    arp,
+    ether_types,
+    ethernet,
+    hub,
+    ofp_event,
+    ofproto_v1_3,
+    packet,
+    set_ev_cls,
+)
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
+ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
+METADATA_MASK = 0xFFFFFFFF
+TICK_S = 1.0
 
 LOG = logging.getLogger("hpnlab.controller")
 
@@ -39,12 +59,108 @@ LOG = logging.getLogger("hpnlab.controller")
 def _config() -> dict:
     scenario = os.environ.get("HPNLAB_SCENARIO")
     if not scenario:
-        raise RuntimeError("HPNLAB_SCENARIO is not set: start the controller with 'python -m hpnlab.controller SCENARIO'")
+        raise RuntimeError("HPNLAB_SCENARIO is not set: "
+                           "start the controller with 'python -m hpnlab.controller SCENARIO'")
     sets = [s for s in os.environ.get("HPNLAB_SET", "").splitlines() if s.strip()]
     return {"scenario": scenario, "overrides": fspec.parse_overrides(sets),
             "policy": os.environ.get("HPNLAB_POLICY", "aggregate"),
             "metrics_port": int(os.environ.get("HPNLAB_METRICS_PORT") or 0),
             "metrics_addr": os.environ.get("HPNLAB_METRICS_ADDR", "127.0.0.1")}
+
+
+# ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
+
+def _ip_int(text: str) -> int:
+    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
+
+
+def encode_match(parser, match: tuple):
+    fields = {}
+    for name, value in match:
+        if name in ("ipv4_dst", "ipv4_src"):
+            value = (ip_str(value[0]), ip_str(value[1])) if isinstance(value, tuple) else ip_str(value)
+        fields[name] = value
+    return parser.OFPMatch(**fields)
+
+
+def encode_instructions(ofp, parser, actions: tuple) -> list:
+    instructions, apply = [], []
+    for act in actions:
+        if act[0] == "output":
+            apply.append(parser.OFPActionOutput(act[1]))
+        elif act[0] == "controller":
+            apply.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER))
+        elif act[0] == "metadata":
+            instructions.append(parser.OFPInstructionWriteMetadata(act[1], METADATA_MASK))
+        elif act[0] == "goto":
+            instructions.append(parser.OFPInstructionGotoTable(act[1]))
+    if apply:
+        instructions.insert(0, parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, apply))
+    return instructions
+
+
+def encode(dp, msg: R.Message) -> list:
+    """The OpenFlow 1.3 messages for one reconciler message (xids of barriers and stats
+    requests are the reconciler's, so that replies can be matched)."""
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    if isinstance(msg, R.FlowMod):
+        command = ofp.OFPFC_DELETE_STRICT if msg.command == "delete" else ofp.OFPFC_ADD
+        instructions = [] if msg.command == "delete" else encode_instructions(ofp, parser, msg.actions)
+        return [parser.OFPFlowMod(
+            datapath=dp, cookie=COOKIE, cookie_mask=0, table_id=msg.table, command=command,
+            priority=msg.priority, match=encode_match(parser, msg.match), instructions=instructions,
+            out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, buffer_id=ofp.OFP_NO_BUFFER)]
+    if isinstance(msg, R.WipeTables):
+        return [parser.OFPFlowMod(datapath=dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE,
+                                  out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=parser.OFPMatch()),
+                parser.OFPGroupMod(datapath=dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
+    if isinstance(msg, R.Barrier):
+        out = parser.OFPBarrierRequest(dp)
+    elif isinstance(msg, R.FlowStatsRequest):
+        out = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
+                                         COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
+    else:
+        raise TypeError(f"cannot encode {msg!r}")
+    out.set_xid(msg.xid)
+    return [out]
+
+
+# ---- decoding: OpenFlow 1.3 -> reconciler values -----------------------------------------------
+
+def decode_match(match) -> tuple:
+    fields = []
+    for name, value in match.items():
+        if name in ("ipv4_dst", "ipv4_src"):
+            value = (_ip_int(value[0]), _ip_int(value[1])) if isinstance(value, tuple) else _ip_int(value)
+        fields.append((name, value))
+    return R.canonical_match(fields)
+
+
+def decode_actions(ofp, parser, instructions) -> tuple:
+    """Instructions back into compiler actions: outputs, then write-metadata, then goto."""
+    outputs, metadata, goto = [], [], []
+    for inst in instructions:
+        if isinstance(inst, parser.OFPInstructionActions):
+            for act in inst.actions:
+                if isinstance(act, parser.OFPActionOutput):
+                    outputs.append(("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port))
+        elif isinstance(inst, parser.OFPInstructionWriteMetadata):
+            metadata.append(("metadata", inst.metadata))
+        elif isinstance(inst, parser.OFPInstructionGotoTable):
+            goto.append(("goto", inst.table_id))
+    return tuple(outputs + metadata + goto)
+
+
+def decode_flow_stats(dp, body) -> tuple:
+    """The controller's flows (its cookie) of a flow stats reply, as reconciler entries."""
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    return tuple(R.FlowEntry(st.table_id, st.priority, decode_match(st.match),
+                             decode_actions(ofp, parser, st.instructions))
+                 for st in body if st.cookie == COOKIE)
+
+
+def port_is_up(ofp, desc) -> bool:
+    return not (desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
 
 
 class HpnController(BaseApp):
@@ -57,13 +173,9 @@ class HpnController(BaseApp):
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
         self.graph = fgraph.build(self.scenario)
         self.index = C.index_of(self.graph)
-        self.datapaths: dict[str, object] = {}          # switch name -> connected datapath
-        self.installed: dict[str, dict] = {}            # switch name -> {flow key: actions}
-        self.down_ports: set[tuple[str, int]] = set()
-        self.lost_switches: set[str] = set()            # connected once, then disconnected
-        self.healthy = C.compile_fabric(self.graph, None, self.policy)
-        self.states = self.healthy
-        self.failures = C.Failures()
+        self.reconciler = R.Reconciler(self.graph, self.policy)
+        self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
+        self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
         try:
             from .metrics import Metrics
@@ -77,123 +189,69 @@ class HpnController(BaseApp):
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
-                 sum(s.flow_count for s in self.states.values()))
+                 sum(s.flow_count for s in self.reconciler.states.values()))
 
-    # ---- state -------------------------------------------------------------------
-    def _failures(self) -> C.Failures:
-        links = set()
-        for name, port in self.down_ports:
-            lid = self.index.link_at(name, port)
-            if lid is not None:
-                links.add(lid)
-        return C.Failures(frozenset(links), frozenset(self.lost_switches))
+    def start(self):
+        thread = super().start()
+        self.threads.append(hub.spawn(self._tick_loop))
+        return thread
 
-    def _recompile(self, reason: str) -> None:
-        failures = self._failures()
-        if failures == self.failures and self.states is not None:
+    def _tick_loop(self) -> None:
+        while True:
+            hub.sleep(TICK_S)
+            self.handle(R.Tick())
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def handle(self, event: R.Event) -> None:
+        """Give the reconciler one event and send what it answers."""
+        for msg in self.reconciler.handle(event, time.monotonic()):
+            dp = self.datapaths.get(msg.switch)
+            if dp is None:
+                continue
+            for ofmsg in encode(dp, msg):
+                dp.send_msg(ofmsg)
+        self._update_metrics()
+
+    def _update_metrics(self) -> None:
+        if not self.metrics:
             return
-        self.failures = failures
-        self.states = C.compile_fabric(self.graph, failures, self.policy)
-        deagg = C.deaggregated(self.states, self.healthy)
-        LOG.info("recompiled (%s): %d failed links, %d failed switches, %d de-aggregated routes",
-                 reason, len(failures.links), len(failures.switches), deagg)
-        if self.metrics:
-            self.metrics.recompiles.inc()
-            self.metrics.deaggregated.set(deagg)
-            self.metrics.failed_links.set(len(failures.links))
-            self.metrics.failed_switches.set(len(failures.switches))
-        for name, dp in list(self.datapaths.items()):
-            self._push(name, dp)
+        rec, m = self.reconciler, self.metrics
+        counters = rec.counters
+        if counters["recompiles"] != self._counted["recompiles"]:
+            m.deaggregated.set(rec.deaggregated())
+            m.failed_links.set(len(rec.failures.links))
+            m.failed_switches.set(len(rec.failures.switches))
+        m.recompiles.inc(counters["recompiles"] - self._counted["recompiles"])
+        m.resyncs.inc(counters["resyncs"] - self._counted["resyncs"])
+        m.errors.inc(counters["errors"] - self._counted["errors"])
+        for command in ("add", "modify", "delete"):
+            m.flow_mods.labels(command).inc(counters[command] - self._counted[command])
+        self._counted = dict(counters)
+        m.switches_connected.set(len(self.datapaths))
+        for name in self.index.sw:
+            m.flows.labels(name).set(len(rec.confirmed.get(name, {})))
 
-    def _push(self, name: str, dp) -> None:
-        """Send a switch the difference between its desired and installed flows."""
-        state = self.states.get(name)
-        desired = state.expanded() if state else {}
-        installed = self.installed.setdefault(name, {})
-        adds = [(k, a) for k, a in desired.items() if installed.get(k) != a]
-        dels = [k for k in installed if k not in desired]
-        # entropy sets before the routes that use them; routes removed before their sets
-        adds.sort(key=lambda ka: -ka[0][0])
-        dels.sort(key=lambda k: k[0])
-        for key, actions in adds:
-            self._flow_mod(dp, key, actions, dp.ofproto.OFPFC_ADD)
-            installed[key] = actions
-        for key in dels:
-            self._flow_mod(dp, key, None, dp.ofproto.OFPFC_DELETE_STRICT)
-            del installed[key]
-        if adds or dels:
-            dp.send_msg(dp.ofproto_parser.OFPBarrierRequest(dp))
-            LOG.info("%s: %d flows added/changed, %d removed (%d installed)", name, len(adds), len(dels),
-                     len(installed))
-        if self.metrics:
-            self.metrics.flows.labels(name).set(len(installed))
-            self.metrics.groups.labels(name).set(len(state.groups) if state else 0)
-            self.metrics.flow_mods.labels("add").inc(len(adds))
-            self.metrics.flow_mods.labels("delete").inc(len(dels))
-
-    # ---- OpenFlow messages ---------------------------------------------------------------
-    @staticmethod
-    def _match(parser, match: tuple):
-        fields = {}
-        for k, v in match:
-            if k in ("ipv4_dst", "ipv4_src"):
-                v = (ip_str(v[0]), ip_str(v[1])) if isinstance(v, tuple) else ip_str(v)
-            fields[k] = v
-        return parser.OFPMatch(**fields)
-
-    def _flow_mod(self, dp, key: tuple, actions, command: int) -> None:
-        ofp, parser = dp.ofproto, dp.ofproto_parser
-        table, priority, match = key
-        inst = []
-        if actions is not None:
-            apply = []
-            for act in actions:
-                if act[0] == "output":
-                    apply.append(parser.OFPActionOutput(act[1]))
-                elif act[0] == "controller":
-                    apply.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER))
-                elif act[0] == "metadata":
-                    inst.append(parser.OFPInstructionWriteMetadata(act[1], 0xFFFFFFFF))
-                elif act[0] == "goto":
-                    inst.append(parser.OFPInstructionGotoTable(act[1]))
-            if apply:
-                inst.insert(0, parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, apply))
-        dp.send_msg(parser.OFPFlowMod(
-            datapath=dp, cookie=COOKIE, cookie_mask=0, table_id=table, command=command,
-            priority=priority, match=self._match(parser, match), instructions=inst,
-            out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, buffer_id=ofp.OFP_NO_BUFFER))
-
-    def _wipe(self, dp) -> None:
-        ofp, parser = dp.ofproto, dp.ofproto_parser
-        dp.send_msg(parser.OFPFlowMod(datapath=dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE,
-                                      out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=parser.OFPMatch()))
-        dp.send_msg(parser.OFPGroupMod(datapath=dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL))
-        dp.send_msg(parser.OFPBarrierRequest(dp))
+    def _name(self, dp) -> str | None:
+        return self.index.by_dpid.get(dp.id)
 
     # ---- events ----------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def on_features(self, ev):
         dp = ev.msg.datapath
-        name = self.index.by_dpid.get(dp.id)
+        name = self._name(dp)
         if name is None:
             LOG.warning("switch with unknown datapath id %016x connected: not in scenario %s, ignored",
                         dp.id, self.scenario.name)
             if self.metrics:
                 self.metrics.unknown_switches.inc()
             return
-        LOG.info("%s (dpid %016x) connected", name, dp.id)
         old = self.datapaths.get(name)
-        self.datapaths[name] = dp
-        self.installed[name] = {}
-        self._wipe(dp)
-        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
-        if self.metrics:
-            self.metrics.switches_connected.set(len(self.datapaths))
         if old is not None and old is not dp:
             LOG.info("%s reconnected: replacing its old connection", name)
-        self.lost_switches.discard(name)
-        self._recompile(f"{name} connected")
-        self._push(name, dp)
+        LOG.info("%s (dpid %016x) connected", name, dp.id)
+        self.datapaths[name] = dp
+        self.handle(R.SwitchUp(name))
+        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def on_state_change(self, ev):
@@ -201,64 +259,57 @@ class HpnController(BaseApp):
         LOG.debug("state change %s dpid %s", ev.state, dp.id)
         if ev.state != DEAD_DISPATCHER or dp.id is None:
             return
-        name = self.index.by_dpid.get(dp.id)
+        name = self._name(dp)
         if name is None or self.datapaths.get(name) is not dp:
             return
         LOG.warning("%s (dpid %016x) disconnected", name, dp.id)
         del self.datapaths[name]
-        self.installed.pop(name, None)
-        self.lost_switches.add(name)
-        if self.metrics:
-            self.metrics.switches_connected.set(len(self.datapaths))
-            self.metrics.flows.labels(name).set(0)
-        self._recompile(f"{name} disconnected")
-
-    def _port_state(self, name: str, port_no: int, down: bool) -> bool:
-        if self.index.link_at(name, port_no) is None:
-            return False
-        key = (name, port_no)
-        if down and key not in self.down_ports:
-            self.down_ports.add(key)
-            return True
-        if not down and key in self.down_ports:
-            self.down_ports.discard(key)
-            return True
-        return False
-
-    @staticmethod
-    def _is_down(ofp, desc) -> bool:
-        return bool(desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
+        self.handle(R.SwitchDown(name))
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def on_port_status(self, ev):
         msg = ev.msg
         dp = msg.datapath
-        ofp = dp.ofproto
-        name = self.index.by_dpid.get(dp.id)
+        name = self._name(dp)
         if name is None:
             return
-        down = msg.reason == ofp.OFPPR_DELETE or self._is_down(ofp, msg.desc)
-        if self._port_state(name, msg.desc.port_no, down):
-            LOG.info("%s port %d %s", name, msg.desc.port_no, "down" if down else "up")
-            self._recompile(f"{name} port {msg.desc.port_no} {'down' if down else 'up'}")
+        ofp = dp.ofproto
+        up = msg.reason != ofp.OFPPR_DELETE and port_is_up(ofp, msg.desc)
+        LOG.info("%s port %d %s", name, msg.desc.port_no, "up" if up else "down")
+        self.handle(R.PortStatus(name, {msg.desc.port_no: up}))
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_port_desc(self, ev):
         dp = ev.msg.datapath
-        name = self.index.by_dpid.get(dp.id)
+        name = self._name(dp)
         if name is None:
             return
-        changed = False
-        for desc in ev.msg.body:
-            changed |= self._port_state(name, desc.port_no, self._is_down(dp.ofproto, desc))
-        if changed:
-            self._recompile(f"{name} port descriptions")
+        self.handle(R.PortStatus(name, {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}))
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def on_barrier_reply(self, ev):
+        name = self._name(ev.msg.datapath)
+        if name is not None:
+            self.handle(R.BarrierReply(name, ev.msg.xid))
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_error(self, ev):
         msg = ev.msg
-        name = self.index.by_dpid.get(msg.datapath.id, f"{msg.datapath.id}")
-        LOG.error("%s: OpenFlow error type=%d code=%d", name, msg.type, msg.code)
+        name = self._name(msg.datapath)
+        if name is None:
+            LOG.error("datapath %s: OpenFlow error type=%d code=%d", msg.datapath.id, msg.type, msg.code)
+            return
+        self.handle(R.Error(name, msg.xid, msg.type, msg.code))
+
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def on_flow_stats(self, ev):
+        msg = ev.msg
+        dp = msg.datapath
+        name = self._name(dp)
+        if name is None:
+            return
+        more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
+        self.handle(R.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):
@@ -277,8 +328,7 @@ class HpnController(BaseApp):
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"
         in_port = msg.match.get("in_port")
-        lid = self.index.link_at(name, in_port) if in_port is not None else None
-        if lid is None or self.index.sw[name].tier != 1 or not any(h[5] == lid for h in self.index.sw[name].hosts):
+        if in_port is None or not self.index.is_host_port(name, in_port):
             LOG.warning("%s: packet-in on port %s which is not a host port, ignored", name, in_port)
             return "ignored"
         pkt = packet.Packet(bytes(msg.data))

@@ -53,17 +53,18 @@ from __future__ import annotations
 import gc
 import socket
 import zlib
-from functools import lru_cache
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, NamedTuple
+from functools import lru_cache
+from typing import NamedTuple
 
 import networkx as nx
 
 from hpnlab.fabric.addressing import ip_str
 from hpnlab.fabric.errors import UserError
 
-POLICIES = ("aggregate", "host-routes")
+ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
 
 TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY = 0, 1, 2
 ETH_IPV4, ETH_ARP = 0x0800, 0x0806
@@ -91,10 +92,11 @@ class Flow(NamedTuple):
     hosts: tuple | None = None
 
     @property
-    def count(self) -> int:
+    def entry_count(self) -> int:
+        """How many OpenFlow entries this value stands for."""
         return 1 if self.hosts is None else len(self.hosts)
 
-    def expand(self) -> Iterator["Flow"]:
+    def expand(self) -> Iterator[Flow]:
         if self.hosts is None:
             yield self
             return
@@ -111,16 +113,15 @@ class Flow(NamedTuple):
 class SwitchState:
     name: str
     dpid: int
-    flows: tuple            # of Flow (possibly compact blocks)
-    groups: tuple = ()      # the entropy-table method uses no groups
+    flows: tuple            # of Flow (possibly compact blocks); no groups: multipath is table 2
 
     @property
     def flow_count(self) -> int:
-        return sum(f.count for f in self.flows)
+        return sum(f.entry_count for f in self.flows)
 
     @property
     def route_count(self) -> int:
-        return sum(f.count for f in self.flows if f.table == TABLE_ROUTE)
+        return sum(f.entry_count for f in self.flows if f.table == TABLE_ROUTE)
 
     def expanded(self) -> dict:
         """{flow key: actions} of every concrete OpenFlow flow (what a switch would hold)."""
@@ -138,8 +139,8 @@ class Failures:
     switches: frozenset = frozenset()
 
     @staticmethod
-    def of(links: Iterable = (), switches: Iterable = ()) -> "Failures":
-        return Failures(frozenset(link_id(*l) for l in links), frozenset(switches))
+    def of(links: Iterable = (), switches: Iterable = ()) -> Failures:
+        return Failures(frozenset(link_id(*link) for link in links), frozenset(switches))
 
     def __bool__(self) -> bool:
         return bool(self.links or self.switches)
@@ -161,17 +162,27 @@ def _parse_prefix(cidr: str) -> tuple[int, int]:
 
 # ---- the fabric index: everything the compiler needs, read once from the graph ----------
 
+class HostPort(NamedTuple):
+    """A leaf port with a host behind it."""
+    ip: int
+    port: int              # the leaf's OpenFlow port
+    mac: str
+    host: str
+    intf: int              # the host's interface number (hN-eth<intf>)
+    link: tuple            # link id
+
+
 @dataclass
 class _Sw:
     name: str
     dpid: int
     tier: int
     plane: int
-    pod: object            # (campus, pod) or None for cores
+    pod: tuple | None      # (campus, pod) or None for cores
     down: list = field(default_factory=list)     # (port, neighbour, link id)
     up: list = field(default_factory=list)
     lateral: list = field(default_factory=list)
-    hosts: list = field(default_factory=list)    # leaves: (ip int, port, mac, host, intf, link id)
+    hosts: list = field(default_factory=list)    # leaves: HostPort, by address
     prefix: tuple | None = None                  # leaves: (net, length)
     path: tuple = ()                             # leaves: prefixes plane > campus > pod > leaf
 
@@ -214,7 +225,7 @@ class FabricIndex:
             if d["kind"] == "host":
                 host, leaf = (u, v) if u not in self.sw else (v, u)
                 ip = int.from_bytes(socket.inet_aton(d["ip"]), "big")
-                self.sw[leaf].hosts.append((ip, ports[leaf], d["mac"], host, ports[host], lid))
+                self.sw[leaf].hosts.append(HostPort(ip, ports[leaf], d["mac"], host, ports[host], lid))
                 continue
             a, b = self.sw[u], self.sw[v]
             if a.tier == b.tier:
@@ -227,10 +238,12 @@ class FabricIndex:
         self.planes: dict[int, list[_Sw]] = {}
         for sw in self.sw.values():
             sw.hosts.sort()
-            sw.up.sort(); sw.down.sort(); sw.lateral.sort()
+            sw.up.sort()
+            sw.down.sort()
+            sw.lateral.sort()
             self.planes.setdefault(sw.plane, []).append(sw)
         # host addresses of each leaf: shared by every compact host-route block
-        self.leaf_hosts = {sw.name: tuple(h[0] for h in sw.hosts) for sw in self.sw.values() if sw.tier == 1}
+        self.leaf_hosts = {sw.name: tuple(h.ip for h in sw.hosts) for sw in self.sw.values() if sw.tier == 1}
         # prefixes of the hierarchy levels
         plan = self.plan
         self.level_prefix: dict[tuple, tuple[int, int]] = {}
@@ -252,7 +265,7 @@ class FabricIndex:
                 for p, _n, lid in sw.up + sw.down + sw.lateral:
                     out[sw.name, p] = lid
                 for h in sw.hosts:
-                    out[sw.name, h[1]] = h[5]
+                    out[sw.name, h.port] = h.link
             self._port_link = out
         return self._port_link
 
@@ -260,11 +273,16 @@ class FabricIndex:
     def host_addr(self) -> dict[int, tuple[str, str, int]]:
         """Host address -> (mac, host, plane), for proxy ARP (built on first use)."""
         if self._host_addr is None:
-            self._host_addr = {h[0]: (h[2], h[3], sw.plane) for sw in self.sw.values() for h in sw.hosts}
+            self._host_addr = {h.ip: (h.mac, h.host, sw.plane) for sw in self.sw.values() for h in sw.hosts}
         return self._host_addr
 
     def link_at(self, switch: str, port: int) -> tuple | None:
         return self.port_link.get((switch, port))
+
+    def is_host_port(self, switch: str, port: int) -> bool:
+        """Is ``port`` of ``switch`` a leaf port with a host behind it?"""
+        sw = self.sw.get(switch)
+        return sw is not None and sw.tier == 1 and any(h.port == port for h in sw.hosts)
 
 
 def index_of(g: nx.MultiGraph) -> FabricIndex:
@@ -318,56 +336,57 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
         pod_spines.setdefault(s.pod, []).append(s.name)
     spine_cores = {s.name: frozenset(n for _, n in up[s.name]) for s in spines}
     has_cores = bool(cores)
-    leaf_pods = sorted({x.pod for x in leaves})
+    leaf_pods = sorted({x.pod for x in leaves if x.pod is not None})
 
     full: dict[str, dict[str, tuple]] = {s.name: {} for s in spines + cores}
-    groups: dict = {pod: {} for pod in leaf_pods}    # pod -> {spine-distance signature: [d, ...]}
+    leaf_groups: dict = {pod: {} for pod in leaf_pods}   # pod -> {spine-distance signature: [d, ...]}
     sig_dist: dict = {}                              # signature -> {spine: distance}
-    memo_sw: dict = {}
+    memo_sw: dict[tuple, tuple] = {}
     for d in all_leaves:
         dn = d.name
-        a2 = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
-        a3 = frozenset(c for s in a2 for c in spine_cores.get(s, ())) if has_cores else frozenset()
-        a3l = frozenset(c.name for c in cores if c.name not in a3
-                        and any(n in a3 for _, n in lat[c.name])) if a3 else frozenset()
+        spines_above = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
+        cores_above = frozenset(c for s in spines_above for c in spine_cores.get(s, ())) if has_cores else frozenset()
+        far_cores = frozenset(c.name for c in cores if c.name not in cores_above
+                              and any(n in cores_above for _, n in lat[c.name])) if cores_above else frozenset()
         # distance of the spines to d: 1 (adjacent), 3 (via a core above d), 4 (via a far core)
-        dist: dict[str, int] = dict.fromkeys(a2, 1)
+        dist: dict[str, int] = dict.fromkeys(spines_above, 1)
         if has_cores:
             for s in spines:
                 if s.name not in dist:
                     sc = spine_cores[s.name]
-                    if sc & a3:
+                    if sc & cores_above:
                         dist[s.name] = 3
-                    elif sc & a3l:
+                    elif sc & far_cores:
                         dist[s.name] = 4
         for pod in leaf_pods:
             sig = frozenset((s, dist[s]) for s in pod_spines.get(pod, ()) if s in dist)
             sig_dist.setdefault(sig, dist)
-            groups[pod].setdefault(sig, []).append(dn)
+            leaf_groups[pod].setdefault(sig, []).append(dn)
         for s in spines:
             ds = dist.get(s.name)
+            act: tuple | None
             if ds == 1:
                 act = down_to[s.name].get(dn, DROP)
             elif ds == 3 or ds == 4:
-                target = a3 if ds == 3 else a3l
-                key = (s.name, target)
-                act = memo_sw.get(key)
+                target = cores_above if ds == 3 else far_cores
+                memo_key: tuple = (s.name, target)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in up[s.name] if n in target))
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in up[s.name] if n in target))
             else:
                 act = DROP
             full[s.name][dn] = act
         for c in cores:
-            if c.name in a3:
-                key = (c.name, "down", a2)
-                act = memo_sw.get(key)
+            if c.name in cores_above:
+                memo_key = (c.name, "down", spines_above)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in down[c.name] if n in a2))
-            elif c.name in a3l:
-                key = (c.name, "lat", a3)
-                act = memo_sw.get(key)
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in down[c.name] if n in spines_above))
+            elif c.name in far_cores:
+                memo_key = (c.name, "lat", cores_above)
+                act = memo_sw.get(memo_key)
                 if act is None:
-                    act = memo_sw[key] = tuple(sorted(p for p, n in lat[c.name] if n in a3))
+                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in lat[c.name] if n in cores_above))
             else:
                 act = DROP
             full[c.name][dn] = act
@@ -375,18 +394,18 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
     result: dict[str, tuple[tuple, dict]] = {}
     shared: dict = {}     # switches with identical tables (e.g. the spines of a pod) share one value
     for name, acts in full.items():
-        key = tuple(acts.values())
-        value = shared.get(key)
+        table_actions = tuple(acts.values())
+        value = shared.get(table_actions)
         if value is None:
-            counts = Counter(key)
-            default = _pick(counts, DROP) if counts else DROP
-            value = shared[key] = (default, {d: a for d, a in acts.items() if a != default})
+            action_counts = Counter(table_actions)
+            default = _pick(action_counts, DROP) if action_counts else DROP
+            value = shared[table_actions] = (default, {d: a for d, a in acts.items() if a != default})
         result[name] = value
     # leaves: one action per signature group, towards the nearest spines on live uplinks
     for x in leaves:
         per_group = []
         counts: Counter = Counter()
-        for sig, dests in groups[x.pod].items():
+        for sig, dests in leaf_groups[x.pod].items():
             dist = sig_dist[sig]
             best, ports = None, []
             for p, s in up[x.name]:
@@ -499,7 +518,7 @@ def _compress(tree: _Tree, default: tuple, exceptions: Mapping[str, tuple], forc
     return routes
 
 
-def _scope(ix: FabricIndex, sw: "_Sw") -> dict:
+def _scope(ix: FabricIndex, sw: _Sw) -> dict:
     """Levels a switch drops unless a more specific route says otherwise (see _compress)."""
     if sw.tier == 1:
         return {("leaf", sw.name): DROP}
@@ -577,8 +596,8 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
         local = ix.local_routes.get(sw.name)
         if local is None:   # a leaf's own /32 routes never change: built once per graph
             local = ix.local_routes[sw.name] = tuple(
-                Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", ip)),
-                     (("output", port),)) for ip, port, _mac, _h, _i, _lid in sw.hosts)
+                Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", h.ip)),
+                     (("output", h.port),)) for h in sw.hosts)
         flows.extend(local)
     if policy == "aggregate":
         scope = _scope(ix, sw)
@@ -626,8 +645,8 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
                    switches: Iterable[str] | None = None) -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only)."""
-    if policy not in POLICIES:
-        raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(POLICIES)}")
+    if policy not in ROUTING_POLICIES:
+        raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(ROUTING_POLICIES)}")
     failures = failures or Failures()
     was_enabled = gc.isenabled()
     gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
@@ -679,9 +698,9 @@ def minimum_routes(g: nx.MultiGraph) -> dict[str, int]:
 
 
 def route_summary(g: nx.MultiGraph, policy: str = "aggregate", failures: Failures | None = None) -> dict:
-    """Per-switch and per-POD flow, route and group counts of the compiled fabric.
+    """Per-switch and per-POD flow and route counts of the compiled fabric.
 
-    ``switches``: {name: {"flows", "routes", "groups", "minimum_routes"}};
+    ``switches``: {name: {"flows", "routes", "minimum_routes"}};
     ``pods``: {"c<campus>/pod<pod>": {...sums over the pod's switches of every plane}}
     (cores belong to no pod: "core"); ``totals``; ``max_flows_per_switch``.
     ``routes`` counts table 1 (the IPv4 routing table), ``flows`` every table.
@@ -693,15 +712,15 @@ def route_summary(g: nx.MultiGraph, policy: str = "aggregate", failures: Failure
     pods: dict[str, dict] = {}
     for name, st in states.items():
         sw = ix.sw[name]
-        row = {"flows": st.flow_count, "routes": st.route_count, "groups": len(st.groups),
+        row = {"flows": st.flow_count, "routes": st.route_count,
                "minimum_routes": minimum[name], "tier": sw.tier, "plane": sw.plane}
         switches[name] = row
         pod = "core" if sw.pod is None else f"c{sw.pod[0]}/pod{sw.pod[1]}"
-        acc = pods.setdefault(pod, {"switches": 0, "flows": 0, "routes": 0, "groups": 0, "minimum_routes": 0})
+        acc = pods.setdefault(pod, {"switches": 0, "flows": 0, "routes": 0, "minimum_routes": 0})
         acc["switches"] += 1
-        for k in ("flows", "routes", "groups", "minimum_routes"):
+        for k in ("flows", "routes", "minimum_routes"):
             acc[k] += row[k]
-    totals = {k: sum(r[k] for r in switches.values()) for k in ("flows", "routes", "groups", "minimum_routes")}
+    totals = {k: sum(r[k] for r in switches.values()) for k in ("flows", "routes", "minimum_routes")}
     return {"policy": policy, "switches": switches, "pods": pods, "totals": totals,
             "max_flows_per_switch": max((r["flows"] for r in switches.values()), default=0),
             "max_routes_per_switch": max((r["routes"] for r in switches.values()), default=0)}
@@ -713,7 +732,7 @@ def deaggregated(states: Mapping[str, SwitchState], healthy: Mapping[str, Switch
     for name, st in states.items():
         base = healthy.get(name)
         keys = {f.key() for f in base.flows if f.table == TABLE_ROUTE} if base else set()
-        n += sum(f.count for f in st.flows if f.table == TABLE_ROUTE and f.key() not in keys)
+        n += sum(f.entry_count for f in st.flows if f.table == TABLE_ROUTE and f.key() not in keys)
     return n
 
 

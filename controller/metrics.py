@@ -9,14 +9,16 @@ class Metrics:
         r = self.registry = CollectorRegistry()
         self.switches_expected = Gauge("hpnlab_switches_expected", "Switches in the scenario", registry=r)
         self.switches_connected = Gauge("hpnlab_switches_connected", "Switches connected now", registry=r)
-        self.flows = Gauge("hpnlab_switch_flows", "OpenFlow flows installed on a switch", ["switch"], registry=r)
-        self.groups = Gauge("hpnlab_switch_groups", "OpenFlow groups installed on a switch", ["switch"],
-                            registry=r)
+        self.flows = Gauge("hpnlab_switch_flows", "OpenFlow flows a switch has confirmed (barrier answered)",
+                           ["switch"], registry=r)
         self.recompiles = Counter("hpnlab_recompiles", "Times the fabric state was recompiled", registry=r)
         self.deaggregated = Gauge("hpnlab_deaggregated_routes",
                                   "Routes present only because of failures (de-aggregation)", registry=r)
         self.failed_links = Gauge("hpnlab_failed_links", "Fabric links seen down", registry=r)
         self.failed_switches = Gauge("hpnlab_failed_switches", "Switches that disconnected", registry=r)
+        self.resyncs = Counter("hpnlab_resyncs", "Switches resynchronised from flow stats (error or timeout)",
+                               registry=r)
+        self.errors = Counter("hpnlab_openflow_errors", "OpenFlow error messages from known switches", registry=r)
         self.flow_mods = Counter("hpnlab_flow_mods", "Flow-mod messages sent", ["command"], registry=r)
         self.packet_ins = Counter("hpnlab_packet_ins", "Packet-ins by outcome", ["outcome"], registry=r)
         self.unknown_switches = Counter("hpnlab_unknown_switch_connects",

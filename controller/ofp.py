@@ -6,10 +6,9 @@ where only Ryu is present, ``ryu-manager controller/app.py`` runs the same app f
 try:  # os-ken
     from os_ken.base import app_manager
     from os_ken.controller import ofp_event
-    from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER,
-                                           set_ev_cls)
+    from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
     from os_ken.lib import hub
-    from os_ken.lib.packet import arp, ethernet, ether_types, packet
+    from os_ken.lib.packet import arp, ether_types, ethernet, packet
     from os_ken.ofproto import ofproto_v1_3
 
     BaseApp = app_manager.OSKenApp
@@ -17,10 +16,9 @@ try:  # os-ken
 except ImportError:  # Ryu
     from ryu.base import app_manager  # type: ignore[no-redef]
     from ryu.controller import ofp_event  # type: ignore[no-redef]
-    from ryu.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER,  # type: ignore[no-redef]
-                                        MAIN_DISPATCHER, set_ev_cls)
+    from ryu.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls  # type: ignore[no-redef]
     from ryu.lib import hub  # type: ignore[no-redef]
-    from ryu.lib.packet import arp, ethernet, ether_types, packet  # type: ignore[no-redef]
+    from ryu.lib.packet import arp, ether_types, ethernet, packet  # type: ignore[no-redef]
     from ryu.ofproto import ofproto_v1_3  # type: ignore[no-redef]
 
     BaseApp = app_manager.RyuApp

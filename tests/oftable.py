@@ -12,6 +12,11 @@ many hops).
     walk = net.send("h1", "h5", plane=0, sport=49152)
     walk.result  # "delivered" | "dropped" | "loop"
     walk.hops    # [(switch, in_port, out_port), ...]
+
+For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
+replaced (``load``) and changed one message at a time (``apply``: the reconciler's
+FlowMod and WipeTables values). ``entropy_ports()`` gives one UDP source port per bit
+pattern the switches' entropy tables look at, so a walk can cover every multipath branch.
 """
 from __future__ import annotations
 
@@ -49,6 +54,10 @@ class FabricTables:
         self.ix = C.index_of(g)
         self._tables: dict[str, dict[int, list]] = {}
         self._host_sets: dict[int, frozenset] = {}
+        self._entries: dict[str, dict[tuple, C.Flow]] = {}     # switches whose tables were replaced
+        self._pipeline_cache: dict[tuple, int | None] = {}
+        self._sport_mask: dict[str, int] = {}
+        self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)
         self.peer: dict[tuple, tuple] = {}
         for u, v, k, d in g.edges(keys=True, data=True):
@@ -57,16 +66,86 @@ class FabricTables:
             self.peer[v, d["ports"][v]] = (u, d["ports"][u], lid)
 
     # ---- tables ---------------------------------------------------------------------
+    def has_state(self, switch: str) -> bool:
+        return switch in self._entries or switch in self.states
+
     def tables(self, switch: str) -> dict[int, list]:
         t = self._tables.get(switch)
         if t is None:
             t = {}
-            for f in self.states[switch].flows:
+            flows = self._entries[switch].values() if switch in self._entries else self.states[switch].flows
+            mask = 0
+            for f in flows:
                 t.setdefault(f.table, []).append(f)
-            for flows in t.values():
-                flows.sort(key=lambda f: -f.priority)
+                for k, v in f.match:
+                    if k == "udp_src" and isinstance(v, tuple):
+                        mask |= v[1]
+            for entries in t.values():
+                entries.sort(key=lambda f: -f.priority)
             self._tables[switch] = t
+            self._sport_mask[switch] = mask
         return t
+
+    # ---- replay: tables changed message by message -------------------------------------------
+    def _changed(self, switch: str) -> None:
+        self._tables.pop(switch, None)
+        self._pipeline_cache = {k: v for k, v in self._pipeline_cache.items() if k[0] != switch}
+
+    def load(self, switch: str, entries: dict | None = None) -> None:
+        """Give ``switch`` these concrete entries ({(table, priority, match): actions}; none: empty tables)."""
+        self._entries[switch] = {k: C.Flow(k[0], k[1], k[2], a) for k, a in (entries or {}).items()}
+        self._changed(switch)
+
+    def forget(self, switch: str) -> None:
+        """``switch`` holds no state any more (it failed)."""
+        self._entries.pop(switch, None)
+        self.states.pop(switch, None)
+        self._changed(switch)
+
+    def entries(self, switch: str) -> dict:
+        if switch not in self._entries:
+            state = self.states.get(switch)
+            flows = state.flows if state is not None else ()
+            self.load(switch, {(e.table, e.priority, tuple(sorted(e.match))): e.actions
+                               for f in flows for e in f.expand()})
+        return {k: f.actions for k, f in self._entries[switch].items()}
+
+    def apply(self, msg) -> None:
+        """Apply one reconciler message (FlowMod, WipeTables) to its switch's tables."""
+        kind = type(msg).__name__
+        if kind not in ("FlowMod", "WipeTables"):
+            raise TypeError(f"not a table change: {msg!r}")
+        self.entries(msg.switch)
+        table = self._entries[msg.switch]
+        if kind == "WipeTables":
+            table.clear()
+        elif msg.command == "delete":
+            table.pop(msg.key, None)
+        else:
+            table[msg.key] = C.Flow(msg.table, msg.priority, msg.match, msg.actions)
+        self._changed(msg.switch)
+
+    def entropy_mask(self) -> int:
+        """The union of every source-port mask the entropy tables of all switches look at."""
+        mask = 0
+        for sw in set(self._entries) | set(self.states):
+            self.tables(sw)
+            mask |= self._sport_mask[sw]
+        return mask
+
+    def entropy_ports(self, base: int = 0xC000, extra_mask: int = 0) -> list[int]:
+        """One UDP source port per bit pattern of ``entropy_mask()`` (and ``extra_mask``): walking
+        each of them covers every multipath branch of every switch."""
+        mask = self.entropy_mask() | extra_mask
+        bits = [b for b in range(16) if mask >> b & 1]
+        ports = []
+        for pattern in range(1 << len(bits)):
+            port = base & ~mask
+            for i, b in enumerate(bits):
+                if pattern >> i & 1:
+                    port |= 1 << b
+            ports.append(port)
+        return ports
 
     def _matches(self, f: C.Flow, pkt: dict) -> bool:
         for k, v in f.match:
@@ -122,12 +201,45 @@ class FabricTables:
         return ports[0]
 
     def _host_ports(self, host: str) -> list:
-        from hpnlab.fabric.graph import host_ports
-        return host_ports(self.g, host)
+        ports = self._host_port_cache.get(host)
+        if ports is None:
+            from hpnlab.fabric.graph import host_ports
+            ports = self._host_port_cache[host] = host_ports(self.g, host)
+        return ports
 
     def send(self, src: str, dst: str, plane: int, **kw) -> Walk:
         sport, pkt = self.packet(src, dst, plane, **kw)
         return self.inject(src, sport["intf"], pkt)
+
+    def send_branches(self, src: str, dst: str, plane: int, **kw) -> list[tuple[int, int, Walk]]:
+        """Every entropy branch of a UDP packet src -> dst: [(source port, fixed mask, walk)].
+
+        Each walk stands for every source port that agrees with its port on ``fixed mask``:
+        a walk is split wherever a switch on its path looks at source-port bits not fixed
+        yet, until every switch it crosses looks only at fixed bits. So every bit pattern of
+        every switch's entropy table is taken, without walking all 2**bits ports."""
+        kw.pop("sport", None)
+        out = []
+        stack = [(0xC000, 0)]
+        while stack:
+            sport, fixed = stack.pop()
+            walk = self.send(src, dst, plane, sport=sport, **kw)
+            seen = 0
+            for hop in walk.hops:
+                self.tables(hop[0])
+                seen |= self._sport_mask[hop[0]]
+            new = seen & ~fixed
+            if not new:
+                out.append((sport, fixed, walk))
+                continue
+            bits = [b for b in range(16) if new >> b & 1]
+            for pattern in range(1 << len(bits)):
+                value = sport & ~new
+                for i, b in enumerate(bits):
+                    if pattern >> i & 1:
+                        value |= 1 << b
+                stack.append((value, fixed | new))
+        return out
 
     def inject(self, host: str, intf: int, pkt: dict) -> Walk:
         """Send ``pkt`` out of a host interface and follow it."""
@@ -146,7 +258,7 @@ class FabricTables:
                 if ip is not None and _ip(ip) == pkt.get("ipv4_dst"):
                     return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port))
                 return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
-            if peer not in self.states:
+            if not self.has_state(peer):
                 return Walk("dropped", f"{peer}: no state (switch failed)", hops)
             p = dict(pkt, in_port=peer_port)
             out = self._pipeline(peer, p)
@@ -161,6 +273,16 @@ class FabricTables:
         return Walk("loop", f"more than {self.MAX_HOPS} hops", hops)
 
     def _pipeline(self, switch: str, pkt: dict) -> int | None:
+        """The output port of ``switch`` for ``pkt`` (None: dropped or sent to the controller).
+        Cached per switch on the fields its tables can look at (not in_port)."""
+        tables = self.tables(switch)
+        sport = pkt.get("udp_src", pkt.get("tcp_src", 0)) & self._sport_mask[switch]
+        key = (switch, pkt.get("ipv4_dst"), pkt.get("ipv4_src"), pkt.get("ip_proto"), "udp_src" in pkt, sport)
+        if key not in self._pipeline_cache:
+            self._pipeline_cache[key] = self._run_pipeline(switch, tables, pkt)
+        return self._pipeline_cache[key]
+
+    def _run_pipeline(self, switch: str, tables: dict, pkt: dict) -> int | None:
         table = 0
         for _ in range(8):
             f = self.lookup(switch, table, pkt)

@@ -70,7 +70,7 @@ def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
     g = fabric("mini-hpn")
     r = routes(C.compile_fabric(g)["p1s0"])
     leaves = [n for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 1]
-    assert r == {g.nodes[l]["prefix"]: (("output", graph.link_ports(g, "p1s0", l)[0][0]),) for l in leaves}
+    assert r == {g.nodes[leaf]["prefix"]: (("output", graph.link_ports(g, "p1s0", leaf)[0][0]),) for leaf in leaves}
 
 
 def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_up():

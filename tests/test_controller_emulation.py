@@ -29,7 +29,7 @@ def ofctl(*args: str) -> str:
 
 
 def flow_lines(bridge: str) -> list[str]:
-    return [l for l in ofctl("dump-flows", bridge).splitlines() if "cookie=" in l]
+    return [line for line in ofctl("dump-flows", bridge).splitlines() if "cookie=" in line]
 
 
 def installed_counts(emu) -> dict[str, int]:
@@ -112,7 +112,7 @@ def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_ta
         m = metrics()
         assert m["hpnlab_deaggregated_routes"] == 3 and m["hpnlab_recompiles_total"] > recompiles
         # the specific route for p0l0's prefix is on the other leaves of the plane
-        assert any("nw_dst=10.0.0.0/29" in l for l in flow_lines("p0l1"))
+        assert any("nw_dst=10.0.0.0/29" in line for line in flow_lines("p0l1"))
         result = emu.ping_all()
         assert result["failed"] == []
     finally:
@@ -154,7 +154,7 @@ def test_a_restarted_switch_gets_its_state_back_and_nothing_is_duplicated(emu):
     expected = expected_counts(emu)
     assert wait_for(lambda: installed_counts(emu) == expected, 30), (installed_counts(emu), expected)
     lines = flow_lines("p0s1")
-    keys = [re.sub(r"duration=[^,]+, |n_packets=\d+, |n_bytes=\d+, ", "", l) for l in lines]
+    keys = [re.sub(r"duration=[^,]+, |n_packets=\d+, |n_bytes=\d+, ", "", line) for line in lines]
     assert len(set(keys)) == len(keys)
     assert emu.ping_all()["failed"] == []
 

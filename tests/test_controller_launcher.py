@@ -67,7 +67,7 @@ def test_launcher_prints_ready_and_speaks_openflow_13_on_loopback():
         version, msg_type, _, _ = struct.unpack("!BBHI", openflow_hello(port))
         assert (version, msg_type) == (4, 0)          # OpenFlow 1.3 HELLO back
         listening = subprocess.run(["ss", "-Htln", f"sport = :{port}"], capture_output=True, text=True).stdout
-        assert [l.split()[3] for l in listening.splitlines()] == [f"127.0.0.1:{port}"]   # loopback only
+        assert [line.split()[3] for line in listening.splitlines()] == [f"127.0.0.1:{port}"]   # loopback only
     finally:
         stop(proc)
     assert proc.returncode is not None
@@ -121,7 +121,7 @@ def test_hpnlab_controller_show_prints_a_switchs_compiled_flows():
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 + st.flow_count
     assert "3 de-aggregated routes" in lines[0]
-    assert any("ipv4_dst=10.0.0.0/255.255.255.248" in l and "output:6" in l for l in lines)
+    assert any("ipv4_dst=10.0.0.0/255.255.255.248" in line and "output:6" in line for line in lines)
 
 
 def test_hpnlab_controller_show_rejects_an_unknown_switch_in_one_line():

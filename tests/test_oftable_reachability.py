@@ -1,8 +1,10 @@
 """Reachability proofs on the compiled tables, with no switch running (tests/oftable.py).
 
-Every host pair on every plane is walked through the tables; on the small presets this is
-repeated for every single-link failure and every single-switch failure: every pair whose
-two ports are live must be delivered, and no packet may loop.
+Every host pair on every plane is walked through the tables on every entropy branch (one
+UDP source port per bit pattern the switches' entropy tables look at, so every multipath
+choice of every switch is taken); on the small presets this is repeated for every
+single-link failure and every single-switch failure: every pair whose two ports are live
+must be delivered on every branch, and no packet may loop.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from hpnlab.fabric import graph, spec
 from oftable import FabricTables, valley_free_reachable
 
 SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
+WALK_BUDGET = 20_000    # per failure trial on a large preset (cross-campus: 512 branches per pair)
 _GRAPHS: dict = {}
 
 
@@ -25,7 +28,8 @@ def fabric(name: str):
 
 
 def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
-    """Assert every live pair is delivered and nothing loops. Returns (delivered, dead pairs).
+    """Assert every live pair is delivered on every entropy branch and nothing loops.
+    Returns (delivered pairs, dead pairs): a pair counts as delivered when every branch is.
 
     A pair is live when both ports' links and leaves are up and a valley-free path joins
     their leaves in the live graph (the oracle in oftable, independent of the compiler)."""
@@ -34,26 +38,54 @@ def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
     problems = []
     leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in graph.hosts(g) for p in graph.host_ports(g, h)}
     for src, dst, plane, sr, dr in net.all_pairs():
-        walk = net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=49152 + (len(src) * 7 + plane) % 64)
         alive = (net.live(src, plane, sr) and net.live(dst, plane, dr)
                  and valley_free_reachable(g, failures, leaf[src, plane, sr], leaf[dst, plane, dr]))
-        if walk.result == "loop":
-            problems.append(f"LOOP {src}->{dst} plane {plane}: {walk.where} {walk.hops}")
-        elif alive and walk.result != "delivered":
-            problems.append(f"BLACK HOLE {src}->{dst} plane {plane} rails {sr}->{dr}: {walk.where} {walk.hops}")
-        elif walk.result == "delivered":
+        results = set()
+        for sport, _fixed, walk in net.send_branches(src, dst, plane, src_rail=sr, dst_rail=dr):
+            results.add(walk.result)
+            if walk.result == "loop":
+                problems.append(f"LOOP {src}->{dst} plane {plane} sport {sport:#x}: {walk.where} {walk.hops}")
+            elif alive and walk.result != "delivered":
+                problems.append(f"BLACK HOLE {src}->{dst} plane {plane} rails {sr}->{dr} sport {sport:#x}: "
+                                f"{walk.where} {walk.hops}")
+        if results == {"delivered"}:
             delivered += 1
-        else:
+        elif "delivered" not in results:
             dead += 1
     assert not problems, f"{len(problems)} problems under {failures}, e.g.:\n" + "\n".join(problems[:5])
     return delivered, dead
+
+
+@pytest.mark.parametrize("name", ["fat-tree-4", "mini-cross-campus"])
+def test_split_walks_take_the_same_paths_as_walking_every_source_port_pattern(name):
+    """send_branches splits a walk only where a switch looks at unfixed bits: the paths it finds
+    for a pair are exactly those of walking one port per pattern of every entropy bit, under a
+    failure that gives some switch a three-port set (more bits) too."""
+    g = fabric(name)
+    failures = C.Failures(frozenset([fabric_links(g)[0]]))
+    net = FabricTables(g, C.compile_fabric(g, failures), failures)
+    for src, dst, plane, sr, dr in net.all_pairs()[::7]:
+        every = {tuple(net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=s).hops)
+                 for s in net.entropy_ports()}
+        split = {tuple(w.hops) for _s, _f, w in net.send_branches(src, dst, plane, src_rail=sr, dst_rail=dr)}
+        assert split == every
+
+
+def test_the_walks_take_every_multipath_choice_of_the_first_switch():
+    """mini-hpn: a leaf has two uplinks and splits on one source-port bit: the branches the
+    walks use leave the leaf by both."""
+    g = fabric("mini-hpn")
+    net = FabricTables(g, C.compile_fabric(g))
+    sports = net.entropy_ports()
+    first_hops = {net.send("h1", "h16", 0, sport=s).hops[0][2] for s in sports}
+    assert len(sports) == 2 and len(first_hops) == 2
 
 
 def fabric_links(g) -> list[tuple]:
     return [C.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
 
 
-@pytest.mark.parametrize("policy", C.POLICIES)
+@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", SMALL)
 def test_every_pair_on_every_plane_is_delivered_in_a_healthy_fabric(name, policy):
     g = fabric(name)
@@ -61,7 +93,7 @@ def test_every_pair_on_every_plane_is_delivered_in_a_healthy_fabric(name, policy
     assert dead == 0 and delivered == len(FabricTables(g, {}).all_pairs())
 
 
-@pytest.mark.parametrize("policy", C.POLICIES)
+@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", SMALL)
 def test_no_live_pair_is_black_holed_under_any_single_link_failure(name, policy):
     g = fabric(name)
@@ -106,13 +138,18 @@ def test_sampled_pairs_are_delivered_on_large_presets(name, failures):
         net = FabricTables(g, C.compile_fabric(g, failed, "aggregate"), failed)
         hs = graph.hosts(g)
         planes = sorted({p["plane"] for p in graph.host_ports(g, hs[0])})
+        walks = 0
         for _ in range(150):
+            if walks > WALK_BUDGET:     # presets with many entropy bits: fewer pairs, every branch each
+                break
             src, dst = rng.sample(hs, 2)
             plane = rng.choice(planes)
             dports = [p for p in graph.host_ports(g, dst) if p["plane"] == plane]
             dr = rng.choice(dports)["rail"]
-            walk = net.send(src, dst, plane, dst_rail=dr, sport=rng.randrange(49152, 65536))
-            assert walk.result == "delivered", (name, failed, src, dst, plane, walk)
+            branches = net.send_branches(src, dst, plane, dst_rail=dr)
+            walks += len(branches)
+            for sport, _fixed, walk in branches:
+                assert walk.result == "delivered", (name, failed, src, dst, plane, sport, walk)
 
 
 def test_a_packet_to_an_address_of_no_host_is_dropped_not_looped():

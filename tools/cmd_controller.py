@@ -49,7 +49,7 @@ def _show(args) -> int:
         return 0
     healthy = C.compile_fabric(g, None, args.policy)
     print(f"# {args.show} dpid {st.dpid:016x}, policy {args.policy}: {st.flow_count} flows "
-          f"({st.route_count} routes, {len(st.groups)} groups); {C.deaggregated(states, healthy)} de-aggregated "
+          f"({st.route_count} routes); {C.deaggregated(states, healthy)} de-aggregated "
           f"routes fabric-wide")
     for f in st.flows:
         print(C.describe_flow(f))

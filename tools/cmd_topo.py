@@ -107,7 +107,7 @@ def render(report: dict) -> str:
 def render_rules(rules: dict) -> list[str]:
     """The controller compiler's output per policy: what a switch and a pod really install."""
     lines = ["  compiled controller state (OpenFlow rules the controller installs):",
-             f"    {'policy':<12} {'max flows/sw':>12} {'max routes/sw':>13} {'groups':>7} "
+             f"    {'policy':<12} {'max flows/sw':>12} {'max routes/sw':>13} "
              f"{'routes/pod':>11} {'minimum/pod':>11}"]
     per_pod = {}
     for policy, summary in rules.items():
@@ -115,7 +115,7 @@ def render_rules(rules: dict) -> list[str]:
         first = next(iter(pods.values())) if pods else summary["totals"]
         per_pod[policy] = first["routes"]
         lines.append(f"    {policy:<12} {summary['max_flows_per_switch']:>12,} {summary['max_routes_per_switch']:>13,} "
-                     f"{summary['totals']['groups']:>7,} {first['routes']:>11,} {first['minimum_routes']:>11,}")
+                     f"{first['routes']:>11,} {first['minimum_routes']:>11,}")
     if per_pod.get("aggregate"):
         lines.append(f"    host-routes / aggregate: {per_pod['host-routes'] / per_pod['aggregate']:,.0f}x routes "
                      "per pod (Baidu reports about 4,000 routes per POD after aggregation)")

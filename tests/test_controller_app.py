@@ -1,0 +1,214 @@
+"""The os-ken app on fake datapaths, without root or a switch (the idea of Faucet's app smoke test).
+
+The app class is instantiated as os-ken would, fed real os-ken event objects (built with
+os-ken's own ofproto_v1_3 and ofproto_v1_3_parser) around a fake datapath that records
+every message the app sends (each is serialised, as on the wire).
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("os_ken")
+
+from os_ken.controller import ofp_event  # noqa: E402
+from os_ken.controller.handler import DEAD_DISPATCHER  # noqa: E402
+from os_ken.ofproto import ofproto_v1_3 as ofp  # noqa: E402
+from os_ken.ofproto import ofproto_v1_3_parser as parser  # noqa: E402
+
+from hpnlab.controller import compiler as C  # noqa: E402
+from hpnlab.controller import reconcile as R  # noqa: E402
+from hpnlab.fabric import graph, spec  # noqa: E402
+
+
+class FakeDatapath:
+    """Records what the app sends; hands out xids as os-ken's Datapath does."""
+
+    def __init__(self, dpid: int):
+        self.id = dpid
+        self.ofproto = ofp
+        self.ofproto_parser = parser
+        self.xid = 0
+        self.sent: list = []
+
+    def set_xid(self, msg) -> int:
+        self.xid += 1
+        msg.set_xid(self.xid)
+        return self.xid
+
+    def send_msg(self, msg, close_socket: bool = False) -> None:
+        if msg.xid is None:
+            self.set_xid(msg)
+        msg.serialize()          # must encode as a real switch would receive it
+        self.sent.append(msg)
+
+    def take(self) -> list:
+        out, self.sent = self.sent, []
+        return out
+
+
+@pytest.fixture
+def app(monkeypatch):
+    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
+    monkeypatch.setenv("HPNLAB_POLICY", "aggregate")
+    monkeypatch.delenv("HPNLAB_SET", raising=False)
+    monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
+    from hpnlab.controller.app import HpnController
+    return HpnController()
+
+
+def dpids() -> dict[str, int]:
+    g = graph.build(spec.load("mini-hpn"))
+    return {n: d["dpid"] for n, d in g.nodes(data=True) if d["tier"] > 0}
+
+
+def features(app, dp) -> list:
+    app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+    return dp.take()
+
+
+def answer_barriers(app, dps: dict) -> list:
+    """Answer every barrier request sent so far, and the ones those answers cause, until none is left;
+    return every other message sent meanwhile."""
+    other = []
+    while True:
+        pending = [(dp, m) for dp in dps.values() for m in dp.take()]
+        if not pending:
+            return other
+        for dp, m in pending:
+            if isinstance(m, parser.OFPBarrierRequest):
+                reply = parser.OFPBarrierReply(dp)
+                reply.set_xid(m.xid)
+                app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+            else:
+                other.append((dp, m))
+
+
+def connect_all(app) -> dict:
+    dps = {name: FakeDatapath(dpid) for name, dpid in dpids().items()}
+    for dp in dps.values():
+        app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+    answer_barriers(app, dps)
+    assert app.reconciler.settled
+    return dps
+
+
+def flow_mods(msgs) -> list:
+    return [m for m in msgs if isinstance(m, parser.OFPFlowMod)]
+
+
+def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirmation(app):
+    dp = FakeDatapath(dpids()["p0l0"])
+    sent = features(app, dp)
+    kinds = [type(m).__name__ for m in sent]
+    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest"]
+    wipe = sent[0]
+    assert wipe.command == ofp.OFPFC_DELETE and wipe.table_id == ofp.OFPTT_ALL
+    assert sent[1].command == ofp.OFPGC_DELETE and sent[1].group_id == ofp.OFPG_ALL
+    reply = parser.OFPBarrierReply(dp)
+    reply.set_xid(sent[2].xid)
+    app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+    install = dp.take()
+    adds = flow_mods(install)
+    expected = C.compile_fabric(graph.build(spec.load("mini-hpn")))["p0l0"].flow_count
+    assert len(adds) == expected and {m.command for m in adds} == {ofp.OFPFC_ADD}
+    assert isinstance(install[-1], parser.OFPBarrierRequest)
+
+
+def test_flows_count_as_installed_only_once_the_switch_answers_the_barrier(app):
+    dp = FakeDatapath(dpids()["p0l0"])
+    first = features(app, dp)
+    reply = parser.OFPBarrierReply(dp)
+    reply.set_xid(first[2].xid)
+    app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+    sent = dp.take()
+    assert flow_mods(sent)
+    assert app.reconciler.confirmed["p0l0"] == {}
+    dp.sent = sent              # now the switch answers the barriers sent after the flows
+    answer_barriers(app, {"p0l0": dp})
+    assert app.reconciler.confirmed["p0l0"] == app.reconciler.desired["p0l0"]
+
+
+def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app):
+    dps = connect_all(app)
+    g = app.graph
+    port = g.edges["p0l0", "p0s0", 0]["ports"]["p0l0"]
+    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=b"p0l0-eth", config=0,
+                          state=ofp.OFPPS_LINK_DOWN, curr=0, advertised=0, supported=0, peer=0,
+                          curr_speed=0, max_speed=0)
+    app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps["p0l0"], ofp.OFPPR_MODIFY, desc)))
+    sent = answer_barriers(app, dps)
+    changed = {dp_name for dp_name, dp in dps.items() for d, m in sent if d is dp and isinstance(m, parser.OFPFlowMod)}
+    healthy = C.compile_fabric(g)
+    failed = C.compile_fabric(g, C.Failures.of([("p0l0", "p0s0", 0)]))
+    expected = {sw for sw in healthy if R.flow_table(healthy[sw]) != R.flow_table(failed[sw])}
+    assert changed == expected and "p0l0" in changed
+    assert all(sw.startswith("p0") for sw in changed)
+    assert app.reconciler.settled
+
+
+def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
+    dps = connect_all(app)
+    dp = dps["p0l1"]
+    error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_FLOW_MOD_FAILED, code=ofp.OFPFMFC_TABLE_FULL, data=b"")
+    error.set_xid(99)
+    app.on_error(ofp_event.EventOFPErrorMsg(error))
+    (request,) = dp.take()
+    assert isinstance(request, parser.OFPFlowStatsRequest)
+    assert request.cookie == app_cookie() and request.table_id == ofp.OFPTT_ALL
+    # the switch reports every flow but one: exactly that one is sent again
+    desired = app.reconciler.desired["p0l1"]
+    lost = max(desired)
+    body = [stats_entry(key, actions) for key, actions in desired.items() if key != lost]
+    reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=body)
+    reply.set_xid(request.xid)
+    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
+    resent = dp.take()
+    mods = flow_mods(resent)
+    assert len(mods) == 1 and mods[0].table_id == lost[0] and mods[0].priority == lost[1]
+    assert isinstance(resent[-1], parser.OFPBarrierRequest)
+
+
+def test_a_switch_that_disconnects_counts_as_failed_and_the_others_route_around_it(app):
+    dps = connect_all(app)
+    ev = ofp_event.EventOFPStateChange(dps["p0s0"])
+    ev.state = DEAD_DISPATCHER
+    app.on_state_change(ev)
+    sent = answer_barriers(app, {n: d for n, d in dps.items() if n != "p0s0"})
+    assert app.reconciler.failures.switches == {"p0s0"}
+    assert {d for d, m in sent if isinstance(m, parser.OFPFlowMod)} == {dps["p0l0"], dps["p0l1"], dps["p0l2"],
+                                                                         dps["p0l3"]}
+
+
+def test_a_switch_of_another_scenario_gets_nothing(app):
+    dp = FakeDatapath(0xDEAD)
+    assert features(app, dp) == []
+
+
+def app_cookie() -> int:
+    from hpnlab.controller.app import COOKIE
+    return COOKIE
+
+
+def stats_entry(key: tuple, actions: tuple):
+    """The flow stats entry a switch reports for one installed flow."""
+    from hpnlab.controller.app import COOKIE, encode_instructions, encode_match
+    table, priority, match = key
+    return parser.OFPFlowStats(table_id=table, duration_sec=1, duration_nsec=0, priority=priority,
+                               idle_timeout=0, hard_timeout=0, flags=0, cookie=COOKIE, packet_count=0,
+                               byte_count=0, match=_parsed(encode_match(parser, match)),
+                               instructions=encode_instructions(ofp, parser, actions))
+
+
+def _parsed(match):
+    """An OFPMatch as it comes off the wire."""
+    buf = bytearray()
+    match.serialize(buf, 0)
+    return parser.OFPMatch.parser(bytes(buf), 0)
+
+
+@pytest.mark.parametrize("switch", ["p0l0", "p0s0"])
+def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(app, switch):
+    from hpnlab.controller.app import decode_flow_stats
+    desired = app.reconciler.desired[switch]
+    decoded = decode_flow_stats(FakeDatapath(1), [stats_entry(k, a) for k, a in desired.items()])
+    assert {(e.table, e.priority, e.match): e.actions for e in decoded} == desired
