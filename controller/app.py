@@ -25,14 +25,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_str
 
-from . import compiler as C
-from . import reconcile as R
+from . import compiler, reconcile
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -99,24 +98,24 @@ def encode_instructions(ofp, parser, actions: tuple) -> list:
     return instructions
 
 
-def encode(dp, msg: R.Message) -> list:
+def encode(dp, msg: reconcile.Message) -> list:
     """The OpenFlow 1.3 messages for one reconciler message (xids of barriers and stats
     requests are the reconciler's, so that replies can be matched)."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
-    if isinstance(msg, R.FlowMod):
+    if isinstance(msg, reconcile.FlowMod):
         command = ofp.OFPFC_DELETE_STRICT if msg.command == "delete" else ofp.OFPFC_ADD
         instructions = [] if msg.command == "delete" else encode_instructions(ofp, parser, msg.actions)
         return [parser.OFPFlowMod(
             datapath=dp, cookie=COOKIE, cookie_mask=0, table_id=msg.table, command=command,
             priority=msg.priority, match=encode_match(parser, msg.match), instructions=instructions,
             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, buffer_id=ofp.OFP_NO_BUFFER)]
-    if isinstance(msg, R.WipeTables):
+    if isinstance(msg, reconcile.WipeTables):
         return [parser.OFPFlowMod(datapath=dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE,
                                   out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=parser.OFPMatch()),
                 parser.OFPGroupMod(datapath=dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
-    if isinstance(msg, R.Barrier):
+    if isinstance(msg, reconcile.Barrier):
         out = parser.OFPBarrierRequest(dp)
-    elif isinstance(msg, R.FlowStatsRequest):
+    elif isinstance(msg, reconcile.FlowStatsRequest):
         out = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
                                          COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
     else:
@@ -133,7 +132,7 @@ def decode_match(match) -> tuple:
         if name in ("ipv4_dst", "ipv4_src"):
             value = (_ip_int(value[0]), _ip_int(value[1])) if isinstance(value, tuple) else _ip_int(value)
         fields.append((name, value))
-    return R.canonical_match(fields)
+    return reconcile.canonical_match(fields)
 
 
 def decode_actions(ofp, parser, instructions) -> tuple:
@@ -154,7 +153,7 @@ def decode_actions(ofp, parser, instructions) -> tuple:
 def decode_flow_stats(dp, body) -> tuple:
     """The controller's flows (its cookie) of a flow stats reply, as reconciler entries."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
-    return tuple(R.FlowEntry(st.table_id, st.priority, decode_match(st.match),
+    return tuple(reconcile.FlowEntry(st.table_id, st.priority, decode_match(st.match),
                              decode_actions(ofp, parser, st.instructions))
                  for st in body if st.cookie == COOKIE)
 
@@ -164,7 +163,7 @@ def port_is_up(ofp, desc) -> bool:
 
 
 class HpnController(BaseApp):
-    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+    OFP_VERSIONS: ClassVar[list[int]] = [ofproto_v1_3.OFP_VERSION]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -172,8 +171,8 @@ class HpnController(BaseApp):
         self.policy = cfg["policy"]
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
         self.graph = fgraph.build(self.scenario)
-        self.index = C.index_of(self.graph)
-        self.reconciler = R.Reconciler(self.graph, self.policy)
+        self.index = compiler.index_of(self.graph)
+        self.reconciler = reconcile.Reconciler(self.graph, self.policy)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
@@ -199,10 +198,10 @@ class HpnController(BaseApp):
     def _tick_loop(self) -> None:
         while True:
             hub.sleep(TICK_S)
-            self.handle(R.Tick())
+            self.handle(reconcile.Tick())
 
     # ---- plumbing ------------------------------------------------------------------------
-    def handle(self, event: R.Event) -> None:
+    def handle(self, event: reconcile.Event) -> None:
         """Give the reconciler one event and send what it answers."""
         for msg in self.reconciler.handle(event, time.monotonic()):
             dp = self.datapaths.get(msg.switch)
@@ -250,7 +249,7 @@ class HpnController(BaseApp):
             LOG.info("%s reconnected: replacing its old connection", name)
         LOG.info("%s (dpid %016x) connected", name, dp.id)
         self.datapaths[name] = dp
-        self.handle(R.SwitchUp(name))
+        self.handle(reconcile.SwitchUp(name))
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -262,9 +261,9 @@ class HpnController(BaseApp):
         name = self._name(dp)
         if name is None or self.datapaths.get(name) is not dp:
             return
-        LOG.warning("%s (dpid %016x) disconnected", name, dp.id)
+        LOG.warning("%s (dpid %016x) disconnected", name, getattr(dp, "id", 0) or 0)
         del self.datapaths[name]
-        self.handle(R.SwitchDown(name))
+        self.handle(reconcile.SwitchDown(name))
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def on_port_status(self, ev):
@@ -276,7 +275,7 @@ class HpnController(BaseApp):
         ofp = dp.ofproto
         up = msg.reason != ofp.OFPPR_DELETE and port_is_up(ofp, msg.desc)
         LOG.info("%s port %d %s", name, msg.desc.port_no, "up" if up else "down")
-        self.handle(R.PortStatus(name, {msg.desc.port_no: up}))
+        self.handle(reconcile.PortStatus(name, {msg.desc.port_no: up}))
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_port_desc(self, ev):
@@ -284,13 +283,13 @@ class HpnController(BaseApp):
         name = self._name(dp)
         if name is None:
             return
-        self.handle(R.PortStatus(name, {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}))
+        self.handle(reconcile.PortStatus(name, {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}))
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_barrier_reply(self, ev):
         name = self._name(ev.msg.datapath)
         if name is not None:
-            self.handle(R.BarrierReply(name, ev.msg.xid))
+            self.handle(reconcile.BarrierReply(name, ev.msg.xid))
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_error(self, ev):
@@ -299,7 +298,7 @@ class HpnController(BaseApp):
         if name is None:
             LOG.error("datapath %s: OpenFlow error type=%d code=%d", msg.datapath.id, msg.type, msg.code)
             return
-        self.handle(R.Error(name, msg.xid, msg.type, msg.code))
+        self.handle(reconcile.Error(name, msg.xid, msg.type, msg.code))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_flow_stats(self, ev):
@@ -309,7 +308,7 @@ class HpnController(BaseApp):
         if name is None:
             return
         more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
-        self.handle(R.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
+        self.handle(reconcile.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):
@@ -339,7 +338,7 @@ class HpnController(BaseApp):
             return "ignored"
         if req.opcode != arp.ARP_REQUEST or req.dst_ip == req.src_ip:
             return "ignored"
-        mac = C.arp_answer(self.graph, name, req.dst_ip)
+        mac = compiler.arp_answer(self.graph, name, req.dst_ip)
         if mac is None:
             LOG.info("%s port %d: ARP for %s, no such host on this plane, not answered", name, in_port, req.dst_ip)
             return "ignored"

@@ -14,16 +14,29 @@ try:  # os-ken
     BaseApp = app_manager.OSKenApp
     FRAMEWORK = "os-ken"
 except ImportError:  # Ryu
-    from ryu.base import app_manager  # type: ignore[no-redef]
-    from ryu.controller import ofp_event  # type: ignore[no-redef]
-    from ryu.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls  # type: ignore[no-redef]
-    from ryu.lib import hub  # type: ignore[no-redef]
-    from ryu.lib.packet import arp, ether_types, ethernet, packet  # type: ignore[no-redef]
-    from ryu.ofproto import ofproto_v1_3  # type: ignore[no-redef]
+    from ryu.base import app_manager
+    from ryu.controller import ofp_event
+    from ryu.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+    from ryu.lib import hub
+    from ryu.lib.packet import arp, ether_types, ethernet, packet
+    from ryu.ofproto import ofproto_v1_3
 
     BaseApp = app_manager.RyuApp
     FRAMEWORK = "ryu"
 
-__all__ = ["app_manager", "ofp_event", "CONFIG_DISPATCHER", "DEAD_DISPATCHER", "MAIN_DISPATCHER",
-           "set_ev_cls", "hub", "arp", "ethernet", "ether_types", "packet", "ofproto_v1_3",
-           "BaseApp", "FRAMEWORK"]
+__all__ = [
+    "CONFIG_DISPATCHER",
+    "DEAD_DISPATCHER",
+    "FRAMEWORK",
+    "MAIN_DISPATCHER",
+    "BaseApp",
+    "app_manager",
+    "arp",
+    "ether_types",
+    "ethernet",
+    "hub",
+    "ofp_event",
+    "ofproto_v1_3",
+    "packet",
+    "set_ev_cls",
+]

@@ -42,7 +42,7 @@ from graphlib import CycleError, TopologicalSorter
 
 import networkx as nx
 
-from . import compiler as C
+from . import compiler
 
 LOG = logging.getLogger("hpnlab.controller.reconcile")
 
@@ -164,7 +164,7 @@ def canonical_match(match: Iterable) -> tuple:
     return tuple(sorted(match))
 
 
-def flow_table(state: C.SwitchState) -> FlowTable:
+def flow_table(state: compiler.SwitchState) -> FlowTable:
     """A compiled switch state as {key: actions}, every compact host-route block expanded."""
     return {(t, p, canonical_match(m)): a for (t, p, m), a in state.expanded().items()}
 
@@ -172,7 +172,7 @@ def flow_table(state: C.SwitchState) -> FlowTable:
 def _route_prefix(match: tuple) -> tuple[int, int] | None:
     for name, value in match:
         if name == "ipv4_dst":
-            return value if isinstance(value, tuple) else (value, C.FULL)
+            return value if isinstance(value, tuple) else (value, compiler.FULL)
     return None
 
 
@@ -182,7 +182,7 @@ class _Routes:
     def __init__(self, table: FlowTable):
         routes = []
         for key, actions in table.items():
-            if key[0] != C.TABLE_ROUTE:
+            if key[0] != compiler.TABLE_ROUTE:
                 continue
             prefix = _route_prefix(key[2])
             if prefix is not None:
@@ -191,7 +191,7 @@ class _Routes:
         self.routes = routes
         self.entropy_ports: dict[int, set[int]] = {}
         for key, actions in table.items():
-            if key[0] == C.TABLE_ENTROPY:
+            if key[0] == compiler.TABLE_ENTROPY:
                 meta = dict(key[2]).get("metadata")
                 for act in actions:
                     if act[0] == "output" and meta is not None:
@@ -227,7 +227,7 @@ def diff(confirmed: FlowTable, desired: FlowTable, switch: str) -> list[Item]:
     return items
 
 
-def plan_step(ix: C.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Mapping[str, FlowTable],
+def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Mapping[str, FlowTable],
               switches: Iterable[str]) -> tuple[list[Item], int, bool]:
     """The items that may go now: (items, items left for later steps, whether a dependency cycle
     forced everything out at once). ``switches``: the switches to update (connected, settled)."""
@@ -243,7 +243,7 @@ def plan_step(ix: C.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Ma
     touched: dict[Item, set[int]] = {}
     next_hops: dict[tuple[str, int], set[str]] = {}
     for sw, its in by_switch.items():
-        route_items = [it for it in its if it.key[0] == C.TABLE_ROUTE]
+        route_items = [it for it in its if it.key[0] == compiler.TABLE_ROUTE]
         if not route_items:
             continue
         old, new = _Routes(confirmed.get(sw, {})), _Routes(desired.get(sw, {}))
@@ -275,9 +275,9 @@ def plan_step(ix: C.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Ma
                     if address in touched.get(other, ()):
                         deps[it].add(other)
     for its in by_switch.values():
-        routes = [it for it in its if it.key[0] != C.TABLE_ENTROPY]
+        routes = [it for it in its if it.key[0] != compiler.TABLE_ENTROPY]
         for it in its:
-            if it.key[0] == C.TABLE_ENTROPY and it.actions is None:
+            if it.key[0] == compiler.TABLE_ENTROPY and it.actions is None:
                 deps[it].update(routes)
     try:
         TopologicalSorter(deps).prepare()
@@ -297,10 +297,10 @@ def batch(items: list[Item]) -> list[list[FlowMod]]:
     adds = [it for it in items if it.actions is not None]
     dels = [it for it in items if it.actions is None]
     groups = [
-        [it for it in adds if it.key[0] == C.TABLE_ENTROPY],
-        sorted((it for it in adds if it.key[0] != C.TABLE_ENTROPY), key=lambda it: (-it.key[0], -it.key[1])),
-        sorted((it for it in dels if it.key[0] != C.TABLE_ENTROPY), key=lambda it: (it.key[0], it.key[1])),
-        [it for it in dels if it.key[0] == C.TABLE_ENTROPY],
+        [it for it in adds if it.key[0] == compiler.TABLE_ENTROPY],
+        sorted((it for it in adds if it.key[0] != compiler.TABLE_ENTROPY), key=lambda it: (-it.key[0], -it.key[1])),
+        sorted((it for it in dels if it.key[0] != compiler.TABLE_ENTROPY), key=lambda it: (it.key[0], it.key[1])),
+        [it for it in dels if it.key[0] == compiler.TABLE_ENTROPY],
     ]
     out = []
     for group in groups:
@@ -334,12 +334,12 @@ class Reconciler:
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
-        self.ix = C.index_of(g)
+        self.ix = compiler.index_of(g)
         self.down_ports: set[tuple[str, int]] = set()
         self.failed_switches: set[str] = set()      # connected once, then disconnected
-        self.failures = C.Failures()
-        self.healthy = C.compile_fabric(g, None, policy)
-        self.states: dict[str, C.SwitchState] = dict(self.healthy)
+        self.failures = compiler.Failures()
+        self.healthy = compiler.compile_fabric(g, None, policy)
+        self.states: dict[str, compiler.SwitchState] = dict(self.healthy)
         self.desired: dict[str, FlowTable] = {sw: flow_table(st) for sw, st in self.states.items()}
         self.connected: set[str] = set()
         self.confirmed: dict[str, FlowTable] = {}
@@ -358,7 +358,7 @@ class Reconciler:
             self.confirmed.get(sw) == self.desired.get(sw, {}) for sw in self.connected)
 
     def deaggregated(self) -> int:
-        return C.deaggregated(self.states, self.healthy)
+        return compiler.deaggregated(self.states, self.healthy)
 
     # ---- events ------------------------------------------------------------------------
     def handle(self, event: Event, now: float = 0.0) -> list[Message]:
@@ -469,10 +469,10 @@ class Reconciler:
             self.confirmed[ev.switch] = resync.flows
 
     # ---- decisions ------------------------------------------------------------------------
-    def _link_failures(self) -> C.Failures:
+    def _link_failures(self) -> compiler.Failures:
         links = {self.ix.link_at(sw, port) for sw, port in self.down_ports}
         links.discard(None)
-        return C.Failures(frozenset(links), frozenset(self.failed_switches))
+        return compiler.Failures(frozenset(links), frozenset(self.failed_switches))
 
     def _recompile(self) -> None:
         failures = self._link_failures()
@@ -485,7 +485,7 @@ class Reconciler:
             planes |= {self.ix.sw[n].plane for n in lid[:2] if n in self.ix.sw}
         self.failures = failures
         wanted = [sw.name for p in sorted(planes) for sw in self.ix.planes[p]]
-        states = C.compile_fabric(self.graph, failures, self.policy, switches=wanted)
+        states = compiler.compile_fabric(self.graph, failures, self.policy, switches=wanted)
         for sw in wanted:
             if sw in states:
                 self.states[sw] = states[sw]

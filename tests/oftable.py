@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 
 
 class Ambiguous(AssertionError):
@@ -47,21 +47,21 @@ def _ip(text: str) -> int:
 class FabricTables:
     MAX_HOPS = 16
 
-    def __init__(self, g: nx.MultiGraph, states: dict, failures: C.Failures | None = None):
+    def __init__(self, g: nx.MultiGraph, states: dict, failures: compiler.Failures | None = None):
         self.g = g
         self.states = states
-        self.failures = failures or C.Failures()
-        self.ix = C.index_of(g)
+        self.failures = failures or compiler.Failures()
+        self.ix = compiler.index_of(g)
         self._tables: dict[str, dict[int, list]] = {}
         self._host_sets: dict[int, frozenset] = {}
-        self._entries: dict[str, dict[tuple, C.Flow]] = {}     # switches whose tables were replaced
+        self._entries: dict[str, dict[tuple, compiler.Flow]] = {}     # switches whose tables were replaced
         self._pipeline_cache: dict[tuple, int | None] = {}
         self._sport_mask: dict[str, int] = {}
         self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)
         self.peer: dict[tuple, tuple] = {}
         for u, v, k, d in g.edges(keys=True, data=True):
-            lid = C.link_id(u, v, k)
+            lid = compiler.link_id(u, v, k)
             self.peer[u, d["ports"][u]] = (v, d["ports"][v], lid)
             self.peer[v, d["ports"][v]] = (u, d["ports"][u], lid)
 
@@ -93,7 +93,7 @@ class FabricTables:
 
     def load(self, switch: str, entries: dict | None = None) -> None:
         """Give ``switch`` these concrete entries ({(table, priority, match): actions}; none: empty tables)."""
-        self._entries[switch] = {k: C.Flow(k[0], k[1], k[2], a) for k, a in (entries or {}).items()}
+        self._entries[switch] = {k: compiler.Flow(k[0], k[1], k[2], a) for k, a in (entries or {}).items()}
         self._changed(switch)
 
     def forget(self, switch: str) -> None:
@@ -122,7 +122,7 @@ class FabricTables:
         elif msg.command == "delete":
             table.pop(msg.key, None)
         else:
-            table[msg.key] = C.Flow(msg.table, msg.priority, msg.match, msg.actions)
+            table[msg.key] = compiler.Flow(msg.table, msg.priority, msg.match, msg.actions)
         self._changed(msg.switch)
 
     def entropy_mask(self) -> int:
@@ -147,7 +147,7 @@ class FabricTables:
             ports.append(port)
         return ports
 
-    def _matches(self, f: C.Flow, pkt: dict) -> bool:
+    def _matches(self, f: compiler.Flow, pkt: dict) -> bool:
         for k, v in f.match:
             if f.hosts is not None and k == "ipv4_dst":
                 hs = self._host_sets.get(id(f.hosts))
@@ -166,7 +166,7 @@ class FabricTables:
                 return False
         return True
 
-    def lookup(self, switch: str, table: int, pkt: dict) -> C.Flow | None:
+    def lookup(self, switch: str, table: int, pkt: dict) -> compiler.Flow | None:
         best = None
         for f in self.tables(switch).get(table, ()):
             if best is not None and f.priority < best.priority:
@@ -175,8 +175,8 @@ class FabricTables:
                 if best is None:
                     best = f
                 elif f.actions != best.actions:
-                    raise Ambiguous(f"{switch} table {table}: {C.describe_flow(best)} and "
-                                    f"{C.describe_flow(f)} both match {pkt}")
+                    raise Ambiguous(f"{switch} table {table}: {compiler.describe_flow(best)} and "
+                                    f"{compiler.describe_flow(f)} both match {pkt}")
         return best
 
     # ---- walking ----------------------------------------------------------------------
@@ -185,11 +185,11 @@ class FabricTables:
         """(source interface, packet fields) for src -> dst on a plane (first rail by default)."""
         s = self._port(src, plane, src_rail)
         d = self._port(dst, plane, dst_rail)
-        pkt = {"eth_type": C.ETH_IPV4, "ipv4_src": _ip(s["ip"]), "ipv4_dst": _ip(d["ip"])}
+        pkt = {"eth_type": compiler.ETH_IPV4, "ipv4_src": _ip(s["ip"]), "ipv4_dst": _ip(d["ip"])}
         if proto == "udp":
-            pkt.update(ip_proto=C.PROTO_UDP, udp_src=sport, udp_dst=dport)
+            pkt.update(ip_proto=compiler.PROTO_UDP, udp_src=sport, udp_dst=dport)
         elif proto == "tcp":
-            pkt.update(ip_proto=C.PROTO_TCP, tcp_src=sport, tcp_dst=dport)
+            pkt.update(ip_proto=compiler.PROTO_TCP, tcp_src=sport, tcp_dst=dport)
         else:
             pkt.update(ip_proto=1)
         return s, pkt
@@ -332,7 +332,7 @@ class FabricTables:
         return lid not in self.failures.links and p["leaf"] not in self.failures.switches
 
 
-def valley_free_reachable(g: nx.MultiGraph, failures: C.Failures, src_leaf: str, dst_leaf: str) -> bool:
+def valley_free_reachable(g: nx.MultiGraph, failures: compiler.Failures, src_leaf: str, dst_leaf: str) -> bool:
     """Oracle, independent of the compiler: is there a live path that goes only up from
     ``src_leaf``, then at most one long-haul (same-tier) hop, then only down to ``dst_leaf``?"""
     dead_l, dead_s = failures.links, failures.switches
@@ -344,7 +344,7 @@ def valley_free_reachable(g: nx.MultiGraph, failures: C.Failures, src_leaf: str,
         for v, keys in g.adj[n].items():
             if v in dead_s or tier[v] == 0:
                 continue
-            if want(tier[n], tier[v]) and any(C.link_id(n, v, k) not in dead_l for k in keys):
+            if want(tier[n], tier[v]) and any(compiler.link_id(n, v, k) not in dead_l for k in keys):
                 yield v
 
     def closure(start, want):

@@ -20,11 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
-
-from hpnlab.controller import compiler as C
-from hpnlab.controller import reconcile as R
-from hpnlab.fabric import graph as fgraph
 from oftable import FabricTables, valley_free_reachable
+
+from hpnlab.controller import compiler, reconcile
+from hpnlab.fabric import graph as fgraph
 
 Interleaving = Callable[[list[str], int], str]
 
@@ -66,8 +65,8 @@ class Counts:
 class Replay:
     def __init__(self, g: nx.MultiGraph, policy: str, interleaving: Interleaving = switch_by_switch):
         self.g = g
-        self.reconciler = R.Reconciler(g, policy)
-        self.net = FabricTables(g, {}, C.Failures())
+        self.reconciler = reconcile.Reconciler(g, policy)
+        self.net = FabricTables(g, {}, compiler.Failures())
         self.interleaving = interleaving
         self.queues: dict[str, deque] = {sw: deque() for sw in fgraph.switches(g)}
         self.now = 0.0
@@ -94,23 +93,23 @@ class Replay:
             sw = self.interleaving(ready, step)
             step += 1
             msg = self.queues[sw].popleft()
-            if isinstance(msg, (R.FlowMod, R.WipeTables)):
+            if isinstance(msg, (reconcile.FlowMod, reconcile.WipeTables)):
                 self.net.apply(msg)
                 if check:
                     self.check(changed=msg.switch)
-            elif isinstance(msg, R.Barrier):
-                self.feed(R.BarrierReply(sw, msg.xid))
-            elif isinstance(msg, R.FlowStatsRequest):
-                flows = tuple(R.FlowEntry(k[0], k[1], k[2], a) for k, a in self.net.entries(sw).items())
-                self.feed(R.FlowStatsReply(sw, msg.xid, flows))
+            elif isinstance(msg, reconcile.Barrier):
+                self.feed(reconcile.BarrierReply(sw, msg.xid))
+            elif isinstance(msg, reconcile.FlowStatsRequest):
+                flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in self.net.entries(sw).items())
+                self.feed(reconcile.FlowStatsReply(sw, msg.xid, flows))
 
     def start(self) -> None:
         """Every switch connects, reports its ports up and is installed (not checked: nothing
         forwards before the fabric is installed)."""
         for sw in fgraph.switches(self.g):
             self.net.load(sw, {})
-            self.feed(R.SwitchUp(sw))
-            self.feed(R.PortStatus(sw, {p: True for p in self._ports(sw)}))
+            self.feed(reconcile.SwitchUp(sw))
+            self.feed(reconcile.PortStatus(sw, dict.fromkeys(self._ports(sw), True)))
         self.drain(check=False)
         assert self.reconciler.settled
 
@@ -122,11 +121,11 @@ class Replay:
         """The fabric changes (before any switch reports it); the entropy branches walked from
         now on cover every bit pattern of the tables now and of the tables the change leads to."""
         f = self.net.failures
-        after = C.Failures(frozenset(f.links if links is None else links),
+        after = compiler.Failures(frozenset(f.links if links is None else links),
                            frozenset(f.switches if switches is None else switches))
         self.net.failures = after
         mask = 0
-        for st in C.compile_fabric(self.g, after, self.reconciler.policy).values():
+        for st in compiler.compile_fabric(self.g, after, self.reconciler.policy).values():
             for flow in st.flows:
                 for name, value in flow.match:
                     if name == "udp_src":
@@ -139,9 +138,9 @@ class Replay:
         port = self.g.edges[lid]["ports"]
         self._physical(links=self.net.failures.links | {lid})
         self.begin("monotone")
-        first = self.feed(R.PortStatus(u, {port[u]: False}))
+        first = self.feed(reconcile.PortStatus(u, {port[u]: False}))
         self.drain()
-        second = self.feed(R.PortStatus(v, {port[v]: False}))
+        second = self.feed(reconcile.PortStatus(v, {port[v]: False}))
         self.drain()
         self.end()
         return [first, second]
@@ -153,9 +152,9 @@ class Replay:
         port = self.g.edges[lid]["ports"]
         self._physical(links=self.net.failures.links - {lid})
         self.begin("monotone")
-        first = self.feed(R.PortStatus(u, {port[u]: True}))
+        first = self.feed(reconcile.PortStatus(u, {port[u]: True}))
         self.drain()
-        second = self.feed(R.PortStatus(v, {port[v]: True}))
+        second = self.feed(reconcile.PortStatus(v, {port[v]: True}))
         self.drain()
         self.end()
         return [first, second]
@@ -164,7 +163,7 @@ class Replay:
         self._physical(switches=self.net.failures.switches | {sw})
         self.net.forget(sw)
         self.begin("monotone")
-        self.feed(R.SwitchDown(sw))
+        self.feed(reconcile.SwitchDown(sw))
         self.drain()
         self.end()
 
@@ -173,7 +172,7 @@ class Replay:
         self._physical(switches=self.net.failures.switches - {sw})
         self.net.load(sw, {})
         self.begin("monotone")
-        self.feed(R.SwitchUp(sw, {p: True for p in self._ports(sw)}))
+        self.feed(reconcile.SwitchUp(sw, dict.fromkeys(self._ports(sw), True)))
         self.drain()
         self.end()
 

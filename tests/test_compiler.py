@@ -1,9 +1,11 @@
 """The routing compiler's output, role by role, and its route counts against the formulas."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import analysis, graph, spec
 from hpnlab.fabric.errors import UserError
 
@@ -21,27 +23,27 @@ def routes(state):
     """{prefix text: actions} of a switch's table 1 (compact blocks listed as 'leaf-prefix*')."""
     out = {}
     for f in state.flows:
-        if f.table != C.TABLE_ROUTE:
+        if f.table != compiler.TABLE_ROUTE:
             continue
         (net_mask,) = [v for k, v in f.match if k == "ipv4_dst"]
         if isinstance(net_mask, tuple):
             net, mask = net_mask
-            text = f"{C.ip_str(net)}/{bin(mask).count('1')}"
+            text = f"{compiler.ip_str(net)}/{bin(mask).count('1')}"
         else:
-            text = f"{C.ip_str(net_mask)}/32"
+            text = f"{compiler.ip_str(net_mask)}/32"
         out[text + ("*" if f.hosts is not None else "")] = f.actions
     return out
 
 
 def uplink_ports(g, sw):
-    return tuple(sorted(p for p, _, _ in C.index_of(g).sw[sw].up))
+    return tuple(sorted(p for p, _, _ in compiler.index_of(g).sw[sw].up))
 
 
 # ---- per role ----------------------------------------------------------------------
 
 def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_up():
     g = fabric("mini-hpn")
-    leaf = C.compile_fabric(g)["p0l1"]
+    leaf = compiler.compile_fabric(g)["p0l1"]
     r = routes(leaf)
     plan = g.graph["plan"]
     hosts = {p["ip"]: p["leaf_port"] for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["leaf"] == "p0l1"}
@@ -49,26 +51,26 @@ def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_
                                                                for ip, port in hosts.items()}
     assert r[g.nodes["p0l1"]["prefix"]] == ()                               # the rest of its prefix: drop
     up = r[plan.plane_prefix(0)]
-    assert up[0][0] == "metadata" and up[1] == ("goto", C.TABLE_ENTROPY)    # multipath over both uplinks
+    assert up[0][0] == "metadata" and up[1] == ("goto", compiler.TABLE_ENTROPY)    # multipath over both uplinks
     assert len(r) == len(hosts) + 2
 
 
 def test_leaf_sends_arp_to_the_controller_and_ipv4_to_routing_and_nothing_else():
     g = fabric("mini-hpn")
-    t0 = [f for f in C.compile_fabric(g)["p0l0"].flows if f.table == C.TABLE_CLASSIFY]
+    t0 = [f for f in compiler.compile_fabric(g)["p0l0"].flows if f.table == compiler.TABLE_CLASSIFY]
     assert {(dict(f.match)["eth_type"], f.actions) for f in t0} == {
-        (C.ETH_ARP, (("controller",),)), (C.ETH_IPV4, (("goto", C.TABLE_ROUTE),))}
+        (compiler.ETH_ARP, (("controller",),)), (compiler.ETH_IPV4, (("goto", compiler.TABLE_ROUTE),))}
 
 
 def test_spines_never_send_arp_to_the_controller():
     g = fabric("mini-hpn")
-    t0 = [f for f in C.compile_fabric(g)["p0s0"].flows if f.table == C.TABLE_CLASSIFY]
-    assert [dict(f.match)["eth_type"] for f in t0] == [C.ETH_IPV4]
+    t0 = [f for f in compiler.compile_fabric(g)["p0s0"].flows if f.table == compiler.TABLE_CLASSIFY]
+    assert [dict(f.match)["eth_type"] for f in t0] == [compiler.ETH_IPV4]
 
 
 def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
     g = fabric("mini-hpn")
-    r = routes(C.compile_fabric(g)["p1s0"])
+    r = routes(compiler.compile_fabric(g)["p1s0"])
     leaves = [n for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 1]
     assert r == {g.nodes[leaf]["prefix"]: (("output", graph.link_ports(g, "p1s0", leaf)[0][0]),) for leaf in leaves}
 
@@ -76,7 +78,7 @@ def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
 def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_up():
     g = fabric("mini-cross-campus")
     plan = g.graph["plan"]
-    r = routes(C.compile_fabric(g)["p0s0"])
+    r = routes(compiler.compile_fabric(g)["p0s0"])
     assert r[plan.pod_prefix(0, 0, 0)] == ()
     assert r[plan.plane_prefix(0)] == (("output", uplink_ports(g, "p0s0")[0]),)
     assert len(r) == 2 + 2      # two leaves in its pod
@@ -85,80 +87,80 @@ def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_u
 def test_core_routes_each_pod_down_and_each_far_campus_across():
     g = fabric("mini-cross-campus")
     plan = g.graph["plan"]
-    r = routes(C.compile_fabric(g)["p0c0"])
-    lateral = C.index_of(g).sw["p0c0"].lateral
+    r = routes(compiler.compile_fabric(g)["p0c0"])
+    lateral = compiler.index_of(g).sw["p0c0"].lateral
     assert r[plan.campus_prefix(0, 1)] == (("output", lateral[0][0]),)
-    assert r[plan.pod_prefix(0, 0, 0)][1] == ("goto", C.TABLE_ENTROPY)     # down to both spines
+    assert r[plan.pod_prefix(0, 0, 0)][1] == ("goto", compiler.TABLE_ENTROPY)     # down to both spines
     assert len(r) == 2
 
 
 def test_fat_tree_core_holds_one_route_per_pod():
     g = fabric("fat-tree-4")
     plan = g.graph["plan"]
-    r = routes(C.compile_fabric(g)["c0"])
+    r = routes(compiler.compile_fabric(g)["c0"])
     assert set(r) == {plan.pod_prefix(0, 0, p) for p in range(4)}
 
 
 def test_host_routes_policy_has_one_route_per_host_address_and_no_aggregate():
     g = fabric("mini-hpn")
-    st = C.compile_fabric(g, policy="host-routes")
+    st = compiler.compile_fabric(g, policy="host-routes")
     plane_ports = sum(1 for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["plane"] == 0)
     for name in ("p0l0", "p0s1"):
         table = st[name].expanded()
-        dsts = [dict(k[2])["ipv4_dst"] for k in table if k[0] == C.TABLE_ROUTE]
+        dsts = [dict(k[2])["ipv4_dst"] for k in table if k[0] == compiler.TABLE_ROUTE]
         assert all(isinstance(d, int) for d in dsts)          # only /32 routes
         assert len(dsts) == st[name].route_count == plane_ports    # own hosts included on the leaf
 
 
 def test_unknown_policy_is_a_user_error():
     with pytest.raises(UserError, match="routing policy"):
-        C.compile_fabric(fabric("mini-hpn"), policy="ecmp-magic")
+        compiler.compile_fabric(fabric("mini-hpn"), policy="ecmp-magic")
 
 
 def test_compiling_twice_gives_identical_state():
     g = fabric("mini-rail")
-    f = C.Failures.of([("p0l0", "p0s0", 0)])
-    assert C.compile_fabric(g, f) == C.compile_fabric(g, f)
+    f = compiler.Failures.of([("p0l0", "p0s0", 0)])
+    assert compiler.compile_fabric(g, f) == compiler.compile_fabric(g, f)
 
 
 def test_failed_switch_gets_no_state():
     g = fabric("mini-hpn")
-    assert "p0s0" not in C.compile_fabric(g, C.Failures(switches=frozenset(["p0s0"])))
+    assert "p0s0" not in compiler.compile_fabric(g, compiler.Failures(switches=frozenset(["p0s0"])))
 
 
 # ---- de-aggregation -----------------------------------------------------------------------
 
 def test_a_failed_leaf_spine_link_adds_exactly_one_specific_route_per_other_leaf():
     g = fabric("mini-hpn")
-    healthy = C.compile_fabric(g)
-    failed = C.compile_fabric(g, C.Failures.of([("p0l0", "p0s0", 0)]))
+    healthy = compiler.compile_fabric(g)
+    failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
     prefix = g.nodes["p0l0"]["prefix"]
-    s1_port = [p for p, n, _ in C.index_of(g).sw["p0l1"].up if n == "p0s1"][0]
+    s1_port = next(p for p, n, _ in compiler.index_of(g).sw["p0l1"].up if n == "p0s1")
     for leaf in ("p0l1", "p0l2", "p0l3"):
         added = {k: v for k, v in routes(failed[leaf]).items() if routes(healthy[leaf]).get(k) != v}
         assert added == {prefix: (("output", s1_port),)}     # avoid p0s0 for p0l0's hosts only
     # p0l0 itself lost an uplink: its plane route now uses the other one; the spine forgets p0l0
     assert routes(failed["p0l0"])[g.graph["plan"].plane_prefix(0)] == (("output", uplink_ports(g, "p0l0")[1]),)
     assert prefix not in routes(failed["p0s0"])
-    assert C.deaggregated(failed, healthy) == 3
+    assert compiler.deaggregated(failed, healthy) == 3
     # the other plane is untouched
     assert all(failed[n] == healthy[n] for n in healthy if n.startswith("p1"))
 
 
 def test_repair_removes_the_deaggregated_routes():
     g = fabric("fat-tree-4")
-    healthy = C.compile_fabric(g)
-    failed = C.compile_fabric(g, C.Failures.of([("e0", "a0", 0)]))
-    assert C.deaggregated(failed, healthy) > 0
-    repaired = C.compile_fabric(g, C.Failures())
-    assert repaired == healthy and C.deaggregated(repaired, healthy) == 0
+    healthy = compiler.compile_fabric(g)
+    failed = compiler.compile_fabric(g, compiler.Failures.of([("e0", "a0", 0)]))
+    assert compiler.deaggregated(failed, healthy) > 0
+    repaired = compiler.compile_fabric(g, compiler.Failures())
+    assert repaired == healthy and compiler.deaggregated(repaired, healthy) == 0
 
 
 def test_unreachable_destination_gets_explicit_drop_where_the_aggregate_would_send_it_on():
     """A spine that lost its only path to a leaf must not bounce the leaf's traffic."""
     g = fabric("mini-cross-campus")
-    f = C.Failures.of([("p0s0", "p0l0", 0), ("p0s1", "p0l0", 0)])   # p0l0 cut off from its spines
-    st = C.compile_fabric(g, f)
+    f = compiler.Failures.of([("p0s0", "p0l0", 0), ("p0s1", "p0l0", 0)])   # p0l0 cut off from its spines
+    st = compiler.compile_fabric(g, f)
     assert routes(st["p0c0"])[g.nodes["p0l0"]["prefix"]] == ()
 
 
@@ -167,9 +169,9 @@ def test_unreachable_destination_gets_explicit_drop_where_the_aggregate_would_se
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 12, 256])
 def test_entropy_table_deals_source_port_patterns_evenly(n):
     ports = tuple(range(10, 10 + n))
-    flows = C.entropy_flows(ports, 1, 7)
-    udp = [f for f in flows if dict(f.match).get("ip_proto") == C.PROTO_UDP]
-    share = {}
+    flows = compiler.entropy_flows(ports, 1, 7)
+    udp = [f for f in flows if dict(f.match).get("ip_proto") == compiler.PROTO_UDP]
+    share: dict[Any, Any] = {}
     for f in udp:
         share[f.actions[0][1]] = share.get(f.actions[0][1], 0) + 1
     assert set(share) == set(ports)
@@ -184,8 +186,8 @@ def test_entropy_table_deals_source_port_patterns_evenly(n):
 
 
 def test_next_hop_set_ids_are_stable_and_distinct():
-    assert C.set_id((5, 6)) == C.set_id((5, 6))
-    assert C.set_id((5, 6)) != C.set_id((5, 7))
+    assert compiler.set_id((5, 6)) == compiler.set_id((5, 6))
+    assert compiler.set_id((5, 6)) != compiler.set_id((5, 7))
 
 
 # ---- proxy ARP -------------------------------------------------------------------------
@@ -193,11 +195,11 @@ def test_next_hop_set_ids_are_stable_and_distinct():
 def test_arp_is_answered_only_for_hosts_of_the_leafs_plane():
     g = fabric("mini-hpn")
     h5 = {p["plane"]: p for p in graph.host_ports(g, "h5")}
-    assert C.arp_answer(g, "p0l0", h5[0]["ip"]) == h5[0]["mac"]
-    assert C.arp_answer(g, "p0l0", h5[1]["ip"]) is None          # other plane
-    assert C.arp_answer(g, "p0l0", "10.0.0.250") is None          # no such host
-    assert C.arp_answer(g, "p0s0", h5[0]["ip"]) is None           # spines answer nothing
-    assert C.arp_answer(g, "p0l0", "not-an-ip") is None
+    assert compiler.arp_answer(g, "p0l0", h5[0]["ip"]) == h5[0]["mac"]
+    assert compiler.arp_answer(g, "p0l0", h5[1]["ip"]) is None          # other plane
+    assert compiler.arp_answer(g, "p0l0", "10.0.0.250") is None          # no such host
+    assert compiler.arp_answer(g, "p0s0", h5[0]["ip"]) is None           # spines answer nothing
+    assert compiler.arp_answer(g, "p0l0", "not-an-ip") is None
 
 
 # ---- counts ------------------------------------------------------------------------------
@@ -209,7 +211,7 @@ PRESETS = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spi
 def loop_guards(g, name):
     """Drop routes the compiler adds beyond the analysis plan: a leaf's own prefix, and a
     spine's own pod when it also has a route up (see hpnlab.controller.compiler, 'aggregate')."""
-    ix = C.index_of(g)
+    ix = compiler.index_of(g)
     sw = ix.sw[name]
     return 1 if (sw.tier == 1 and sw.up) or (sw.tier == 2 and sw.up) else 0
 
@@ -218,8 +220,8 @@ def loop_guards(g, name):
 def test_route_counts_equal_the_analysis_formulas(name):
     g = fabric(name)
     plan = analysis.route_counts(g)
-    agg = C.route_summary(g, "aggregate")["switches"]
-    host = C.route_summary(g, "host-routes")["switches"]
+    agg = compiler.route_summary(g, "aggregate")["switches"]
+    host = compiler.route_summary(g, "host-routes")["switches"]
     for sw, formula in plan.items():
         assert agg[sw]["minimum_routes"] == formula["aggregated"], sw
         assert agg[sw]["routes"] == formula["aggregated"] + loop_guards(g, sw), sw
@@ -228,7 +230,7 @@ def test_route_counts_equal_the_analysis_formulas(name):
 
 def test_route_summary_sums_switches_into_pods():
     g = fabric("fat-tree-4")
-    s = C.route_summary(g, "aggregate")
+    s = compiler.route_summary(g, "aggregate")
     assert set(s["pods"]) == {f"c0/pod{p}" for p in range(4)} | {"core"}
     assert sum(p["flows"] for p in s["pods"].values()) == s["totals"]["flows"]
     assert s["pods"]["core"]["switches"] == 4
@@ -238,10 +240,10 @@ def test_route_summary_sums_switches_into_pods():
 def test_route_counts_at_130k_equal_the_analysis_formulas():
     g = graph.build(spec.load("hpn-130k"))
     plan = analysis.route_counts(g)
-    agg = C.route_summary(g, "aggregate")
+    agg = compiler.route_summary(g, "aggregate")
     assert {sw: r["routes"] - loop_guards(g, sw) for sw, r in agg["switches"].items()} == \
         {sw: f["aggregated"] for sw, f in plan.items()}
     assert agg["max_routes_per_switch"] == 512
-    host = C.route_summary(g, "host-routes")
+    host = compiler.route_summary(g, "host-routes")
     assert {sw: r["routes"] for sw, r in host["switches"].items()} == {sw: f["host_routes"] for sw, f in plan.items()}
     assert host["max_routes_per_switch"] == 131_072

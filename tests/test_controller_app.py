@@ -10,14 +10,13 @@ import pytest
 
 pytest.importorskip("os_ken")
 
-from os_ken.controller import ofp_event  # noqa: E402
-from os_ken.controller.handler import DEAD_DISPATCHER  # noqa: E402
-from os_ken.ofproto import ofproto_v1_3 as ofp  # noqa: E402
-from os_ken.ofproto import ofproto_v1_3_parser as parser  # noqa: E402
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import DEAD_DISPATCHER
+from os_ken.ofproto import ofproto_v1_3 as ofp
+from os_ken.ofproto import ofproto_v1_3_parser as parser
 
-from hpnlab.controller import compiler as C  # noqa: E402
-from hpnlab.controller import reconcile as R  # noqa: E402
-from hpnlab.fabric import graph, spec  # noqa: E402
+from hpnlab.controller import compiler, reconcile
+from hpnlab.fabric import graph, spec
 
 
 class FakeDatapath:
@@ -69,7 +68,7 @@ def features(app, dp) -> list:
 def answer_barriers(app, dps: dict) -> list:
     """Answer every barrier request sent so far, and the ones those answers cause, until none is left;
     return every other message sent meanwhile."""
-    other = []
+    other: list = []
     while True:
         pending = [(dp, m) for dp in dps.values() for m in dp.take()]
         if not pending:
@@ -109,7 +108,7 @@ def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirma
     app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
     install = dp.take()
     adds = flow_mods(install)
-    expected = C.compile_fabric(graph.build(spec.load("mini-hpn")))["p0l0"].flow_count
+    expected = compiler.compile_fabric(graph.build(spec.load("mini-hpn")))["p0l0"].flow_count
     assert len(adds) == expected and {m.command for m in adds} == {ofp.OFPFC_ADD}
     assert isinstance(install[-1], parser.OFPBarrierRequest)
 
@@ -138,9 +137,9 @@ def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app)
     app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps["p0l0"], ofp.OFPPR_MODIFY, desc)))
     sent = answer_barriers(app, dps)
     changed = {dp_name for dp_name, dp in dps.items() for d, m in sent if d is dp and isinstance(m, parser.OFPFlowMod)}
-    healthy = C.compile_fabric(g)
-    failed = C.compile_fabric(g, C.Failures.of([("p0l0", "p0s0", 0)]))
-    expected = {sw for sw in healthy if R.flow_table(healthy[sw]) != R.flow_table(failed[sw])}
+    healthy = compiler.compile_fabric(g)
+    failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    expected = {sw for sw in healthy if reconcile.flow_table(healthy[sw]) != reconcile.flow_table(failed[sw])}
     assert changed == expected and "p0l0" in changed
     assert all(sw.startswith("p0") for sw in changed)
     assert app.reconciler.settled

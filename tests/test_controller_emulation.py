@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import graph as fgraph
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
@@ -36,8 +36,8 @@ def installed_counts(emu) -> dict[str, int]:
     return {sw: len(flow_lines(sw)) for sw in fgraph.switches(emu.graph)}
 
 
-def expected_counts(emu, failures=None) -> dict[str, int]:
-    states = C.compile_fabric(emu.graph, failures, "aggregate")
+def expected_counts(emu, failures=None) -> dict[str, int | None]:
+    states = compiler.compile_fabric(emu.graph, failures, "aggregate")
     return {sw: states[sw].flow_count if sw in states else None for sw in fgraph.switches(emu.graph)}
 
 
@@ -103,7 +103,7 @@ def test_installed_flow_counts_equal_the_compilers(emu):
 
 
 def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_tables(emu):
-    failures = C.Failures.of([("p0l0", "p0s0", 0)])
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
     recompiles = metrics()["hpnlab_recompiles_total"]
     emu.link_down("p0l0", "p0s0")
     try:
@@ -127,7 +127,7 @@ def test_a_failed_spine_is_routed_around_on_its_plane(emu):
     emu.switch_down("p1s0")
     try:
         links = [(u, v, k) for u, v, k in emu.graph.edges("p1s0", keys=True)]
-        expected = expected_counts(emu, C.Failures.of(links))
+        expected = expected_counts(emu, compiler.Failures.of(links))
         assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
         assert emu.ping_all()["failed"] == []
     finally:
@@ -144,7 +144,7 @@ def test_a_restarted_switch_gets_its_state_back_and_nothing_is_duplicated(emu):
     subprocess.run(["ovs-vsctl", "del-controller", "p0s1"], check=True)
     try:
         subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "del-flows", "p0s1"], check=True)
-        away = C.Failures(switches=frozenset(["p0s1"]))
+        away = compiler.Failures(switches=frozenset(["p0s1"]))
         expected = expected_counts(emu, away)
         expected["p0s1"] = 0
         assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
@@ -165,11 +165,13 @@ def test_udp_flows_differing_only_in_source_port_spread_evenly_over_the_uplinks(
     src, dst = "h1", "h16"
     src_ip, dst_ip = emu.ip(src, plane=0), emu.ip(dst, plane=0)
     emu.host(src).cmd(f"ping -c1 -W2 {dst_ip}")      # resolve ARP first (through the controller)
-    uplinks = [p for p, _, _ in C.index_of(emu.graph).sw["p0l0"].up]
+    uplinks = [p for p, _, _ in compiler.index_of(emu.graph).sw["p0l0"].up]
 
     def tx(port):
         out = ofctl("dump-ports", "p0l0", str(port))
-        return int(re.search(r"tx pkts=(\d+)", out).group(1))
+        found = re.search(r"tx pkts=(\d+)", out)
+        assert found, out
+        return int(found.group(1))
 
     before = {p: tx(p) for p in uplinks}
     script = ("import socket, time\n"

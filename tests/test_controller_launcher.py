@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +30,7 @@ def start(argv: list[str], env: dict | None = None) -> tuple[subprocess.Popen, s
     """Start a controller process; return it once it printed its ready line (and that line)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             env=env, start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -117,7 +118,7 @@ def test_hpnlab_controller_show_prints_a_switchs_compiled_flows():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     g = graph.build(spec.load("mini-hpn"))
-    st = C.compile_fabric(g, C.Failures.of([("p0l0", "p0s0", 0)]))["p0l1"]
+    st = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))["p0l1"]
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 1 + st.flow_count
     assert "3 de-aggregated routes" in lines[0]

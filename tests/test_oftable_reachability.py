@@ -9,12 +9,13 @@ must be delivered on every branch, and no packet may loop.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
-
-from hpnlab.controller import compiler as C
-from hpnlab.fabric import graph, spec
 from oftable import FabricTables, valley_free_reachable
+
+from hpnlab.controller import compiler
+from hpnlab.fabric import graph, spec
 
 SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
 WALK_BUDGET = 20_000    # per failure trial on a large preset (cross-campus: 512 branches per pair)
@@ -27,13 +28,13 @@ def fabric(name: str):
     return _GRAPHS[name]
 
 
-def check_all_pairs(g, failures: C.Failures, policy: str) -> tuple[int, int]:
+def check_all_pairs(g, failures: compiler.Failures, policy: str) -> tuple[int, int]:
     """Assert every live pair is delivered on every entropy branch and nothing loops.
     Returns (delivered pairs, dead pairs): a pair counts as delivered when every branch is.
 
     A pair is live when both ports' links and leaves are up and a valley-free path joins
     their leaves in the live graph (the oracle in oftable, independent of the compiler)."""
-    net = FabricTables(g, C.compile_fabric(g, failures, policy), failures)
+    net = FabricTables(g, compiler.compile_fabric(g, failures, policy), failures)
     delivered = dead = 0
     problems = []
     leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in graph.hosts(g) for p in graph.host_ports(g, h)}
@@ -62,8 +63,8 @@ def test_split_walks_take_the_same_paths_as_walking_every_source_port_pattern(na
     for a pair are exactly those of walking one port per pattern of every entropy bit, under a
     failure that gives some switch a three-port set (more bits) too."""
     g = fabric(name)
-    failures = C.Failures(frozenset([fabric_links(g)[0]]))
-    net = FabricTables(g, C.compile_fabric(g, failures), failures)
+    failures = compiler.Failures(frozenset([fabric_links(g)[0]]))
+    net = FabricTables(g, compiler.compile_fabric(g, failures), failures)
     for src, dst, plane, sr, dr in net.all_pairs()[::7]:
         every = {tuple(net.send(src, dst, plane, src_rail=sr, dst_rail=dr, sport=s).hops)
                  for s in net.entropy_ports()}
@@ -75,44 +76,44 @@ def test_the_walks_take_every_multipath_choice_of_the_first_switch():
     """mini-hpn: a leaf has two uplinks and splits on one source-port bit: the branches the
     walks use leave the leaf by both."""
     g = fabric("mini-hpn")
-    net = FabricTables(g, C.compile_fabric(g))
+    net = FabricTables(g, compiler.compile_fabric(g))
     sports = net.entropy_ports()
     first_hops = {net.send("h1", "h16", 0, sport=s).hops[0][2] for s in sports}
     assert len(sports) == 2 and len(first_hops) == 2
 
 
 def fabric_links(g) -> list[tuple]:
-    return [C.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
+    return [compiler.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
 
 
-@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", SMALL)
 def test_every_pair_on_every_plane_is_delivered_in_a_healthy_fabric(name, policy):
     g = fabric(name)
-    delivered, dead = check_all_pairs(g, C.Failures(), policy)
+    delivered, dead = check_all_pairs(g, compiler.Failures(), policy)
     assert dead == 0 and delivered == len(FabricTables(g, {}).all_pairs())
 
 
-@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", SMALL)
 def test_no_live_pair_is_black_holed_under_any_single_link_failure(name, policy):
     g = fabric(name)
-    links = [C.link_id(u, v, k) for u, v, k in g.edges(keys=True)]
+    links = [compiler.link_id(u, v, k) for u, v, k in g.edges(keys=True)]
     for lid in links:
-        check_all_pairs(g, C.Failures(frozenset([lid])), policy)
+        check_all_pairs(g, compiler.Failures(frozenset([lid])), policy)
 
 
 @pytest.mark.parametrize("name", SMALL)
 def test_no_live_pair_is_black_holed_under_any_single_switch_failure(name):
     g = fabric(name)
     for sw in graph.switches(g):
-        check_all_pairs(g, C.Failures(switches=frozenset([sw])), "aggregate")
+        check_all_pairs(g, compiler.Failures(switches=frozenset([sw])), "aggregate")
 
 
 def test_a_failed_host_link_makes_only_that_port_unreachable():
     g = fabric("mini-hpn")
-    lid = C.link_id("h1", "p0l0", 0)
-    delivered, dead = check_all_pairs(g, C.Failures(frozenset([lid])), "aggregate")
+    lid = compiler.link_id("h1", "p0l0", 0)
+    _, dead = check_all_pairs(g, compiler.Failures(frozenset([lid])), "aggregate")
     # h1's plane-0 port is dead: 15 pairs towards it and 15 from it
     assert dead == 30
 
@@ -124,7 +125,7 @@ def test_no_live_pair_is_black_holed_under_random_double_link_failures(name):
     rng = random.Random(7)
     for _ in range(25):
         pair = frozenset(rng.sample(links, 2))
-        check_all_pairs(g, C.Failures(pair), "aggregate")
+        check_all_pairs(g, compiler.Failures(pair), "aggregate")
 
 
 @pytest.mark.parametrize("name,failures", [("fat-tree-8", 2), ("cross-campus", 2), ("small-hpn", 2),
@@ -134,8 +135,8 @@ def test_sampled_pairs_are_delivered_on_large_presets(name, failures):
     rng = random.Random(11)
     links = fabric_links(g)
     for trial in range(failures + 1):
-        failed = C.Failures(frozenset(rng.sample(links, trial)))
-        net = FabricTables(g, C.compile_fabric(g, failed, "aggregate"), failed)
+        failed = compiler.Failures(frozenset(rng.sample(links, trial)))
+        net = FabricTables(g, compiler.compile_fabric(g, failed, "aggregate"), failed)
         hs = graph.hosts(g)
         planes = sorted({p["plane"] for p in graph.host_ports(g, hs[0])})
         walks = 0
@@ -154,12 +155,12 @@ def test_sampled_pairs_are_delivered_on_large_presets(name, failures):
 
 def test_a_packet_to_an_address_of_no_host_is_dropped_not_looped():
     g = fabric("mini-cross-campus")
-    net = FabricTables(g, C.compile_fabric(g, None, "aggregate"))
+    net = FabricTables(g, compiler.compile_fabric(g, None, "aggregate"))
     plan = g.graph["plan"]
     base = int.from_bytes(bytes(int(x) for x in plan.plane_prefix(0).split("/")[0].split(".")), "big")
     src_port = graph.host_ports(g, "h1")[0]
-    for offset in range(0, 64):
-        pkt = {"eth_type": C.ETH_IPV4, "ip_proto": 1, "ipv4_src": 0x0A000001, "ipv4_dst": base + offset}
+    for offset in range(64):
+        pkt = {"eth_type": compiler.ETH_IPV4, "ip_proto": 1, "ipv4_src": 0x0A000001, "ipv4_dst": base + offset}
         walk = net.inject("h1", src_port["intf"], pkt)
         assert walk.result in ("delivered", "dropped"), (offset, walk)
 
@@ -169,10 +170,11 @@ def test_udp_flows_differing_only_in_source_port_spread_evenly_over_uplinks(name
     """Entropy: 1024 flows, same addresses, source ports 49152.. -> every uplink of the first
     switch gets exactly its share (the uplink counts here are powers of two)."""
     g = fabric(name)
-    net = FabricTables(g, C.compile_fabric(g))
+    net = FabricTables(g, compiler.compile_fabric(g))
     hs = graph.hosts(g)
     src, dst = hs[0], hs[-1]
-    first_out, second_out = {}, {}
+    first_out: dict[Any, Any] = {}
+    second_out: dict[Any, Any] = {}
     for sport in range(49152, 49152 + 1024):
         walk = net.send(src, dst, 0, sport=sport)
         assert walk.result == "delivered"
@@ -180,7 +182,7 @@ def test_udp_flows_differing_only_in_source_port_spread_evenly_over_uplinks(name
         key = (walk.hops[1][0], walk.hops[1][2])
         second_out[key] = second_out.get(key, 0) + 1
     leaf = walk.hops[0][0]
-    uplinks = len(C.index_of(g).sw[leaf].up)
+    uplinks = len(compiler.index_of(g).sw[leaf].up)
     assert len(first_out) == uplinks
     assert set(first_out.values()) == {1024 // uplinks}
     # the second tier uses other bits: its choice is independent of the first tier's

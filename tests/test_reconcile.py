@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpnlab.controller import compiler as C
-from hpnlab.controller import reconcile as R
+from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
 
 
@@ -18,25 +17,25 @@ def port(g, a: str, b: str, at: str) -> int:
     return g.edges[a, b, 0]["ports"][at]
 
 
-def answer(rec: R.Reconciler, msgs: list, now: float = 0.0) -> list:
+def answer(rec: reconcile.Reconciler, msgs: list, now: float = 0.0) -> list:
     """Answer every barrier (and the barriers of what follows) until the reconciler is quiet;
     return every message it sent on the way."""
     sent = list(msgs)
     queue = list(msgs)
     while queue:
         m = queue.pop(0)
-        if isinstance(m, R.Barrier):
-            more = rec.handle(R.BarrierReply(m.switch, m.xid), now)
+        if isinstance(m, reconcile.Barrier):
+            more = rec.handle(reconcile.BarrierReply(m.switch, m.xid), now)
             sent += more
             queue += more
     return sent
 
 
-def installed(g, policy: str = "aggregate") -> R.Reconciler:
-    rec = R.Reconciler(g, policy)
+def installed(g, policy: str = "aggregate") -> reconcile.Reconciler:
+    rec = reconcile.Reconciler(g, policy)
     msgs = []
     for sw in graph.switches(g):
-        msgs += rec.handle(R.SwitchUp(sw))
+        msgs += rec.handle(reconcile.SwitchUp(sw))
     answer(rec, msgs)
     assert rec.settled
     return rec
@@ -44,66 +43,68 @@ def installed(g, policy: str = "aggregate") -> R.Reconciler:
 
 def test_a_link_counts_down_as_soon_as_one_end_reports_it(mini_hpn):
     rec = installed(mini_hpn)
-    msgs = rec.handle(R.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
+    msgs = rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
     assert rec.failures.links == {("p0l0", "p0s0", 0)}
-    assert any(isinstance(m, R.FlowMod) for m in msgs)
+    assert any(isinstance(m, reconcile.FlowMod) for m in msgs)
 
 
 def test_the_other_end_reporting_the_same_link_down_changes_nothing(mini_hpn):
     rec = installed(mini_hpn)
-    answer(rec, rec.handle(R.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
     recompiles = rec.counters["recompiles"]
-    assert rec.handle(R.PortStatus("p0s0", {port(mini_hpn, "p0l0", "p0s0", "p0s0"): False})) == []
+    assert rec.handle(reconcile.PortStatus("p0s0", {port(mini_hpn, "p0l0", "p0s0", "p0s0"): False})) == []
     assert rec.counters["recompiles"] == recompiles
 
 
 def test_a_link_is_up_again_only_once_both_ends_report_it_up(mini_hpn):
     rec = installed(mini_hpn)
     a, b = port(mini_hpn, "p0l0", "p0s0", "p0l0"), port(mini_hpn, "p0l0", "p0s0", "p0s0")
-    answer(rec, rec.handle(R.PortStatus("p0l0", {a: False})))
-    answer(rec, rec.handle(R.PortStatus("p0s0", {b: False})))
-    assert rec.handle(R.PortStatus("p0l0", {a: True})) == []
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {a: False})))
+    answer(rec, rec.handle(reconcile.PortStatus("p0s0", {b: False})))
+    assert rec.handle(reconcile.PortStatus("p0l0", {a: True})) == []
     assert rec.failures.links == {("p0l0", "p0s0", 0)}
-    answer(rec, rec.handle(R.PortStatus("p0s0", {b: True})))
+    answer(rec, rec.handle(reconcile.PortStatus("p0s0", {b: True})))
     assert not rec.failures and rec.settled
-    assert rec.desired == {sw: R.flow_table(st) for sw, st in rec.healthy.items()}
+    assert rec.desired == {sw: reconcile.flow_table(st) for sw, st in rec.healthy.items()}
 
 
 def test_a_port_that_is_no_link_recompiles_nothing(mini_hpn):
     rec = installed(mini_hpn)
-    assert rec.handle(R.PortStatus("p0l0", {999: False})) == []
+    assert rec.handle(reconcile.PortStatus("p0l0", {999: False})) == []
     assert rec.counters["recompiles"] == 0
 
 
 def test_a_link_failure_recompiles_only_its_plane(mini_hpn):
     rec = installed(mini_hpn)
     plane1 = {sw: rec.states[sw] for sw in rec.states if sw.startswith("p1")}
-    rec.handle(R.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
+    rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
     assert rec.last_recompiled_planes == (0,)
     assert all(rec.states[sw] is st for sw, st in plane1.items())
 
 
 def test_a_switch_that_connects_is_wiped_before_anything_else(mini_hpn):
-    rec = R.Reconciler(mini_hpn)
-    msgs = rec.handle(R.SwitchUp("p0l0"))
-    assert [type(m) for m in msgs] == [R.WipeTables, R.Barrier]
+    rec = reconcile.Reconciler(mini_hpn)
+    msgs = rec.handle(reconcile.SwitchUp("p0l0"))
+    assert [type(m) for m in msgs] == [reconcile.WipeTables, reconcile.Barrier]
 
 
 def test_flows_count_as_installed_only_once_their_barrier_is_answered(mini_hpn):
-    rec = R.Reconciler(mini_hpn)
-    (_wipe, barrier) = rec.handle(R.SwitchUp("p0l0"))
-    install = rec.handle(R.BarrierReply("p0l0", barrier.xid))
-    assert any(isinstance(m, R.FlowMod) for m in install)
+    rec = reconcile.Reconciler(mini_hpn)
+    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"))
+    assert isinstance(barrier, reconcile.Barrier)
+    install = rec.handle(reconcile.BarrierReply("p0l0", barrier.xid))
+    assert any(isinstance(m, reconcile.FlowMod) for m in install)
     assert rec.confirmed["p0l0"] == {}
     answer(rec, install)
     assert rec.confirmed["p0l0"] == rec.desired["p0l0"]
 
 
 def test_an_unknown_barrier_reply_confirms_nothing(mini_hpn):
-    rec = R.Reconciler(mini_hpn)
-    (_wipe, barrier) = rec.handle(R.SwitchUp("p0l0"))
-    install = rec.handle(R.BarrierReply("p0l0", barrier.xid))
-    rec.handle(R.BarrierReply("p0l0", 123456))
+    rec = reconcile.Reconciler(mini_hpn)
+    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"))
+    assert isinstance(barrier, reconcile.Barrier)
+    install = rec.handle(reconcile.BarrierReply("p0l0", barrier.xid))
+    rec.handle(reconcile.BarrierReply("p0l0", 123456))
     assert rec.confirmed["p0l0"] == {} and install
 
 
@@ -113,10 +114,10 @@ def test_each_switch_gets_additions_and_deletions_in_separate_barriered_groups(m
     deletions route table first (entropy entries go once no route uses them)."""
     rec = installed(mini_hpn)
     p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
-    steps = [rec.handle(R.PortStatus("p0l0", {p: False}))]
+    steps = [rec.handle(reconcile.PortStatus("p0l0", {p: False}))]
     while steps[-1]:
         steps.append(answer_once(rec, steps[-1]))
-    steps.append(rec.handle(R.PortStatus("p0l0", {p: True})))
+    steps.append(rec.handle(reconcile.PortStatus("p0l0", {p: True})))
     while steps[-1]:
         steps.append(answer_once(rec, steps[-1]))
     saw_delete = False
@@ -134,23 +135,24 @@ def test_each_switch_gets_additions_and_deletions_in_separate_barriered_groups(m
     assert saw_delete
 
 
-def answer_once(rec: R.Reconciler, msgs: list) -> list:
+def answer_once(rec: reconcile.Reconciler, msgs: list) -> list:
     """Answer the barriers of one step; return the next step."""
     out = []
     for m in msgs:
-        if isinstance(m, R.Barrier):
-            out += rec.handle(R.BarrierReply(m.switch, m.xid))
+        if isinstance(m, reconcile.Barrier):
+            out += rec.handle(reconcile.BarrierReply(m.switch, m.xid))
     return out
 
 
 def _segments(msgs: list) -> list[list]:
-    out, cur = [], []
+    out: list[list] = []
+    cur: list = []
     for m in msgs:
-        if isinstance(m, R.Barrier):
+        if isinstance(m, reconcile.Barrier):
             if cur:
                 out.append(cur)
             cur = []
-        elif isinstance(m, R.FlowMod):
+        elif isinstance(m, reconcile.FlowMod):
             cur.append(m)
     if cur:
         out.append(cur)
@@ -161,37 +163,37 @@ def test_a_repair_updates_the_switch_next_to_the_destination_before_the_switches
     """p0s0 must hold its route to p0l0 again before the other leaves drop their detour."""
     rec = installed(mini_hpn)
     p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
-    answer(rec, rec.handle(R.PortStatus("p0l0", {p: False})))
-    first = rec.handle(R.PortStatus("p0l0", {p: True}))
-    assert {m.switch for m in first if isinstance(m, R.FlowMod)} <= {"p0s0", "p0l0"}
-    assert any(m.switch == "p0s0" for m in first if isinstance(m, R.FlowMod))
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {p: False})))
+    first = rec.handle(reconcile.PortStatus("p0l0", {p: True}))
+    assert {m.switch for m in first if isinstance(m, reconcile.FlowMod)} <= {"p0s0", "p0l0"}
+    assert any(m.switch == "p0s0" for m in first if isinstance(m, reconcile.FlowMod))
     later = answer(rec, first)
-    assert any(m.switch == "p0l1" and m.command == "delete" for m in later if isinstance(m, R.FlowMod))
+    assert any(m.switch == "p0l1" and m.command == "delete" for m in later if isinstance(m, reconcile.FlowMod))
 
 
 def test_nothing_new_is_sent_while_a_confirmation_is_outstanding(mini_hpn):
     rec = installed(mini_hpn)
-    first = rec.handle(R.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
+    first = rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
     assert first
-    assert rec.handle(R.PortStatus("p1l0", {port(mini_hpn, "p1l0", "p1s0", "p1l0"): False})) == []
+    assert rec.handle(reconcile.PortStatus("p1l0", {port(mini_hpn, "p1l0", "p1s0", "p1l0"): False})) == []
     answer(rec, first)
     assert rec.settled and rec.failures.links == {("p0l0", "p0s0", 0), ("p1l0", "p1s0", 0)}
 
 
 def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
     rec = installed(mini_hpn)
-    (request,) = rec.handle(R.Error("p0l1", xid=7, type=5, code=1))
-    assert isinstance(request, R.FlowStatsRequest) and request.switch == "p0l1"
+    (request,) = rec.handle(reconcile.Error("p0l1", xid=7, type=5, code=1))
+    assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l1"
     assert "p0l1" not in rec.confirmed
     have = dict(rec.desired["p0l1"])
     lost = max(have)
     del have[lost]
     have[(1, 1100, (("eth_type", 0x800),))] = (("output", 9),)      # a stray entry
-    flows = tuple(R.FlowEntry(k[0], k[1], k[2], a) for k, a in have.items())
-    part1 = rec.handle(R.FlowStatsReply("p0l1", request.xid, flows[:3], more=True))
+    flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in have.items())
+    part1 = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[:3], more=True))
     assert part1 == []
-    fix = rec.handle(R.FlowStatsReply("p0l1", request.xid, flows[3:]))
-    mods = [m for m in fix if isinstance(m, R.FlowMod)]
+    fix = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[3:]))
+    mods = [m for m in fix if isinstance(m, reconcile.FlowMod)]
     assert [(m.command, m.key) for m in mods if m.command != "delete"] == [("add", lost)]
     answer(rec, fix)
     answer(rec, [])
@@ -199,43 +201,44 @@ def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
 
 
 def test_a_confirmation_that_does_not_arrive_in_time_resynchronises_the_switch(mini_hpn):
-    rec = R.Reconciler(mini_hpn, confirm_timeout_s=2.0)
-    (_wipe, barrier) = rec.handle(R.SwitchUp("p0l0"), now=10.0)
-    assert rec.handle(R.Tick(), now=11.0) == []
-    (request,) = rec.handle(R.Tick(), now=12.5)
-    assert isinstance(request, R.FlowStatsRequest) and request.switch == "p0l0"
-    assert rec.handle(R.BarrierReply("p0l0", barrier.xid)) == []     # too late: the resync decides
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"), now=10.0)
+    assert isinstance(barrier, reconcile.Barrier)
+    assert rec.handle(reconcile.Tick(), now=11.0) == []
+    (request,) = rec.handle(reconcile.Tick(), now=12.5)
+    assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l0"
+    assert rec.handle(reconcile.BarrierReply("p0l0", barrier.xid)) == []     # too late: the resync decides
 
 
 def test_a_switch_that_goes_down_is_routed_around_and_forgotten(mini_hpn):
     rec = installed(mini_hpn)
-    answer(rec, rec.handle(R.SwitchDown("p0s0")))
+    answer(rec, rec.handle(reconcile.SwitchDown("p0s0")))
     assert rec.failures.switches == {"p0s0"} and "p0s0" not in rec.desired and "p0s0" not in rec.confirmed
     assert rec.settled
 
 
 def test_every_event_type_is_handled_and_anything_else_is_refused(mini_hpn):
-    rec = R.Reconciler(mini_hpn)
+    rec = reconcile.Reconciler(mini_hpn)
     with pytest.raises(TypeError):
-        rec.handle("switch up")
+        rec.handle("switch up")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
 def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, policy):
     rec = installed(mini_hpn, policy)
-    failures = C.Failures.of([("p0l0", "p0s0", 0)], ["p1s1"])
-    answer(rec, rec.handle(R.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
-    answer(rec, rec.handle(R.SwitchDown("p1s1")))
-    want = C.compile_fabric(mini_hpn, failures, policy)
-    assert rec.confirmed == {sw: R.flow_table(st) for sw, st in want.items()}
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0)], ["p1s1"])
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
+    answer(rec, rec.handle(reconcile.SwitchDown("p1s1")))
+    want = compiler.compile_fabric(mini_hpn, failures, policy)
+    assert rec.confirmed == {sw: reconcile.flow_table(st) for sw, st in want.items()}
 
 
 def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_reports_them(mini_hpn):
     rec = installed(mini_hpn)
     p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
-    answer(rec, rec.handle(R.PortStatus("p0l0", {p: False})))
-    answer(rec, rec.handle(R.SwitchDown("p0l0")))
-    answer(rec, rec.handle(R.SwitchUp("p0l0")))
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {p: False})))
+    answer(rec, rec.handle(reconcile.SwitchDown("p0l0")))
+    answer(rec, rec.handle(reconcile.SwitchUp("p0l0")))
     assert rec.failures.links == {("p0l0", "p0s0", 0)} and not rec.failures.switches
-    answer(rec, rec.handle(R.SwitchUp("p0l0", {p: True})))
+    answer(rec, rec.handle(reconcile.SwitchUp("p0l0", {p: True})))
     assert not rec.failures and rec.settled

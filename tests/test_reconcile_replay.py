@@ -15,11 +15,10 @@ switch keeps its own order):
 from __future__ import annotations
 
 import pytest
-
-from hpnlab.controller import compiler as C
-from hpnlab.controller import reconcile as R
-from hpnlab.fabric import graph, spec
 from replay import Replay, reverse_switch_by_switch, switch_by_switch
+
+from hpnlab.controller import compiler, reconcile
+from hpnlab.fabric import graph, spec
 
 INTERLEAVINGS = {"switch-by-switch": switch_by_switch, "reverse": reverse_switch_by_switch}
 LINKS = {"mini-hpn": [("p0l0", "p0s0")],
@@ -40,14 +39,14 @@ def problems(replay: Replay) -> str:
 
 
 @pytest.mark.parametrize("interleaving", INTERLEAVINGS)
-@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", LINKS)
 def test_a_link_failure_and_its_repair_never_loop_or_lose_a_delivered_branch(name, policy, interleaving):
     g = fabric(name)
     replay = Replay(g, policy, INTERLEAVINGS[interleaving])
     replay.start()
     for a, b in LINKS[name]:
-        lid = C.link_id(a, b, 0)
+        lid = compiler.link_id(a, b, 0)
         _first, second = replay.fail_link(lid)
         assert second == [], "the second end's report of a link already down must change nothing"
         assert not replay.counts.problems, problems(replay)
@@ -58,7 +57,7 @@ def test_a_link_failure_and_its_repair_never_loop_or_lose_a_delivered_branch(nam
 
 
 @pytest.mark.parametrize("interleaving", INTERLEAVINGS)
-@pytest.mark.parametrize("policy", C.ROUTING_POLICIES)
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
 @pytest.mark.parametrize("name", SWITCHES)
 def test_a_switch_failure_and_its_repair_never_loop_or_lose_a_delivered_branch(name, policy, interleaving):
     g = fabric(name)
@@ -89,13 +88,13 @@ def test_sending_every_switch_its_changes_at_once_black_holes_traffic_during_a_r
     on repair of p0l0-p0s0 the other leaves drop their detour before p0s0 routes to p0l0 again.
     The replay must see it (this is what the downstream-first steps fix)."""
     def everything_at_once(ix, confirmed, desired, switches):
-        items = [it for sw in switches for it in R.diff(confirmed.get(sw, {}), desired.get(sw, {}), sw)]
+        items = [it for sw in switches for it in reconcile.diff(confirmed.get(sw, {}), desired.get(sw, {}), sw)]
         return items, 0, False
 
-    monkeypatch.setattr(R, "plan_step", everything_at_once)
+    monkeypatch.setattr(reconcile, "plan_step", everything_at_once)
     replay = Replay(fabric("mini-hpn"), "aggregate", switch_by_switch)
     replay.start()
-    lid = C.link_id("p0l0", "p0s0", 0)
+    lid = compiler.link_id("p0l0", "p0s0", 0)
     replay.fail_link(lid)
     before = len(replay.counts.problems)
     replay.repair_link(lid)

@@ -16,7 +16,7 @@ import argparse
 import gc
 import time
 
-from hpnlab.controller import compiler as C
+from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 
 BAIDU_ROUTES_PER_POD = 4000
@@ -37,31 +37,31 @@ def bench(name: str, target_s: float) -> bool:
     import os
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times stretch with it)")
     g, t_build = timed(graph.build, spec.load(name))
-    _, t_index = timed(C.index_of, g)
+    _, t_index = timed(compiler.index_of, g)
     print(f"\n== {name}: {sum(1 for _ in graph.switches(g)):,} switches, {g.number_of_edges():,} links "
           f"(graph build {t_build:.1f} s, compiler index {t_index:.1f} s)")
     ok = True
     summaries = {}
-    for policy in C.ROUTING_POLICIES:
-        states, t_compile = timed(C.compile_fabric, g, None, policy)
+    for policy in compiler.ROUTING_POLICIES:
+        states, t_compile = timed(compiler.compile_fabric, g, None, policy)
         flag = "" if t_compile < target_s else f"  ABOVE GOAL {target_s:g} s"
         ok &= t_compile < target_s
-        summaries[policy] = C.route_summary(g, policy)
+        summaries[policy] = compiler.route_summary(g, policy)
         print(f"  compile {policy:<12} {t_compile:6.2f} s wall, {LAST_CPU[0]:5.2f} s CPU "
               f"(goal {target_s:g} s: {t_compile / target_s:.2f} of it){flag}")
         del states
     # a PortStatus: one leaf-spine link fails; the reconciler recompiles only that link's plane
     leaf = next(n for n in graph.switches(g) if g.nodes[n]["tier"] == 1)
     spine = next(iter(n for n in g.adj[leaf] if g.nodes[n]["tier"] == 2))
-    failed = C.Failures.of([(leaf, spine, 0)])
-    healthy = C.compile_fabric(g)
-    after, t_re = timed(C.compile_fabric, g, failed)
+    failed = compiler.Failures.of([(leaf, spine, 0)])
+    healthy = compiler.compile_fabric(g)
+    after, t_re = timed(compiler.compile_fabric, g, failed)
     print(f"  recompile after {leaf}-{spine} fails: {t_re:.2f} s wall, {LAST_CPU[0]:.2f} s CPU, "
-          f"{C.deaggregated(after, healthy):,} "
+          f"{compiler.deaggregated(after, healthy):,} "
           f"de-aggregated routes")
     plane = g.nodes[leaf].get("plane", 0)
     plane_switches = [n for n in graph.switches(g) if g.nodes[n].get("plane", 0) == plane]
-    _, t_plane = timed(C.compile_fabric, g, failed, "aggregate", switches=plane_switches)
+    _, t_plane = timed(compiler.compile_fabric, g, failed, "aggregate", switches=plane_switches)
     print(f"  the same, only plane {plane} ({len(plane_switches):,} switches, what the reconciler recompiles): "
           f"{t_plane:.2f} s wall, {LAST_CPU[0]:.2f} s CPU")
     del after, healthy
@@ -88,9 +88,9 @@ def bench(name: str, target_s: float) -> bool:
 def compact_vs_expanded(name: str, switches: int) -> None:
     """Host-routes on `switches` switches: compact blocks vs one value per /32, same output."""
     g = graph.build(spec.load(name))
-    C.index_of(g)
-    some = [n for n in graph.switches(g)][:switches]
-    states, t_compact = timed(C.compile_fabric, g, None, "host-routes", switches=some)
+    compiler.index_of(g)
+    some = list(graph.switches(g))[:switches]
+    states, t_compact = timed(compiler.compile_fabric, g, None, "host-routes", switches=some)
     gc.disable()
     try:
         expanded, t_expand = timed(lambda: {n: [e for f in st.flows for e in f.expand()] for n, st in states.items()})

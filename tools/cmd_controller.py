@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def _show(args) -> int:
-    from hpnlab.controller import compiler as C
+    from hpnlab.controller import compiler
     from hpnlab.fabric import graph, spec
 
     g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.set)))
@@ -41,18 +41,18 @@ def _show(args) -> int:
         if not sep or a not in g or b not in g or not g.has_edge(a, b):
             raise UserError(f"--fail {item!r}: no link between {a!r} and {b!r} (write it as NODE-NODE)")
         links += [(a, b, k) for k in g[a][b]]
-    failures = C.Failures.of(links)
-    states = C.compile_fabric(g, failures, args.policy)
+    failures = compiler.Failures.of(links)
+    states = compiler.compile_fabric(g, failures, args.policy)
     st = states.get(args.show)
     if st is None:
         print(f"{args.show}: failed (no state)")
         return 0
-    healthy = C.compile_fabric(g, None, args.policy)
+    healthy = compiler.compile_fabric(g, None, args.policy)
     print(f"# {args.show} dpid {st.dpid:016x}, policy {args.policy}: {st.flow_count} flows "
-          f"({st.route_count} routes); {C.deaggregated(states, healthy)} de-aggregated "
+          f"({st.route_count} routes); {compiler.deaggregated(states, healthy)} de-aggregated "
           f"routes fabric-wide")
     for f in st.flows:
-        print(C.describe_flow(f))
+        print(compiler.describe_flow(f))
     return 0
 
 
