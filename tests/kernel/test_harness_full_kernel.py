@@ -95,15 +95,18 @@ def diagnosis(emu) -> str:
             f"{status[:1500]}\n--- controller log (tail) ---\n{log}")
 
 
-def ping_all_patiently(emu, rounds: int = 4) -> dict:
-    """emu.ping_all(), then again for the pairs that failed, up to ``rounds`` rounds.
+def ping_all_patiently(emu, patience_s: float = 120.0) -> dict:
+    """emu.ping_all(), then again for the pairs that failed, until none fails or ``patience_s``
+    has passed (a black hole still fails: its pairs never answer).
 
     Every first packet of a pair waits for proxy ARP at the controller; all hosts ask at
     once, and under TCG the controller answers a burst of ~100 ARP packet-ins in tens of
-    seconds, past ping's wait. The harness's own start-up check retries the same way."""
+    seconds, past ping's wait; on a loaded host that took more than four rounds. The
+    harness's own start-up check retries the same way."""
+    deadline = time.monotonic() + patience_s
     result = emu.ping_all(timeout_s=5)
     failed, n = result["failed"], 1
-    while failed and n < rounds:
+    while failed and time.monotonic() < deadline:
         failed = emu.ping_all(pairs=failed, timeout_s=5)["failed"]
         n += 1
     print(f"ping_all: {result['pairs']} pairs, {len(result['failed'])} failed in round 1, "
