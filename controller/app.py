@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
-from hpnlab.fabric.addressing import ip_str
+from hpnlab.fabric.addressing import ip_int, ip_str
 
 from . import compiler, reconcile
 from .ofp import (
@@ -68,10 +68,6 @@ def _config() -> dict:
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
-
-def _ip_int(text: str) -> int:
-    return int.from_bytes(bytes(int(x) for x in text.split(".")), "big")
-
 
 def encode_match(parser, match: tuple):
     fields = {}
@@ -130,7 +126,7 @@ def decode_match(match) -> tuple:
     fields = []
     for name, value in match.items():
         if name in ("ipv4_dst", "ipv4_src"):
-            value = (_ip_int(value[0]), _ip_int(value[1])) if isinstance(value, tuple) else _ip_int(value)
+            value = (ip_int(value[0]), ip_int(value[1])) if isinstance(value, tuple) else ip_int(value)
         fields.append((name, value))
     return reconcile.canonical_match(fields)
 

@@ -61,7 +61,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from hpnlab.fabric.addressing import ip_str
+from hpnlab.fabric.addressing import ip_int, ip_str, prefix_int
 from hpnlab.fabric.errors import UserError
 
 ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
@@ -154,12 +154,6 @@ def _mask(length: int) -> int:
     return (FULL << (32 - length)) & FULL if length else 0
 
 
-def _parse_prefix(cidr: str) -> tuple[int, int]:
-    addr, _, length = cidr.partition("/")
-    a, b, c, d = (int(x) for x in addr.split("."))
-    return (a << 24) | (b << 16) | (c << 8) | d, int(length)
-
-
 # ---- the fabric index: everything the compiler needs, read once from the graph ----------
 
 class HostPort(NamedTuple):
@@ -213,7 +207,7 @@ class FabricIndex:
             pod = None if d.get("pod") is None else (d.get("campus", 0), d["pod"])
             sw = _Sw(n, d["dpid"], d["tier"], d.get("plane", 0), pod)
             if d["tier"] == 1:
-                sw.prefix = _parse_prefix(d["prefix"])
+                sw.prefix = prefix_int(d["prefix"])
                 plane, campus = d.get("plane", 0), d.get("campus", 0)
                 sw.path = (("plane", plane), ("campus", plane, campus), ("pod", plane, campus, d["pod"]),
                            ("leaf", n))
@@ -251,10 +245,10 @@ class FabricIndex:
             if d["tier"] != 1:
                 continue
             plane, campus, pod = d.get("plane", 0), d.get("campus", 0), d["pod"]
-            self.level_prefix[("plane", plane)] = _parse_prefix(plan.plane_prefix(plane))
-            self.level_prefix[("campus", plane, campus)] = _parse_prefix(plan.campus_prefix(plane, campus))
-            self.level_prefix[("pod", plane, campus, pod)] = _parse_prefix(plan.pod_prefix(plane, campus, pod))
-            self.level_prefix[("leaf", n)] = _parse_prefix(d["prefix"])
+            self.level_prefix[("plane", plane)] = prefix_int(plan.plane_prefix(plane))
+            self.level_prefix[("campus", plane, campus)] = prefix_int(plan.campus_prefix(plane, campus))
+            self.level_prefix[("pod", plane, campus, pod)] = prefix_int(plan.pod_prefix(plane, campus, pod))
+            self.level_prefix[("leaf", n)] = prefix_int(d["prefix"])
 
     @property
     def port_link(self) -> dict[tuple[str, int], tuple]:
@@ -743,7 +737,7 @@ def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str) -> str | None:
     if sw is None or sw.tier != 1:
         return None
     try:
-        ip = _parse_prefix(target_ip + "/32")[0]
+        ip = ip_int(target_ip)
     except ValueError:
         return None
     entry = ix.host_addr.get(ip)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from hpnlab.controller import compiler
+from hpnlab.fabric.addressing import ip_int
 
 
 class Ambiguous(AssertionError):
@@ -37,11 +38,6 @@ class Walk:
     where: str
     hops: list = field(default_factory=list)
     delivered_to: tuple | None = None   # (host, interface number)
-
-
-def _ip(text: str) -> int:
-    a, b, c, d = (int(x) for x in text.split("."))
-    return (a << 24) | (b << 16) | (c << 8) | d
 
 
 class FabricTables:
@@ -185,7 +181,7 @@ class FabricTables:
         """(source interface, packet fields) for src -> dst on a plane (first rail by default)."""
         s = self._port(src, plane, src_rail)
         d = self._port(dst, plane, dst_rail)
-        pkt = {"eth_type": compiler.ETH_IPV4, "ipv4_src": _ip(s["ip"]), "ipv4_dst": _ip(d["ip"])}
+        pkt = {"eth_type": compiler.ETH_IPV4, "ipv4_src": ip_int(s["ip"]), "ipv4_dst": ip_int(d["ip"])}
         if proto == "udp":
             pkt.update(ip_proto=compiler.PROTO_UDP, udp_src=sport, udp_dst=dport)
         elif proto == "tcp":
@@ -255,7 +251,7 @@ class FabricTables:
                 return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
             if self.g.nodes[peer]["tier"] == 0:
                 ip = next((p["ip"] for p in self._host_ports(peer) if p["intf"] == peer_port), None)
-                if ip is not None and _ip(ip) == pkt.get("ipv4_dst"):
+                if ip is not None and ip_int(ip) == pkt.get("ipv4_dst"):
                     return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port))
                 return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
             if not self.has_state(peer):
