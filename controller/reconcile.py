@@ -242,6 +242,9 @@ def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, FlowTable], desi
     # destinations whose forwarding each route item changes, and the new next hops
     touched: dict[Item, set[int]] = {}
     next_hops: dict[tuple[str, int], set[str]] = {}
+    addresses_of_plane: dict[int, list[int]] = {}
+    for address, (_mac, _host, host_plane) in ix.host_addr.items():
+        addresses_of_plane.setdefault(host_plane, []).append(address)
     for sw, its in by_switch.items():
         route_items = [it for it in its if it.key[0] == compiler.TABLE_ROUTE]
         if not route_items:
@@ -251,8 +254,12 @@ def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, FlowTable], desi
         for it in route_items:
             touched[it] = set()
         keyed = {it.key: it for it in route_items}
-        for address, (_mac, _host, host_plane) in ix.host_addr.items():
-            if host_plane != plane:
+        peers_of: dict[Actions, set[str]] = {}     # the switches a route's actions send to
+        # Only an address that a changed route covers can be forwarded differently: every
+        # other route is the same entry in both tables, so both lookups agree for the rest.
+        changed = [prefix for prefix in (_route_prefix(it.key[2]) for it in route_items) if prefix is not None]
+        for address in addresses_of_plane[plane]:
+            if not any(address & mask == net for net, mask in changed):
                 continue
             old_key, old_actions = old.lookup(address)
             new_key, new_actions = new.lookup(address)
@@ -261,19 +268,23 @@ def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, FlowTable], desi
             for k in (old_key, new_key):
                 if k in keyed:
                     touched[keyed[k]].add(address)
-            peers = set()
-            for port in new.out_ports(new_actions):
-                lid = ix.link_at(sw, port)
-                if lid is not None:
-                    peers.add(lid[1] if lid[0] == sw else lid[0])
-            next_hops[sw, address] = peers
+            if new_actions not in peers_of:
+                peers = set()
+                for port in new.out_ports(new_actions):
+                    lid = ix.link_at(sw, port)
+                    if lid is not None:
+                        peers.add(lid[1] if lid[0] == sw else lid[0])
+                peers_of[new_actions] = peers
+            next_hops[sw, address] = peers_of[new_actions]
+    touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
+    for it, addresses in touched.items():
+        for address in addresses:
+            touching.setdefault((it.switch, address), []).append(it)
     deps: dict[Item, set[Item]] = {it: set() for it in items}
     for it, addresses in touched.items():
         for address in addresses:
             for peer in next_hops.get((it.switch, address), ()):
-                for other in by_switch.get(peer, ()):
-                    if address in touched.get(other, ()):
-                        deps[it].add(other)
+                deps[it].update(touching.get((peer, address), ()))
     for its in by_switch.values():
         routes = [it for it in its if it.key[0] != compiler.TABLE_ENTROPY]
         for it in its:
@@ -390,9 +401,7 @@ class Reconciler:
         if sw not in self.ix.sw:
             return []
         self.connected.add(sw)
-        self.pending.pop(sw, None)
-        self.resyncing.pop(sw, None)
-        self.confirmed.pop(sw, None)
+        self._forget(sw)
         self.failed_switches.discard(sw)
         if ports is not None:
             self._port_status(sw, ports)      # recompiles
@@ -406,11 +415,16 @@ class Reconciler:
         if sw not in self.connected:
             return
         self.connected.discard(sw)
+        self._forget(sw)
+        self.failed_switches.add(sw)
+        self._recompile()
+
+    def _forget(self, sw: str) -> None:
+        """Drop what is known of a switch's tables and what it was sent (it connected anew,
+        disconnected, or is about to be read back)."""
         self.pending.pop(sw, None)
         self.resyncing.pop(sw, None)
         self.confirmed.pop(sw, None)
-        self.failed_switches.add(sw)
-        self._recompile()
 
     def _port_status(self, sw: str, ports: Mapping[int, bool]) -> None:
         for port, up in ports.items():
@@ -441,8 +455,7 @@ class Reconciler:
 
     def _resync(self, sw: str, now: float) -> list[Message]:
         self.counters["resyncs"] += 1
-        self.pending.pop(sw, None)
-        self.confirmed.pop(sw, None)
+        self._forget(sw)
         xid = self._next_xid()
         self.resyncing[sw] = _Resync(xid, now)
         return [FlowStatsRequest(sw, xid)]
