@@ -14,7 +14,6 @@ process or opens a socket. ``hpnlab.fabric.ranks`` runs the jobs described here;
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import networkx as nx
 
 from . import collectives as col
+from .addressing import ip_int
 from .errors import UserError
 from .transport import ENTROPIES, TRANSPORTS
 
@@ -76,15 +76,6 @@ class Job:
         return f"rank {rank} ({label} {addr})" if label else f"rank {rank} ({addr})"
 
 
-def is_ipv4(text: str) -> bool:
-    """A dotted-quad IPv4 address (``127.0.0.300`` and ``10.1`` are not)."""
-    try:
-        ipaddress.IPv4Address(text)
-    except ValueError:
-        return False
-    return True
-
-
 def validate(job: Job, ranks_here: int | None = None, mem_available_bytes: int | None = None) -> None:
     """Check a job before anything starts; a mistake raises one UserError line.
 
@@ -96,8 +87,10 @@ def validate(job: Job, ranks_here: int | None = None, mem_available_bytes: int |
     if n < 2:
         raise UserError(f"{name} needs at least 2 ranks, got {n}")
     for a in (a for addrs in job.addrs for a in addrs):
-        if not is_ipv4(a):
-            raise UserError(f"not an IPv4 address: {a!r}")
+        try:
+            ip_int(a)        # a dotted quad (``127.0.0.300`` and ``10.1`` are not)
+        except ValueError:
+            raise UserError(f"not an IPv4 address: {a!r}") from None
     for r, addrs in enumerate(job.addrs):
         if not addrs:
             raise UserError(f"rank {r} has no address")
