@@ -201,11 +201,6 @@ def _probe_qdiscs_in_netns(kinds: tuple[str, ...]) -> set[str]:
     return works
 
 
-def ovs_running() -> bool:
-    from .emulation import ovsdb  # every ovs-vsctl call lives there (imported late: no cycle)
-    return ovsdb.answers()
-
-
 def probe(deep: bool = True) -> Capabilities:
     """Probe the machine. ``deep`` (as root) tries qdiscs for real in a private netns."""
     c = Capabilities()

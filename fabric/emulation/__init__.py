@@ -84,12 +84,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean", "estimate"]
+__all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean"]
 
 # Loaded on first use (PEP 562), so that a light module of this package (``ovsdb``, ``reachability``,
 # ``shaping``) never pulls the harness in: ``hpnlab doctor`` and the kernel probe stay light.
 _WHERE = {"CONTROLLERS": ".preflight", "Emulation": ".harness", "EmulationError": ".harness",
-          "Lock": ".state", "RunState": ".state", "clean": ".state", "estimate": "..sizing"}
+          "Lock": ".state", "RunState": ".state", "clean": ".state"}
 
 
 def __getattr__(name: str) -> Any:

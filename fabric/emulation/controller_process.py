@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -88,18 +87,3 @@ class ControllerProcess:
                 raise ControllerError(f"the controller exited (code {self.exited()}): " + " | ".join(tail))
             time.sleep(0.05)
         raise ControllerError(f"the controller did not print 'ready' within {timeout_s:g} s (log: {self.log_file})")
-
-    def stop(self, grace_s: float = 2.0) -> None:
-        """SIGTERM to its process group (by its pid), SIGKILL after ``grace_s``."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue

@@ -22,17 +22,15 @@ from .. import graph as fgraph
 from .. import kernel, spec
 from ..errors import UserError
 from ..mn import FabricTopo, host_interfaces
-from ..sizing import NODES_PER_CORE, PPS_PER_CORE, check_fits, estimate, has_loops
 from . import nodes, ovsdb, preflight, reachability, walks
-from .controller_process import DEFAULT_OFP_PORT, ControllerError, ControllerProcess, free_port, port_free
+from .controller_process import DEFAULT_OFP_PORT, ControllerError, ControllerProcess, free_port
 from .faults import Faults
-from .nodes import PLACEMENTS, plane_placer
+from .nodes import PLACEMENTS
 from .preflight import CONTROLLERS
 from .signals import Unwind
 from .state import ENV_MARK, Lock, RunState
 
-__all__ = ["CONTROLLERS", "DEFAULT_OFP_PORT", "NODES_PER_CORE", "PLACEMENTS", "PPS_PER_CORE", "Emulation",
-           "EmulationError", "check_fits", "estimate", "free_port", "has_loops", "plane_placer", "port_free"]
+__all__ = ["Emulation", "EmulationError"]
 
 
 class EmulationError(RuntimeError):
@@ -45,9 +43,6 @@ def _log_default(msg: str) -> None:
 
 class Emulation:
     """A scenario running as a live emulated fabric. Use as a context manager."""
-
-    #: pings a source runs at once in ping_all (all sources run in parallel)
-    PING_BATCH = 8
 
     def __init__(self, scenario: str | spec.Scenario, *, overrides: dict | None = None,
                  controller: str = "hpnlab", ofp_port: int | None = None, policy: str | None = None,
@@ -92,7 +87,6 @@ class Emulation:
         self.state: RunState | None = None
         self.ofp_port: int | None = None
         self.controller_proc: subprocess.Popen | None = None
-        self._controller: ControllerProcess | None = None
         self.ecn: Any = None  # hpnlab.fabric.emulation.ecn.EcnStage once started
         self.metadata: dict[str, Any] = {"scenario": self.scenario.name, "controller": controller}
         self.timings: dict[str, float] = {}
@@ -179,7 +173,6 @@ class Emulation:
         self.ofp_port = port
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 self.controller_args)
-        self._controller = ctl
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
         self.metadata["controller_log"] = str(ctl.log_file)
         self.controller_proc = ctl.start()
@@ -326,10 +319,10 @@ class Emulation:
         """Ping every host-port pair on every plane (from the source's port on that plane).
 
         Returns ``{"pairs": n, "failed": [(src, src_ip, dst, dst_ip), ...]}``. Sources run in
-        parallel, each pinging ``PING_BATCH`` destinations at once.
+        parallel, each pinging ``reachability.PING_BATCH`` destinations at once.
         """
         return walks.ping(lambda host, argv: self.host(host).popen(argv), self._st.run_dir,
-                          self.all_pairs() if pairs is None else pairs, timeout_s, count, self.PING_BATCH)
+                          self.all_pairs() if pairs is None else pairs, timeout_s, count)
 
     def entropy_source_ports(self) -> list[int]:
         """One UDP source port per entropy branch the switches match now (one when nothing spreads)."""

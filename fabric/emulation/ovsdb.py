@@ -132,9 +132,3 @@ def set_inactivity_probe(names: Iterable[str], ms: int) -> None:
         if name in wanted:
             for uuid in _uuids(ctl):
                 _vsctl("set", "controller", uuid, f"inactivity_probe={int(ms)}", timeout=10)
-
-
-def get(table: str, record: str, column: str) -> str:
-    """One cell as ovs-vsctl prints it (quotes stripped), or '' when absent."""
-    r = _vsctl("--if-exists", "get", table, record, column)
-    return r.stdout.strip().strip('"') if r.returncode == 0 else ""

@@ -31,6 +31,7 @@ from ..mn import host_interfaces
 PROBE_PORT = 47_000          # the probes' UDP destination port
 SOURCE_PORT_BASE = 0xC000    # entropy source ports: this base with the matched bits set per pattern
 MAX_BRANCHES = 256           # at most this many source ports per pair (a bound on the walk's time)
+PING_BATCH = 8               # pings one source host runs at once
 
 
 class Pair(NamedTuple):
@@ -51,7 +52,7 @@ def all_pairs(graph: nx.MultiGraph) -> list[Pair]:
 # ---- ping ------------------------------------------------------------------------------
 
 def ping_lines(pairs: Iterable[tuple[str, str, str, str]], count: int = 1, wait_s: int = 2,
-               batch: int = 8) -> list[str]:
+               batch: int = PING_BATCH) -> list[str]:
     """A shell script (one source host's pairs) that pings each pair from its source address,
     ``batch`` at once, and prints ``OK sip dip`` or ``NO sip dip`` per pair."""
     lines = []

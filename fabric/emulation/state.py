@@ -37,10 +37,8 @@ from typing import Any
 
 from ..errors import UserError
 from . import ovsdb
-from .ovsdb import OVS_MARK, marked_bridges, marked_qos
 
-__all__ = ["ENV_MARK", "OVS_MARK", "Lock", "RunState", "all_runs", "clean", "marked_bridges", "marked_pids",
-           "marked_qos", "pid_alive", "teardown"]
+__all__ = ["ENV_MARK", "Lock", "RunState", "all_runs", "clean", "marked_pids", "pid_alive", "teardown"]
 
 RUN_DIR = Path(os.environ.get("HPNLAB_RUN_DIR", "/run/hpnlab"))
 ENV_MARK = "HPNLAB_RUN"
@@ -299,7 +297,7 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
         while pid_alive(pid, start) and time.monotonic() < deadline + 2:
             time.sleep(0.01)
     # 2. OVS bridges: those listed, and any marked with this run id
-    marked = marked_bridges()
+    marked = ovsdb.marked_bridges()
     bridges = [b for b in state.bridges if b not in marked or marked[b] == state.run_id]
     bridges += [b for b, run in marked.items() if run == state.run_id and b not in bridges]
     existing = ovsdb.bridges()
@@ -309,7 +307,7 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
         if error:
             log(f"ovs-vsctl del-br failed: {error}")
         removed["bridges"] = len(doomed)
-    ovsdb.destroy_qos([u for u, run in marked_qos().items() if run == state.run_id])
+    ovsdb.destroy_qos([u for u, run in ovsdb.marked_qos().items() if run == state.run_id])
     # 3. root-namespace interfaces (veths): only the listed names that still exist
     present = {p.name for p in Path("/sys/class/net").iterdir()} if Path("/sys/class/net").is_dir() else set()
     gone = [i for i in state.interfaces + state.bridges if i in present]
@@ -359,9 +357,9 @@ def clean(force: bool = False, log: Callable[[str], None] = lambda s: None) -> d
         for k, v in counts.items():
             summary["removed"][k] = summary["removed"].get(k, 0) + v
     # bridges marked by a run that has no state file and is not alive
-    orphans = [b for b, run in marked_bridges().items() if run not in live_ids]
+    orphans = [b for b, run in ovsdb.marked_bridges().items() if run not in live_ids]
     if orphans:
         ovsdb.delete_bridges(orphans)
         summary["removed"]["bridges"] = summary["removed"].get("bridges", 0) + len(orphans)
-    ovsdb.destroy_qos([u for u, run in marked_qos().items() if run not in live_ids])
+    ovsdb.destroy_qos([u for u, run in ovsdb.marked_qos().items() if run not in live_ids])
     return summary

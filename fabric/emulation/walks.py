@@ -31,7 +31,7 @@ def communicate(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def ping(host_popen: Callable[..., subprocess.Popen], run_dir: Path, pairs: list[PairT], timeout_s: float = 2.0,
-         count: int = 1, batch: int = 8) -> dict[str, Any]:
+         count: int = 1, batch: int = reachability.PING_BATCH) -> dict[str, Any]:
     """Ping each pair from its source address; ``{"pairs": n, "failed": [pair, ...]}``."""
     by_src: dict[str, list[PairT]] = defaultdict(list)
     for pair in pairs:
