@@ -80,8 +80,9 @@ class Flow(NamedTuple):
     """One OpenFlow flow entry, or a compact block of /32 host routes (``hosts`` set).
 
     match   ((field, value), ...) in OXM names; value an int or (int, mask).
-    actions ("output", port) | ("controller",) | ("metadata", value) | ("goto", table),
-            applied in order; () drops.
+    actions ("output", port) | ("controller",) | ("group", group_id) | ("metadata", value)
+            (write-metadata, all 64 bits) | ("goto", table), applied in order; () drops.
+            A match on metadata may be masked: ("metadata", (value, mask)).
     hosts   None, or the IPv4 addresses (ints) this entry stands for: one flow per address
             with ``ipv4_dst`` exact (``match`` then holds the covering prefix).
     """
@@ -109,11 +110,29 @@ class Flow(NamedTuple):
         return (self.table, self.priority, self.match)
 
 
+class Group(NamedTuple):
+    """One OpenFlow 1.3 group entry.
+
+    kind     "ff" (fast failover: the first bucket whose watch port is live forwards),
+             "indirect", "all" or "select".
+    buckets  ((watch_port, actions), ...): ``watch_port`` an int for "ff" buckets, None
+             otherwise; ``actions`` as in :class:`Flow` apply-actions (("output", port), ...).
+    A flow sends a packet to a group with the action ("group", group_id).
+    """
+    group_id: int
+    kind: str
+    buckets: tuple
+
+    def key(self) -> int:
+        return self.group_id
+
+
 @dataclass(frozen=True)
 class SwitchState:
     name: str
     dpid: int
-    flows: tuple            # of Flow (possibly compact blocks); no groups: multipath is table 2
+    flows: tuple            # of Flow (possibly compact blocks)
+    groups: tuple = ()      # of Group, referenced by flows' ("group", id) actions
 
     @property
     def flow_count(self) -> int:
