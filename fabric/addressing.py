@@ -24,7 +24,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from .spec import Scenario
+from .spec import Scenario, ScenarioError
 
 BASE_NET = ipaddress.IPv4Network("10.0.0.0/8")
 
@@ -92,8 +92,12 @@ class AddressPlan:
         return sum(self.widths)
 
     def check(self) -> None:
+        """Refuse (ScenarioError, a ValueError) a plan whose fields need more than the 24 bits of 10/8."""
         if self.total_bits > 32 - BASE_NET.prefixlen:
-            raise ValueError(f"addressing needs {self.total_bits} host bits, 10.0.0.0/8 has 24")
+            names = ("plane", "campus", "pod", "segment", "leaf", "host port")
+            split = " + ".join(f"{name} {width}" for name, width in zip(names, self.widths, strict=True) if width)
+            raise ScenarioError("(addresses)", f"the address plan needs {self.total_bits} host bits ({split}), "
+                                               f"{BASE_NET} has 24: fewer planes, pods, segments or hosts per leaf")
 
     def _pack(self, fields: tuple[int, ...]) -> int:
         """The first len(fields) fields packed most significant first (no bits below them)."""
@@ -157,8 +161,14 @@ def plan_for(scenario: Scenario) -> AddressPlan:
 
 
 def dpid(role: str, plane: int, campus: int, index: int) -> int:
-    """64-bit datapath id: role code | campus | plane | index (unique per switch)."""
-    return (ROLE_CODE[role] << 56) | ((campus & 0xFF) << 48) | ((plane & 0xFF) << 40) | (index & 0xFFFFFFFFFF)
+    """64-bit datapath id: role code (8 bits) | campus (8) | plane (8) | index (40), unique per switch.
+
+    A field out of its range raises ValueError (never wraps into another switch's id);
+    ``spec.check_limits`` refuses such scenarios before anything is built.
+    """
+    if not (0 <= campus <= 0xFF and 0 <= plane <= 0xFF and 0 <= index <= 0xFFFFFFFFFF):
+        raise ValueError(f"datapath id fields out of range: campus {campus}, plane {plane}, index {index}")
+    return (ROLE_CODE[role] << 56) | (campus << 48) | (plane << 40) | index
 
 
 def dpid_str(value: int) -> str:
@@ -166,6 +176,13 @@ def dpid_str(value: int) -> str:
 
 
 def host_mac(host_index: int, port_index: int) -> str:
-    """Locally administered unicast MAC: 02:00:<host index, 3 bytes>:<port index>."""
-    host = host_index & 0xFFFFFF
-    return f"02:00:{host >> 16:02x}:{(host >> 8) & 0xFF:02x}:{host & 0xFF:02x}:{port_index & 0xFF:02x}"
+    """Locally administered unicast MAC: 02:<port high byte>:<host index, 3 bytes>:<port low byte>.
+
+    Up to 256 NIC ports per host the second byte is 00 (``02:00:00:00:05:01`` is port 1 of
+    host 5); up to 65,536 ports and 2^24 hosts every MAC is distinct. Beyond raises ValueError
+    (``spec.check_limits`` refuses such scenarios first).
+    """
+    if not (0 <= host_index <= 0xFFFFFF and 0 <= port_index <= 0xFFFF):
+        raise ValueError(f"MAC fields out of range: host {host_index}, port {port_index}")
+    return (f"02:{port_index >> 8:02x}:{host_index >> 16:02x}:{(host_index >> 8) & 0xFF:02x}:"
+            f"{host_index & 0xFF:02x}:{port_index & 0xFF:02x}")

@@ -26,13 +26,19 @@ import gc
 import networkx as nx
 
 from .addressing import AddressPlan, dpid, host_mac, ip_str, plan_for
-from .spec import Scenario
+from .spec import Scenario, check_limits
 
 TIER = {"host": 0, "leaf": 1, "edge": 1, "spine": 2, "agg": 2, "core": 3}
 
 
 def build(scenario: Scenario) -> nx.MultiGraph:
-    """Build the fabric graph of a validated scenario."""
+    """Build the fabric graph of a validated scenario.
+
+    The scenario's size and identifier ranges are checked first (``spec.check_limits``), so
+    a Scenario made in Python that would overflow a dpid, a MAC or the size limits is
+    refused in one line before anything is built.
+    """
+    check_limits(scenario)
     # The build creates millions of small dicts and no cycles: the cyclic garbage
     # collector would rescan them over and over (half the time at 130k scale).
     was_enabled = gc.isenabled()
@@ -130,7 +136,6 @@ def _build_hpn(s: Scenario) -> nx.MultiGraph:
                         for host_in_segment in range(s.hosts_per_segment):
                             host_index = first_host + host_in_segment
                             host = hosts[host_index]
-                            mac_base = host_mac(host_index, 0)[:-2]
                             for rail_on_leaf in range(rails_per_leaf):
                                 rail = first_rail + rail_on_leaf
                                 leaf_port = host_in_segment * rails_per_leaf + rail_on_leaf  # 0-based
@@ -139,7 +144,7 @@ def _build_hpn(s: Scenario) -> nx.MultiGraph:
                                     "kind": "host", "rate_gbps": s.host_rate_gbps, "delay_us": 0.0,
                                     "plane": plane, "rail": rail,
                                     "ip": ip_str(ip_base + leaf_port),
-                                    "mac": f"{mac_base}{intf:02x}",
+                                    "mac": host_mac(host_index, intf),
                                     "ports": {host: intf, name: leaf_port + 1}}))
         if s.long_haul:
             long_haul = s.long_haul

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,24 +31,23 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .errors import UserError
+from .errors import VALUE_LIMIT, UserError, one_line, short
 
 #: One-way propagation delay of light in fibre.
 FIBRE_DELAY_US_PER_KM = 5.0
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "topologies"
-_FAT_TREE_NAME = re.compile(r"^fat-tree-(\d+)$")
 
 
 class ScenarioError(UserError, ValueError):
-    """A scenario that cannot be built: the message names the field and the rule."""
+    """A scenario that cannot be built: the message names the field and the rule, on one line."""
 
     def __init__(self, field_name: str, rule: str, source: str | None = None):
-        self.field = field_name
-        self.rule = rule
-        self.source = source
-        where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field_name}: {rule}")
+        self.field = one_line(str(field_name), VALUE_LIMIT)
+        self.rule = one_line(rule)
+        self.source = one_line(source, VALUE_LIMIT * 2) if source else source
+        where = f"{self.source}: " if self.source else ""
+        super().__init__(one_line(f"{where}{self.field}: {self.rule}"))
 
 
 @dataclass(frozen=True)
@@ -155,63 +156,194 @@ class Scenario:
         return dataclasses.replace(self, **changes)
 
 
-_SCALAR_FIELDS = {f.name: f for f in dataclasses.fields(Scenario)}
-_INT_FIELDS = {"accelerators_per_host", "rails", "planes", "hosts_per_segment", "segments_per_pod",
-               "leaves_per_plane_per_segment", "spines_per_plane", "leaf_spine_links", "pods",
-               "cores_per_plane", "spine_core_links", "campuses", "k", "switch_radix"}
-_ZERO_OK = {"leaves_per_plane_per_segment", "spines_per_plane", "cores_per_plane", "k"}
-_RATE_FIELDS = {"host_rate_gbps", "leaf_spine_rate_gbps", "spine_core_rate_gbps",
-                "switch_port_rate_gbps", "switch_buffer_mb"}
+# ---- field rules: one table validates files and overrides and makes the JSON Schema ------
+
+#: Largest count any field takes (hosts per segment, pods, links per pair...); the fabric's
+#: size limits below bound the product of the counts.
+MAX_COUNT = 1_000_000
+#: Largest rate, buffer or distance (1 Pbit/s, 1 TB, 1,000,000 km): far above any real fabric.
+MAX_QUANTITY = 1_000_000.0
+#: Smallest rate any link may have (Gbit/s; 1 Mbit/s), so that derived port counts stay finite.
+MIN_RATE_GBPS = 0.001
+#: A datapath id holds 8 bits of plane and 8 bits of campus (see ``addressing.dpid``).
+MAX_PLANES = 256
+MAX_CAMPUSES = 256
+MAX_RADIX = 65_536
+MAX_NAME_CHARS = 128
+MAX_DESCRIPTION_CHARS = 10_000
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one scenario field accepts: its type, range and meaning (also the JSON Schema's)."""
+    type: str                     # "int", "number", "text", "bool", "kind", "block"
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    positive: bool = False        # a number that must be > 0 (minimum is then the smallest allowed)
+    nullable: bool = False        # null allowed (oversubscription, long_haul)
+    max_chars: int | None = None
+    why_max: str = ""             # said when the maximum is passed
+
+
+def _rate(description: str) -> Rule:
+    return Rule("number", description, MIN_RATE_GBPS, MAX_QUANTITY, positive=True)
+
+
+def _count(description: str, minimum: int = 1, maximum: int = MAX_COUNT, why_max: str = "") -> Rule:
+    return Rule("int", description, minimum, maximum, why_max=why_max)
+
+
+SCENARIO_FIELDS: dict[str, Rule] = {
+    "name": Rule("text", "name of the scenario (printed in reports)", max_chars=MAX_NAME_CHARS),
+    "kind": Rule("kind", "hpn (multi-plane two-tier; planes: 1 is the spine-leaf rail-group design) or fat-tree"),
+    "description": Rule("text", "free text", max_chars=MAX_DESCRIPTION_CHARS),
+    "accelerators_per_host": _count("accelerators per host"),
+    "rails": _count("NICs per host; each NIC has one port per plane"),
+    "planes": _count("planes: disjoint two-tier networks, one port of every NIC in each", maximum=MAX_PLANES,
+                     why_max="a datapath id holds 8 bits of plane"),
+    "hosts_per_segment": _count("hosts per segment (a segment is the set of hosts sharing leaves)"),
+    "segments_per_pod": _count("segments per pod"),
+    "leaves_per_plane_per_segment": _count("leaves per plane and segment; must divide rails (0: one leaf per rail)",
+                                           minimum=0),
+    "spines_per_plane": _count("spines per plane and pod (0: derived from oversubscription)", minimum=0),
+    "leaf_spine_links": _count("parallel links per leaf-spine pair"),
+    "pods": _count("pods (joined by the core tier)"),
+    "cores_per_plane": _count("core switches per plane and campus (needed when pods > 1 or campuses > 1)",
+                              minimum=0),
+    "spine_core_links": _count("parallel links per spine-core pair"),
+    "campuses": _count("campuses (joined core to core by long-haul links)", maximum=MAX_CAMPUSES,
+                       why_max="a datapath id holds 8 bits of campus"),
+    "k": _count("fat-tree arity (even)", minimum=0, maximum=MAX_RADIX),
+    "host_rate_gbps": _rate("rate of a host NIC port (Gbit/s)"),
+    "leaf_spine_rate_gbps": _rate("rate of a leaf-spine link (Gbit/s)"),
+    "spine_core_rate_gbps": _rate("rate of a spine-core link (Gbit/s)"),
+    "switch_radix": _count("switch ports at switch_port_rate_gbps", maximum=MAX_RADIX),
+    "switch_port_rate_gbps": _rate("rate of one switch port slot (a faster port uses several slots)"),
+    "switch_buffer_mb": Rule("number", "switch buffer in MB (for the model)", 0.0, MAX_QUANTITY, positive=True),
+    "oversubscription": Rule("number", "expected leaf down:up ratio, checked against the numbers (null: none)",
+                             0.01, 1000.0, positive=True, nullable=True),
+    "long_haul": Rule("block", "links between campuses (required when campuses > 1)", nullable=True),
+    "emulation": Rule("block", "how the scenario is scaled down to run on one machine", nullable=True),
+}
+LONG_HAUL_FIELDS: dict[str, Rule] = {
+    "distance_km": Rule("number", "one-way fibre length (5 us/km)", 0.0, MAX_QUANTITY, positive=True),
+    "rate_gbps": _rate("rate of a long-haul link (Gbit/s)"),
+    "links": _count("parallel links per core pair"),
+    "deep_buffer": Rule("bool", "cores have deep buffers"),
+    "buffer_mb": Rule("number", "core buffer in MB (0: the switch's default; for the model)", 0.0, MAX_QUANTITY),
+}
+EMULATION_FIELDS: dict[str, Rule] = {
+    "host_mbps": Rule("number", "emulated rate of a host port (Mbit/s); other links scale with it",
+                      0.0, MAX_QUANTITY, positive=True),
+    "max_mbps": Rule("number", "cap for any single emulated link (Mbit/s)", 0.0, MAX_QUANTITY, positive=True),
+    "mtu": _count("MTU of emulated links (bytes)", minimum=68, maximum=65_535),
+    "delay_scale": Rule("number", "multiply configured delays (1.0: real delays)", 0.0, MAX_QUANTITY, positive=True),
+}
+_BLOCKS: dict[str, tuple[type, dict[str, Rule]]] = {"long_haul": (LongHaul, LONG_HAUL_FIELDS),
+                                                    "emulation": (Emulation, EMULATION_FIELDS)}
+_Block = TypeVar("_Block", LongHaul, Emulation)
 KINDS = ("hpn", "fat-tree")
 
 
-def _int(value: Any, name: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise ScenarioError(name, f"must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ScenarioError(name, f"must be at least {minimum}, got {value}")
+def _whole(value: Any, name: str) -> int:
+    if isinstance(value, bool):
+        raise ScenarioError(name, f"must be a whole number, got {short(value)}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        pass
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ScenarioError(name, f"must be a whole number, got {short(value)}")
+
+
+def _figure(value: float | int) -> str:
+    """A number as a reader wants it: 1,000,000 (not 1e+06), 0.001; a huge one by its digits."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}" if value.bit_length() <= 128 else short(value)
+    return f"{int(value):,}" if float(value).is_integer() and abs(value) < 1e18 else f"{value:g}"
+
+
+def _too_big(name: str, rule: Rule, value: Any) -> ScenarioError:
+    why = f" ({rule.why_max})" if rule.why_max else ""
+    assert rule.maximum is not None
+    return ScenarioError(name, f"must be at most {_figure(rule.maximum)}{why}, got {short(value)}")
+
+
+def _check_int(value: Any, name: str, rule: Rule) -> int:
+    number = _whole(value, name)
+    if rule.minimum is not None and number < rule.minimum:
+        raise ScenarioError(name, f"must be at least {_figure(rule.minimum)}, got {short(number)}")
+    if rule.maximum is not None and number > rule.maximum:
+        raise _too_big(name, rule, value)
+    return number
+
+
+def _check_number(value: Any, name: str, rule: Rule) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ScenarioError(name, f"must be a number, got {short(value)}")
+    if rule.maximum is not None and isinstance(value, int) and value > rule.maximum:
+        raise _too_big(name, rule, value)   # before float(): a huge int does not convert
+    number = float(value)
+    if rule.positive and not number > 0:
+        raise ScenarioError(name, f"must be positive, got {short(value)}")
+    if not math.isfinite(number):
+        raise ScenarioError(name, f"must be finite, got {short(value)}")
+    if rule.minimum is not None and number < rule.minimum:
+        what = "must not be negative" if rule.minimum == 0 else f"must be at least {rule.minimum:g}"
+        raise ScenarioError(name, f"{what}, got {short(value)}")
+    if rule.maximum is not None and number > rule.maximum:
+        raise _too_big(name, rule, value)
+    return number
+
+
+def _check_text(value: Any, name: str, rule: Rule) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(name, f"must be text, got {short(value)}")
+    if rule.max_chars is not None and len(value) > rule.max_chars:
+        raise ScenarioError(name, f"must be at most {rule.max_chars:,} characters, got {len(value):,}")
+    if name == "name" and not value.isprintable():
+        raise ScenarioError(name, f"must be printable text on one line, got {short(value)}")
     return value
 
 
-def _num(value: Any, name: str, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ScenarioError(name, f"must be a number, got {value!r}")
-    if positive and not value > 0:
-        raise ScenarioError(name, f"must be positive, got {value}")
-    if not math.isfinite(value):
-        raise ScenarioError(name, f"must be finite, got {value}")
-    return float(value)
+def _check_value(value: Any, name: str, rule: Rule) -> Any:
+    if value is None and rule.nullable:
+        return None
+    if rule.type == "int":
+        return _check_int(value, name, rule)
+    if rule.type == "number":
+        return _check_number(value, name, rule)
+    if rule.type == "text":
+        return _check_text(value, name, rule)
+    if rule.type == "bool":
+        if not isinstance(value, bool):
+            raise ScenarioError(name, f"must be true or false, got {short(value)}")
+        return value
+    if rule.type == "kind":
+        if value not in KINDS:
+            raise ScenarioError(name, f"must be one of {', '.join(KINDS)}, got {short(value)}")
+        return value
+    raise AssertionError(rule.type)
 
 
-_Block = TypeVar("_Block", LongHaul, Emulation)
+def _field_name(key: Any) -> str:
+    return key if isinstance(key, str) else short(key)
 
 
 def _sub(cls: type[_Block], data: Any, name: str) -> _Block | None:
-    """A sub-block (``long_haul``, ``emulation``) validated field by field against its defaults."""
+    """A sub-block (``long_haul``, ``emulation``) validated field by field against its rules."""
     if data is None:
         return None
     if not isinstance(data, Mapping):
         raise ScenarioError(name, f"must be a mapping of fields, got {type(data).__name__}")
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    rules = _BLOCKS[name][1]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in known:
-            raise ScenarioError(f"{name}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
-        default = known[key].default
-        if isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ScenarioError(f"{name}.{key}", f"must be true or false, got {value!r}")
-            kwargs[key] = value
-        elif isinstance(default, int):
-            kwargs[key] = _int(value, f"{name}.{key}")
-        else:
-            zero_ok = key in ("buffer_mb",)
-            kwargs[key] = (_num(value, f"{name}.{key}", positive=not zero_ok))
-            if zero_ok and kwargs[key] < 0:
-                raise ScenarioError(f"{name}.{key}", f"must not be negative, got {value}")
+        if key not in rules:
+            raise ScenarioError(f"{name}.{_field_name(key)}", f"unknown field (known: {', '.join(sorted(rules))})")
+        kwargs[key] = _check_value(value, f"{name}.{key}", rules[key])
     return cls(**kwargs)
 
 
@@ -230,26 +362,14 @@ def _from_dict(data: Mapping[str, Any], source: str | None) -> Scenario:
         raise ScenarioError("(top level)", "a scenario must be a mapping of fields")
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        if key not in _SCALAR_FIELDS or key == "source":
-            raise ScenarioError(str(key), "unknown field (see 'hpnlab topo fields')")
+        if key not in SCENARIO_FIELDS:
+            raise ScenarioError(_field_name(key), "unknown field (see 'hpnlab topo fields')")
         if key == "long_haul":
             kwargs[key] = _sub(LongHaul, value, key)
         elif key == "emulation":
             kwargs[key] = _sub(Emulation, value, key) or Emulation()
-        elif key in ("name", "description"):
-            if not isinstance(value, str):
-                raise ScenarioError(key, f"must be text, got {value!r}")
-            kwargs[key] = value
-        elif key == "kind":
-            if value not in KINDS:
-                raise ScenarioError("kind", f"must be one of {', '.join(KINDS)}, got {value!r}")
-            kwargs[key] = value
-        elif key in _INT_FIELDS:
-            kwargs[key] = _int(value, key, minimum=0 if key in _ZERO_OK else 1)
-        elif key in _RATE_FIELDS:
-            kwargs[key] = _num(value, key)
-        elif key == "oversubscription":
-            kwargs[key] = None if value is None else _num(value, key)
+        else:
+            kwargs[key] = _check_value(value, key, SCENARIO_FIELDS[key])
     if "name" not in kwargs:
         raise ScenarioError("name", "is required")
     scenario = Scenario(source=source, **kwargs)
@@ -257,9 +377,14 @@ def _from_dict(data: Mapping[str, Any], source: str | None) -> Scenario:
 
 
 def _complete(s: Scenario) -> Scenario:
-    """Fill derived defaults and check every structural rule."""
-    if s.kind == "fat-tree":
-        return _check_fat_tree(s)
+    """Fill derived defaults and check every structural rule, the size limits and the address plan."""
+    s = _check_fat_tree(s) if s.kind == "fat-tree" else _complete_hpn(s)
+    check_limits(s)
+    _check_address_plan(s)
+    return s
+
+
+def _complete_hpn(s: Scenario) -> Scenario:
     if s.accelerators_per_host < 1:
         raise ScenarioError("accelerators_per_host", "must be at least 1")
     leaves_per_segment = s.leaves_per_plane_per_segment or s.rails
@@ -271,7 +396,7 @@ def _complete(s: Scenario) -> Scenario:
         target = s.oversubscription or 1.0
         down = s.leaf_down_ports * s.host_rate_gbps
         uplinks = math.ceil(down / target / s.leaf_spine_rate_gbps - 1e-9)
-        spines = math.ceil(uplinks / s.leaf_spine_links)
+        spines = max(1, math.ceil(uplinks / s.leaf_spine_links))
         s = s.replace(spines_per_plane=spines)
     if s.oversubscription is not None:
         actual = s.leaf_oversubscription
@@ -329,21 +454,211 @@ def _check_fat_tree(s: Scenario) -> Scenario:
                      accelerators_per_host=s.accelerators_per_host if s.accelerators_per_host else 1)
 
 
+# ---- size: what the fabric would hold, computed from the numbers before anything is built ----
+
+#: Default limits on the fabric's size. hpn-130k, the largest preset, has 19,456 nodes and
+#: 1,048,576 links and builds in about 7 s and 0.9 GB here; the defaults allow about twice
+#: that. A user with the memory for more sets the environment variable named in LIMIT_ENV.
+DEFAULT_LIMITS = {"links": 2_000_000, "nodes": 500_000}
+LIMIT_ENV = {"links": "HPNLAB_MAX_LINKS", "nodes": "HPNLAB_MAX_NODES"}
+#: Identifier ranges: a host MAC holds 3 bytes of host index and 2 of NIC port
+#: (``addressing.host_mac``); a datapath id 40 bits of switch index.
+MAX_MAC_HOSTS = 1 << 24
+MAX_MAC_PORTS = 1 << 16
+MAX_DPID_INDEX = 1 << 40
+
+
+def limits() -> dict[str, int]:
+    """The size limits in force: the defaults, or what HPNLAB_MAX_LINKS / HPNLAB_MAX_NODES say."""
+    out = dict(DEFAULT_LIMITS)
+    for what, env in LIMIT_ENV.items():
+        raw = os.environ.get(env)
+        if raw:
+            try:
+                out[what] = int(raw.replace(",", "").replace("_", ""))
+            except ValueError:
+                raise UserError(f"{env} must be a whole number, got {short(raw)}") from None
+    return out
+
+
+def size(s: Scenario) -> dict[str, int]:
+    """Hosts, switches, links and NIC ports the fabric of a (completed) scenario has, by arithmetic.
+
+    Exact (a test compares it with built graphs), and computed on Python integers, so a
+    scenario of 10^30 hosts costs no more to size than one of ten.
+    """
+    if s.kind == "fat-tree":
+        k = s.k
+        hosts = k ** 3 // 4
+        switches = 5 * k * k // 4
+        links = 3 * k ** 3 // 4
+        return {"hosts": hosts, "switches": switches, "nodes": hosts + switches, "links": links,
+                "host_ports": hosts, "switch_index": k * k // 2}
+    pods = s.campuses * s.pods
+    leaves_per_plane = pods * s.segments_per_pod * s.leaves_per_plane_per_segment
+    spines_per_plane = pods * s.spines_per_plane
+    cores_per_plane = s.campuses * s.cores_per_plane
+    hosts = s.hosts
+    host_links = hosts * s.ports_per_host
+    fabric_links = leaves_per_plane * s.spines_per_plane * s.leaf_spine_links * s.planes
+    core_links = spines_per_plane * s.cores_per_plane * s.spine_core_links * s.planes
+    long_haul = 0
+    if s.long_haul:
+        pairs = s.campuses * (s.campuses - 1) // 2
+        long_haul = pairs * s.cores_per_plane * s.long_haul.links * s.planes
+    switches = (leaves_per_plane + spines_per_plane + cores_per_plane) * s.planes
+    return {"hosts": hosts, "switches": switches, "nodes": hosts + switches,
+            "links": host_links + fabric_links + core_links + long_haul, "host_ports": host_links,
+            "switch_index": max(leaves_per_plane, spines_per_plane, cores_per_plane)}
+
+
+def check_limits(s: Scenario) -> dict[str, int]:
+    """Refuse, in one line, a fabric beyond the size limits or whose identifiers would collide.
+
+    Called on every completed scenario and again by ``graph.build`` (a Scenario made in
+    Python skips ``from_dict``). Returns the fabric's size.
+    """
+    n = size(s)
+    if s.kind != "fat-tree":
+        if s.planes > MAX_PLANES:
+            raise _too_big("planes", SCENARIO_FIELDS["planes"], s.planes)
+        if s.campuses > MAX_CAMPUSES:
+            raise _too_big("campuses", SCENARIO_FIELDS["campuses"], s.campuses)
+    for what, limit in limits().items():
+        if n[what] > limit:
+            raise ScenarioError(
+                "(size)", f"the fabric would have {_figure(n[what])} {what}, above the limit of {limit:,} "
+                          f"({_figure(n['hosts'])} hosts, {_figure(n['switches'])} switches); "
+                          f"set {LIMIT_ENV[what]} to raise it if this machine has the memory (about 1 GB per "
+                          "million links)")
+    if n["hosts"] > MAX_MAC_HOSTS:
+        raise ScenarioError("(size)", f"{n['hosts']:,} hosts: a host MAC numbers at most {MAX_MAC_HOSTS:,}")
+    if s.ports_per_host > MAX_MAC_PORTS:
+        raise ScenarioError("rails", f"rails x planes = {s.ports_per_host:,} NIC ports per host; "
+                                     f"a host MAC numbers at most {MAX_MAC_PORTS:,}")
+    if n["switch_index"] >= MAX_DPID_INDEX:
+        raise ScenarioError("(size)", f"{n['switch_index']:,} switches in a tier: a datapath id numbers "
+                                      f"at most {MAX_DPID_INDEX:,}")
+    return n
+
+
+def _check_address_plan(s: Scenario) -> None:
+    from .addressing import plan_for  # addressing imports this module
+    plan_for(s)
+
+
 # ---- loading ------------------------------------------------------------------
+
+#: Largest scenario file read (bytes): presets are under 1 KiB.
+MAX_FILE_BYTES = 64 * 1024
+#: Deepest nesting of mappings and lists in a file or an override (a scenario needs 2).
+MAX_DEPTH = 8
+#: Longest ``--set`` item (characters).
+MAX_OVERRIDE_CHARS = 4096
+_PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_FAT_TREE_NAME = re.compile(r"^fat-tree-(\d{1,9})$")
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with what a scenario file needs and no more.
+
+    Aliases (``*name``) are refused when met, before anything is expanded, so a "billion
+    laughs" file costs nothing; nesting deeper than MAX_DEPTH is refused before the
+    (recursive) composer goes deeper; a key given twice is refused naming both lines.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise ScenarioError("(yaml)", f"line {event.start_mark.line + 1}: aliases (*{short(event.anchor, 20)}) "
+                                          "are not allowed in a scenario; write the value out")
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise ScenarioError("(yaml)", f"line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    raise ScenarioError("(yaml)", f"line {line}: a key must be a plain value, "
+                                                  f"got {short(key)}") from None
+                if first is not None:
+                    raise ScenarioError(_field_name(key), f"given twice, at lines {first} and {line}")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_load(text: str, source: str | None) -> Any:
+    """Parse YAML text with _Loader; every failure a one-line ScenarioError."""
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data()
+    except ScenarioError as exc:
+        raise ScenarioError(exc.field, exc.rule, source) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ScenarioError("(yaml)", f"not valid YAML{where}: {exc.problem or exc.context}", source) from None
+    except yaml.YAMLError as exc:   # ReaderError: a character YAML does not allow
+        raise ScenarioError("(yaml)", f"not valid YAML: {short(str(exc), 120)}", source) from None
+    except (ValueError, TypeError, OverflowError) as exc:   # e.g. a timestamp 2024-13-45, a 5,000-digit int
+        raise ScenarioError("(yaml)", f"a value YAML cannot read: {short(str(exc), 120)}", source) from None
+    finally:
+        loader.dispose()
+
+
+def read_text(path: Path, source: str) -> str:
+    """A scenario file's text: at most MAX_FILE_BYTES, UTF-8 (a BOM is allowed)."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ScenarioError("scenario", f"cannot read {short(source)}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError("(file)", f"larger than {MAX_FILE_BYTES // 1024} KiB: a scenario file is a few "
+                                      "dozen lines", source)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ScenarioError("(file)", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line}); "
+                                      "save it as UTF-8", source) from None
+
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def nest_dotted(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
-    """Flat ``(dotted key, value)`` pairs as nested mappings: ``("a.b.c", 1)`` -> ``{"a": {"b": {"c": 1}}}``.
+    """Flat ``(dotted key, value)`` pairs as nested mappings: ``("a.b", 1)`` -> ``{"a": {"b": 1}}``.
 
-    A later pair wins over an earlier one with the same key. A key that is both a value and a
-    group of fields (``long_haul=1`` and ``long_haul.links=2``) raises ScenarioError.
+    A key is a field name or ``block.field``. A later pair wins over an earlier one with
+    the same key. A key that is both a value and a group of fields (``long_haul=1`` and
+    ``long_haul.links=2``) raises ScenarioError.
     """
     result: dict[str, Any] = {}
     for key, value in pairs:
-        parts = key.strip().split(".")
+        key = key.strip() if isinstance(key, str) else key
+        if not isinstance(key, str) or not _OVERRIDE_KEY.match(key):
+            raise ScenarioError(_field_name(key), "an override's field must be a name or block.name "
+                                                  "(letters, digits, _), e.g. planes or long_haul.links")
+        parts = key.split(".")
         target = result
         for depth, part in enumerate(parts[:-1]):
             inner = target.setdefault(part, {})
@@ -361,10 +676,17 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     """`key=value` strings (values parsed as YAML scalars; `a.b=1` for sub-fields)."""
     pairs = []
     for item in items or []:
-        if "=" not in item:
-            raise ScenarioError(item, "an override must look like field=value")
+        if not isinstance(item, str) or "=" not in item:
+            raise ScenarioError(_field_name(item), "an override must look like field=value")
+        if len(item) > MAX_OVERRIDE_CHARS:
+            raise ScenarioError(item.partition("=")[0], f"an override is at most {MAX_OVERRIDE_CHARS:,} characters, "
+                                                        f"got {len(item):,}")
         key, _, raw = item.partition("=")
-        pairs.append((key, yaml.safe_load(raw) if raw else None))
+        try:
+            value = _yaml_load(raw, None) if raw else None
+        except ScenarioError as exc:
+            raise ScenarioError(f"--set {key.strip()}", exc.rule) from None
+        pairs.append((key, value))
     return nest_dotted(pairs)
 
 
@@ -380,33 +702,41 @@ def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
     return out
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):   # a name too long for the file system, a NUL byte
+        return False
+
 
 def load(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
     """Load a scenario by preset name (``mini-hpn``, ``fat-tree-8``) or path to a YAML file."""
+    if not isinstance(name_or_path, (str, Path)):
+        raise ScenarioError("scenario", f"must be a preset name or a file, got {short(name_or_path)}")
+    name_or_path = str(name_or_path)
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ScenarioError("overrides", f"must be a mapping of fields, got {short(overrides)}")
     path = Path(name_or_path)
     match = _FAT_TREE_NAME.match(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise ScenarioError("scenario", f"no such file: {name_or_path}")
+    preset = PRESET_DIR / f"{name_or_path}.yaml" if _PRESET_NAME.match(name_or_path) else None
+    if path.suffix in (".yaml", ".yml") or _is_file(path):
+        if not _is_file(path):
+            raise ScenarioError("scenario", f"no such file: {short(name_or_path, 200)}")
         source = str(path)
-    elif (PRESET_DIR / f"{name_or_path}.yaml").is_file():
-        path = PRESET_DIR / f"{name_or_path}.yaml"
+    elif preset is not None and _is_file(preset):
+        path = preset
         source = name_or_path
     elif match:
-        data = {"name": name_or_path, "kind": "fat-tree", "k": int(match.group(1)),
-                "description": f"three-tier k-ary fat-tree, k={match.group(1)}",
+        k = int(match.group(1))
+        data = {"name": name_or_path, "kind": "fat-tree", "k": k,
+                "description": f"three-tier k-ary fat-tree, k={k}",
                 "host_rate_gbps": 400, "leaf_spine_rate_gbps": 400, "spine_core_rate_gbps": 400,
-                "switch_radix": max(128, int(match.group(1))), "accelerators_per_host": 1}
+                "switch_radix": max(128, min(k, MAX_RADIX)), "accelerators_per_host": 1}
         return from_dict(deep_merge(data, overrides or {}), source=name_or_path)
     else:
-        raise ScenarioError("scenario", f"unknown preset or file {name_or_path!r} "
+        raise ScenarioError("scenario", f"unknown preset or file {short(name_or_path, 40)} "
                                         f"(presets: {', '.join(preset_names())}, fat-tree-K)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError("(yaml)", f"not valid YAML{where}", source) from None
+    data = _yaml_load(read_text(path, source), source)
     if data is None:
         raise ScenarioError("(top level)", "the file is empty", source)
     if not isinstance(data, Mapping):
@@ -419,3 +749,83 @@ def to_dict(s: Scenario) -> dict[str, Any]:
     out = dataclasses.asdict(s)
     out.pop("source", None)
     return out
+
+
+# ---- JSON Schema: the same rules, for editors ------------------------------------
+
+SCHEMA_FILE = "scenario.schema.json"   # in PRESET_DIR; the presets name it on their first line
+
+
+def _schema_of(rule: Rule, fields: Mapping[str, Rule] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": rule.description}
+    if rule.type == "int":
+        out.update(type="integer", minimum=int(rule.minimum or 0))
+        if rule.maximum is not None:
+            out["maximum"] = int(rule.maximum)
+    elif rule.type == "number":
+        out["type"] = "number"
+        if rule.positive and not rule.minimum:
+            out["exclusiveMinimum"] = 0
+        elif rule.minimum is not None:
+            out["minimum"] = rule.minimum
+        if rule.maximum is not None:
+            out["maximum"] = rule.maximum
+    elif rule.type == "text":
+        out["type"] = "string"
+        if rule.max_chars is not None:
+            out["maxLength"] = rule.max_chars
+    elif rule.type == "bool":
+        out["type"] = "boolean"
+    elif rule.type == "kind":
+        out.update(type="string", enum=list(KINDS))
+    elif rule.type == "block":
+        out.update(type="object", additionalProperties=False,
+                   properties={name: _schema_of(r) for name, r in (fields or {}).items()})
+    if rule.nullable:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON Schema (2020-12) of scenario files, made from the rules that validate them.
+
+    It checks types, ranges and names; the structural rules (divisibility, radix, size
+    limits, address plan) need the loader: ``hpnlab topo inspect FILE``.
+    """
+    blocks = {"long_haul": LONG_HAUL_FIELDS, "emulation": EMULATION_FIELDS}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "hpnlab scenario",
+        "description": "A fabric for hpnlab (hpnlab topo fields; README, 'Scenario files'). Generated by "
+                       "'hpnlab topo schema' from hpnlab.fabric.spec.",
+        "type": "object",
+        "required": ["name"],
+        "additionalProperties": False,
+        "properties": {name: _schema_of(rule, blocks.get(name)) for name, rule in SCENARIO_FIELDS.items()},
+    }
+
+
+def describe_fields() -> list[str]:
+    """One line per field: name, type and range, meaning (``hpnlab topo fields``)."""
+    lines = []
+    blocks = {"long_haul": LONG_HAUL_FIELDS, "emulation": EMULATION_FIELDS}
+    for name, rule in SCENARIO_FIELDS.items():
+        lines.append(_describe(name, rule))
+        for sub, sub_rule in blocks.get(name, {}).items():
+            lines.append(_describe(f"{name}.{sub}", sub_rule))
+    return lines
+
+
+def _describe(name: str, rule: Rule) -> str:
+    if rule.type in ("int", "number"):
+        low = "> 0" if rule.positive and not rule.minimum else f">= {_figure(rule.minimum or 0)}"
+        what = f"{'whole' if rule.type == 'int' else 'number'} {low}, <= {_figure(rule.maximum or 0)}"
+    elif rule.type == "text":
+        what = f"text, <= {_figure(rule.max_chars or 0)} chars"
+    elif rule.type == "kind":
+        what = " | ".join(KINDS)
+    else:
+        what = {"bool": "true | false", "block": "mapping"}[rule.type]
+    if rule.nullable:
+        what += " | null"
+    return f"{name:<30} {what:<34} {rule.description}"

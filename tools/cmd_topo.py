@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("presets", help="list the scenario presets")
     p.set_defaults(func=cmd_presets)
 
+    p = actions.add_parser("fields", help="list the scenario fields: type, range, meaning")
+    p.set_defaults(func=cmd_fields)
+
+    p = actions.add_parser("schema", help="print the JSON Schema of scenario files (for editors)")
+    p.set_defaults(func=cmd_schema)
+
 
 def _fmt_num(value) -> str:
     if isinstance(value, float):
@@ -182,4 +188,19 @@ def cmd_presets(args: argparse.Namespace) -> int:
               f"{s.hosts:>6,} hosts  {s.planes} planes x {s.rails} rails  "
               + (f"{s.campuses} campuses" if s.campuses > 1 else ""))
     print("fat-tree-K           fat-tree  any even K, e.g. fat-tree-4, fat-tree-48")
+    return 0
+
+
+def cmd_fields(args: argparse.Namespace) -> int:
+    print("\n".join(spec.describe_fields()))
+    limits = spec.limits()
+    print(f"size limits: {limits['links']:,} links, {limits['nodes']:,} nodes "
+          f"(raise with {spec.LIMIT_ENV['links']}, {spec.LIMIT_ENV['nodes']}); "
+          f"files up to {spec.MAX_FILE_BYTES // 1024} KiB, UTF-8, no aliases, no key twice")
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    json.dump(spec.json_schema(), sys.stdout, indent=2)
+    print()
     return 0

@@ -11,15 +11,27 @@ import argparse
 import importlib
 import importlib.util
 import sys
+from typing import NoReturn
 
-from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.errors import UserError, one_line
 
 # Order is the order `hpnlab --help` lists them in.
 COMMANDS = ["topo", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo"]
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad flag reported in one line (no usage block), exit code 2.
+
+    ``add_subparsers`` makes every subcommand's parser of the same class, so this covers
+    every command's flags.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"hpnlab: {one_line(f'{self.prog}: {message} (see {self.prog} --help)')}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="hpnlab",
         description="hpnlab: emulate and model the networks of AI training clusters.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -38,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:  # includes ScenarioError
-        print(f"hpnlab: {exc}", file=sys.stderr)
+        print(f"hpnlab: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hpnlab: interrupted", file=sys.stderr)
