@@ -458,8 +458,9 @@ def _check_fat_tree(s: Scenario) -> Scenario:
 
 #: Default limits on the fabric's size. hpn-130k, the largest preset, has 19,456 nodes and
 #: 1,048,576 links and builds in about 7 s and 0.9 GB here; the defaults allow about twice
-#: that. A user with the memory for more sets the environment variable named in LIMIT_ENV.
-DEFAULT_LIMITS = {"links": 2_000_000, "nodes": 500_000}
+#: that (fat-tree-128, 544,768 nodes and 1,572,864 links: about 30 s and 1.6 GB). A user
+#: with the memory for more sets the environment variable named in LIMIT_ENV.
+DEFAULT_LIMITS = {"links": 2_000_000, "nodes": 1_000_000}
 LIMIT_ENV = {"links": "HPNLAB_MAX_LINKS", "nodes": "HPNLAB_MAX_NODES"}
 #: Identifier ranges: a host MAC holds 3 bytes of host index and 2 of NIC port
 #: (``addressing.host_mac``); a datapath id 40 bits of switch index.
@@ -606,8 +607,9 @@ class _Loader(yaml.SafeLoader):
 
 def _yaml_load(text: str, source: str | None) -> Any:
     """Parse YAML text with _Loader; every failure a one-line ScenarioError."""
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)   # the reader refuses characters YAML does not allow here
         return loader.get_single_data()
     except ScenarioError as exc:
         raise ScenarioError(exc.field, exc.rule, source) from None
@@ -615,12 +617,18 @@ def _yaml_load(text: str, source: str | None) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark else ""
         raise ScenarioError("(yaml)", f"not valid YAML{where}: {exc.problem or exc.context}", source) from None
-    except yaml.YAMLError as exc:   # ReaderError: a character YAML does not allow
+    except yaml.reader.ReaderError as exc:
+        character = exc.character if isinstance(exc.character, int) else ord(exc.character or "\0")
+        raise ScenarioError("(yaml)", f"not valid YAML: character #x{character:04x} at position {exc.position} "
+                                      "is not allowed (a NUL, a control character, undecodable bytes)",
+                            source) from None
+    except yaml.YAMLError as exc:
         raise ScenarioError("(yaml)", f"not valid YAML: {short(str(exc), 120)}", source) from None
     except (ValueError, TypeError, OverflowError) as exc:   # e.g. a timestamp 2024-13-45, a 5,000-digit int
         raise ScenarioError("(yaml)", f"a value YAML cannot read: {short(str(exc), 120)}", source) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_text(path: Path, source: str) -> str:

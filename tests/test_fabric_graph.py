@@ -1,12 +1,13 @@
 """Invariants of every preset's fabric graph, checked edge by edge (pure, no root)."""
 import ipaddress
 import itertools
+import re
 from collections import Counter, defaultdict
 
 import networkx as nx
 import pytest
 
-from hpnlab.fabric import graph, spec
+from hpnlab.fabric import addressing, graph, spec
 
 SMALL_PRESETS = [n for n in spec.preset_names() if n != "hpn-130k"] + ["fat-tree-4", "fat-tree-8"]
 
@@ -148,3 +149,134 @@ def test_rail_r_of_every_host_lands_on_the_leaf_serving_rail_r():
         for p in graph.host_ports(g, h):
             assert p["rail"] in g.nodes[p["leaf"]]["rails"]
             assert g.nodes[p["leaf"]]["segment"] == g.nodes[h]["segment"]
+
+
+# ---- identifiers that cannot collide (issue 15): boundaries of every field of a dpid and a MAC ----
+
+MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def assert_identifiers_distinct(g: nx.MultiGraph) -> None:
+    """Every dpid, MAC, host address and interface name of the graph is distinct and well formed."""
+    dpids = [g.nodes[n]["dpid"] for n in graph.switches(g)]
+    assert len(dpids) == len(set(dpids)) and all(0 < d < 2 ** 64 for d in dpids)
+    host_links = [d for _, _, d in g.edges(data=True) if d["kind"] == "host"]
+    macs = [d["mac"] for d in host_links]
+    assert len(macs) == len(set(macs))
+    assert all(MAC.match(m) and int(m[:2], 16) & 0b11 == 0b10 for m in macs)  # well formed, local, unicast
+    ips = [d["ip"] for d in host_links]
+    assert len(ips) == len(set(ips))
+    names = [graph.intf_name(n, d["ports"][n]) for u, v, d in g.edges(data=True) for n in (u, v)]
+    assert len(names) == len(set(names))
+
+
+def test_every_identifier_is_distinct_across_the_whole_graph(fabric):
+    assert_identifiers_distinct(fabric)
+
+
+def test_the_size_computed_from_the_numbers_is_the_size_built(fabric):
+    s = fabric.graph["scenario"]
+    size = spec.size(s)
+    assert size["hosts"] == len(graph.hosts(fabric))
+    assert size["switches"] == len(graph.switches(fabric))
+    assert size["links"] == fabric.number_of_edges()
+    assert size["host_ports"] == sum(1 for _, _, d in fabric.edges(data=True) if d["kind"] == "host")
+
+
+def _tiny(**fields):
+    data = {"name": "edge", "rails": 1, "planes": 1, "hosts_per_segment": 1, "leaves_per_plane_per_segment": 1,
+            "spines_per_plane": 1, "switch_radix": 1024}
+    data.update(fields)
+    return spec.from_dict(data)
+
+
+@pytest.mark.parametrize("planes", [255, 256])
+def test_planes_up_to_the_dpid_field_build_distinct_identifiers(planes):
+    g = graph.build(_tiny(planes=planes))
+    assert len({g.nodes[n]["plane"] for n in graph.switches(g)}) == planes
+    assert_identifiers_distinct(g)
+
+
+def test_a_257th_plane_is_refused_naming_the_dpid_field():
+    with pytest.raises(spec.ScenarioError, match="8 bits of plane"):
+        _tiny(planes=257)
+
+
+@pytest.mark.parametrize("rails,planes", [(256, 1), (257, 1), (128, 3), (2, 256)])
+def test_more_than_256_nic_ports_per_host_get_distinct_well_formed_macs(rails, planes):
+    g = graph.build(_tiny(rails=rails, planes=planes, hosts_per_segment=2))
+    assert g.nodes["h1"]["ports"] == rails * planes
+    assert_identifiers_distinct(g)
+
+
+def test_a_mac_keeps_its_old_form_below_256_ports_and_widens_above():
+    assert addressing.host_mac(5, 1) == "02:00:00:00:05:01"
+    assert addressing.host_mac(5, 256) == "02:01:00:00:05:00"
+    with pytest.raises(ValueError):
+        addressing.host_mac(1 << 24, 0)
+
+
+@pytest.mark.parametrize("field,value", [("plane", 256), ("campus", 256), ("index", 1 << 40), ("plane", -1)])
+def test_a_dpid_field_out_of_range_raises_instead_of_wrapping(field, value):
+    fields = {"plane": 0, "campus": 0, "index": 0, field: value}
+    with pytest.raises(ValueError, match="out of range"):
+        addressing.dpid("leaf", **fields)
+
+
+def test_256_campuses_build_distinct_identifiers_and_257_are_refused():
+    joined = {"cores_per_plane": 1, "long_haul": {"links": 1}}
+    g = graph.build(_tiny(campuses=256, **joined))
+    assert len({g.nodes[n]["campus"] for n in graph.switches(g)}) == 256
+    assert_identifiers_distinct(g)
+    with pytest.raises(spec.ScenarioError, match="8 bits of campus"):
+        _tiny(campuses=257, **joined)
+
+
+def test_more_hosts_than_a_mac_numbers_are_refused_even_with_the_size_limits_raised(monkeypatch):
+    monkeypatch.setenv("HPNLAB_MAX_LINKS", str(10 ** 12))
+    monkeypatch.setenv("HPNLAB_MAX_NODES", str(10 ** 12))
+    with pytest.raises(spec.ScenarioError, match="host MAC"):
+        _tiny(hosts_per_segment=60_000, segments_per_pod=280, switch_radix=65_536)   # 16.8M hosts > 2^24
+
+
+def _largest_fat_tree_k(links: int, nodes: int) -> int:
+    """By the closed forms: k^3/4 hosts, 5k^2/4 switches, 3k^3/4 links."""
+    k = 2
+    while 3 * (k + 2) ** 3 // 4 <= links and (k + 2) ** 3 // 4 + 5 * (k + 2) ** 2 // 4 <= nodes:
+        k += 2
+    return k
+
+
+def test_the_largest_fat_tree_within_the_size_limits_loads_and_the_next_is_refused():
+    k = _largest_fat_tree_k(spec.DEFAULT_LIMITS["links"], spec.DEFAULT_LIMITS["nodes"])
+    assert spec.load(f"fat-tree-{k}").k == k
+    with pytest.raises(spec.ScenarioError, match="above the limit"):
+        spec.load(f"fat-tree-{k + 2}")
+
+
+def test_with_the_limits_raised_the_address_plan_bounds_the_fat_tree(monkeypatch):
+    monkeypatch.setenv("HPNLAB_MAX_LINKS", str(10 ** 12))
+    monkeypatch.setenv("HPNLAB_MAX_NODES", str(10 ** 12))
+    assert addressing.plan_for(spec.load("fat-tree-256")).total_bits == 23   # and fat-tree-258 needs 25
+    with pytest.raises(spec.ScenarioError, match="25 host bits"):
+        spec.load("fat-tree-258")
+
+
+def _big_hpn(pods):
+    return spec.from_dict({"name": "big", "rails": 8, "planes": 4, "hosts_per_segment": 256, "segments_per_pod": 32,
+                           "leaves_per_plane_per_segment": 8, "spines_per_plane": 8, "pods": pods,
+                           "cores_per_plane": 8, "switch_radix": 512, "host_rate_gbps": 100,
+                           "leaf_spine_rate_gbps": 100, "spine_core_rate_gbps": 100, "switch_port_rate_gbps": 100})
+
+
+def test_with_the_limits_raised_the_address_plan_bounds_the_hpn(monkeypatch):
+    monkeypatch.setenv("HPNLAB_MAX_LINKS", str(10 ** 12))
+    monkeypatch.setenv("HPNLAB_MAX_NODES", str(10 ** 12))
+    assert addressing.plan_for(_big_hpn(32)).total_bits == 24
+    with pytest.raises(spec.ScenarioError, match="25 host bits"):
+        _big_hpn(33)
+
+
+def test_a_fabric_beyond_the_size_limit_is_refused_before_anything_is_built():
+    with pytest.raises(spec.ScenarioError, match="above the limit of 2,000,000"):
+        _big_hpn(32)
