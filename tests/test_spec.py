@@ -172,3 +172,49 @@ def test_cli_exports_every_format(tmp_path, fmt):
         import networkx as nx
         g = nx.read_graphml(out)
         assert g.number_of_edges() == 48
+
+
+# ---- the JSON Schema: made from the same rules, shipped beside the presets ----------------
+
+def test_the_shipped_schema_is_the_one_the_rules_make():
+    import json
+    shipped = json.loads((spec.PRESET_DIR / spec.SCHEMA_FILE).read_text())
+    assert shipped == spec.json_schema(), "run: hpnlab topo schema > topologies/scenario.schema.json"
+
+
+@pytest.mark.parametrize("name", spec.preset_names())
+def test_every_preset_names_the_schema_and_satisfies_it(name):
+    jsonschema = pytest.importorskip("jsonschema")
+    text = (spec.PRESET_DIR / f"{name}.yaml").read_text()
+    assert text.splitlines()[0] == f"# yaml-language-server: $schema={spec.SCHEMA_FILE}"
+    jsonschema.validate(spec._yaml_load(text, name), spec.json_schema())
+
+
+@pytest.mark.parametrize("fields", [
+    {"planes": "two"}, {"planes": 1.5}, {"planes": 0}, {"planes": 257}, {"campuses": 300}, {"planes": True},
+    {"host_rate_gbps": -1}, {"host_rate_gbps": 0}, {"host_rate_gbps": "fast"}, {"kind": "torus"},
+    {"name": 3}, {"name": "n" * 200}, {"planez": 2}, {"long_haul": 3}, {"long_haul": {"distance": 3}},
+    {"long_haul": {"deep_buffer": "yes"}}, {"emulation": {"mtu": 10}}, {"emulation": {"mtu": 1e9}},
+    {"oversubscription": 0}, {"switch_radix": 10 ** 6}, {"k": -2},
+])
+def test_the_schema_rejects_by_type_and_range_what_the_loader_rejects(fields):
+    jsonschema = pytest.importorskip("jsonschema")
+    data = {"name": "x", "rails": 1, "planes": 1, "hosts_per_segment": 2, **fields}
+    with pytest.raises(spec.ScenarioError):
+        spec.from_dict(data)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(data, spec.json_schema())
+
+
+def test_the_schema_command_prints_the_schema():
+    import json
+    result = _hpnlab("topo", "schema")
+    assert result.returncode == 0 and json.loads(result.stdout) == spec.json_schema()
+
+
+def test_the_fields_command_lists_every_field_with_its_range():
+    result = _hpnlab("topo", "fields")
+    assert result.returncode == 0
+    for name in spec.SCENARIO_FIELDS:
+        assert f"\n{name} " in "\n" + result.stdout
+    assert "planes" in result.stdout and "<= 256" in result.stdout and "HPNLAB_MAX_LINKS" in result.stdout
