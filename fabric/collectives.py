@@ -34,12 +34,13 @@ GB = 1e9 bytes, and busbw = algbw x factor (:func:`busbw_factor`).
 """
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import UserError
+from .errors import UserError, short
 
 ELEM_BYTES = 4
 DTYPE = np.int32
@@ -460,7 +461,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(num)
     except ValueError:
-        raise ScheduleError(f"not a size: {text!r} (examples: 4096, 64K, 1M)") from None
+        raise ScheduleError(f"not a size: {short(text)} (examples: 4096, 64K, 1M)") from None
+    if not math.isfinite(value):
+        raise ScheduleError(f"not a size: {short(text)} (examples: 4096, 64K, 1M)")
     if value < 0:
         raise ScheduleError(f"size must not be negative: {text!r}")
     return int(value * mult)

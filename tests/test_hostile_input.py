@@ -297,3 +297,48 @@ def test_short_shows_two_levels_of_a_deep_value() -> None:
     for _ in range(10_000):
         deep = [deep]
     assert short(deep) == "[[[...]]]"
+
+
+# ---- the collective tool's flags -----------------------------------------------------------
+
+BAD_COLLECTIVE_FLAGS: dict[str, tuple[list[str], str]] = {
+    "rate_nan": (["--line-rate", "nan"], "not a rate"),
+    "rate_overflow": (["--line-rate", "1e999"], "not a rate"),
+    "rate_empty": (["--line-rate", ""], "not a rate"),
+    "size_overflow": (["-b", "1e400"], "not a size"),
+    "size_nan": (["-e", "nan"], "not a size"),
+    "size_text": (["-b", "abc"], "not a size"),
+    "factor_nan": (["-f", "nan"], "--stepfactor"),
+    "factor_one": (["-f", "1"], "-f must be greater than 1"),
+    "iters_text": (["-n", "many"], "--iters"),
+    "iters_negative": (["-n", "-1"], "--iters"),
+    "window_zero": (["--window", "0"], "--window"),
+    "timeout_nan": (["--timeout", "nan"], "--timeout"),
+    "port_too_big": (["--port", "70000"], "--port"),
+    "ports_per_nic_zero": (["--ports-per-nic", "0"], "--ports-per-nic"),
+    "mtu_too_big": (["--mtu", "99999999"], "--mtu"),
+    "pace_inf": (["--pace", "inf"], "--pace"),
+    "unknown_collective": (["--perm", "bogus"], "permutation"),
+    "newline_in_hosts": (["--launcher", "x\ny"], "--launcher"),
+}
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("case", sorted(BAD_COLLECTIVE_FLAGS))
+def test_a_bad_collective_flag_gets_one_line_before_any_rank_starts(monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str],
+                                                                   case: str) -> None:
+    from hpnlab.fabric import experiment
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(experiment, "run", never)
+    flags, mentions = BAD_COLLECTIVE_FLAGS[case]
+    try:
+        code = main(["collective", "all_reduce", "--hosts", "127.0.0.2,127.0.0.3", *flags])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert mentions in _one_line(captured.err)

@@ -7,14 +7,16 @@ this machine are started locally, others over ssh (``--launcher ssh``).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpnlab.fabric import collectives as col
 from hpnlab.fabric import experiment, report
-from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.errors import UserError, short
 from hpnlab.fabric.transport import ENTROPIES, TRANSPORTS
 
 
@@ -26,10 +28,38 @@ def parse_rate_bps(text: str) -> float:
     try:
         value = float(num) * mult
     except ValueError:
-        raise UserError(f"not a rate: {text!r} (examples: 20M, 25G)") from None
+        raise UserError(f"not a rate: {short(text)} (examples: 20M, 25G)") from None
+    if not math.isfinite(value):
+        raise UserError(f"not a rate: {short(text)} (examples: 20M, 25G)")
     if value <= 0:
-        raise UserError(f"a rate must be positive: {text!r}")
+        raise UserError(f"a rate must be positive: {short(text)}")
     return value
+
+
+def int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high`` (a bad one is a one-line usage error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {short(text)}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be from {low:,} to {high:,}, got {short(value)}")
+        return value
+    return parse
+
+
+def number_in(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a finite number from ``low`` to ``high``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {short(text)}") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise argparse.ArgumentTypeError(f"must be a number from {low:g} to {high:g}, got {short(text)}")
+        return value
+    return parse
 
 
 def parse_hosts(text: str) -> list[list[str]]:
@@ -48,14 +78,15 @@ def add_generator_args(p: argparse.ArgumentParser, *, hosts: bool = True) -> Non
     """The flags `hpnlab collective` and `hpnlab run` share (nccl-tests' where they exist)."""
     p.add_argument("-b", "--minbytes", default="64K", help="smallest size (default 64K)")
     p.add_argument("-e", "--maxbytes", default="1M", help="largest size (default 1M)")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="multiply size by this (default 2)")
+    p.add_argument("-f", "--stepfactor", type=number_in(1.0, 1e6), default=2.0,
+                   help="multiply size by this (default 2)")
     p.add_argument("-i", "--stepbytes", default="0", help="add this to the size instead of -f")
-    p.add_argument("-n", "--iters", type=int, default=5, help="timed iterations per size (default 5)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=1, help="warm-up iterations (default 1)")
+    p.add_argument("-n", "--iters", type=int_in(1, 1_000_000), default=5, help="timed iterations per size (default 5)")
+    p.add_argument("-w", "--warmup_iters", type=int_in(0, 1_000_000), default=1, help="warm-up iterations (default 1)")
     p.add_argument("-c", "--check", type=int, default=1, choices=(0, 1),
                    help="check every element of every result (default 1)")
     p.add_argument("--no-inplace", action="store_true", help="skip the in-place columns (halves the run)")
-    p.add_argument("-r", "--root", type=int, default=0, help="root of broadcast/incast (default 0)")
+    p.add_argument("-r", "--root", type=int_in(0, 1_000_000), default=0, help="root of broadcast/incast (default 0)")
     p.add_argument("--perm", default="shift", help="permutation: shift (r -> r+n/2, default) or random")
     p.add_argument("--seed", type=int, default=0, help="data pattern and random permutation seed")
     p.add_argument("--transport", default="roce", choices=TRANSPORTS,
@@ -65,12 +96,16 @@ def add_generator_args(p: argparse.ArgumentParser, *, hosts: bool = True) -> Non
     p.add_argument("--recovery", default="selective", choices=experiment.RECOVERIES,
                    help="roce loss recovery (default selective)")
     p.add_argument("--no-dcqcn", action="store_true", help="roce: no DCQCN rate control (ignore CNPs)")
-    p.add_argument("--ports-per-nic", type=int, default=8, help="roce spray: UDP source ports per NIC port")
-    p.add_argument("--pace", type=float, default=1.0,
+    p.add_argument("--ports-per-nic", type=int_in(1, 4096), default=8,
+                   help="roce spray: UDP source ports per NIC port")
+    p.add_argument("--pace", type=number_in(0.0, 1.0), default=1.0,
                    help="roce: each NIC port sends at this fraction of line rate (default 1.0)")
-    p.add_argument("--window", type=int, default=64, help="roce: packets in flight per flow (default 64)")
-    p.add_argument("--timeout", type=float, default=15.0, help="seconds of silence before a rank is declared lost")
-    p.add_argument("--port", type=int, default=0, help="base port (rank r uses base+r; roce 4791, tcp 29500)")
+    p.add_argument("--window", type=int_in(1, 1_000_000), default=64,
+                   help="roce: packets in flight per flow (default 64)")
+    p.add_argument("--timeout", type=number_in(0.001, 86_400.0), default=15.0,
+                   help="seconds of silence before a rank is declared lost")
+    p.add_argument("--port", type=int_in(0, 65_535), default=0,
+                   help="base port (rank r uses base+r; roce 4791, tcp 29500)")
     p.add_argument("--out", metavar="DIR", help="results directory (JSON and PNG plots; default results/...)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     if hosts:
@@ -80,7 +115,7 @@ def add_generator_args(p: argparse.ArgumentParser, *, hosts: bool = True) -> Non
         p.add_argument("--line-rate", default="20M",
                        help="rate of one NIC port: roce paces to it and busbw is compared with it "
                             "(default 20M)")
-        p.add_argument("--mtu", type=int, default=1500, help="path MTU (default 1500)")
+        p.add_argument("--mtu", type=int_in(68, 65_535), default=1500, help="path MTU (default 1500)")
         p.add_argument("--launcher", default="auto", choices=("auto", "local", "ssh"),
                        help="start ranks here (local) or over ssh; auto: local if every address is here")
         p.add_argument("--remote-python", default="python3", help="python with hpnlab on ssh hosts")

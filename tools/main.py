@@ -27,7 +27,9 @@ class OneLineParser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"hpnlab: {one_line(f'{self.prog}: {message} (see {self.prog} --help)')}\n")
+        command = self.prog.removeprefix("hpnlab").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"hpnlab: {one_line(f'{where}{message} (see {self.prog} --help)')}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
