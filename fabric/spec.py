@@ -554,6 +554,8 @@ def _check_address_plan(s: Scenario) -> None:
 MAX_FILE_BYTES = 64 * 1024
 #: Deepest nesting of mappings and lists in a file or an override (a scenario needs 2).
 MAX_DEPTH = 8
+#: Most YAML tokens (keys, values, brackets...) in a file or an override: a preset has ~100.
+MAX_TOKENS = 2_000
 #: Longest ``--set`` item (characters).
 MAX_OVERRIDE_CHARS = 4096
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -572,6 +574,23 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._depth = 0
+
+    def fetch_more_tokens(self) -> None:
+        # Pure-Python YAML costs ~10-50 us a token: a cap on tokens bounds the parse whatever
+        # the file holds (long text and comments are one token or none).
+        super().fetch_more_tokens()
+        if self.tokens_taken + len(self.tokens) > MAX_TOKENS:
+            mark = self.get_mark()
+            raise ScenarioError("(yaml)", f"line {mark.line + 1}: more than {MAX_TOKENS:,} YAML tokens; "
+                                          "a scenario is a few dozen fields")
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        # Refused in the scanner: it looks ahead over every open '[' and '{' (quadratic in
+        # their number), long before the composer would see the depth.
+        if self.flow_level >= MAX_DEPTH:
+            mark = self.get_mark()
+            raise ScenarioError("(yaml)", f"line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
+        super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):

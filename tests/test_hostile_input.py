@@ -40,6 +40,9 @@ BAD_FILES: dict[str, tuple[bytes, str]] = {
     "nul_byte": (b"name: x\x00\n", "not valid YAML"),
     "oversized_file": (b"name: x\n#" + b"a" * (spec.MAX_FILE_BYTES + 10) + b"\n", "KiB"),
     "deep_sequence": (b"name: x\nplanes: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested"),
+    "unclosed_brackets_filling_the_file": (b"[" * spec.MAX_FILE_BYTES, "nested"),
+    "thousands_of_tokens": (b"name: x\nplanes: [" + b",".join([b"1"] * 30_000) + b"]\n", "tokens"),
+    "thousands_of_keys": (b"".join(b"k%d: %d\n" % (i, i) for i in range(5000)), "tokens"),
     "deep_mapping": (b"name: x\nlong_haul: " + b"{a: " * 3000 + b"1" + b"}" * 3000 + b"\n", "nested"),
     "alias_bomb": (f"name: x\nkind: {_laughs()}\n".encode(), "aliases"),
     "alias_bomb_in_key": (f"name: x\n? {_laughs()}\n: 1\n".encode(), "aliases"),
@@ -180,7 +183,7 @@ def _hpnlab(*argv: str | bytes, cwd: Path | None = None) -> subprocess.Completed
                           env=env)
 
 
-SUBPROCESS_FILES = ["latin1", "binary", "deep_sequence", "alias_bomb", "duplicate_key", "huge_integer",
+SUBPROCESS_FILES = ["latin1", "binary", "deep_sequence", "thousands_of_tokens", "alias_bomb", "duplicate_key", "huge_integer",
                     "millions_of_hosts", "absurd_long_haul", "dpid_plane_overflow"]
 SUBPROCESS_ARGS = ["set_not_yaml", "set_float_overflow", "set_alias_bomb", "preset_name_too_long",
                    "fat_tree_beyond_the_size_limit", "set_newline_in_key", "unknown_flag"]
