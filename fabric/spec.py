@@ -584,13 +584,13 @@ class _Loader(yaml.SafeLoader):
             raise ScenarioError("(yaml)", f"line {mark.line + 1}: more than {MAX_TOKENS:,} YAML tokens; "
                                           "a scenario is a few dozen fields")
 
-    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
         # Refused in the scanner: it looks ahead over every open '[' and '{' (quadratic in
         # their number), long before the composer would see the depth.
         if self.flow_level >= MAX_DEPTH:
             mark = self.get_mark()
             raise ScenarioError("(yaml)", f"line {mark.line + 1}: nested more than {MAX_DEPTH} levels deep")
-        super().fetch_flow_collection_start(TokenClass)
+        super().fetch_flow_collection_start(token_class)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
