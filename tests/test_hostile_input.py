@@ -346,3 +346,20 @@ def test_a_bad_collective_flag_gets_one_line_before_any_rank_starts(monkeypatch:
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert mentions in _one_line(captured.err)
+
+
+# ---- paths a command writes ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv,mentions", [
+    (["topo", "export", "mini-hpn", "-o", "/tmp/" + "x" * 300 + "/g.json"], "too long"),
+    (["topo", "export", "mini-hpn", "-o", "/"], "is a folder"),
+    (["topo", "export", "mini-hpn", "-o", "/no/such/folder/g.json"], "does not exist"),
+    (["collective", "all_reduce", "--hosts", "127.0.0.2,127.0.0.3", "--out", "/etc/hostname"], "not a folder"),
+    (["emulate", "mini-hpn", "--json", "/"], "is a folder"),
+])
+def test_an_output_path_the_file_system_refuses_gets_one_line_before_anything_runs(
+        capsys: pytest.CaptureFixture[str], argv: list[str], mentions: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    assert mentions in _one_line(capsys.readouterr().err)

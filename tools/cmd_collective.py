@@ -19,6 +19,8 @@ from hpnlab.fabric import experiment, report
 from hpnlab.fabric.errors import UserError, short
 from hpnlab.fabric.transport import ENTROPIES, TRANSPORTS
 
+from .argtypes import output_dir
+
 
 def parse_rate_bps(text: str) -> float:
     """'20M', '25G', '100m', '2e7' -> bit/s (K/M/G are powers of 1000 for rates)."""
@@ -106,7 +108,8 @@ def add_generator_args(p: argparse.ArgumentParser, *, hosts: bool = True) -> Non
                    help="seconds of silence before a rank is declared lost")
     p.add_argument("--port", type=int_in(0, 65_535), default=0,
                    help="base port (rank r uses base+r; roce 4791, tcp 29500)")
-    p.add_argument("--out", metavar="DIR", help="results directory (JSON and PNG plots; default results/...)")
+    p.add_argument("--out", metavar="DIR", type=output_dir,
+                   help="results directory (JSON and PNG plots; default results/...)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     if hosts:
         p.add_argument("--hosts", action="append", required=True, metavar="A,B,...",

@@ -8,6 +8,8 @@ import time
 from hpnlab.fabric import spec
 from hpnlab.fabric.errors import UserError
 
+from .argtypes import output_file
+
 
 def register(sub) -> None:
     p = sub.add_parser("emulate", help="run a scenario on Mininet + Open vSwitch with the controller (root)")
@@ -27,7 +29,8 @@ def register(sub) -> None:
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
-    p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
+    p.add_argument("--json", metavar="FILE", type=output_file,
+                   help="write the run's metadata and timeline records here")
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")

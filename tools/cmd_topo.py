@@ -9,7 +9,9 @@ from pathlib import Path
 import networkx as nx
 
 from hpnlab.fabric import analysis, export, graph, spec
-from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.errors import UserError, short
+
+from .argtypes import output_file
 
 
 def add_scenario_args(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = actions.add_parser("export", help="write the fabric graph (json, graphml or dot)")
     add_scenario_args(p)
     p.add_argument("--format", choices=export.FORMATS, default="json")
-    p.add_argument("-o", "--output", help="file to write (default: standard output)")
+    p.add_argument("-o", "--output", type=output_file, help="file to write (default: standard output)")
     p.set_defaults(func=cmd_export)
 
     p = actions.add_parser("plan", help="print the addressing plan (prefixes per plane, pod and leaf)")
@@ -149,10 +151,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     scenario, g = load_fabric(args)
     if args.output:
         path = Path(args.output)
-        if not path.parent.is_dir():
-            raise UserError(f"--output: folder {path.parent} does not exist")
-        with path.open("w") as fh:
-            export.write(g, args.format, fh)
+        try:
+            with path.open("w") as fh:
+                export.write(g, args.format, fh)
+        except OSError as exc:
+            raise UserError(f"--output: cannot write {short(str(path))}: {exc.strerror or exc}") from None
         print(f"wrote {args.format} of {scenario.name} ({g.number_of_nodes():,} nodes, "
               f"{g.number_of_edges():,} links) to {path}", file=sys.stderr)
     else:
