@@ -635,7 +635,8 @@ def _yaml_load(text: str, source: str | None) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ScenarioError("(yaml)", f"not valid YAML{where}: {exc.problem or exc.context}", source) from None
+        problem = one_line(str(exc.problem or exc.context), 160)
+        raise ScenarioError("(yaml)", f"not valid YAML{where}: {problem}", source) from None
     except yaml.reader.ReaderError as exc:
         character = exc.character if isinstance(exc.character, int) else ord(exc.character or "\0")
         raise ScenarioError("(yaml)", f"not valid YAML: character #x{character:04x} at position {exc.position} "

@@ -190,7 +190,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
         print(f"{name:<20} {s.kind:<9} {s.accelerators:>8,} accelerators  "
               f"{s.hosts:>6,} hosts  {s.planes} planes x {s.rails} rails  "
               + (f"{s.campuses} campuses" if s.campuses > 1 else ""))
-    print("fat-tree-K           fat-tree  any even K, e.g. fat-tree-4, fat-tree-48")
+    print("fat-tree-K           fat-tree  any even K the size limits allow (up to 138 by default), "
+          "e.g. fat-tree-4, fat-tree-48")
     return 0
 
 
