@@ -207,6 +207,9 @@ def test_more_than_256_nic_ports_per_host_get_distinct_well_formed_macs(rails, p
     g = graph.build(_tiny(rails=rails, planes=planes, hosts_per_segment=2))
     assert g.nodes["h1"]["ports"] == rails * planes
     assert_identifiers_distinct(g)
+    for host in graph.hosts(g):
+        for port in graph.host_ports(g, host):
+            assert port["mac"] == addressing.host_mac(g.nodes[host]["index"], port["intf"])
 
 
 def test_a_mac_keeps_its_old_form_below_256_ports_and_widens_above():
