@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("os_ken")
 
 from os_ken.controller import ofp_event
-from os_ken.lib.packet import arp, ethernet, ether_types, packet
+from os_ken.lib.packet import arp, ether_types, ethernet, packet
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
 from test_controller_app import FakeDatapath, app, connect_all  # noqa: F401  (app is a fixture)
