@@ -184,8 +184,7 @@ def _hpnlab(*argv: str | bytes, cwd: Path | None = None) -> subprocess.Completed
 
 
 SUBPROCESS_FILES = ["latin1", "binary", "deep_sequence", "thousands_of_tokens", "alias_bomb", "duplicate_key",
-                    "huge_integer",
-                    "millions_of_hosts", "absurd_long_haul", "dpid_plane_overflow"]
+                    "huge_integer", "millions_of_hosts", "absurd_long_haul", "dpid_plane_overflow"]
 SUBPROCESS_ARGS = ["set_not_yaml", "set_float_overflow", "set_alias_bomb", "preset_name_too_long",
                    "fat_tree_beyond_the_size_limit", "set_newline_in_key", "unknown_flag"]
 
