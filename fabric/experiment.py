@@ -386,7 +386,27 @@ def _target(where: Any) -> Any:
 
 # ---- running -------------------------------------------------------------------------------
 
-def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None) -> dict[str, Any]:
+#: timeline actions that break something, and the action that repairs it
+_REPAIRS = {"link_down": "link_up", "switch_down": "switch_up"}
+
+
+def left_failed(events: list[Any]) -> list[str]:
+    """What a failure timeline leaves broken at its end (descriptions; empty: all repaired)."""
+    broken: dict[tuple, str] = {}
+    repairs = {v: k for k, v in _REPAIRS.items()}
+    for ev in events:
+        if ev.action in _REPAIRS:
+            broken[(ev.action, tuple(sorted(ev.target)), ev.key)] = ev.describe()
+        elif ev.action in repairs:
+            what = repairs[ev.action]
+            for k in [k for k in broken if k[0] == what and k[1] == tuple(sorted(ev.target))
+                      and (ev.key is None or k[2] in (None, ev.key))]:
+                del broken[k]
+    return list(broken.values())
+
+
+def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None,
+        timeline: list[Any] | None = None) -> dict[str, Any]:
     """Run every cell of ``plan.matrix()`` on ``where`` (an Emulation, :class:`Loopback` or
     :class:`Hosts`), one after the other; concurrent jobs of a cell run at once.
 
@@ -395,10 +415,25 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     a failing rank stops the others and raises one UserError line. ``progress``: a bar on
     stderr (True), none (False), or a function of (sizes done, sizes, label); ``say`` gets a
     line per cell.
+
+    ``timeline`` (emulation only; events of ``hpnlab.fabric.emulation.timeline.load``): run
+    through every cell, its times counted from the cell's start; the cell ends when both its
+    ranks and the timeline have finished, and each of its results carries the timeline's
+    records (``timeline``: applied offsets and wall-clock times, to line up with the
+    transports' per-packet timestamps). With more than one cell the timeline must repair
+    everything it breaks, so that every cell starts on the same fabric.
     """
     target = _target(where)
     say = say or (lambda _m: None)
     cells = target.jobs(plan)
+    if timeline:
+        if not isinstance(target, _OnEmulation):
+            raise UserError("a failure timeline needs an emulated fabric (hpnlab run), not "
+                            f"{type(target).__name__}")
+        broken = left_failed(timeline)
+        if broken and len(cells) > 1:
+            raise UserError(f"the timeline leaves {', '.join(broken)} failed: with {len(cells)} runs "
+                            f"it must repair what it breaks, so that every run starts on the same fabric")
     t0 = time.monotonic()
     load_before = os.getloadavg()
     results: list[dict] = []
@@ -409,7 +444,21 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             + f", line rate {first.line_rate_bps / 1e6:g} Mbit/s x {len(first.addrs[0])} port(s) per rank")
         hosts = sorted({h for job in jobs for h in (job.labels or [])})
         before = target.counters(hosts) if isinstance(target, _OnEmulation) else None
-        out = ranks.run_jobs(jobs, target.spawner(jobs), progress=progress)
+        runner = None
+        if timeline:
+            from .emulation.timeline import Runner
+            runner = Runner(target.emu, timeline, log=lambda m: say(f"  timeline: {m}")).start()
+        try:
+            out = ranks.run_jobs(jobs, target.spawner(jobs), progress=progress)
+        except BaseException:
+            if runner is not None:
+                runner.stop()
+                runner.join()
+            raise
+        if runner is not None:
+            records = runner.join()       # the cell ends when the timeline has been applied too
+            for r in out:
+                r["timeline"] = records
         for r, job in zip(out, jobs, strict=False):
             r["hosts"] = list(job.labels) if job.labels else None
             r["placement"] = plan.placement if isinstance(target, _OnEmulation) else None

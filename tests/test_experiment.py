@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from hpnlab.fabric import experiment, graph, spec
+from hpnlab.fabric.emulation import timeline
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiment import Plan, Run
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+TIMELINE_UNREPAIRED = Path(__file__).resolve().parent / "data" / "timeline-unrepaired.yaml"
 
 
 def test_the_matrix_is_collectives_by_transports_by_entropies_with_tcp_once():
@@ -115,6 +117,30 @@ def test_per_plane_bytes_come_from_the_hosts_interface_counters():
     assert experiment.plane_bytes(intfs, {"h1-eth0": 1000, "h1-eth1": 8000}, after) == [6000, 1000]
 
 
+def events(*rows):
+    return [timeline.Event(at, action, tuple(target), key) for at, action, target, key in rows]
+
+
+def test_a_timeline_that_repairs_everything_it_breaks_leaves_nothing_failed():
+    assert experiment.left_failed(events((1, "link_down", ["p0l0", "p0s0"], None),
+                                         (2, "switch_down", ["p1s0"], None),
+                                         (3, "link_up", ["p0s0", "p0l0"], None),
+                                         (4, "switch_up", ["p1s0"], None))) == []
+
+
+def test_a_timeline_names_what_it_leaves_failed():
+    left = experiment.left_failed(events((1, "link_down", ["p0l0", "p0s0"], 0),
+                                         (1, "link_down", ["p0l1", "p0s0"], None),
+                                         (2, "link_up", ["p0l1", "p0s0"], None),
+                                         (3, "switch_down", ["p1s1"], None)))
+    assert left == ["link_down p0l0-p0s0#0", "switch_down p1s1"]
+
+
+def test_a_timeline_on_loopback_is_refused_in_one_line():
+    with pytest.raises(UserError, match="a failure timeline needs an emulated fabric"):
+        experiment.run(Plan(), experiment.Loopback(), timeline=events((1, "switch_down", ["p1s1"], None)))
+
+
 def readme_example() -> str:
     """The Python block of the README's 'From Python' section, exactly as printed."""
     text = README.read_text()
@@ -142,6 +168,10 @@ def test_the_readme_python_example_runs_and_prints_verified_nccl_tests_tables():
     (["--placement", "same-rail", "--ranks", "8"], "same-rail: a segment has 4 hosts"),
     (["--collective", "all_reduse"], "unknown collective 'all_reduse'"),
     (["--transport", "roce,rdma"], "unknown transport 'rdma'"),
+    (["--timeline", "/nonexistent/t.yaml"], "timeline file not found"),
+    (["--timeline", str(TIMELINE_UNREPAIRED), "--collective", "all_reduce", "--transport", "roce",
+      "--entropy", "flow,spray"],
+     "the timeline leaves link_down p0l0-p0s0 failed: with 2 runs it must repair what it breaks"),
 ])
 def test_the_run_command_refuses_a_bad_plan_in_one_line_before_building_anything(argv, message):
     import subprocess

@@ -42,6 +42,9 @@ def register(sub) -> None:
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
+    p.add_argument("--timeline", metavar="FILE",
+                   help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
+                        "matrix, its times counted from each run's start")
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
@@ -63,6 +66,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=args.jobs)
     g = fgraph.build(scenario)
     cells = plan.jobs_on(g)                         # every mistake shows before anything is built
+    events = None
+    if args.timeline:
+        from hpnlab.fabric.emulation import timeline as tl
+        events = tl.load(args.timeline, g)
+        broken = experiment.left_failed(events)
+        if broken and len(cells) > 1:
+            print(f"hpnlab: the timeline leaves {', '.join(broken)} failed: with {len(cells)} runs it must "
+                  f"repair what it breaks", file=sys.stderr)
+            return 2
     say = lambda m: print(m, flush=True)  # noqa: E731
     hosts = fgraph.hosts(g)
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
@@ -74,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
-            doc = experiment.run(plan, emu, progress=not args.quiet, say=say)
+            doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events)
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
                                timings=dict(emu.timings), uname=" ".join(os.uname()))

@@ -99,6 +99,9 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
 
 
 def load(path_or_data: str | Path | list | dict, graph) -> list[Event]:
+    """Events from a file, from parsed data, or (already loaded) a list of Events as is."""
+    if isinstance(path_or_data, list) and path_or_data and all(isinstance(e, Event) for e in path_or_data):
+        return list(path_or_data)
     if isinstance(path_or_data, (list, dict)):
         return parse(path_or_data, graph)
     path = Path(path_or_data)
@@ -126,8 +129,7 @@ def apply(emu, event: Event) -> None:
 def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
         stop: threading.Event | None = None) -> list[dict[str, Any]]:
     """Apply the events at their times (blocking). Returns one record per event."""
-    events = load(timeline, emu.graph) if not (isinstance(timeline, list) and timeline
-                                               and isinstance(timeline[0], Event)) else timeline
+    events = load(timeline, emu.graph)
     if hasattr(emu, "netlink"):
         emu.netlink()          # open the netlink socket now, not at the first event
     restore = _realtime()
