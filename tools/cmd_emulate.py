@@ -28,6 +28,23 @@ def register(sub) -> None:
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
+    p.add_argument("--bfd", type=int, default=0, metavar="MS",
+                   help="BFD on every switch-to-switch port, min_rx = min_tx = MS (0: off, the default); "
+                        "a port whose BFD session fails stops being live (controller and fast-failover groups)")
+    p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
+    p.add_argument("--failover-probe", metavar="KINDS",
+                   help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
+                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle")
+    p.add_argument("--repeat", type=int, default=5, metavar="N", help="failover probe repetitions per kind (default 5)")
+    p.add_argument("--probe-link", metavar="LEAF-SPINE", help="the link the probe fails (default: the first leaf's "
+                                                              "first uplink)")
+    p.add_argument("--probe-flows", type=int, default=16, metavar="N", help="probe flows (default 16)")
+    p.add_argument("--probe-pps", type=float, default=6000.0, metavar="P",
+                   help="probe packets/s, all flows together (default 6000)")
+    p.add_argument("--probe-hold", type=float, default=1.0, metavar="S",
+                   help="seconds between failure and repair (default 1)")
+    p.add_argument("--freeze-controller", action="store_true",
+                   help="stop the controller (SIGSTOP) during each probe's failure: what the switches do alone")
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")
@@ -65,11 +82,24 @@ def cmd_emulate(args) -> int:
     if args.controller not in CONTROLLERS:
         raise UserError(f"unknown controller {args.controller!r} (known: {', '.join(CONTROLLERS)})")
     overrides = spec.parse_overrides(args.overrides)
+    probe = None
+    if args.failover_probe:
+        from hpnlab.fabric.emulation import failover
+        kinds = [k.strip() for k in args.failover_probe.split(",") if k.strip()]
+        link = tuple(args.probe_link.split("-")) if args.probe_link else None
+        if link is not None and len(link) != 2:
+            raise UserError(f"--probe-link must name a leaf and a spine like p0l0-p0s0, got {args.probe_link!r}")
+        if args.repeat < 1:
+            raise UserError("--repeat must be at least 1")
+        probe = failover.Probe(link=link, flows=args.probe_flows, pps=args.probe_pps,  # type: ignore[arg-type]
+                               hold_s=args.probe_hold, freeze_controller=args.freeze_controller)
+        for k in kinds:
+            failover.Probe(kind=k).check()
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
-                    controller_ip=args.controller_ip)
+                    controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "
@@ -86,6 +116,11 @@ def cmd_emulate(args) -> int:
                     f"{md['reachability']['failed']} failed")
             if events:
                 records = emu.run_timeline(events, log=say)
+            probed = None
+            if probe is not None:
+                probed = failover.run(emu, kinds, args.repeat, probe, log=say)
+                for kind, s in probed["summary"].items():
+                    say(failover.describe(kind, s))
             if args.cli:
                 say("Mininet CLI: 'h1 ping -c1 10.1.0.5', 'h1 iperf3 ...', 'links', 'exit'; "
                     "iperf/iperfudp are disabled (they kill processes by name machine-wide)")
@@ -93,7 +128,7 @@ def cmd_emulate(args) -> int:
             elif args.duration:
                 say(f"holding the fabric up for {args.duration:g} s (Ctrl-C to stop)")
                 time.sleep(args.duration)
-            elif not events:
+            elif not events and probe is None:
                 say("fabric is up; Ctrl-C (or SIGTERM) stops it and removes everything")
                 try:
                     while True:
@@ -102,8 +137,8 @@ def cmd_emulate(args) -> int:
                     say("stopping")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"metadata": md, "timings": emu.timings, "timeline": records}, f, indent=1,
-                              default=str)
+                    json.dump({"metadata": md, "timings": emu.timings, "timeline": records,
+                               "failover": probed}, f, indent=1, default=str)
         say(f"stopped; removed {emu.metadata.get('removed', {})}")
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)

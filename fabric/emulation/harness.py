@@ -50,6 +50,7 @@ class Emulation:
                  connect_timeout: float = 60.0, controller_args: Iterable[str] = (), lock_wait_s: float = 0.0,
                  ready_timeout: float = 30.0, inactivity_probe_ms: int | None = None,
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
+                 bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT,
                  log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
@@ -80,6 +81,11 @@ class Emulation:
         self.placement = placement
         self.controller_ip = controller_ip
         self.controller_args = list(controller_args)
+        if bfd_ms < 0 or not 1 <= bfd_mult <= 255:
+            raise UserError(f"BFD interval must be >= 0 ms (0: off) and its multiplier 1-255, got {bfd_ms}, {bfd_mult}")
+        #: BFD on every switch-to-switch interface (min_rx = min_tx = bfd_ms; 0: off)
+        self.bfd_ms = int(bfd_ms)
+        self.bfd_mult = int(bfd_mult)
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
         self.caps: kernel.Capabilities | None = None
@@ -146,6 +152,9 @@ class Emulation:
             self.timings["controller_s"] = time.monotonic() - t0
             self._build()
             self.timings["built_s"] = time.monotonic() - t0
+            if self.bfd_ms:
+                self._enable_bfd()
+                self.timings["bfd_s"] = time.monotonic() - t0
             if self.want_ecn and self.caps.ecn_mechanism is not None:
                 from .ecn import EcnStage
                 self.ecn = EcnStage.for_emulation(self, mechanism=self.caps.ecn_mechanism)
@@ -228,6 +237,30 @@ class Emulation:
                                          self.want_shape, self._caps.netem, state.run_dir)
         except nodes.NodeError as exc:
             raise EmulationError(str(exc)) from None
+
+    def fabric_interfaces(self) -> list[str]:
+        """Switch interfaces whose peer is a switch (where BFD runs: hosts do not speak it)."""
+        return [p["intf"] for p in self.switch_ports() if p["local"] and self.graph.nodes[p["peer"]]["tier"] > 0]
+
+    def _enable_bfd(self, timeout_s: float = 20.0) -> None:
+        """BFD on every fabric interface; wait until every session forwards (until then OVS
+        reports the port not live and the controller routes around it)."""
+        names = self.fabric_interfaces()
+        err = ovsdb.set_bfd(names, self.bfd_ms, self.bfd_ms, self.bfd_mult)
+        if err:
+            raise EmulationError(f"enabling BFD failed: {err}")
+        self.metadata["bfd"] = {"min_rx_ms": self.bfd_ms, "min_tx_ms": self.bfd_ms, "mult": self.bfd_mult,
+                                "interfaces": len(names)}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = ovsdb.bfd_status(names)
+            down = sorted(n for n in names if status.get(n, {}).get("forwarding") != "true")
+            if not down:
+                return
+            if time.monotonic() > deadline:
+                raise EmulationError(f"BFD did not come up within {timeout_s:g} s on {len(down)} of {len(names)} "
+                                     f"fabric interfaces: {', '.join(down[:5])}")
+            time.sleep(0.2)
 
     def _wait_connected(self) -> None:
         switches = fgraph.switches(self.graph)
@@ -359,6 +392,13 @@ class Emulation:
 
     def link_up(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
         return self.faults.link_up(u, v, key, side)
+
+    def link_drop(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
+        """A gray failure: the link stays up, everything ``side`` (default ``u``) sends on it is dropped."""
+        return self.faults.link_drop(u, v, key, side)
+
+    def link_restore(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
+        return self.faults.link_restore(u, v, key, side)
 
     def switch_down(self, name: str) -> float:
         """A switch fails: every link of it goes down (its neighbours see carrier loss)."""
