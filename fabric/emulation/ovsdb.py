@@ -205,5 +205,5 @@ def parse_port_states(text: str) -> dict[str, set[str]]:
             name = s.split("(", 1)[1].split(")", 1)[0]
             out[name] = set()
         elif name is not None and s.startswith("state:"):
-            out[name] = set(s.split(":", 1)[1].split())
+            out[name] = set(s.split(":", 1)[1].split()) - {"0"}
     return out
