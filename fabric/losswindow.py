@@ -17,8 +17,8 @@ Per flow and per event:
   delivered before the failure to the first after", at the receiver;
 - ``lost`` counts the missing sequence numbers of those gaps;
 - the **largest gap** is the longest time between two consecutive arrivals of the flow whose
-  middle falls in ``[event, event + horizon)`` (before the next event), lost packets or not, with the send-time gap of the
-  same two packets beside it (a gap the sender made itself is not the network's);
+  middle falls in ``[event, event + horizon)`` (before the next event), lost packets or not,
+  with the send-time gap of the same two packets beside it (a gap the sender made itself is not the network's);
 - a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
   gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped.
 """
@@ -128,7 +128,7 @@ def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> di
             "max_gap_unaffected_send_ms": widest["max_gap_send_ms"] if widest else 0.0}
 
 
-def spread(values: Iterable[float]) -> dict[str, float | int]:
+def spread(values: Iterable[float | None]) -> dict[str, float | int]:
     """Median and spread (min, quartiles, max) of repeated measurements."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if not len(v):

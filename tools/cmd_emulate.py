@@ -91,7 +91,7 @@ def cmd_emulate(args) -> int:
             raise UserError(f"--probe-link must name a leaf and a spine like p0l0-p0s0, got {args.probe_link!r}")
         if args.repeat < 1:
             raise UserError("--repeat must be at least 1")
-        probe = failover.Probe(link=link, flows=args.probe_flows, pps=args.probe_pps,  # type: ignore[arg-type]
+        probe = failover.Probe(link=link, flows=args.probe_flows, pps=args.probe_pps,
                                hold_s=args.probe_hold, freeze_controller=args.freeze_controller)
         for k in kinds:
             failover.Probe(kind=k).check()

@@ -164,7 +164,8 @@ def bfd_args(interfaces: Iterable[str], min_rx_ms: int, min_tx_ms: int | None = 
     return args
 
 
-def set_bfd(interfaces: Iterable[str], min_rx_ms: int, min_tx_ms: int | None = None, mult: int = BFD_MULT) -> str | None:
+def set_bfd(interfaces: Iterable[str], min_rx_ms: int, min_tx_ms: int | None = None,
+            mult: int = BFD_MULT) -> str | None:
     """Enable (or, with ``min_rx_ms`` 0, disable) BFD on these interfaces in one transaction;
     the error text, or None."""
     args = bfd_args(interfaces, min_rx_ms, min_tx_ms, mult)

@@ -22,9 +22,12 @@ carrier loss, OVS sends PortStatus to the controller); a switch goes down by doi
 every link of it. ``link_down_one_side`` sets only ``side``'s interface down (with veth the
 peer loses carrier too: see ``faults``); ``link_drop`` is a gray failure: the link stays up
 and everything ``side`` sends on it is dropped (a tc egress drop filter) until
-``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``. ``run()`` sleeps on the monotonic clock until each event's time, applies
-it, and records the offset at which the change was in place (``applied_s``) and its wall
-clock time (``wall``; ``start_wall`` when applying it began); the difference to the schedule (``late_ms``) is logged. ``TOLERANCE_S`` is the
+``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``.
+
+``run()`` sleeps on the monotonic clock until each event's time, applies it, and records
+the offset at which the change was in place (``applied_s``), its wall clock time (``wall``;
+``start_wall`` when applying it began) and the difference to the schedule (``late_ms``,
+logged). ``TOLERANCE_S`` is the
 stated accuracy: an event is in place within that time of its schedule (checked by the
 tests with an independent sampler of the interface state).
 """
