@@ -8,6 +8,10 @@ import time
 from hpnlab.fabric import spec
 from hpnlab.fabric.errors import UserError
 
+#: ``--bfd`` without a value (ms): 20 ms flapped about once per port per 30 s with the machine's
+#: load average near 6, 50 ms did not flap (README: failures)
+DEFAULT_BFD_MS = 50
+
 
 def register(sub) -> None:
     p = sub.add_parser("emulate", help="run a scenario on Mininet + Open vSwitch with the controller (root)")
@@ -28,9 +32,10 @@ def register(sub) -> None:
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
-    p.add_argument("--bfd", type=int, default=0, metavar="MS",
-                   help="BFD on every switch-to-switch port, min_rx = min_tx = MS (0: off, the default); "
-                        "a port whose BFD session fails stops being live (controller and fast-failover groups)")
+    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
+                   help=f"BFD on every switch-to-switch port, min_rx = min_tx = MS (default off; --bfd alone: "
+                        f"{DEFAULT_BFD_MS} ms, the shortest that did not flap on a busy 2-core machine); a port whose "
+                        f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
