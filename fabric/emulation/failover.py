@@ -226,7 +226,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s))
     texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
     result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
-    result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine], src=src, dst=dst, sent=sent.get("sent"),
+    result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine],
+                  src=src, dst=dst, sent=sent.get("sent"),
                   timeline=records, controller_frozen=frozen)
     for ev in result["events"]:
         ev.pop("flows")   # per-flow detail stays in the .npz; the summary is enough for the JSON
