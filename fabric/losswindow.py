@@ -18,7 +18,9 @@ Per flow and per event:
 - ``lost`` counts the missing sequence numbers of those gaps;
 - the **largest gap** is the longest time between two consecutive arrivals of the flow whose
   middle falls in ``[event, event + horizon)`` (before the next event), lost packets or not,
-  with the send-time gap of the same two packets beside it (a gap the sender made itself is not the network's);
+  with the send-time gap of the same two packets beside it (a gap the sender made itself is not
+  the network's); the **network gap** is the largest arrival gap minus send gap there: how
+  long the path itself held packets back;
 - a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
   gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped.
 """
@@ -60,7 +62,7 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
     packets lost, largest gap."""
     seq, sent, arr = f["seq"], f["sent_ns"], f["arrival_ns"]
     res: dict[str, Any] = {"lost": 0, "loss_window_ms": 0.0, "loss_gaps": 0, "max_gap_ms": 0.0,
-                           "max_gap_send_ms": 0.0, "max_gap_at_ms": None}
+                           "max_gap_send_ms": 0.0, "max_gap_at_ms": None, "max_network_gap_ms": 0.0}
     if len(seq) < 2:
         return res
     dseq = np.diff(seq)
@@ -81,6 +83,8 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
         res["max_gap_ms"] = float(darr[k]) / 1e6
         res["max_gap_send_ms"] = float(sent[k + 1] - sent[k]) / 1e6
         res["max_gap_at_ms"] = float(arr[k] - t0_ns) / 1e6
+        # the network's own share: how much longer two packets took to arrive than to be sent
+        res["max_network_gap_ms"] = float(np.max(darr[j] - np.diff(sent)[j])) / 1e6
     return res
 
 
@@ -125,7 +129,8 @@ def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> di
             "stalled": stalled,
             "max_gap_unaffected_ms": widest["max_gap_ms"] if widest else 0.0,
             # the sender's share of that gap: its two packets' send times apart
-            "max_gap_unaffected_send_ms": widest["max_gap_send_ms"] if widest else 0.0}
+            "max_gap_unaffected_send_ms": widest["max_gap_send_ms"] if widest else 0.0,
+            "max_network_gap_unaffected_ms": max((r["max_network_gap_ms"] for r in healthy), default=0.0)}
 
 
 def spread(values: Iterable[float | None]) -> dict[str, float | int]:

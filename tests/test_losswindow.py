@@ -73,6 +73,7 @@ def test_a_flow_held_back_without_loss_is_stalled_not_affected():
     assert ev["flows"][1]["max_gap_send_ms"] == pytest.approx(1.0)   # the sender did not pause: the path did
     assert ev["max_gap_unaffected_ms"] == pytest.approx(20.5)
     assert ev["max_gap_unaffected_send_ms"] == pytest.approx(1.0)
+    assert ev["max_network_gap_unaffected_ms"] == pytest.approx(19.5)
 
 
 def test_a_gap_the_sender_made_shows_as_a_send_gap():
@@ -82,6 +83,7 @@ def test_a_gap_the_sender_made_shows_as_a_send_gap():
     assert ev["lost"] == 0
     assert ev["flows"][0]["max_gap_ms"] == pytest.approx(21.0)
     assert ev["flows"][0]["max_gap_send_ms"] == pytest.approx(21.0)
+    assert ev["flows"][0]["max_network_gap_ms"] == pytest.approx(0.0)      # the path held nothing back
 
 
 def test_the_default_stall_threshold_is_three_packet_intervals():

@@ -37,6 +37,9 @@ def register(sub) -> None:
                         f"{DEFAULT_BFD_MS} ms, the shortest that did not flap on a busy 2-core machine); a port whose "
                         f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
+    p.add_argument("--ovs-realtime", action="store_true",
+                   help="run ovs-vswitchd's main thread SCHED_RR during the run: on the userspace datapath it forwards "
+                        "every packet, and on a busy machine its waits for the CPU stall every flow (README: failures)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
                         "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle")
@@ -104,7 +107,8 @@ def cmd_emulate(args) -> int:
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
-                    controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult)
+                    controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
+                    ovs_realtime=args.ovs_realtime)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "

@@ -275,6 +275,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "affected_flows": losswindow.spread(len(e["affected"]) for e in fail),
             "max_gap_unaffected_ms": losswindow.spread(e["max_gap_unaffected_ms"] for e in fail),
             "stalled_flows": losswindow.spread(len(e["stalled"]) for e in fail),
+            "max_network_gap_unaffected_ms": losswindow.spread(e["max_network_gap_unaffected_ms"] for e in fail),
             "detection_ms": {sw: losswindow.spread(v for v in vals if v is not None) | {
                 "missed": sum(v is None for v in vals)} for sw, vals in det.items()},
             "repair_loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in repair),
@@ -289,5 +290,6 @@ def describe(kind: str, s: dict[str, Any]) -> str:
                     for sw, d in s["detection_ms"].items())
     return (f"{kind}: loss window {f(s['loss_window_ms'], ' ms')}, lost {f(s['lost'])}, affected flows "
             f"{f(s['affected_flows'])}, largest gap on unaffected flows {f(s['max_gap_unaffected_ms'], ' ms')} "
-            f"(stalled {f(s['stalled_flows'])}); detection: {det or '-'}; after repair: loss window "
+            f"(stalled {f(s['stalled_flows'])}; the network's share {f(s['max_network_gap_unaffected_ms'], ' ms')}); "
+            f"detection: {det or '-'}; after repair: loss window "
             f"{f(s['repair_loss_window_ms'], ' ms')}")
