@@ -121,3 +121,9 @@ def test_the_fabric_is_whole_after_repair(emu):
         time.sleep(1.5)
         result = emu.ping_all(pairs=result["failed"])
     assert result["failed"] == []
+
+
+def test_ovs_vswitchd_forwards_with_a_real_time_policy_during_the_run(emu):
+    import os
+    pid = emu.metadata["ovs_realtime"]["pid"]
+    assert os.sched_getscheduler(pid) == os.SCHED_RR

@@ -37,9 +37,10 @@ def register(sub) -> None:
                         f"{DEFAULT_BFD_MS} ms, the shortest that did not flap on a busy 2-core machine); a port whose "
                         f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
-    p.add_argument("--ovs-realtime", action="store_true",
-                   help="run ovs-vswitchd's main thread SCHED_RR during the run: on the userspace datapath it forwards "
-                        "every packet, and on a busy machine its waits for the CPU stall every flow (README: failures)")
+    p.add_argument("--no-ovs-realtime", dest="ovs_realtime", action="store_false",
+                   help="leave ovs-vswitchd's scheduling alone (by default its main thread runs SCHED_RR during the "
+                        "run: on the userspace datapath it forwards every packet, and on a busy machine its waits "
+                        "for the CPU stall every flow; README: failures)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
                         "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle")

@@ -23,7 +23,8 @@ Python API (stable; tools and tests build on it)::
         emu.link_drop("p0l0", "p0s1", side="p0l0")   # gray: p0l0's egress drops all, carrier stays
         emu.link_restore("p0l0", "p0s1", side="p0l0")
         # Emulation(..., bfd_ms=50): BFD on every fabric port (a failed session: port not live)
-        # Emulation(..., ovs_realtime=True): ovs-vswitchd's main thread SCHED_RR for the run
+        # Emulation(..., ovs_realtime=False): leave ovs-vswitchd's scheduling alone (default: its
+        # main thread runs SCHED_RR for the run; it forwards every packet on the userspace datapath)
         emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
         emu.switch_ports()           # every switch egress port with its emulated rate
