@@ -127,3 +127,15 @@ def test_ovs_vswitchd_forwards_with_a_real_time_policy_during_the_run(emu):
     import os
     pid = emu.metadata["ovs_realtime"]["pid"]
     assert os.sched_getscheduler(pid) == os.SCHED_RR
+
+
+def test_the_failover_probe_sees_a_gray_failure_end_before_its_repair_and_accounts_for_every_packet(emu):
+    from hpnlab.fabric.emulation import failover
+
+    probe = failover.Probe(kind="gray", link=(LEAF, SPINE), flows=8, pps=2000.0, hold_s=1.5)
+    result = failover.run_once(emu, probe)
+    fail = result["events"][0]
+    assert 0 < len(fail["affected"]) < result["flows"] == 8       # only the flows through the link
+    assert 0 < fail["loss_window_ms"] < 1500                      # BFD found it: routed around before repair
+    assert all(ms is not None for ms in result["detection_ms"].values())
+    assert result["sent"] == result["packets"] + sum(e["lost"] for e in result["events"])
