@@ -43,7 +43,7 @@ def register(sub) -> None:
                         "for the CPU stall every flow; README: failures)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
-                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle")
+                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, none")
     p.add_argument("--repeat", type=int, default=5, metavar="N", help="failover probe repetitions per kind (default 5)")
     p.add_argument("--probe-link", metavar="LEAF-SPINE", help="the link the probe fails (default: the first leaf's "
                                                               "first uplink)")
@@ -111,6 +111,8 @@ def cmd_emulate(args) -> int:
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
                     ovs_realtime=args.ovs_realtime)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
+    if probe is not None:
+        failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
