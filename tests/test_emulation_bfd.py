@@ -14,7 +14,7 @@ from hpnlab.fabric.emulation import ovsdb
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-BFD_MS = 50   # the shortest interval that did not flap on this 2-core machine (see README: failures)
+BFD_MS = 50   # the shortest interval that never flapped on this 2-core machine (README: failures)
 LEAF, SPINE = "p0l0", "p0s0"
 
 

@@ -8,8 +8,9 @@ import time
 from hpnlab.fabric import spec
 from hpnlab.fabric.errors import UserError
 
-#: ``--bfd`` without a value (ms): 20 ms flapped about once per port per 30 s with the machine's
-#: load average near 6, 50 ms did not flap (README: failures)
+#: ``--bfd`` without a value (ms). Without ovs-vswitchd real-time, 20 ms flapped about once per
+#: port in 30 s at a load average near 6; with it, 10-20 ms held on an idle fabric, but under the
+#: probe's traffic one repetition in five rerouted spuriously; 50 ms never did (README: failures)
 DEFAULT_BFD_MS = 50
 
 
@@ -34,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="FILE", help="write the run's metadata and timeline records here")
     p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
                    help=f"BFD on every switch-to-switch port, min_rx = min_tx = MS (default off; --bfd alone: "
-                        f"{DEFAULT_BFD_MS} ms, the shortest that did not flap on a busy 2-core machine); a port whose "
+                        f"{DEFAULT_BFD_MS} ms, the shortest that never flapped on a busy 2-core machine); a port whose "
                         f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
     p.add_argument("--no-ovs-realtime", dest="ovs_realtime", action="store_false",
