@@ -155,7 +155,11 @@ def decode_flow_stats(dp, body) -> tuple:
 
 
 def port_is_up(ofp, desc) -> bool:
-    return not (desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
+    """A port carries traffic when it is up, has carrier and is live. Open vSwitch clears
+    OFPPS_LIVE (and sends a PortStatus) when BFD on the port stops forwarding while the
+    carrier stays up: a gray failure (see hpnlab.fabric.emulation.ovsdb)."""
+    return not (desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN
+                or not desc.state & ofp.OFPPS_LIVE)
 
 
 class HpnController(BaseApp):

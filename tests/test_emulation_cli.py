@@ -87,6 +87,15 @@ def test_controller_none_refuses_a_fabric_with_loops(nothing_built):
     _assert_one_line_refusal(_hpnlab("emulate", "mini-hpn", "--controller", "none"), "loop")
 
 
+@pytest.mark.parametrize("args, words", [
+    (("--failover-probe", "meteor"), ("unknown failure kind", "meteor")),
+    (("--failover-probe", "gray", "--probe-link", "p0l0-p1s0"), ("no link p0l0-p1s0",)),
+    (("--bfd", "-5"), ("BFD interval",)),
+])
+def test_emulate_refuses_a_wrong_failover_probe_or_bfd_setting(nothing_built, args, words):
+    _assert_one_line_refusal(_hpnlab("emulate", "mini-hpn", *args), *words)
+
+
 def test_doctor_reports_what_an_emulation_will_use_here(emulation_ready):
     from hpnlab.fabric import kernel
 

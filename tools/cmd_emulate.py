@@ -10,6 +10,11 @@ from hpnlab.fabric.errors import UserError
 
 from .argtypes import output_file
 
+#: ``--bfd`` without a value (ms). Without ovs-vswitchd real-time, 20 ms flapped about once per
+#: port in 30 s at a load average near 6; with it, 10-20 ms held on an idle fabric, but under the
+#: probe's traffic one repetition in five rerouted spuriously; 50 ms never did (README: failures)
+DEFAULT_BFD_MS = 50
+
 
 def register(sub) -> None:
     p = sub.add_parser("emulate", help="run a scenario on Mininet + Open vSwitch with the controller (root)")
@@ -31,6 +36,28 @@ def register(sub) -> None:
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", type=output_file,
                    help="write the run's metadata and timeline records here")
+    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
+                   help=f"BFD on every switch-to-switch port, min_rx = min_tx = MS (default off; --bfd alone: "
+                        f"{DEFAULT_BFD_MS} ms, the shortest that never flapped on a busy 2-core machine); a port whose "
+                        f"BFD session fails stops being live (controller and fast-failover groups follow it)")
+    p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
+    p.add_argument("--no-ovs-realtime", dest="ovs_realtime", action="store_false",
+                   help="leave ovs-vswitchd's scheduling alone (by default its main thread runs SCHED_RR during the "
+                        "run: on the userspace datapath it forwards every packet, and on a busy machine its waits "
+                        "for the CPU stall every flow; README: failures)")
+    p.add_argument("--failover-probe", metavar="KINDS",
+                   help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
+                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, none")
+    p.add_argument("--repeat", type=int, default=5, metavar="N", help="failover probe repetitions per kind (default 5)")
+    p.add_argument("--probe-link", metavar="LEAF-SPINE", help="the link the probe fails (default: the first leaf's "
+                                                              "first uplink)")
+    p.add_argument("--probe-flows", type=int, default=16, metavar="N", help="probe flows (default 16)")
+    p.add_argument("--probe-pps", type=float, default=6000.0, metavar="P",
+                   help="probe packets/s, all flows together (default 6000)")
+    p.add_argument("--probe-hold", type=float, default=1.0, metavar="S",
+                   help="seconds between failure and repair (default 1)")
+    p.add_argument("--freeze-controller", action="store_true",
+                   help="stop the controller (SIGSTOP) during each probe's failure: what the switches do alone")
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")
@@ -68,12 +95,28 @@ def cmd_emulate(args) -> int:
     if args.controller not in CONTROLLERS:
         raise UserError(f"unknown controller {args.controller!r} (known: {', '.join(CONTROLLERS)})")
     overrides = spec.parse_overrides(args.overrides)
+    probe = None
+    if args.failover_probe:
+        from hpnlab.fabric.emulation import failover
+        kinds = [k.strip() for k in args.failover_probe.split(",") if k.strip()]
+        link = tuple(args.probe_link.split("-")) if args.probe_link else None
+        if link is not None and len(link) != 2:
+            raise UserError(f"--probe-link must name a leaf and a spine like p0l0-p0s0, got {args.probe_link!r}")
+        if args.repeat < 1:
+            raise UserError("--repeat must be at least 1")
+        probe = failover.Probe(link=link, flows=args.probe_flows, pps=args.probe_pps,
+                               hold_s=args.probe_hold, freeze_controller=args.freeze_controller)
+        for k in kinds:
+            failover.Probe(kind=k).check()
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
-                    controller_ip=args.controller_ip)
+                    controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
+                    ovs_realtime=args.ovs_realtime)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
+    if probe is not None:
+        failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
@@ -89,6 +132,11 @@ def cmd_emulate(args) -> int:
                     f"{md['reachability']['failed']} failed")
             if events:
                 records = emu.run_timeline(events, log=say)
+            probed = None
+            if probe is not None:
+                probed = failover.run(emu, kinds, args.repeat, probe, log=say)
+                for kind, s in probed["summary"].items():
+                    say(failover.describe(kind, s))
             if args.cli:
                 say("Mininet CLI: 'h1 ping -c1 10.1.0.5', 'h1 iperf3 ...', 'links', 'exit'; "
                     "iperf/iperfudp are disabled (they kill processes by name machine-wide)")
@@ -96,7 +144,7 @@ def cmd_emulate(args) -> int:
             elif args.duration:
                 say(f"holding the fabric up for {args.duration:g} s (Ctrl-C to stop)")
                 time.sleep(args.duration)
-            elif not events:
+            elif not events and probe is None:
                 say("fabric is up; Ctrl-C (or SIGTERM) stops it and removes everything")
                 try:
                     while True:
@@ -105,8 +153,8 @@ def cmd_emulate(args) -> int:
                     say("stopping")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"metadata": md, "timings": emu.timings, "timeline": records}, f, indent=1,
-                              default=str)
+                    json.dump({"metadata": md, "timings": emu.timings, "timeline": records,
+                               "failover": probed}, f, indent=1, default=str)
         say(f"stopped; removed {emu.metadata.get('removed', {})}")
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)

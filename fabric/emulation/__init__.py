@@ -20,6 +20,11 @@ Python API (stable; tools and tests build on it)::
         t = emu.link_down("p0l0", "p0s1")   # both ends down; returns the time applied
         emu.link_down("p0l0", "p0s1", side="p0s1")   # one-sided: only p0s1's end
         emu.link_up("p0l0", "p0s1"); emu.switch_down("p1s0"); emu.switch_up("p1s0")
+        emu.link_drop("p0l0", "p0s1", side="p0l0")   # gray: p0l0's egress drops all, carrier stays
+        emu.link_restore("p0l0", "p0s1", side="p0l0")
+        # Emulation(..., bfd_ms=50): BFD on every fabric port (a failed session: port not live)
+        # Emulation(..., ovs_realtime=False): leave ovs-vswitchd's scheduling alone (default: its
+        # main thread runs SCHED_RR for the run; it forwards every packet on the userspace datapath)
         emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
         emu.switch_ports()           # every switch egress port with its emulated rate
@@ -57,8 +62,9 @@ What ``start()`` (``__enter__``) does, in order:
 One concern per module (after Mininet's node.py/link.py/net.py): ``harness`` (``Emulation``:
 the order of things), ``preflight``, ``controller_process``, ``nodes`` (node classes and
 interface configuration), ``ovsdb`` (every ovs-vsctl call), ``reachability`` (pure scripts and
-parsers) and ``walks`` (running them), ``faults``, ``shaping``, ``ecn``, ``state``, ``signals``,
-``timeline``, ``udp``, ``traffic``; the size estimate is ``hpnlab.fabric.sizing``.
+parsers) and ``walks`` (running them), ``faults``, ``failover`` (the loss-window probe),
+``shaping``, ``ecn``, ``state``, ``signals``, ``timeline``, ``udp``, ``traffic``;
+the size estimate is ``hpnlab.fabric.sizing``.
 
 Multi-machine (Mininet's cluster edition, ``mininet.examples.cluster.MininetCluster``)::
 

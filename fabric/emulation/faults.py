@@ -1,11 +1,26 @@
-"""Faults: links and switches taken down and up, both ends or one side, at precise times.
+"""Faults: links and switches taken down and up, both ends or one side, and gray failures.
 
 Switch-side interfaces live in the root namespace and are set over one netlink socket
 (pyroute2: no process to fork, so a timeline's events land within milliseconds); host-side
 interfaces are set inside the host's namespace through its shell.
+
+Three kinds of link failure:
+
+- ``link_down``: both interfaces administratively down; both switches see carrier loss.
+- ``link_down(side=X)``: only X's interface down. With veth pairs (this emulation) the peer
+  keeps its administrative state but loses carrier at once (NO-CARRIER, operstate down), so
+  both switches still see the link down; a one-sided failure whose far end keeps its
+  carrier is what ``link_drop`` emulates.
+- ``link_drop(side=X)``: a gray failure. Both ends stay up with carrier, but everything X
+  sends on the link is dropped: a tc clsact *egress* filter on X's interface running a
+  one-instruction classic BPF program (``ret #2``, TC_ACT_SHOT, direct action). It needs only
+  cls_bpf (no netem, gact or compiler). An ingress filter would not do: Open vSwitch's
+  userspace datapath reads the interface with an AF_PACKET socket, which sees a packet
+  before tc ingress runs. Only BFD (or the traffic's own loss) notices this failure.
 """
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import time
@@ -20,6 +35,21 @@ from ..graph import intf_name
 
 #: (node, interface name): one end of a link
 End = tuple[str, str]
+
+#: tc preference of the gray-failure filter: before any other egress filter (the ECN stage's)
+DROP_PREF = 1
+#: classic BPF, one instruction: return TC_ACT_SHOT (2) for every packet (direct action)
+DROP_BYTECODE = "1,6 0 0 2,"
+
+
+def drop_lines(intf: str, drop: bool) -> list[str]:
+    """``tc -batch`` lines that start (``drop``) or end a gray failure on one interface (pure).
+    The clsact qdisc is left in place (the ECN stage may own it; adding it again fails
+    harmlessly, ``tc -force``)."""
+    if drop:
+        return [f"qdisc add dev {intf} clsact",
+                f"filter add dev {intf} egress pref {DROP_PREF} bpf da bytecode '{DROP_BYTECODE}'"]
+    return [f"filter del dev {intf} egress pref {DROP_PREF}"]
 
 
 def link_ends(graph: nx.MultiGraph, u: str, v: str, key: int | None = None, scenario: str = "") -> list[End]:
@@ -120,6 +150,37 @@ class Faults:
 
     def link_up(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
         return self.set_ends(self._link(u, v, key, side), up=True)
+
+    def link_drop(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
+        """A gray failure: the link stays up, everything ``side`` (default ``u``) sends on it is
+        dropped. Returns the time.time() at which the drop was in place."""
+        return self._drop(self._link(u, v, key, side or u), drop=True)
+
+    def link_restore(self, u: str, v: str, key: int | None = None, side: str | None = None) -> float:
+        """End a gray failure started with ``link_drop`` (the same ``side``)."""
+        return self._drop(self._link(u, v, key, side or u), drop=False)
+
+    def _drop(self, ends: list[End], drop: bool) -> float:
+        root = [line for node, name in ends if self.graph.nodes[node]["tier"] > 0 and self.is_local(node)
+                for line in drop_lines(name, drop)]
+        if root:
+            # -force: go on past 'qdisc add' failing because the qdisc exists
+            r = subprocess.run(["tc", "-force", "-batch", "-"], input="\n".join(root) + "\n", text=True,
+                               capture_output=True)
+            failed = {int(m) for m in re.findall(r"Command failed -:(\d+)", r.stderr)}
+            if any(root[i - 1].startswith("filter") for i in failed if 0 < i <= len(root)):
+                raise UserError(f"tc could not {'add' if drop else 'remove'} the gray-failure drop filter: "
+                                f"{r.stderr.strip().splitlines()[0]}")
+        for node, name in ends:
+            if self.graph.nodes[node]["tier"] == 0:
+                for line in drop_lines(name, drop):
+                    self.host_cmd(node, f"tc {line} 2>/dev/null")
+        return time.time()
+
+    def is_dropping(self, name: str) -> bool:
+        """Whether a root-namespace interface has the gray-failure filter."""
+        r = subprocess.run(["tc", "filter", "show", "dev", name, "egress"], capture_output=True, text=True)
+        return f"pref {DROP_PREF} bpf" in r.stdout
 
     def switch_down(self, name: str) -> float:
         """A switch fails: every link of it goes down (its neighbours see carrier loss)."""

@@ -9,15 +9,25 @@ File format (YAML or JSON)::
       - {at: 2.5, action: link_up,   link: [p0l0, p0s0]}
       - {at: 3.0, action: switch_down, switch: p1s0}          # all its links go down
       - {at: 4.0, action: switch_up,   switch: p1s0}
+      - {at: 5.0, action: link_down_one_side, link: [p0l0, p0s0], side: p0l0}  # one end
+      - {at: 5.5, action: link_up,   link: [p0l0, p0s0]}
+      - {at: 6.0, action: link_drop, link: [p0l0, p0s0], side: p0l0}  # gray: p0l0 -> p0s0 drops all
+      - {at: 7.0, action: link_restore, link: [p0l0, p0s0], side: p0l0}
 
 A bare list of events is accepted too. ``load()`` validates everything against the
 fabric graph first (unknown action, node or link, negative or unsorted time: one line).
 
 A link goes down by setting both of its interfaces administratively down (the peers see
 carrier loss, OVS sends PortStatus to the controller); a switch goes down by doing that to
-every link of it. ``run()`` sleeps on the monotonic clock until each event's time, applies
-it, and records the offset at which the change was in place (``applied_s``) and its wall
-clock time; the difference to the schedule (``late_ms``) is logged. ``TOLERANCE_S`` is the
+every link of it. ``link_down_one_side`` sets only ``side``'s interface down (with veth the
+peer loses carrier too: see ``faults``); ``link_drop`` is a gray failure: the link stays up
+and everything ``side`` sends on it is dropped (a tc egress drop filter) until
+``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``.
+
+``run()`` sleeps on the monotonic clock until each event's time, applies it, and records
+the offset at which the change was in place (``applied_s``), its wall clock time (``wall``;
+``start_wall`` when applying it began) and the difference to the schedule (``late_ms``,
+logged). ``TOLERANCE_S`` is the
 stated accuracy: an event is in place within that time of its schedule (checked by the
 tests with an independent sampler of the interface state).
 """
@@ -36,7 +46,9 @@ import yaml
 
 from ..errors import UserError
 
-ACTIONS = ("link_down", "link_up", "switch_down", "switch_up")
+ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore")
+#: actions that act on one end of a link (``side``)
+SIDED = ("link_down_one_side", "link_drop", "link_restore")
 #: an event is in place within this many seconds of its scheduled time
 TOLERANCE_S = 0.05
 
@@ -47,10 +59,11 @@ class Event:
     action: str
     target: tuple[str, ...]
     key: int | None = None
+    side: str | None = None
 
     def describe(self) -> str:
         what = "-".join(self.target) + (f"#{self.key}" if self.key is not None else "")
-        return f"{self.action} {what}"
+        return f"{self.action} {what}" + (f" (side {self.side})" if self.side else "")
 
 
 def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
@@ -66,7 +79,7 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
         where = f"{source}: event {i + 1}"
         if not isinstance(item, dict):
             raise UserError(f"{where}: must be a mapping like {{at: 1.0, action: link_down, link: [a, b]}}")
-        extra = set(item) - {"at", "action", "link", "switch", "key"}
+        extra = set(item) - {"at", "action", "link", "switch", "key", "side"}
         if extra:
             raise UserError(f"{where}: unknown field {sorted(extra)[0]!r}")
         at = item.get("at")
@@ -89,12 +102,22 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
             if key is not None and key not in data_uv:
                 raise UserError(f"{where}: link {u}-{v} has no parallel link {key} (has {sorted(data_uv)})")
             target: tuple[str, ...] = (u, v)
+            side = item.get("side")
+            if side is not None and action not in SIDED and action != "link_up":
+                raise UserError(f"{where}: 'side' applies to {', '.join(SIDED)} and link_up, not {action}")
+            if side is not None and str(side) not in (u, v):
+                raise UserError(f"{where}: 'side' must be {u} or {v}, got {side!r}")
+            if action in SIDED:
+                side = u if side is None else str(side)
         else:
+            if "side" in item:
+                raise UserError(f"{where}: 'side' applies to link actions only")
+            side = None
             sw = item.get("switch")
             if sw not in graph or graph.nodes[sw]["tier"] == 0:
                 raise UserError(f"{where}: 'switch' must name a switch of the fabric, got {sw!r}")
             target = (str(sw),)
-        events.append(Event(float(at), action, target, key))
+        events.append(Event(float(at), action, target, key, side))
     return sorted(events, key=lambda e: e.at)
 
 
@@ -116,10 +139,14 @@ def load(path_or_data: str | Path | list | dict, graph) -> list[Event]:
 
 
 def apply(emu, event: Event) -> None:
-    if event.action == "link_down":
-        emu.link_down(*event.target, key=event.key)
+    if event.action in ("link_down", "link_down_one_side"):
+        emu.link_down(*event.target, key=event.key, side=event.side)
     elif event.action == "link_up":
-        emu.link_up(*event.target, key=event.key)
+        emu.link_up(*event.target, key=event.key, side=event.side)
+    elif event.action == "link_drop":
+        emu.link_drop(*event.target, key=event.key, side=event.side)
+    elif event.action == "link_restore":
+        emu.link_restore(*event.target, key=event.key, side=event.side)
     elif event.action == "switch_down":
         emu.switch_down(event.target[0])
     else:
@@ -170,11 +197,12 @@ def _run(emu, events, log, stop) -> list[dict[str, Any]]:
                 return records
             elif stop is None:
                 time.sleep(min(left, 0.5) if left > 0.002 else left)
+        started = time.monotonic() - t0
         apply(emu, ev)
         applied = time.monotonic() - t0
-        rec = {"at": ev.at, "action": ev.action, "target": list(ev.target), "key": ev.key,
+        rec = {"at": ev.at, "action": ev.action, "target": list(ev.target), "key": ev.key, "side": ev.side,
                "applied_s": round(applied, 6), "late_ms": round((applied - ev.at) * 1000, 3),
-               "wall": wall0 + applied}
+               "wall": wall0 + applied, "start_wall": wall0 + started}
         records.append(rec)
         log(f"t=+{applied:.3f}s {ev.describe()} (scheduled +{ev.at:.3f}s, {rec['late_ms']:+.1f} ms)")
     return records

@@ -3,6 +3,14 @@
     python -m hpnlab.fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
     python -m hpnlab.fabric.emulation.udp recv BIND_IP PORT --seconds 4
     python -m hpnlab.fabric.emulation.udp probe PLAN.json
+    python -m hpnlab.fabric.emulation.udp flows DST_IP PORT --flows 16 --pps 6000 --seconds 4 --src SRC_IP
+    python -m hpnlab.fabric.emulation.udp flowrecv BIND_IP PORT --seconds 5 --out ARRIVALS.npz
+
+``flows`` sends N paced flows that differ only in their source port (``--sport-base`` + i),
+so the fabric spreads them over its paths; packets go round robin, each carrying (flow,
+sequence number, send time). ``flowrecv`` records every packet's flow, sequence number,
+send time and kernel arrival time (``SO_TIMESTAMPNS``, CLOCK_REALTIME like ``time.time()``)
+into an ``.npz`` that ``hpnlab.fabric.losswindow`` analyses.
 
 ``probe`` runs one host's part of a reachability walk over every entropy branch (see
 ``hpnlab.fabric.emulation.reachability``): it listens on the plan's addresses, prints
@@ -21,8 +29,10 @@ import argparse
 import json
 import selectors
 import socket
+import struct
 import sys
 import time
+from array import array
 from pathlib import Path
 from typing import cast
 
@@ -80,6 +90,78 @@ def recv(bind: str, port: int, seconds: float) -> dict:
         if tos is not None:
             counts[names[tos & 3]] += 1
     return counts
+
+
+#: flows payload header: flow id, sequence number, send time (ns, CLOCK_REALTIME)
+FLOW_HEADER = struct.Struct("!IQQ")
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+
+
+def flows(dst: str, port: int, n_flows: int, pps: float, seconds: float, src: str, sport_base: int,
+          size: int) -> dict:
+    socks = []
+    for i in range(n_flows):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((src, sport_base + i))
+        socks.append(s)
+    pad = b"\0" * max(0, size - FLOW_HEADER.size)
+    seq = [0] * n_flows
+    interval = 1.0 / pps
+    start = time.monotonic()
+    next_t = start
+    k = errors = 0
+    while True:
+        now = time.monotonic()
+        if now - start >= seconds:
+            break
+        if now < next_t:
+            if next_t - now > 0.0002:
+                time.sleep(min(next_t - now, 0.001))
+            continue
+        f = k % n_flows
+        try:
+            socks[f].sendto(FLOW_HEADER.pack(f, seq[f], time.time_ns()) + pad, (dst, port))
+        except OSError:
+            errors += 1
+        seq[f] += 1
+        k += 1
+        # catch up at most one slot: a sender stall shows as a gap in send times, not a burst
+        next_t = max(next_t + interval, time.monotonic() - interval)
+    return {"sent": k, "send_errors": errors, "flows": n_flows, "per_flow": seq, "sport_base": sport_base,
+            "seconds": time.monotonic() - start}
+
+
+def flowrecv(bind: str, port: int, seconds: float, out: Path) -> dict:
+    import numpy as np
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    s.bind((bind, port))
+    s.settimeout(0.2)
+    flow, seq, sent_ns, arr_ns = array("I"), array("Q"), array("Q"), array("Q")
+    print("listening", flush=True)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            data, anc, _, _ = s.recvmsg(2048, socket.CMSG_SPACE(16))
+        except TimeoutError:
+            continue
+        if len(data) < FLOW_HEADER.size:
+            continue
+        t = 0
+        for level, typ, cdata in anc:
+            if level == socket.SOL_SOCKET and typ == SO_TIMESTAMPNS and len(cdata) >= 16:
+                sec, nsec = struct.unpack("qq", cdata[:16])
+                t = sec * 1_000_000_000 + nsec
+        f, q, ts = FLOW_HEADER.unpack_from(data)
+        flow.append(f)
+        seq.append(q)
+        sent_ns.append(ts)
+        arr_ns.append(t or time.time_ns())
+    np.savez(out, flow=np.frombuffer(flow, dtype=np.uint32), seq=np.frombuffer(seq, dtype=np.uint64),
+             sent_ns=np.frombuffer(sent_ns, dtype=np.uint64), arrival_ns=np.frombuffer(arr_ns, dtype=np.uint64))
+    return {"packets": len(flow), "out": str(out)}
 
 
 def probe(plan: dict) -> dict:
@@ -146,8 +228,26 @@ def main(argv=None) -> int:
     pr.add_argument("--seconds", type=float, default=2.0)
     pp = sub.add_parser("probe")
     pp.add_argument("plan", type=Path)
+    pf = sub.add_parser("flows")
+    pf.add_argument("dst")
+    pf.add_argument("port", type=int)
+    pf.add_argument("--flows", type=int, default=16)
+    pf.add_argument("--pps", type=float, default=6000.0)
+    pf.add_argument("--seconds", type=float, default=4.0)
+    pf.add_argument("--src", required=True)
+    pf.add_argument("--sport-base", type=int, default=40000)
+    pf.add_argument("--size", type=int, default=64)
+    pv = sub.add_parser("flowrecv")
+    pv.add_argument("bind")
+    pv.add_argument("port", type=int)
+    pv.add_argument("--seconds", type=float, default=5.0)
+    pv.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
-    if a.cmd == "probe":
+    if a.cmd == "flows":
+        out = flows(a.dst, a.port, a.flows, a.pps, a.seconds, a.src, a.sport_base, a.size)
+    elif a.cmd == "flowrecv":
+        out = flowrecv(a.bind, a.port, a.seconds, a.out)
+    elif a.cmd == "probe":
         out = probe(json.loads(a.plan.read_text()))
     elif a.cmd == "send":
         out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src)

@@ -1,0 +1,295 @@
+"""The failover probe: paced UDP flows through a link failure, the loss window at the receiver.
+
+One repetition: a receiver on one host records every packet (``udp flowrecv``); a host on
+another leaf of the same plane sends N paced flows that differ only in source port
+(``udp flows``), so they spread over the spines; a timeline fails one leaf-spine link
+``fail_at_s`` into the flows and repairs it ``hold_s`` later; ``ovs-ofctl monitor`` on the
+link's two switches timestamps the PortStatus messages (the detection time: fault applied
+to the switch telling its controllers the port is down or no longer live). The arrivals go
+through ``hpnlab.fabric.losswindow``. Kinds of failure (``KINDS``):
+
+- ``both``: both interfaces down; ``one-side``: only the leaf's (with veth the spine loses
+  carrier too); ``gray``: the leaf's egress drops everything, the link stays up (only BFD
+  can see it); ``tc-idle``: no failure at all, a pass-through tc filter is added to and
+  removed from an interface that carries none of the flows (the stall probe: does a tc
+  change alone disturb forwarding?); ``none``: nothing happens at the two times (the noise
+  floor: the gaps a busy machine makes by itself).
+
+``freeze_controller`` stops the controller (SIGSTOP) from just before the failure until
+the capture ends: the loss window then shows what the switches do alone, and gaps on flows
+that never crossed the link cannot come from the controller's flow-mods.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from .. import losswindow
+from ..errors import UserError
+from . import timeline as tl
+
+KINDS = ("both", "one-side", "gray", "tc-idle", "none")
+#: how each kind fails and repairs (timeline actions)
+ACTIONS = {"both": ("link_down", "link_up"), "one-side": ("link_down_one_side", "link_up"),
+           "gray": ("link_drop", "link_restore")}
+#: a pass-through classic BPF program (TC_ACT_OK) for the tc-idle probe
+PASS_BYTECODE = "1,6 0 0 0,"
+UDP_PORT = 5999
+
+
+@dataclass(frozen=True)
+class Probe:
+    kind: str = "both"
+    link: tuple[str, str] | None = None     # (leaf, spine); default: the source leaf's first uplink
+    flows: int = 16
+    pps: float = 6000.0
+    fail_at_s: float = 1.0
+    hold_s: float = 1.0
+    after_s: float = 1.0
+    size: int = 64
+    freeze_controller: bool = False
+
+    def check(self) -> None:
+        if self.kind not in KINDS:
+            raise UserError(f"unknown failure kind {self.kind!r} (known: {', '.join(KINDS)})")
+        if self.flows < 1 or self.pps <= 0 or self.fail_at_s <= 0 or self.hold_s <= 0 or self.after_s <= 0:
+            raise UserError("failover probe: flows, pps and the times must be positive")
+
+
+def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, tuple[str, str]]:
+    """(src host, src ip, dst host, dst ip, (leaf, spine)) on one plane, on two different leaves:
+    the source sits under the link's leaf, so every flow leaves through that leaf's uplinks."""
+    from ..mn import host_interfaces
+    leaves = [n for n, d in graph.nodes(data=True) if d["tier"] == 1]
+    if link is None:
+        leaf = sorted(leaves)[0]
+        spine = sorted(n for n in graph.neighbors(leaf) if graph.nodes[n]["tier"] > 1)[0]
+        link = (leaf, spine)
+    leaf, spine = link
+    if leaf not in graph or spine not in graph or not graph.has_edge(leaf, spine):
+        raise UserError(f"failover probe: no link {leaf}-{spine} in this fabric")
+    if graph.nodes[leaf]["tier"] != 1:
+        leaf, spine = spine, leaf
+    if graph.nodes[leaf]["tier"] != 1:
+        raise UserError(f"failover probe: {link[0]}-{link[1]} is not a leaf-spine link")
+    ports = {h: host_interfaces(graph, h) for h, d in graph.nodes(data=True) if d["tier"] == 0}
+    src = next(((h, p) for h, ps in sorted(ports.items()) for p in ps if p["leaf"] == leaf), None)
+    if src is None:
+        raise UserError(f"failover probe: no host under {leaf}")
+    plane = src[1]["plane"]
+    dst = next(((h, p) for h, ps in sorted(ports.items()) for p in ps
+                if p["plane"] == plane and p["leaf"] != leaf and h != src[0]), None)
+    if dst is None:
+        raise UserError(f"failover probe: no host on plane {plane} under another leaf than {leaf}")
+    return src[0], src[1]["ip"], dst[0], dst[1]["ip"], (leaf, spine)
+
+
+def idle_interface(emu, busy: set[str]) -> str:
+    """A fabric interface on another plane than the busy switches (carries none of the flows)."""
+    planes = {emu.graph.nodes[s].get("plane") for s in busy}
+    for name in emu.fabric_interfaces():
+        sw = name.split("-")[0]
+        if emu.graph.nodes[sw].get("plane") not in planes:
+            return name
+    return emu.fabric_interfaces()[-1]
+
+
+def _tc_pass(intf: str, on: bool) -> None:
+    lines = ([f"qdisc add dev {intf} clsact", f"filter add dev {intf} egress pref 2 bpf da bytecode '{PASS_BYTECODE}'"]
+             if on else [f"filter del dev {intf} egress pref 2"])
+    subprocess.run(["tc", "-force", "-batch", "-"], input="\n".join(lines) + "\n", text=True, capture_output=True)
+
+
+class TcIdle:
+    """Timeline target for the tc-idle probe: 'fail' adds a pass filter, 'repair' removes it
+    (with no interface: nothing at all, the ``none`` probe)."""
+
+    def __init__(self, emu, intf: str | None):
+        self.graph, self.intf = emu.graph, intf
+
+    def link_down(self, *a: Any, **k: Any) -> None:
+        if self.intf:
+            _tc_pass(self.intf, True)
+
+    def link_up(self, *a: Any, **k: Any) -> None:
+        if self.intf:
+            _tc_pass(self.intf, False)
+
+
+def _monitor(bridge: str, out_path) -> subprocess.Popen:
+    # a miss length is what makes OVS send asynchronous messages (PortStatus) to a service
+    # connection (ofproto/connmgr.c: ofconn_receives_async_msg)
+    with open(out_path, "w") as f:
+        return subprocess.Popen(["ovs-ofctl", "-O", "OpenFlow13", "--timestamp", "monitor", bridge, "128"],
+                                stdout=f, stderr=subprocess.STDOUT)
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?):")
+
+
+def port_status_times(text: str, intf: str) -> list[tuple[float, str]]:
+    """(wall time, state flags) of every PortStatus about ``intf`` in ``ovs-ofctl --timestamp
+    monitor`` output (pure; its stamps are local time, in milliseconds)."""
+    out = []
+    for block in re.split(r"(?m)^(?=\d{4}-\d\d-\d\d[ T])", text):
+        m = _STAMP.match(block)
+        if not m or "OFPT_PORT_STATUS" not in block or f"({intf})" not in block:
+            continue
+        state = re.search(r"state:[ \t]*(.*)", block)
+        out.append((datetime.fromisoformat(m.group(1)).timestamp(), state.group(1).strip() if state else ""))
+    return out
+
+
+def not_live(state: str) -> bool:
+    """A PortStatus state that a controller must read as down: LINK_DOWN, or not LIVE."""
+    flags = state.split()
+    return "LINK_DOWN" in flags or "LIVE" not in flags
+
+
+def detection_ms(texts: dict[str, str], intfs: dict[str, str], fail_wall: float,
+                 repair_wall: float) -> dict[str, float | None]:
+    """Per switch: ms from the fault to its first PortStatus saying the port is down or not live."""
+    out: dict[str, float | None] = {}
+    for sw, text in texts.items():
+        hits = [t for t, state in port_status_times(text, intfs[sw])
+                if fail_wall - 0.005 <= t < repair_wall and not_live(state)]
+        out[sw] = round((min(hits) - fail_wall) * 1000, 3) if hits else None
+    return out
+
+
+def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, Any]:
+    """One repetition; returns the loss-window analysis of its two events plus detection times."""
+    probe.check()
+    src, sip, dst, dip, (leaf, spine) = endpoints(emu.graph, probe.link)
+    run_dir = emu.state.run_dir
+    out = run_dir / f"failover-{probe.kind}-{rep}.npz"
+    seconds = probe.fail_at_s + probe.hold_s + probe.after_s
+    py = sys.executable
+    recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "flowrecv", dip, str(UDP_PORT),
+                           "--seconds", f"{seconds + 1.0:.3f}", "--out", str(out)],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = recv.stdout.readline() if recv.stdout else ""
+    if "listening" not in line:
+        raise UserError(f"failover probe: the receiver on {dst} did not start: {line.strip()[:200]}")
+    d = emu.graph.get_edge_data(leaf, spine)
+    k0 = sorted(d)[0]
+    intfs = {sw: f"{sw}-eth{d[k0]['ports'][sw]}" for sw in (leaf, spine)}
+    mons = {sw: _monitor(sw, run_dir / f"monitor-{sw}-{rep}.txt") for sw in (leaf, spine)}
+    for m in mons.values():
+        emu.state.add_pid(m.pid, f"ovs-ofctl monitor ({probe.kind} {rep})")
+    time.sleep(0.3)
+    send = emu.popen(src, [py, "-m", "hpnlab.fabric.emulation.udp", "flows", dip, str(UDP_PORT), "--flows",
+                           str(probe.flows), "--pps", str(probe.pps), "--seconds", f"{seconds:.3f}", "--src", sip,
+                           "--size", str(probe.size)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    frozen = False
+    try:
+        if probe.kind in ("tc-idle", "none"):
+            target: Any = TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
+            events = [tl.Event(probe.fail_at_s, "link_down", (leaf, spine), k0),
+                      tl.Event(probe.fail_at_s + probe.hold_s, "link_up", (leaf, spine), k0)]
+        else:
+            target = emu
+            fail, repair = ACTIONS[probe.kind]
+            side = leaf if probe.kind != "both" else None
+            events = [tl.Event(probe.fail_at_s, fail, (leaf, spine), k0, side),
+                      tl.Event(probe.fail_at_s + probe.hold_s, repair, (leaf, spine), k0, side)]
+        if probe.freeze_controller and emu.controller_proc is not None:
+            time.sleep(max(0.0, probe.fail_at_s - 0.3))
+            os.killpg(emu.controller_proc.pid, signal.SIGSTOP)
+            frozen = True
+            events = [tl.Event(e.at - (probe.fail_at_s - 0.3), e.action, e.target, e.key, e.side) for e in events]
+        records = tl.run(target, events)
+        send_out, _ = send.communicate(timeout=seconds + 30)
+        recv.communicate(timeout=seconds + 30)
+    finally:
+        if frozen:
+            os.killpg(emu.controller_proc.pid, signal.SIGCONT)
+        for m in mons.values():
+            m.terminate()
+            try:
+                m.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                m.kill()
+                m.wait()
+    sent = _last_json(send_out)
+    with np.load(out) as z:
+        arrivals = {k: z[k] for k in z.files}
+    result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s))
+    texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
+    result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
+    result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine],
+                  src=src, dst=dst, sent=sent.get("sent"),
+                  timeline=records, controller_frozen=frozen)
+    for ev in result["events"]:
+        ev.pop("flows")   # per-flow detail stays in the .npz; the summary is enough for the JSON
+    e0 = result["events"][0]
+    log(f"{probe.kind} #{rep}: loss window {e0['loss_window_ms']:.1f} ms on {len(e0['affected'])}/"
+        f"{result['flows']} flows, {e0['lost']} lost, largest gap on the others "
+        f"{e0['max_gap_unaffected_ms']:.1f} ms ({len(e0['stalled'])} stalled), detection "
+        f"{result['detection_ms']}")
+    return result
+
+
+def _last_json(text: str | None) -> dict[str, Any]:
+    import json
+    for line in reversed((text or "").splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {}
+
+
+def run(emu, kinds: list[str], repeat: int, probe: Probe = Probe(), log=lambda m: None,
+        settle_s: float = 1.5) -> dict[str, Any]:
+    """``repeat`` repetitions of each kind; per kind the spread of the figures over repetitions."""
+    for k in kinds:
+        Probe(kind=k).check()
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for kind in kinds:
+        for rep in range(repeat):
+            runs.setdefault(kind, []).append(run_once(emu, Probe(**{**probe.__dict__, "kind": kind}), rep, log))
+            time.sleep(settle_s)
+    summary = {kind: summarise(rs) for kind, rs in runs.items()}
+    return {"probe": {**probe.__dict__, "kinds": kinds, "repeat": repeat}, "summary": summary, "runs": runs}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Spread over repetitions of: the failure's loss window, lost packets, affected flows,
+    gaps on unaffected flows, detection per switch, and the repair's loss window."""
+    fail = [r["events"][0] for r in runs]
+    repair = [r["events"][1] for r in runs]
+    det: dict[str, list[float]] = {}
+    for r in runs:
+        for sw, ms in r["detection_ms"].items():
+            det.setdefault(sw, []).append(ms)
+    return {"loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in fail),
+            "lost": losswindow.spread(e["lost"] for e in fail),
+            "affected_flows": losswindow.spread(len(e["affected"]) for e in fail),
+            "max_gap_unaffected_ms": losswindow.spread(e["max_gap_unaffected_ms"] for e in fail),
+            "stalled_flows": losswindow.spread(len(e["stalled"]) for e in fail),
+            "max_network_gap_unaffected_ms": losswindow.spread(e["max_network_gap_unaffected_ms"] for e in fail),
+            "detection_ms": {sw: losswindow.spread(v for v in vals if v is not None) | {
+                "missed": sum(v is None for v in vals)} for sw, vals in det.items()},
+            "repair_loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in repair),
+            "repair_max_gap_ms": losswindow.spread(e["max_gap_ms"] for e in repair)}
+
+
+def describe(kind: str, s: dict[str, Any]) -> str:
+    """One line per kind: median [min-max] of the figures over repetitions."""
+    def f(d: dict[str, Any], unit: str = "") -> str:
+        return f"{d['median']:.1f}{unit} [{d['min']:.1f}-{d['max']:.1f}]" if d.get("n") else "-"
+    det = ", ".join(f"{sw} {f(d, ' ms')}" + (f" ({d['missed']} missed)" if d.get("missed") else "")
+                    for sw, d in s["detection_ms"].items())
+    return (f"{kind}: loss window {f(s['loss_window_ms'], ' ms')}, lost {f(s['lost'])}, affected flows "
+            f"{f(s['affected_flows'])}, largest gap on unaffected flows {f(s['max_gap_unaffected_ms'], ' ms')} "
+            f"(stalled {f(s['stalled_flows'])}; the network's share {f(s['max_network_gap_unaffected_ms'], ' ms')}); "
+            f"detection: {det or '-'}; after repair: loss window "
+            f"{f(s['repair_loss_window_ms'], ' ms')}")

@@ -1,0 +1,143 @@
+"""The loss window seen at receivers, from per-packet arrival records (pure: numpy in, dicts out).
+
+Input is what ``hpnlab.fabric.emulation.udp flowrecv`` records for paced flows that differ
+only in their source port: per received packet its flow, sequence number, send time and
+arrival time (nanoseconds, CLOCK_REALTIME, the clock of ``time.time()`` and of a timeline's
+``wall`` records). Events are failure/repair times in the same clock (seconds).
+
+Per flow and per event:
+
+- a **loss gap** is two consecutive received packets (in sequence order) with sequence numbers
+  missing between them. It belongs to the last event that started (``slack_ms`` allowed for
+  clock reads) before the middle of the gap, in arrival time: a gap that lasts from a gray
+  failure to its repair counts once, for the failure, and packets already queued when the
+  failure came (sent before it, lost by it) still count for it;
+- the **loss window** is the time from the arrival of the last packet before the event's
+  first loss gap to the arrival of the first packet after its last one: "last packet
+  delivered before the failure to the first after", at the receiver;
+- ``lost`` counts the missing sequence numbers of those gaps;
+- the **largest gap** is the longest time between two consecutive arrivals of the flow whose
+  middle falls in ``[event, event + horizon)`` (before the next event), lost packets or not,
+  with the send-time gap of the same two packets beside it (a gap the sender made itself is not
+  the network's); the **network gap** is the largest arrival gap minus send gap there: how
+  long the path itself held packets back;
+- a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
+  gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+NS = 1_000_000_000
+#: a lost packet sent this long before an event still counts for it (queueing, clock read)
+SLACK_MS = 2.0
+
+
+def per_flow(arrivals: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
+    """Split arrival records by flow, sorted by sequence number, duplicates dropped."""
+    flow = np.asarray(arrivals["flow"], dtype=np.int64)
+    seq = np.asarray(arrivals["seq"], dtype=np.int64)
+    sent = np.asarray(arrivals["sent_ns"], dtype=np.int64)
+    arr = np.asarray(arrivals["arrival_ns"], dtype=np.int64)
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for f in np.unique(flow):
+        m = flow == f
+        s, idx = np.unique(seq[m], return_index=True)
+        out[int(f)] = {"seq": s, "sent_ns": sent[m][idx], "arrival_ns": arr[m][idx]}
+    return out
+
+
+def nominal_interval_ms(flows: Mapping[int, Mapping[str, np.ndarray]]) -> float:
+    """The median time between consecutive packets of a flow, over every flow (ms)."""
+    gaps = [np.diff(f["arrival_ns"]) / (np.diff(f["seq"])) for f in flows.values() if len(f["seq"]) > 1]
+    return float(np.median(np.concatenate(gaps))) / 1e6 if gaps else 0.0
+
+
+def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: int,
+               slack_ns: int) -> dict[str, Any]:
+    """One flow during one event that started at ``t0`` (the next at ``t1``): loss window,
+    packets lost, largest gap."""
+    seq, sent, arr = f["seq"], f["sent_ns"], f["arrival_ns"]
+    res: dict[str, Any] = {"lost": 0, "loss_window_ms": 0.0, "loss_gaps": 0, "max_gap_ms": 0.0,
+                           "max_gap_send_ms": 0.0, "max_gap_at_ms": None, "max_network_gap_ms": 0.0}
+    if len(seq) < 2:
+        return res
+    dseq = np.diff(seq)
+    darr = np.diff(arr)
+    middle = arr[:-1] + (arr[1:] - arr[:-1]) // 2
+    loss = (dseq > 1) & (middle >= t0_ns - slack_ns) & (middle < t1_ns - slack_ns)
+    if loss.any():
+        i = np.flatnonzero(loss)
+        res["lost"] = int((dseq[i] - 1).sum())
+        res["loss_gaps"] = len(i)
+        res["loss_window_ms"] = float(arr[i[-1] + 1] - arr[i[0]]) / 1e6
+        res["loss_window_start_ms"] = float(arr[i[0]] - t0_ns) / 1e6
+    end = min(t1_ns, t0_ns + horizon_ns)
+    overlap = (middle >= t0_ns - slack_ns) & (middle < end - slack_ns)
+    if overlap.any():
+        j = np.flatnonzero(overlap)
+        k = j[np.argmax(darr[j])]
+        res["max_gap_ms"] = float(darr[k]) / 1e6
+        res["max_gap_send_ms"] = float(sent[k + 1] - sent[k]) / 1e6
+        res["max_gap_at_ms"] = float(arr[k] - t0_ns) / 1e6
+        # the network's own share: how much longer two packets took to arrive than to be sent
+        res["max_network_gap_ms"] = float(np.max(darr[j] - np.diff(sent)[j])) / 1e6
+    return res
+
+
+def analyse(arrivals: Mapping[str, np.ndarray], events: Sequence[Mapping[str, Any]], *,
+            horizon_s: float = 0.5, stall_ms: float | None = None, slack_ms: float = SLACK_MS,
+            end_s: float | None = None) -> dict[str, Any]:
+    """Per event (each a mapping with ``wall``: seconds, same clock as the arrivals, or
+    ``start_wall`` when the change began, and ``action``), per flow: loss window, lost,
+    largest gap; and the event's summary.
+
+    ``stall_ms`` (default: three times the flows' nominal packet interval) is the gap above
+    which an unaffected flow counts as stalled. ``end_s``: the capture's end (default: the
+    last arrival)."""
+    flows = per_flow(arrivals)
+    nominal = nominal_interval_ms(flows)
+    stall = stall_ms if stall_ms is not None else 3 * nominal
+    last = int(np.max(arrivals["arrival_ns"])) if len(arrivals["arrival_ns"]) else 0
+    end_ns = int(end_s * NS) if end_s is not None else last + 1
+    times = [int(float(e.get("start_wall", e["wall"])) * NS) for e in events]
+    out_events = []
+    for n, ev in enumerate(events):
+        t0 = times[n]
+        t1 = times[n + 1] if n + 1 < len(times) else end_ns
+        per = {fid: flow_event(f, t0, t1, int(horizon_s * NS), int(slack_ms * 1e6)) for fid, f in flows.items()}
+        out_events.append({"action": ev.get("action"), "target": ev.get("target"), "side": ev.get("side"),
+                           "wall": ev["wall"], **summarise_event(per, stall), "flows": per})
+    return {"flows": len(flows), "nominal_interval_ms": nominal, "stall_ms": stall,
+            "packets": len(arrivals["seq"]), "events": out_events}
+
+
+def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> dict[str, Any]:
+    """One event over its flows: which were affected, the loss window, stalls of the others."""
+    affected = sorted(f for f, r in per.items() if r["lost"])
+    healthy = [r for f, r in per.items() if not r["lost"]]
+    windows = [per[f]["loss_window_ms"] for f in affected]
+    stalled = sorted(f for f, r in per.items() if not r["lost"] and r["max_gap_ms"] > stall_ms)
+    widest = max(healthy, key=lambda r: r["max_gap_ms"], default=None)
+    return {"affected": affected, "lost": int(sum(per[f]["lost"] for f in affected)),
+            "loss_window_ms": max(windows) if windows else 0.0,
+            "loss_window_median_ms": float(np.median(windows)) if windows else 0.0,
+            "max_gap_ms": max((r["max_gap_ms"] for r in per.values()), default=0.0),
+            "stalled": stalled,
+            "max_gap_unaffected_ms": widest["max_gap_ms"] if widest else 0.0,
+            # the sender's share of that gap: its two packets' send times apart
+            "max_gap_unaffected_send_ms": widest["max_gap_send_ms"] if widest else 0.0,
+            "max_network_gap_unaffected_ms": max((r["max_network_gap_ms"] for r in healthy), default=0.0)}
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float | int]:
+    """Median and spread (min, quartiles, max) of repeated measurements."""
+    v = np.asarray([x for x in values if x is not None], dtype=float)
+    if not len(v):
+        return {"n": 0}
+    q1, med, q3 = np.percentile(v, [25, 50, 75])
+    return {"n": len(v), "median": float(med), "min": float(v.min()), "q1": float(q1), "q3": float(q3),
+            "max": float(v.max())}

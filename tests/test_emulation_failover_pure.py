@@ -1,0 +1,121 @@
+"""Pure parts of failure emulation (no root): one-sided and gray failures in timelines, the
+gray-failure tc lines, BFD settings, port liveness and PortStatus parsing, probe endpoints."""
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.emulation import failover, faults, ovsdb
+from hpnlab.fabric.emulation.timeline import load as load_timeline
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.mn import host_interfaces
+
+
+@pytest.fixture(scope="module")
+def g():
+    return graph.build(spec.load("mini-hpn"))
+
+
+def test_one_sided_and_gray_failures_default_their_side_to_the_first_node(g):
+    events = load_timeline([{"at": 1, "action": "link_down_one_side", "link": "p0l0-p0s0"},
+                            {"at": 2, "action": "link_up", "link": "p0l0-p0s0"},
+                            {"at": 3, "action": "link_drop", "link": ["p0l0", "p0s0"], "side": "p0s0"},
+                            {"at": 4, "action": "link_restore", "link": ["p0l0", "p0s0"], "side": "p0s0"}], g)
+    assert [(e.action, e.side) for e in events] == [("link_down_one_side", "p0l0"), ("link_up", None),
+                                                    ("link_drop", "p0s0"), ("link_restore", "p0s0")]
+
+
+@pytest.mark.parametrize("event, message", [
+    ({"at": 1, "action": "link_drop", "link": "p0l0-p0s0", "side": "p0l1"}, "'side' must be p0l0 or p0s0"),
+    ({"at": 1, "action": "link_down", "link": "p0l0-p0s0", "side": "p0l0"}, "'side' applies to"),
+    ({"at": 1, "action": "switch_down", "switch": "p0s0", "side": "p0s0"}, "'side' applies to link actions"),
+])
+def test_a_wrong_side_is_one_line(g, event, message):
+    with pytest.raises(UserError, match=message):
+        load_timeline([event], g)
+
+
+def test_a_gray_failure_is_a_classic_bpf_drop_before_every_other_egress_filter():
+    on = faults.drop_lines("p0l0-eth5", True)
+    assert on[0] == "qdisc add dev p0l0-eth5 clsact"
+    assert on[1] == f"filter add dev p0l0-eth5 egress pref {faults.DROP_PREF} bpf da bytecode '1,6 0 0 2,'"
+    assert faults.drop_lines("p0l0-eth5", False) == [f"filter del dev p0l0-eth5 egress pref {faults.DROP_PREF}"]
+
+
+def test_bfd_is_set_per_interface_with_both_intervals_and_the_multiplier():
+    assert ovsdb.bfd_args(["a", "b"], 20) == [
+        "--", "set", "Interface", "a", "bfd:enable=true", "bfd:min_rx=20", "bfd:min_tx=20", "bfd:mult=3",
+        "--", "set", "Interface", "b", "bfd:enable=true", "bfd:min_rx=20", "bfd:min_tx=20", "bfd:mult=3"]
+    assert ovsdb.bfd_args(["a"], 0) == ["--", "remove", "Interface", "a", "bfd", "enable", "min_rx", "min_tx",
+                                        "mult"]
+
+
+PORTS_DESC = """OFPST_PORT_DESC reply (OF1.3) (xid=0x2):
+ 5(p0l0-eth5): addr:aa:bb:cc:dd:ee:05
+     config:     0
+     state:      LIVE
+     speed: 10000 Mbps now, 0 Mbps max
+ 6(p0l0-eth6): addr:aa:bb:cc:dd:ee:06
+     config:     0
+     state:      0
+ LOCAL(p0l0): addr:ae:9f:a3:0f:33:4a
+     config:     PORT_DOWN
+     state:      LINK_DOWN
+"""
+
+
+def test_port_states_are_read_from_dump_ports_desc():
+    assert ovsdb.parse_port_states(PORTS_DESC) == {"p0l0-eth5": {"LIVE"}, "p0l0-eth6": set(),
+                                                   "p0l0": {"LINK_DOWN"}}
+
+
+MONITOR = """2026-11-30 18:32:55.209: OFPT_PORT_STATUS (OF1.3) (xid=0x0): MOD: 5(p0l0-eth5): addr:f2:d5:2e:1a:9f:78
+     config:     0
+     state:      0
+     current:    10GB-FD COPPER
+2026-11-30 18:32:55.230: OFPT_PORT_STATUS (OF1.3) (xid=0x0): MOD: 6(p0l0-eth6): addr:f2:d5:2e:1a:9f:79
+     config:     0
+     state:      LINK_DOWN
+2026-11-30 18:32:55.721: OFPT_PORT_STATUS (OF1.3) (xid=0x0): MOD: 5(p0l0-eth5): addr:f2:d5:2e:1a:9f:78
+     config:     0
+     state:      LIVE
+2026-11-30T18:32:56Z|00001|fatal_signal|WARN|terminating with signal 15 (Terminated)
+"""
+
+
+def _t(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def test_port_status_messages_are_read_with_their_times_from_ofctl_monitor():
+    assert failover.port_status_times(MONITOR, "p0l0-eth5") == [(_t("2026-11-30 18:32:55.209"), "0"),
+                                                                 (_t("2026-11-30 18:32:55.721"), "LIVE")]
+
+
+def test_detection_is_the_first_port_status_that_is_not_live_after_the_fault():
+    fail = _t("2026-11-30 18:32:55.200")
+    det = failover.detection_ms({"p0l0": MONITOR}, {"p0l0": "p0l0-eth5"}, fail, fail + 1)
+    assert det == {"p0l0": pytest.approx(9.0)}
+    late = failover.detection_ms({"p0l0": MONITOR}, {"p0l0": "p0l0-eth5"}, fail + 0.3, fail + 1)
+    assert late == {"p0l0": None}         # the only later message says LIVE
+
+
+def test_a_port_that_is_not_live_counts_as_down_even_with_carrier():
+    assert failover.not_live("0") and failover.not_live("LINK_DOWN") and not failover.not_live("LIVE")
+
+
+def test_the_probe_sends_from_under_the_failed_links_leaf_to_another_leaf_of_its_plane(g):
+    src, sip, dst, dip, link = failover.endpoints(g, ("p0s1", "p0l2"))
+    assert link == ("p0l2", "p0s1")
+    s = next(p for p in host_interfaces(g, src) if p["ip"] == sip)
+    d = next(p for p in host_interfaces(g, dst) if p["ip"] == dip)
+    assert s["leaf"] == "p0l2" and d["leaf"] != "p0l2" and s["plane"] == d["plane"] == 0
+
+
+def test_the_probe_refuses_a_link_that_is_not_leaf_spine(g):
+    with pytest.raises(UserError, match="no link p0l0-p1s0"):
+        failover.endpoints(g, ("p0l0", "p1s0"))
+    with pytest.raises(UserError, match="unknown failure kind"):
+        failover.Probe(kind="meteor").check()
