@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hpnlab.fabric import kernel
+
 pytestmark = [pytest.mark.emulation]
 ROOT = Path(__file__).resolve().parent.parent
 HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
@@ -128,11 +130,17 @@ def test_kill_9_mid_run_then_clean_leaves_nothing_and_spares_other_bridges(bysta
     left = _leftovers(state, host_netns)
     # SIGKILL really left things behind (else this test could not fail)
     assert left["bridges"] and left["processes"] and left["bpf_pins"]
+    sched = state.get("scheduling") or []
+    if kernel.probe(deep=False).datapath == "user":   # its ovs-vswitchd thread was made real-time: still is
+        assert sched and os.sched_getscheduler(sched[0]["pid"]) == os.SCHED_RR
 
     done = subprocess.run(HPNLAB + ["clean"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "cleaned 1 run" in done.stdout
     assert _leftovers(state, host_netns) == {k: [] for k in left}
+    for entry in sched:                   # and clean put its scheduling policy back
+        assert (os.sched_getscheduler(entry["pid"]), os.sched_getparam(entry["pid"]).sched_priority) == \
+            (entry["policy"], entry["priority"])
     _assert_bystanders_survive(bystanders)
 
 

@@ -156,8 +156,8 @@ class Emulation:
             self.timings["controller_s"] = time.monotonic() - t0
             self._build()
             self.timings["built_s"] = time.monotonic() - t0
-            if self.ovs_realtime:
-                self._realtime_ovs()
+            if self.ovs_realtime and self.metadata.get("datapath") == "user":
+                self._realtime_ovs()     # only the userspace datapath forwards in that thread
             if self.bfd_ms:
                 self._enable_bfd()
                 self.timings["bfd_s"] = time.monotonic() - t0
@@ -255,14 +255,16 @@ class Emulation:
         probe (README: failures), a link failure's gaps on flows that never crossed it lost
         their network share (arrival gap minus send gap: 10-55 ms down to 0-8 ms), and carrier
         loss reached the controller in 14-16 ms instead of 28-34 ms. The thread sleeps in poll()
-        when idle, so the policy costs nothing then. Restored at stop; after a SIGKILL the next
-        run restores it at its stop (or `chrt -o -p 0 $(pidof ovs-vswitchd)`)."""
+        when idle, so the policy costs nothing then. The old policy is written into the run's
+        state file first, so stop, and `hpnlab clean` after a crash, put it back."""
         try:
             pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().split()[0])
             old = (pid, os.sched_getscheduler(pid), os.sched_getparam(pid))
             if old[1] == os.SCHED_RR and old[2].sched_priority == priority:
-                # left by a run that was killed (SIGKILL skips stop): restore the default at stop
+                # left by a run killed before this fix recorded the policy: restore the default
                 old = (pid, os.SCHED_OTHER, os.sched_param(0))
+            if self.state is not None:
+                self.state.add_scheduling(pid, old[1], old[2].sched_priority)
             os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
         except (OSError, ValueError) as exc:
             self.log(f"ovs-vswitchd could not be given a real-time policy ({exc}); forwarding may stall under load")

@@ -10,6 +10,8 @@ Everything an emulation creates on the machine is written into its state file
                  start time so that a reused pid is never killed
 ``bpf_pins``     bpffs paths (pinned ECN program and maps)
 ``dirs``         run directories (logs, compiled objects)
+``scheduling``   processes of the machine whose scheduling policy the run changed (ovs-vswitchd's
+                 main thread on the userspace datapath), with the policy to restore
 
 Every child process also inherits ``HPNLAB_RUN=<run id>`` in its environment, so a
 process started in the instant between creation and recording is still found.
@@ -141,6 +143,7 @@ class RunState:
     bpf_pins: list[str] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
     empty_dirs: list[str] = field(default_factory=list)
+    scheduling: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -196,6 +199,11 @@ class RunState:
         if path not in self.empty_dirs:
             self.empty_dirs.append(path)
             self.save()
+
+    def add_scheduling(self, pid: int, policy: int, priority: int) -> None:
+        """Record a process's scheduling policy before the run changes it (restored at teardown)."""
+        self.scheduling.append({"pid": pid, "start": _pid_start(pid), "policy": policy, "priority": priority})
+        self.save()
 
     def owner_alive(self) -> bool:
         return pid_alive(self.owner_pid, self.owner_start)
@@ -275,6 +283,13 @@ def _kill(pid: int, start: int | None, group: bool, sig: int) -> bool:
 def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> dict[str, int]:
     """Remove everything one run's state lists. Returns counts of what was removed."""
     removed = {"processes": 0, "bridges": 0, "interfaces": 0, "bpf_pins": 0, "dirs": 0}
+    # 0. scheduling policies the run changed on processes it did not create: put them back
+    for entry in state.scheduling:
+        if pid_alive(entry["pid"], entry.get("start")):
+            try:
+                os.sched_setscheduler(entry["pid"], entry["policy"], os.sched_param(entry["priority"]))
+            except OSError as exc:
+                log(f"could not restore the scheduling policy of pid {entry['pid']}: {exc}")
     skip = _ancestors()
     # 1. processes: recorded ones (by pid and start time), then any marked in the environment
     victims = [(p["pid"], p.get("start"), p.get("group", False)) for p in state.pids
