@@ -9,6 +9,14 @@ bound for any destination-based routing, see hpnlab.controller.compiler.minimum_
 the ~4,000 routes per POD reported by Baidu. Side by side, measured in this run: the
 compact host-route blocks against expanding every /32 into its own value, on a slice of
 the switches (the expanded form is what a naive compiler would build).
+
+What one leaf-spine link failure costs (issue 10): the OpenFlow messages of the difference
+between the healthy and the failed compile (flow-mods + group-mods, every compact block
+expanded, ``compiler.update_messages``), and the time of the recompile of the failed plane
+plus that diff, next to the layout before fast failover. That layout (one fresh entropy
+table per next-hop set, no groups) is gone from the code; its figures are historical,
+measured on commit 2f323fb: alibaba-hpn 93,049 flow-mods to 121 switches (92,160 of them
+entropy entries). The goal: at most 5% of that, and recompile + diff under 100 ms on hpn-130k.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 
 BAIDU_ROUTES_PER_POD = 4000
+HISTORICAL_MESSAGES = {"alibaba-hpn": 93_049}     # one leaf-spine link failure, commit 2f323fb
 
 
 LAST_CPU = [0.0]
@@ -64,7 +73,22 @@ def bench(name: str, target_s: float) -> bool:
     _, t_plane = timed(compiler.compile_fabric, g, failed, "aggregate", switches=plane_switches)
     print(f"  the same, only plane {plane} ({len(plane_switches):,} switches, what the reconciler recompiles): "
           f"{t_plane:.2f} s wall, {LAST_CPU[0]:.2f} s CPU")
-    del after, healthy
+    # what the failure costs in messages, and the recompile + diff of its plane
+    plane_healthy = {n: healthy[n] for n in plane_switches}
+    t, c = time.perf_counter(), time.process_time()
+    plane_after = compiler.compile_fabric(g, failed, "aggregate", switches=plane_switches)
+    cost = compiler.update_messages(plane_healthy, plane_after)
+    t_diff, c_diff = time.perf_counter() - t, time.process_time() - c
+    total = cost["flow_mods"] + cost["group_mods"]
+    old = HISTORICAL_MESSAGES.get(name)
+    before = f"{old:,} flow-mods before fast failover (historical, commit 2f323fb)" if old else \
+        "no historical figure for this preset"
+    share = f" = {total / old:.2%} of it (goal <= 5%)" if old else ""
+    print(f"  messages for one link failure: {cost['flow_mods']:,} flow-mods + {cost['group_mods']:,} group-mods "
+          f"to {cost['switches']:,} switches = {total:,}{share}; {before}")
+    print(f"  recompile of the plane + diff: {t_diff * 1000:.0f} ms wall, {c_diff * 1000:.0f} ms CPU "
+          f"(goal 100 ms)")
+    del after, healthy, plane_after, plane_healthy
     agg, host = summaries["aggregate"], summaries["host-routes"]
     print(f"  {'policy':<12} {'max flows/sw':>13} {'max routes/sw':>14} {'routes/POD':>14} {'flows/POD':>14}")
     pod = next(k for k in agg["pods"] if k != "core")
