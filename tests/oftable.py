@@ -25,7 +25,8 @@ port down, which is the same as a failed link.
 
 For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
 replaced (``load``, with its groups) and changed one message at a time (``apply``: the
-reconciler's FlowMod and WipeTables values; ``set_group``/``delete_group`` for groups). ``entropy_ports()`` gives one UDP source port per bit
+reconciler's FlowMod and WipeTables values; ``set_group``/``delete_group`` for groups).
+``entropy_ports()`` gives one UDP source port per bit
 pattern the switches' entropy tables look at, so a walk can cover every multipath branch.
 """
 from __future__ import annotations
@@ -65,7 +66,7 @@ class FabricTables:
         self._tables: dict[str, dict[int, list]] = {}
         self._host_sets: dict[int, frozenset] = {}
         self._entries: dict[str, dict[tuple, compiler.Flow]] = {}     # switches whose tables were replaced
-        self._pipeline_cache: dict[tuple, int | None] = {}
+        self._pipeline_cache: dict[tuple, tuple[int | None, tuple]] = {}
         self._sport_mask: dict[str, int] = {}
         self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)

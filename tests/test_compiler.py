@@ -120,7 +120,7 @@ def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
     for leaf in leaves:
         ports = buckets(st, r[g.nodes[leaf]["prefix"]])
         assert ports[0] == port[leaf] and set(ports[1:]) == set(port.values()) - {port[leaf]}
-    bounced = {k: v for k, v in routes_of_table(st, compiler.TABLE_BOUNCED).items()}
+    bounced = routes_of_table(st, compiler.TABLE_BOUNCED)
     assert bounced == {g.nodes[leaf]["prefix"]: (("output", port[leaf]),) for leaf in leaves}
 
 

@@ -154,7 +154,7 @@ def test_without_bfd_a_link_down_at_one_end_black_holes_what_the_other_end_sends
     p0s0 for some branches (lost), while p0s0 itself detours. With BFD (both ends down) the
     same failure delivers everything (the single-link test above)."""
     g = fabric("mini-hpn")
-    spine_port = dict((n, p) for p, n, _ in compiler.index_of(g).sw["p0s0"].down)["p0l0"]
+    spine_port = {n: p for p, n, _ in compiler.index_of(g).sw["p0s0"].down}["p0l0"]
     net = local_only("mini-hpn", compiler.Failures(), one_sided=frozenset([("p0s0", spine_port)]))
     results = {w.result for s in net.entropy_ports() for w in [net.send("h1", "h5", 0, sport=s)]}
     assert results == {"delivered", "dropped"}
@@ -214,3 +214,26 @@ def test_a_set_neither_healthy_nor_missing_one_port_gets_its_own_entropy_table()
     assert new_entropy
     problems, _ = problems_of(FabricTables(g, after, failures), failures)
     assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("failed", [[("p0l0", "p0s0", 0)], [("p0l0", "p0s0", 0), ("p0l3", "p0s2", 0)],
+                                    [("p1l2", "p1s1", 0), ("p0l0", "p0s0", 0), ("p0l0", "p0s1", 0)]])
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
+def test_update_messages_count_every_concrete_entry_and_group_that_differs(failed, policy):
+    """Against a brute-force diff of every expanded entry and group."""
+    g = fabric("small-hpn")
+    before = compiler.compile_fabric(g, policy=policy)
+    after = compiler.compile_fabric(g, compiler.Failures.of(failed), policy)
+    flows = groups = 0
+    switches = set()
+    for name in set(before) | set(after):
+        a, b = before[name].expanded(), after[name].expanded()
+        ga, gb = set(before[name].groups), set(after[name].groups)
+        n = sum(1 for k in b if a.get(k) != b[k]) + sum(1 for k in a if k not in b)
+        m = len({x.group_id for x in ga ^ gb})
+        flows, groups = flows + n, groups + m
+        if n or m:
+            switches.add(name)
+    assert compiler.update_messages(before, after) == {"flow_mods": flows, "group_mods": groups,
+                                                         "switches": len(switches)}
+    assert compiler.update_messages(after, after) == {"flow_mods": 0, "group_mods": 0, "switches": 0}
