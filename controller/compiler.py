@@ -1001,6 +1001,38 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
     return out
 
 
+def action_ports(actions: tuple, entropy: Iterable[tuple[tuple, tuple]], groups: Mapping[int, Group]) -> set[int]:
+    """The ports a route's actions send to while every port is live: an output, the first
+    bucket of a group, or for a metadata write every port the entropy entries that match it
+    send to. ``entropy``: the switch's table-2 entries as (match, actions); ``groups``: by id.
+    (For the reconciler's make-before-break order: the next hops of a route.)"""
+    def out(acts: tuple) -> set[int]:
+        ports: set[int] = set()
+        for a in acts:
+            if a[0] == "output":
+                ports.add(a[1])
+            elif a[0] == "group" and a[1] in groups and groups[a[1]].buckets:
+                ports |= out(groups[a[1]].buckets[0][1])
+        return ports
+
+    ports = out(actions)
+    meta = next((a[1] for a in actions if a[0] == "metadata"), None)
+    if meta is not None:
+        best: dict[tuple, tuple[int, tuple]] = {}    # per pattern: the highest-priority entry that matches
+        for match, acts in entropy:
+            m = dict(match).get("metadata")
+            value, mask = m if isinstance(m, tuple) else (m, (1 << 64) - 1)
+            if m is None or meta & mask != value:
+                continue
+            pattern = tuple(kv for kv in match if kv[0] != "metadata")
+            prio = 1 if mask >> 32 else 0
+            if pattern not in best or best[pattern][0] < prio:
+                best[pattern] = (prio, acts)
+        for _prio, acts in best.values():
+            ports |= out(acts)
+    return ports
+
+
 def _unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
     """Both flow lists without their common head and tail. A compile lays a switch's flows out
     in one order, what never changes (table 0, the entropy tables, its own hosts) first as

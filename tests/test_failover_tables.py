@@ -237,3 +237,19 @@ def test_update_messages_count_every_concrete_entry_and_group_that_differs(faile
     assert compiler.update_messages(before, after) == {"flow_mods": flows, "group_mods": groups,
                                                          "switches": len(switches)}
     assert compiler.update_messages(after, after) == {"flow_mods": 0, "group_mods": 0, "switches": 0}
+
+
+def test_action_ports_of_a_route_avoiding_one_port_are_the_set_without_it():
+    g = fabric("small-hpn")
+    after = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    st = after["p0l1"]
+    entropy = [(f.match, f.actions) for f in st.flows if f.table == compiler.TABLE_ENTROPY]
+    groups = {gr.group_id: gr for gr in st.groups}
+    prefix = g.nodes["p0l0"]["prefix"]
+    (route,) = [f for f in st.flows if f.table == compiler.TABLE_ROUTE and f not in healthy("small-hpn")["p0l1"].flows]
+    assert route.match == compiler._route_match(compiler.prefix_int(prefix))
+    up = {p: n for p, n, _ in compiler.index_of(g).sw["p0l1"].up}
+    assert compiler.action_ports(route.actions, entropy, groups) == {p for p, n in up.items() if n != "p0s0"}
+    plane = compiler._route_match(compiler.prefix_int(g.graph["plan"].plane_prefix(0)))
+    (plane_route,) = [f for f in st.flows if f.table == compiler.TABLE_ROUTE and f.match == plane]
+    assert compiler.action_ports(plane_route.actions, entropy, groups) == set(up)
