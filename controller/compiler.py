@@ -87,6 +87,7 @@ host-routes baseline (hundreds of millions of flows) countable in seconds.
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import socket
 import zlib
@@ -266,6 +267,7 @@ class FabricIndex:
         self.shared: dict = {}       # values shared by switches (groups, bounced-table routes)
         self._healthy: dict[int, tuple[dict, _Tree]] = {}
         self._protection: dict[str, _Protection] = {}
+        self.own_flows: dict[str, tuple] = {}
         for n, d in g.nodes(data=True):
             if d["tier"] == 0:
                 continue
@@ -758,25 +760,44 @@ class _Protection:
         return act
 
 
-def _detour_ports(ix: FabricIndex, sw: _Sw, port: int) -> tuple:
-    """Where ``sw`` sends what it would send out of ``port`` when that port is dead: switches
-    below it that bounce such packets back up avoiding it (see _bounces), a few in rotation."""
-    where = {p: n for p, n, _ in sw.down}
-    if port in where:
-        target = ix.sw[where[port]]
-        ok = [p for p, n, _ in sw.down if n != target.name and _bounces(ix.sw[n], ix)
-              and (sw.tier != 3 or ix.sw[n].pod != target.pod)]
-    elif sw.tier == 2 and any(p == port for p, _, _ in sw.up):
-        ok = [p for p, n, _ in sw.down if _bounces(ix.sw[n], ix)]
-    else:
-        return ()
-    if not ok:
-        return ()
-    start = sum(1 for p in ok if p < port)
-    return _rotation(tuple(ok), start, DETOURS)
+def _detours(ix: FabricIndex, sw: _Sw, ports: list[int]) -> dict[int, tuple]:
+    """For each one-port choice of ``sw``: where it sends what it would send out of that port
+    when the port is dead -- switches below it that bounce such packets back up avoiding it
+    (see _bounces), up to DETOURS of them, in rotation from the port's place."""
+    below = [(p, ix.sw[n]) for p, n, _ in sw.down if _bounces(ix.sw[n], ix)]
+    target = {p: ix.sw[n] for p, n, _ in sw.down}
+    up = {p for p, _, _ in sw.up}
+    out: dict[int, tuple] = {}
+    for port in ports:
+        if port in target:
+            t = target[port]
+            ok = [(p, n) for p, n in below if n is not t and (sw.tier != 3 or n.pod != t.pod)]
+        elif sw.tier == 2 and port in up:
+            ok = below
+        else:
+            continue
+        start = bisect.bisect_left([p for p, _ in ok], port)
+        out[port] = tuple(ok[(start + k) % len(ok)][0] for k in range(min(len(ok), DETOURS)))
+    return out
 
 
 def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection:
+    """A switch's protection; switches alike (same healthy actions or next-hop sets, same
+    ports to the same neighbours) share one value."""
+    default, exceptions = hacts
+    up = tuple((p, n) for p, n, _ in sw.up)
+    if sw.tier == 1:
+        key: tuple = (1, frozenset((default, *exceptions.values())), up)
+    else:
+        key = (sw.tier, id(hacts), up, tuple((p, n) for p, n, _ in sw.down),
+               tuple((p, n) for p, n, _ in sw.lateral), tuple(_scope(ix, sw)))
+    pr = ix.shared.get(("protection", key))
+    if pr is None:
+        pr = ix.shared["protection", key] = _protect_new(ix, sw, hacts, tree)
+    return pr
+
+
+def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection:
     shared = ix.shared
     pr = _Protection()
     default, exceptions = hacts
@@ -786,9 +807,12 @@ def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection
     bounce: list[tuple[int, tuple]] = []
     if _bounces(sw, ix):
         sets.add(up)
+        parent_ports: dict[str, list[int]] = {}
         for p, parent, _ in sw.up:
-            rest = tuple(q for q, n, _ in sw.up if n != parent)
-            rest = tuple(sorted(rest))
+            parent_ports.setdefault(parent, []).append(p)
+        for p, parent, _ in sw.up:
+            gone = set(parent_ports[parent])
+            rest = tuple(q for q in up if q not in gone)
             bounce.append((p, rest))
             if len(rest) >= 2 and len(rest) + 1 != len(up):
                 sets.add(rest)
@@ -798,10 +822,12 @@ def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection
             meta = (meta + 1) & FULL or 1
         pr.metas[ports] = meta
         pr.meta_values.add(meta)
+    up_meta = pr.metas.get(up)
     singles = sorted(a[0] for a in actions if len(a) == 1)
+    detours = _detours(ix, sw, singles)
     for p in singles:
-        detours = _detour_ports(ix, sw, p)
-        pr.single[p] = pr.group((p,) + detours, shared) if detours else (("output", p),)
+        d = detours.get(p, ())
+        pr.single[p] = pr.group((p,) + d, shared) if d else (("output", p),)
     flows: list[Flow] = []
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)
@@ -809,14 +835,15 @@ def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection
         flows.extend(_CLASSIFY_OTHER)
         flows.append(_MARKED_TO_BOUNCED)
     if bounce:
-        own = sw.prefix if sw.prefix is not None else ix.level_prefix[next(iter(_scope(ix, sw)))]
-        flows.append(Flow(TABLE_CLASSIFY, PRIO_OWN, _route_match(own), (("goto", TABLE_ROUTE),)))
         if sw.tier == 1:
             flows.append(_MARKED_DROP)
         for p, rest in bounce:
-            act = pr.encode(rest)
+            if up_meta is not None and len(rest) + 1 == len(up):
+                act: tuple | None = (("metadata", avoid_meta(up_meta, up.index(p))), ("goto", TABLE_ENTROPY))
+            else:
+                act = pr.encode(rest)
             if act is None:
-                act = pr.single.get(rest[0], (("output", rest[0]),)) if len(rest) == 1 else DROP
+                act = DROP
             flows.append(Flow(TABLE_CLASSIFY, PRIO_BOUNCE, (("in_port", p), ("eth_type", ETH_IPV4)),
                               (("set_field", "eth_src", BOUNCE_MAC),) + act if act else ()))
     for ports, meta in pr.metas.items():
@@ -825,14 +852,10 @@ def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection
         flows.extend(avoid_flows(ports, sw.tier, meta, outs))
     if sw.tier >= 2:
         # bounced (marked) packets: the healthy routes, fast failover only inside a next-hop set
-        key = ("bounced", id(hacts), sw.tier, tuple(_scope(ix, sw)))
-        routes = shared.get(key)
-        if routes is None:
-            by_prefix: dict = {}
-            for level, ports in _compress(tree, default, exceptions, _scope(ix, sw)):
-                by_prefix[ix.level_prefix[level]] = ports
-            routes = shared[key] = (hacts, tuple(by_prefix.items()))
-        for prefix, ports in routes[1]:
+        by_prefix: dict = {}
+        for level, ports in _compress(tree, default, exceptions, _scope(ix, sw)):
+            by_prefix[ix.level_prefix[level]] = ports
+        for prefix, ports in by_prefix.items():
             if len(ports) >= 2:
                 act = pr.group(_rotation(ports, 0, 1 + FF_BACKUPS), shared)
             else:
@@ -841,6 +864,14 @@ def _protect(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protection
     pr.flows = tuple(flows)
     pr.group_values = tuple(sorted(pr.groups.values()))
     return pr
+
+
+def _own_flow(ix: FabricIndex, sw: _Sw) -> tuple:
+    """A bouncing switch's table-0 entry that routes its own prefix (or pod) as usual."""
+    if not _bounces(sw, ix):
+        return ()
+    own = sw.prefix if sw.prefix is not None else ix.level_prefix[next(iter(_scope(ix, sw)))]
+    return (Flow(TABLE_CLASSIFY, PRIO_OWN, _route_match(own), (("goto", TABLE_ROUTE),)),)
 
 
 def _fresh(pr: _Protection, ports: tuple, tier: int, metas: dict, groups: dict, flows: list) -> tuple:
@@ -884,7 +915,11 @@ def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection) -> tupl
 
 def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tree,
                   block_cache: dict, pr: _Protection) -> SwitchState:
-    flows: list[Flow] = list(pr.flows)
+    own = ix.own_flows.get(sw.name)
+    if own is None:
+        own = ix.own_flows[sw.name] = _own_flow(ix, sw)
+    flows: list[Flow] = list(own)
+    flows.extend(pr.flows)
     fresh_metas: dict = {}
     fresh_groups: dict = {}
     fresh_flows: list[Flow] = []
