@@ -767,17 +767,21 @@ def _detours(ix: FabricIndex, sw: _Sw, ports: list[int]) -> dict[int, tuple]:
     below = [(p, ix.sw[n]) for p, n, _ in sw.down if _bounces(ix.sw[n], ix)]
     target = {p: ix.sw[n] for p, n, _ in sw.down}
     up = {p for p, _, _ in sw.up}
+    below_ports = [p for p, _ in below]
     out: dict[int, tuple] = {}
     for port in ports:
-        if port in target:
-            t = target[port]
-            ok = [(p, n) for p, n in below if n is not t and (sw.tier != 3 or n.pod != t.pod)]
-        elif sw.tier == 2 and port in up:
-            ok = below
-        else:
+        t = target.get(port)
+        if t is None and not (sw.tier == 2 and port in up):
             continue
-        start = bisect.bisect_left([p for p, _ in ok], port)
-        out[port] = tuple(ok[(start + k) % len(ok)][0] for k in range(min(len(ok), DETOURS)))
+        start = bisect.bisect_left(below_ports, port)
+        picked: list[int] = []
+        for k in range(len(below)):      # in rotation from the port's place; stops after DETOURS
+            p, n = below[(start + k) % len(below)]
+            if t is None or (n is not t and (sw.tier != 3 or n.pod != t.pod)):
+                picked.append(p)
+                if len(picked) == DETOURS:
+                    break
+        out[port] = tuple(picked)
     return out
 
 
