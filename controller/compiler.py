@@ -268,6 +268,7 @@ class FabricIndex:
         self._healthy: dict[int, tuple[dict, _Tree]] = {}
         self._protection: dict[str, _Protection] = {}
         self.own_flows: dict[str, tuple] = {}
+        self.healthy_states: dict[str, dict[str, SwitchState]] = {}    # policy -> switch -> state
         for n, d in g.nodes(data=True):
             if d["tier"] == 0:
                 continue
@@ -1028,6 +1029,7 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             continue
         healthy, tree = ix.healthy(plane)
         acts = _plane_actions(ix, plane, failures) if failures else healthy
+        reuse = ix.healthy_states.setdefault(policy, {})
         block_cache: dict = {}
         for sw in sws:
             if sw.name in failures.switches or (wanted is not None and sw.name not in wanted):
@@ -1036,7 +1038,13 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             a = acts[sw.name]
             if sw.name in dead and sw.tier >= 2:
                 a = block_cache["keep", sw.name] = _keep_detours(a, healthy[sw.name], dead[sw.name], pr)
-            out[sw.name] = _switch_state(ix, sw, a, policy, tree, block_cache, pr)
+            st = reuse.get(sw.name)
+            if st is not None and (a is healthy[sw.name] or a == healthy[sw.name]):
+                out[sw.name] = st      # what the failure does not change is the healthy value itself
+                continue
+            st = out[sw.name] = _switch_state(ix, sw, a, policy, tree, block_cache, pr)
+            if a is healthy[sw.name]:
+                reuse[sw.name] = st
     return out
 
 
