@@ -1024,11 +1024,14 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
     dead = _dead_ports(ix, failures) if failures else {}
+    touched = {ix.sw[n].plane for lid in failures.links for n in lid[:2] if n in ix.sw}
+    touched |= {ix.sw[n].plane for n in failures.switches if n in ix.sw}
     for plane, sws in sorted(ix.planes.items()):
         if wanted is not None and not any(s.name in wanted for s in sws):
             continue
         healthy, tree = ix.healthy(plane)
-        acts = _plane_actions(ix, plane, failures) if failures else healthy
+        # the planes are disjoint: a plane no failure touches routes as if nothing failed
+        acts = _plane_actions(ix, plane, failures) if plane in touched else healthy
         reuse = ix.healthy_states.setdefault(policy, {})
         block_cache: dict = {}
         for sw in sws:
