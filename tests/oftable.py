@@ -3,10 +3,20 @@
 It walks a packet through the compiled tables of every switch it reaches, hop by hop
 across the fabric graph, with no switch running: table lookup (highest priority wins;
 two different matching entries at the same priority are an error, as the outcome would
-be undefined on a real switch), write-metadata, goto-table, output. A failed link or
-switch swallows the packet. The walk ends delivered (at a host interface), dropped (table
-miss or a drop action, or a dead link) or looping (a switch visited twice, or too
-many hops).
+be undefined on a real switch), write-metadata, set-field, goto-table, output, and groups
+(``SwitchState.groups``): a fast-failover ("ff") group forwards by its first bucket whose
+watch port is live, "indirect" by its only bucket. A failed link or switch swallows the
+packet. The walk ends delivered (at a host interface), dropped (table miss or a drop
+action, a dead link, or a group with no live bucket) or looping (a switch met twice in
+the same state -- same in_port and header -- or too many hops).
+
+Port liveness, per (switch, port), is what a fast-failover group watches. It follows the
+failures: a failed link kills the ports at both ends, a failed switch the ports of its
+neighbours towards it. ``one_sided`` adds (switch, port) pairs whose link is cut with only
+that end noticing (one end taken down, a gray failure seen by one side): the link carries
+nothing either way, but the far end still thinks its port is live and keeps sending into
+it -- without BFD a black hole until the controller reacts; with BFD both ends see the
+port down, which is the same as a failed link.
 
     net = FabricTables(graph, compiler.compile_fabric(graph, failures), failures)
     walk = net.send("h1", "h5", plane=0, sport=49152)
@@ -14,12 +24,14 @@ many hops).
     walk.hops    # [(switch, in_port, out_port), ...]
 
 For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
-replaced (``load``) and changed one message at a time (``apply``: the reconciler's
-FlowMod and WipeTables values). ``entropy_ports()`` gives one UDP source port per bit
+replaced (``load``, with its groups) and changed one message at a time (``apply``: the
+reconciler's FlowMod and WipeTables values; ``set_group``/``delete_group`` for groups).
+``entropy_ports()`` gives one UDP source port per bit
 pattern the switches' entropy tables look at, so a walk can cover every multipath branch.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -43,15 +55,18 @@ class Walk:
 class FabricTables:
     MAX_HOPS = 16
 
-    def __init__(self, g: nx.MultiGraph, states: dict, failures: compiler.Failures | None = None):
+    def __init__(self, g: nx.MultiGraph, states: dict, failures: compiler.Failures | None = None,
+                 one_sided: frozenset = frozenset()):
         self.g = g
         self.states = states
         self.failures = failures or compiler.Failures()
+        self.one_sided = frozenset(one_sided)
+        self._groups: dict[str, dict[int, compiler.Group]] = {}       # switches whose groups were replaced
         self.ix = compiler.index_of(g)
         self._tables: dict[str, dict[int, list]] = {}
         self._host_sets: dict[int, frozenset] = {}
         self._entries: dict[str, dict[tuple, compiler.Flow]] = {}     # switches whose tables were replaced
-        self._pipeline_cache: dict[tuple, int | None] = {}
+        self._pipeline_cache: dict[tuple, tuple[int | None, tuple]] = {}
         self._sport_mask: dict[str, int] = {}
         self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)
@@ -60,6 +75,22 @@ class FabricTables:
             lid = compiler.link_id(u, v, k)
             self.peer[u, d["ports"][u]] = (v, d["ports"][v], lid)
             self.peer[v, d["ports"][v]] = (u, d["ports"][u], lid)
+        self._cut = {self.peer[sp][2] for sp in self.one_sided}    # links one end took down
+
+    # ---- liveness -------------------------------------------------------------------
+    def port_live(self, switch: str, port: int) -> bool:
+        """Does ``switch`` see ``port`` live (what its fast-failover groups watch)?"""
+        if (switch, port) in self.one_sided:
+            return False
+        nxt = self.peer.get((switch, port))
+        if nxt is None:
+            return False
+        peer, _pp, lid = nxt
+        return lid not in self.failures.links and peer not in self.failures.switches
+
+    def carries(self, lid: tuple, peer: str) -> bool:
+        """Does a packet sent over link ``lid`` reach ``peer``?"""
+        return lid not in self.failures.links and lid not in self._cut and peer not in self.failures.switches
 
     # ---- tables ---------------------------------------------------------------------
     def has_state(self, switch: str) -> bool:
@@ -87,14 +118,33 @@ class FabricTables:
         self._tables.pop(switch, None)
         self._pipeline_cache = {k: v for k, v in self._pipeline_cache.items() if k[0] != switch}
 
-    def load(self, switch: str, entries: dict | None = None) -> None:
-        """Give ``switch`` these concrete entries ({(table, priority, match): actions}; none: empty tables)."""
+    def load(self, switch: str, entries: dict | None = None, groups: Iterable[compiler.Group] | None = None) -> None:
+        """Give ``switch`` these concrete entries ({(table, priority, match): actions}; none: empty
+        tables) and groups (none: no groups)."""
         self._entries[switch] = {k: compiler.Flow(k[0], k[1], k[2], a) for k, a in (entries or {}).items()}
+        self._groups[switch] = {gr.group_id: gr for gr in groups or ()}
+        self._changed(switch)
+
+    def groups(self, switch: str) -> dict[int, compiler.Group]:
+        """{group id: Group} of ``switch``."""
+        if switch not in self._groups:
+            state = self.states.get(switch)
+            self._groups[switch] = {gr.group_id: gr for gr in (state.groups if state is not None else ())}
+        return self._groups[switch]
+
+    def set_group(self, switch: str, group: compiler.Group) -> None:
+        """Add or change one group (a GroupMod add/modify)."""
+        self.groups(switch)[group.group_id] = group
+        self._changed(switch)
+
+    def delete_group(self, switch: str, group_id: int) -> None:
+        self.groups(switch).pop(group_id, None)
         self._changed(switch)
 
     def forget(self, switch: str) -> None:
         """``switch`` holds no state any more (it failed)."""
         self._entries.pop(switch, None)
+        self._groups.pop(switch, None)
         self.states.pop(switch, None)
         self._changed(switch)
 
@@ -102,8 +152,9 @@ class FabricTables:
         if switch not in self._entries:
             state = self.states.get(switch)
             flows = state.flows if state is not None else ()
+            groups = self.groups(switch).values()
             self.load(switch, {(e.table, e.priority, tuple(sorted(e.match))): e.actions
-                               for f in flows for e in f.expand()})
+                               for f in flows for e in f.expand()}, list(groups))
         return {k: f.actions for k, f in self._entries[switch].items()}
 
     def apply(self, msg) -> None:
@@ -115,6 +166,7 @@ class FabricTables:
         table = self._entries[msg.switch]
         if kind == "WipeTables":
             table.clear()
+            self._groups[msg.switch] = {}
         elif msg.command == "delete":
             table.pop(msg.key, None)
         else:
@@ -181,7 +233,8 @@ class FabricTables:
         """(source interface, packet fields) for src -> dst on a plane (first rail by default)."""
         s = self._port(src, plane, src_rail)
         d = self._port(dst, plane, dst_rail)
-        pkt = {"eth_type": compiler.ETH_IPV4, "ipv4_src": ip_int(s["ip"]), "ipv4_dst": ip_int(d["ip"])}
+        pkt = {"eth_type": compiler.ETH_IPV4, "eth_src": s.get("mac"), "ipv4_src": ip_int(s["ip"]),
+               "ipv4_dst": ip_int(d["ip"])}
         if proto == "udp":
             pkt.update(ip_proto=compiler.PROTO_UDP, udp_src=sport, udp_dst=dport)
         elif proto == "tcp":
@@ -247,7 +300,7 @@ class FabricTables:
             if nxt is None:
                 return Walk("dropped", f"{node} port {port}: not connected", hops)
             peer, peer_port, lid = nxt
-            if lid in self.failures.links or peer in self.failures.switches:
+            if not self.carries(lid, peer):
                 return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
             if self.g.nodes[peer]["tier"] == 0:
                 ip = next((p["ip"] for p in self._host_ports(peer) if p["intf"] == peer_port), None)
@@ -257,33 +310,40 @@ class FabricTables:
             if not self.has_state(peer):
                 return Walk("dropped", f"{peer}: no state (switch failed)", hops)
             p = dict(pkt, in_port=peer_port)
-            out = self._pipeline(peer, p)
-            if peer in seen:   # shortest valley-free paths never visit a switch twice
+            state = (peer, peer_port, pkt.get("eth_src"))
+            out, changes = self._pipeline(peer, p)
+            if changes:
+                pkt = dict(pkt, **dict(changes))
+            # a switch met again in the same state (same port in, same header) forwards the
+            # same way again: a loop. (A detour may cross a switch twice, from another port.)
+            if state in seen:
                 hops.append((peer, peer_port, out))
-                return Walk("loop", f"{peer} visited twice (now from port {peer_port})", hops)
-            seen.add(peer)
+                return Walk("loop", f"{peer} visited twice from port {peer_port}", hops)
+            seen.add(state)
             hops.append((peer, peer_port, out))
             if out is None:
                 return Walk("dropped", f"{peer}: no route / drop", hops)
             node, port = peer, out
         return Walk("loop", f"more than {self.MAX_HOPS} hops", hops)
 
-    def _pipeline(self, switch: str, pkt: dict) -> int | None:
-        """The output port of ``switch`` for ``pkt`` (None: dropped or sent to the controller).
-        Cached per switch on the fields its tables can look at (not in_port)."""
+    def _pipeline(self, switch: str, pkt: dict) -> tuple[int | None, tuple]:
+        """(output port of ``switch`` for ``pkt`` (None: dropped or sent to the controller), fields
+        it set). Cached per switch on the fields its tables can look at."""
         tables = self.tables(switch)
         sport = pkt.get("udp_src", pkt.get("tcp_src", 0)) & self._sport_mask[switch]
-        key = (switch, pkt.get("ipv4_dst"), pkt.get("ipv4_src"), pkt.get("ip_proto"), "udp_src" in pkt, sport)
+        key = (switch, pkt.get("in_port"), pkt.get("eth_src"), pkt.get("ipv4_dst"), pkt.get("ipv4_src"),
+               pkt.get("ip_proto"), "udp_src" in pkt, sport)
         if key not in self._pipeline_cache:
             self._pipeline_cache[key] = self._run_pipeline(switch, tables, pkt)
         return self._pipeline_cache[key]
 
-    def _run_pipeline(self, switch: str, tables: dict, pkt: dict) -> int | None:
+    def _run_pipeline(self, switch: str, tables: dict, pkt: dict) -> tuple[int | None, tuple]:
         table = 0
+        changes: list = []
         for _ in range(8):
             f = self.lookup(switch, table, pkt)
             if f is None:
-                return None
+                return None, ()
             goto = None
             out = None
             for act in f.actions:
@@ -293,14 +353,37 @@ class FabricTables:
                     goto = act[1]
                 elif act[0] == "output":
                     out = act[1]
+                elif act[0] == "set_field":
+                    pkt[act[1]] = act[2]
+                    changes.append((act[1], act[2]))
+                elif act[0] == "group":
+                    out = self.group_output(switch, act[1])
+                    if out is None:
+                        return None, ()
                 elif act[0] == "controller":
-                    return None
+                    return None, ()
             if out is not None:
-                return out
+                return out, tuple(changes)
             if goto is None or goto <= table:
-                return None
+                return None, ()
             table = goto
-        return None
+        return None, ()
+
+    def group_output(self, switch: str, group_id: int) -> int | None:
+        """The port a group forwards to now (None: no live bucket, or a bucket that drops)."""
+        gr = self.groups(switch).get(group_id)
+        if gr is None:
+            raise KeyError(f"{switch}: a flow refers to group {group_id}, which does not exist")
+        if gr.kind == "ff":
+            bucket = next((b for b in gr.buckets if self.port_live(switch, b[0])), None)
+        elif gr.kind == "indirect":
+            bucket = gr.buckets[0]
+        else:
+            raise NotImplementedError(f"{switch}: group kind {gr.kind!r} is not interpreted")
+        if bucket is None:
+            return None
+        out = [a[1] for a in bucket[1] if a[0] == "output"]
+        return out[0] if out else None
 
     # ---- all pairs ------------------------------------------------------------------------
     def all_pairs(self, planes: list[int] | None = None) -> list[tuple]:
@@ -325,7 +408,7 @@ class FabricTables:
         """A host port is live when its link and its leaf are up."""
         p = self._port(host, plane, rail)
         lid = self.peer[host, p["intf"]][2]
-        return lid not in self.failures.links and p["leaf"] not in self.failures.switches
+        return lid not in self.failures.links and lid not in self._cut and p["leaf"] not in self.failures.switches
 
 
 def valley_free_reachable(g: nx.MultiGraph, failures: compiler.Failures, src_leaf: str, dst_leaf: str) -> bool:

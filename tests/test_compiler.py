@@ -39,6 +39,27 @@ def uplink_ports(g, sw):
     return tuple(sorted(p for p, _, _ in compiler.index_of(g).sw[sw].up))
 
 
+def buckets(state, actions) -> tuple:
+    """The watch ports of the fast-failover group a route's actions send to."""
+    ((kind, gid),) = actions
+    assert kind == "group"
+    (group,) = [gr for gr in state.groups if gr.group_id == gid]
+    assert group.kind == "ff"
+    return tuple(port for port, _ in group.buckets)
+
+
+def avoided(state, actions) -> tuple[tuple, int]:
+    """(next-hop set, port left out) of a route that writes "set minus one port" metadata."""
+    meta = actions[0][1]
+    assert actions[1] == ("goto", compiler.TABLE_ENTROPY) and meta >> 32
+    low, index = meta & compiler.FULL, (meta >> 32) - 1
+    ports = {a[1] for f in state.flows if f.table == compiler.TABLE_ENTROPY
+             and dict(f.match)["metadata"] == (low, compiler.FULL) for a in f.actions}
+    groups = {gr.group_id: gr.buckets[0][0] for gr in state.groups}
+    full = tuple(sorted(groups[gid] for gid in ports))
+    return full, full[index]
+
+
 # ---- per role ----------------------------------------------------------------------
 
 def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_up():
@@ -57,22 +78,56 @@ def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_
 
 def test_leaf_sends_arp_to_the_controller_and_ipv4_to_routing_and_nothing_else():
     g = fabric("mini-hpn")
-    t0 = [f for f in compiler.compile_fabric(g)["p0l0"].flows if f.table == compiler.TABLE_CLASSIFY]
+    t0 = [f for f in compiler.compile_fabric(g)["p0l0"].flows if f.table == compiler.TABLE_CLASSIFY
+          and "in_port" not in dict(f.match) and "eth_src" not in dict(f.match)]
+    own = [f for f in t0 if "ipv4_dst" in dict(f.match)]
     assert {(dict(f.match)["eth_type"], f.actions) for f in t0} == {
         (compiler.ETH_ARP, (("controller",),)), (compiler.ETH_IPV4, (("goto", compiler.TABLE_ROUTE),))}
+    assert len(own) == 1      # its own prefix, whichever port it comes from, is routed as usual
 
 
-def test_spines_never_send_arp_to_the_controller():
+def test_leaf_bounces_what_a_spine_sends_it_for_someone_else_up_another_spine_marked():
+    """The detour of a spine that lost its link to a leaf: the leaf it detours through sends
+    the packet up avoiding that spine (set minus the spine's port), marked as bounced."""
+    g = fabric("mini-hpn")
+    st = compiler.compile_fabric(g)["p0l0"]
+    bounce = {dict(f.match)["in_port"]: f.actions for f in st.flows
+              if f.table == compiler.TABLE_CLASSIFY and "in_port" in dict(f.match)}
+    assert set(bounce) == set(uplink_ports(g, "p0l0"))
+    for port, actions in bounce.items():
+        assert actions[0] == ("set_field", "eth_src", compiler.BOUNCE_MAC)
+        assert avoided(st, actions[1:]) == (uplink_ports(g, "p0l0"), port)
+    marked = [f for f in st.flows if dict(f.match).get("eth_src") == compiler.BOUNCE_MAC]
+    assert [f.actions for f in marked] == [()]      # a bounced packet is never bounced again
+
+
+def test_spines_never_send_arp_to_the_controller_and_send_bounced_packets_to_the_bounced_table():
     g = fabric("mini-hpn")
     t0 = [f for f in compiler.compile_fabric(g)["p0s0"].flows if f.table == compiler.TABLE_CLASSIFY]
-    assert [dict(f.match)["eth_type"] for f in t0] == [compiler.ETH_IPV4]
+    assert {dict(f.match)["eth_type"] for f in t0} == {compiler.ETH_IPV4}
+    assert {f.actions for f in t0 if dict(f.match).get("eth_src") == compiler.BOUNCE_MAC} == {
+        (("goto", compiler.TABLE_BOUNCED),)}
 
 
 def test_two_tier_spine_holds_one_route_per_leaf_of_its_plane_and_no_default():
+    """Each route is a fast-failover group: the leaf's port first, then detours through other leaves."""
     g = fabric("mini-hpn")
-    r = routes(compiler.compile_fabric(g)["p1s0"])
-    leaves = [n for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 1]
-    assert r == {g.nodes[leaf]["prefix"]: (("output", graph.link_ports(g, "p1s0", leaf)[0][0]),) for leaf in leaves}
+    st = compiler.compile_fabric(g)["p1s0"]
+    r = routes(st)
+    leaves = [n for n in graph.switches(g) if g.nodes[n]["tier"] == 1 and g.nodes[n]["plane"] == 1]
+    port = {leaf: graph.link_ports(g, "p1s0", leaf)[0][0] for leaf in leaves}
+    assert set(r) == {g.nodes[leaf]["prefix"] for leaf in leaves}
+    for leaf in leaves:
+        ports = buckets(st, r[g.nodes[leaf]["prefix"]])
+        assert ports[0] == port[leaf] and set(ports[1:]) == set(port.values()) - {port[leaf]}
+    bounced = routes_of_table(st, compiler.TABLE_BOUNCED)
+    assert bounced == {g.nodes[leaf]["prefix"]: (("output", port[leaf]),) for leaf in leaves}
+
+
+def routes_of_table(state, table):
+    return routes(compiler.SwitchState(state.name, state.dpid,
+                                       tuple(f._replace(table=compiler.TABLE_ROUTE) for f in state.flows
+                                             if f.table == table)))
 
 
 def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_up():
@@ -80,7 +135,9 @@ def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_u
     plan = g.graph["plan"]
     r = routes(compiler.compile_fabric(g)["p0s0"])
     assert r[plan.pod_prefix(0, 0, 0)] == ()
-    assert r[plan.plane_prefix(0)] == (("output", uplink_ports(g, "p0s0")[0]),)
+    st = compiler.compile_fabric(g)["p0s0"]
+    up = buckets(st, r[plan.plane_prefix(0)])      # its one uplink, then detours down to its leaves
+    assert up[0] == uplink_ports(g, "p0s0")[0] and len(up) == 3
     assert len(r) == 2 + 2      # two leaves in its pod
 
 
@@ -135,13 +192,16 @@ def test_a_failed_leaf_spine_link_adds_exactly_one_specific_route_per_other_leaf
     healthy = compiler.compile_fabric(g)
     failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
     prefix = g.nodes["p0l0"]["prefix"]
-    s1_port = next(p for p, n, _ in compiler.index_of(g).sw["p0l1"].up if n == "p0s1")
     for leaf in ("p0l1", "p0l2", "p0l3"):
+        s0_port = next(p for p, n, _ in compiler.index_of(g).sw[leaf].up if n == "p0s0")
         added = {k: v for k, v in routes(failed[leaf]).items() if routes(healthy[leaf]).get(k) != v}
-        assert added == {prefix: (("output", s1_port),)}     # avoid p0s0 for p0l0's hosts only
-    # p0l0 itself lost an uplink: its plane route now uses the other one; the spine forgets p0l0
-    assert routes(failed["p0l0"])[g.graph["plan"].plane_prefix(0)] == (("output", uplink_ports(g, "p0l0")[1]),)
-    assert prefix not in routes(failed["p0s0"])
+        assert list(added) == [prefix]         # avoid p0s0 for p0l0's hosts only
+        assert avoided(failed[leaf], added[prefix]) == (uplink_ports(g, leaf), s0_port)
+    # p0l0 itself lost an uplink: its plane route now avoids it; the spine keeps its route (the
+    # group detours, so packets still on their way there are not dropped)
+    assert avoided(failed["p0l0"], routes(failed["p0l0"])[g.graph["plan"].plane_prefix(0)]) == \
+        (uplink_ports(g, "p0l0"), uplink_ports(g, "p0l0")[0])
+    assert routes(failed["p0s0"]) == routes(healthy["p0s0"])
     assert compiler.deaggregated(failed, healthy) == 3
     # the other plane is untouched
     assert all(failed[n] == healthy[n] for n in healthy if n.startswith("p1"))

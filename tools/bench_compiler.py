@@ -9,17 +9,34 @@ bound for any destination-based routing, see hpnlab.controller.compiler.minimum_
 the ~4,000 routes per POD reported by Baidu. Side by side, measured in this run: the
 compact host-route blocks against expanding every /32 into its own value, on a slice of
 the switches (the expanded form is what a naive compiler would build).
+
+What one leaf-spine link failure costs (issue 10): the OpenFlow messages of the difference
+between the healthy and the failed compile (flow-mods + group-mods, every compact block
+expanded, ``compiler.update_messages``), and the time of the recompile of the failed plane
+plus that diff, next to the layout before fast failover. That layout (one fresh entropy
+table per next-hop set, no groups) is gone from the code: ``--old-layout REV`` loads the
+compiler of a git revision (e.g. 2f323fb) from this checkout and measures it in the same
+run; otherwise the historical figure is printed (commit 2f323fb, alibaba-hpn: 93,049
+flow-mods to 121 switches, 92,160 of them entropy entries). The goal: at most 5% of that,
+and recompile + diff under 100 ms on hpn-130k.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+from types import ModuleType
 
 from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 
 BAIDU_ROUTES_PER_POD = 4000
+HISTORICAL_MESSAGES = {"alibaba-hpn": 93_049}     # one leaf-spine link failure, commit 2f323fb
 
 
 LAST_CPU = [0.0]
@@ -33,7 +50,44 @@ def timed(fn, *args, **kw):
     return out, time.perf_counter() - t
 
 
-def bench(name: str, target_s: float) -> bool:
+def old_compiler(rev: str) -> ModuleType:
+    """The compiler module of git revision ``rev`` of this checkout, loaded under another name."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:controller/compiler.py"],
+                              capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"bench_compiler: cannot read controller/compiler.py at {rev!r} with git: {e}") from None
+    path = Path(tempfile.mkdtemp()) / "compiler_old.py"
+    path.write_text(text)
+    spec_ = importlib.util.spec_from_file_location("compiler_old", path)
+    assert spec_ is not None and spec_.loader is not None
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules["compiler_old"] = module
+    spec_.loader.exec_module(module)
+    return module
+
+
+def failure_cost(mod: ModuleType, g, failed_links: list, plane_switches: list) -> tuple[dict, float, float]:
+    """(messages, compile CPU s, recompile + diff CPU s) of one link failure with compiler ``mod``."""
+    g.graph.pop("_controller_index", None)
+    c = time.process_time()
+    healthy = mod.compile_fabric(g, None, "aggregate", switches=plane_switches)
+    t_compile = time.process_time() - c
+    gc.collect()
+    gc.disable()     # the same for both compilers: no cyclic collection inside the timed part
+    try:
+        c = time.process_time()
+        after = mod.compile_fabric(g, mod.Failures.of(failed_links), "aggregate", switches=plane_switches)
+        cost = compiler.update_messages(healthy, after)
+        t_diff = time.process_time() - c
+    finally:
+        gc.enable()
+    g.graph.pop("_controller_index", None)
+    return cost, t_compile, t_diff
+
+
+def bench(name: str, target_s: float, old_rev: str | None = None) -> bool:
     import os
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: wall times stretch with it)")
     g, t_build = timed(graph.build, spec.load(name))
@@ -64,7 +118,30 @@ def bench(name: str, target_s: float) -> bool:
     _, t_plane = timed(compiler.compile_fabric, g, failed, "aggregate", switches=plane_switches)
     print(f"  the same, only plane {plane} ({len(plane_switches):,} switches, what the reconciler recompiles): "
           f"{t_plane:.2f} s wall, {LAST_CPU[0]:.2f} s CPU")
-    del after, healthy
+    # what the failure costs in messages, and the recompile + diff of its plane
+    plane_healthy = {n: healthy[n] for n in plane_switches}
+    t, c = time.perf_counter(), time.process_time()
+    plane_after = compiler.compile_fabric(g, failed, "aggregate", switches=plane_switches)
+    cost = compiler.update_messages(plane_healthy, plane_after)
+    t_diff, c_diff = time.perf_counter() - t, time.process_time() - c
+    total = cost["flow_mods"] + cost["group_mods"]
+    old = HISTORICAL_MESSAGES.get(name)
+    before = f"{old:,} flow-mods before fast failover (historical, commit 2f323fb)" if old else \
+        "no historical figure for this preset"
+    share = f" = {total / old:.2%} of it (goal <= 5%)" if old else ""
+    print(f"  messages for one link failure: {cost['flow_mods']:,} flow-mods + {cost['group_mods']:,} group-mods "
+          f"to {cost['switches']:,} switches = {total:,}{share}; {before}")
+    print(f"  recompile of the plane + diff: {t_diff * 1000:.0f} ms wall, {c_diff * 1000:.0f} ms CPU "
+          f"(goal 100 ms)")
+    del after, healthy, plane_after, plane_healthy
+    if old_rev:
+        rows = [("this", compiler), (old_rev, old_compiler(old_rev))]
+        print(f"  side by side, plane {plane} only, both measured now (CPU s; the first compile builds the index):")
+        for label, mod in rows:
+            c_, t_c, t_d = failure_cost(mod, g, [(leaf, spine, 0)], plane_switches)
+            print(f"    {label:>10}: compile {t_c:5.2f} s, recompile + diff {t_d * 1000:6.0f} ms, "
+                  f"{c_['flow_mods']:,} flow-mods + {c_['group_mods']:,} group-mods to {c_['switches']:,} switches")
+        compiler.index_of(g)
     agg, host = summaries["aggregate"], summaries["host-routes"]
     print(f"  {'policy':<12} {'max flows/sw':>13} {'max routes/sw':>14} {'routes/POD':>14} {'flows/POD':>14}")
     pod = next(k for k in agg["pods"] if k != "core")
@@ -107,10 +184,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("presets", nargs="*", default=["hpn-130k"])
     ap.add_argument("--target-s", type=float, default=10.0)
+    ap.add_argument("--old-layout", metavar="REV", help="also measure the compiler of this git revision "
+                    "(e.g. 2f323fb, before fast failover)")
     args = ap.parse_args()
     ok = True
     for name in args.presets:
-        ok &= bench(name, args.target_s)
+        ok &= bench(name, args.target_s, args.old_layout)
     compact_vs_expanded("alibaba-hpn", 16)
     return 0 if ok else 1
 

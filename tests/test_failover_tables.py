@@ -1,0 +1,255 @@
+"""Local protection and remote convergence, proved on the compiled tables (tests/oftable.py).
+
+Local protection: the *healthy* tables, with only the fast-failover groups' port liveness
+changed by a failure (no controller reaction at all), deliver every live host pair on every
+plane and every entropy branch, with no loop, for every single link failure and every single
+switch failure on the small presets. A pair is live when both its ports are up and a
+valley-free path joins their leaves (oftable.valley_free_reachable, independent of the
+compiler). The controller's recompiled state is proved the same way in
+test_oftable_reachability.py.
+
+What local protection does not cover (and the tests below name):
+  - a failed leaf loses its own hosts (their pairs are not live);
+  - a long-haul link with no parallel link to the same far campus (mini-cross-campus has
+    one per plane): no backup exists in that plane, the pair is not live either;
+  - one end of a link taken down without the other end noticing (no BFD): the far end
+    keeps sending into it until the controller reacts (a black hole, shown below); with
+    BFD both ends see the port down, which is the failed-link case.
+
+Remote convergence: the OpenFlow messages from the healthy state to the state after one
+leaf-spine link failure are one route per switch that must change its next-hop set.
+"""
+from __future__ import annotations
+
+import pytest
+from oftable import FabricTables, valley_free_reachable
+
+from hpnlab.controller import compiler
+from hpnlab.fabric import graph, spec
+
+SMALL = ["mini-hpn", "small-hpn", "mini-spine-leaf", "mini-rail", "mini-cross-campus", "fat-tree-4"]
+_G: dict = {}
+_HEALTHY: dict = {}
+
+
+def fabric(name: str):
+    if name not in _G:
+        _G[name] = graph.build(spec.load(name))
+    return _G[name]
+
+
+def healthy(name: str) -> dict:
+    if name not in _HEALTHY:
+        _HEALTHY[name] = compiler.compile_fabric(fabric(name))
+    return _HEALTHY[name]
+
+
+def fabric_links(g) -> list[tuple]:
+    return [compiler.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
+
+
+def failed_planes(g, failures: compiler.Failures) -> list[int]:
+    """The planes a failure touches: the planes are disjoint graphs, so every other plane keeps
+    its healthy tables and liveness (proved by the healthy case)."""
+    nodes = {n for lid in failures.links for n in lid[:2]} | set(failures.switches)
+    return sorted({g.nodes[n].get("plane", 0) for n in nodes if g.nodes[n]["tier"] > 0})
+
+
+def problems_of(net: FabricTables, failures: compiler.Failures) -> tuple[list[str], int]:
+    """(loops and black holes of every live pair on every entropy branch of the planes the
+    failure touches, delivered walks)."""
+    g = net.g
+    leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in graph.hosts(g) for p in graph.host_ports(g, h)}
+    problems = []
+    delivered = 0
+    reachable: dict = {}
+    for src, dst, plane, sr, dr in net.all_pairs(failed_planes(g, failures) or None):
+        pair = (leaf[src, plane, sr], leaf[dst, plane, dr])
+        if pair not in reachable:
+            reachable[pair] = valley_free_reachable(g, failures, *pair)
+        alive = net.live(src, plane, sr) and net.live(dst, plane, dr) and reachable[pair]
+        for sport, _fixed, walk in net.send_branches(src, dst, plane, src_rail=sr, dst_rail=dr):
+            if walk.result == "loop":
+                problems.append(f"LOOP {src}->{dst} plane {plane} sport {sport:#x}: {walk.where} {walk.hops}")
+            elif alive and walk.result != "delivered":
+                problems.append(f"BLACK HOLE {src}->{dst} plane {plane} rails {sr}->{dr} sport {sport:#x}: "
+                                f"{walk.where} {walk.hops}")
+            delivered += walk.result == "delivered"
+    return problems, delivered
+
+
+def local_only(name: str, failures: compiler.Failures, one_sided: frozenset = frozenset()) -> FabricTables:
+    """The healthy tables (states of failed switches removed), liveness from the failures."""
+    states = {n: st for n, st in healthy(name).items() if n not in failures.switches}
+    return FabricTables(fabric(name), states, failures, one_sided)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_fast_failover_alone_delivers_every_live_pair_under_any_single_link_failure(name):
+    g = fabric(name)
+    for lid in fabric_links(g):
+        failures = compiler.Failures(frozenset([lid]))
+        problems, _ = problems_of(local_only(name, failures), failures)
+        assert not problems, f"{len(problems)} problems under {lid}, e.g.:\n" + "\n".join(problems[:5])
+
+
+def three_tier_spine(g, sw: str) -> bool:
+    return g.nodes[sw]["tier"] == 2 and any(g.nodes[n]["tier"] == 3 for n in g.adj[sw])
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_fast_failover_alone_delivers_every_live_pair_under_any_single_switch_failure(name):
+    """Except a spine under cores (see the next test)."""
+    g = fabric(name)
+    for sw in graph.switches(g):
+        if three_tier_spine(g, sw) and g.graph["scenario"].kind == "fat-tree":
+            continue
+        failures = compiler.Failures(switches=frozenset([sw]))
+        problems, _ = problems_of(local_only(name, failures), failures)
+        assert not problems, f"{len(problems)} problems under {sw} down, e.g.:\n" + "\n".join(problems[:5])
+
+
+def test_a_failed_fat_tree_aggregation_switch_needs_the_controller():
+    """Not covered by local protection: in a fat-tree every core of an aggregation switch's
+    group loses its only way into that pod at once, and every other pod reaches those cores
+    only through aggregation switches whose uplinks are all still live. Fast failover alone
+    never loops here, and the only losses are packets a core of that group cannot take down;
+    the controller's state (test_oftable_reachability) delivers them."""
+    g = fabric("fat-tree-4")
+    for sw in [n for n in graph.switches(g) if three_tier_spine(g, n)]:
+        failures = compiler.Failures(switches=frozenset([sw]))
+        problems, _ = problems_of(local_only("fat-tree-4", failures), failures)
+        assert not [p for p in problems if p.startswith("LOOP")]
+        cores = {n for n in g.adj[sw] if g.nodes[n]["tier"] == 3}
+        assert all(any(f"{c} port" in p and f"link to {sw} is down" in p for c in cores) for p in problems)
+
+
+def test_a_spine_that_loses_its_link_to_a_leaf_detours_through_another_leaf_that_bounces_up():
+    """mini-hpn: p0s0-p0l0 fails; p0s0 sends what it has for p0l0 down to another leaf, which
+    marks it and sends it up a different spine; that spine takes it straight down to p0l0."""
+    g = fabric("mini-hpn")
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
+    net = local_only("mini-hpn", failures)
+    spine_port = {n: p for p, n, _ in compiler.index_of(g).sw["p0l1"].up}
+    detoured = [w for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]
+                if w.hops[0][2] == spine_port["p0s0"]]
+    assert detoured, "some branch of h5->h1 leaves p0l1 towards p0s0"
+    for walk in detoured:
+        path = [h[0] for h in walk.hops]
+        assert walk.result == "delivered"
+        assert path[:2] == ["p0l1", "p0s0"] and path[-2:] == ["p0s1", "p0l0"]
+        assert path[2].startswith("p0l") and path[2] != "p0l0"      # the bounce leaf
+
+
+def test_bounced_packets_are_never_bounced_twice_when_the_destination_leaf_is_gone():
+    """Every spine loses p0l0 at once (p0l0 failed): detours end in a drop, not a loop."""
+    failures = compiler.Failures(switches=frozenset(["p0l0"]))
+    net = local_only("mini-hpn", failures)
+    walks = [w for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]]
+    assert {w.result for w in walks} == {"dropped"}
+
+
+def test_without_bfd_a_link_down_at_one_end_black_holes_what_the_other_end_sends():
+    """p0s0's port to p0l0 is down and p0l0 does not notice: p0l0 keeps using its uplink to
+    p0s0 for some branches (lost), while p0s0 itself detours. With BFD (both ends down) the
+    same failure delivers everything (the single-link test above)."""
+    g = fabric("mini-hpn")
+    spine_port = {n: p for p, n, _ in compiler.index_of(g).sw["p0s0"].down}["p0l0"]
+    net = local_only("mini-hpn", compiler.Failures(), one_sided=frozenset([("p0s0", spine_port)]))
+    results = {w.result for s in net.entropy_ports() for w in [net.send("h1", "h5", 0, sport=s)]}
+    assert results == {"delivered", "dropped"}
+    towards = {w.result for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]}
+    assert towards == {"delivered"}          # the side that sees its port down detours
+
+
+def test_a_long_haul_link_without_a_parallel_link_is_not_protected():
+    """mini-cross-campus has one long-haul link per plane: when it fails, no cross-campus pair
+    of that plane is live, and the healthy tables drop those packets (no loop)."""
+    g = fabric("mini-cross-campus")
+    lid = next(lid for lid in fabric_links(g) if g.nodes[lid[0]]["tier"] == 3 and g.nodes[lid[1]]["tier"] == 3)
+    failures = compiler.Failures(frozenset([lid]))
+    net = local_only("mini-cross-campus", failures)
+    problems, delivered = problems_of(net, failures)
+    assert not problems and delivered > 0
+    far = [p for p in net.all_pairs() if p[2] == g.nodes[lid[0]]["plane"]
+           and g.nodes[graph.host_ports(g, p[0])[0]["leaf"]].get("campus")
+           != g.nodes[graph.host_ports(g, p[1])[0]["leaf"]].get("campus")]
+    assert far and all(net.send(s, d, pl, src_rail=sr, dst_rail=dr).result == "dropped" for s, d, pl, sr, dr in far)
+
+
+# ---- remote convergence: what one failure costs ---------------------------------------------
+
+def test_one_leaf_spine_link_failure_costs_one_route_per_leaf_of_its_plane():
+    """small-hpn: the leaf next to the failure moves its plane route to "its uplinks but that
+    one"; every other leaf of the plane adds one route for the leaf's prefix avoiding the
+    spine; the spine keeps its route (its group detours); no group and no entropy entry changes."""
+    g = fabric("small-hpn")
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
+    after = compiler.compile_fabric(g, failures)
+    cost = compiler.update_messages(healthy("small-hpn"), after)
+    leaves_in_plane = sum(1 for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 0)
+    assert cost == {"flow_mods": leaves_in_plane, "group_mods": 0, "switches": leaves_in_plane}
+    changed = {f.table for n in after for f in set(after[n].flows) - set(healthy("small-hpn")[n].flows)}
+    assert changed == {compiler.TABLE_ROUTE}
+
+
+def test_repair_costs_the_same_messages_back():
+    g = fabric("small-hpn")
+    after = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    there = compiler.update_messages(healthy("small-hpn"), after)
+    back = compiler.update_messages(after, healthy("small-hpn"))
+    assert back == there
+
+
+def test_a_set_neither_healthy_nor_missing_one_port_gets_its_own_entropy_table():
+    """Two uplinks of one leaf down (small-hpn: 4 uplinks -> 2): a fresh set, with its own
+    entropy entries and fast-failover groups, still delivering every live pair."""
+    g = fabric("small-hpn")
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0), ("p0l0", "p0s1", 0)])
+    after = compiler.compile_fabric(g, failures)
+    new_groups = set(after["p0l0"].groups) - set(healthy("small-hpn")["p0l0"].groups)
+    assert new_groups
+    new_entropy = [f for f in set(after["p0l0"].flows) - set(healthy("small-hpn")["p0l0"].flows)
+                   if f.table == compiler.TABLE_ENTROPY]
+    assert new_entropy
+    problems, _ = problems_of(FabricTables(g, after, failures), failures)
+    assert not problems, problems[:3]
+
+
+@pytest.mark.parametrize("failed", [[("p0l0", "p0s0", 0)], [("p0l0", "p0s0", 0), ("p0l3", "p0s2", 0)],
+                                    [("p1l2", "p1s1", 0), ("p0l0", "p0s0", 0), ("p0l0", "p0s1", 0)]])
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
+def test_update_messages_count_every_concrete_entry_and_group_that_differs(failed, policy):
+    """Against a brute-force diff of every expanded entry and group."""
+    g = fabric("small-hpn")
+    before = compiler.compile_fabric(g, policy=policy)
+    after = compiler.compile_fabric(g, compiler.Failures.of(failed), policy)
+    flows = groups = 0
+    switches = set()
+    for name in set(before) | set(after):
+        a, b = before[name].expanded(), after[name].expanded()
+        ga, gb = set(before[name].groups), set(after[name].groups)
+        n = sum(1 for k in b if a.get(k) != b[k]) + sum(1 for k in a if k not in b)
+        m = len({x.group_id for x in ga ^ gb})
+        flows, groups = flows + n, groups + m
+        if n or m:
+            switches.add(name)
+    assert compiler.update_messages(before, after) == {"flow_mods": flows, "group_mods": groups,
+                                                         "switches": len(switches)}
+    assert compiler.update_messages(after, after) == {"flow_mods": 0, "group_mods": 0, "switches": 0}
+
+
+def test_action_ports_of_a_route_avoiding_one_port_are_the_set_without_it():
+    g = fabric("small-hpn")
+    after = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    st = after["p0l1"]
+    entropy = [(f.match, f.actions) for f in st.flows if f.table == compiler.TABLE_ENTROPY]
+    groups = {gr.group_id: gr for gr in st.groups}
+    prefix = g.nodes["p0l0"]["prefix"]
+    (route,) = [f for f in st.flows if f.table == compiler.TABLE_ROUTE and f not in healthy("small-hpn")["p0l1"].flows]
+    assert route.match == compiler._route_match(compiler.prefix_int(prefix))
+    up = {p: n for p, n, _ in compiler.index_of(g).sw["p0l1"].up}
+    assert compiler.action_ports(route.actions, entropy, groups) == {p for p, n in up.items() if n != "p0s0"}
+    plane = compiler._route_match(compiler.prefix_int(g.graph["plan"].plane_prefix(0)))
+    (plane_route,) = [f for f in st.flows if f.table == compiler.TABLE_ROUTE and f.match == plane]
+    assert compiler.action_ports(plane_route.actions, entropy, groups) == set(up)
