@@ -15,17 +15,11 @@ def _table(planes=1, ports=4):
     return PathTable(planes, ports, P)
 
 
-def _both_sent_at_zero(t, silent=0, talker=1):
-    t.on_send(silent, 0.0)
-    t.on_send(talker, 0.0)
-    t.on_credit(talker, 0.001)
-
-
-def test_a_path_silent_for_k_srtt_while_another_delivers_is_declared_dead():
+def test_a_path_whose_oldest_packet_in_flight_outlives_k_srtt_while_another_delivers_later_ones_is_dead():
     t = _table()
-    _both_sent_at_zero(t)
-    assert t.check(0.008, SRTT) == []            # exactly K x srtt: not yet
-    assert t.check(0.0081, SRTT) == [0]
+    t.on_delivered(1, sent_t=0.001, now=0.002)   # path 1 delivered what it sent after path 0's packet
+    assert t.check(0.008, SRTT, {0: 0.0}) == []    # exactly K x srtt: not yet
+    assert t.check(0.0081, SRTT, {0: 0.0}) == [0]
     assert t.dead_paths() == [0] and t.events[-1] == (0.0081, "dead", 0)
 
 
@@ -35,50 +29,50 @@ def test_the_dead_limit_never_goes_below_the_floor():
     assert P.dead_after(SRTT) == 4 * SRTT
 
 
-def test_a_silent_path_is_not_dead_when_no_other_path_delivers_after_it_was_sent_on():
+def test_a_silent_path_is_not_dead_when_the_others_delivered_only_older_packets():
     t = _table()
-    t.on_send(1, 0.0)
-    t.on_credit(1, 0.001)                       # delivered, but before path 0 was sent on
-    t.on_send(0, 0.002)
-    assert t.check(1.0, SRTT) == []
+    t.on_delivered(1, sent_t=0.001, now=0.003)   # sent before path 0's oldest packet in flight
+    assert t.check(1.0, SRTT, {0: 0.002}) == []
 
 
 def test_when_everything_is_silent_nothing_is_declared_dead():
     t = _table()
-    for p in range(4):
-        t.on_send(p, 0.0)
-    assert t.check(1.0, SRTT) == []
+    assert t.check(1.0, SRTT, dict.fromkeys(range(4), 0.0)) == []
     assert t.live_paths() == [0, 1, 2, 3]
+
+
+def test_a_path_that_delivered_after_its_oldest_packet_in_flight_is_not_dead():
+    t = _table()
+    t.on_delivered(0, sent_t=0.003, now=0.004)
+    t.on_delivered(1, sent_t=0.005, now=0.006)
+    assert t.check(1.0, SRTT, {0: 0.002}) == []     # a lost packet, not a dead path (NACK, RTO)
 
 
 def test_the_last_live_path_is_never_killed():
     t = _table(ports=2)
-    assert t.kill(0, 0.0)
-    assert not t.kill(1, 0.0)
+    assert t.kill(0, 1.0)
+    assert not t.kill(1, 1.0)
     assert t.live_paths() == [1]
 
 
-def test_a_dead_path_is_probed_once_per_interval_and_a_credit_brings_it_back():
+def test_a_late_packet_sent_before_the_path_died_does_not_bring_it_back():
+    t = _table(ports=2)
+    t.kill(0, 1.0)
+    assert t.on_delivered(0, sent_t=0.999, now=1.001) is False
+    assert not t.live(0)
+
+
+def test_a_dead_path_is_probed_once_per_interval_and_a_probe_that_arrives_brings_it_back():
     t = _table()
-    _both_sent_at_zero(t)
-    t.check(0.01, SRTT)
+    t.on_delivered(1, sent_t=0.001, now=0.002)
+    t.check(0.01, SRTT, {0: 0.0})
     assert t.probes_due(0.01 + 0.049) == []
     assert t.probes_due(0.061) == [0]
     assert t.probes_due(0.07) == []              # the probe clock restarted
     assert t.next_probe() == pytest.approx(0.111)
-    assert t.on_credit(0, 0.062) is True
+    assert t.on_delivered(0, sent_t=0.061, now=0.062) is True
     assert t.live(0) and t.events[-1] == (0.062, "alive", 0)
     assert t.next_probe() is None
-
-
-def test_a_credit_for_a_live_path_restarts_its_silence_clock():
-    t = _table()
-    _both_sent_at_zero(t)
-    t.on_credit(0, 0.007)
-    t.on_send(0, 0.009)
-    t.on_credit(1, 0.010)
-    assert t.check(0.016, SRTT) == []            # 7 ms since its first unanswered send
-    assert t.check(0.0171, SRTT) == [0]
 
 
 def test_a_plane_is_dead_when_every_path_of_it_is():

@@ -1,15 +1,15 @@
 """Which paths of a flow are alive: the host side of fast failover (pure: times in, decisions out).
 
 A *path* is one (plane, source port) of the sending rank: index ``plane * ports + k``, the
-same index the entropy policies return. The roce transport tells a :class:`PathTable` what
-it sent on which path (:meth:`PathTable.on_send`) and which paths the receiver says
-delivered (:meth:`PathTable.on_credit`, from the path mask every ACK and NACK carries), and
-asks it which paths to avoid. The rules, in the field's terms:
+same index the entropy policies return. The roce transport tells a :class:`PathTable` which
+packets the receiver reports delivered, as (path, send time) (:meth:`PathTable.on_delivered`:
+from the packets a cumulative ACK covers, the data an ACK echoes, and the per-path reports
+ACKs and NACKs carry), and asks it which paths to avoid. The rules, in the field's terms:
 
 Dead path (spraying, several paths per flow)
-    A path that was sent on at ``pending_since`` and has delivered nothing since, for longer
-    than ``max(dead_rtts x srtt, dead_floor_s)``, while another live path of the same flow
-    delivered something sent after ``pending_since``, is *dead*: the flow sends no new
+    A path whose oldest packet in flight (sent at ``s``, after the newest packet of it known
+    delivered) is older than ``max(dead_rtts x srtt, dead_floor_s)``, while another live path
+    of the same flow delivered a packet sent after ``s``, is *dead*: the flow sends no new
     packets there and re-sends at once what was in flight on it (the transport does that on
     the paths :meth:`PathTable.check` returns). A plane all of whose paths are dead, or whose
     NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), is
@@ -17,7 +17,7 @@ Dead path (spraying, several paths per flow)
     there is nothing to prefer, and every path keeps being tried.
 Probing and repair
     Each dead path gets one probe per ``probe_interval_s`` (:meth:`PathTable.probes_due`);
-    a credit for it (the receiver saw the probe) brings it back.
+    a report that something sent on it since it was found dead arrived (the probe) brings it back.
 Path migration (one path per flow: ``flow`` entropy)
     A flow on one path cannot compare paths; its signal is the retransmission timer. After
     ``migrate_after_rtos`` consecutive timeouts with no progress, the flow moves to another
@@ -56,11 +56,10 @@ class PathParams:
 
 
 class _Path:
-    __slots__ = ("credit_t", "dead", "dead_since", "deaths", "pending_since", "probe_t", "revivals")
+    __slots__ = ("dead", "dead_since", "deaths", "delivered_t", "probe_t", "revivals")
 
     def __init__(self) -> None:
-        self.pending_since: float | None = None   # first send not yet covered by a credit
-        self.credit_t = -1.0                      # last time the receiver said it delivered
+        self.delivered_t = -1.0                   # send time of the newest packet known delivered
         self.dead = False
         self.dead_since = 0.0
         self.probe_t = 0.0
@@ -97,18 +96,18 @@ class PathTable:
         return {pl for pl in range(self.planes)
                 if all(self.paths[i].dead for i in range(pl * self.ports, (pl + 1) * self.ports))}
 
-    # ---- events in ------------------------------------------------------------------------
-    def on_send(self, path: int, now: float) -> None:
-        p = self.paths[path]
-        if p.pending_since is None:
-            p.pending_since = now
+    def delivered_t(self, path: int) -> float:
+        """Send time of the newest packet on ``path`` that the receiver reported (-1: none)."""
+        return self.paths[path].delivered_t
 
-    def on_credit(self, path: int, now: float) -> bool:
-        """The receiver says ``path`` delivered; True if that brings a dead path back."""
+    # ---- events in ------------------------------------------------------------------------
+    def on_delivered(self, path: int, sent_t: float, now: float) -> bool:
+        """The receiver reports that a packet sent on ``path`` at ``sent_t`` arrived. True if
+        that brings a dead path back (it was sent after the path was found dead: a probe)."""
         p = self.paths[path]
-        p.credit_t = now
-        p.pending_since = None
-        if p.dead:
+        if sent_t > p.delivered_t:
+            p.delivered_t = sent_t
+        if p.dead and sent_t >= p.dead_since:
             p.dead = False
             p.revivals += 1
             self.events.append((now, "alive", path))
@@ -121,7 +120,6 @@ class PathTable:
         if p.dead or len(self.live_paths()) <= 1:
             return False
         p.dead, p.dead_since, p.probe_t = True, now, now
-        p.pending_since = None
         p.deaths += 1
         self.events.append((now, why, path))
         return True
@@ -134,10 +132,9 @@ class PathTable:
             return []
         out = []
         for i in mine:
-            if not self.paths[i].dead:
-                p = self.paths[i]
+            p = self.paths[i]
+            if not p.dead:
                 p.dead, p.dead_since, p.probe_t = True, now, now
-                p.pending_since = None
                 p.deaths += 1
                 out.append(i)
         if out:
@@ -145,15 +142,17 @@ class PathTable:
         return out
 
     # ---- decisions out ------------------------------------------------------------------
-    def check(self, now: float, srtt: float | None) -> list[int]:
-        """Paths that turn dead now (the dead-path rule); they are marked dead."""
+    def check(self, now: float, srtt: float | None, unconfirmed: dict[int, float]) -> list[int]:
+        """Paths that turn dead now; they are marked dead. ``unconfirmed`` gives, per path,
+        the send time of its oldest packet in flight sent after the newest one known delivered
+        (the transport reads it off its unacknowledged packets)."""
         limit = self.params.dead_after(srtt)
         out = []
-        for i, p in enumerate(self.paths):
-            if p.dead or p.pending_since is None or now - p.pending_since <= limit:
+        for i, since in sorted(unconfirmed.items()):
+            p = self.paths[i]
+            if p.dead or now - since <= limit or p.delivered_t >= since:
                 continue
-            since = p.pending_since
-            if any(q.credit_t > since and not q.dead for j, q in enumerate(self.paths) if j != i) \
+            if any(q.delivered_t > since and not q.dead for j, q in enumerate(self.paths) if j != i) \
                     and self.kill(i, now):
                 out.append(i)
         return out

@@ -51,9 +51,13 @@ from .paths import PathParams, PathTable, ack_plane
 
 DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us);
-# ACK and NACK carry in (offset, length) the mask of the sender's paths that delivered
-# (bit path % 64) since the ACK before last
+# ACK and NACK carry in (offset, length) up to two delivery reports, each path << 24 | the
+# low 24 bits of the send timestamp of the newest packet that arrived on that path
+# (NO_REPORT: none); with the echoed (path, timestamp) of an ACK, the sender learns which
+# of its paths deliver
 HDR = struct.Struct("!BBHHIIIII")
+NO_REPORT = 0xFFFFFFFF
+MAX_PATHS = 255
 LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
 IP_UDP = 28          # IPv4 + UDP headers
 ETH = 14             # what an htb shaper counts on top of the IP packet
@@ -197,6 +201,7 @@ class _TxFlow:
         "msg_last_psn",
         "msg_next",
         "msg_posted",
+        "next_check",
         "next_t",
         "paths",
         "psn",
@@ -238,6 +243,7 @@ class _TxFlow:
                       "cnps": 0, "acks": 0, "failover_retx": 0, "probes": 0, "migrations": 0,
                       "link_errors": 0}
         self.paths = paths
+        self.next_check = 0.0              # when to look for dead paths next
         self.cur_path: int | None = None   # one-path (flow entropy) flows: where they are now
         self.rto_streak = 0                # consecutive timeouts without progress
         self.bursts = BurstLog()
@@ -270,15 +276,14 @@ class _RxFlow:
         "hole_since",
         "last_cnp",
         "last_nack",
-        "mask",
         "msgs",
         "ooo",
         "pending",
         "plane",
         "plane_t",
-        "prev_mask",
         "ready",
         "reorder_time",
+        "reports",
         "src",
         "stats",
         "suspect_until",
@@ -308,8 +313,7 @@ class _RxFlow:
                       "ack_plane_switches": 0}
         self.plane_t = [0.0] * planes      # per plane: last data (or probe) from the peer
         self.suspect_until = [0.0] * planes   # per plane: our ACKs there seem lost until then
-        self.mask = 0                      # the peer's paths that delivered since our last ACK
-        self.prev_mask = 0
+        self.reports: dict[int, int] = {}  # path -> newest send timestamp, not yet reported
         self.gaps = GapLog(gap_threshold_s)
         self.app_bytes = 0                 # what was handed to the application, and its CRC
         self.app_crc = 0
@@ -345,6 +349,9 @@ class RoceTransport(Transport):
         self.mtu = mtu
         self.recovery = recovery
         self.ports_per_nic = max(1, ports_per_nic)
+        if self.planes * self.ports_per_nic > MAX_PATHS - 1:
+            raise TransportError(f"{self.planes} planes x {self.ports_per_nic} ports per NIC is more than "
+                                 f"{MAX_PATHS - 1} paths; use fewer ports_per_nic")
         self.policy = ENTROPY_POLICIES[entropy](self.planes, self.ports_per_nic)
         per_flow = self.policy.per_flow
         self.entropy = entropy
@@ -590,9 +597,8 @@ class RoceTransport(Transport):
         for f in flows:
             if f.dcqcn:
                 f.dcqcn.tick(now)
-            dead = f.paths.check(now, f.srtt)
-            if dead:
-                self._fail_over(f, dead, now)
+            if now >= f.next_check:
+                self._check_paths(f, now)
             for path in f.paths.probes_due(now):
                 self._probe(f, path, now)
             if f.unacked:
@@ -643,6 +649,22 @@ class RoceTransport(Transport):
                 wake = min(wake, nxt)
         return wake
 
+    def _check_paths(self, f: _TxFlow, now: float) -> None:
+        """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
+        limit = self.path_params.dead_after(f.srtt)
+        f.next_check = now + max(0.001, limit / 4)
+        if len(f.paths) < 2 or not f.unacked:
+            return
+        table = f.paths
+        unconfirmed: dict[int, float] = {}
+        for e in f.unacked.values():
+            p, sent = e[5], e[4]
+            if sent and sent > table.delivered_t(p) and sent < unconfirmed.get(p, now):
+                unconfirmed[p] = sent
+        dead = table.check(now, f.srtt, unconfirmed)
+        if dead:
+            self._fail_over(f, dead, now)
+
     def _choose_path(self, f: _TxFlow) -> int:
         """The path of the flow's next packet: the policy's choice, skipping dead paths
         (spraying moves on to the next live one; a one-path flow stays where it migrated)."""
@@ -678,7 +700,7 @@ class RoceTransport(Transport):
                 f.stats["failover_retx"] += 1
 
     def _probe(self, f: _TxFlow, path: int, now: float) -> None:
-        """One probe down a dead path; the receiver's ACK mask says if it got through."""
+        """One probe down a dead path; the receiver's delivery report says if it got through."""
         plane = path // self.ports_per_nic
         HDR.pack_into(self.hdr_buf, 0, PROBE, path, self.rank, f.dst, 0, 0, 0, 0, int(now * 1e6) & 0xFFFFFFFF)
         try:
@@ -729,7 +751,6 @@ class RoceTransport(Transport):
             e[6] += 1
             st["retransmissions"] += 1
             f.bursts.retx(now, e[7] or "loss")
-        f.paths.on_send(path, now)
         try:
             self.tx_socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
         except (BlockingIOError, ConnectionRefusedError):
@@ -795,17 +816,20 @@ class RoceTransport(Transport):
         if typ == DATA:
             self._on_data(self.rx[src], data, tos, path, psn, mid, off, mlen, ts, now, plane)
         elif typ == ACK:
-            self._credit(self.tx[src], off << 32 | mlen, now)
-            self._on_ack(self.tx[src], psn, ts, path, now)
+            f = self.tx[src]
+            if ts:
+                self._delivered(f, path, ts, 32, now)
+            self._reports(f, off, mlen, now)
+            self._on_ack(f, psn, ts, path, now)
         elif typ == NACK:
-            self._credit(self.tx[src], off << 32 | mlen, now)
+            self._reports(self.tx[src], off, mlen, now)
             self._on_nack(self.tx[src], psn, mid, path, now)
         elif typ == PROBE:
             r = self.rx[src]
             r.stats["probes_received"] += 1
             r.plane_t[plane] = now
-            r.mask |= 1 << (path & 63)
-            r.ack_due, r.ack_ts, r.ack_path = True, ts, path
+            r.reports[path] = ts
+            r.ack_due = True
         elif typ == CNP:
             f = self.tx[src]
             f.stats["cnps"] += 1
@@ -819,7 +843,7 @@ class RoceTransport(Transport):
         st = r.stats
         st["packets_received"] += 1
         r.plane_t[plane] = now                # answers go on a plane that delivers (_answer_plane)
-        r.mask |= 1 << (path & 63)
+        r.reports[path] = ts
         if tos & 0x03 == CE:
             st["ce_marks"] += 1
             cnp_every = self.dcqcn_params.cnp_interval_s if self.dcqcn_params else 50e-6
@@ -844,7 +868,7 @@ class RoceTransport(Transport):
             if r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05:
                 r.last_nack = (r.expected, now)
                 st["nacks_sent"] += 1
-                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0, r.mask)
+                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0, self._take_reports(r))
             return
         r.gaps.arrival(now, psn, bool(r.msgs or r.ooo))
         # place the payload (reassembly buffer keyed by message)
@@ -901,7 +925,7 @@ class RoceTransport(Transport):
                     hole += 1
                 st["nacks_sent"] += 1
                 self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, hole, 0,
-                              r.mask | r.prev_mask)
+                              self._take_reports(r))
 
     def _flush_acks(self, now: float = 0.0, force: bool = False) -> float:
         """Send the ACKs that are due; return when the next delayed one is (0: none)."""
@@ -912,10 +936,14 @@ class RoceTransport(Transport):
                 r.ack_due = False
                 r.pending = 0
                 r.ack_at = 0.0
-                # the path mask covers two ACKs' worth, so one lost ACK loses no credit
+                if r.reports.get(r.ack_path) == r.ack_ts:
+                    del r.reports[r.ack_path]        # the echo reports it
                 self._control(ACK, r.src, self._answer_plane(r, now), r.ack_path, r.expected, 0, r.ack_ts,
-                              r.mask | r.prev_mask)
-                r.prev_mask, r.mask = r.mask, 0
+                              self._take_reports(r))
+                r.ack_ts = 0                         # echo (and time) each data packet once
+                if r.reports:
+                    r.ack_due = True                 # more paths to report: another ACK next round
+                    nxt = now
             elif r.ack_at and (not nxt or r.ack_at < nxt):
                 nxt = r.ack_at
         return nxt
@@ -930,23 +958,37 @@ class RoceTransport(Transport):
             r.stats["ack_plane_switches"] += 1
         return pl
 
-    def _control(self, typ, peer, plane, path, psn, extra, ts=0, mask=0) -> None:
-        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, mask >> 32 & 0xFFFFFFFF,
-                      mask & 0xFFFFFFFF, ts)
+    @staticmethod
+    def _take_reports(r: _RxFlow) -> tuple[int, int]:
+        """Up to two delivery reports (oldest first), removed from what is left to report."""
+        out = [NO_REPORT, NO_REPORT]
+        for i in range(2):
+            if not r.reports:
+                break
+            path = next(iter(r.reports))
+            out[i] = path << 24 | (r.reports.pop(path) & 0xFFFFFF)
+        return out[0], out[1]
+
+    def _control(self, typ, peer, plane, path, psn, extra, ts=0, reports=(NO_REPORT, NO_REPORT)) -> None:
+        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, reports[0], reports[1], ts)
         try:
             self.rx_socks[plane].sendto(self.hdr_buf, self.peer_addr[peer, plane])
         except OSError:
             pass                        # a full buffer, ICMP, or the port is down: the answer is lost
 
-    def _credit(self, f: _TxFlow, mask: int, now: float) -> None:
-        """The receiver says the paths in ``mask`` delivered: they are alive."""
-        n = len(f.paths)
-        while mask:
-            low = mask & -mask
-            bit = low.bit_length() - 1
-            mask ^= low
-            for path in range(bit, n, 64):
-                f.paths.on_credit(path, now)
+    def _delivered(self, f: _TxFlow, path: int, ts: int, bits: int, now: float) -> None:
+        """The receiver saw a packet sent on ``path`` at timestamp ``ts`` (its low ``bits``)."""
+        if path >= len(f.paths):
+            return
+        age = ((int(now * 1e6) - ts) & ((1 << bits) - 1)) / 1e6
+        # + 1.5 us: the timestamp is the send time rounded down to whole microseconds
+        if f.paths.on_delivered(path, now - age + 1.5e-6, now):
+            f.next_check = 0.0
+
+    def _reports(self, f: _TxFlow, a: int, b: int, now: float) -> None:
+        for rep in (a, b):
+            if rep != NO_REPORT:
+                self._delivered(f, rep >> 24, rep & 0xFFFFFF, 24, now)
 
     def _on_ack(self, f: _TxFlow, cum: int, ts: int, path: int, now: float) -> None:
         f.stats["acks"] += 1
@@ -970,6 +1012,8 @@ class RoceTransport(Transport):
             e = f.unacked.pop(p, None)
             if e is not None:
                 acked += len(e[3])
+                if not e[6]:                 # sent once: it arrived on that path
+                    f.paths.on_delivered(e[5], e[4], now)
         f.una = min(cum, f.psn)
         f.acked_bytes += acked
         f.last_progress = now
