@@ -205,3 +205,8 @@ def test_a_byte_missing_or_corrupted_breaks_exactly_once(over):
 
 def test_exactly_once_is_unknown_without_both_ends():
     assert exactly_once({"src": 0, "dst": 1, "app_bytes_sent": 5}) is None
+
+
+def test_the_in_order_stall_is_reported_beside_the_loss_window():
+    [w] = failure_windows([_flow(hol_gaps=[[10.01, 10.06, 6, 7, True]])], [("link_down", 10.03)])
+    assert w["stall_s"] == pytest.approx(0.05) and w["loss_window_s"] == pytest.approx(0.03)

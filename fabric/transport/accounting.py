@@ -7,6 +7,9 @@ receiver (``rx`` record)
     probes) above ``gap_threshold_s``, as ``[start, end, psn_before, psn_after, busy]`` with
     wall-clock times; ``busy`` is true when a message was partly received at the time (a
     stall, not an idle flow between steps). At most ``max_gaps`` are kept: the largest.
+    ``hol_gaps``: the same for advances of the in-order point (head-of-line stalls: what
+    the application waits, which with spraying can be longer than any arrival gap, since the
+    other paths keep delivering behind a hole).
     ``app_bytes_delivered`` and ``app_crc_delivered``: every byte handed to the application
     and a CRC-32 chained over those messages in order.
 sender (``tx`` record)
@@ -114,6 +117,16 @@ def exactly_once(flow: dict) -> bool | None:
             and flow["app_crc_sent"] == flow["app_crc_delivered"])
 
 
+def _gap_at(gaps: list, t: float, horizon_s: float) -> tuple[float, float] | None:
+    """The busy gap containing ``t``, else the first starting within ``horizon_s`` after it."""
+    found = None
+    for start, end, _p0, _p1, busy in gaps:
+        hit = busy and (start <= t <= end or t < start <= t + horizon_s)
+        if hit and (found is None or start < found[0]):
+            found = (start, end)
+    return found
+
+
 def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_s: float = 2.0) -> list[dict]:
     """Per failure event (name, wall-clock time) and per flow: the loss window and its cost.
 
@@ -121,23 +134,22 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
     directed flow in one dict). For each event at ``t`` and each flow, the loss window is the
     arrival gap that contains ``t`` (or, if the failure was noticed a little late, the first
     gap starting within ``horizon_s`` after ``t``) and is ``busy`` (the flow had a message in
-    flight); a flow with no such gap was not hurt (loss window 0). Packets lost are the
+    flight); a flow with no such gap was not hurt (loss window 0); ``stall_s`` is the same
+    for the in-order point (``hol_gaps``). Packets lost are the
     retransmissions of the bursts overlapping ``[t, t + horizon_s]``; ``completion_s`` is the
     slowest message under way at ``t``; ``exactly_once`` checks bytes and CRC of the whole flow.
     """
     out = []
     for name, t in events:
         for f in flows:
-            gap = None
-            for start, end, _p0, _p1, busy in f.get("gaps", []):
-                hit = busy and (start <= t <= end or t < start <= t + horizon_s)
-                if hit and (gap is None or start < gap[0]):
-                    gap = (start, end)
+            gap = _gap_at(f.get("gaps", []), t, horizon_s)
+            hol = _gap_at(f.get("hol_gaps", []), t, horizon_s)
             lost = sum(n for first, last, n, _why in f.get("retx_bursts", [])
                        if last >= t and first <= t + horizon_s)
             under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
             out.append({"event": name, "t": t, "src": f["src"], "dst": f["dst"],
                         "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
+                        "stall_s": (hol[1] - hol[0]) if hol else 0.0,
                         "last_before": gap[0] if gap else None, "first_after": gap[1] if gap else None,
                         "packets_lost": lost,
                         "completion_s": max(under_way) if under_way else None,

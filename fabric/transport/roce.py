@@ -272,6 +272,7 @@ class _RxFlow:
         "deliver_next",
         "expected",
         "gaps",
+        "hol",
         "hole_psn",
         "hole_since",
         "last_cnp",
@@ -314,7 +315,8 @@ class _RxFlow:
         self.plane_t = [0.0] * planes      # per plane: last data (or probe) from the peer
         self.suspect_until = [0.0] * planes   # per plane: our ACKs there seem lost until then
         self.reports: dict[int, int] = {}  # path -> newest send timestamp, not yet reported
-        self.gaps = GapLog(gap_threshold_s)
+        self.gaps = GapLog(gap_threshold_s)   # between arrivals of new data (the wire's view)
+        self.hol = GapLog(gap_threshold_s)    # between advances of the in-order point (the app's view)
         self.app_bytes = 0                 # what was handed to the application, and its CRC
         self.app_crc = 0
 
@@ -891,6 +893,7 @@ class RoceTransport(Transport):
             r.ready.append(bytearray())
             r.deliver_next += 1
         if psn == r.expected:
+            r.hol.arrival(now, psn, bool(r.ooo or r.msgs))
             r.expected += 1
             while r.expected in r.ooo:
                 r.ooo.discard(r.expected)
@@ -1069,7 +1072,8 @@ class RoceTransport(Transport):
             out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats,
                         "reorder_time_ms": r.reorder_time * 1e3,
                         "app_bytes_delivered": r.app_bytes, "app_crc_delivered": f"{r.app_crc:08x}",
-                        "gaps": r.gaps.export(self.wall_offset)})
+                        "gaps": r.gaps.export(self.wall_offset),
+                        "hol_gaps": r.hol.export(self.wall_offset)})
         return out
 
     def abort(self) -> None:
