@@ -210,3 +210,17 @@ def test_exactly_once_is_unknown_without_both_ends():
 def test_the_in_order_stall_is_reported_beside_the_loss_window():
     [w] = failure_windows([_flow(hol_gaps=[[10.01, 10.06, 6, 7, True]])], [("link_down", 10.03)])
     assert w["stall_s"] == pytest.approx(0.05) and w["loss_window_s"] == pytest.approx(0.03)
+
+
+def test_a_timeout_on_a_path_kills_it_when_another_delivered_a_packet_sent_shortly_before():
+    t = _table()
+    t.on_delivered(1, sent_t=0.999, now=1.001)      # the message's other packets got through
+    assert t.on_timeout(0, sent_t=1.0, now=1.04, srtt=SRTT) is True
+    assert t.dead_paths() == [0]
+
+
+def test_a_timeout_kills_nothing_when_the_other_paths_are_quiet_too():
+    t = _table()
+    t.on_delivered(1, sent_t=0.5, now=0.501)        # long before: no evidence they still work
+    assert t.on_timeout(0, sent_t=1.0, now=1.04, srtt=SRTT) is False
+    assert t.live_paths() == [0, 1, 2, 3]

@@ -8,17 +8,34 @@ Measured side by side on this machine, two rank processes exchanging 4 MB each w
      the CPU one rank uses at that rate, i.e. the headroom left.
 Prints the ratios: generator capacity / demo rate per rank, and the CPU share per rank, each
 measured ``--repeat`` times (min/median/max), with the machine's load average beside them.
+
+Then host-side failover (``--failover-repeat`` times each, min/median/max): two roce ranks on
+loopback stream 12 KB messages through one UDP relay per plane; once the failing path has
+carried some data the relay drops everything from it (one source port; or a whole plane).
+Reported: the time to move off (from the send time of the first packet lost to the moment
+the transport declares the path dead or migrates), the loss window the receiver saw (last
+arrival before to first after) and its in-order stall, packets re-sent, and whether every
+byte arrived exactly once (byte count and CRC at both ends). Cases: spray over 1 plane x 4
+ports with one port failing; spray over 2 planes x 2 ports with plane 1 failing; flow
+entropy over 2 planes x 2 ports whose path fails (migration after two timeouts).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import select
+import socket
 import statistics
 import sys
+import threading
+import time
 
 from hpnlab.fabric import ranks, report
 from hpnlab.fabric.spec import load
+from hpnlab.fabric.transport import make
+from hpnlab.fabric.transport.accounting import exactly_once, failure_windows
 from hpnlab.fabric.transport.entropy import FlowEntropy, SprayEntropy
+from hpnlab.fabric.transport.roce import DATA, HDR
 
 SIZE = 4 << 20
 
@@ -42,10 +59,147 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
     return f"{min(xs):{fmt}}/{statistics.median(xs):{fmt}}/{max(xs):{fmt}}"
 
 
+# ---- host-side failover ----------------------------------------------------------------------
+
+class _FailRelay(threading.Thread):
+    """Forwards UDP on loopback; once ``source`` had ``after`` data packets through, drops what
+    it sends (``whole``: everything), noting the send timestamp of the first data packet lost."""
+
+    def __init__(self, listen: tuple[str, int], forward: tuple[str, int]):
+        super().__init__(daemon=True)
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.bind(listen)
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.forward = forward
+        self.source: tuple | None = None
+        self.after = 0
+        self.whole = False
+        self.failed = False
+        self.first_lost_ts: int | None = None
+        self.stop = False
+
+    def run(self) -> None:
+        seen = 0
+        while not self.stop:
+            if not select.select([self.rx], [], [], 0.05)[0]:
+                continue
+            data, src = self.rx.recvfrom(65536)
+            typ, ts = data[0], HDR.unpack_from(data)[8]
+            if not self.failed and src == self.source and typ == DATA:
+                seen += 1
+                self.failed = seen > self.after
+            if self.failed and (self.whole or src == self.source):
+                if typ == DATA and self.first_lost_ts is None:
+                    self.first_lost_ts = ts
+                continue
+            self.tx.sendto(data, self.forward)
+
+    def close(self) -> None:
+        self.stop = True
+        self.join(2)
+        self.rx.close()
+        self.tx.close()
+
+
+def failover_once(case: str, port: int, msgs: int = 120, size: int = 12_000) -> dict:
+    """One failure under a stream of ``msgs`` messages; the figures of that failure."""
+    planes, ports, entropy, fail_path, whole = {
+        "spray-port": (1, 4, SprayEntropy.name, 2, False),
+        "spray-plane": (2, 2, SprayEntropy.name, 2, True),
+        "flow-migrate": (2, 2, FlowEntropy.name, None, False)}[case]
+    fwd = [_FailRelay((f"127.0.{p}.50", port + 1), (f"127.0.{p}.3", port + 1)) for p in range(planes)]
+    back = [_FailRelay((f"127.0.{p}.51", port), (f"127.0.{p}.2", port)) for p in range(planes)]
+    opts = dict(base_port=port, ports_per_nic=ports, entropy=entropy, line_rate_bps=100e6,
+                min_rto_s=0.01, max_rto_s=0.05)
+    t0 = make("roce", 0, [[f"127.0.{p}.2" for p in range(planes)], [f"127.0.{p}.50" for p in range(planes)]],
+              **opts)
+    t1 = make("roce", 1, [[f"127.0.{p}.51" for p in range(planes)], [f"127.0.{p}.3" for p in range(planes)]],
+              **opts)
+    t0.start()
+    t1.start()
+    if fail_path is None:
+        fail_path = t0.policy.path(t0.tx[1], 0)
+    relay = fwd[fail_path // ports]
+    relay.source, relay.after, relay.whole = t0.tx_socks[fail_path].getsockname(), 25, whole
+    for r in fwd + back:
+        r.start()
+    payload = [bytes((i + k) % 251 for k in range(size)) for i in range(msgs)]
+    out: dict = {}
+
+    def receiver() -> None:
+        out["got"] = [bytes(t1.exchange([], [(0, size)])[0]) for _ in range(msgs)]
+        out["rx"] = t1.flow_stats()
+        t1.close(linger_s=1.0, quiet_s=0.2)
+
+    th = threading.Thread(target=receiver)
+    th.start()
+    try:
+        for m in payload:
+            t0.exchange([(1, m)], [])
+        tx_stats = t0.flow_stats()
+        t0.close(linger_s=1.0, quiet_s=0.2)
+        th.join(30)
+    finally:
+        for r in fwd + back:
+            r.close()
+    tx = next(f for f in tx_stats if f["side"] == "tx" and f["dst"] == 1)
+    rx = next(f for f in out["rx"] if f["side"] == "rx" and f["src"] == 0)
+    flow = {**tx, **rx}
+    if relay.first_lost_ts is None:
+        raise RuntimeError(f"{case}: the relay never failed the path (too few messages?)")
+    # the first lost packet's send time, on the wall clock (the header's 32-bit microseconds)
+    lost_wall = _ts_to_wall(relay.first_lost_ts, t0.wall_offset)
+    moved = [t for t, what, _ in tx["paths"]["events"] if what in ("dead", "migrated_from", "plane_down")]
+    [w] = failure_windows([flow], [(case, lost_wall)], horizon_s=1.0)
+    return {"move_off_s": (min(moved) - lost_wall) if moved else float("nan"),
+            "loss_window_s": w["loss_window_s"], "stall_s": w["stall_s"],
+            "resent": tx["retransmissions"], "failover_retx": tx["failover_retx"], "timeouts": tx["timeouts"],
+            "exactly_once": bool(exactly_once(flow)) and out["got"] == payload,
+            "bytes": tx["app_bytes_sent"]}
+
+
+def _ts_to_wall(ts_us: int, wall_offset: float) -> float:
+    """A header timestamp (monotonic microseconds, low 32 bits) as a wall-clock time, taken
+    as the latest such time not in the future."""
+    now = time.monotonic()
+    age = ((int(now * 1e6) - ts_us) % (1 << 32)) / 1e6
+    return now - age + wall_offset
+
+
+def failover(repeat: int, port: int = 24000) -> int:
+    cases = ("spray-port", "spray-plane", "flow-migrate")
+    print(f"\nhost-side failover over loopback (min/median/max of {repeat}; 100 Mbit/s, min RTO 10 ms, "
+          f"max RTO 50 ms, dead after max(4 x srtt, 5 ms))")
+    print(f"{'case':<14} {'move off (ms)':>18} {'loss window (ms)':>18} {'stall (ms)':>18} "
+          f"{'resent':>12} {'exactly once':>13}")
+    bad = 0
+    for ci, case in enumerate(cases):
+        runs = [failover_once(case, port + 40 * (ci * repeat + i)) for i in range(repeat)]
+        once = sum(r["exactly_once"] for r in runs)
+        bad += repeat - once
+
+        def col(key: str, runs=runs) -> list[float]:
+            return [r[key] for r in runs]
+        print(f"{case:<14} {_spread(col('move_off_s'), 1e-3):>18} {_spread(col('loss_window_s'), 1e-3):>18} "
+              f"{_spread(col('stall_s'), 1e-3):>18} {_spread(col('resent'), fmt='.0f'):>12} "
+              f"{once:>5}/{repeat} ({runs[0]['bytes']:,} B)")
+    return bad
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each kind (default 3)")
+    ap.add_argument("--failover-repeat", type=int, default=5, help="failures of each case (default 5)")
+    ap.add_argument("--only", choices=("generator", "failover"), help="run one of the two parts")
     args = ap.parse_args()
+    if args.only != "generator":
+        bad = failover(args.failover_repeat)
+        if bad:
+            print(f"{bad} failover runs did not deliver every byte exactly once")
+            return 1
+        if args.only == "failover":
+            return 0
     s = load("mini-hpn")
     demo_port_bps = s.emulation.host_mbps * 1e6
     demo_rank_bps = demo_port_bps * s.planes

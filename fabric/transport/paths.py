@@ -13,8 +13,11 @@ Dead path (spraying, several paths per flow)
     packets there and re-sends at once what was in flight on it (the transport does that on
     the paths :meth:`PathTable.check` returns). A plane all of whose paths are dead, or whose
     NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), is
-    avoided the same way. The table never kills the last live path: with nothing alive
-    there is nothing to prefer, and every path keeps being tried.
+    avoided the same way. A retransmission timeout of a path's packet is the same evidence
+    when another path delivered a packet sent shortly before it (the flow's last packet: no
+    later one exists to compare; :meth:`PathTable.on_timeout`). The table never kills the
+    last live path: with nothing alive there is nothing to prefer, and every path keeps
+    being tried.
 Probing and repair
     Each dead path gets one probe per ``probe_interval_s`` (:meth:`PathTable.probes_due`);
     a report that something sent on it since it was found dead arrived (the probe) brings it back.
@@ -156,6 +159,19 @@ class PathTable:
                     and self.kill(i, now):
                 out.append(i)
         return out
+
+    def on_timeout(self, path: int, sent_t: float, now: float, srtt: float | None) -> bool:
+        """The retransmission timer fired for a packet sent on ``path`` at ``sent_t``. When it
+        was the flow's last packet, no later packet can show the other paths still deliver;
+        a delivery on another live path of a packet sent at most one limit before it does.
+        True if ``path`` is marked dead."""
+        limit = self.params.dead_after(srtt)
+        p = self.paths[path]
+        if p.dead or now - sent_t <= limit or p.delivered_t >= sent_t:
+            return False
+        if any(q.delivered_t > sent_t - limit and not q.dead for j, q in enumerate(self.paths) if j != path):
+            return self.kill(path, now, "dead")
+        return False
 
     def probes_due(self, now: float) -> list[int]:
         """Dead paths whose next probe is due (their probe clock restarts)."""

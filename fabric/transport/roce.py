@@ -773,6 +773,8 @@ class RoceTransport(Transport):
         e = f.unacked.get(f.una)
         if e is not None:
             self.policy.on_feedback(f, e[5], "loss")
+            if not self.policy.per_flow and f.paths.on_timeout(e[5], e[4], now, f.srtt):
+                self._fail_over(f, [e[5]], now)
         if self.recovery == "gobackn":
             for p in range(f.una, f.psn):
                 self._requeue(f, p, "timeout")
