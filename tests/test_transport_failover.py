@@ -9,6 +9,7 @@ logs it, so the tests check causally what the transport did: no data leaves on a
 the moment the transport itself logged it dead (the header's send timestamp), no ACK carries
 an echo of data sent after its plane was found dead, and so on. No test asserts a speed.
 """
+import errno
 import os
 import select
 import socket
@@ -190,6 +191,8 @@ def test_a_dead_path_is_left_its_in_flight_packets_resent_at_once_and_it_comes_b
     t_alive = _mono_us(t0, _events(tx, "alive")[0][0])
     data_on_bad = [(ts, drop) for s, typ, _p, _psn, ts, drop in fwd[0].log if s == bad and typ == DATA]
     assert any(drop for _, drop in data_on_bad)                            # the failure bit
+    first_lost = next(ts for ts, drop in data_on_bad if drop)
+    assert _after(t_dead, (first_lost + int(t0.path_params.dead_floor_s * 1e6)) % US)   # never early
     assert not any(_after(ts, t_dead) and not _after(ts, t_alive) for ts, _ in data_on_bad)
     assert any(_after(ts, t_alive) and not drop for ts, drop in data_on_bad)   # traffic came back
     assert tx["timeouts"] == 0 and tx["nacks"] == 0
@@ -281,3 +284,43 @@ def test_acks_avoid_a_plane_the_receiver_cannot_send_on_even_while_data_still_ar
     assert not any(_after(ts, ref) for ts in acks_lost)
     data_on_1 = [ts for _s, typ, _p, _psn, ts, _d in fwd[1].log if typ == DATA]
     assert any(_after(ts, ref) for ts in data_on_1)         # rank 0's data still came that way
+
+
+class _PortDown:
+    """A sending socket whose NIC port went down: the kernel refuses every send."""
+
+    def __init__(self, real):
+        self.real = real
+
+    def sendmsg(self, *args):
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    def sendto(self, *args):
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    def getsockname(self):
+        return self.real.getsockname()
+
+    def close(self):
+        self.real.close()
+
+
+def test_a_nic_port_the_kernel_refuses_to_send_on_takes_its_plane_out_at_once():
+    t0, t1, fwd, back = _pair(BASE + 15, planes=2, ports=2, entropy="spray", **NO_NACK_NO_RTO)
+    t0.tx_socks[2:4] = [_PortDown(s) for s in t0.tx_socks[2:4]]
+    msgs = [bytes((i + k) % 251 for k in range(MSG)) for i in range(5)]
+
+    def send(t):
+        for m in msgs:
+            t.exchange([(1, m)], [])
+        return t.flow_stats()
+
+    def recv(t):
+        return [bytes(t.exchange([], [(0, MSG)])[0]) for _ in msgs], t.flow_stats()
+
+    out = _run(t0, t1, send, recv, fwd + back)
+    tx = _flow(out[0], "tx", 0, 1)
+    assert out[1][0] == msgs and exactly_once(_merged(out[0], out[1][1])) is True
+    assert [(w, idx) for _, w, idx in tx["paths"]["events"]][:1] == [("plane_down", 1)]
+    assert tx["link_errors"] >= 1 and tx["timeouts"] == 0
+    assert tx["failover_retx"] >= 1                 # the refused packet went out on plane 0 at once
