@@ -78,6 +78,7 @@ class PathTable:
         self.params = params or PathParams()
         self.paths = [_Path() for _ in range(planes * ports)]
         self.events: deque[tuple[float, str, int]] = deque(maxlen=log_len)   # (time, what, path or plane)
+        self._dead_planes: set[int] | None = set()      # cached; None: to recompute
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -96,8 +97,10 @@ class PathTable:
 
     def dead_planes(self) -> set[int]:
         """Planes every path of which is dead."""
-        return {pl for pl in range(self.planes)
-                if all(self.paths[i].dead for i in range(pl * self.ports, (pl + 1) * self.ports))}
+        if self._dead_planes is None:
+            self._dead_planes = {pl for pl in range(self.planes)
+                                 if all(self.paths[i].dead for i in range(pl * self.ports, (pl + 1) * self.ports))}
+        return self._dead_planes
 
     def delivered_t(self, path: int) -> float:
         """Send time of the newest packet on ``path`` that the receiver reported (-1: none)."""
@@ -112,6 +115,7 @@ class PathTable:
             p.delivered_t = sent_t
         if p.dead and sent_t >= p.dead_since:
             p.dead = False
+            self._dead_planes = None
             p.revivals += 1
             self.events.append((now, "alive", path))
             return True
@@ -123,6 +127,7 @@ class PathTable:
         if p.dead or len(self.live_paths()) <= 1:
             return False
         p.dead, p.dead_since, p.probe_t = True, now, now
+        self._dead_planes = None
         p.deaths += 1
         self.events.append((now, why, path))
         return True
@@ -141,6 +146,7 @@ class PathTable:
                 p.deaths += 1
                 out.append(i)
         if out:
+            self._dead_planes = None
             self.events.append((now, "plane_down", plane))
         return out
 

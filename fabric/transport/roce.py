@@ -27,9 +27,33 @@ What is modelled
       ``adaptive`` is the hook :class:`~.entropy.EntropyPolicy` subclasses fill, with per-path
       feedback (ACKed, CE/CNP, loss) given to ``on_feedback``.
 
+    * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
+      ACK and NACK, which of the sender's paths delivered (the echoed data packet's path and
+      send time, plus two (path, send time) reports), so the sender knows per path the newest
+      packet delivered. A path whose oldest packet in flight outlives
+      ``max(K x srtt, floor)`` while another path delivered a later one is dead: nothing new
+      goes there, what was in flight there is re-sent at once on live paths, and one probe per
+      ``probe_interval_s`` tests it until it delivers again. A NIC port the kernel refuses to
+      send on (``ENETUNREACH``, ``ENETDOWN``...) takes its plane out at once. The last live
+      path is never given up.
+    * Path migration (NCCL/UEC-style): a one-path (``flow``) connection whose retransmission
+      timer fires ``migrate_after_rtos`` times in a row (default 2) moves to a new entropy
+      value: another source port, on another plane if the rank has several (with a single
+      path, its socket is re-bound to a new source port). The timer backs off at most to
+      ``max_rto_s`` (default 100 ms, not 1 s), so a dead path costs
+      ``min_rto + 2 min_rto`` (~ tens of ms), not seconds.
+    * Answers (ACK, NACK, CNP) go on a plane that delivered data from the peer within
+      ``ack_fresh_s``, that this rank's own sending to the peer does not find dead, and whose
+      answers do not seem lost (the peer re-sent data already acknowledged there): not
+      merely the plane of the last data packet.
+
 Every flow counts packets, bytes, retransmissions, timeouts, NACKs, CE marks (receiver),
 CNPs (sender), duplicates, the deepest reordering seen (PSN distance beyond the next
-expected one) and samples (time, bytes acknowledged, DCQCN rate) every ``sample_s``.
+expected one) and samples (time, bytes acknowledged, DCQCN rate) every ``sample_s``; and,
+in bounded memory, what a failure's loss window is made of (:mod:`.accounting`): arrival
+and in-order gaps, retransmission bursts with their cause (nack, timeout, failover,
+migrate), the slowest message completions, the path events, and the bytes and CRC-32 of
+every message posted (sender) and handed to the application (receiver), which must match.
 """
 from __future__ import annotations
 
