@@ -40,8 +40,10 @@ What is modelled
       timer fires ``migrate_after_rtos`` times in a row (default 2) moves to a new entropy
       value: another source port, on another plane if the rank has several (with a single
       path, its socket is re-bound to a new source port). The timer backs off at most to
-      ``max_rto_s`` (default 100 ms, not 1 s), so a dead path costs
-      ``min_rto + 2 min_rto`` (~ tens of ms), not seconds.
+      ``max_rto_s`` (default 100 ms, not 1 s), so a dead path costs about three RTOs before
+      the move: ~30 ms at ``min_rto_s=0.01`` (measured by tools/bench_transport.py), ~120 ms
+      at the default 40 ms minimum (chosen for a loaded 2-core machine, where a shorter one
+      fires spuriously); not seconds.
     * Answers (ACK, NACK, CNP) go on a plane that delivered data from the peer within
       ``ack_fresh_s``, that this rank's own sending to the peer does not find dead, and whose
       answers do not seem lost (the peer re-sent data already acknowledged there): not
