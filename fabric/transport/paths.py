@@ -79,6 +79,7 @@ class PathTable:
         self.paths = [_Path() for _ in range(planes * ports)]
         self.events: deque[tuple[float, str, int]] = deque(maxlen=log_len)   # (time, what, path or plane)
         self._dead_planes: set[int] | None = set()      # cached; None: to recompute
+        self._n_dead: int | None = 0
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -102,6 +103,11 @@ class PathTable:
                                  if all(self.paths[i].dead for i in range(pl * self.ports, (pl + 1) * self.ports))}
         return self._dead_planes
 
+    def _any_dead(self) -> bool:
+        if self._n_dead is None:
+            self._n_dead = sum(p.dead for p in self.paths)
+        return self._n_dead > 0
+
     def delivered_t(self, path: int) -> float:
         """Send time of the newest packet on ``path`` that the receiver reported (-1: none)."""
         return self.paths[path].delivered_t
@@ -115,7 +121,7 @@ class PathTable:
             p.delivered_t = sent_t
         if p.dead and sent_t >= p.dead_since:
             p.dead = False
-            self._dead_planes = None
+            self._dead_planes = self._n_dead = None
             p.revivals += 1
             self.events.append((now, "alive", path))
             return True
@@ -127,7 +133,7 @@ class PathTable:
         if p.dead or len(self.live_paths()) <= 1:
             return False
         p.dead, p.dead_since, p.probe_t = True, now, now
-        self._dead_planes = None
+        self._dead_planes = self._n_dead = None
         p.deaths += 1
         self.events.append((now, why, path))
         return True
@@ -146,7 +152,7 @@ class PathTable:
                 p.deaths += 1
                 out.append(i)
         if out:
-            self._dead_planes = None
+            self._dead_planes = self._n_dead = None
             self.events.append((now, "plane_down", plane))
         return out
 
@@ -181,6 +187,8 @@ class PathTable:
 
     def probes_due(self, now: float) -> list[int]:
         """Dead paths whose next probe is due (their probe clock restarts)."""
+        if not self._any_dead():
+            return []
         out = []
         for i, p in enumerate(self.paths):
             if p.dead and now - p.probe_t >= self.params.probe_interval_s:
@@ -190,6 +198,8 @@ class PathTable:
 
     def next_probe(self) -> float | None:
         """When the next probe is due (None: no dead path)."""
+        if not self._any_dead():
+            return None
         due = [p.probe_t + self.params.probe_interval_s for p in self.paths if p.dead]
         return min(due) if due else None
 
@@ -232,6 +242,9 @@ def ack_plane(last_data_t: list[float], tx_dead_planes: set[int], suspect_until:
     def ok(pl: int) -> bool:
         return pl not in tx_dead_planes and suspect_until[pl] <= now
 
+    t = last_data_t[current]
+    if t > 0 and now - t <= fresh_s and ok(current):
+        return current
     fresh = [pl for pl, t in enumerate(last_data_t) if t > 0 and now - t <= fresh_s and ok(pl)]
     if current in fresh:
         return current
