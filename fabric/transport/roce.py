@@ -700,13 +700,16 @@ class RoceTransport(Transport):
             if f.cur_path is None:
                 f.cur_path = self.policy.path(f, f.seq)
             return f.cur_path
+        first = self.policy.path(f, f.seq)
         table = f.paths
-        for k in range(len(table)):
+        if table.live(first):
+            return first
+        for k in range(1, len(table)):
             p = self.policy.path(f, f.seq + k)
             if table.live(p):
                 f.seq += k
                 return p
-        return self.policy.path(f, f.seq)
+        return first
 
     def _requeue(self, f: _TxFlow, psn: int, why: str) -> bool:
         e = f.unacked.get(psn)
