@@ -77,10 +77,10 @@ from .paths import PathParams, PathTable, ack_plane
 
 DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us);
-# ACK and NACK carry in (offset, length) up to two delivery reports, each path << 24 | the
-# low 24 bits of the send timestamp of the newest packet that arrived on that path
-# (NO_REPORT: none); with the echoed (path, timestamp) of an ACK, the sender learns which
-# of its paths deliver
+# an ACK carries in (msg id, offset, length) and a NACK in (offset, length) delivery
+# reports, each path << 24 | the low 24 bits of the send timestamp of the newest packet
+# that arrived on that path (NO_REPORT: none); with the echoed (path, timestamp) of an ACK,
+# the sender learns which of its paths deliver
 HDR = struct.Struct("!BBHHIIIII")
 NO_REPORT = 0xFFFFFFFF
 MAX_PATHS = 255
@@ -852,10 +852,10 @@ class RoceTransport(Transport):
             f = self.tx[src]
             if ts:
                 self._delivered(f, path, ts, 32, now)
-            self._reports(f, off, mlen, now)
+            self._reports(f, (mid, off, mlen), now)
             self._on_ack(f, psn, ts, path, now)
         elif typ == NACK:
-            self._reports(self.tx[src], off, mlen, now)
+            self._reports(self.tx[src], (off, mlen), now)
             self._on_nack(self.tx[src], psn, mid, path, now)
         elif typ == PROBE:
             r = self.rx[src]
@@ -901,7 +901,8 @@ class RoceTransport(Transport):
             if r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05:
                 r.last_nack = (r.expected, now)
                 st["nacks_sent"] += 1
-                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0, self._take_reports(r))
+                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0,
+                              self._take_reports(r, 2))
             return
         r.gaps.arrival(now, psn, bool(r.msgs or r.ooo))
         # place the payload (reassembly buffer keyed by message)
@@ -959,7 +960,7 @@ class RoceTransport(Transport):
                     hole += 1
                 st["nacks_sent"] += 1
                 self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, hole, 0,
-                              self._take_reports(r))
+                              self._take_reports(r, 2))
 
     def _flush_acks(self, now: float = 0.0, force: bool = False) -> float:
         """Send the ACKs that are due; return when the next delayed one is (0: none)."""
@@ -972,8 +973,8 @@ class RoceTransport(Transport):
                 r.ack_at = 0.0
                 if r.reports.get(r.ack_path) == r.ack_ts:
                     del r.reports[r.ack_path]        # the echo reports it
-                self._control(ACK, r.src, self._answer_plane(r, now), r.ack_path, r.expected, 0, r.ack_ts,
-                              self._take_reports(r))
+                a, b, c = self._take_reports(r, 3)
+                self._control(ACK, r.src, self._answer_plane(r, now), r.ack_path, r.expected, c, r.ack_ts, (a, b))
                 r.ack_ts = 0                         # echo (and time) each data packet once
                 if r.reports:
                     r.ack_due = True                 # more paths to report: another ACK next round
@@ -993,17 +994,18 @@ class RoceTransport(Transport):
         return pl
 
     @staticmethod
-    def _take_reports(r: _RxFlow) -> tuple[int, int]:
-        """Up to two delivery reports (oldest first), removed from what is left to report."""
-        out = [NO_REPORT, NO_REPORT]
-        for i in range(2):
+    def _take_reports(r: _RxFlow, n: int) -> list[int]:
+        """Up to ``n`` delivery reports (oldest first), removed from what is left to report."""
+        out = [NO_REPORT] * n
+        for i in range(n):
             if not r.reports:
                 break
             path = next(iter(r.reports))
             out[i] = path << 24 | (r.reports.pop(path) & 0xFFFFFF)
-        return out[0], out[1]
+        return out
 
     def _control(self, typ, peer, plane, path, psn, extra, ts=0, reports=(NO_REPORT, NO_REPORT)) -> None:
+        """One control packet; ``extra`` goes in the msg id field (NACK: how many PSNs)."""
         HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, reports[0], reports[1], ts)
         try:
             self.rx_socks[plane].sendto(self.hdr_buf, self.peer_addr[peer, plane])
@@ -1019,8 +1021,8 @@ class RoceTransport(Transport):
         if f.paths.on_delivered(path, now - age + 1.5e-6, now):
             f.next_check = 0.0
 
-    def _reports(self, f: _TxFlow, a: int, b: int, now: float) -> None:
-        for rep in (a, b):
+    def _reports(self, f: _TxFlow, reports: tuple[int, ...], now: float) -> None:
+        for rep in reports:
             if rep != NO_REPORT:
                 self._delivered(f, rep >> 24, rep & 0xFFFFFF, 24, now)
 
