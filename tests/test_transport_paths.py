@@ -62,10 +62,11 @@ def test_a_late_packet_sent_before_the_path_died_does_not_bring_it_back():
     assert not t.live(0)
 
 
-def test_a_dead_path_is_probed_once_per_interval_and_a_probe_that_arrives_brings_it_back():
+def test_a_dead_path_is_probed_at_once_then_once_per_interval_and_a_probe_that_arrives_brings_it_back():
     t = _table()
     t.on_delivered(1, sent_t=0.001, now=0.002)
     t.check(0.01, SRTT, {0: 0.0})
+    assert t.probes_due(0.01) == [0]
     assert t.probes_due(0.01 + 0.049) == []
     assert t.probes_due(0.061) == [0]
     assert t.probes_due(0.07) == []              # the probe clock restarted

@@ -15,7 +15,8 @@ carried some data the relay drops everything from it (one source port; or a whol
 Reported: the time to move off (from the send time of the first packet lost to the moment
 the transport declares the path dead or migrates), the loss window the receiver saw (last
 arrival before to first after) and its in-order stall, packets re-sent, and whether every
-byte arrived exactly once (byte count and CRC at both ends). Cases: spray over 1 plane x 4
+byte arrived exactly once (byte count and CRC at both ends); "early" counts paths declared
+dead before the failure (a path slowed by the loaded machine, revived by its probe). Cases: spray over 1 plane x 4
 ports with one port failing; spray over 2 planes x 2 ports with plane 1 failing; flow
 entropy over 2 planes x 2 ports whose path fails (migration after two timeouts).
 """
@@ -152,7 +153,9 @@ def failover_once(case: str, port: int, msgs: int = 120, size: int = 12_000) -> 
     lost_wall = _ts_to_wall(relay.first_lost_ts, t0.wall_offset)
     moved = [t for t, what, _ in tx["paths"]["events"] if what in ("dead", "migrated_from", "plane_down")]
     [w] = failure_windows([flow], [(case, lost_wall)], horizon_s=1.0)
-    return {"move_off_s": (min(moved) - lost_wall) if moved else float("nan"),
+    after = [t for t in moved if t >= lost_wall]
+    return {"move_off_s": (min(after) - lost_wall) if after else float("nan"),
+            "early": len(moved) - len(after),
             "loss_window_s": w["loss_window_s"], "stall_s": w["stall_s"],
             "resent": tx["retransmissions"], "failover_retx": tx["failover_retx"], "timeouts": tx["timeouts"],
             "exactly_once": bool(exactly_once(flow)) and out["got"] == payload,
@@ -172,7 +175,7 @@ def failover(repeat: int, port: int = 24000) -> int:
     print(f"\nhost-side failover over loopback (min/median/max of {repeat}; 100 Mbit/s, min RTO 10 ms, "
           f"max RTO 50 ms, dead after max(4 x srtt, 5 ms))")
     print(f"{'case':<14} {'move off (ms)':>18} {'loss window (ms)':>18} {'stall (ms)':>18} "
-          f"{'resent':>12} {'exactly once':>13}")
+          f"{'resent':>12} {'early':>6} {'exactly once':>13}")
     bad = 0
     for ci, case in enumerate(cases):
         runs = [failover_once(case, port + 40 * (ci * repeat + i)) for i in range(repeat)]
@@ -183,7 +186,7 @@ def failover(repeat: int, port: int = 24000) -> int:
             return [r[key] for r in runs]
         print(f"{case:<14} {_spread(col('move_off_s'), 1e-3):>18} {_spread(col('loss_window_s'), 1e-3):>18} "
               f"{_spread(col('stall_s'), 1e-3):>18} {_spread(col('resent'), fmt='.0f'):>12} "
-              f"{once:>5}/{repeat} ({runs[0]['bytes']:,} B)")
+              f"{sum(col('early')):>6.0f} {once:>5}/{repeat} ({runs[0]['bytes']:,} B)")
     return bad
 
 

@@ -19,7 +19,8 @@ Dead path (spraying, several paths per flow)
     last live path: with nothing alive there is nothing to prefer, and every path keeps
     being tried.
 Probing and repair
-    Each dead path gets one probe per ``probe_interval_s`` (:meth:`PathTable.probes_due`);
+    A dead path is probed at once (a path condemned on one random loss comes back within a
+    round trip), then once per ``probe_interval_s`` (:meth:`PathTable.probes_due`);
     a report that something sent on it since it was found dead arrived (the probe) brings it back.
 Path migration (one path per flow: ``flow`` entropy)
     A flow on one path cannot compare paths; its signal is the retransmission timer. After
@@ -132,7 +133,9 @@ class PathTable:
         p = self.paths[path]
         if p.dead or len(self.live_paths()) <= 1:
             return False
-        p.dead, p.dead_since, p.probe_t = True, now, now
+        # the first probe at once: a path condemned on one lost packet (a random loss while
+        # the flow had nothing more to send on it) answers within a round trip and is back
+        p.dead, p.dead_since, p.probe_t = True, now, now - self.params.probe_interval_s
         self._dead_planes = self._n_dead = None
         p.deaths += 1
         self.events.append((now, why, path))
