@@ -324,3 +324,42 @@ def test_a_nic_port_the_kernel_refuses_to_send_on_takes_its_plane_out_at_once():
     assert [(w, idx) for _, w, idx in tx["paths"]["events"]][:1] == [("plane_down", 1)]
     assert tx["link_errors"] >= 1 and tx["timeouts"] == 0
     assert tx["failover_retx"] >= 1                 # the refused packet went out on plane 0 at once
+
+
+def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_when_up():
+    """The transport watches each plane's port (here two named ports whose state the test
+    sets: the kernel's answer to SIOCGIFFLAGS); plane 1's port goes down mid-stream, then up."""
+    link = {"port0": True, "port1": True}
+    t0, t1, fwd, back = _pair(BASE + 18, planes=2, ports=2, entropy="spray", nic_names=["port0", "port1"],
+                              link_state=link.get, **NO_NACK_NO_RTO)
+    sent_up = []
+
+    def script(t):
+        out = []
+        for i in range(400):
+            if i == 10:
+                link["port1"] = False
+            if i == 30:
+                link["port1"] = True
+                sent_up.append(len(fwd[1].log))
+            last = (i >= 30 and any(typ == DATA for _s, typ, *_ in fwd[1].log[sent_up[0]:])) or i == 399
+            m = bytes([1 if last else 0]) + bytes((i + k) % 251 for k in range(MSG - 1))
+            t.exchange([(1, m)], [])
+            out.append(m)
+            if last:
+                return out, t.flow_stats(), t.info()
+        raise AssertionError("unreachable")
+
+    out = _run(t0, t1, script, _sink, fwd + back)
+    (sent, tx_stats, info), (got, rx_stats) = out[0], out[1]
+    assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
+    assert [(p, what) for _, p, what in info["link_events"]] == [(1, "down"), (1, "up")]
+    tx = _flow(tx_stats, "tx", 0, 1)
+    kinds = [(w, idx) for _, w, idx in tx["paths"]["events"]]
+    assert kinds[0] == ("plane_down", 1) and {("alive", 2), ("alive", 3)} <= set(kinds)
+    t_down = _mono_us(t0, info["link_events"][0][0])
+    t_up = _mono_us(t0, info["link_events"][1][0])
+    on_1 = [ts for _s, typ, _p, _psn, ts, _d in fwd[1].log if typ == DATA]
+    assert not any(_after(ts, t_down) and not _after(ts, t_up) for ts in on_1)
+    assert any(_after(ts, t_up) for ts in on_1)
+    assert tx["timeouts"] == 0

@@ -159,6 +159,12 @@ class PathTable:
             self.events.append((now, "plane_down", plane))
         return out
 
+    def probe_plane_now(self, plane: int, now: float) -> None:
+        """The NIC port of ``plane`` is back: probe its dead paths at once."""
+        for i in range(plane * self.ports, (plane + 1) * self.ports):
+            if self.paths[i].dead:
+                self.paths[i].probe_t = now - self.params.probe_interval_s
+
     # ---- decisions out ------------------------------------------------------------------
     def check(self, now: float, srtt: float | None, unconfirmed: dict[int, float]) -> list[int]:
         """Paths that turn dead now; they are marked dead. ``unconfirmed`` gives, per path,

@@ -67,12 +67,14 @@ import struct
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES, FlowEntropy
+from .nic import interface_of, link_up
 from .paths import PathParams, PathTable, ack_plane
 
 DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
@@ -359,7 +361,9 @@ class RoceTransport(Transport):
                  sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0,
                  ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003,
                  bdp_factor: float = 6.0, max_rto_s: float = 0.1, paths: PathParams | dict | None = None,
-                 gap_threshold_s: float = 0.002, ack_fresh_s: float = 0.02):
+                 gap_threshold_s: float = 0.002, ack_fresh_s: float = 0.02, watch_links: bool = True,
+                 link_poll_s: float = 0.005, link_state: Callable[[str], bool | None] | None = None,
+                 nic_names: list[str | None] | None = None):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -401,6 +405,14 @@ class RoceTransport(Transport):
         self.gap_threshold_s = gap_threshold_s
         self.ack_fresh_s = ack_fresh_s
         self.wall_offset = time.time() - time.monotonic()     # monotonic -> wall clock
+        self.watch_links = watch_links
+        self.link_poll_s = link_poll_s
+        self._link_state = link_state                # (interface) -> up?; default: nic.link_up
+        self.nics: list[str | None] = list(nic_names or [])   # per plane: the interface owning its address
+        self.link_ok: list[bool] = []
+        self.next_link_poll = 0.0
+        self.link_events: list[list] = []           # [wall time, plane, "down" | "up"], bounded
+        self._link_sock: socket.socket | None = None
         self.sample_s = sample_s
         self.burst_s = burst_s
         self.lookahead_s = lookahead_s
@@ -434,6 +446,7 @@ class RoceTransport(Transport):
                 "reorder_threshold": self.reorder_threshold, "reorder_time_s": self.reorder_time_s,
                 "ecn": self.ecn, "min_rto_s": self.min_rto_s, "max_rto_s": self.max_rto_s,
                 "path_rules": asdict(self.path_params), "gap_threshold_s": self.gap_threshold_s,
+                "watched_ports": self.nics, "link_events": self.link_events,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
                 "source_ports": [s.getsockname()[1] for s in self.tx_socks]}
@@ -466,6 +479,13 @@ class RoceTransport(Transport):
         for r, ips in enumerate(self.addrs):
             for p in range(self.planes):
                 self.peer_addr[r, p] = (ips[p % len(ips)], self.base_port + r)
+        if self.watch_links:
+            if not self.nics:
+                self.nics = [interface_of(ip) for ip in self.addrs[self.rank]]
+            if self._link_state is None:
+                sock = self._link_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                self._link_state = lambda name: link_up(name, sock)
+        self.link_ok = [True] * self.planes
         now = time.monotonic()
         for r in range(self.nranks):
             if r != self.rank:
@@ -621,6 +641,8 @@ class RoceTransport(Transport):
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
         la = self.lookahead_s
+        if self.watch_links and self.nics and now >= self.next_link_poll:
+            self._poll_links(now)
         flows = [f for f in self.tx.values() if f.retx or f.queue or f.cur or f.unacked]
         for f in flows:
             if f.dcqcn:
@@ -676,6 +698,28 @@ class RoceTransport(Transport):
             if nxt is not None:
                 wake = min(wake, nxt)
         return wake
+
+    def _poll_links(self, now: float) -> None:
+        """A plane whose NIC port went down is left at once by every flow; when the port
+        comes back, its paths are probed at once (they return when a probe gets through)."""
+        self.next_link_poll = now + self.link_poll_s
+        assert self._link_state is not None
+        for plane, name in enumerate(self.nics):
+            if name is None:
+                continue
+            up = self._link_state(name)
+            if up is None or up == self.link_ok[plane]:
+                continue
+            self.link_ok[plane] = up
+            if len(self.link_events) < 256:
+                self.link_events.append([now + self.wall_offset, plane, "up" if up else "down"])
+            for f in self.tx.values():
+                if up:
+                    f.paths.probe_plane_now(plane, now)
+                else:
+                    dead = f.paths.kill_plane(plane, now)
+                    if dead:
+                        self._fail_over(f, dead, now)
 
     def _check_paths(self, f: _TxFlow, now: float) -> None:
         """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
@@ -1137,6 +1181,9 @@ class RoceTransport(Transport):
                 pass
         for s in self.rx_socks + self.tx_socks:
             s.close()
+        if self._link_sock is not None:
+            self._link_sock.close()
+            self._link_sock = None
         self.rx_socks, self.tx_socks = [], []
         self._ep.close()
 
