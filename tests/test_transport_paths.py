@@ -5,6 +5,7 @@ import pytest
 
 from hpnlab.fabric.transport import TransportError
 from hpnlab.fabric.transport.accounting import BurstLog, GapLog, Largest, exactly_once, failure_windows
+from hpnlab.fabric.transport.nic import interface_of, link_up
 from hpnlab.fabric.transport.paths import PathParams, PathTable, ack_plane
 
 P = PathParams(dead_rtts=4, dead_floor_s=0.005, probe_interval_s=0.05, migrate_after_rtos=2)
@@ -225,3 +226,15 @@ def test_a_timeout_kills_nothing_when_the_other_paths_are_quiet_too():
     t.on_delivered(1, sent_t=0.5, now=0.501)        # long before: no evidence they still work
     assert t.on_timeout(0, sent_t=1.0, now=1.04, srtt=SRTT) is False
     assert t.live_paths() == [0, 1, 2, 3]
+
+
+# ---- the NIC port of a plane (reads the kernel's view; no root) -------------------------------
+
+def test_the_loopback_address_belongs_to_lo_and_lo_is_up():
+    assert interface_of("127.0.0.1") == "lo"
+    assert link_up("lo") is True
+
+
+def test_an_address_no_interface_owns_is_not_watched_and_an_unknown_port_has_no_state():
+    assert interface_of("127.0.0.2") is None
+    assert link_up("no-such-port0") is None
