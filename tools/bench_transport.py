@@ -19,6 +19,11 @@ byte arrived exactly once (byte count and CRC at both ends); "early" counts path
 dead before the failure (a path slowed by the loaded machine, revived by its probe). Cases: spray over 1 plane x 4
 ports with one port failing; spray over 2 planes x 2 ports with plane 1 failing; flow
 entropy over 2 planes x 2 ports whose path fails (migration after two timeouts).
+
+With ``--netns`` (root): two rank processes in two network namespaces joined by one veth
+pair per plane run an all-to-all (spray, 2 x 50 Mbit/s); one port of plane 1 is set down
+and up again mid-run: when rank 0 saw its port lose the carrier, the worst flow's loss
+window and in-order stall, packets re-sent, and bytes exactly once, from the run's JSON.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import os
 import select
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -190,14 +196,110 @@ def failover(repeat: int, port: int = 24000) -> int:
     return bad
 
 
+# ---- a NIC port going down under a running collective (root: two network namespaces) ----------
+
+class _NetnsSpawner:
+    """Rank r runs in network namespace ``names[r]`` (``ip netns exec``)."""
+    name = "netns"
+
+    def __init__(self, names: list[str]):
+        self.names = names
+
+    def check(self, job) -> None:
+        pass
+
+    def spawn(self, job, rank: int) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.names[rank], *ranks.worker_argv(job, rank)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def netns_port_down_once(i: int, down_after_s: float = 2.0, up_after_s: float = 2.6) -> dict:
+    """Two ranks in two namespaces joined by one veth pair per plane (2 planes); an all-to-all
+    of spray traffic runs; rank 1's port of plane 1 is set down (rank 0's loses its carrier),
+    then up. The figures from the run's JSON: when rank 0 saw its port go down, the loss
+    window and in-order stall per flow, packets re-sent, bytes exactly once, the slowdown."""
+    ns = [f"hpnlab-bt{i}a", f"hpnlab-bt{i}b"]
+    made: list[str] = []
+    try:
+        for n in ns:
+            _ip("netns", "add", n)
+            made.append(n)
+        for p in range(2):
+            a, b = f"hbt{i}a{p}", f"hbt{i}b{p}"
+            _ip("link", "add", a, "netns", ns[0], "type", "veth", "peer", "name", b, "netns", ns[1])
+            for n, dev, host in ((ns[0], a, 1), (ns[1], b, 2)):
+                _ip("-n", n, "addr", "add", f"10.77.{p}.{host}/24", "dev", dev)
+                _ip("-n", n, "link", "set", dev, "up")
+        addrs = [[f"10.77.{p}.{h}" for p in range(2)] for h in (1, 2)]
+        job = ranks.Job("all_to_all", addrs, [2 << 20], iters=12, warmup=0, transport="roce",
+                        entropy=SprayEntropy.name, line_rate_bps=50e6, inplace=False, base_port=24900,
+                        options={"ports_per_nic": 4, "min_rto_s": 0.02})
+        marks: dict[str, float] = {}
+
+        def fail_and_repair(_procs) -> None:
+            def run() -> None:
+                time.sleep(down_after_s)
+                marks["down"] = time.time()
+                _ip("-n", ns[1], "link", "set", f"hbt{i}b1", "down")
+                time.sleep(up_after_s - down_after_s)
+                marks["up"] = time.time()
+                _ip("-n", ns[1], "link", "set", f"hbt{i}b1", "up")
+            threading.Thread(target=run, daemon=True).start()
+
+        [res] = ranks.run_jobs([job], _NetnsSpawner(ns), progress=False, on_started=fail_and_repair)
+    finally:
+        for n in made:
+            subprocess.run(["ip", "netns", "del", n], capture_output=True)
+    flows = [f for f in res["flows"] if f.get("app_bytes_sent", 0) > 1000]
+    acked = [s[0] for f in flows for s in f.get("samples", [])]
+    if "up" not in marks or not acked or not min(acked) < marks["down"] < marks["up"] < max(acked):
+        raise RuntimeError("the port did not fail and come back while data flowed; lengthen the run")
+    wins = failure_windows(flows, [("port_down", marks["down"])], horizon_s=0.5)
+    seen = [t for t, plane, what in res["transport_info"].get("link_events", []) if what == "down"]
+    return {"detect_s": (min(seen) - marks["down"]) if seen else float("nan"),
+            "loss_window_s": max(w["loss_window_s"] for w in wins),
+            "stall_s": max(w["stall_s"] for w in wins),
+            "lost": sum(w["packets_lost"] for w in wins),
+            "exactly_once": all(w["exactly_once"] for w in wins) and len(wins) == 2,
+            "wrong": report.wrong_total([res])}
+
+
+def netns_port_down(repeat: int) -> int:
+    if os.geteuid() != 0:
+        print("\n(--netns needs root: skipped)")
+        return 0
+    print(f"\na NIC port down under an all-to-all, 2 ranks in 2 network namespaces, 2 planes x 50 Mbit/s, "
+          f"spray (min/median/max of {repeat})")
+    runs = [netns_port_down_once(i) for i in range(repeat)]
+
+    def col(key: str) -> list[float]:
+        return [r[key] for r in runs]
+    print(f"  port down seen by the rank (ms)      {_spread(col('detect_s'), 1e-3)}")
+    print(f"  loss window, worst flow (ms)         {_spread(col('loss_window_s'), 1e-3)}")
+    print(f"  in-order stall, worst flow (ms)      {_spread(col('stall_s'), 1e-3)}")
+    print(f"  packets re-sent near the failure     {_spread(col('lost'), fmt='.0f')}")
+    once = sum(r["exactly_once"] for r in runs)
+    print(f"  every byte exactly once              {once}/{repeat}; wrong elements {sum(col('wrong')):.0f}")
+    return repeat - once
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="measurements of each kind (default 3)")
     ap.add_argument("--failover-repeat", type=int, default=5, help="failures of each case (default 5)")
     ap.add_argument("--only", choices=("generator", "failover"), help="run one of the two parts")
+    ap.add_argument("--netns", action="store_true",
+                    help="also fail a NIC port under a collective between two network namespaces (root)")
     args = ap.parse_args()
     if args.only != "generator":
         bad = failover(args.failover_repeat)
+        if args.netns:
+            bad += netns_port_down(args.failover_repeat)
         if bad:
             print(f"{bad} failover runs did not deliver every byte exactly once")
             return 1

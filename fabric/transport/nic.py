@@ -1,10 +1,10 @@
 """Which NIC port carries each plane's address, and whether its link is up (side-effecting:
-two ioctls on a UDP socket, in the calling process's network namespace; cheap enough to
-poll every few milliseconds).
+an ioctl and an rtnetlink request, in the calling process's network namespace; cheap
+enough to poll every few milliseconds).
 
 The roce transport watches each plane's port: a port that goes down (its carrier lost: the
 cable, or the switch port at the other end; or set down) takes the plane out at once,
-before any packet is found missing. ioctls rather than ``/sys/class/net``: a Mininet host
+before any packet is found missing. ioctl and netlink rather than ``/sys/class/net``: a Mininet host
 is a network namespace sharing the machine's mounts, so sysfs there shows the root
 namespace's interfaces, not the host's. An address that no interface owns as its primary
 IPv4 address (127.0.x.y other than 127.0.0.1, for instance) maps to no port and is not
@@ -16,10 +16,10 @@ import fcntl
 import socket
 import struct
 
-SIOCGIFFLAGS = 0x8913
 SIOCGIFADDR = 0x8915
+RTM_NEWLINK, RTM_GETLINK, NLMSG_ERROR, NLM_F_REQUEST = 16, 18, 2, 1
 IFF_UP = 0x1
-IFF_RUNNING = 0x40          # operationally up: administratively up and the carrier present
+IFF_LOWER_UP = 0x10000      # the carrier is present (rtnetlink only: not in SIOCGIFFLAGS' 16 bits)
 
 
 def _ifreq(name: str) -> bytes:
@@ -41,14 +41,35 @@ def interface_of(ip: str) -> str | None:
 
 def link_up(name: str, sock: socket.socket | None = None) -> bool | None:
     """True if interface ``name`` is up with its carrier present, False if not, None if
-    there is no such interface."""
-    s = sock or socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    there is no such interface. Asks rtnetlink (RTM_GETLINK) for the interface's flags:
+    IFF_LOWER_UP follows the carrier at once, whereas IFF_RUNNING (all SIOCGIFFLAGS can
+    see) follows the operational state, which the kernel's link watch updates up to a
+    second later. ``sock``: a NETLINK_ROUTE socket to reuse (:func:`netlink_socket`)."""
     try:
-        raw = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, _ifreq(name))
+        index = socket.if_nametoindex(name)
+    except OSError:
+        return None
+    s = sock or netlink_socket()
+    try:
+        s.send(struct.pack("=IHHII", 32, RTM_GETLINK, NLM_F_REQUEST, index, 0)
+               + struct.pack("=BBHiII", socket.AF_UNSPEC, 0, 0, index, 0, 0))
+        while True:
+            raw = s.recv(65536)
+            _, typ, _, seq, _ = struct.unpack_from("=IHHII", raw)
+            if typ == NLMSG_ERROR:
+                return None
+            if typ == RTM_NEWLINK and seq == index:
+                flags = struct.unpack_from("=I", raw, 24)[0]
+                return bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
     except OSError:
         return None
     finally:
         if sock is None:
             s.close()
-    flags = struct.unpack_from("H", raw, 16)[0]
-    return bool(flags & IFF_UP) and bool(flags & IFF_RUNNING)
+
+
+def netlink_socket() -> socket.socket:
+    """A NETLINK_ROUTE socket (in the calling process's network namespace) for :func:`link_up`."""
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    s.bind((0, 0))
+    return s

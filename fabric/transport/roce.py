@@ -74,7 +74,7 @@ from typing import Any
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES, FlowEntropy
-from .nic import interface_of, link_up
+from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
 DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
@@ -483,7 +483,7 @@ class RoceTransport(Transport):
             if not self.nics:
                 self.nics = [interface_of(ip) for ip in self.addrs[self.rank]]
             if self._link_state is None:
-                sock = self._link_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock = self._link_sock = netlink_socket()
                 self._link_state = lambda name: link_up(name, sock)
         self.link_ok = [True] * self.planes
         now = time.monotonic()
