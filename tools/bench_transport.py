@@ -39,10 +39,9 @@ import time
 
 from hpnlab.fabric import ranks, report
 from hpnlab.fabric.spec import load
-from hpnlab.fabric.transport import make
 from hpnlab.fabric.transport.accounting import exactly_once, failure_windows
 from hpnlab.fabric.transport.entropy import FlowEntropy, SprayEntropy
-from hpnlab.fabric.transport.roce import DATA, HDR
+from hpnlab.fabric.transport.roce import DATA, HDR, RoceTransport
 
 SIZE = 4 << 20
 
@@ -117,12 +116,11 @@ def failover_once(case: str, port: int, msgs: int = 120, size: int = 12_000) -> 
         "flow-migrate": (2, 2, FlowEntropy.name, None, False)}[case]
     fwd = [_FailRelay((f"127.0.{p}.50", port + 1), (f"127.0.{p}.3", port + 1)) for p in range(planes)]
     back = [_FailRelay((f"127.0.{p}.51", port), (f"127.0.{p}.2", port)) for p in range(planes)]
-    opts = dict(base_port=port, ports_per_nic=ports, entropy=entropy, line_rate_bps=100e6,
-                min_rto_s=0.01, max_rto_s=0.05)
-    t0 = make("roce", 0, [[f"127.0.{p}.2" for p in range(planes)], [f"127.0.{p}.50" for p in range(planes)]],
-              **opts)
-    t1 = make("roce", 1, [[f"127.0.{p}.51" for p in range(planes)], [f"127.0.{p}.3" for p in range(planes)]],
-              **opts)
+    def endpoint(rank: int, addrs: list[list[str]]) -> RoceTransport:
+        return RoceTransport(rank, addrs, base_port=port, ports_per_nic=ports, entropy=entropy,
+                             line_rate_bps=100e6, min_rto_s=0.01, max_rto_s=0.05)
+    t0 = endpoint(0, [[f"127.0.{p}.2" for p in range(planes)], [f"127.0.{p}.50" for p in range(planes)]])
+    t1 = endpoint(1, [[f"127.0.{p}.51" for p in range(planes)], [f"127.0.{p}.3" for p in range(planes)]])
     t0.start()
     t1.start()
     if fail_path is None:
