@@ -29,13 +29,14 @@ What is modelled
 
     * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
       ACK and NACK, which of the sender's paths delivered (the echoed data packet's path and
-      send time, plus two (path, send time) reports), so the sender knows per path the newest
-      packet delivered. A path whose oldest packet in flight outlives
+      send time, plus up to three (path, send time) reports), so the sender knows per path
+      the newest packet delivered. A path whose oldest packet in flight outlives
       ``max(K x srtt, floor)`` while another path delivered a later one is dead: nothing new
       goes there, what was in flight there is re-sent at once on live paths, and one probe per
       ``probe_interval_s`` tests it until it delivers again. A NIC port the kernel refuses to
-      send on (``ENETUNREACH``, ``ENETDOWN``...) takes its plane out at once. The last live
-      path is never given up.
+      send on (``ENETUNREACH``, ``ENETDOWN``...), or whose carrier is lost (polled every
+      ``link_poll_s`` through rtnetlink, :mod:`.nic`), takes its plane out at once. The last
+      live path is never given up.
     * Path migration (NCCL/UEC-style): a one-path (``flow``) connection whose retransmission
       timer fires ``migrate_after_rtos`` times in a row (default 2) moves to a new entropy
       value: another source port, on another plane if the rank has several (with a single
