@@ -185,7 +185,7 @@ def test_failure_window_is_the_stall_containing_the_event_with_its_cost():
     [w] = failure_windows([_flow()], [("link_down", 10.03)])
     assert w["loss_window_s"] == pytest.approx(0.03)
     assert (w["last_before"], w["first_after"]) == (10.02, 10.05)
-    assert w["packets_lost"] == 6
+    assert w["packets_lost"] == 6 and w["resent_by_cause"] == {"failover": 6}
     assert w["completion_s"] == pytest.approx(0.3)
     assert w["exactly_once"] is True
 

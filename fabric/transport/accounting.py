@@ -136,7 +136,9 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
     gap starting within ``horizon_s`` after ``t``) and is ``busy`` (the flow had a message in
     flight); a flow with no such gap was not hurt (loss window 0); ``stall_s`` is the same
     for the in-order point (``hol_gaps``). Packets lost are the
-    retransmissions of the bursts overlapping ``[t, t + horizon_s]``; ``completion_s`` is the
+    retransmissions of the bursts overlapping ``[t, t + horizon_s]`` (``resent_by_cause``:
+    nack, timeout, failover, migrate; a failover re-send may repeat a packet that was only
+    late, so this is an upper bound); ``completion_s`` is the
     slowest message under way at ``t``; ``exactly_once`` checks bytes and CRC of the whole flow.
     """
     out = []
@@ -144,14 +146,18 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
         for f in flows:
             gap = _gap_at(f.get("gaps", []), t, horizon_s)
             hol = _gap_at(f.get("hol_gaps", []), t, horizon_s)
-            lost = sum(n for first, last, n, _why in f.get("retx_bursts", [])
-                       if last >= t and first <= t + horizon_s)
+            near = [(n, why) for first, last, n, why in f.get("retx_bursts", [])
+                    if last >= t and first <= t + horizon_s]
+            causes: dict[str, int] = {}
+            for _n, why in near:
+                for k, v in why.items():
+                    causes[k] = causes.get(k, 0) + v
             under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
             out.append({"event": name, "t": t, "src": f["src"], "dst": f["dst"],
                         "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
                         "stall_s": (hol[1] - hol[0]) if hol else 0.0,
                         "last_before": gap[0] if gap else None, "first_after": gap[1] if gap else None,
-                        "packets_lost": lost,
+                        "packets_lost": sum(n for n, _ in near), "resent_by_cause": causes,
                         "completion_s": max(under_way) if under_way else None,
                         "bytes_sent": f.get("app_bytes_sent"), "bytes_delivered": f.get("app_bytes_delivered"),
                         "exactly_once": exactly_once(f)})
