@@ -726,8 +726,8 @@ class RoceTransport(Transport):
         """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
         limit = self.path_params.dead_after(f.srtt)
         f.next_check = now + max(0.001, limit / 4)
-        if len(f.paths) < 2 or not f.unacked:
-            return
+        if len(f.paths) < 2 or not f.unacked or self.policy.per_flow:
+            return                      # one path in use: no other to compare (the RTO rule migrates)
         table = f.paths
         unconfirmed: dict[int, float] = {}
         for e in f.unacked.values():
