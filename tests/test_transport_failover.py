@@ -19,7 +19,8 @@ from hpnlab.fabric.transport import make
 from hpnlab.fabric.transport.accounting import exactly_once
 from hpnlab.fabric.transport.roce import ACK, DATA, HDR, PROBE
 
-BASE = 25000 + (os.getpid() % 40) * 25   # per process; clear of test_transport (17400s), run_local (22000s), benches (23000-24999)
+# per process; clear of test_transport (17400s), run_local (22000s) and the benchmarks (23000-24999)
+BASE = 25000 + (os.getpid() % 40) * 25
 MSG = 12_000
 US = 1 << 32
 

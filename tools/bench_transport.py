@@ -28,6 +28,7 @@ window and in-order stall, packets re-sent, and bytes exactly once, from the run
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import select
 import socket
@@ -216,7 +217,13 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-def netns_port_down_once(i: int, down_after_s: float = 2.0, up_after_s: float = 2.6) -> dict:
+def _rx_bytes(ns: str, dev: str) -> int:
+    out = subprocess.run(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev], capture_output=True,
+                         text=True).stdout
+    return int(json.loads(out)[0]["stats64"]["rx"]["bytes"]) if out.strip() else 0
+
+
+def netns_port_down_once(i: int, down_after_s: float = 0.5, up_after_s: float = 1.1) -> dict:
     """Two ranks in two namespaces joined by one veth pair per plane (2 planes); an all-to-all
     of spray traffic runs; rank 1's port of plane 1 is set down (rank 0's loses its carrier),
     then up. The figures from the run's JSON: when rank 0 saw its port go down, the loss
@@ -241,6 +248,9 @@ def netns_port_down_once(i: int, down_after_s: float = 2.0, up_after_s: float = 
 
         def fail_and_repair(_procs) -> None:
             def run() -> None:
+                deadline = time.monotonic() + 30
+                while _rx_bytes(ns[1], f"hbt{i}b0") < 1 << 20 and time.monotonic() < deadline:
+                    time.sleep(0.02)            # the collective is under way (1 MB on plane 0)
                 time.sleep(down_after_s)
                 marks["down"] = time.time()
                 _ip("-n", ns[1], "link", "set", f"hbt{i}b1", "down")
