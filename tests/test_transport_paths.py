@@ -119,7 +119,7 @@ def test_nonsense_path_rules_are_refused(bad):
 # ---- which plane answers (ACK, NACK, CNP) ---------------------------------------------------
 
 def test_answers_stay_on_the_current_plane_while_it_delivers():
-    assert ack_plane([1.0, 1.01], set(), [0.0, 0.0], current=0, now=1.012, fresh_s=0.02) == 0
+    assert ack_plane([1.009, 1.01], set(), [0.0, 0.0], current=0, now=1.012, fresh_s=0.02) == 0
 
 
 def test_answers_leave_a_plane_this_rank_finds_dead_for_sending_even_if_data_came_last_on_it():
@@ -238,3 +238,22 @@ def test_the_loopback_address_belongs_to_lo_and_lo_is_up():
 def test_an_address_no_interface_owns_is_not_watched_and_an_unknown_port_has_no_state():
     assert interface_of("127.0.0.2") is None
     assert link_up("no-such-port0") is None
+
+
+def test_a_silent_tail_packet_kills_its_path_when_another_delivered_a_packet_sent_shortly_before():
+    t = _table()
+    t.on_delivered(1, sent_t=0.999, now=1.001)      # the message's other packets got through
+    assert t.check(1.0081, SRTT, {0: 1.0}, last_sent=1.0) == [0]
+
+
+def test_a_silent_packet_that_is_not_the_tail_needs_a_later_delivery():
+    t = _table()
+    t.on_delivered(1, sent_t=0.999, now=1.001)
+    assert t.check(1.0081, SRTT, {0: 1.0}, last_sent=1.0005) == []   # path 2 holds a later one
+
+
+def test_answers_follow_a_sender_that_stopped_using_the_current_plane_within_the_hysteresis():
+    assert ack_plane([1.005, 1.0], set(), [0.0, 0.0], current=1, now=1.006, fresh_s=0.02,
+                     hysteresis_s=0.002) == 0
+    assert ack_plane([1.0015, 1.0], set(), [0.0, 0.0], current=1, now=1.002, fresh_s=0.02,
+                     hysteresis_s=0.002) == 1     # spraying: the planes alternate, answers stay

@@ -13,9 +13,10 @@ Dead path (spraying, several paths per flow)
     packets there and re-sends at once what was in flight on it (the transport does that on
     the paths :meth:`PathTable.check` returns). A plane all of whose paths are dead, or whose
     NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), is
-    avoided the same way. A retransmission timeout of a path's packet is the same evidence
-    when another path delivered a packet sent shortly before it (the flow's last packet: no
-    later one exists to compare; :meth:`PathTable.on_timeout`). The table never kills the
+    avoided the same way. When the silent packet is the flow's newest (a message's tail: no
+    later one exists to compare), a delivery on another path of a packet sent at most one
+    limit before it is the evidence instead; a retransmission timeout is judged the same
+    way (:meth:`PathTable.on_timeout`). The table never kills the
     last live path: with nothing alive there is nothing to prefer, and every path keeps
     being tried.
 Probing and repair
@@ -166,17 +167,24 @@ class PathTable:
                 self.paths[i].probe_t = now - self.params.probe_interval_s
 
     # ---- decisions out ------------------------------------------------------------------
-    def check(self, now: float, srtt: float | None, unconfirmed: dict[int, float]) -> list[int]:
+    def check(self, now: float, srtt: float | None, unconfirmed: dict[int, float],
+              last_sent: float | None = None) -> list[int]:
         """Paths that turn dead now; they are marked dead. ``unconfirmed`` gives, per path,
         the send time of its oldest packet in flight sent after the newest one known delivered
-        (the transport reads it off its unacknowledged packets)."""
+        (the transport reads it off its unacknowledged packets); ``last_sent`` the send time
+        of the flow's newest packet in flight. Evidence that the others still deliver: one
+        delivered a packet sent later; or, when this path holds the newest packet of all (a
+        message's tail: nothing later exists to compare), one delivered a packet sent at
+        most one limit before it."""
         limit = self.params.dead_after(srtt)
         out = []
         for i, since in sorted(unconfirmed.items()):
             p = self.paths[i]
             if p.dead or now - since <= limit or p.delivered_t >= since:
                 continue
-            if any(q.delivered_t > since and not q.dead for j, q in enumerate(self.paths) if j != i) \
+            tail = last_sent is not None and since >= last_sent
+            after = since - limit if tail else since
+            if any(q.delivered_t > after and not q.dead for j, q in enumerate(self.paths) if j != i) \
                     and self.kill(i, now):
                 out.append(i)
         return out
@@ -237,28 +245,28 @@ class PathTable:
 
 
 def ack_plane(last_data_t: list[float], tx_dead_planes: set[int], suspect_until: list[float],
-              current: int, now: float, fresh_s: float) -> int:
+              current: int, now: float, fresh_s: float, hysteresis_s: float = 0.002) -> int:
     """The plane a receiver answers a peer on (ACK, NACK, CNP).
 
-    Candidates are the planes that delivered data from the peer within ``fresh_s`` and that
+    Candidates are the planes that delivered data from the peer within ``fresh_s``, that
     this rank's own sending to the peer does not find dead (a link failure is usually both
-    ways) and whose ACKs were not recently found lost (``suspect_until``: the peer re-sent
-    data already acknowledged on that plane). The current plane is kept while it stays a
-    candidate (ACKs on one plane arrive in order); otherwise the candidate that delivered
-    last. With no candidate: the plane that delivered last and is not dead for sending,
-    else the current one.
+    ways) and whose answers do not seem lost (``suspect_until``: the peer re-sent data
+    already acknowledged on that plane). The current plane is kept while it is a candidate
+    and delivered no more than ``hysteresis_s`` before the newest candidate (answers on one
+    plane arrive in order; spraying alternates planes every packet); otherwise the answers
+    move to the candidate that delivered last, so they follow within a few milliseconds a
+    sender that stopped using a plane. With no candidate: the plane that delivered last
+    and is not dead for sending, else the current one.
     """
     def ok(pl: int) -> bool:
         return pl not in tx_dead_planes and suspect_until[pl] <= now
 
-    t = last_data_t[current]
-    if t > 0 and now - t <= fresh_s and ok(current):
-        return current
     fresh = [pl for pl, t in enumerate(last_data_t) if t > 0 and now - t <= fresh_s and ok(pl)]
-    if current in fresh:
-        return current
     if fresh:
-        return max(fresh, key=lambda pl: last_data_t[pl])
+        best = max(fresh, key=lambda pl: last_data_t[pl])
+        if current in fresh and last_data_t[current] >= last_data_t[best] - hysteresis_s:
+            return current
+        return best
     seen = [pl for pl, t in enumerate(last_data_t) if t > 0 and pl not in tx_dead_planes]
     if seen:
         return max(seen, key=lambda pl: last_data_t[pl])

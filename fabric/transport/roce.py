@@ -698,6 +698,8 @@ class RoceTransport(Transport):
             nxt = f.paths.next_probe()
             if nxt is not None:
                 wake = min(wake, nxt)
+            if f.unacked and not self.policy.per_flow:
+                wake = min(wake, f.next_check)
         return wake
 
     def _poll_links(self, now: float) -> None:
@@ -725,18 +727,24 @@ class RoceTransport(Transport):
     def _check_paths(self, f: _TxFlow, now: float) -> None:
         """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
         limit = self.path_params.dead_after(f.srtt)
-        f.next_check = now + max(0.001, limit / 4)
+        f.next_check = now + limit
         if len(f.paths) < 2 or not f.unacked or self.policy.per_flow:
             return                      # one path in use: no other to compare (the RTO rule migrates)
         table = f.paths
         unconfirmed: dict[int, float] = {}
+        last_sent = 0.0
         for e in f.unacked.values():
             p, sent = e[5], e[4]
+            if sent > last_sent:
+                last_sent = sent
             if sent and sent > table.delivered_t(p) and sent < unconfirmed.get(p, now):
                 unconfirmed[p] = sent
-        dead = table.check(now, f.srtt, unconfirmed)
+        dead = table.check(now, f.srtt, unconfirmed, last_sent)
         if dead:
             self._fail_over(f, dead, now)
+        live = [t for p, t in unconfirmed.items() if table.live(p)]
+        if live:                         # look again when the oldest silent packet is overdue
+            f.next_check = max(now + 0.0005, min(live) + limit + 1e-4)
 
     def _choose_path(self, f: _TxFlow) -> int:
         """The path of the flow's next packet: the policy's choice, skipping dead paths
