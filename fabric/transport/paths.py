@@ -16,9 +16,8 @@ Dead path (spraying, several paths per flow)
     avoided the same way. When the silent packet is the flow's newest (a message's tail: no
     later one exists to compare), a delivery on another path of a packet sent at most one
     limit before it is the evidence instead; a retransmission timeout is judged the same
-    way (:meth:`PathTable.on_timeout`). The table never kills the
-    last live path: with nothing alive there is nothing to prefer, and every path keeps
-    being tried.
+    way (:meth:`PathTable.on_timeout`). The table never kills the last live path: with
+    nothing alive there is nothing to prefer, and every path keeps being tried.
 Probing and repair
     A dead path is probed at once (a path condemned on one random loss comes back within a
     round trip), then once per ``probe_interval_s`` (:meth:`PathTable.probes_due`);
@@ -27,9 +26,11 @@ Path migration (one path per flow: ``flow`` entropy)
     A flow on one path cannot compare paths; its signal is the retransmission timer. After
     ``migrate_after_rtos`` consecutive timeouts with no progress, the flow moves to another
     path: another source port (a new ECMP hash, so most likely other links) and, when the
-    rank has several planes, another plane (:meth:`PathTable.migration_target`). This is the
-    rule of NCCL's and UEC's transports (UEC: on repeated timeouts a packet's entropy value
-    is retired and a new one drawn), instead of backing the timer off to a second.
+    rank has several planes, another plane (:meth:`PathTable.migration_target`), instead of
+    backing the timer off to a second. This is path migration in the NCCL/UEC sense: a
+    connection is not tied to the ECMP path its first hash picked; like the Ultra Ethernet
+    transport, which steers away from entropy values that see losses and timeouts, it draws
+    a new entropy value when the current one stops delivering.
 
 Bounded memory: a few numbers per path and a fixed-length event log.
 """
