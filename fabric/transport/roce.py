@@ -311,6 +311,7 @@ class _RxFlow:
         "pending",
         "plane",
         "plane_t",
+        "probed",
         "ready",
         "reorder_time",
         "reports",
@@ -344,6 +345,7 @@ class _RxFlow:
         self.plane_t = [0.0] * planes      # per plane: last data (or probe) from the peer
         self.suspect_until = [0.0] * planes   # per plane: our ACKs there seem lost until then
         self.reports: dict[int, int] = {}  # path -> newest send timestamp, not yet reported
+        self.probed = False                # a probe arrived since the last ACK
         self.gaps = GapLog(gap_threshold_s)   # between arrivals of new data (the wire's view)
         self.hol = GapLog(gap_threshold_s)    # between advances of the in-order point (the app's view)
         self.app_bytes = 0                 # what was handed to the application, and its CRC
@@ -915,7 +917,7 @@ class RoceTransport(Transport):
             r.stats["probes_received"] += 1
             r.plane_t[plane] = now
             r.reports[path] = ts
-            r.ack_due = True
+            r.probed = r.ack_due = True
         elif typ == CNP:
             f = self.tx[src]
             f.stats["cnps"] += 1
@@ -1024,8 +1026,11 @@ class RoceTransport(Transport):
                 r.ack_due = False
                 r.pending = 0
                 r.ack_at = 0.0
-                if r.reports.get(r.ack_path) == r.ack_ts:
+                if not r.ooo and not r.probed:
+                    r.reports.clear()                # in order: the cumulative ACK says it all
+                elif r.reports.get(r.ack_path) == r.ack_ts:
                     del r.reports[r.ack_path]        # the echo reports it
+                r.probed = False
                 a, b, c = self._take_reports(r, 3)
                 self._control(ACK, r.src, self._answer_plane(r, now), r.ack_path, r.expected, c, r.ack_ts, (a, b))
                 r.ack_ts = 0                         # echo (and time) each data packet once
