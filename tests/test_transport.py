@@ -16,7 +16,7 @@ import pytest
 
 from hpnlab.fabric.transport import ENTROPIES, ENTROPY_POLICIES, PeerLost, TransportError, make
 from hpnlab.fabric.transport.entropy import AdaptiveEntropy, FlowEntropy, SprayEntropy
-from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams
+from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
 # clear of test_run_local's 22000s and the benchmarks' 23000s)
@@ -112,10 +112,17 @@ def _pair(kind, faults_fwd=None, faults_back=None, base=BASE, planes=1, **opts):
 
 def _run_both(t0, t1, fn0, fn1):
     out, errors = {}, []
+    # a roce endpoint only binds when it starts: bind both first, so that rank 0's first packet
+    # cannot reach rank 1 before it listens (a tcp endpoint connects: each starts in its thread)
+    bound = all(isinstance(t, RoceTransport) for t in (t0, t1))
+    if bound:
+        t1.start()
+        t0.start()
 
     def wrap(key, t, fn):
         try:
-            t.start()
+            if not bound:
+                t.start()
             out[key] = fn(t)
             t.close()              # a rank that is done keeps acknowledging for a while
         except Exception as exc:   # surfaced in the main thread below
@@ -232,11 +239,31 @@ def test_a_flow_that_is_never_marked_and_cannot_lose_ends_at_line_rate():
     assert_rate_follows_its_cuts(tx, 50e6, "gobackn")
 
 
+def _rates_after_one_cut(line: float, g: float, periods: int = 8, steps: int = 60) -> set[float]:
+    """Every rate DCQCN can end at after exactly one cut: alpha decays by (1 - g) per alpha
+    period without a CNP (j periods before the CNP came), the cut is rc = line * (1 - alpha/2)
+    with the target left at the line rate, and each increase event sets rc = (line + rc) / 2.
+    Computed with the same floating-point operations as the reaction point, so membership is
+    exact."""
+    out = set()
+    alpha = 1.0
+    for _ in range(periods):
+        rc = line * (1 - alpha / 2)
+        for _ in range(steps):
+            out.add(rc)
+            rc = min(line, (line + rc) / 2)
+        out.add(rc)
+        alpha = (1 - g) * alpha
+    return out
+
+
 def test_one_ce_mark_cuts_the_rate_once_and_it_climbs_back_by_halving_the_gap():
-    """DCQCN: the first CNP (alpha = 1) halves the rate and sets the target to the old rate,
-    the line rate; every increase event after it sets rc = (target + rc) / 2. So with one cut
-    the final rate is line * (1 - 2**-(k + 1)) after k >= 0 increase events: exactly, in
-    binary floating point (each step halves a power-of-two gap)."""
+    """DCQCN: the first CNP cuts the rate by alpha/2 (alpha starts at 1 and decays by 1 - g
+    per alpha period until the CNP arrives: on a loaded machine the first CNP can take more
+    than one period) and sets the target to the old rate, the line rate; every increase event
+    after it sets rc = (target + rc) / 2. So the final rate is one of the few values that
+    sequence can reach (exactly, in binary floating point), and below the line rate only
+    if it never climbed all the way back."""
     line = 50e6
     t0, t1, relays = _pair("roce", dict(ce_packets={0}), None, base=BASE + 35, line_rate_bps=line,
                            recovery="gobackn")
@@ -250,10 +277,8 @@ def test_one_ce_mark_cuts_the_rate_once_and_it_climbs_back_by_halving_the_gap():
     assert relays[0].counts["marked"] == rx["ce_marks"] == 1
     assert tx["cnps"] == tx["rate_cuts"] == 1
     assert_rate_follows_its_cuts(tx, line, "gobackn")
-    forms = {k: line * (1 - 2.0 ** -(k + 1)) for k in range(53)}
-    k = next((k for k, rate in forms.items() if rate == tx["final_rate_bps"]), None)
-    assert k is not None, f"final rate {tx['final_rate_bps']} is not line * (1 - 2**-(k+1))"
-    assert k >= 1                         # it climbed back at least once
+    assert tx["final_rate_bps"] in _rates_after_one_cut(line, DcqcnParams.scaled(line).g)
+    assert tx["final_rate_bps"] > line * 0.75           # it climbed back at least once
 
 
 @pytest.mark.parametrize("entropy,paths", [(FlowEntropy.name, 1), (SprayEntropy.name, 2 * 4)])

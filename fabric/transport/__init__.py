@@ -38,7 +38,9 @@ def make(kind: str, rank: int, addrs: list[list[str]], **options) -> Transport:
         from .tcp import TcpTransport
         options.pop("entropy", None)
         for key in ("line_rate_bps", "recovery", "dcqcn", "ports_per_nic", "window_pkts", "mtu",
-                    "ecn", "reorder_threshold", "reorder_time_s"):
+                    "ecn", "reorder_threshold", "reorder_time_s", "max_rto_s", "paths", "gap_threshold_s",
+                    "ack_fresh_s", "watch_links", "link_poll_s", "link_state",
+                    "nic_names"):
             options.pop(key, None)
         return TcpTransport(rank, addrs, **options)
     if kind == "roce":

@@ -27,12 +27,40 @@ What is modelled
       ``adaptive`` is the hook :class:`~.entropy.EntropyPolicy` subclasses fill, with per-path
       feedback (ACKed, CE/CNP, loss) given to ``on_feedback``.
 
+    * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
+      ACK and NACK, which of the sender's paths delivered (the echoed data packet's path and
+      send time, plus up to three (path, send time) reports), so the sender knows per path
+      the newest packet delivered. A path whose oldest packet in flight outlives
+      ``max(K x srtt, floor)`` while another path delivered a later one is dead: nothing new
+      goes there, what was in flight there is re-sent at once on live paths, and one probe per
+      ``probe_interval_s`` tests it until it delivers again. A NIC port the kernel refuses to
+      send on (``ENETUNREACH``, ``ENETDOWN``...), or whose carrier is lost (polled every
+      ``link_poll_s`` through rtnetlink, :mod:`.nic`), takes its plane out at once. The last
+      live path is never given up.
+    * Path migration (NCCL/UEC-style): a one-path (``flow``) connection whose retransmission
+      timer fires ``migrate_after_rtos`` times in a row (default 2) moves to a new entropy
+      value: another source port, on another plane if the rank has several (with a single
+      path, its socket is re-bound to a new source port). The timer backs off at most to
+      ``max_rto_s`` (default 100 ms, not 1 s), so a dead path costs about three RTOs before
+      the move: ~30 ms at ``min_rto_s=0.01`` (measured by tools/bench_transport.py), ~120 ms
+      at the default 40 ms minimum (chosen for a loaded 2-core machine, where a shorter one
+      fires spuriously); not seconds.
+    * Answers (ACK, NACK, CNP) go on a plane that delivered data from the peer within
+      ``ack_fresh_s``, that this rank's own sending to the peer does not find dead, and whose
+      answers do not seem lost (the peer re-sent data already acknowledged there): not
+      merely the plane of the last data packet.
+
 Every flow counts packets, bytes, retransmissions, timeouts, NACKs, CE marks (receiver),
 CNPs (sender), duplicates, the deepest reordering seen (PSN distance beyond the next
-expected one) and samples (time, bytes acknowledged, DCQCN rate) every ``sample_s``.
+expected one) and samples (time, bytes acknowledged, DCQCN rate) every ``sample_s``; and,
+in bounded memory, what a failure's loss window is made of (:mod:`.accounting`): arrival
+and in-order gaps, retransmission bursts with their cause (nack, timeout, failover,
+migrate), the slowest message completions, the path events, and the bytes and CRC-32 of
+every message posted (sender) and handed to the application (receiver), which must match.
 """
 from __future__ import annotations
 
+import errno
 import math
 import select
 import socket
@@ -40,15 +68,26 @@ import struct
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES, FlowEntropy
+from .nic import interface_of, link_up, netlink_socket
+from .paths import PathParams, PathTable, ack_plane
 
-DATA, ACK, NACK, CNP, ABORT = 1, 2, 3, 4, 5
-# type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us)
+DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
+# type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us);
+# an ACK carries in (msg id, offset, length) and a NACK in (offset, length) delivery
+# reports, each path << 24 | the low 24 bits of the send timestamp of the newest packet
+# that arrived on that path (NO_REPORT: none); with the echoed (path, timestamp) of an ACK,
+# the sender learns which of its paths deliver
 HDR = struct.Struct("!BBHHIIIII")
+NO_REPORT = 0xFFFFFFFF
+MAX_PATHS = 255
+LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
 IP_UDP = 28          # IPv4 + UDP headers
 ETH = 14             # what an htb shaper counts on top of the IP packet
 ECT0, CE = 0x02, 0x03
@@ -174,8 +213,12 @@ class Dcqcn:
 class _TxFlow:
     __slots__ = (
         "acked_bytes",
+        "app_bytes",
+        "app_crc",
+        "bursts",
         "cur",
         "cur_off",
+        "cur_path",
         "dcqcn",
         "done_msgs",
         "dst",
@@ -186,14 +229,19 @@ class _TxFlow:
         "min_rtt",
         "msg_last_psn",
         "msg_next",
+        "msg_posted",
+        "next_check",
         "next_t",
+        "paths",
         "psn",
         "queue",
         "retx",
         "rto",
+        "rto_streak",
         "rttvar",
         "samples",
         "seq",
+        "slowest",
         "srtt",
         "stats",
         "una",
@@ -201,33 +249,43 @@ class _TxFlow:
         "window",
     )
 
-    def __init__(self, src, dst, now, dcqcn):
+    def __init__(self, src, dst, now, dcqcn, paths: PathTable):
         self.dst = dst
         self.hash = zlib.crc32(struct.pack("!HH", src, dst))
         self.queue: deque[tuple[int, memoryview]] = deque()          # (msg_id, memoryview)
-        self.cur = None
+        self.cur: tuple[int, memoryview] | None = None
         self.cur_off = 0
         self.psn = 0
         self.una = 0
-        self.unacked = {}             # psn -> [msg_id, off, mlen, view, sent_t, path, retx]
+        self.unacked: dict[int, list] = {}   # psn -> [msg_id, off, mlen, view, sent_t, path, retx, why]
         self.retx: deque[Any] = deque()
         self.msg_next = 0
-        self.msg_last_psn = {}        # msg id -> last psn (set when fully packetised)
-        self.done_msgs = set()
+        self.msg_last_psn: dict[int, int] = {}   # msg id -> last psn (set when fully packetised)
+        self.done_msgs: set[int] = set()
         self.next_t = now
         self.dcqcn = dcqcn
         self.last_progress = now
-        self.rto = None
-        self.srtt = None
+        self.rto: float | None = None
+        self.srtt: float | None = None
         self.rttvar = 0.0
         self.stats = {"packets": 0, "bytes": 0, "retransmissions": 0, "timeouts": 0, "nacks": 0,
-                      "cnps": 0, "acks": 0}
-        self.samples = []
+                      "cnps": 0, "acks": 0, "failover_retx": 0, "probes": 0, "migrations": 0,
+                      "link_errors": 0}
+        self.paths = paths
+        self.next_check = 0.0              # when to look for dead paths next
+        self.cur_path: int | None = None   # one-path (flow entropy) flows: where they are now
+        self.rto_streak = 0                # consecutive timeouts without progress
+        self.bursts = BurstLog()
+        self.app_bytes = 0                 # what the application posted, and its running CRC
+        self.app_crc = 0
+        self.msg_posted: dict[int, tuple[float, int]] = {}    # msg id -> (posted, bytes)
+        self.slowest = Largest(8)
+        self.samples: list[list[float]] = []
         self.acked_bytes = 0
         self.last_sample = 0.0
         self.seq = 0
         self.gbn_resend_to = -1
-        self.min_rtt = None
+        self.min_rtt: float | None = None
         self.window = 0
 
 
@@ -237,9 +295,13 @@ class _RxFlow:
         "ack_due",
         "ack_path",
         "ack_ts",
+        "app_bytes",
+        "app_crc",
         "complete",
         "deliver_next",
         "expected",
+        "gaps",
+        "hol",
         "hole_psn",
         "hole_since",
         "last_cnp",
@@ -248,18 +310,22 @@ class _RxFlow:
         "ooo",
         "pending",
         "plane",
+        "plane_t",
+        "probed",
         "ready",
         "reorder_time",
+        "reports",
         "src",
         "stats",
+        "suspect_until",
     )
 
-    def __init__(self, src):
+    def __init__(self, src, planes: int = 1, gap_threshold_s: float = 0.002):
         self.src = src
         self.expected = 0
-        self.ooo = set()
-        self.msgs = {}                # msg id -> [bytearray, received bytes]
-        self.complete = {}            # msg id -> bytearray (complete, not yet delivered)
+        self.ooo: set[int] = set()
+        self.msgs: dict[int, list] = {}   # msg id -> [bytearray, received bytes]
+        self.complete: dict[int, bytearray] = {}   # msg id -> bytearray (complete, not yet delivered)
         self.deliver_next = 0
         self.ready: deque[Any] = deque()          # delivered in order, waiting for a posted receive
         self.ack_due = False
@@ -274,7 +340,16 @@ class _RxFlow:
         self.last_nack = (-1, -1.0)
         self.plane = 0
         self.stats = {"packets_received": 0, "ce_marks": 0, "cnps_sent": 0, "duplicates": 0,
-                      "max_reorder": 0, "nacks_sent": 0, "dropped_out_of_order": 0}
+                      "max_reorder": 0, "nacks_sent": 0, "dropped_out_of_order": 0, "probes_received": 0,
+                      "ack_plane_switches": 0}
+        self.plane_t = [0.0] * planes      # per plane: last data (or probe) from the peer
+        self.suspect_until = [0.0] * planes   # per plane: our ACKs there seem lost until then
+        self.reports: dict[int, int] = {}  # path -> newest send timestamp, not yet reported
+        self.probed = False                # a probe arrived since the last ACK
+        self.gaps = GapLog(gap_threshold_s)   # between arrivals of new data (the wire's view)
+        self.hol = GapLog(gap_threshold_s)    # between advances of the in-order point (the app's view)
+        self.app_bytes = 0                 # what was handed to the application, and its CRC
+        self.app_crc = 0
 
 
 class RoceTransport(Transport):
@@ -288,7 +363,10 @@ class RoceTransport(Transport):
                  ecn: bool = True, timeout_s: float = 10.0, min_rto_s: float = 0.04,
                  sample_s: float = 0.025, burst_s: float = 0.004, pace: float = 1.0,
                  ack_every: int = 8, ack_delay_s: float = 0.004, lookahead_s: float = 0.003,
-                 bdp_factor: float = 6.0):
+                 bdp_factor: float = 6.0, max_rto_s: float = 0.1, paths: PathParams | dict | None = None,
+                 gap_threshold_s: float = 0.002, ack_fresh_s: float = 0.02, watch_links: bool = True,
+                 link_poll_s: float = 0.005, link_state: Callable[[str], bool | None] | None = None,
+                 nic_names: list[str | None] | None = None):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -306,6 +384,9 @@ class RoceTransport(Transport):
         self.mtu = mtu
         self.recovery = recovery
         self.ports_per_nic = max(1, ports_per_nic)
+        if self.planes * self.ports_per_nic > MAX_PATHS - 1:
+            raise TransportError(f"{self.planes} planes x {self.ports_per_nic} ports per NIC is more than "
+                                 f"{MAX_PATHS - 1} paths; use fewer ports_per_nic")
         self.policy = ENTROPY_POLICIES[entropy](self.planes, self.ports_per_nic)
         per_flow = self.policy.per_flow
         self.entropy = entropy
@@ -317,6 +398,24 @@ class RoceTransport(Transport):
         self.ecn = ecn
         self.timeout_s = timeout_s
         self.min_rto_s = min_rto_s
+        if max_rto_s < min_rto_s:
+            raise TransportError(f"max_rto_s ({max_rto_s}) must be at least min_rto_s ({min_rto_s})")
+        self.max_rto_s = max_rto_s
+        try:
+            self.path_params = paths if isinstance(paths, PathParams) else PathParams(**(paths or {}))
+        except TypeError as exc:
+            raise TransportError(f"bad path rules: {exc}") from None
+        self.gap_threshold_s = gap_threshold_s
+        self.ack_fresh_s = ack_fresh_s
+        self.wall_offset = time.time() - time.monotonic()     # monotonic -> wall clock
+        self.watch_links = watch_links
+        self.link_poll_s = link_poll_s
+        self._link_state = link_state                # (interface) -> up?; default: nic.link_up
+        self.nics: list[str | None] = list(nic_names or [])   # per plane: the interface owning its address
+        self.link_ok: list[bool] = []
+        self.next_link_poll = 0.0
+        self.link_events: list[list] = []           # [wall time, plane, "down" | "up"], bounded
+        self._link_sock: socket.socket | None = None
         self.sample_s = sample_s
         self.burst_s = burst_s
         self.lookahead_s = lookahead_s
@@ -348,7 +447,9 @@ class RoceTransport(Transport):
                 "flow_max_bps": self.flow_max_bps, "planes": self.planes, "ports_per_nic": self.ports_per_nic,
                 "window_pkts": self.window, "bdp_factor": self.bdp_factor, "pace": self.pace,
                 "reorder_threshold": self.reorder_threshold, "reorder_time_s": self.reorder_time_s,
-                "ecn": self.ecn,
+                "ecn": self.ecn, "min_rto_s": self.min_rto_s, "max_rto_s": self.max_rto_s,
+                "path_rules": asdict(self.path_params), "gap_threshold_s": self.gap_threshold_s,
+                "watched_ports": self.nics, "link_events": self.link_events,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
                 "source_ports": [s.getsockname()[1] for s in self.tx_socks]}
@@ -381,13 +482,21 @@ class RoceTransport(Transport):
         for r, ips in enumerate(self.addrs):
             for p in range(self.planes):
                 self.peer_addr[r, p] = (ips[p % len(ips)], self.base_port + r)
+        if self.watch_links:
+            if not self.nics:
+                self.nics = [interface_of(ip) for ip in self.addrs[self.rank]]
+            if self._link_state is None:
+                sock = self._link_sock = netlink_socket()
+                self._link_state = lambda name: link_up(name, sock)
+        self.link_ok = [True] * self.planes
         now = time.monotonic()
         for r in range(self.nranks):
             if r != self.rank:
                 dc = Dcqcn(self.dcqcn_params, now) if self.dcqcn_params else None
-                self.tx[r] = _TxFlow(self.rank, r, now, dc)
+                self.tx[r] = _TxFlow(self.rank, r, now, dc,
+                                     PathTable(self.planes, self.ports_per_nic, self.path_params))
                 self.tx[r].window = self.window
-                self.rx[r] = _RxFlow(r)
+                self.rx[r] = _RxFlow(r, self.planes, self.gap_threshold_s)
                 self.rx[r].reorder_time = self.reorder_time_s
 
     # ---- the step ----------------------------------------------------------------------
@@ -410,6 +519,9 @@ class RoceTransport(Transport):
                 mv = memoryview(bytes(mv))
             else:
                 waiting.append((f, mid))
+            f.app_bytes += len(mv)
+            f.app_crc = crc_chain(f.app_crc, mv)
+            f.msg_posted[mid] = (now, len(mv))
             f.queue.append((mid, mv))
             f.last_progress = now
 
@@ -456,6 +568,8 @@ class RoceTransport(Transport):
                             raise TransportError(f"rank {self.rank}: rank {peer} sent a {len(data)} B "
                                                  f"message where {nbytes} B were expected (out of step)")
                         results[i] = data
+                        rxf.app_bytes += len(data)
+                        rxf.app_crc = crc_chain(rxf.app_crc, data)
                         want.remove(i)
                 ack_at = self._flush_acks(now)
                 if not want and sends_done():
@@ -502,7 +616,7 @@ class RoceTransport(Transport):
         f.cur_off += n
         psn = f.psn
         f.psn += 1
-        e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0]
+        e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, ""]
         f.unacked[psn] = e
         if f.cur_off >= len(mv):
             f.msg_last_psn[mid] = psn
@@ -524,17 +638,25 @@ class RoceTransport(Transport):
             return True
         return f.psn - f.una < f.window and (f.cur is not None or bool(f.queue))
 
+    def _rto(self, f: _TxFlow) -> float:
+        return f.rto or min(self.max_rto_s, max(self.min_rto_s, 0.2))
+
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
         la = self.lookahead_s
+        if self.watch_links and self.nics and now >= self.next_link_poll:
+            self._poll_links(now)
         flows = [f for f in self.tx.values() if f.retx or f.queue or f.cur or f.unacked]
         for f in flows:
             if f.dcqcn:
                 f.dcqcn.tick(now)
+            if now >= f.next_check:
+                self._check_paths(f, now)
+            for path in f.paths.probes_due(now):
+                self._probe(f, path, now)
             if f.unacked:
-                rto = f.rto or max(self.min_rto_s, 0.2)
                 oldest = f.unacked.get(f.una)
-                if oldest is not None and oldest[4] and now - oldest[4] > rto:
+                if oldest is not None and oldest[4] and now - oldest[4] > self._rto(f):
                     self._timeout(f, now)
         progressed = True
         while progressed:
@@ -550,7 +672,7 @@ class RoceTransport(Transport):
                 pkt = self._peek_ready(f)
                 if not pkt:
                     continue
-                path = self.policy.path(f, f.seq)
+                path = self._choose_path(f)
                 plane = path // self.ports_per_nic
                 if self.nic_next[plane] > now + la:
                     wake = min(wake, self.nic_next[plane] - la)
@@ -574,18 +696,138 @@ class RoceTransport(Transport):
             if f.unacked:
                 oldest = f.unacked.get(f.una)
                 if oldest is not None and oldest[4]:
-                    wake = min(wake, oldest[4] + (f.rto or 0.2))
+                    wake = min(wake, oldest[4] + self._rto(f))
+            nxt = f.paths.next_probe()
+            if nxt is not None:
+                wake = min(wake, nxt)
+            if f.unacked and not self.policy.per_flow:
+                wake = min(wake, f.next_check)
         return wake
+
+    def _poll_links(self, now: float) -> None:
+        """A plane whose NIC port went down is left at once by every flow; when the port
+        comes back, its paths are probed at once (they return when a probe gets through)."""
+        self.next_link_poll = now + self.link_poll_s
+        assert self._link_state is not None
+        for plane, name in enumerate(self.nics):
+            if name is None:
+                continue
+            up = self._link_state(name)
+            if up is None or up == self.link_ok[plane]:
+                continue
+            self.link_ok[plane] = up
+            if len(self.link_events) < 256:
+                self.link_events.append([now + self.wall_offset, plane, "up" if up else "down"])
+            for f in self.tx.values():
+                if up:
+                    f.paths.probe_plane_now(plane, now)
+                else:
+                    dead = f.paths.kill_plane(plane, now)
+                    if dead:
+                        self._fail_over(f, dead, now)
+
+    def _check_paths(self, f: _TxFlow, now: float) -> None:
+        """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
+        limit = self.path_params.dead_after(f.srtt)
+        f.next_check = now + limit
+        if len(f.paths) < 2 or not f.unacked or self.policy.per_flow:
+            return                      # one path in use: no other to compare (the RTO rule migrates)
+        table = f.paths
+        unconfirmed: dict[int, float] = {}
+        last_sent = 0.0
+        for e in f.unacked.values():
+            p, sent = e[5], e[4]
+            if sent > last_sent:
+                last_sent = sent
+            if sent and sent > table.delivered_t(p) and sent < unconfirmed.get(p, now):
+                unconfirmed[p] = sent
+        dead = table.check(now, f.srtt, unconfirmed, last_sent)
+        if dead:
+            self._fail_over(f, dead, now)
+        live = [t for p, t in unconfirmed.items() if table.live(p)]
+        if live:                         # look again when the oldest silent packet is overdue
+            f.next_check = max(now + 0.0005, min(live) + limit + 1e-4)
+
+    def _choose_path(self, f: _TxFlow) -> int:
+        """The path of the flow's next packet: the policy's choice, skipping dead paths
+        (spraying moves on to the next live one; a one-path flow stays where it migrated)."""
+        if self.policy.per_flow:
+            if f.cur_path is None:
+                f.cur_path = self.policy.path(f, f.seq)
+            return f.cur_path
+        first = self.policy.path(f, f.seq)
+        table = f.paths
+        if table.live(first):
+            return first
+        for k in range(1, len(table)):
+            p = self.policy.path(f, f.seq + k)
+            if table.live(p):
+                f.seq += k
+                return p
+        return first
+
+    def _requeue(self, f: _TxFlow, psn: int, why: str) -> bool:
+        e = f.unacked.get(psn)
+        if e is None or psn in f.retx:
+            return False
+        e[7] = why
+        f.retx.append(psn)
+        return True
+
+    def _fail_over(self, f: _TxFlow, dead: list[int], now: float) -> None:
+        """``dead`` paths were just found dead: what was in flight on them is re-sent at once
+        (on live paths, as :meth:`_choose_path` picks), not after a timeout."""
+        gone = set(dead)
+        if f.cur_path in gone:
+            f.cur_path = f.paths.migration_target(f.cur_path)
+        for psn in range(f.una, f.psn):
+            e = f.unacked.get(psn)
+            if e is not None and e[5] in gone and self._requeue(f, psn, "failover"):
+                f.stats["failover_retx"] += 1
+
+    def _probe(self, f: _TxFlow, path: int, now: float) -> None:
+        """One probe down a dead path; the receiver's delivery report says if it got through."""
+        plane = path // self.ports_per_nic
+        HDR.pack_into(self.hdr_buf, 0, PROBE, path, self.rank, f.dst, 0, 0, 0, 0, int(now * 1e6) & 0xFFFFFFFF)
+        try:
+            self.tx_socks[path].sendto(self.hdr_buf, self.peer_addr[f.dst, plane])
+        except OSError:
+            pass
+        f.stats["probes"] += 1
+
+    def _migrate(self, f: _TxFlow, now: float) -> None:
+        """Path migration of a one-path flow after repeated timeouts: a new entropy value
+        (another source port, another plane if there is one), the timer back to its base."""
+        cur = f.cur_path if f.cur_path is not None else self._choose_path(f)
+        f.paths.kill(cur, now, "migrated_from")
+        target = f.paths.migration_target(cur)
+        if target == cur:
+            self._rebind(cur)                       # one path only: a new source port for it
+        f.paths.events.append((now, "migrated_to", target))
+        f.cur_path = target
+        f.stats["migrations"] += 1
+        f.rto_streak = 0
+        f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar) if f.srtt is not None else None
+        for psn in range(f.una, f.psn):
+            self._requeue(f, psn, "migrate")
+
+    def _rebind(self, path: int) -> None:
+        old = self.tx_socks[path]
+        ip = old.getsockname()[0]
+        ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        ts.bind((ip, 0))
+        if self.ecn:
+            ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+        ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        ts.setblocking(False)
+        self.tx_socks[path] = ts
+        old.close()
 
     def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
         plane = path // self.ports_per_nic
         HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen,
                       int(now * 1e6) & 0xFFFFFFFF)
-        try:
-            self.tx_socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
-        except (BlockingIOError, ConnectionRefusedError):
-            pass                        # a full socket buffer or ICMP: the packet counts as lost
         e[4] = now
         e[5] = path
         st = f.stats
@@ -594,21 +836,42 @@ class RoceTransport(Transport):
         if is_retx:
             e[6] += 1
             st["retransmissions"] += 1
+            f.bursts.retx(now, e[7] or "loss")
+        try:
+            self.tx_socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
+        except (BlockingIOError, ConnectionRefusedError):
+            pass                        # a full socket buffer or ICMP: the packet counts as lost
+        except OSError as exc:
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            # the NIC port cannot send (its link is down, its address gone): avoid the plane
+            st["link_errors"] += 1
+            for g in self.tx.values():
+                dead = g.paths.kill_plane(plane, now)
+                if dead:
+                    self._fail_over(g, dead, now)
 
     def _timeout(self, f: _TxFlow, now: float) -> None:
         f.stats["timeouts"] += 1
+        f.rto_streak += 1
         e = f.unacked.get(f.una)
         if e is not None:
             self.policy.on_feedback(f, e[5], "loss")
+            if not self.policy.per_flow and f.paths.on_timeout(e[5], e[4], now, f.srtt):
+                self._fail_over(f, [e[5]], now)
         if self.recovery == "gobackn":
-            f.retx.extend(p for p in range(f.una, f.psn) if p in f.unacked and p not in f.retx)
-        elif f.una not in f.retx:
-            f.retx.append(f.una)
+            for p in range(f.una, f.psn):
+                self._requeue(f, p, "timeout")
+        else:
+            self._requeue(f, f.una, "timeout")
         for p in range(f.una, f.psn):          # restart the clock of what is being resent
             ent = f.unacked.get(p)
             if ent is not None:
                 ent[4] = now
-        f.rto = min(1.0, (f.rto or max(self.min_rto_s, 0.2)) * 2)
+        # backoff, capped low: a dead path is left (below) rather than waited out
+        f.rto = min(self.max_rto_s, self._rto(f) * 2)
+        if self.policy.per_flow and f.rto_streak >= self.path_params.migrate_after_rtos:
+            self._migrate(f, now)
 
     # ---- receiving ---------------------------------------------------------------------
     def _wait_rx(self, timeout: float) -> list:
@@ -641,9 +904,20 @@ class RoceTransport(Transport):
         if typ == DATA:
             self._on_data(self.rx[src], data, tos, path, psn, mid, off, mlen, ts, now, plane)
         elif typ == ACK:
-            self._on_ack(self.tx[src], psn, ts, path, now)
+            f = self.tx[src]
+            if ts:
+                self._delivered(f, path, ts, 32, now)
+            self._reports(f, (mid, off, mlen), now)
+            self._on_ack(f, psn, ts, path, now)
         elif typ == NACK:
+            self._reports(self.tx[src], (off, mlen), now)
             self._on_nack(self.tx[src], psn, mid, path, now)
+        elif typ == PROBE:
+            r = self.rx[src]
+            r.stats["probes_received"] += 1
+            r.plane_t[plane] = now
+            r.reports[path] = ts
+            r.probed = r.ack_due = True
         elif typ == CNP:
             f = self.tx[src]
             f.stats["cnps"] += 1
@@ -656,16 +930,20 @@ class RoceTransport(Transport):
     def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane):
         st = r.stats
         st["packets_received"] += 1
-        r.plane = plane                       # answer on the plane the data came in on
+        r.plane_t[plane] = now                # answers go on a plane that delivers (_answer_plane)
+        r.reports[path] = ts
         if tos & 0x03 == CE:
             st["ce_marks"] += 1
             cnp_every = self.dcqcn_params.cnp_interval_s if self.dcqcn_params else 50e-6
             if now - r.last_cnp >= cnp_every:
                 r.last_cnp = now
                 st["cnps_sent"] += 1
-                self._control(CNP, r.src, r.plane, path, 0, 0)
+                self._control(CNP, r.src, self._answer_plane(r, now), path, 0, 0)
         if psn < r.expected or psn in r.ooo:
             st["duplicates"] += 1
+            if psn < r.expected:
+                # the peer re-sent what we acknowledged: our ACKs on this plane may be lost
+                r.suspect_until[r.plane] = now + self.path_params.probe_interval_s
             if r.last_nack[0] >= 0 and psn >= r.last_nack[0] and r.reorder_time:
                 # the NACKed packet came twice: it was late, not lost (like RACK's reo_wnd
                 # growing on a DSACK) - wait longer before calling a hole a loss
@@ -678,8 +956,10 @@ class RoceTransport(Transport):
             if r.last_nack[0] != r.expected or now - r.last_nack[1] > 0.05:
                 r.last_nack = (r.expected, now)
                 st["nacks_sent"] += 1
-                self._control(NACK, r.src, r.plane, path, r.expected, 1)
+                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0,
+                              self._take_reports(r, 2))
             return
+        r.gaps.arrival(now, psn, bool(r.msgs or r.ooo))
         # place the payload (reassembly buffer keyed by message)
         completed = False
         if mid >= r.deliver_next and mid not in r.complete:
@@ -700,6 +980,7 @@ class RoceTransport(Transport):
             r.ready.append(bytearray())
             r.deliver_next += 1
         if psn == r.expected:
+            r.hol.arrival(now, psn, bool(r.ooo or r.msgs))
             r.expected += 1
             while r.expected in r.ooo:
                 r.ooo.discard(r.expected)
@@ -733,27 +1014,75 @@ class RoceTransport(Transport):
                 while r.expected + hole not in r.ooo and hole < 64:
                     hole += 1
                 st["nacks_sent"] += 1
-                self._control(NACK, r.src, r.plane, path, r.expected, hole)
+                self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, hole, 0,
+                              self._take_reports(r, 2))
 
     def _flush_acks(self, now: float = 0.0, force: bool = False) -> float:
         """Send the ACKs that are due; return when the next delayed one is (0: none)."""
         nxt = 0.0
+        now = now or time.monotonic()
         for r in self.rx.values():
             if r.ack_due or (r.ack_at and (force or now >= r.ack_at)):
                 r.ack_due = False
                 r.pending = 0
                 r.ack_at = 0.0
-                self._control(ACK, r.src, r.plane, r.ack_path, r.expected, 0, r.ack_ts)
+                if not r.ooo and not r.probed:
+                    r.reports.clear()                # in order: the cumulative ACK says it all
+                elif r.reports.get(r.ack_path) == r.ack_ts:
+                    del r.reports[r.ack_path]        # the echo reports it
+                r.probed = False
+                a, b, c = self._take_reports(r, 3)
+                self._control(ACK, r.src, self._answer_plane(r, now), r.ack_path, r.expected, c, r.ack_ts, (a, b))
+                r.ack_ts = 0                         # echo (and time) each data packet once
+                if r.reports:
+                    r.ack_due = True                 # more paths to report: another ACK next round
+                    nxt = now
             elif r.ack_at and (not nxt or r.ack_at < nxt):
                 nxt = r.ack_at
         return nxt
 
-    def _control(self, typ, peer, plane, path, psn, extra, ts=0) -> None:
-        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, 0, 0, ts)
+    def _answer_plane(self, r: _RxFlow, now: float) -> int:
+        """The plane to answer the peer on (see :func:`.paths.ack_plane`)."""
+        tx = self.tx.get(r.src)
+        dead = tx.paths.dead_planes() if tx is not None else set()
+        pl = ack_plane(r.plane_t, dead, r.suspect_until, r.plane, now, self.ack_fresh_s)
+        if pl != r.plane:
+            r.plane = pl
+            r.stats["ack_plane_switches"] += 1
+        return pl
+
+    @staticmethod
+    def _take_reports(r: _RxFlow, n: int) -> list[int]:
+        """Up to ``n`` delivery reports (oldest first), removed from what is left to report."""
+        out = [NO_REPORT] * n
+        for i in range(n):
+            if not r.reports:
+                break
+            path = next(iter(r.reports))
+            out[i] = path << 24 | (r.reports.pop(path) & 0xFFFFFF)
+        return out
+
+    def _control(self, typ, peer, plane, path, psn, extra, ts=0, reports=(NO_REPORT, NO_REPORT)) -> None:
+        """One control packet; ``extra`` goes in the msg id field (NACK: how many PSNs)."""
+        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, reports[0], reports[1], ts)
         try:
             self.rx_socks[plane].sendto(self.hdr_buf, self.peer_addr[peer, plane])
-        except (BlockingIOError, ConnectionRefusedError):
-            pass
+        except OSError:
+            pass                        # a full buffer, ICMP, or the port is down: the answer is lost
+
+    def _delivered(self, f: _TxFlow, path: int, ts: int, bits: int, now: float) -> None:
+        """The receiver saw a packet sent on ``path`` at timestamp ``ts`` (its low ``bits``)."""
+        if path >= len(f.paths):
+            return
+        age = ((int(now * 1e6) - ts) & ((1 << bits) - 1)) / 1e6
+        # + 1.5 us: the timestamp is the send time rounded down to whole microseconds
+        if f.paths.on_delivered(path, now - age + 1.5e-6, now):
+            f.next_check = 0.0
+
+    def _reports(self, f: _TxFlow, reports: tuple[int, ...], now: float) -> None:
+        for rep in reports:
+            if rep != NO_REPORT:
+                self._delivered(f, rep >> 24, rep & 0xFFFFFF, 24, now)
 
     def _on_ack(self, f: _TxFlow, cum: int, ts: int, path: int, now: float) -> None:
         f.stats["acks"] += 1
@@ -771,11 +1100,14 @@ class RoceTransport(Transport):
                 f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar)
         if cum <= f.una:
             return
+        f.rto_streak = 0
         acked = 0
         for p in range(f.una, min(cum, f.psn)):
             e = f.unacked.pop(p, None)
             if e is not None:
                 acked += len(e[3])
+                if not e[6]:                 # sent once: it arrived on that path
+                    f.paths.on_delivered(e[5], e[4], now)
         f.una = min(cum, f.psn)
         f.acked_bytes += acked
         f.last_progress = now
@@ -784,6 +1116,9 @@ class RoceTransport(Transport):
             if last < f.una:
                 f.done_msgs.add(mid)
                 del f.msg_last_psn[mid]
+                posted = f.msg_posted.pop(mid, None)
+                if posted is not None:
+                    f.slowest.add(now - posted[0], (posted[0], now, posted[1]))
         if now - f.last_sample >= self.sample_s:
             f.last_sample = now
             f.samples.append([time.time(), f.acked_bytes, f.dcqcn.rc if f.dcqcn else 0])
@@ -802,11 +1137,11 @@ class RoceTransport(Transport):
             self._on_ack(f, psn, 0, path, now)
         if self.recovery == "gobackn":
             f.retx.clear()
-            f.retx.extend(p for p in range(psn, f.psn) if p in f.unacked)
+            for p in range(psn, f.psn):
+                self._requeue(f, p, "nack")
         else:
             for p in range(psn, min(psn + max(1, count), f.psn)):
-                if p in f.unacked and p not in f.retx:
-                    f.retx.append(p)
+                self._requeue(f, p, "nack")
 
     # ---- results ------------------------------------------------------------------------
     def flow_stats(self) -> list[dict]:
@@ -819,9 +1154,17 @@ class RoceTransport(Transport):
                         "rate_cuts": f.dcqcn.cuts if f.dcqcn else 0,
                         "final_rate_bps": f.dcqcn.rc if f.dcqcn else self.flow_max_bps,
                         "srtt_us": (f.srtt or 0) * 1e6, "min_rtt_us": (f.min_rtt or 0) * 1e6,
-                        "window_pkts": f.window, "samples": f.samples})
+                        "window_pkts": f.window, "samples": f.samples,
+                        "app_bytes_sent": f.app_bytes, "app_crc_sent": f"{f.app_crc:08x}",
+                        "retx_bursts": f.bursts.export(self.wall_offset),
+                        "slowest_msgs": [[a + self.wall_offset, b + self.wall_offset, nb]
+                                         for a, b, nb in f.slowest.items()],
+                        "paths": f.paths.summary(self.wall_offset)})
             out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats,
-                        "reorder_time_ms": r.reorder_time * 1e3})
+                        "reorder_time_ms": r.reorder_time * 1e3,
+                        "app_bytes_delivered": r.app_bytes, "app_crc_delivered": f"{r.app_crc:08x}",
+                        "gaps": r.gaps.export(self.wall_offset),
+                        "hol_gaps": r.hol.export(self.wall_offset)})
         return out
 
     def abort(self) -> None:
@@ -852,6 +1195,9 @@ class RoceTransport(Transport):
                 pass
         for s in self.rx_socks + self.tx_socks:
             s.close()
+        if self._link_sock is not None:
+            self._link_sock.close()
+            self._link_sock = None
         self.rx_socks, self.tx_socks = [], []
         self._ep.close()
 

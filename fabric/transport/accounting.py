@@ -1,0 +1,164 @@
+"""Per-packet accounting of a flow in bounded memory, and the loss window of a failure (pure).
+
+The roce transport records, per flow:
+
+receiver (``rx`` record)
+    ``gaps``: the largest gaps between consecutive arrivals of new data (not duplicates, not
+    probes) above ``gap_threshold_s``, as ``[start, end, psn_before, psn_after, busy]`` with
+    wall-clock times; ``busy`` is true when a message was partly received at the time (a
+    stall, not an idle flow between steps). At most ``max_gaps`` are kept: the largest.
+    ``hol_gaps``: the same for advances of the in-order point (head-of-line stalls: what
+    the application waits, which with spraying can be longer than any arrival gap, since the
+    other paths keep delivering behind a hole).
+    ``app_bytes_delivered`` and ``app_crc_delivered``: every byte handed to the application
+    and a CRC-32 chained over those messages in order.
+sender (``tx`` record)
+    ``retx_bursts``: retransmissions grouped into bursts (a retransmission within
+    ``burst_join_s`` of the burst's last joins it) as ``[first, last, count, reasons]``; at
+    most ``max_bursts`` kept, the largest. ``app_bytes_sent`` and ``app_crc_sent``: what the
+    application posted, chained the same way. ``slowest_msgs``: the longest message
+    completions as ``[posted, done, bytes]`` (posting to the last byte acknowledged).
+
+Equal bytes and equal CRCs at both ends of a flow prove every byte arrived exactly once and
+in order. :func:`failure_windows` turns these records and a failure timeline into the figures
+of each event: the loss window (last delivery before the failure to the first after), the
+packets lost (retransmitted because of a loss near the event) and the completion time of the
+message under way.
+"""
+from __future__ import annotations
+
+import heapq
+import zlib
+from typing import Any
+
+
+class Largest:
+    """The ``n`` largest items by key (a min-heap): bounded whatever the run's length."""
+    __slots__ = ("heap", "n", "seen")
+
+    def __init__(self, n: int):
+        self.n, self.seen = n, 0
+        self.heap: list[tuple[float, int, Any]] = []
+
+    def add(self, key: float, item: Any) -> None:
+        self.seen += 1
+        entry = (key, self.seen, item)
+        if len(self.heap) < self.n:
+            heapq.heappush(self.heap, entry)
+        elif key > self.heap[0][0]:
+            heapq.heapreplace(self.heap, entry)
+
+    def items(self) -> list:
+        """Kept items in time order (the order they were added)."""
+        return [item for _, _, item in sorted(self.heap, key=lambda e: e[1])]
+
+
+class GapLog:
+    """Arrival gaps above a threshold (receiver side)."""
+    __slots__ = ("keep", "last_psn", "last_t", "threshold")
+
+    def __init__(self, threshold_s: float = 0.002, max_gaps: int = 32):
+        self.threshold = threshold_s
+        self.keep = Largest(max_gaps)
+        self.last_t = 0.0
+        self.last_psn = -1
+
+    def arrival(self, now: float, psn: int, busy: bool) -> None:
+        if self.last_t and now - self.last_t >= self.threshold:
+            self.keep.add(now - self.last_t, (self.last_t, now, self.last_psn, psn, busy))
+        self.last_t, self.last_psn = now, psn
+
+    def export(self, wall_offset: float) -> list[list]:
+        return [[a + wall_offset, b + wall_offset, p0, p1, busy] for a, b, p0, p1, busy in self.keep.items()]
+
+
+class BurstLog:
+    """Retransmissions grouped into bursts (sender side)."""
+    __slots__ = ("cur", "join_s", "keep")
+
+    def __init__(self, join_s: float = 0.02, max_bursts: int = 32):
+        self.join_s = join_s
+        self.keep = Largest(max_bursts)
+        self.cur: list | None = None          # [first, last, count, {reason: count}]
+
+    def retx(self, now: float, reason: str) -> None:
+        c = self.cur
+        if c is not None and now - c[1] <= self.join_s:
+            c[1] = now
+            c[2] += 1
+            c[3][reason] = c[3].get(reason, 0) + 1
+            return
+        self._close()
+        self.cur = [now, now, 1, {reason: 1}]
+
+    def _close(self) -> None:
+        if self.cur is not None:
+            self.keep.add(self.cur[2], self.cur)
+            self.cur = None
+
+    def export(self, wall_offset: float) -> list[list]:
+        items = self.keep.items() + ([self.cur] if self.cur is not None else [])
+        return [[a + wall_offset, b + wall_offset, n, dict(why)] for a, b, n, why in items]
+
+
+def crc_chain(crc: int, data) -> int:
+    """The running CRC-32 of a flow's messages (data: bytes-like)."""
+    return zlib.crc32(data, crc)
+
+
+# ---- figures of a failure --------------------------------------------------------------------
+
+def exactly_once(flow: dict) -> bool | None:
+    """True when a merged flow record (tx and rx joined) shows every byte delivered exactly
+    once and in order: the same byte count and CRC at both ends. None if either side is missing."""
+    if "app_bytes_sent" not in flow or "app_bytes_delivered" not in flow:
+        return None
+    return (flow["app_bytes_sent"] == flow["app_bytes_delivered"]
+            and flow["app_crc_sent"] == flow["app_crc_delivered"])
+
+
+def _gap_at(gaps: list, t: float, horizon_s: float) -> tuple[float, float] | None:
+    """The busy gap containing ``t``, else the first starting within ``horizon_s`` after it."""
+    found = None
+    for start, end, _p0, _p1, busy in gaps:
+        hit = busy and (start <= t <= end or t < start <= t + horizon_s)
+        if hit and (found is None or start < found[0]):
+            found = (start, end)
+    return found
+
+
+def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_s: float = 2.0) -> list[dict]:
+    """Per failure event (name, wall-clock time) and per flow: the loss window and its cost.
+
+    ``flows`` are merged flow records (``report.merge_flows``: tx and rx counters of one
+    directed flow in one dict). For each event at ``t`` and each flow, the loss window is the
+    arrival gap that contains ``t`` (or, if the failure was noticed a little late, the first
+    gap starting within ``horizon_s`` after ``t``) and is ``busy`` (the flow had a message in
+    flight); a flow with no such gap was not hurt (loss window 0); ``stall_s`` is the same
+    for the in-order point (``hol_gaps``). Packets lost are the
+    retransmissions of the bursts overlapping ``[t, t + horizon_s]`` (``resent_by_cause``:
+    nack, timeout, failover, migrate; a failover re-send may repeat a packet that was only
+    late, so this is an upper bound); ``completion_s`` is the
+    slowest message under way at ``t``; ``exactly_once`` checks bytes and CRC of the whole flow.
+    """
+    out = []
+    for name, t in events:
+        for f in flows:
+            gap = _gap_at(f.get("gaps", []), t, horizon_s)
+            hol = _gap_at(f.get("hol_gaps", []), t, horizon_s)
+            near = [(n, why) for first, last, n, why in f.get("retx_bursts", [])
+                    if last >= t and first <= t + horizon_s]
+            causes: dict[str, int] = {}
+            for _n, why in near:
+                for k, v in why.items():
+                    causes[k] = causes.get(k, 0) + v
+            under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
+            out.append({"event": name, "t": t, "src": f["src"], "dst": f["dst"],
+                        "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
+                        "stall_s": (hol[1] - hol[0]) if hol else 0.0,
+                        "last_before": gap[0] if gap else None, "first_after": gap[1] if gap else None,
+                        "packets_lost": sum(n for n, _ in near), "resent_by_cause": causes,
+                        "completion_s": max(under_way) if under_way else None,
+                        "bytes_sent": f.get("app_bytes_sent"), "bytes_delivered": f.get("app_bytes_delivered"),
+                        "exactly_once": exactly_once(f)})
+    return out
