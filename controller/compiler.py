@@ -988,18 +988,41 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 
 
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
-                   switches: Iterable[str] | None = None) -> dict[str, SwitchState]:
-    """The desired state of every live switch (or of ``switches`` only)."""
+                   switches: Iterable[str] | None = None, fast_failover: bool = True) -> dict[str, SwitchState]:
+    """The desired state of every live switch (or of ``switches`` only).
+
+    ``fast_failover=False`` is the controller-only baseline: the same tables, but every
+    fast-failover group keeps only its primary bucket, so a switch next to a failure drops
+    what it sent there until the controller's update arrives (for side-by-side comparisons)."""
     if policy not in ROUTING_POLICIES:
         raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(ROUTING_POLICIES)}")
     failures = failures or Failures()
     was_enabled = gc.isenabled()
     gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
     try:
-        return _compile(g, failures, policy, switches)
+        out = _compile(g, failures, policy, switches)
+        if not fast_failover:
+            ix = index_of(g)
+            out = {name: _unprotected(ix, st) for name, st in out.items()}
+        return out
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _unprotected(ix: FabricIndex, st: SwitchState) -> SwitchState:
+    """``st`` with every fast-failover group cut to its primary bucket (one value per state,
+    so that a state the compile reused stays the same object and diffs skip it)."""
+    memo = ix.shared.setdefault("unprotected", {})
+    if len(memo) > 4 * len(ix.sw):       # bounded in a long-running controller
+        memo.clear()
+    hit = memo.get(id(st))
+    if hit is not None and hit[0] is st:
+        return hit[1]
+    groups = tuple(gr._replace(buckets=gr.buckets[:1]) if gr.kind == "ff" else gr for gr in st.groups)
+    out = SwitchState(st.name, st.dpid, st.flows, groups)
+    memo[id(st)] = (st, out)
+    return out
 
 
 def _dead_ports(ix: FabricIndex, failures: Failures) -> dict[str, set[int]]:

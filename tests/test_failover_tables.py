@@ -253,3 +253,25 @@ def test_action_ports_of_a_route_avoiding_one_port_are_the_set_without_it():
     plane = compiler._route_match(compiler.prefix_int(g.graph["plan"].plane_prefix(0)))
     (plane_route,) = [f for f in st.flows if f.table == compiler.TABLE_ROUTE and f.match == plane]
     assert compiler.action_ports(plane_route.actions, entropy, groups) == set(up)
+
+
+def test_without_fast_failover_the_same_tables_keep_only_the_primary_bucket():
+    g = fabric("small-hpn")
+    bare = compiler.compile_fabric(g, fast_failover=False)
+    for name, st in healthy("small-hpn").items():
+        assert bare[name].flows is st.flows
+        assert [(gr.group_id, gr.buckets[:1]) for gr in st.groups] == \
+            [(gr.group_id, gr.buckets) for gr in bare[name].groups]
+    assert any(len(gr.buckets) > 1 for st in healthy("small-hpn").values() for gr in st.groups)
+
+
+def test_without_fast_failover_a_link_failure_black_holes_until_the_controller_reacts():
+    g = fabric("small-hpn")
+    lid = next(lid for lid in fabric_links(g) if {g.nodes[n]["tier"] for n in lid[:2]} == {1, 2})
+    failures = compiler.Failures(frozenset([lid]))
+    net = FabricTables(g, compiler.compile_fabric(g, fast_failover=False), failures)
+    problems, _ = problems_of(net, failures)
+    assert any(p.startswith("BLACK HOLE") for p in problems)
+    # and the controller's recompiled state (also without backups) delivers them again
+    after = FabricTables(g, compiler.compile_fabric(g, failures, fast_failover=False), failures)
+    assert problems_of(after, failures)[0] == []
