@@ -15,7 +15,8 @@ many hops).
 
 For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
 replaced (``load``) and changed one message at a time (``apply``: the reconciler's
-FlowMod and WipeTables values). ``entropy_ports()`` gives one UDP source port per bit
+FlowMod, GroupMod and WipeTables values); ``group_table`` gives a switch's groups (compiled, or
+as the replayed GroupMods left them). ``entropy_ports()`` gives one UDP source port per bit
 pattern the switches' entropy tables look at, so a walk can cover every multipath branch.
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ class FabricTables:
         self._tables: dict[str, dict[int, list]] = {}
         self._host_sets: dict[int, frozenset] = {}
         self._entries: dict[str, dict[tuple, compiler.Flow]] = {}     # switches whose tables were replaced
+        self._groups: dict[str, dict[int, compiler.Group]] = {}       # their groups, by group id
         self._pipeline_cache: dict[tuple, int | None] = {}
         self._sport_mask: dict[str, int] = {}
         self._host_port_cache: dict[str, list] = {}
@@ -87,37 +89,66 @@ class FabricTables:
         self._tables.pop(switch, None)
         self._pipeline_cache = {k: v for k, v in self._pipeline_cache.items() if k[0] != switch}
 
-    def load(self, switch: str, entries: dict | None = None) -> None:
-        """Give ``switch`` these concrete entries ({(table, priority, match): actions}; none: empty tables)."""
+    def load(self, switch: str, entries: dict | None = None, groups: dict | None = None) -> None:
+        """Give ``switch`` these concrete entries ({(table, priority, match): actions}) and groups
+        ({group id: compiler.Group}); none: empty tables, no groups."""
         self._entries[switch] = {k: compiler.Flow(k[0], k[1], k[2], a) for k, a in (entries or {}).items()}
+        self._groups[switch] = dict(groups or {})
         self._changed(switch)
 
     def forget(self, switch: str) -> None:
         """``switch`` holds no state any more (it failed)."""
         self._entries.pop(switch, None)
+        self._groups.pop(switch, None)
         self.states.pop(switch, None)
         self._changed(switch)
+
+    def group_table(self, switch: str) -> dict[int, compiler.Group]:
+        """The groups of ``switch`` by group id: what the replayed messages left, else the compiled ones."""
+        if switch in self._entries:
+            return self._groups.setdefault(switch, {})
+        state = self.states.get(switch)
+        return {g.group_id: g for g in state.groups} if state is not None else {}
 
     def entries(self, switch: str) -> dict:
         if switch not in self._entries:
             state = self.states.get(switch)
             flows = state.flows if state is not None else ()
             self.load(switch, {(e.table, e.priority, tuple(sorted(e.match))): e.actions
-                               for f in flows for e in f.expand()})
+                               for f in flows for e in f.expand()},
+                      {g.group_id: g for g in (state.groups if state is not None else ())})
         return {k: f.actions for k, f in self._entries[switch].items()}
 
     def apply(self, msg) -> None:
-        """Apply one reconciler message (FlowMod, WipeTables) to its switch's tables."""
+        """Apply one reconciler message (FlowMod, GroupMod, WipeTables) to its switch's tables."""
         kind = type(msg).__name__
-        if kind not in ("FlowMod", "WipeTables"):
+        if kind not in ("FlowMod", "GroupMod", "WipeTables"):
             raise TypeError(f"not a table change: {msg!r}")
         self.entries(msg.switch)
         table = self._entries[msg.switch]
+        groups = self._groups.setdefault(msg.switch, {})
         if kind == "WipeTables":
             table.clear()
+            groups.clear()
+        elif kind == "GroupMod":
+            # as a switch does: add needs a new id, modify an existing one; deleting a group deletes
+            # the flows that send to it (Open vSwitch)
+            if msg.command == "add" and msg.group_id in groups:
+                raise AssertionError(f"{msg.switch}: group {msg.group_id} added twice")
+            if msg.command == "modify" and msg.group_id not in groups:
+                raise AssertionError(f"{msg.switch}: group {msg.group_id} modified before it exists")
+            if msg.command == "delete":
+                groups.pop(msg.group_id, None)
+                for key in [k for k, f in table.items() if ("group", msg.group_id) in f.actions]:
+                    del table[key]
+            else:
+                groups[msg.group_id] = compiler.Group(msg.group_id, msg.kind, msg.buckets)
         elif msg.command == "delete":
             table.pop(msg.key, None)
         else:
+            missing = [a[1] for a in msg.actions if a[0] == "group" and a[1] not in groups]
+            if missing:     # a switch refuses the flow (OFPBAC_BAD_OUT_GROUP)
+                raise AssertionError(f"{msg.switch}: flow {msg.key} sends to group(s) {missing} that do not exist")
             table[msg.key] = compiler.Flow(msg.table, msg.priority, msg.match, msg.actions)
         self._changed(msg.switch)
 

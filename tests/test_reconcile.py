@@ -65,7 +65,7 @@ def test_a_link_is_up_again_only_once_both_ends_report_it_up(mini_hpn):
     assert rec.failures.links == {("p0l0", "p0s0", 0)}
     answer(rec, rec.handle(reconcile.PortStatus("p0s0", {b: True})))
     assert not rec.failures and rec.settled
-    assert rec.desired == {sw: reconcile.flow_table(st) for sw, st in rec.healthy.items()}
+    assert rec.desired == {sw: reconcile.switch_table(st) for sw, st in rec.healthy.items()}
 
 
 def test_a_port_that_is_no_link_recompiles_nothing(mini_hpn):
@@ -182,8 +182,9 @@ def test_nothing_new_is_sent_while_a_confirmation_is_outstanding(mini_hpn):
 
 def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
     rec = installed(mini_hpn)
-    (request,) = rec.handle(reconcile.Error("p0l1", xid=7, type=5, code=1))
+    request, groups = rec.handle(reconcile.Error("p0l1", xid=7, type=5, code=1))
     assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l1"
+    assert isinstance(groups, reconcile.GroupDescRequest) and groups.switch == "p0l1"
     assert "p0l1" not in rec.confirmed
     have = dict(rec.desired["p0l1"])
     lost = max(have)
@@ -192,6 +193,7 @@ def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
     flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in have.items())
     part1 = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[:3], more=True))
     assert part1 == []
+    assert rec.handle(reconcile.GroupDescReply("p0l1", groups.xid, ())) == []
     fix = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[3:]))
     mods = [m for m in fix if isinstance(m, reconcile.FlowMod)]
     assert [(m.command, m.key) for m in mods if m.command != "delete"] == [("add", lost)]
@@ -205,8 +207,9 @@ def test_a_confirmation_that_does_not_arrive_in_time_resynchronises_the_switch(m
     (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"), now=10.0)
     assert isinstance(barrier, reconcile.Barrier)
     assert rec.handle(reconcile.Tick(), now=11.0) == []
-    (request,) = rec.handle(reconcile.Tick(), now=12.5)
+    request, groups = rec.handle(reconcile.Tick(), now=12.5)
     assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l0"
+    assert isinstance(groups, reconcile.GroupDescRequest) and groups.switch == "p0l0"
     assert rec.handle(reconcile.BarrierReply("p0l0", barrier.xid)) == []     # too late: the resync decides
 
 
@@ -230,7 +233,7 @@ def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, polic
     answer(rec, rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
     answer(rec, rec.handle(reconcile.SwitchDown("p1s1")))
     want = compiler.compile_fabric(mini_hpn, failures, policy)
-    assert rec.confirmed == {sw: reconcile.flow_table(st) for sw, st in want.items()}
+    assert rec.confirmed == {sw: reconcile.switch_table(st) for sw, st in want.items()}
 
 
 def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_reports_them(mini_hpn):

@@ -87,11 +87,10 @@ def test_sending_every_switch_its_changes_at_once_black_holes_traffic_during_a_r
     """The order the old app used (all switches at once) loses delivered branches mid-update:
     on repair of p0l0-p0s0 the other leaves drop their detour before p0s0 routes to p0l0 again.
     The replay must see it (this is what the downstream-first steps fix)."""
-    def everything_at_once(ix, confirmed, desired, switches):
-        items = [it for sw in switches for it in reconcile.diff(confirmed.get(sw, {}), desired.get(sw, {}), sw)]
+    def everything_at_once(ix, confirmed, desired, items, failures=None):
         return items, 0, False
 
-    monkeypatch.setattr(reconcile, "plan_step", everything_at_once)
+    monkeypatch.setattr(reconcile, "plan", everything_at_once)
     replay = Replay(fabric("mini-hpn"), "aggregate", switch_by_switch)
     replay.start()
     lid = compiler.link_id("p0l0", "p0s0", 0)
