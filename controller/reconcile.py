@@ -49,8 +49,10 @@ plane, not the update order, protects the traffic. Besides:
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
   the flows that refer to a deleted group);
-- entropy entries (table 2) come before the routes that use them; entropy entries that are no
-  longer used go after the switch's route changes are confirmed.
+- entropy entries (table 2) come before the routes that use them (in the same step, the batch
+  order sends them first; if they must wait, e.g. for a group they send to, the routes wait
+  too); entropy entries that are no longer used go after the switch's route changes are
+  confirmed.
 Items with nothing left to wait for are sent as one step, per switch in the order: groups
 added or changed, barrier, adds/changes of table 2, barrier, adds/changes of the other tables
 (most specific route first), barrier, deletions (least specific route first), barrier,
@@ -449,7 +451,8 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     by_switch: dict[str, list[Item]] = {}
     for it in items:
         by_switch.setdefault(it.switch, []).append(it)
-    deps: dict[Item, set[Item]] = {it: set() for it in items}
+    deps: dict[Item, set[Item]] = {it: set() for it in items}      # to be confirmed first
+    soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
     touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
     next_hops: dict[tuple[str, int], frozenset[str]] = {}
     live = live_ports(ix, failures)
@@ -459,6 +462,7 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
         group_items = {it.key.group_id: it for it in its if isinstance(it.key, GroupKey)}
         route_items = {it.key: it for it in its if not is_group(it.key) and it.key[0] == compiler.TABLE_ROUTE}
         _reference_deps(its, group_items, old_table, deps)
+        _entropy_deps(its, soft)
         routes_and_other = [it for it in its if not is_group(it.key) and it.key[0] != compiler.TABLE_ENTROPY]
         for it in its:
             if not is_group(it.key) and it.key[0] == compiler.TABLE_ENTROPY and it.actions is None:
@@ -472,13 +476,39 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
             if downstream:
                 for it in its:
                     deps[it].update(downstream)
+    order = deps
+    if soft:
+        order = {it: deps[it].union(soft.get(it, ())) for it in items}
     try:
-        TopologicalSorter(deps).prepare()
+        TopologicalSorter(order).prepare()
     except CycleError:
         LOG.warning("update order has a dependency cycle: sending %d changes in one step", len(items))
         return items, 0, True
-    ready = [it for it in items if not deps[it]]
+    ready = [it for it in items if not deps[it] and not any(deps[s] for s in soft.get(it, ()))]
     return ready, len(items) - len(ready), False
+
+
+def _entropy_deps(its: list[Item], soft: dict[Item, list[Item]]) -> None:
+    """A flow that writes metadata and goes to table 2 goes with or after the table-2 entries it
+    will meet there that are added or changed (the batch order sends those first): if they must
+    wait, so does it."""
+    by_mask: dict[int, dict[int, list[Item]]] = {}
+    for it in its:
+        if not is_group(it.key) and it.key[0] == compiler.TABLE_ENTROPY and it.actions is not None:
+            meta, mask = _metadata_match(it.key[2])
+            by_mask.setdefault(mask, {}).setdefault(meta & mask, []).append(it)
+    if not by_mask:
+        return
+    for it in its:
+        if is_group(it.key) or it.key[0] == compiler.TABLE_ENTROPY or not it.actions:
+            continue
+        actions = it.actions
+        if ("goto", compiler.TABLE_ENTROPY) not in actions:
+            continue
+        meta = next((a[1] for a in actions if a[0] == "metadata"), 0)
+        found = [e for mask, values in by_mask.items() for e in values.get(meta & mask, ())]
+        if found:
+            soft[it] = found
 
 
 def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table: SwitchTable,

@@ -166,12 +166,14 @@ class Replay:
         self.outcome: dict[tuple, tuple[str, frozenset]] = {}    # (pair, sport) -> (result, switches crossed)
         self.at_fault: dict[tuple, tuple[str, frozenset]] = {}   # the outcomes when the fault happened
         self.counts = Counts()
+        self.sent: list = []        # every message the reconciler sent
         self.mode = "monotone"
 
     # ---- driving ----------------------------------------------------------------------
     def feed(self, event) -> list:
         self.counts.events += 1
         msgs = self.reconciler.handle(event, self.now)
+        self.sent += msgs
         for m in msgs:
             self.queues[m.switch].append(m)
         return msgs

@@ -6,6 +6,7 @@ import pytest
 
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
+from hpnlab.fabric.addressing import prefix_int
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +246,158 @@ def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_repo
     assert rec.failures.links == {("p0l0", "p0s0", 0)} and not rec.failures.switches
     answer(rec, rec.handle(reconcile.SwitchUp("p0l0", {p: True})))
     assert not rec.failures and rec.settled
+
+
+# ---- groups ------------------------------------------------------------------------------------
+
+def protected(g) -> reconcile.Reconciler:
+    """Installed, with leaves whose uplinks are protected by fast-failover groups made by hand."""
+    from replay import with_uplink_ff_groups
+    rec = reconcile.Reconciler(g, compile_fn=with_uplink_ff_groups(g))
+    msgs = []
+    for sw in graph.switches(g):
+        msgs += rec.handle(reconcile.SwitchUp(sw))
+    drive(rec, msgs, [])
+    assert rec.settled
+    return rec
+
+
+def drive(rec: reconcile.Reconciler, msgs: list, log: list) -> None:
+    """Answer barriers one by one until quiet; log (message, copy of the confirmed table of its switch
+    when it was sent, the desired table then) for every message."""
+    def entry(m):
+        return m, dict(rec.confirmed.get(m.switch, {})), rec.desired.get(m.switch, {})
+
+    queue = list(msgs)
+    log += [entry(m) for m in msgs]
+    while queue:
+        m = queue.pop(0)
+        if isinstance(m, reconcile.Barrier):
+            more = rec.handle(reconcile.BarrierReply(m.switch, m.xid))
+            log += [entry(x) for x in more]
+            queue += more
+
+
+def fail_and_repair(rec: reconcile.Reconciler, g, a: str, b: str) -> list:
+    log: list = []
+    p = port(g, a, b, a)
+    drive(rec, rec.handle(reconcile.PortStatus(a, {p: False})), log)
+    drive(rec, rec.handle(reconcile.PortStatus(a, {p: True})), log)
+    assert rec.settled
+    return log
+
+
+def test_a_group_is_confirmed_with_its_buckets_before_any_flow_that_sends_to_it_is_sent(mini_hpn):
+    rec = protected(mini_hpn)
+    log = fail_and_repair(rec, mini_hpn, "p0l0", "p0s0")
+    sends = 0
+    for m, confirmed, desired in log:
+        if isinstance(m, reconcile.FlowMod) and m.command != "delete":
+            for gid in reconcile.groups_referenced(m.actions):
+                sends += 1
+                group = confirmed.get(reconcile.GroupKey(gid))
+                assert group is not None, f"{m.switch}: {m} sent before group {gid} was confirmed"
+                assert group == desired[reconcile.GroupKey(gid)]
+    adds = [m for m, _, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "add"]
+    modifies = [m for m, _, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "modify"]
+    assert sends and adds and modifies
+
+
+def test_a_group_is_deleted_only_once_no_confirmed_flow_sends_to_it(mini_hpn):
+    rec = protected(mini_hpn)
+    log = fail_and_repair(rec, mini_hpn, "p0l0", "p0s0")
+    deletes = [(m, confirmed) for m, confirmed, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "delete"]
+    assert deletes
+    for m, confirmed in deletes:
+        users = [k for k, v in confirmed.items() if m.group_id in reconcile.groups_referenced(v)]
+        assert not users, f"{m.switch}: group {m.group_id} deleted while {users[:3]} send to it"
+
+
+def test_a_resync_rebuilds_the_groups_from_what_the_switch_reports(mini_hpn):
+    """The switch lost one group, holds one with other buckets, and a stray group that a stray flow
+    sends to: the lost one is added, the changed one modified, the stray flow deleted and only then
+    the stray group."""
+    rec = protected(mini_hpn)
+    request, groups_request = rec.handle(reconcile.Error("p0l1", xid=7))
+    want = rec.desired["p0l1"]
+    lost, changed = sorted(k for k in want if reconcile.is_group(k))[:2]
+    stray_flow = (1, 1100, (("eth_type", 0x800), ("ipv4_dst", (0x0A000000, 0xFFFFFF00))))
+    flows = [reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in want.items() if not reconcile.is_group(k)]
+    flows.append(reconcile.FlowEntry(*stray_flow, (("group", 999),)))
+    other = compiler.Group(changed.group_id, "ff", tuple(reversed(want[changed].buckets)))
+    groups = [want[k] for k in want if reconcile.is_group(k) and k not in (lost, changed)]
+    groups += [other, compiler.Group(999, "ff", ((5, (("output", 5),)),))]
+    assert rec.handle(reconcile.GroupDescReply("p0l1", groups_request.xid, tuple(groups))) == []
+    log: list = []
+    drive(rec, rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, tuple(flows))), log)
+    sent = [m for m, _, _ in log if isinstance(m, (reconcile.FlowMod, reconcile.GroupMod))]
+    group_mods = [(m.command, m.group_id) for m in sent if isinstance(m, reconcile.GroupMod)]
+    assert sorted(group_mods) == sorted([("add", lost.group_id), ("modify", changed.group_id), ("delete", 999)])
+    flow_mods = [(m.command, m.key) for m in sent if isinstance(m, reconcile.FlowMod)]
+    assert flow_mods == [("delete", stray_flow)]
+    assert sent.index(next(m for m in sent if isinstance(m, reconcile.FlowMod))) < \
+        sent.index(next(m for m in sent if isinstance(m, reconcile.GroupMod) and m.command == "delete"))
+    assert rec.settled and rec.confirmed["p0l1"] == want
+
+
+def _route(g, leaf: str) -> tuple:
+    net, length = prefix_int(g.nodes[leaf]["prefix"])
+    mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+    return (compiler.TABLE_ROUTE, compiler.PRIO_ROUTE_BASE + length,
+            (("eth_type", compiler.ETH_IPV4), ("ipv4_dst", (net, mask))))
+
+
+def _ff(gid: int, *ports: int) -> compiler.Group:
+    return compiler.Group(gid, "ff", tuple((p, (("output", p),)) for p in ports))
+
+
+def test_a_fast_failover_group_that_moves_traffic_waits_for_the_switch_it_moves_it_to(mini_hpn):
+    """p0l1 sends p0l0's prefix through group 1; its live bucket moves from p0s0 to p0s1, which does
+    not route that prefix yet: p0s1 goes first, then the group."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
+    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert [(it.switch, it.key) for it in ready] == [("p0s1", route)] and left == 1 and not cycle
+    confirmed["p0s1"] = dict(desired["p0s1"])
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert [(it.switch, it.key) for it in ready] == [("p0l1", reconcile.GroupKey(1))] and left == 0
+
+
+def test_a_fast_failover_group_whose_live_bucket_stays_goes_at_once(mini_hpn):
+    """Only the backup bucket changes (p0s0 stays live): where p0l1 sends traffic does not change."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
+    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert len(ready) == 2 and left == 0
+
+
+def test_the_live_bucket_is_read_from_the_link_state(mini_hpn):
+    """With p0l1-p0s0 down, group 1 already sends by p0s1 before and after: nothing to wait for."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
+    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    down = compiler.Failures.of([("p0l1", "p0s0", 0)])
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"], down)
+    assert len(ready) == 2 and left == 0
+
+
+def test_a_recompiled_switch_whose_state_did_not_change_is_not_diffed(mini_hpn):
+    rec = installed(mini_hpn)
+    before = {sw: rec.desired[sw] for sw in rec.desired}
+    rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
+    same = [sw for sw in before if sw.startswith("p0") and rec.desired[sw] is before[sw]]
+    changed = [sw for sw in before if rec.desired[sw] is not before[sw]]
+    assert same and changed
+    assert set(changed) == rec.dirty
+    assert all(reconcile.switch_table(rec.states[sw]) == before[sw] for sw in same)
