@@ -253,10 +253,59 @@ def canonical_group(group: compiler.Group) -> compiler.Group:
 def switch_table(state: compiler.SwitchState) -> SwitchTable:
     """A compiled switch state as {key: value}: every flow (compact host-route blocks expanded)
     and every group."""
-    table: SwitchTable = {(t, p, canonical_match(m)): a for (t, p, m), a in state.expanded().items()}
+    table: SwitchTable = {}
+    for f in state.flows:
+        if f.hosts is None:
+            table[f.table, f.priority, tuple(sorted(f.match))] = f.actions
+        else:
+            for e in f.expand():
+                table[e.table, e.priority, tuple(sorted(e.match))] = e.actions
     for group in state.groups:
         table[GroupKey(group.group_id)] = canonical_group(group)
     return table
+
+
+def _add_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
+    if f.hosts is None:
+        key = (f.table, f.priority, tuple(sorted(f.match)))
+        table[key] = f.actions
+        changed.add(key)
+        return
+    for e in f.expand():
+        key = (e.table, e.priority, tuple(sorted(e.match)))
+        table[key] = e.actions
+        changed.add(key)
+
+
+def _drop_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
+    for e in f.expand():
+        key = (e.table, e.priority, tuple(sorted(e.match)))
+        table.pop(key, None)
+        changed.add(key)
+
+
+def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable) -> tuple[SwitchTable, set]:
+    """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
+    flows that are not the same object in both states (the compiler shares unchanged Flow values
+    between compiles), and the keys it touched: a superset of the keys whose value changed."""
+    old_ids = {id(f) for f in old.flows}
+    new_ids = {id(f) for f in new.flows}
+    out = table.copy()
+    changed: set = set()
+    for f in old.flows:
+        if id(f) not in new_ids:
+            _drop_flow(out, f, changed)
+    for f in new.flows:
+        if id(f) not in old_ids:
+            _add_flow(out, f, changed)
+    if old.groups != new.groups:
+        for group in old.groups:
+            out.pop(GroupKey(group.group_id), None)
+            changed.add(GroupKey(group.group_id))
+        for group in new.groups:
+            out[GroupKey(group.group_id)] = canonical_group(group)
+            changed.add(GroupKey(group.group_id))
+    return out, changed
 
 
 def same_state(old: compiler.SwitchState | None, new: compiler.SwitchState) -> bool:
@@ -287,9 +336,10 @@ def _route_prefix(match: tuple) -> tuple[int, int] | None:
 
 def _metadata_match(match: tuple) -> tuple[int, int]:
     """(value, mask) of a match's metadata field; (0, 0) when it has none (matches any metadata)."""
-    for name, value in match:
-        if name == "metadata":
-            return value if isinstance(value, tuple) else (value, 0xFFFFFFFFFFFFFFFF)
+    for kv in match:
+        if kv[0] == "metadata":
+            value = kv[1]
+            return value if value.__class__ is tuple else (value, 0xFFFFFFFFFFFFFFFF)
     return 0, 0
 
 
@@ -304,22 +354,30 @@ class _Forwarding:
 
     def __init__(self, table: SwitchTable, live: Callable[[int], bool]):
         self.live = live
+        self.table = table
         by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
-        self.by_meta: dict[int, dict[int, dict[int, list[Actions]]]] = {}   # table -> mask -> value -> actions
         self.groups: dict[int, compiler.Group] = {}
         for key, value in table.items():
-            if isinstance(key, GroupKey):
+            if key.__class__ is GroupKey:
                 self.groups[key.group_id] = value
-                continue
-            if key[0] == compiler.TABLE_ROUTE:
+            elif key[0] == compiler.TABLE_ROUTE:
                 prefix = _route_prefix(key[2])
                 if prefix is not None:
                     by_prio.setdefault((key[1], prefix[1]), {})[prefix[0] & prefix[1]] = (key, value)
-            else:
-                meta, mask = _metadata_match(key[2])
-                self.by_meta.setdefault(key[0], {}).setdefault(mask, {}).setdefault(meta & mask, []).append(value)
         self.routes = sorted(((p, m, d) for (p, m), d in by_prio.items()), key=lambda r: -r[0])
+        self._by_meta: dict[int, dict[int, dict[int, set[Actions]]]] = {}   # table -> mask -> value -> actions
         self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
+
+    def _meta_index(self, table_id: int) -> dict[int, dict[int, set[Actions]]]:
+        """The distinct actions of one table's entries by the metadata they match (built on first use)."""
+        index = self._by_meta.get(table_id)
+        if index is None:
+            index = self._by_meta[table_id] = {}
+            for key, value in self.table.items():
+                if key.__class__ is not GroupKey and key[0] == table_id:
+                    meta, mask = _metadata_match(key[2])
+                    index.setdefault(mask, {}).setdefault(meta & mask, set()).add(value)
+        return index
 
     def lookup(self, address: int) -> tuple[FlowKey | None, Actions]:
         for _prio, mask, nets in self.routes:
@@ -358,7 +416,7 @@ class _Forwarding:
                 for _watch, bucket_actions in buckets:
                     self._walk(bucket_actions, meta, ports, groups, depth + 1)
             elif kind == "goto":
-                for mask, values in self.by_meta.get(act[1], {}).items():
+                for mask, values in self._meta_index(act[1]).items():
                     for entry in values.get(meta & mask, ()):
                         self._walk(entry, meta, ports, groups, depth + 1)
 
@@ -417,10 +475,12 @@ def live_ports(ix: compiler.FabricIndex, failures: compiler.Failures | None) -> 
     return of_switch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Item:
     """One flow entry or group to change on one switch: ``actions`` is the new value (a flow's
-    actions, a group's compiler.Group), None deletes it."""
+    actions, a group's compiler.Group), None deletes it. Compared and hashed by identity (each
+    item of a plan is one object; hashing its nested key on every set operation is what made
+    plans of 90k items slow)."""
     switch: str
     key: tuple
     actions: Value | None
@@ -451,7 +511,7 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     by_switch: dict[str, list[Item]] = {}
     for it in items:
         by_switch.setdefault(it.switch, []).append(it)
-    deps: dict[Item, set[Item]] = {it: set() for it in items}      # to be confirmed first
+    deps: dict[Item, set[Item]] = {}      # item -> the items to be confirmed first (only items that wait)
     soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
     touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
     next_hops: dict[tuple[str, int], frozenset[str]] = {}
@@ -463,10 +523,12 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
         route_items = {it.key: it for it in its if not is_group(it.key) and it.key[0] == compiler.TABLE_ROUTE}
         _reference_deps(its, group_items, old_table, deps)
         _entropy_deps(its, soft)
-        routes_and_other = [it for it in its if not is_group(it.key) and it.key[0] != compiler.TABLE_ENTROPY]
-        for it in its:
-            if not is_group(it.key) and it.key[0] == compiler.TABLE_ENTROPY and it.actions is None:
-                deps[it].update(routes_and_other)
+        flows = [it for it in its if it.key.__class__ is not GroupKey]
+        routes_and_other = [it for it in flows if it.key[0] != compiler.TABLE_ENTROPY]
+        if routes_and_other:
+            for it in flows:
+                if it.actions is None and it.key[0] == compiler.TABLE_ENTROPY:
+                    deps.setdefault(it, set()).update(routes_and_other)
         if route_items or group_items:
             _forwarding_changes(ix, sw, old_table, new_table, route_items, group_items, live(sw),
                                 addresses.get(ix.sw[sw].plane, []), touching, next_hops)
@@ -475,16 +537,16 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
             downstream = touching.get((peer, address))
             if downstream:
                 for it in its:
-                    deps[it].update(downstream)
-    order = deps
-    if soft:
-        order = {it: deps[it].union(soft.get(it, ())) for it in items}
+                    deps.setdefault(it, set()).update(downstream)
+    # Only items that wait for something can be on a cycle, and only through items that wait too.
+    waiting = {it: deps.get(it, set()).union(soft.get(it, ())) for it in deps.keys() | soft.keys()}
+    order = {it: {d for d in ds if d in waiting} for it, ds in waiting.items()}
     try:
         TopologicalSorter(order).prepare()
     except CycleError:
         LOG.warning("update order has a dependency cycle: sending %d changes in one step", len(items))
         return items, 0, True
-    ready = [it for it in items if not deps[it] and not any(deps[s] for s in soft.get(it, ()))]
+    ready = [it for it in items if it not in deps and not any(s in deps for s in soft.get(it, ()))]
     return ready, len(items) - len(ready), False
 
 
@@ -494,13 +556,15 @@ def _entropy_deps(its: list[Item], soft: dict[Item, list[Item]]) -> None:
     wait, so does it."""
     by_mask: dict[int, dict[int, list[Item]]] = {}
     for it in its:
-        if not is_group(it.key) and it.key[0] == compiler.TABLE_ENTROPY and it.actions is not None:
-            meta, mask = _metadata_match(it.key[2])
+        key = it.key
+        if key.__class__ is not GroupKey and key[0] == compiler.TABLE_ENTROPY and it.actions is not None:
+            meta, mask = _metadata_match(key[2])
             by_mask.setdefault(mask, {}).setdefault(meta & mask, []).append(it)
     if not by_mask:
         return
     for it in its:
-        if is_group(it.key) or it.key[0] == compiler.TABLE_ENTROPY or not it.actions:
+        key = it.key
+        if key.__class__ is GroupKey or key[0] == compiler.TABLE_ENTROPY or not it.actions:
             continue
         actions = it.actions
         if ("goto", compiler.TABLE_ENTROPY) not in actions:
@@ -522,13 +586,13 @@ def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table:
             for gid in groups_referenced(it.actions):
                 group = group_items.get(gid)
                 if group is not None and group is not it and group.actions is not None:
-                    deps[it].add(group)
+                    deps.setdefault(it, set()).add(group)
     deleted = {gid: it for gid, it in group_items.items() if it.actions is None}
     if deleted:
         for it in its:
             for gid in groups_referenced(old_table.get(it.key)) & deleted.keys():
                 if deleted[gid] is not it:
-                    deps[deleted[gid]].add(it)
+                    deps.setdefault(deleted[gid], set()).add(it)
 
 
 def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old_table: SwitchTable, new_table: SwitchTable,
@@ -636,14 +700,18 @@ class Reconciler:
         self.desired: dict[str, SwitchTable] = {sw: switch_table(st) for sw, st in self.states.items()}
         self.connected: set[str] = set()
         self.confirmed: dict[str, SwitchTable] = {}
-        self.dirty: set[str] = set()     # switches whose confirmed table may differ from the desired one
+        # switches whose confirmed table may differ from the desired one (every other connected
+        # switch that has confirmed anything holds exactly its desired table)
+        self.dirty: set[str] = set()
+        # for a switch that was clean when its desired table changed: the keys that may differ
+        self._changed_keys: dict[str, set] = {}
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
         self.counters = {"recompiles": 0, "resyncs": 0, "errors": 0, "steps": 0, "cycles": 0,
                          "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0, "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
-        # seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
+        # CPU seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
         self.timings = {"compile_s": 0.0, "compare_s": 0.0, "diff_s": 0.0, "plan_s": 0.0}
 
     # ---- queries ------------------------------------------------------------------------
@@ -688,6 +756,7 @@ class Reconciler:
             return []
         self.connected.add(sw)
         self._forget(sw)
+        self.dirty.add(sw)       # before the recompile: its tables are about to be wiped
         self.failed_switches.discard(sw)
         if ports is not None:
             self._port_status(sw, ports)      # recompiles
@@ -695,7 +764,6 @@ class Reconciler:
             self._recompile()
         xid = self._next_xid()
         self.pending[sw] = [_Pending(xid, now, wipe=True)]
-        self.dirty.add(sw)
         return [WipeTables(sw), Barrier(sw, xid)]
 
     def _switch_down(self, sw: str) -> None:
@@ -712,6 +780,7 @@ class Reconciler:
         self.pending.pop(sw, None)
         self.resyncing.pop(sw, None)
         self.confirmed.pop(sw, None)
+        self._changed_keys.pop(sw, None)
 
     def _port_status(self, sw: str, ports: Mapping[int, bool]) -> None:
         for port, up in ports.items():
@@ -743,6 +812,7 @@ class Reconciler:
     def _resync(self, sw: str, now: float) -> list[Message]:
         self.counters["resyncs"] += 1
         self._forget(sw)
+        self.dirty.add(sw)       # what it holds is unknown until it is read back
         flow_xid, group_xid = self._next_xid(), self._next_xid()
         self.resyncing[sw] = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})
         return [FlowStatsRequest(sw, flow_xid), GroupDescRequest(sw, group_xid)]
@@ -796,9 +866,9 @@ class Reconciler:
             planes |= {self.ix.sw[n].plane for n in lid[:2] if n in self.ix.sw}
         self.failures = failures
         wanted = [sw.name for p in sorted(planes) for sw in self.ix.planes[p]]
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         states = self.compile_fn(self.graph, failures, self.policy, switches=wanted)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         changed = 0
         for sw in wanted:
             new = states.get(sw)
@@ -807,12 +877,21 @@ class Reconciler:
                 self.desired.pop(sw, None)
                 self.dirty.discard(sw)
             elif not same_state(self.states.get(sw), new):
+                old, table = self.states.get(sw), self.desired.get(sw)
+                if old is not None and table is not None:
+                    self.desired[sw], keys = patched_table(old, new, table)
+                    if sw in self.dirty:      # the confirmed table is not the old desired one
+                        self._changed_keys.pop(sw, None)
+                    else:
+                        self._changed_keys[sw] = keys
+                else:
+                    self.desired[sw] = switch_table(new)
+                    self._changed_keys.pop(sw, None)
                 self.states[sw] = new
-                self.desired[sw] = switch_table(new)
                 self.dirty.add(sw)
                 changed += 1
         self.timings["compile_s"] = t1 - t0
-        self.timings["compare_s"] = time.perf_counter() - t1
+        self.timings["compare_s"] = time.process_time() - t1
         self.counters["recompiles"] += 1
         self.last_recompiled_planes = tuple(sorted(planes))
         LOG.info("recompiled plane(s) %s in %.0f ms: %d failed links, %d failed switches, %d switches changed",
@@ -825,20 +904,25 @@ class Reconciler:
     def _step(self, now: float) -> list[Message]:
         if self._outstanding() or not self.dirty:
             return []
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)
         items: list[Item] = []
         for sw in switches:
-            its = diff(self.confirmed[sw], self.desired.get(sw, {}), sw)
+            keys = self._changed_keys.pop(sw, None)
+            confirmed, desired = self.confirmed[sw], self.desired.get(sw, {})
+            if keys is None:
+                its = diff(confirmed, desired, sw)
+            else:    # the switch was clean: only these keys can differ
+                its = [Item(sw, k, desired.get(k)) for k in keys if confirmed.get(k) != desired.get(k)]
             if its:
                 items += its
             else:
                 self.dirty.discard(sw)
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         ready, _left, cycle = plan(self.ix, self.confirmed, self.desired, items, self.failures) if items \
             else ([], 0, False)
         self.timings["diff_s"] = t1 - t0
-        self.timings["plan_s"] = time.perf_counter() - t1
+        self.timings["plan_s"] = time.process_time() - t1
         if not ready:
             return []
         self.counters["steps"] += 1
