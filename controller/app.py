@@ -304,7 +304,10 @@ class HpnController(BaseApp):
         self._counted = dict(counters)
         m.switches_connected.set(len(self.datapaths))
         for name in self.index.sw:
-            m.flows.labels(name).set(len(rec.confirmed.get(name, {})))
+            table = rec.confirmed.get(name, {})
+            state = rec.states.get(name)
+            groups = sum(reconcile.GroupKey(g.group_id) in table for g in state.groups) if state else 0
+            m.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)
