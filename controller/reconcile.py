@@ -67,6 +67,7 @@ import dataclasses
 import logging
 import time
 import weakref
+from collections import ChainMap
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
@@ -284,20 +285,25 @@ def _drop_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
         changed.add(key)
 
 
-def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable) -> tuple[SwitchTable, set]:
+def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable,
+                  rebuild_above: float = 0.5) -> tuple[SwitchTable, set | None]:
     """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
     flows that are not the same object in both states (the compiler shares unchanged Flow values
-    between compiles), and the keys it touched: a superset of the keys whose value changed."""
+    between compiles), and the keys it touched: a superset of the keys whose value changed. When
+    the flows to touch (old and new) outnumber ``rebuild_above`` times the new state's flows, the
+    table is built anew instead (cheaper) and the keys are None."""
     old_ids = {id(f) for f in old.flows}
     new_ids = {id(f) for f in new.flows}
+    gone = [f for f in old.flows if id(f) not in new_ids]
+    came = [f for f in new.flows if id(f) not in old_ids]
+    if len(gone) + len(came) > rebuild_above * len(new.flows):
+        return switch_table(new), None
     out = table.copy()
     changed: set = set()
-    for f in old.flows:
-        if id(f) not in new_ids:
-            _drop_flow(out, f, changed)
-    for f in new.flows:
-        if id(f) not in old_ids:
-            _add_flow(out, f, changed)
+    for f in gone:
+        _drop_flow(out, f, changed)
+    for f in came:
+        _add_flow(out, f, changed)
     if old.groups != new.groups:
         for group in old.groups:
             out.pop(GroupKey(group.group_id), None)
@@ -346,41 +352,115 @@ def _metadata_match(match: tuple) -> tuple[int, int]:
 _MAX_DEPTH = 8
 
 
-class _Forwarding:
-    """One switch's table, read for where it sends each destination address: longest-prefix
-    lookups in table 1, then the ports an action list resolves to (outputs, the entries of the
-    table it goes to under the metadata it writes, group buckets; of a fast-failover group the
-    first live bucket only)."""
+class TableIndex:
+    """One switch's table indexed for forwarding questions, without liveness: its routes (table 1)
+    by priority and mask, its groups, and (built on first use) each other table's entries by the
+    metadata they match. Made once per table, or patched from the previous table's index with
+    the keys that changed, so that a plan costs what its items touch, not what the switch holds."""
 
-    def __init__(self, table: SwitchTable, live: Callable[[int], bool]):
-        self.live = live
+    def __init__(self, table: SwitchTable, build: bool = True):
         self.table = table
-        by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
+        self.by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
         self.groups: dict[int, compiler.Group] = {}
-        for key, value in table.items():
-            if key.__class__ is GroupKey:
-                self.groups[key.group_id] = value
-            elif key[0] == compiler.TABLE_ROUTE:
-                prefix = _route_prefix(key[2])
-                if prefix is not None:
-                    by_prio.setdefault((key[1], prefix[1]), {})[prefix[0] & prefix[1]] = (key, value)
-        self.routes = sorted(((p, m, d) for (p, m), d in by_prio.items()), key=lambda r: -r[0])
-        self._by_meta: dict[int, dict[int, dict[int, set[Actions]]]] = {}   # table -> mask -> value -> actions
-        self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
+        self.by_meta: dict[int, dict[int, dict[int, dict[Actions, int]]]] = {}  # table -> mask -> value -> counts
+        if build:
+            for key, value in table.items():
+                if key.__class__ is GroupKey:
+                    self.groups[key.group_id] = value
+                elif key[0] == compiler.TABLE_ROUTE:
+                    self._set_route(self.by_prio, key, value)
+        self.routes = self._sorted()
 
-    def _meta_index(self, table_id: int) -> dict[int, dict[int, set[Actions]]]:
-        """The distinct actions of one table's entries by the metadata they match (built on first use)."""
-        index = self._by_meta.get(table_id)
+    @staticmethod
+    def _set_route(by_prio: dict, key: tuple, value: Actions | None) -> None:
+        prefix = _route_prefix(key[2])
+        if prefix is None:
+            return
+        nets = by_prio.setdefault((key[1], prefix[1]), {})
+        if value is None:
+            nets.pop(prefix[0] & prefix[1], None)
+        else:
+            nets[prefix[0] & prefix[1]] = (key, value)
+
+    def _sorted(self) -> list[tuple[int, int, dict]]:
+        return sorted(((p, m, d) for (p, m), d in self.by_prio.items() if d), key=lambda r: -r[0])
+
+    def meta_index(self, table_id: int) -> dict[int, dict[int, dict[Actions, int]]]:
+        """The actions of one table's entries (with counts) by the metadata they match."""
+        index = self.by_meta.get(table_id)
         if index is None:
-            index = self._by_meta[table_id] = {}
+            index = self.by_meta[table_id] = {}
             for key, value in self.table.items():
                 if key.__class__ is not GroupKey and key[0] == table_id:
-                    meta, mask = _metadata_match(key[2])
-                    index.setdefault(mask, {}).setdefault(meta & mask, set()).add(value)
+                    self._count(index, key, value, 1)
         return index
 
+    @staticmethod
+    def _count(index: dict, key: tuple, value: Actions, n: int) -> None:
+        meta, mask = _metadata_match(key[2])
+        values = index.setdefault(mask, {})
+        counts = values.setdefault(meta & mask, {})
+        left = counts.get(value, 0) + n
+        if left:
+            counts[value] = left
+            return
+        counts.pop(value, None)
+        if not counts:
+            del values[meta & mask]
+            if not values:
+                del index[mask]
+
+    def patched(self, table: SwitchTable, keys: Iterable[tuple]) -> TableIndex:
+        """The index of ``table``, which differs from this index's table at most at ``keys``."""
+        out = TableIndex(table, build=False)
+        out.by_prio = dict(self.by_prio)
+        out.groups = self.groups
+        copied: set = set()
+        metas: dict[int, dict] = {}
+        for key in keys:
+            old, new = self.table.get(key), table.get(key)
+            if old == new:
+                continue
+            if key.__class__ is GroupKey:
+                if out.groups is self.groups:
+                    out.groups = dict(self.groups)
+                if new is None:
+                    out.groups.pop(key.group_id, None)
+                else:
+                    out.groups[key.group_id] = new
+            elif key[0] == compiler.TABLE_ROUTE:
+                prefix = _route_prefix(key[2])
+                if prefix is not None and (key[1], prefix[1]) not in copied:
+                    copied.add((key[1], prefix[1]))
+                    out.by_prio[key[1], prefix[1]] = dict(self.by_prio.get((key[1], prefix[1]), {}))
+                self._set_route(out.by_prio, key, new)
+            elif key[0] in self.by_meta:
+                index = metas.get(key[0])
+                if index is None:    # copied two levels deep; the counts are copied when touched
+                    index = metas[key[0]] = {m: {v: dict(c) for v, c in vs.items()}
+                                             for m, vs in self.by_meta[key[0]].items()}
+                if old is not None:
+                    self._count(index, key, old, -1)
+                if new is not None:
+                    self._count(index, key, new, 1)
+        out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
+        out.routes = out._sorted()
+        return out
+
+
+class _Forwarding:
+    """Where one switch sends each destination address, under one liveness: longest-prefix lookups
+    in table 1, then the ports an action list resolves to (outputs, the entries of the table it goes
+    to under the metadata it writes, group buckets; of a fast-failover group the first live bucket
+    only)."""
+
+    def __init__(self, index: TableIndex, live: Callable[[int], bool]):
+        self.index = index
+        self.live = live
+        self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
+
     def lookup(self, address: int) -> tuple[FlowKey | None, Actions]:
-        for _prio, mask, nets in self.routes:
+        for _prio, mask, nets in self.index.routes:
             hit = nets.get(address & mask)
             if hit is not None:
                 return hit
@@ -407,7 +487,7 @@ class _Forwarding:
                 meta = act[1]
             elif kind == "group":
                 groups.add(act[1])
-                group = self.groups.get(act[1])
+                group = self.index.groups.get(act[1])
                 if group is None:
                     continue
                 buckets = group.buckets
@@ -416,14 +496,14 @@ class _Forwarding:
                 for _watch, bucket_actions in buckets:
                     self._walk(bucket_actions, meta, ports, groups, depth + 1)
             elif kind == "goto":
-                for mask, values in self._meta_index(act[1]).items():
+                for mask, values in self.index.meta_index(act[1]).items():
                     for entry in values.get(meta & mask, ()):
                         self._walk(entry, meta, ports, groups, depth + 1)
 
     def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
         """The prefixes of the routes whose actions lead through any of ``group_ids``."""
         out = []
-        for _prio, mask, nets in self.routes:
+        for _prio, mask, nets in self.index.routes:
             for net, (_key, actions) in nets.items():
                 if self.resolve(actions)[1] & group_ids:
                     out.append((net, mask))
@@ -502,10 +582,15 @@ def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], de
 
 
 def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired: Mapping[str, SwitchTable],
-         items: list[Item], failures: compiler.Failures | None = None) -> tuple[list[Item], int, bool]:
+         items: list[Item], failures: compiler.Failures | None = None,
+         indexes: dict[str, list] | None = None) -> tuple[list[Item], int, bool]:
     """The items that may go now: (items, items left for later steps, whether a dependency cycle
     forced everything out at once). ``failures``: the live fabric (which fast-failover bucket is
-    live). The work is proportional to the items and the addresses their routes cover."""
+    live). ``indexes``: switch -> [TableIndex of its confirmed table, of its desired table], either
+    None where not known; the missing ones are built and filled in. The work is proportional to
+    the items and the addresses their routes cover (and to the tables whose index is built)."""
+    if indexes is None:
+        indexes = {}
     if not items:
         return [], 0, False
     by_switch: dict[str, list[Item]] = {}
@@ -530,8 +615,13 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 if it.actions is None and it.key[0] == compiler.TABLE_ENTROPY:
                     deps.setdefault(it, set()).update(routes_and_other)
         if route_items or group_items:
-            _forwarding_changes(ix, sw, old_table, new_table, route_items, group_items, live(sw),
-                                addresses.get(ix.sw[sw].plane, []), touching, next_hops)
+            pair = indexes.setdefault(sw, [None, None])
+            if pair[0] is None or pair[0].table is not old_table:
+                pair[0] = TableIndex(old_table)
+            if pair[1] is None or pair[1].table is not new_table:
+                pair[1] = TableIndex(new_table)
+            _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
+                                route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops)
     for (sw, address), its in touching.items():
         for peer in next_hops[sw, address]:
             downstream = touching.get((peer, address))
@@ -595,13 +685,11 @@ def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table:
                     deps.setdefault(deleted[gid], set()).add(it)
 
 
-def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old_table: SwitchTable, new_table: SwitchTable,
+def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding,
                         route_items: Mapping[tuple, Item], group_items: Mapping[int, Item],
-                        live: Callable[[int], bool], plane_addresses: list[int],
-                        touching: dict[tuple[str, int], list[Item]],
+                        plane_addresses: list[int], touching: dict[tuple[str, int], list[Item]],
                         next_hops: dict[tuple[str, int], frozenset[str]]) -> None:
     """For each address whose forwarding at ``sw`` changes: the items responsible and the new next hops."""
-    old, new = _Forwarding(old_table, live), _Forwarding(new_table, live)
     # Only an address a changed route covers, or one whose route leads through a changed group,
     # can be forwarded differently: for the rest both tables agree.
     prefixes = [p for p in (_route_prefix(key[2]) for key in route_items) if p is not None]
@@ -691,6 +779,7 @@ class Reconciler:
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
         self.compile_fn = compile_fn
+        self.rebuild_above = 0.5     # a changed switch's table is patched unless more than this share changed
         self.ix = compiler.index_of(g)
         self.down_ports: set[tuple[str, int]] = set()
         self.failed_switches: set[str] = set()      # connected once, then disconnected
@@ -703,8 +792,11 @@ class Reconciler:
         # switches whose confirmed table may differ from the desired one (every other connected
         # switch that has confirmed anything holds exactly its desired table)
         self.dirty: set[str] = set()
-        # for a switch that was clean when its desired table changed: the keys that may differ
+        # for a switch that was clean when its desired table changed: the keys that may differ, and
+        # its previous desired table (what it holds) with that table's index
         self._changed_keys: dict[str, set] = {}
+        self._prev: dict[str, tuple[SwitchTable, TableIndex | None]] = {}
+        self._index: dict[str, TableIndex] = {}      # the index of desired[switch], once built
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
@@ -781,6 +873,7 @@ class Reconciler:
         self.resyncing.pop(sw, None)
         self.confirmed.pop(sw, None)
         self._changed_keys.pop(sw, None)
+        self._prev.pop(sw, None)
 
     def _port_status(self, sw: str, ports: Mapping[int, bool]) -> None:
         for port, up in ports.items():
@@ -876,17 +969,24 @@ class Reconciler:
                 self.states.pop(sw, None)
                 self.desired.pop(sw, None)
                 self.dirty.discard(sw)
+                for known in (self._changed_keys, self._prev, self._index):
+                    known.pop(sw, None)
             elif not same_state(self.states.get(sw), new):
                 old, table = self.states.get(sw), self.desired.get(sw)
+                old_index = self._index.pop(sw, None)
+                keys = None
                 if old is not None and table is not None:
-                    self.desired[sw], keys = patched_table(old, new, table)
-                    if sw in self.dirty:      # the confirmed table is not the old desired one
-                        self._changed_keys.pop(sw, None)
-                    else:
-                        self._changed_keys[sw] = keys
+                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above)
                 else:
                     self.desired[sw] = switch_table(new)
-                    self._changed_keys.pop(sw, None)
+                if keys is not None and old_index is not None:
+                    self._index[sw] = old_index.patched(self.desired[sw], keys)
+                self._changed_keys.pop(sw, None)
+                self._prev.pop(sw, None)
+                if table is not None and sw not in self.dirty:    # it holds the old desired table
+                    self._prev[sw] = (table, old_index)
+                    if keys is not None:
+                        self._changed_keys[sw] = keys
                 self.states[sw] = new
                 self.dirty.add(sw)
                 changed += 1
@@ -907,20 +1007,31 @@ class Reconciler:
         t0 = time.process_time()
         switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)
         items: list[Item] = []
+        held: dict[str, SwitchTable] = {}      # tables equal to what switches confirmed, with an index
+        indexes: dict[str, list] = {}
         for sw in switches:
-            keys = self._changed_keys.pop(sw, None)
+            keys, prev = self._changed_keys.pop(sw, None), self._prev.pop(sw, None)
             confirmed, desired = self.confirmed[sw], self.desired.get(sw, {})
             if keys is None:
                 its = diff(confirmed, desired, sw)
             else:    # the switch was clean: only these keys can differ
                 its = [Item(sw, k, desired.get(k)) for k in keys if confirmed.get(k) != desired.get(k)]
+            indexes[sw] = [None, self._index.get(sw)]
+            if prev is not None:     # it holds its previous desired table, whose index may be known
+                held[sw] = prev[0]
+                indexes[sw][0] = prev[1]
             if its:
                 items += its
             else:
                 self.dirty.discard(sw)
         t1 = time.process_time()
-        ready, _left, cycle = plan(self.ix, self.confirmed, self.desired, items, self.failures) if items \
-            else ([], 0, False)
+        ready, _left, cycle = [], 0, False
+        if items:
+            ready, _left, cycle = plan(self.ix, ChainMap(held, self.confirmed), self.desired, items,
+                                       self.failures, indexes)
+            for sw, (_old, new) in indexes.items():
+                if new is not None and new.table is self.desired.get(sw):
+                    self._index[sw] = new
         self.timings["diff_s"] = t1 - t0
         self.timings["plan_s"] = time.process_time() - t1
         if not ready:

@@ -227,9 +227,12 @@ def test_every_event_type_is_handled_and_anything_else_is_refused(mini_hpn):
         rec.handle("switch up")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rebuild_above", [0.5, 0.0, float("inf")])
 @pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
-def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, policy):
+def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, policy, rebuild_above):
+    """Whether changed switches get their tables patched (and diffed on the touched keys) or built anew."""
     rec = installed(mini_hpn, policy)
+    rec.rebuild_above = rebuild_above
     failures = compiler.Failures.of([("p0l0", "p0s0", 0)], ["p1s1"])
     answer(rec, rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
     answer(rec, rec.handle(reconcile.SwitchDown("p1s1")))
@@ -415,6 +418,33 @@ def test_a_desired_table_patched_from_the_previous_one_is_the_compiled_table(nam
         after = compiler.compile_fabric(g, failures, policy)
         for sw, new in after.items():
             before = reconcile.switch_table(healthy[sw])
-            table, keys = reconcile.patched_table(healthy[sw], new, before)
-            assert table == reconcile.switch_table(new)
+            table, keys = reconcile.patched_table(healthy[sw], new, before, rebuild_above=float("inf"))
+            assert table == reconcile.switch_table(new) and keys is not None
             assert {k for k in table.keys() | before.keys() if table.get(k) != before.get(k)} <= keys
+            old_index = reconcile.TableIndex(before)
+            old_index.meta_index(compiler.TABLE_ENTROPY)
+            patched, scratch = old_index.patched(table, keys), reconcile.TableIndex(table)
+            assert patched.routes == scratch.routes and patched.groups == scratch.groups
+            assert patched.meta_index(compiler.TABLE_ENTROPY) == scratch.meta_index(compiler.TABLE_ENTROPY)
+
+
+def test_a_switch_whose_flows_mostly_changed_gets_its_table_built_anew(mini_hpn):
+    healthy = compiler.compile_fabric(mini_hpn)
+    failed = compiler.compile_fabric(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    table, keys = reconcile.patched_table(healthy["p0l0"], failed["p0l0"], reconcile.switch_table(healthy["p0l0"]),
+                                          rebuild_above=0.0)
+    assert keys is None and table == reconcile.switch_table(failed["p0l0"])
+
+
+def test_a_patched_index_follows_groups_added_changed_and_deleted(mini_hpn):
+    from replay import with_uplink_ff_groups
+    compile_fn = with_uplink_ff_groups(mini_hpn)
+    healthy = compile_fn(mini_hpn, None, "aggregate")
+    failed = compile_fn(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]), "aggregate")
+    for a, b in ((healthy["p0l0"], failed["p0l0"]), (failed["p0l0"], healthy["p0l0"])):
+        before = reconcile.switch_table(a)
+        table, keys = reconcile.patched_table(a, b, before, rebuild_above=float("inf"))
+        assert keys is not None
+        patched, scratch = reconcile.TableIndex(before).patched(table, keys), reconcile.TableIndex(table)
+        assert patched.groups == scratch.groups and patched.routes == scratch.routes
+        assert {g.group_id for g in a.groups} != {g.group_id for g in b.groups}

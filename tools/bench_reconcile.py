@@ -3,12 +3,13 @@
 on hpn-130k, issue 10).
 
 For each preset, the pure reconciler starts with every switch connected and holding its
-healthy state (set directly: installing 130k-port fabrics message by message is not what is
-measured here); then the first leaf-spine link fails and one end reports it (one PortStatus).
+healthy state (set directly, with the indexes an installation leaves: installing 130k-port
+fabrics message by message is not what is measured here); then the first leaf-spine link
+fails and one end reports it (one PortStatus).
 Printed, in milliseconds of CPU time (the machine may be busy):
     compile   recompiling the failed link's plane (compiler.compile_fabric, switches=that plane)
     compare   finding the switches whose compiled state changed (identity first, then the tuples)
-              and building their desired tables
+              and making their desired tables and indexes (patched, or rebuilt when most changed)
     diff      diffing only those switches against what they confirmed
     plan      ordering the first step (downstream first, groups, entropy; see reconcile.plan)
 and then the whole update driven to the end (every barrier answered at once): steps, messages
@@ -38,6 +39,12 @@ def installed(g, policy: str) -> reconcile.Reconciler:
     rec = reconcile.Reconciler(g, policy)
     rec.connected = set(rec.desired)
     rec.confirmed = {sw: dict(table) for sw, table in rec.desired.items()}
+    # what an installation through the reconciler leaves behind: every desired table indexed
+    # (its routes, its entropy entries by metadata) and the plane's addresses sorted
+    for sw, table in rec.desired.items():
+        rec._index[sw] = reconcile.TableIndex(table)
+        rec._index[sw].meta_index(compiler.TABLE_ENTROPY)
+    reconcile._plane_addresses(rec.ix)
     assert rec.settled
     return rec
 
