@@ -490,9 +490,9 @@ class _Forwarding:
                 group = self.index.groups.get(act[1])
                 if group is None:
                     continue
-                buckets = group.buckets
+                buckets = tuple(group.buckets)
                 if group.kind == "ff":
-                    buckets = [b for b in buckets if b[0] is None or self.live(b[0])][:1]
+                    buckets = tuple(b for b in buckets if b[0] is None or self.live(b[0]))[:1]
                 for _watch, bucket_actions in buckets:
                     self._walk(bucket_actions, meta, ports, groups, depth + 1)
             elif kind == "goto":
@@ -704,7 +704,7 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
         new_ports, new_groups = new.resolve(new_actions)
         if old_key == new_key and old_actions == new_actions and old_ports == new_ports:
             continue
-        its = [route_items[k] for k in {old_key, new_key} if k in route_items]
+        its = [route_items[k] for k in {old_key, new_key} if k is not None and k in route_items]
         its += [group_items[g] for g in old_groups | new_groups if g in group_items]
         if not its:
             continue
@@ -1025,7 +1025,8 @@ class Reconciler:
             else:
                 self.dirty.discard(sw)
         t1 = time.process_time()
-        ready, _left, cycle = [], 0, False
+        ready: list[Item] = []
+        cycle = False
         if items:
             ready, _left, cycle = plan(self.ix, ChainMap(held, self.confirmed), self.desired, items,
                                        self.failures, indexes)
@@ -1044,7 +1045,7 @@ class Reconciler:
             by_switch.setdefault(it.switch, []).append(it)
         for sw in switches:
             for segment in batch(by_switch.get(sw, [])):
-                changes = []
+                changes: list[tuple[tuple, Value | None]] = []
                 for mod in segment:
                     if mod.command == "add" and mod.key in self.confirmed[sw]:
                         mod = dataclasses.replace(mod, command="modify")

@@ -322,6 +322,7 @@ def test_a_resync_rebuilds_the_groups_from_what_the_switch_reports(mini_hpn):
     the stray group."""
     rec = protected(mini_hpn)
     request, groups_request = rec.handle(reconcile.Error("p0l1", xid=7))
+    assert isinstance(request, reconcile.FlowStatsRequest) and isinstance(groups_request, reconcile.GroupDescRequest)
     want = rec.desired["p0l1"]
     lost, changed = sorted(k for k in want if reconcile.is_group(k))[:2]
     stray_flow = (1, 1100, (("eth_type", 0x800), ("ipv4_dst", (0x0A000000, 0xFFFFFF00))))
@@ -360,8 +361,9 @@ def test_a_fast_failover_group_that_moves_traffic_waits_for_the_switch_it_moves_
     ix = compiler.index_of(mini_hpn)
     to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
     route = _route(mini_hpn, "p0l0")
-    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
-    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
                "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
     ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
     assert [(it.switch, it.key) for it in ready] == [("p0s1", route)] and left == 1 and not cycle
@@ -375,8 +377,9 @@ def test_a_fast_failover_group_whose_live_bucket_stays_goes_at_once(mini_hpn):
     ix = compiler.index_of(mini_hpn)
     to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
     route = _route(mini_hpn, "p0l0")
-    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
-    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0)},
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0)},
                "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
     ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
     assert len(ready) == 2 and left == 0
@@ -387,8 +390,9 @@ def test_the_live_bucket_is_read_from_the_link_state(mini_hpn):
     ix = compiler.index_of(mini_hpn)
     to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
     route = _route(mini_hpn, "p0l0")
-    confirmed = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)}, "p0s1": {}}
-    desired = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
                "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
     down = compiler.Failures.of([("p0l1", "p0s0", 0)])
     ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"], down)
