@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import gc
 import logging
 import time
 import weakref
@@ -819,6 +820,15 @@ class Reconciler:
 
     # ---- events ------------------------------------------------------------------------
     def handle(self, event: Event, now: float = 0.0) -> list[Message]:
+        was_enabled = gc.isenabled()
+        gc.disable()    # tens of thousands of small acyclic values per update: no cyclic GC passes over them
+        try:
+            return self._handle(event, now)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _handle(self, event: Event, now: float) -> list[Message]:
         out: list[Message] = []
         if isinstance(event, SwitchUp):
             out += self._switch_up(event.switch, event.ports, now)

@@ -13,8 +13,9 @@ Printed, in milliseconds of CPU time (the machine may be busy):
     diff      diffing only those switches against what they confirmed
     plan      ordering the first step (downstream first, groups, entropy; see reconcile.plan)
 and then the whole update driven to the end (every barrier answered at once): steps, messages
-by kind, and the plan time summed over the steps. Side by side, measured in the same run, the
-diff as it was before: every recompiled switch's table rebuilt and every switch diffed.
+by kind, and the plan time summed over the steps; the floor (a host link fails: the plane is
+recompiled, no table changes). Side by side, measured in the same run, the diff as it was
+before: every recompiled switch's table rebuilt and every switch diffed.
 """
 from __future__ import annotations
 
@@ -110,6 +111,13 @@ def bench(name: str, policy: str, target_s: float) -> bool:
     print(f"  update: {steps} steps, {sum(mods.values()):,} messages "
           f"({', '.join(f'{k} {v:,}' for k, v in mods.items())}), {counts['Barrier']:,} barriers; "
           f"plan over all steps {ms(plan_s)}")
+    # the floor: an event that recompiles the plane and changes no table (a host's link fails)
+    host_port = rec.ix.sw[leaf].hosts[0].port
+    changed_before = rec.counters["recompiles"]
+    rec.handle(reconcile.PortStatus(leaf, {host_port: False}))
+    if rec.counters["recompiles"] > changed_before:
+        print(f"  the floor, a host link of {leaf} fails (plane recompiled, {len(rec.dirty)} tables change): "
+              f"compile {ms(rec.timings['compile_s'])}, compare {ms(rec.timings['compare_s'])}")
     # side by side: the diff as it was
     states = {sw: rec.states[sw] for p in rec.last_recompiled_planes for sw in (s.name for s in rec.ix.planes[p])
               if sw in rec.states}
