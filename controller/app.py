@@ -234,6 +234,11 @@ def decode_group_desc(dp, body) -> tuple:
     return tuple(out)
 
 
+def fast_failover_supported(ofp, features) -> bool:
+    """Does a group features reply (its body) list the fast-failover group type?"""
+    return bool(features.types & (1 << ofp.OFPGT_FF))
+
+
 def port_is_up(ofp, desc) -> bool:
     return not (desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
 
@@ -330,6 +335,7 @@ class HpnController(BaseApp):
         self.datapaths[name] = dp
         self.handle(reconcile.SwitchUp(name))
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+        dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def on_state_change(self, ev):
@@ -388,6 +394,14 @@ class HpnController(BaseApp):
             return
         more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
         self.handle(reconcile.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
+
+    @set_ev_cls(ofp_event.EventOFPGroupFeaturesStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def on_group_features(self, ev):
+        dp = ev.msg.datapath
+        name = self._name(dp)
+        if name is not None and not fast_failover_supported(dp.ofproto, ev.msg.body):
+            LOG.error("%s does not support fast-failover groups: its local protection cannot be installed "
+                      "(the group modifications will fail and be retried)", name)
 
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_group_desc(self, ev):

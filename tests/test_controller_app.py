@@ -99,7 +99,8 @@ def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirma
     dp = FakeDatapath(dpids()["p0l0"])
     sent = features(app, dp)
     kinds = [type(m).__name__ for m in sent]
-    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest"]
+    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest",
+                     "OFPGroupFeaturesStatsRequest"]
     wipe = sent[0]
     assert wipe.command == ofp.OFPFC_DELETE and wipe.table_id == ofp.OFPTT_ALL
     assert sent[1].command == ofp.OFPGC_DELETE and sent[1].group_id == ofp.OFPG_ALL
@@ -344,3 +345,16 @@ def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(protect
     resent = dp.take()
     assert [(type(m).__name__, m.command, m.group_id) for m in resent if not isinstance(m, parser.OFPBarrierRequest)] \
         == [("OFPGroupMod", ofp.OFPGC_ADD, groups[0].group_id)]
+
+
+@pytest.mark.parametrize(("types", "supported"), [((1 << ofp.OFPGT_ALL) | (1 << ofp.OFPGT_FF), True),
+                                                  (1 << ofp.OFPGT_ALL, False)])
+def test_a_switch_without_fast_failover_groups_is_reported(app, caplog, types, supported):
+    from hpnlab.controller.app import fast_failover_supported
+    dp = FakeDatapath(dpids()["p0l0"])
+    features(app, dp)
+    body = parser.OFPGroupFeaturesStats(types, 0, [0, 0, 0, 0], [0, 0, 0, 0])
+    assert fast_failover_supported(ofp, body) is supported
+    reply = parser.OFPGroupFeaturesStatsReply(dp, type_=ofp.OFPMP_GROUP_FEATURES, flags=0, body=body)
+    app.on_group_features(ofp_event.EventOFPGroupFeaturesStatsReply(reply))
+    assert ("does not support fast-failover groups" in caplog.text) is not supported
