@@ -623,8 +623,14 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 pair[1] = TableIndex(new_table)
             _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
                                 route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops)
+    touched = {sw for sw, _address in touching}
+    relevant: dict[frozenset[str], tuple[str, ...]] = {}    # next hops -> those that have items at all
     for (sw, address), its in touching.items():
-        for peer in next_hops[sw, address]:
+        hops = next_hops[sw, address]
+        peers = relevant.get(hops)
+        if peers is None:
+            peers = relevant[hops] = tuple(p for p in hops if p in touched)
+        for peer in peers:
             downstream = touching.get((peer, address))
             if downstream:
                 for it in its:
