@@ -14,6 +14,10 @@ What it owns
                     whose state equals its previous one (the compiler shares Flow values, so
                     the comparison is mostly by identity) keeps its desired table untouched
                     and is not diffed at all: only the switches a change reaches cost anything.
+                    A changed switch's desired table (and its TableIndex, for the plan) is
+                    patched from the previous one with the Flow values that are new objects,
+                    and if the switch held its previous desired table, only those keys are
+                    diffed; when most of a switch changed, its table is built anew.
     what is installed
                     ``confirmed[switch]`` holds only what the switch has confirmed: changes
                     count once the barrier sent after them is answered. An OpenFlow error,
