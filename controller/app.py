@@ -14,8 +14,12 @@ Every decision (link state, what to recompile, the diff and its order, what coun
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
 this module decodes os-ken events into reconciler events (switch features -> SwitchUp,
 disconnect -> SwitchDown, PortStatus and port descriptions -> PortStatus, BarrierReply,
-ErrorMsg, FlowStatsReply, a one-second Tick) and encodes the reconciler's messages into
-OpenFlow 1.3 (FlowMod, barrier, flow stats request). ARP requests from host ports reach it
+ErrorMsg, FlowStatsReply, GroupDescStatsReply, a one-second Tick) and encodes the reconciler's
+messages into OpenFlow 1.3 (FlowMod, GroupMod, barrier, flow stats and group description
+requests). Groups: fast-failover groups (OFPGT_FF, each bucket watching its port, watch_group
+OFPG_ANY; the switch must support the type, as Open vSwitch does), indirect, all and select
+(every bucket weight 1); a flow sends to one with an apply-action group. Metadata writes are
+full 64-bit values (mask all ones); metadata matches may be masked. ARP requests from host ports reach it
 as packet-ins at the leaves and are answered with the target host's real MAC (proxy ARP,
 the answer decided by ``compiler.arp_answer``). Anything it cannot use (unknown datapath
 ids, malformed or unexpected packet-ins) is logged and ignored.
@@ -49,8 +53,9 @@ from .ofp import (
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
-METADATA_MASK = 0xFFFFFFFF
+METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
+GROUP_KINDS = ("ff", "indirect", "all", "select")
 
 LOG = logging.getLogger("hpnlab.controller")
 
@@ -78,20 +83,50 @@ def encode_match(parser, match: tuple):
     return parser.OFPMatch(**fields)
 
 
+def _group_type(ofp, kind: str) -> int:
+    types = {"ff": ofp.OFPGT_FF, "indirect": ofp.OFPGT_INDIRECT, "all": ofp.OFPGT_ALL, "select": ofp.OFPGT_SELECT}
+    if kind not in types:
+        raise ValueError(f"unknown group kind {kind!r}: one of {', '.join(GROUP_KINDS)}")
+    return types[kind]
+
+
+def encode_action(ofp, parser, act: tuple):
+    """One apply-action (output, controller, group), or None for the actions that are instructions."""
+    if act[0] == "output":
+        return parser.OFPActionOutput(act[1])
+    if act[0] == "controller":
+        return parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)
+    if act[0] == "group":
+        return parser.OFPActionGroup(act[1])
+    return None
+
+
 def encode_instructions(ofp, parser, actions: tuple) -> list:
     instructions, apply = [], []
     for act in actions:
-        if act[0] == "output":
-            apply.append(parser.OFPActionOutput(act[1]))
-        elif act[0] == "controller":
-            apply.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER))
-        elif act[0] == "metadata":
+        if act[0] == "metadata":
             instructions.append(parser.OFPInstructionWriteMetadata(act[1], METADATA_MASK))
         elif act[0] == "goto":
             instructions.append(parser.OFPInstructionGotoTable(act[1]))
+        else:
+            action = encode_action(ofp, parser, act)
+            if action is not None:
+                apply.append(action)
     if apply:
         instructions.insert(0, parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, apply))
     return instructions
+
+
+def encode_buckets(ofp, parser, kind: str, buckets: tuple) -> list:
+    """A group's buckets: a fast-failover bucket watches its port (no group); a select bucket has
+    weight 1; the others neither watch nor weigh."""
+    out = []
+    for watch, actions in buckets:
+        acts = [a for a in (encode_action(ofp, parser, act) for act in actions) if a is not None]
+        out.append(parser.OFPBucket(weight=1 if kind == "select" else 0,
+                                    watch_port=ofp.OFPP_ANY if watch is None else watch,
+                                    watch_group=ofp.OFPG_ANY, actions=acts))
+    return out
 
 
 def encode(dp, msg: reconcile.Message) -> list:
@@ -105,6 +140,13 @@ def encode(dp, msg: reconcile.Message) -> list:
             datapath=dp, cookie=COOKIE, cookie_mask=0, table_id=msg.table, command=command,
             priority=msg.priority, match=encode_match(parser, msg.match), instructions=instructions,
             out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, buffer_id=ofp.OFP_NO_BUFFER)]
+    if isinstance(msg, reconcile.GroupMod):
+        if msg.command == "delete":
+            return [parser.OFPGroupMod(datapath=dp, command=ofp.OFPGC_DELETE, type_=ofp.OFPGT_ALL,
+                                       group_id=msg.group_id, buckets=[])]
+        command = ofp.OFPGC_MODIFY if msg.command == "modify" else ofp.OFPGC_ADD
+        return [parser.OFPGroupMod(datapath=dp, command=command, type_=_group_type(ofp, msg.kind),
+                                   group_id=msg.group_id, buckets=encode_buckets(ofp, parser, msg.kind, msg.buckets))]
     if isinstance(msg, reconcile.WipeTables):
         return [parser.OFPFlowMod(datapath=dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE,
                                   out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=parser.OFPMatch()),
@@ -114,6 +156,8 @@ def encode(dp, msg: reconcile.Message) -> list:
     elif isinstance(msg, reconcile.FlowStatsRequest):
         out = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
                                          COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
+    elif isinstance(msg, reconcile.GroupDescRequest):
+        out = parser.OFPGroupDescStatsRequest(dp, 0)
     else:
         raise TypeError(f"cannot encode {msg!r}")
     out.set_xid(msg.xid)
@@ -122,23 +166,41 @@ def encode(dp, msg: reconcile.Message) -> list:
 
 # ---- decoding: OpenFlow 1.3 -> reconciler values -----------------------------------------------
 
+_FIELD_BITS = {"metadata": 64, "ipv4_dst": 32, "ipv4_src": 32, "udp_src": 16, "tcp_src": 16,
+               "udp_dst": 16, "tcp_dst": 16, "eth_type": 16, "in_port": 32}
+
+
 def decode_match(match) -> tuple:
+    """A match back into compiler fields; a masked field whose mask is all ones (as a switch may
+    report it) is the exact value."""
     fields = []
     for name, value in match.items():
+        if isinstance(value, tuple) and name in _FIELD_BITS and value[1] == (1 << _FIELD_BITS[name]) - 1:
+            value = value[0]
         if name in ("ipv4_dst", "ipv4_src"):
             value = (ip_int(value[0]), ip_int(value[1])) if isinstance(value, tuple) else ip_int(value)
         fields.append((name, value))
     return reconcile.canonical_match(fields)
 
 
+def decode_action(ofp, parser, act) -> tuple | None:
+    if isinstance(act, parser.OFPActionOutput):
+        return ("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port)
+    if isinstance(act, parser.OFPActionGroup):
+        return ("group", act.group_id)
+    return None
+
+
 def decode_actions(ofp, parser, instructions) -> tuple:
-    """Instructions back into compiler actions: outputs, then write-metadata, then goto."""
+    """Instructions back into compiler actions: apply-actions (outputs, groups) in their order, then
+    write-metadata, then goto (the order OpenFlow executes instructions in, whatever their order)."""
     outputs, metadata, goto = [], [], []
     for inst in instructions:
         if isinstance(inst, parser.OFPInstructionActions):
             for act in inst.actions:
-                if isinstance(act, parser.OFPActionOutput):
-                    outputs.append(("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port))
+                decoded = decode_action(ofp, parser, act)
+                if decoded is not None:
+                    outputs.append(decoded)
         elif isinstance(inst, parser.OFPInstructionWriteMetadata):
             metadata.append(("metadata", inst.metadata))
         elif isinstance(inst, parser.OFPInstructionGotoTable):
@@ -152,6 +214,29 @@ def decode_flow_stats(dp, body) -> tuple:
     return tuple(reconcile.FlowEntry(st.table_id, st.priority, decode_match(st.match),
                              decode_actions(ofp, parser, st.instructions))
                  for st in body if st.cookie == COOKIE)
+
+
+def decode_group_desc(dp, body) -> tuple:
+    """Every group of a group description reply, as compiler.Group values (every group on a fabric
+    switch is the controller's: see reconcile's docstring)."""
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    kinds = {_group_type(ofp, k): k for k in GROUP_KINDS}
+    out = []
+    for st in body:
+        kind = kinds.get(st.type)
+        if kind is None:
+            LOG.warning("group %d of unknown type %d ignored", st.group_id, st.type)
+            continue
+        buckets = tuple((b.watch_port if kind == "ff" and b.watch_port != ofp.OFPP_ANY else None,
+                         tuple(a for a in (decode_action(ofp, parser, act) for act in b.actions) if a is not None))
+                        for b in st.buckets)
+        out.append(compiler.Group(st.group_id, kind, buckets))
+    return tuple(out)
+
+
+def fast_failover_supported(ofp, features) -> bool:
+    """Does a group features reply (its body) list the fast-failover group type?"""
+    return bool(features.types & (1 << ofp.OFPGT_FF))
 
 
 def port_is_up(ofp, desc) -> bool:
@@ -228,7 +313,10 @@ class HpnController(BaseApp):
         self._counted = dict(counters)
         m.switches_connected.set(len(self.datapaths))
         for name in self.index.sw:
-            m.flows.labels(name).set(len(rec.confirmed.get(name, {})))
+            table = rec.confirmed.get(name, {})
+            state = rec.states.get(name)
+            groups = sum(reconcile.GroupKey(g.group_id) in table for g in state.groups) if state else 0
+            m.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)
@@ -251,6 +339,7 @@ class HpnController(BaseApp):
         self.datapaths[name] = dp
         self.handle(reconcile.SwitchUp(name))
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+        dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def on_state_change(self, ev):
@@ -309,6 +398,24 @@ class HpnController(BaseApp):
             return
         more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
         self.handle(reconcile.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
+
+    @set_ev_cls(ofp_event.EventOFPGroupFeaturesStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def on_group_features(self, ev):
+        dp = ev.msg.datapath
+        name = self._name(dp)
+        if name is not None and not fast_failover_supported(dp.ofproto, ev.msg.body):
+            LOG.error("%s does not support fast-failover groups: its local protection cannot be installed "
+                      "(the group modifications will fail and be retried)", name)
+
+    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def on_group_desc(self, ev):
+        msg = ev.msg
+        dp = msg.datapath
+        name = self._name(dp)
+        if name is None:
+            return
+        more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
+        self.handle(reconcile.GroupDescReply(name, msg.xid, decode_group_desc(dp, msg.body), more))
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):

@@ -10,35 +10,73 @@ What it owns
                     reports count); a switch that disconnects is failed until it returns.
     what to compile an event recompiles only the plane(s) it touches (compiler.compile_fabric
                     with ``switches=`` the plane's switches); a port that is no link, or a
-                    report that changes nothing, recompiles nothing.
+                    report that changes nothing, recompiles nothing. A recompiled switch
+                    whose state equals its previous one (the compiler shares Flow values, so
+                    the comparison is mostly by identity) keeps its desired table untouched
+                    and is not diffed at all: only the switches a change reaches cost anything.
+                    A changed switch's desired table (and its TableIndex, for the plan) is
+                    patched from the previous one with the Flow values that are new objects,
+                    and if the switch held its previous desired table, only those keys are
+                    diffed; when most of a switch changed, its table is built anew.
     what is installed
                     ``confirmed[switch]`` holds only what the switch has confirmed: changes
                     count once the barrier sent after them is answered. An OpenFlow error,
                     or a barrier not answered within ``confirm_timeout_s``, resynchronises
-                    the switch: its flows are read back (flow stats, our cookie only),
-                    ``confirmed`` becomes what it reports, and the difference is sent again.
-                    The fabric uses no groups (multipath is table 2, see compiler.py), so a
-                    switch's groups are only ever wiped when it connects.
-    the order       make-before-break, per switch and across switches (see ``plan_step``).
+                    the switch: its flows (flow stats, our cookie only) and its groups (group
+                    descriptions) are read back, ``confirmed`` becomes what it reports, and the
+                    difference is sent again.
+    which groups are ours
+                    every group on a fabric switch. OpenFlow 1.3 groups carry no cookie, so
+                    they cannot be told apart by owner; a switch is wiped (every flow and
+                    every group) when it connects and from then on only this controller
+                    writes it, so whatever group a switch reports is one we made (or one it
+                    kept by mistake, which the resync then deletes).
+    the order       make-before-break, per switch and across switches (see ``plan``).
 
-Order of an update. The difference between confirmed and desired flows is a set of items
-(one flow entry to add, change or delete). An item that changes where a switch S sends a
-destination address a must wait until every switch that S will send a to (S's new next
-hops for a) has confirmed its own items for a: downstream first, so a packet that meets an
-updated switch only meets updated switches after it. Entropy entries (table 2) come before
-the routes that use them; entropy entries that are no longer used go after the switch's
-route changes. Items with nothing left to wait for are sent as one step, per switch in the
-order: adds/changes of table 2, barrier, adds/changes of the other tables (most specific
-route first), barrier, deletions (least specific route first), barrier, deletions of table 2,
-barrier. The next step is planned only when every switch has confirmed the last one, from
-the confirmed state, so a new event in between simply changes the target.
+A switch's tables are one dict (:data:`SwitchTable`): a flow entry under its
+(table, priority, match) key with its actions as value, a group under ``GroupKey(id)`` with
+its :class:`compiler.Group` as value. So confirmation, resync and the diff treat both alike.
+
+Order of an update. The difference between confirmed and desired tables is a set of items
+(one flow entry or one group to add, change or delete). An item that changes where a switch
+S sends a destination address a (a route of table 1, or a group on the way of a route: a
+changed fast-failover group moves traffic just like a changed route) must wait until every
+switch that S will send a to (S's new next hops for a) has confirmed its own items for a:
+downstream first, so a packet that meets an updated switch only meets updated switches after
+it. Where a switch sends a is the ports its route for a resolves to: outputs, the entries of
+the table it goes to with the metadata it writes (entropy sets), and for a group its buckets;
+of a fast-failover group only the first bucket whose watch port is live counts (the live
+fabric as the reconciler knows it), since that is where the switch sends now: a backup
+bucket is taken only on a failure the controller has not heard of yet, and then the data
+plane, not the update order, protects the traffic. Besides:
+- a flow or group that refers to a group is sent only once that group is confirmed with its
+  new buckets (OpenFlow refuses a reference to a missing group);
+- a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
+  the flows that refer to a deleted group);
+- entropy entries (table 2) come before the routes that use them (in the same step, the batch
+  order sends them first; if they must wait, e.g. for a group they send to, the routes wait
+  too); entropy entries that are no longer used go after the switch's route changes are
+  confirmed.
+Items with nothing left to wait for are sent as one step, per switch in the order: groups
+added or changed, barrier, adds/changes of table 2, barrier, adds/changes of the other tables
+(most specific route first), barrier, deletions (least specific route first), barrier,
+deletions of table 2, barrier, deletions of groups, barrier. The next step is planned only
+when every switch has confirmed the last one, from the confirmed state, so a new event in
+between simply changes the target.
 """
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import gc
 import logging
-from collections.abc import Iterable, Mapping
+import time
+import weakref
+from collections import ChainMap
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -48,7 +86,20 @@ LOG = logging.getLogger("hpnlab.controller.reconcile")
 
 FlowKey = tuple          # (table, priority, match) with match sorted by field name
 Actions = tuple          # compiler.Flow actions
-FlowTable = dict         # {FlowKey: Actions}: one switch's flows
+
+
+class GroupKey(NamedTuple):
+    """A group's key in a :data:`SwitchTable` (a flow's key is (table, priority, match))."""
+    group_id: int
+
+
+SwitchTable = dict       # {FlowKey: Actions, GroupKey: compiler.Group}: one switch's flows and groups
+Value = Actions | compiler.Group
+CompileFn = Callable[..., dict]   # (graph, failures, policy, switches=...) -> {switch: SwitchState}
+
+
+def is_group(key: tuple) -> bool:
+    return isinstance(key, GroupKey)
 
 
 # ---- events (in) -------------------------------------------------------------------------
@@ -113,7 +164,16 @@ class FlowStatsReply:
     more: bool = False
 
 
-Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply
+@dataclass(frozen=True)
+class GroupDescReply:
+    """One part of a switch's answer to a GroupDescRequest: its groups as compiler.Group values."""
+    switch: str
+    xid: int
+    groups: tuple = ()
+    more: bool = False
+
+
+Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply | GroupDescReply
 
 
 # ---- messages (out) ------------------------------------------------------------------------
@@ -136,6 +196,25 @@ class FlowMod:
 
 
 @dataclass(frozen=True)
+class GroupMod:
+    """command "add" (a group the switch does not have), "modify" (new kind/buckets for a group it
+    has) or "delete". ``kind`` and ``buckets`` as in :class:`compiler.Group`."""
+    switch: str
+    command: str
+    group_id: int
+    kind: str = "ff"
+    buckets: tuple = ()
+
+    @property
+    def key(self) -> GroupKey:
+        return GroupKey(self.group_id)
+
+    @property
+    def group(self) -> compiler.Group:
+        return compiler.Group(self.group_id, self.kind, self.buckets)
+
+
+@dataclass(frozen=True)
 class WipeTables:
     """Delete every flow of every table and every group (sent when a switch connects)."""
     switch: str
@@ -154,19 +233,109 @@ class FlowStatsRequest:
     xid: int
 
 
-Message = FlowMod | WipeTables | Barrier | FlowStatsRequest
+@dataclass(frozen=True)
+class GroupDescRequest:
+    """Ask for the description (kind, buckets) of every group of the switch."""
+    switch: str
+    xid: int
 
 
-# ---- flows as tables ---------------------------------------------------------------------
+Message = FlowMod | GroupMod | WipeTables | Barrier | FlowStatsRequest | GroupDescRequest
+
+
+# ---- tables --------------------------------------------------------------------------------
 
 def canonical_match(match: Iterable) -> tuple:
     """A match with its fields in one order (name order), so decoded and compiled entries compare."""
     return tuple(sorted(match))
 
 
-def flow_table(state: compiler.SwitchState) -> FlowTable:
-    """A compiled switch state as {key: actions}, every compact host-route block expanded."""
-    return {(t, p, canonical_match(m)): a for (t, p, m), a in state.expanded().items()}
+def canonical_group(group: compiler.Group) -> compiler.Group:
+    """A group with its buckets as tuples, so decoded and compiled groups compare."""
+    return compiler.Group(group.group_id, group.kind,
+                          tuple((watch, tuple(actions)) for watch, actions in group.buckets))
+
+
+def switch_table(state: compiler.SwitchState) -> SwitchTable:
+    """A compiled switch state as {key: value}: every flow (compact host-route blocks expanded)
+    and every group."""
+    table: SwitchTable = {}
+    for f in state.flows:
+        if f.hosts is None:
+            table[f.table, f.priority, tuple(sorted(f.match))] = f.actions
+        else:
+            for e in f.expand():
+                table[e.table, e.priority, tuple(sorted(e.match))] = e.actions
+    for group in state.groups:
+        table[GroupKey(group.group_id)] = canonical_group(group)
+    return table
+
+
+def _add_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
+    if f.hosts is None:
+        key = (f.table, f.priority, tuple(sorted(f.match)))
+        table[key] = f.actions
+        changed.add(key)
+        return
+    for e in f.expand():
+        key = (e.table, e.priority, tuple(sorted(e.match)))
+        table[key] = e.actions
+        changed.add(key)
+
+
+def _drop_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
+    for e in f.expand():
+        key = (e.table, e.priority, tuple(sorted(e.match)))
+        table.pop(key, None)
+        changed.add(key)
+
+
+def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable,
+                  rebuild_above: float = 0.5) -> tuple[SwitchTable, set | None]:
+    """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
+    flows that are not the same object in both states (the compiler shares unchanged Flow values
+    between compiles), and the keys it touched: a superset of the keys whose value changed. When
+    the flows to touch (old and new) outnumber ``rebuild_above`` times the new state's flows, the
+    table is built anew instead (cheaper) and the keys are None."""
+    old_ids = {id(f) for f in old.flows}
+    new_ids = {id(f) for f in new.flows}
+    gone = [f for f in old.flows if id(f) not in new_ids]
+    came = [f for f in new.flows if id(f) not in old_ids]
+    if len(gone) + len(came) > rebuild_above * len(new.flows):
+        return switch_table(new), None
+    out = table.copy()
+    changed: set = set()
+    for f in gone:
+        _drop_flow(out, f, changed)
+    for f in came:
+        _add_flow(out, f, changed)
+    if old.groups != new.groups:
+        for group in old.groups:
+            out.pop(GroupKey(group.group_id), None)
+            changed.add(GroupKey(group.group_id))
+        for group in new.groups:
+            out[GroupKey(group.group_id)] = canonical_group(group)
+            changed.add(GroupKey(group.group_id))
+    return out, changed
+
+
+def same_state(old: compiler.SwitchState | None, new: compiler.SwitchState) -> bool:
+    """Do two compiled states hold the same flows and groups? Identity first (the compiler shares
+    Flow values between switches and compiles), then the tuples (C-level, element identity first)."""
+    if old is None:
+        return False
+    if old is new:
+        return True
+    return (old.flows is new.flows or old.flows == new.flows) and old.groups == new.groups
+
+
+def groups_referenced(value: Value | None) -> set[int]:
+    """The group ids a flow's actions or a group's buckets send to."""
+    if value is None:
+        return set()
+    if isinstance(value, compiler.Group):
+        return {a[1] for _watch, actions in value.buckets for a in actions if a[0] == "group"}
+    return {a[1] for a in value if a[0] == "group"}
 
 
 def _route_prefix(match: tuple) -> tuple[int, int] | None:
@@ -176,148 +345,416 @@ def _route_prefix(match: tuple) -> tuple[int, int] | None:
     return None
 
 
-class _Routes:
-    """Table 1 of one switch, for longest-prefix lookups of host addresses."""
+def _metadata_match(match: tuple) -> tuple[int, int]:
+    """(value, mask) of a match's metadata field; (0, 0) when it has none (matches any metadata)."""
+    for kv in match:
+        if kv[0] == "metadata":
+            value = kv[1]
+            return value if value.__class__ is tuple else (value, 0xFFFFFFFFFFFFFFFF)
+    return 0, 0
 
-    def __init__(self, table: FlowTable):
-        routes = []
-        for key, actions in table.items():
-            if key[0] != compiler.TABLE_ROUTE:
+
+_MAX_DEPTH = 8
+
+
+class TableIndex:
+    """One switch's table indexed for forwarding questions, without liveness: its routes (table 1)
+    by priority and mask, its groups, and (built on first use) each other table's entries by the
+    metadata they match. Made once per table, or patched from the previous table's index with
+    the keys that changed, so that a plan costs what its items touch, not what the switch holds."""
+
+    def __init__(self, table: SwitchTable, build: bool = True):
+        self.table = table
+        self.by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
+        self.groups: dict[int, compiler.Group] = {}
+        self.by_meta: dict[int, dict[int, dict[int, dict[Actions, int]]]] = {}  # table -> mask -> value -> counts
+        if build:
+            for key, value in table.items():
+                if key.__class__ is GroupKey:
+                    self.groups[key.group_id] = value
+                elif key[0] == compiler.TABLE_ROUTE:
+                    self._set_route(self.by_prio, key, value)
+        self.routes = self._sorted()
+
+    @staticmethod
+    def _set_route(by_prio: dict, key: tuple, value: Actions | None) -> None:
+        prefix = _route_prefix(key[2])
+        if prefix is None:
+            return
+        nets = by_prio.setdefault((key[1], prefix[1]), {})
+        if value is None:
+            nets.pop(prefix[0] & prefix[1], None)
+        else:
+            nets[prefix[0] & prefix[1]] = (key, value)
+
+    def _sorted(self) -> list[tuple[int, int, dict]]:
+        return sorted(((p, m, d) for (p, m), d in self.by_prio.items() if d), key=lambda r: -r[0])
+
+    def meta_index(self, table_id: int) -> dict[int, dict[int, dict[Actions, int]]]:
+        """The actions of one table's entries (with counts) by the metadata they match."""
+        index = self.by_meta.get(table_id)
+        if index is None:
+            index = self.by_meta[table_id] = {}
+            for key, value in self.table.items():
+                if key.__class__ is not GroupKey and key[0] == table_id:
+                    self._count(index, key, value, 1)
+        return index
+
+    @staticmethod
+    def _count(index: dict, key: tuple, value: Actions, n: int) -> None:
+        meta, mask = _metadata_match(key[2])
+        values = index.setdefault(mask, {})
+        counts = values.setdefault(meta & mask, {})
+        left = counts.get(value, 0) + n
+        if left:
+            counts[value] = left
+            return
+        counts.pop(value, None)
+        if not counts:
+            del values[meta & mask]
+            if not values:
+                del index[mask]
+
+    def patched(self, table: SwitchTable, keys: Iterable[tuple]) -> TableIndex:
+        """The index of ``table``, which differs from this index's table at most at ``keys``."""
+        out = TableIndex(table, build=False)
+        out.by_prio = dict(self.by_prio)
+        out.groups = self.groups
+        copied: set = set()
+        metas: dict[int, dict] = {}
+        for key in keys:
+            old, new = self.table.get(key), table.get(key)
+            if old == new:
                 continue
-            prefix = _route_prefix(key[2])
-            if prefix is not None:
-                routes.append((key[1], prefix[0], prefix[1], key, actions))
-        routes.sort(key=lambda r: -r[0])
-        self.routes = routes
-        self.entropy_ports: dict[int, set[int]] = {}
-        for key, actions in table.items():
-            if key[0] == compiler.TABLE_ENTROPY:
-                meta = dict(key[2]).get("metadata")
-                for act in actions:
-                    if act[0] == "output" and meta is not None:
-                        self.entropy_ports.setdefault(meta, set()).add(act[1])
+            if key.__class__ is GroupKey:
+                if out.groups is self.groups:
+                    out.groups = dict(self.groups)
+                if new is None:
+                    out.groups.pop(key.group_id, None)
+                else:
+                    out.groups[key.group_id] = new
+            elif key[0] == compiler.TABLE_ROUTE:
+                prefix = _route_prefix(key[2])
+                if prefix is not None and (key[1], prefix[1]) not in copied:
+                    copied.add((key[1], prefix[1]))
+                    out.by_prio[key[1], prefix[1]] = dict(self.by_prio.get((key[1], prefix[1]), {}))
+                self._set_route(out.by_prio, key, new)
+            elif key[0] in self.by_meta:
+                index = metas.get(key[0])
+                if index is None:    # copied two levels deep; the counts are copied when touched
+                    index = metas[key[0]] = {m: {v: dict(c) for v, c in vs.items()}
+                                             for m, vs in self.by_meta[key[0]].items()}
+                if old is not None:
+                    self._count(index, key, old, -1)
+                if new is not None:
+                    self._count(index, key, new, 1)
+        out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
+        out.routes = out._sorted()
+        return out
+
+
+class _Forwarding:
+    """Where one switch sends each destination address, under one liveness: longest-prefix lookups
+    in table 1, then the ports an action list resolves to (outputs, the entries of the table it goes
+    to under the metadata it writes, group buckets; of a fast-failover group the first live bucket
+    only)."""
+
+    def __init__(self, index: TableIndex, live: Callable[[int], bool]):
+        self.index = index
+        self.live = live
+        self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
 
     def lookup(self, address: int) -> tuple[FlowKey | None, Actions]:
-        for _prio, net, mask, key, actions in self.routes:
-            if address & mask == net:
-                return key, actions
+        for _prio, mask, nets in self.index.routes:
+            hit = nets.get(address & mask)
+            if hit is not None:
+                return hit
         return None, ()
 
-    def out_ports(self, actions: Actions) -> set[int]:
-        ports: set[int] = set()
+    def resolve(self, actions: Actions) -> tuple[frozenset[int], frozenset[int]]:
+        """(ports, group ids on the way) of an action list."""
+        out = self._resolved.get(actions)
+        if out is None:
+            ports: set[int] = set()
+            groups: set[int] = set()
+            self._walk(actions, 0, ports, groups, 0)
+            out = self._resolved[actions] = (frozenset(ports), frozenset(groups))
+        return out
+
+    def _walk(self, actions: Actions, meta: int, ports: set, groups: set, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            return
         for act in actions:
-            if act[0] == "output":
+            kind = act[0]
+            if kind == "output":
                 ports.add(act[1])
-            elif act[0] == "metadata":
-                ports |= self.entropy_ports.get(act[1], set())
-        return ports
+            elif kind == "metadata":
+                meta = act[1]
+            elif kind == "group":
+                groups.add(act[1])
+                group = self.index.groups.get(act[1])
+                if group is None:
+                    continue
+                buckets = tuple(group.buckets)
+                if group.kind == "ff":
+                    buckets = tuple(b for b in buckets if b[0] is None or self.live(b[0]))[:1]
+                for _watch, bucket_actions in buckets:
+                    self._walk(bucket_actions, meta, ports, groups, depth + 1)
+            elif kind == "goto":
+                for mask, values in self.index.meta_index(act[1]).items():
+                    for entry in values.get(meta & mask, ()):
+                        self._walk(entry, meta, ports, groups, depth + 1)
+
+    def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
+        """The prefixes of the routes whose actions lead through any of ``group_ids``."""
+        out = []
+        for _prio, mask, nets in self.index.routes:
+            for net, (_key, actions) in nets.items():
+                if self.resolve(actions)[1] & group_ids:
+                    out.append((net, mask))
+        return out
 
 
-@dataclass(frozen=True)
+_PLANE_ADDRESSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plane_addresses(ix: compiler.FabricIndex) -> dict[int, list[int]]:
+    """Host addresses of each plane, sorted (built once per fabric index)."""
+    out = _PLANE_ADDRESSES.get(ix)
+    if out is None:
+        out = {}
+        for address, (_mac, _host, plane) in ix.host_addr.items():
+            out.setdefault(plane, []).append(address)
+        for addresses in out.values():
+            addresses.sort()
+        _PLANE_ADDRESSES[ix] = out
+    return out
+
+
+def _covered(addresses: list[int], prefixes: Iterable[tuple[int, int]]) -> list[int]:
+    """The addresses (sorted) that any of the prefixes covers, each once."""
+    ranges = sorted((net & mask, (net & mask) | (~mask & compiler.FULL)) for net, mask in prefixes)
+    out: list[int] = []
+    end = -1
+    for lo, hi in ranges:
+        lo = max(lo, end + 1)
+        if lo > hi:
+            continue
+        out += addresses[bisect.bisect_left(addresses, lo):bisect.bisect_right(addresses, hi)]
+        end = hi
+    return out
+
+
+def live_ports(ix: compiler.FabricIndex, failures: compiler.Failures | None) -> Callable[[str], Callable[[int], bool]]:
+    """switch -> (port -> is it live?): a port is live unless its link or the switch across it failed."""
+    failures = failures or compiler.Failures()
+
+    def of_switch(sw: str) -> Callable[[int], bool]:
+        def live(port: int) -> bool:
+            lid = ix.link_at(sw, port)
+            if lid is None:
+                return True
+            peer = lid[1] if lid[0] == sw else lid[0]
+            return lid not in failures.links and peer not in failures.switches
+        return live
+    return of_switch
+
+
+@dataclass(frozen=True, eq=False)
 class Item:
-    """One flow entry to change on one switch: ``actions`` None deletes it."""
+    """One flow entry or group to change on one switch: ``actions`` is the new value (a flow's
+    actions, a group's compiler.Group), None deletes it. Compared and hashed by identity (each
+    item of a plan is one object; hashing its nested key on every set operation is what made
+    plans of 90k items slow)."""
     switch: str
-    key: FlowKey
-    actions: Actions | None
+    key: tuple
+    actions: Value | None
 
 
-def diff(confirmed: FlowTable, desired: FlowTable, switch: str) -> list[Item]:
+def diff(confirmed: SwitchTable, desired: SwitchTable, switch: str) -> list[Item]:
+    if confirmed is desired:
+        return []
     items = [Item(switch, k, a) for k, a in desired.items() if confirmed.get(k) != a]
     items += [Item(switch, k, None) for k in confirmed if k not in desired]
     return items
 
 
-def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, FlowTable], desired: Mapping[str, FlowTable],
-              switches: Iterable[str]) -> tuple[list[Item], int, bool]:
+def plan_step(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired: Mapping[str, SwitchTable],
+              switches: Iterable[str], failures: compiler.Failures | None = None) -> tuple[list[Item], int, bool]:
+    """The items of ``switches`` (connected, settled) that may go now; see :func:`plan`."""
+    items = [it for sw in switches for it in diff(confirmed.get(sw, {}), desired.get(sw, {}), sw)]
+    return plan(ix, confirmed, desired, items, failures)
+
+
+def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired: Mapping[str, SwitchTable],
+         items: list[Item], failures: compiler.Failures | None = None,
+         indexes: dict[str, list] | None = None) -> tuple[list[Item], int, bool]:
     """The items that may go now: (items, items left for later steps, whether a dependency cycle
-    forced everything out at once). ``switches``: the switches to update (connected, settled)."""
-    items: list[Item] = []
-    for sw in switches:
-        items += diff(confirmed.get(sw, {}), desired.get(sw, {}), sw)
+    forced everything out at once). ``failures``: the live fabric (which fast-failover bucket is
+    live). ``indexes``: switch -> [TableIndex of its confirmed table, of its desired table], either
+    None where not known; the missing ones are built and filled in. The work is proportional to
+    the items and the addresses their routes cover (and to the tables whose index is built)."""
+    if indexes is None:
+        indexes = {}
     if not items:
         return [], 0, False
     by_switch: dict[str, list[Item]] = {}
     for it in items:
         by_switch.setdefault(it.switch, []).append(it)
-    # destinations whose forwarding each route item changes, and the new next hops
-    touched: dict[Item, set[int]] = {}
-    next_hops: dict[tuple[str, int], set[str]] = {}
-    addresses_of_plane: dict[int, list[int]] = {}
-    for address, (_mac, _host, host_plane) in ix.host_addr.items():
-        addresses_of_plane.setdefault(host_plane, []).append(address)
-    for sw, its in by_switch.items():
-        route_items = [it for it in its if it.key[0] == compiler.TABLE_ROUTE]
-        if not route_items:
-            continue
-        old, new = _Routes(confirmed.get(sw, {})), _Routes(desired.get(sw, {}))
-        plane = ix.sw[sw].plane
-        for it in route_items:
-            touched[it] = set()
-        keyed = {it.key: it for it in route_items}
-        peers_of: dict[Actions, set[str]] = {}     # the switches a route's actions send to
-        # Only an address that a changed route covers can be forwarded differently: every
-        # other route is the same entry in both tables, so both lookups agree for the rest.
-        changed = [prefix for prefix in (_route_prefix(it.key[2]) for it in route_items) if prefix is not None]
-        for address in addresses_of_plane[plane]:
-            if not any(address & mask == net for net, mask in changed):
-                continue
-            old_key, old_actions = old.lookup(address)
-            new_key, new_actions = new.lookup(address)
-            if old_actions == new_actions and old_key == new_key:
-                continue
-            for k in (old_key, new_key):
-                if k in keyed:
-                    touched[keyed[k]].add(address)
-            if new_actions not in peers_of:
-                peers = set()
-                for port in new.out_ports(new_actions):
-                    lid = ix.link_at(sw, port)
-                    if lid is not None:
-                        peers.add(lid[1] if lid[0] == sw else lid[0])
-                peers_of[new_actions] = peers
-            next_hops[sw, address] = peers_of[new_actions]
+    deps: dict[Item, set[Item]] = {}      # item -> the items to be confirmed first (only items that wait)
+    soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
     touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
-    for it, addresses in touched.items():
-        for address in addresses:
-            touching.setdefault((it.switch, address), []).append(it)
-    deps: dict[Item, set[Item]] = {it: set() for it in items}
-    for it, addresses in touched.items():
-        for address in addresses:
-            for peer in next_hops.get((it.switch, address), ()):
-                deps[it].update(touching.get((peer, address), ()))
-    for its in by_switch.values():
-        routes = [it for it in its if it.key[0] != compiler.TABLE_ENTROPY]
-        for it in its:
-            if it.key[0] == compiler.TABLE_ENTROPY and it.actions is None:
-                deps[it].update(routes)
+    next_hops: dict[tuple[str, int], frozenset[str]] = {}
+    live = live_ports(ix, failures)
+    addresses = _plane_addresses(ix)
+    for sw, its in by_switch.items():
+        old_table, new_table = confirmed.get(sw, {}), desired.get(sw, {})
+        group_items = {it.key.group_id: it for it in its if isinstance(it.key, GroupKey)}
+        route_items = {it.key: it for it in its if not is_group(it.key) and it.key[0] == compiler.TABLE_ROUTE}
+        _reference_deps(its, group_items, old_table, deps)
+        _entropy_deps(its, soft)
+        flows = [it for it in its if it.key.__class__ is not GroupKey]
+        routes_and_other = [it for it in flows if it.key[0] != compiler.TABLE_ENTROPY]
+        if routes_and_other:
+            for it in flows:
+                if it.actions is None and it.key[0] == compiler.TABLE_ENTROPY:
+                    deps.setdefault(it, set()).update(routes_and_other)
+        if route_items or group_items:
+            pair = indexes.setdefault(sw, [None, None])
+            if pair[0] is None or pair[0].table is not old_table:
+                pair[0] = TableIndex(old_table)
+            if pair[1] is None or pair[1].table is not new_table:
+                pair[1] = TableIndex(new_table)
+            _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
+                                route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops)
+    touched = {sw for sw, _address in touching}
+    relevant: dict[frozenset[str], tuple[str, ...]] = {}    # next hops -> those that have items at all
+    for (sw, address), its in touching.items():
+        hops = next_hops[sw, address]
+        peers = relevant.get(hops)
+        if peers is None:
+            peers = relevant[hops] = tuple(p for p in hops if p in touched)
+        for peer in peers:
+            downstream = touching.get((peer, address))
+            if downstream:
+                for it in its:
+                    deps.setdefault(it, set()).update(downstream)
+    # Only items that wait for something can be on a cycle, and only through items that wait too.
+    waiting = {it: deps.get(it, set()).union(soft.get(it, ())) for it in deps.keys() | soft.keys()}
+    order = {it: {d for d in ds if d in waiting} for it, ds in waiting.items()}
     try:
-        TopologicalSorter(deps).prepare()
+        TopologicalSorter(order).prepare()
     except CycleError:
         LOG.warning("update order has a dependency cycle: sending %d changes in one step", len(items))
         return items, 0, True
-    ready = [it for it in items if not deps[it]]
+    ready = [it for it in items if it not in deps and not any(s in deps for s in soft.get(it, ()))]
     return ready, len(items) - len(ready), False
 
 
-def batch(items: list[Item]) -> list[list[FlowMod]]:
-    """One switch's items as ordered groups, each to be followed by a barrier."""
-    def mod(it: Item, command: str) -> FlowMod:
-        t, p, m = it.key
-        return FlowMod(it.switch, command, t, p, m, it.actions or ())
+def _entropy_deps(its: list[Item], soft: dict[Item, list[Item]]) -> None:
+    """A flow that writes metadata and goes to table 2 goes with or after the table-2 entries it
+    will meet there that are added or changed (the batch order sends those first): if they must
+    wait, so does it."""
+    by_mask: dict[int, dict[int, list[Item]]] = {}
+    for it in its:
+        key = it.key
+        if key.__class__ is not GroupKey and key[0] == compiler.TABLE_ENTROPY and it.actions is not None:
+            meta, mask = _metadata_match(key[2])
+            by_mask.setdefault(mask, {}).setdefault(meta & mask, []).append(it)
+    if not by_mask:
+        return
+    for it in its:
+        key = it.key
+        if key.__class__ is GroupKey or key[0] == compiler.TABLE_ENTROPY or not it.actions:
+            continue
+        actions = it.actions
+        if ("goto", compiler.TABLE_ENTROPY) not in actions:
+            continue
+        meta = next((a[1] for a in actions if a[0] == "metadata"), 0)
+        found = [e for mask, values in by_mask.items() for e in values.get(meta & mask, ())]
+        if found:
+            soft[it] = found
 
-    adds = [it for it in items if it.actions is not None]
-    dels = [it for it in items if it.actions is None]
-    groups = [
+
+def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table: SwitchTable,
+                    deps: dict[Item, set[Item]]) -> None:
+    """A reference to a group waits for the group's add/change; a group's deletion waits for every
+    change that removes a reference to it."""
+    if not group_items:
+        return
+    for it in its:
+        if it.actions is not None:
+            for gid in groups_referenced(it.actions):
+                group = group_items.get(gid)
+                if group is not None and group is not it and group.actions is not None:
+                    deps.setdefault(it, set()).add(group)
+    deleted = {gid: it for gid, it in group_items.items() if it.actions is None}
+    if deleted:
+        for it in its:
+            for gid in groups_referenced(old_table.get(it.key)) & deleted.keys():
+                if deleted[gid] is not it:
+                    deps.setdefault(deleted[gid], set()).add(it)
+
+
+def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding,
+                        route_items: Mapping[tuple, Item], group_items: Mapping[int, Item],
+                        plane_addresses: list[int], touching: dict[tuple[str, int], list[Item]],
+                        next_hops: dict[tuple[str, int], frozenset[str]]) -> None:
+    """For each address whose forwarding at ``sw`` changes: the items responsible and the new next hops."""
+    # Only an address a changed route covers, or one whose route leads through a changed group,
+    # can be forwarded differently: for the rest both tables agree.
+    prefixes = [p for p in (_route_prefix(key[2]) for key in route_items) if p is not None]
+    if group_items:
+        gids = set(group_items)
+        prefixes += old.prefixes_via(gids) + new.prefixes_via(gids)
+    peers_of: dict[frozenset[int], frozenset[str]] = {}
+    for address in _covered(plane_addresses, prefixes):
+        old_key, old_actions = old.lookup(address)
+        new_key, new_actions = new.lookup(address)
+        old_ports, old_groups = old.resolve(old_actions)
+        new_ports, new_groups = new.resolve(new_actions)
+        if old_key == new_key and old_actions == new_actions and old_ports == new_ports:
+            continue
+        its = [route_items[k] for k in {old_key, new_key} if k is not None and k in route_items]
+        its += [group_items[g] for g in old_groups | new_groups if g in group_items]
+        if not its:
+            continue
+        touching[sw, address] = its
+        peers = peers_of.get(new_ports)
+        if peers is None:
+            found = set()
+            for port in new_ports:
+                lid = ix.link_at(sw, port)
+                if lid is not None:
+                    found.add(lid[1] if lid[0] == sw else lid[0])
+            peers = peers_of[new_ports] = frozenset(found)
+        next_hops[sw, address] = peers
+
+
+def batch(items: list[Item]) -> list[list[FlowMod | GroupMod]]:
+    """One switch's items as ordered groups, each to be followed by a barrier."""
+    def mod(it: Item) -> FlowMod | GroupMod:
+        if isinstance(it.key, GroupKey):
+            group = it.actions
+            if isinstance(group, compiler.Group):
+                return GroupMod(it.switch, "add", it.key.group_id, group.kind, group.buckets)
+            return GroupMod(it.switch, "delete", it.key.group_id)
+        t, p, m = it.key
+        return FlowMod(it.switch, "delete" if it.actions is None else "add", t, p, m, it.actions or ())
+
+    groups = [it for it in items if is_group(it.key)]
+    flows = [it for it in items if not is_group(it.key)]
+    adds = [it for it in flows if it.actions is not None]
+    dels = [it for it in flows if it.actions is None]
+    segments = [
+        [it for it in groups if it.actions is not None],
         [it for it in adds if it.key[0] == compiler.TABLE_ENTROPY],
         sorted((it for it in adds if it.key[0] != compiler.TABLE_ENTROPY), key=lambda it: (-it.key[0], -it.key[1])),
         sorted((it for it in dels if it.key[0] != compiler.TABLE_ENTROPY), key=lambda it: (it.key[0], it.key[1])),
         [it for it in dels if it.key[0] == compiler.TABLE_ENTROPY],
+        [it for it in groups if it.actions is None],
     ]
-    out = []
-    for group in groups:
-        if group:
-            out.append([mod(it, "delete" if it.actions is None else "add") for it in group])
-    return out
+    return [[mod(it) for it in segment] for segment in segments if segment]
 
 
 # ---- the reconciler ------------------------------------------------------------------------
@@ -327,52 +764,81 @@ class _Pending:
     """Messages sent to a switch and not yet confirmed: a barrier and the changes before it."""
     xid: int
     sent_at: float
-    changes: list = field(default_factory=list)     # (key, actions | None)
+    changes: list = field(default_factory=list)     # (key, value | None)
     wipe: bool = False
 
 
 @dataclass
 class _Resync:
-    xid: int
+    """A switch being read back: its flows and its groups, each answered under its own xid."""
+    flow_xid: int
+    group_xid: int
     sent_at: float
-    flows: dict = field(default_factory=dict)
+    table: dict = field(default_factory=dict)
+    waiting: set = field(default_factory=set)       # the xids whose last part has not arrived
 
 
 class Reconciler:
-    """Link state, desired state and confirmed state of every switch of one fabric."""
+    """Link state, desired state and confirmed state of every switch of one fabric.
 
-    def __init__(self, g: nx.MultiGraph, policy: str = "aggregate", confirm_timeout_s: float = 5.0):
+    ``compile_fn`` (graph, failures, policy, switches=...) -> {switch: SwitchState}:
+    compiler.compile_fabric unless a test gives its own."""
+
+    def __init__(self, g: nx.MultiGraph, policy: str = "aggregate", confirm_timeout_s: float = 5.0,
+                 compile_fn: CompileFn = compiler.compile_fabric):
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
+        self.compile_fn = compile_fn
+        self.rebuild_above = 0.5     # a changed switch's table is patched unless more than this share changed
         self.ix = compiler.index_of(g)
         self.down_ports: set[tuple[str, int]] = set()
         self.failed_switches: set[str] = set()      # connected once, then disconnected
         self.failures = compiler.Failures()
-        self.healthy = compiler.compile_fabric(g, None, policy)
+        self.healthy = compile_fn(g, None, policy)
         self.states: dict[str, compiler.SwitchState] = dict(self.healthy)
-        self.desired: dict[str, FlowTable] = {sw: flow_table(st) for sw, st in self.states.items()}
+        self.desired: dict[str, SwitchTable] = {sw: switch_table(st) for sw, st in self.states.items()}
         self.connected: set[str] = set()
-        self.confirmed: dict[str, FlowTable] = {}
+        self.confirmed: dict[str, SwitchTable] = {}
+        # switches whose confirmed table may differ from the desired one (every other connected
+        # switch that has confirmed anything holds exactly its desired table)
+        self.dirty: set[str] = set()
+        # for a switch that was clean when its desired table changed: the keys that may differ, and
+        # its previous desired table (what it holds) with that table's index
+        self._changed_keys: dict[str, set] = {}
+        self._prev: dict[str, tuple[SwitchTable, TableIndex | None]] = {}
+        self._index: dict[str, TableIndex] = {}      # the index of desired[switch], once built
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
         self.counters = {"recompiles": 0, "resyncs": 0, "errors": 0, "steps": 0, "cycles": 0,
-                         "add": 0, "modify": 0, "delete": 0}
+                         "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0, "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
+        # CPU seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
+        self.timings = {"compile_s": 0.0, "compare_s": 0.0, "diff_s": 0.0, "plan_s": 0.0}
 
     # ---- queries ------------------------------------------------------------------------
     @property
     def settled(self) -> bool:
         """Nothing sent is waiting for a confirmation and every switch holds its desired state."""
-        return not self._outstanding() and all(
-            self.confirmed.get(sw) == self.desired.get(sw, {}) for sw in self.connected)
+        if self._outstanding() or any(sw not in self.confirmed for sw in self.connected):
+            return False
+        return all(self.confirmed[sw] == self.desired.get(sw, {}) for sw in self.dirty & self.connected)
 
     def deaggregated(self) -> int:
         return compiler.deaggregated(self.states, self.healthy)
 
     # ---- events ------------------------------------------------------------------------
     def handle(self, event: Event, now: float = 0.0) -> list[Message]:
+        was_enabled = gc.isenabled()
+        gc.disable()    # tens of thousands of small acyclic values per update: no cyclic GC passes over them
+        try:
+            return self._handle(event, now)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _handle(self, event: Event, now: float) -> list[Message]:
         out: list[Message] = []
         if isinstance(event, SwitchUp):
             out += self._switch_up(event.switch, event.ports, now)
@@ -390,8 +856,8 @@ class Reconciler:
                 out += self._resync(event.switch, now)
         elif isinstance(event, Tick):
             out += self._timeouts(now)
-        elif isinstance(event, FlowStatsReply):
-            self._stats_reply(event)
+        elif isinstance(event, (FlowStatsReply, GroupDescReply)):
+            self._read_back(event)
         else:
             raise TypeError(f"not a reconciler event: {event!r}")
         out += self._step(now)
@@ -402,6 +868,7 @@ class Reconciler:
             return []
         self.connected.add(sw)
         self._forget(sw)
+        self.dirty.add(sw)       # before the recompile: its tables are about to be wiped
         self.failed_switches.discard(sw)
         if ports is not None:
             self._port_status(sw, ports)      # recompiles
@@ -425,6 +892,8 @@ class Reconciler:
         self.pending.pop(sw, None)
         self.resyncing.pop(sw, None)
         self.confirmed.pop(sw, None)
+        self._changed_keys.pop(sw, None)
+        self._prev.pop(sw, None)
 
     def _port_status(self, sw: str, ports: Mapping[int, bool]) -> None:
         for port, up in ports.items():
@@ -445,20 +914,21 @@ class Reconciler:
             p = queue.pop(0)
             if p.wipe:
                 table.clear()
-            for key, actions in p.changes:
-                if actions is None:
+            for key, value in p.changes:
+                if value is None:
                     table.pop(key, None)
                 else:
-                    table[key] = actions
+                    table[key] = value
             if p.xid == xid:
                 break
 
     def _resync(self, sw: str, now: float) -> list[Message]:
         self.counters["resyncs"] += 1
         self._forget(sw)
-        xid = self._next_xid()
-        self.resyncing[sw] = _Resync(xid, now)
-        return [FlowStatsRequest(sw, xid)]
+        self.dirty.add(sw)       # what it holds is unknown until it is read back
+        flow_xid, group_xid = self._next_xid(), self._next_xid()
+        self.resyncing[sw] = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})
+        return [FlowStatsRequest(sw, flow_xid), GroupDescRequest(sw, group_xid)]
 
     def _timeouts(self, now: float) -> list[Message]:
         out: list[Message] = []
@@ -471,15 +941,26 @@ class Reconciler:
                 out += self._resync(sw, now)
         return out
 
-    def _stats_reply(self, ev: FlowStatsReply) -> None:
+    def _read_back(self, ev: FlowStatsReply | GroupDescReply) -> None:
         resync = self.resyncing.get(ev.switch)
-        if resync is None or resync.xid != ev.xid:
+        if resync is None or ev.xid not in resync.waiting:
             return
-        for f in ev.flows:
-            resync.flows[(f.table, f.priority, canonical_match(f.match))] = tuple(f.actions)
+        if isinstance(ev, FlowStatsReply):
+            if ev.xid != resync.flow_xid:
+                return
+            for f in ev.flows:
+                resync.table[(f.table, f.priority, canonical_match(f.match))] = tuple(f.actions)
+        else:
+            if ev.xid != resync.group_xid:
+                return
+            for group in ev.groups:
+                resync.table[GroupKey(group.group_id)] = canonical_group(group)
         if not ev.more:
+            resync.waiting.discard(ev.xid)
+        if not resync.waiting:
             del self.resyncing[ev.switch]
-            self.confirmed[ev.switch] = resync.flows
+            self.confirmed[ev.switch] = resync.table
+            self.dirty.add(ev.switch)
 
     # ---- decisions ------------------------------------------------------------------------
     def _link_failures(self) -> compiler.Failures:
@@ -498,46 +979,102 @@ class Reconciler:
             planes |= {self.ix.sw[n].plane for n in lid[:2] if n in self.ix.sw}
         self.failures = failures
         wanted = [sw.name for p in sorted(planes) for sw in self.ix.planes[p]]
-        states = compiler.compile_fabric(self.graph, failures, self.policy, switches=wanted)
+        t0 = time.process_time()
+        states = self.compile_fn(self.graph, failures, self.policy, switches=wanted)
+        t1 = time.process_time()
+        changed = 0
         for sw in wanted:
-            if sw in states:
-                self.states[sw] = states[sw]
-                self.desired[sw] = flow_table(states[sw])
-            else:
+            new = states.get(sw)
+            if new is None:
                 self.states.pop(sw, None)
                 self.desired.pop(sw, None)
+                self.dirty.discard(sw)
+                for known in (self._changed_keys, self._prev, self._index):
+                    known.pop(sw, None)
+            elif not same_state(self.states.get(sw), new):
+                old, table = self.states.get(sw), self.desired.get(sw)
+                old_index = self._index.pop(sw, None)
+                keys = None
+                if old is not None and table is not None:
+                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above)
+                else:
+                    self.desired[sw] = switch_table(new)
+                if keys is not None and old_index is not None:
+                    self._index[sw] = old_index.patched(self.desired[sw], keys)
+                self._changed_keys.pop(sw, None)
+                self._prev.pop(sw, None)
+                if table is not None and sw not in self.dirty:    # it holds the old desired table
+                    self._prev[sw] = (table, old_index)
+                    if keys is not None:
+                        self._changed_keys[sw] = keys
+                self.states[sw] = new
+                self.dirty.add(sw)
+                changed += 1
+        self.timings["compile_s"] = t1 - t0
+        self.timings["compare_s"] = time.process_time() - t1
         self.counters["recompiles"] += 1
         self.last_recompiled_planes = tuple(sorted(planes))
-        LOG.info("recompiled plane(s) %s: %d failed links, %d failed switches",
-                 ", ".join(map(str, sorted(planes))), len(failures.links), len(failures.switches))
+        LOG.info("recompiled plane(s) %s in %.0f ms: %d failed links, %d failed switches, %d switches changed",
+                 ", ".join(map(str, sorted(planes))), 1000 * (t1 - t0), len(failures.links),
+                 len(failures.switches), changed)
 
     def _outstanding(self) -> bool:
         return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing)
 
     def _step(self, now: float) -> list[Message]:
-        if self._outstanding():
+        if self._outstanding() or not self.dirty:
             return []
-        switches = sorted(sw for sw in self.connected if sw in self.confirmed)
-        items, _left, cycle = plan_step(self.ix, self.confirmed, self.desired, switches)
-        if not items:
+        t0 = time.process_time()
+        switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)
+        items: list[Item] = []
+        held: dict[str, SwitchTable] = {}      # tables equal to what switches confirmed, with an index
+        indexes: dict[str, list] = {}
+        for sw in switches:
+            keys, prev = self._changed_keys.pop(sw, None), self._prev.pop(sw, None)
+            confirmed, desired = self.confirmed[sw], self.desired.get(sw, {})
+            if keys is None:
+                its = diff(confirmed, desired, sw)
+            else:    # the switch was clean: only these keys can differ
+                its = [Item(sw, k, desired.get(k)) for k in keys if confirmed.get(k) != desired.get(k)]
+            indexes[sw] = [None, self._index.get(sw)]
+            if prev is not None:     # it holds its previous desired table, whose index may be known
+                held[sw] = prev[0]
+                indexes[sw][0] = prev[1]
+            if its:
+                items += its
+            else:
+                self.dirty.discard(sw)
+        t1 = time.process_time()
+        ready: list[Item] = []
+        cycle = False
+        if items:
+            ready, _left, cycle = plan(self.ix, ChainMap(held, self.confirmed), self.desired, items,
+                                       self.failures, indexes)
+            for sw, (_old, new) in indexes.items():
+                if new is not None and new.table is self.desired.get(sw):
+                    self._index[sw] = new
+        self.timings["diff_s"] = t1 - t0
+        self.timings["plan_s"] = time.process_time() - t1
+        if not ready:
             return []
         self.counters["steps"] += 1
         self.counters["cycles"] += cycle
         out: list[Message] = []
         by_switch: dict[str, list[Item]] = {}
-        for it in items:
+        for it in ready:
             by_switch.setdefault(it.switch, []).append(it)
         for sw in switches:
-            for group in batch(by_switch.get(sw, [])):
-                changes = []
-                for mod in group:
-                    command = mod.command
-                    if command == "add" and mod.key in self.confirmed[sw]:
-                        command = "modify"
-                        mod = FlowMod(sw, command, mod.table, mod.priority, mod.match, mod.actions)
-                    self.counters[command] += 1
+            for segment in batch(by_switch.get(sw, [])):
+                changes: list[tuple[tuple, Value | None]] = []
+                for mod in segment:
+                    if mod.command == "add" and mod.key in self.confirmed[sw]:
+                        mod = dataclasses.replace(mod, command="modify")
+                    self.counters[("group_" if isinstance(mod, GroupMod) else "") + mod.command] += 1
                     out.append(mod)
-                    changes.append((mod.key, None if command == "delete" else mod.actions))
+                    if mod.command == "delete":
+                        changes.append((mod.key, None))
+                    else:
+                        changes.append((mod.key, mod.group if isinstance(mod, GroupMod) else mod.actions))
                 xid = self._next_xid()
                 out.append(Barrier(sw, xid))
                 self.pending.setdefault(sw, []).append(_Pending(xid, now, changes))

@@ -386,23 +386,36 @@ def _target(where: Any) -> Any:
 
 # ---- running -------------------------------------------------------------------------------
 
-#: timeline actions that break something, and the action that repairs it
-_REPAIRS = {"link_down": "link_up", "switch_down": "switch_up"}
+#: timeline actions that break something, and the action that repairs each
+_REPAIRS = {"link_down": "link_up", "link_down_one_side": "link_up", "link_drop": "link_restore",
+            "switch_down": "switch_up"}
 
 
 def left_failed(events: list[Any]) -> list[str]:
     """What a failure timeline leaves broken at its end (descriptions; empty: all repaired)."""
     broken: dict[tuple, str] = {}
-    repairs = {v: k for k, v in _REPAIRS.items()}
     for ev in events:
         if ev.action in _REPAIRS:
             broken[(ev.action, tuple(sorted(ev.target)), ev.key)] = ev.describe()
-        elif ev.action in repairs:
-            what = repairs[ev.action]
-            for k in [k for k in broken if k[0] == what and k[1] == tuple(sorted(ev.target))
+        else:
+            for k in [k for k in broken if _REPAIRS[k[0]] == ev.action and k[1] == tuple(sorted(ev.target))
                       and (ev.key is None or k[2] in (None, ev.key))]:
                 del broken[k]
     return list(broken.values())
+
+
+def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per failure of a timeline run under a collective, from the transports' per-packet
+    records (roce: arrival gaps at the receivers, re-sends, byte counts and CRCs at both
+    ends): flows hurt, loss window and stall, packets re-sent, every byte exactly once
+    (``accounting.summarize_windows``). Empty when the transport keeps no such records."""
+    from .transport.accounting import failure_windows, summarize_windows
+    events = [(f"{rec['action']} {'-'.join(rec['target'])}", rec.get("start_wall", rec["wall"]))
+              for rec in records if rec["action"] in _REPAIRS]
+    flows = [f for f in result.get("flows", []) if "gaps" in f]
+    if not events or not flows:
+        return []
+    return summarize_windows(failure_windows(flows, events))
 
 
 def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None,
@@ -459,6 +472,12 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             records = runner.join()       # the cell ends when the timeline has been applied too
             for r in out:
                 r["timeline"] = records
+                r["failover"] = failover_figures(r, records)
+                for f in r["failover"]:
+                    say(f"  {f['event']}: {f['flows_hurt']} of {f['flows']} flows hurt, loss window "
+                        f"max {f['loss_window_ms_max']:.1f} ms (median {f['loss_window_ms_median']:.1f}), "
+                        f"stall max {f['stall_ms_max']:.1f} ms, {f['packets_lost']} packets re-sent, "
+                        f"every byte exactly once: {'yes' if f['exactly_once'] else 'NO'}")
         for r, job in zip(out, jobs, strict=False):
             r["hosts"] = list(job.labels) if job.labels else None
             r["placement"] = plan.placement if isinstance(target, _OnEmulation) else None

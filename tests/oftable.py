@@ -25,8 +25,9 @@ port down, which is the same as a failed link.
 
 For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
 replaced (``load``, with its groups) and changed one message at a time (``apply``: the
-reconciler's FlowMod and WipeTables values; ``set_group``/``delete_group`` for groups).
-``entropy_ports()`` gives one UDP source port per bit
+reconciler's FlowMod, GroupMod and WipeTables values; ``set_group``/``delete_group`` for single
+groups); ``groups`` (alias ``group_table``) gives a switch's groups (compiled, or as the replayed
+GroupMods left them). ``entropy_ports()`` gives one UDP source port per bit
 pattern the switches' entropy tables look at, so a walk can cover every multipath branch.
 """
 from __future__ import annotations
@@ -78,6 +79,16 @@ class FabricTables:
         self._cut = {self.peer[sp][2] for sp in self.one_sided}    # links one end took down
 
     # ---- liveness -------------------------------------------------------------------
+    @property
+    def failures(self) -> compiler.Failures:
+        return self._failures
+
+    @failures.setter
+    def failures(self, value: compiler.Failures) -> None:
+        """A replay changes the failures as it goes: fast-failover outcomes depend on liveness."""
+        self._failures = value
+        self._pipeline_cache = {}
+
     def port_live(self, switch: str, port: int) -> bool:
         """Does ``switch`` see ``port`` live (what its fast-failover groups watch)?"""
         if (switch, port) in self.one_sided:
@@ -148,6 +159,10 @@ class FabricTables:
         self.states.pop(switch, None)
         self._changed(switch)
 
+    def group_table(self, switch: str) -> dict[int, compiler.Group]:
+        """The groups of ``switch`` by group id: what the replayed messages left, else the compiled ones."""
+        return self.groups(switch)
+
     def entries(self, switch: str) -> dict:
         if switch not in self._entries:
             state = self.states.get(switch)
@@ -158,18 +173,35 @@ class FabricTables:
         return {k: f.actions for k, f in self._entries[switch].items()}
 
     def apply(self, msg) -> None:
-        """Apply one reconciler message (FlowMod, WipeTables) to its switch's tables."""
+        """Apply one reconciler message (FlowMod, GroupMod, WipeTables) to its switch's tables."""
         kind = type(msg).__name__
-        if kind not in ("FlowMod", "WipeTables"):
+        if kind not in ("FlowMod", "GroupMod", "WipeTables"):
             raise TypeError(f"not a table change: {msg!r}")
         self.entries(msg.switch)
         table = self._entries[msg.switch]
+        groups = self.groups(msg.switch)
         if kind == "WipeTables":
             table.clear()
-            self._groups[msg.switch] = {}
+            groups.clear()
+        elif kind == "GroupMod":
+            # as a switch does: add needs a new id, modify an existing one; deleting a group deletes
+            # the flows that send to it (Open vSwitch)
+            if msg.command == "add" and msg.group_id in groups:
+                raise AssertionError(f"{msg.switch}: group {msg.group_id} added twice")
+            if msg.command == "modify" and msg.group_id not in groups:
+                raise AssertionError(f"{msg.switch}: group {msg.group_id} modified before it exists")
+            if msg.command == "delete":
+                groups.pop(msg.group_id, None)
+                for key in [k for k, f in table.items() if ("group", msg.group_id) in f.actions]:
+                    del table[key]
+            else:
+                groups[msg.group_id] = compiler.Group(msg.group_id, msg.kind, msg.buckets)
         elif msg.command == "delete":
             table.pop(msg.key, None)
         else:
+            missing = [a[1] for a in msg.actions if a[0] == "group" and a[1] not in groups]
+            if missing:     # a switch refuses the flow (OFPBAC_BAD_OUT_GROUP)
+                raise AssertionError(f"{msg.switch}: flow {msg.key} sends to group(s) {missing} that do not exist")
             table[msg.key] = compiler.Flow(msg.table, msg.priority, msg.match, msg.actions)
         self._changed(msg.switch)
 

@@ -2,11 +2,14 @@
 
 The reconciler's messages go into one FIFO queue per switch; an *interleaving* picks which
 switch's queue moves next (each switch keeps its own order, as a real switch does). A
-FlowMod or WipeTables changes that switch's interpreted tables (tests/oftable.py); a
+FlowMod, GroupMod or WipeTables changes that switch's interpreted tables (tests/oftable.py); a
 Barrier is answered at once (everything before it in that queue is applied); a
-FlowStatsRequest is answered with the switch's interpreted tables. After every table change
-every host pair on every plane is walked on every entropy branch, and ``check`` decides
-whether the state is acceptable.
+FlowStatsRequest or GroupDescRequest is answered with the switch's interpreted tables. After
+every table change every host pair on every plane is walked on every entropy branch, and
+``check`` decides whether the state is acceptable.
+
+``compile_fn`` replaces the compiler (a test can give switch states with groups made by
+hand, see :func:`with_uplink_ff_groups`).
 
     replay = Replay(graph, "aggregate")
     replay.start()                                    # every switch connects and is installed
@@ -62,10 +65,43 @@ class Counts:
         self.problems += other.problems
 
 
+def with_uplink_ff_groups(g: nx.MultiGraph) -> reconcile.CompileFn:
+    """A compile function that gives every leaf local protection made by hand: each output to an
+    uplink port p goes through fast-failover group p (group id = port number) whose buckets are p,
+    then the leaf's other live uplinks. A link failure deletes the group of its port and changes the
+    buckets of the leaf's other groups; the repair brings them back."""
+    ix = compiler.index_of(g)
+
+    def protect(state: compiler.SwitchState, failures: compiler.Failures) -> compiler.SwitchState:
+        sw = ix.sw[state.name]
+        uplinks = {p for p, _n, _lid in sw.up}
+        live = [p for p, n, lid in sw.up if lid not in failures.links and n not in failures.switches]
+        used: set[int] = set()
+        flows = []
+        for f in state.flows:
+            if any(a[0] == "output" and a[1] in uplinks for a in f.actions):
+                actions = tuple(("group", a[1]) if a[0] == "output" and a[1] in uplinks else a for a in f.actions)
+                used |= {a[1] for a in actions if a[0] == "group"}
+                f = compiler.Flow(f.table, f.priority, f.match, actions, f.hosts)
+            flows.append(f)
+        groups = tuple(compiler.Group(p, "ff", tuple((q, (("output", q),)) for q in [p] + [x for x in live if x != p]))
+                       for p in sorted(used))
+        return compiler.SwitchState(state.name, state.dpid, tuple(flows), groups)
+
+    def compile_fn(graph: nx.MultiGraph, failures: compiler.Failures | None = None, policy: str = "aggregate",
+                   switches=None) -> dict[str, compiler.SwitchState]:
+        failures = failures or compiler.Failures()
+        states = compiler.compile_fabric(graph, failures, policy, switches=switches)
+        return {n: protect(st, failures) if ix.sw[n].tier == 1 else st for n, st in states.items()}
+
+    return compile_fn
+
+
 class Replay:
-    def __init__(self, g: nx.MultiGraph, policy: str, interleaving: Interleaving = switch_by_switch):
+    def __init__(self, g: nx.MultiGraph, policy: str, interleaving: Interleaving = switch_by_switch,
+                 compile_fn: reconcile.CompileFn = compiler.compile_fabric):
         self.g = g
-        self.reconciler = reconcile.Reconciler(g, policy)
+        self.reconciler = reconcile.Reconciler(g, policy, compile_fn=compile_fn)
         self.net = FabricTables(g, {}, compiler.Failures())
         self.interleaving = interleaving
         self.queues: dict[str, deque] = {sw: deque() for sw in fgraph.switches(g)}
@@ -73,13 +109,16 @@ class Replay:
         self.pairs = self.net.all_pairs()
         self.sports: list[int] = []
         self.outcome: dict[tuple, tuple[str, frozenset]] = {}    # (pair, sport) -> (result, switches crossed)
+        self.at_fault: dict[tuple, tuple[str, frozenset]] = {}   # the outcomes when the fault happened
         self.counts = Counts()
+        self.sent: list = []        # every message the reconciler sent
         self.mode = "monotone"
 
     # ---- driving ----------------------------------------------------------------------
     def feed(self, event) -> list:
         self.counts.events += 1
         msgs = self.reconciler.handle(event, self.now)
+        self.sent += msgs
         for m in msgs:
             self.queues[m.switch].append(m)
         return msgs
@@ -93,7 +132,7 @@ class Replay:
             sw = self.interleaving(ready, step)
             step += 1
             msg = self.queues[sw].popleft()
-            if isinstance(msg, (reconcile.FlowMod, reconcile.WipeTables)):
+            if isinstance(msg, (reconcile.FlowMod, reconcile.GroupMod, reconcile.WipeTables)):
                 self.net.apply(msg)
                 if check:
                     self.check(changed=msg.switch)
@@ -102,6 +141,16 @@ class Replay:
             elif isinstance(msg, reconcile.FlowStatsRequest):
                 flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in self.net.entries(sw).items())
                 self.feed(reconcile.FlowStatsReply(sw, msg.xid, flows))
+            elif isinstance(msg, reconcile.GroupDescRequest):
+                self.net.entries(sw)
+                self.feed(reconcile.GroupDescReply(sw, msg.xid, tuple(self.net.group_table(sw).values())))
+
+    def table(self, sw: str) -> dict:
+        """What ``sw`` holds, as the reconciler's SwitchTable (flows and groups)."""
+        out = self.net.entries(sw)
+        for gid, group in self.net.group_table(sw).items():
+            out[reconcile.GroupKey(gid)] = reconcile.canonical_group(group)
+        return out
 
     def start(self) -> None:
         """Every switch connects, reports its ports up and is installed (not checked: nothing
@@ -125,7 +174,7 @@ class Replay:
                            frozenset(f.switches if switches is None else switches))
         self.net.failures = after
         mask = 0
-        for st in compiler.compile_fabric(self.g, after, self.reconciler.policy).values():
+        for st in self.reconciler.compile_fn(self.g, after, self.reconciler.policy).values():
             for flow in st.flows:
                 for name, value in flow.match:
                     if name == "udp_src":
@@ -181,6 +230,7 @@ class Replay:
         self.mode = mode
         self.outcome = {}
         self.check(changed=None)
+        self.at_fault = dict(self.outcome)
 
     def check(self, changed: str | None) -> None:
         """Walk every pair on every branch (re-walking only those that crossed ``changed``) and
@@ -207,7 +257,7 @@ class Replay:
         """Settled, and every pair the live fabric connects is delivered on every branch."""
         assert self.reconciler.settled, "the reconciler did not settle"
         for sw, table in self.reconciler.confirmed.items():
-            assert table == self.net.entries(sw), f"{sw}: confirmed state differs from the switch's tables"
+            assert table == self.table(sw), f"{sw}: confirmed state differs from the switch's tables"
         failures = self.net.failures
         leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in fgraph.hosts(self.g)
                 for p in fgraph.host_ports(self.g, h)}

@@ -99,7 +99,8 @@ def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirma
     dp = FakeDatapath(dpids()["p0l0"])
     sent = features(app, dp)
     kinds = [type(m).__name__ for m in sent]
-    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest"]
+    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest",
+                     "OFPGroupFeaturesStatsRequest"]
     wipe = sent[0]
     assert wipe.command == ofp.OFPFC_DELETE and wipe.table_id == ofp.OFPTT_ALL
     assert sent[1].command == ofp.OFPGC_DELETE and sent[1].group_id == ofp.OFPG_ALL
@@ -139,7 +140,7 @@ def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app)
     changed = {dp_name for dp_name, dp in dps.items() for d, m in sent if d is dp and isinstance(m, parser.OFPFlowMod)}
     healthy = compiler.compile_fabric(g)
     failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
-    expected = {sw for sw in healthy if reconcile.flow_table(healthy[sw]) != reconcile.flow_table(failed[sw])}
+    expected = {sw for sw in healthy if reconcile.switch_table(healthy[sw]) != reconcile.switch_table(failed[sw])}
     assert changed == expected and "p0l0" in changed
     assert all(sw.startswith("p0") for sw in changed)
     assert app.reconciler.settled
@@ -151,16 +152,20 @@ def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
     error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_FLOW_MOD_FAILED, code=ofp.OFPFMFC_TABLE_FULL, data=b"")
     error.set_xid(99)
     app.on_error(ofp_event.EventOFPErrorMsg(error))
-    (request,) = dp.take()
+    request, groups_request = dp.take()
     assert isinstance(request, parser.OFPFlowStatsRequest)
     assert request.cookie == app_cookie() and request.table_id == ofp.OFPTT_ALL
-    # the switch reports every flow but one: exactly that one is sent again
+    assert isinstance(groups_request, parser.OFPGroupDescStatsRequest)
+    # the switch reports every flow but one (and no groups, as it has none): exactly that one is sent again
     desired = app.reconciler.desired["p0l1"]
     lost = max(desired)
     body = [stats_entry(key, actions) for key, actions in desired.items() if key != lost]
     reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=body)
     reply.set_xid(request.xid)
     app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
+    greply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=[])
+    greply.set_xid(groups_request.xid)
+    app.on_group_desc(ofp_event.EventOFPGroupDescStatsReply(greply))
     resent = dp.take()
     mods = flow_mods(resent)
     assert len(mods) == 1 and mods[0].table_id == lost[0] and mods[0].priority == lost[1]
@@ -211,3 +216,145 @@ def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(app,
     desired = app.reconciler.desired[switch]
     decoded = decode_flow_stats(FakeDatapath(1), [stats_entry(k, a) for k, a in desired.items()])
     assert {(e.table, e.priority, e.match): e.actions for e in decoded} == desired
+
+
+# ---- groups, group actions, 64-bit metadata ----------------------------------------------------
+
+FF = compiler.Group(7, "ff", ((3, (("output", 3),)), (4, (("output", 4),)), (5, (("output", 5), ("group", 9)))))
+
+
+def _wire_bucket(bucket):
+    """An OFPBucket as it comes off the wire (in a group description reply)."""
+    buf = bytearray()
+    bucket.serialize(buf, 0)
+    return parser.OFPBucket.parser(bytes(buf), 0)
+
+
+def group_desc(group_mod) -> object:
+    """The group description entry a switch reports for a group it was sent."""
+    return parser.OFPGroupDescStats(type_=group_mod.type, group_id=group_mod.group_id,
+                                    buckets=[_wire_bucket(b) for b in group_mod.buckets])
+
+
+@pytest.mark.parametrize("group", [
+    FF,
+    compiler.Group(8, "indirect", ((None, (("output", 2),)),)),
+    compiler.Group(9, "all", ((None, (("output", 2),)), (None, (("output", 6),)))),
+    compiler.Group(10, "select", ((None, (("output", 2),)), (None, (("controller",),)))),
+], ids=lambda g: g.kind)
+def test_a_group_encodes_to_a_group_mod_and_decodes_back_from_its_description(group):
+    from hpnlab.controller.app import decode_group_desc, encode
+    dp = FakeDatapath(1)
+    (mod,) = encode(dp, reconcile.GroupMod("s", "add", group.group_id, group.kind, group.buckets))
+    mod.serialize()
+    assert mod.command == ofp.OFPGC_ADD
+    assert decode_group_desc(dp, [group_desc(mod)]) == (group,)
+
+
+def test_a_fast_failover_bucket_watches_its_port_and_no_group():
+    from hpnlab.controller.app import encode
+    (mod,) = encode(FakeDatapath(1), reconcile.GroupMod("s", "modify", FF.group_id, FF.kind, FF.buckets))
+    assert mod.type == ofp.OFPGT_FF and mod.command == ofp.OFPGC_MODIFY
+    assert [(b.watch_port, b.watch_group) for b in mod.buckets] == [(3, ofp.OFPG_ANY), (4, ofp.OFPG_ANY),
+                                                                    (5, ofp.OFPG_ANY)]
+
+
+def test_a_group_deletion_names_only_the_group():
+    from hpnlab.controller.app import encode
+    (mod,) = encode(FakeDatapath(1), reconcile.GroupMod("s", "delete", 7))
+    mod.serialize()
+    assert mod.command == ofp.OFPGC_DELETE and mod.group_id == 7 and mod.buckets == []
+
+
+def test_a_flow_with_a_group_a_64_bit_metadata_write_and_a_masked_metadata_match_decodes_back():
+    from hpnlab.controller.app import METADATA_MASK, decode_flow_stats, encode_instructions
+    key = (2, 300, (("eth_type", 0x800), ("metadata", (0x1234_0000_0000_0000, 0xFFFF_0000_0000_0000))))
+    actions = (("group", 7), ("metadata", 0xFEDC_BA98_7654_3210), ("goto", 3))
+    assert METADATA_MASK == (1 << 64) - 1
+    instructions = encode_instructions(ofp, parser, actions)
+    (write,) = [i for i in instructions if isinstance(i, parser.OFPInstructionWriteMetadata)]
+    assert write.metadata_mask == METADATA_MASK
+    (entry,) = decode_flow_stats(FakeDatapath(1), [stats_entry(key, actions)])
+    assert ((entry.table, entry.priority, entry.match), entry.actions) == (key, actions)
+
+
+def test_a_masked_match_reported_with_a_full_mask_decodes_as_the_exact_value():
+    from hpnlab.controller.app import decode_match
+    full = parser.OFPMatch(eth_type=0x800, metadata=(5, (1 << 64) - 1))
+    assert decode_match(_parsed(full)) == (("eth_type", 0x800), ("metadata", 5))
+
+
+@pytest.fixture
+def protected_app(app):
+    """The app with leaves whose uplinks are protected by fast-failover groups (made by hand)."""
+    from replay import with_uplink_ff_groups
+    app.reconciler = reconcile.Reconciler(app.graph, "aggregate", compile_fn=with_uplink_ff_groups(app.graph))
+    app._counted = dict(app.reconciler.counters)
+    return app
+
+
+def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(protected_app):
+    app = protected_app
+    dp = FakeDatapath(dpids()["p0l0"])
+    first = features(app, dp)
+    wire: list = []
+    dp.sent = first
+    while True:
+        msgs = dp.take()
+        if not msgs:
+            break
+        wire += msgs
+        for m in msgs:
+            if isinstance(m, parser.OFPBarrierRequest):
+                reply = parser.OFPBarrierReply(dp)
+                reply.set_xid(m.xid)
+                app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+    assert app.reconciler.settled
+    groups_added = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD]
+    sends_to_group = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPFlowMod) and any(
+        isinstance(a, parser.OFPActionGroup) for inst in m.instructions
+        if isinstance(inst, parser.OFPInstructionActions) for a in inst.actions)]
+    assert groups_added and sends_to_group
+    between = wire[max(groups_added):min(sends_to_group)]
+    assert any(isinstance(m, parser.OFPBarrierRequest) for m in between)
+
+
+def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(protected_app):
+    app = protected_app
+    dps = connect_all(app)
+    dp = dps["p0l1"]
+    error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_GROUP_MOD_FAILED, code=ofp.OFPGMFC_UNKNOWN_GROUP, data=b"")
+    error.set_xid(99)
+    app.on_error(ofp_event.EventOFPErrorMsg(error))
+    flows_req, groups_req = dp.take()
+    assert isinstance(flows_req, parser.OFPFlowStatsRequest) and isinstance(groups_req, parser.OFPGroupDescStatsRequest)
+    desired = app.reconciler.desired["p0l1"]
+    flows = [stats_entry(k, a) for k, a in desired.items() if not reconcile.is_group(k)]
+    groups = sorted(g for k, g in desired.items() if reconcile.is_group(k))
+    assert len(groups) >= 2
+    from hpnlab.controller.app import encode
+    reported = [group_desc(encode(dp, reconcile.GroupMod("p0l1", "add", g.group_id, g.kind, g.buckets))[0])
+                for g in groups[1:]]
+    reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=flows)
+    reply.set_xid(flows_req.xid)
+    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
+    assert dp.take() == []            # the groups are not in yet
+    greply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=reported)
+    greply.set_xid(groups_req.xid)
+    app.on_group_desc(ofp_event.EventOFPGroupDescStatsReply(greply))
+    resent = dp.take()
+    assert [(type(m).__name__, m.command, m.group_id) for m in resent if not isinstance(m, parser.OFPBarrierRequest)] \
+        == [("OFPGroupMod", ofp.OFPGC_ADD, groups[0].group_id)]
+
+
+@pytest.mark.parametrize(("types", "supported"), [((1 << ofp.OFPGT_ALL) | (1 << ofp.OFPGT_FF), True),
+                                                  (1 << ofp.OFPGT_ALL, False)])
+def test_a_switch_without_fast_failover_groups_is_reported(app, caplog, types, supported):
+    from hpnlab.controller.app import fast_failover_supported
+    dp = FakeDatapath(dpids()["p0l0"])
+    features(app, dp)
+    body = parser.OFPGroupFeaturesStats(types, 0, [0, 0, 0, 0], [0, 0, 0, 0])
+    assert fast_failover_supported(ofp, body) is supported
+    reply = parser.OFPGroupFeaturesStatsReply(dp, type_=ofp.OFPMP_GROUP_FEATURES, flags=0, body=body)
+    app.on_group_features(ofp_event.EventOFPGroupFeaturesStatsReply(reply))
+    assert ("does not support fast-failover groups" in caplog.text) is not supported

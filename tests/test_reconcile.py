@@ -6,6 +6,7 @@ import pytest
 
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
+from hpnlab.fabric.addressing import prefix_int
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_a_link_is_up_again_only_once_both_ends_report_it_up(mini_hpn):
     assert rec.failures.links == {("p0l0", "p0s0", 0)}
     answer(rec, rec.handle(reconcile.PortStatus("p0s0", {b: True})))
     assert not rec.failures and rec.settled
-    assert rec.desired == {sw: reconcile.flow_table(st) for sw, st in rec.healthy.items()}
+    assert rec.desired == {sw: reconcile.switch_table(st) for sw, st in rec.healthy.items()}
 
 
 def test_a_port_that_is_no_link_recompiles_nothing(mini_hpn):
@@ -159,16 +160,19 @@ def _segments(msgs: list) -> list[list]:
     return out
 
 
-def test_a_repair_updates_the_switch_next_to_the_destination_before_the_switches_that_send_to_it(mini_hpn):
-    """p0s0 must hold its route to p0l0 again before the other leaves drop their detour."""
+def test_a_repair_returns_every_leaf_to_the_healthy_set_at_once_since_the_spine_kept_its_route(mini_hpn):
+    """p0s0's route to p0l0 goes through a fast-failover group that detoured while the link was
+    down and forwards on it again as soon as its port is live: nothing downstream has to change
+    first, so the other leaves drop their "avoid p0s0" route in the first step."""
     rec = installed(mini_hpn)
     p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
     answer(rec, rec.handle(reconcile.PortStatus("p0l0", {p: False})))
     first = rec.handle(reconcile.PortStatus("p0l0", {p: True}))
-    assert {m.switch for m in first if isinstance(m, reconcile.FlowMod)} <= {"p0s0", "p0l0"}
-    assert any(m.switch == "p0s0" for m in first if isinstance(m, reconcile.FlowMod))
-    later = answer(rec, first)
-    assert any(m.switch == "p0l1" and m.command == "delete" for m in later if isinstance(m, reconcile.FlowMod))
+    mods = [m for m in first if isinstance(m, reconcile.FlowMod)]
+    assert not any(m.switch == "p0s0" for m in mods)
+    assert any(m.switch == "p0l1" and m.command == "delete" for m in mods)
+    answer(rec, first)
+    assert rec.settled and not rec.failures
 
 
 def test_nothing_new_is_sent_while_a_confirmation_is_outstanding(mini_hpn):
@@ -182,8 +186,9 @@ def test_nothing_new_is_sent_while_a_confirmation_is_outstanding(mini_hpn):
 
 def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
     rec = installed(mini_hpn)
-    (request,) = rec.handle(reconcile.Error("p0l1", xid=7, type=5, code=1))
+    request, groups = rec.handle(reconcile.Error("p0l1", xid=7, type=5, code=1))
     assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l1"
+    assert isinstance(groups, reconcile.GroupDescRequest) and groups.switch == "p0l1"
     assert "p0l1" not in rec.confirmed
     have = dict(rec.desired["p0l1"])
     lost = max(have)
@@ -192,6 +197,7 @@ def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
     flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in have.items())
     part1 = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[:3], more=True))
     assert part1 == []
+    assert rec.handle(reconcile.GroupDescReply("p0l1", groups.xid, ())) == []
     fix = rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, flows[3:]))
     mods = [m for m in fix if isinstance(m, reconcile.FlowMod)]
     assert [(m.command, m.key) for m in mods if m.command != "delete"] == [("add", lost)]
@@ -205,8 +211,9 @@ def test_a_confirmation_that_does_not_arrive_in_time_resynchronises_the_switch(m
     (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"), now=10.0)
     assert isinstance(barrier, reconcile.Barrier)
     assert rec.handle(reconcile.Tick(), now=11.0) == []
-    (request,) = rec.handle(reconcile.Tick(), now=12.5)
+    request, groups = rec.handle(reconcile.Tick(), now=12.5)
     assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l0"
+    assert isinstance(groups, reconcile.GroupDescRequest) and groups.switch == "p0l0"
     assert rec.handle(reconcile.BarrierReply("p0l0", barrier.xid)) == []     # too late: the resync decides
 
 
@@ -223,14 +230,17 @@ def test_every_event_type_is_handled_and_anything_else_is_refused(mini_hpn):
         rec.handle("switch up")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rebuild_above", [0.5, 0.0, float("inf")])
 @pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
-def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, policy):
+def test_after_any_sequence_the_confirmed_state_is_the_compilers(mini_hpn, policy, rebuild_above):
+    """Whether changed switches get their tables patched (and diffed on the touched keys) or built anew."""
     rec = installed(mini_hpn, policy)
+    rec.rebuild_above = rebuild_above
     failures = compiler.Failures.of([("p0l0", "p0s0", 0)], ["p1s1"])
     answer(rec, rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False})))
     answer(rec, rec.handle(reconcile.SwitchDown("p1s1")))
     want = compiler.compile_fabric(mini_hpn, failures, policy)
-    assert rec.confirmed == {sw: reconcile.flow_table(st) for sw, st in want.items()}
+    assert rec.confirmed == {sw: reconcile.switch_table(st) for sw, st in want.items()}
 
 
 def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_reports_them(mini_hpn):
@@ -242,3 +252,206 @@ def test_a_switch_that_reconnects_keeps_its_ports_last_known_state_until_it_repo
     assert rec.failures.links == {("p0l0", "p0s0", 0)} and not rec.failures.switches
     answer(rec, rec.handle(reconcile.SwitchUp("p0l0", {p: True})))
     assert not rec.failures and rec.settled
+
+
+# ---- groups ------------------------------------------------------------------------------------
+
+def protected(g) -> reconcile.Reconciler:
+    """Installed, with leaves whose uplinks are protected by fast-failover groups made by hand."""
+    from replay import with_uplink_ff_groups
+    rec = reconcile.Reconciler(g, compile_fn=with_uplink_ff_groups(g))
+    msgs = []
+    for sw in graph.switches(g):
+        msgs += rec.handle(reconcile.SwitchUp(sw))
+    drive(rec, msgs, [])
+    assert rec.settled
+    return rec
+
+
+def drive(rec: reconcile.Reconciler, msgs: list, log: list) -> None:
+    """Answer barriers one by one until quiet; log (message, copy of the confirmed table of its switch
+    when it was sent, the desired table then) for every message."""
+    def entry(m):
+        return m, dict(rec.confirmed.get(m.switch, {})), rec.desired.get(m.switch, {})
+
+    queue = list(msgs)
+    log += [entry(m) for m in msgs]
+    while queue:
+        m = queue.pop(0)
+        if isinstance(m, reconcile.Barrier):
+            more = rec.handle(reconcile.BarrierReply(m.switch, m.xid))
+            log += [entry(x) for x in more]
+            queue += more
+
+
+def fail_and_repair(rec: reconcile.Reconciler, g, a: str, b: str) -> list:
+    log: list = []
+    p = port(g, a, b, a)
+    drive(rec, rec.handle(reconcile.PortStatus(a, {p: False})), log)
+    drive(rec, rec.handle(reconcile.PortStatus(a, {p: True})), log)
+    assert rec.settled
+    return log
+
+
+def test_a_group_is_confirmed_with_its_buckets_before_any_flow_that_sends_to_it_is_sent(mini_hpn):
+    rec = protected(mini_hpn)
+    log = fail_and_repair(rec, mini_hpn, "p0l0", "p0s0")
+    sends = 0
+    for m, confirmed, desired in log:
+        if isinstance(m, reconcile.FlowMod) and m.command != "delete":
+            for gid in reconcile.groups_referenced(m.actions):
+                sends += 1
+                group = confirmed.get(reconcile.GroupKey(gid))
+                assert group is not None, f"{m.switch}: {m} sent before group {gid} was confirmed"
+                assert group == desired[reconcile.GroupKey(gid)]
+    adds = [m for m, _, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "add"]
+    modifies = [m for m, _, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "modify"]
+    assert sends and adds and modifies
+
+
+def test_a_group_is_deleted_only_once_no_confirmed_flow_sends_to_it(mini_hpn):
+    rec = protected(mini_hpn)
+    log = fail_and_repair(rec, mini_hpn, "p0l0", "p0s0")
+    deletes = [(m, confirmed) for m, confirmed, _ in log if isinstance(m, reconcile.GroupMod) and m.command == "delete"]
+    assert deletes
+    for m, confirmed in deletes:
+        users = [k for k, v in confirmed.items() if m.group_id in reconcile.groups_referenced(v)]
+        assert not users, f"{m.switch}: group {m.group_id} deleted while {users[:3]} send to it"
+
+
+def test_a_resync_rebuilds_the_groups_from_what_the_switch_reports(mini_hpn):
+    """The switch lost one group, holds one with other buckets, and a stray group that a stray flow
+    sends to: the lost one is added, the changed one modified, the stray flow deleted and only then
+    the stray group."""
+    rec = protected(mini_hpn)
+    request, groups_request = rec.handle(reconcile.Error("p0l1", xid=7))
+    assert isinstance(request, reconcile.FlowStatsRequest) and isinstance(groups_request, reconcile.GroupDescRequest)
+    want = rec.desired["p0l1"]
+    lost, changed = sorted(k for k in want if reconcile.is_group(k))[:2]
+    stray_flow = (1, 1100, (("eth_type", 0x800), ("ipv4_dst", (0x0A000000, 0xFFFFFF00))))
+    flows = [reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in want.items() if not reconcile.is_group(k)]
+    flows.append(reconcile.FlowEntry(*stray_flow, (("group", 999),)))
+    other = compiler.Group(changed.group_id, "ff", tuple(reversed(want[changed].buckets)))
+    groups = [want[k] for k in want if reconcile.is_group(k) and k not in (lost, changed)]
+    groups += [other, compiler.Group(999, "ff", ((5, (("output", 5),)),))]
+    assert rec.handle(reconcile.GroupDescReply("p0l1", groups_request.xid, tuple(groups))) == []
+    log: list = []
+    drive(rec, rec.handle(reconcile.FlowStatsReply("p0l1", request.xid, tuple(flows))), log)
+    sent = [m for m, _, _ in log if isinstance(m, (reconcile.FlowMod, reconcile.GroupMod))]
+    group_mods = [(m.command, m.group_id) for m in sent if isinstance(m, reconcile.GroupMod)]
+    assert sorted(group_mods) == sorted([("add", lost.group_id), ("modify", changed.group_id), ("delete", 999)])
+    flow_mods = [(m.command, m.key) for m in sent if isinstance(m, reconcile.FlowMod)]
+    assert flow_mods == [("delete", stray_flow)]
+    assert sent.index(next(m for m in sent if isinstance(m, reconcile.FlowMod))) < \
+        sent.index(next(m for m in sent if isinstance(m, reconcile.GroupMod) and m.command == "delete"))
+    assert rec.settled and rec.confirmed["p0l1"] == want
+
+
+def _route(g, leaf: str) -> tuple:
+    net, length = prefix_int(g.nodes[leaf]["prefix"])
+    mask = (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+    return (compiler.TABLE_ROUTE, compiler.PRIO_ROUTE_BASE + length,
+            (("eth_type", compiler.ETH_IPV4), ("ipv4_dst", (net, mask))))
+
+
+def _ff(gid: int, *ports: int) -> compiler.Group:
+    return compiler.Group(gid, "ff", tuple((p, (("output", p),)) for p in ports))
+
+
+def test_a_fast_failover_group_that_moves_traffic_waits_for_the_switch_it_moves_it_to(mini_hpn):
+    """p0l1 sends p0l0's prefix through group 1; its live bucket moves from p0s0 to p0s1, which does
+    not route that prefix yet: p0s1 goes first, then the group."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert [(it.switch, it.key) for it in ready] == [("p0s1", route)] and left == 1 and not cycle
+    confirmed["p0s1"] = dict(desired["p0s1"])
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert [(it.switch, it.key) for it in ready] == [("p0l1", reconcile.GroupKey(1))] and left == 0
+
+
+def test_a_fast_failover_group_whose_live_bucket_stays_goes_at_once(mini_hpn):
+    """Only the backup bucket changes (p0s0 stays live): where p0l1 sends traffic does not change."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
+    assert len(ready) == 2 and left == 0
+
+
+def test_the_live_bucket_is_read_from_the_link_state(mini_hpn):
+    """With p0l1-p0s0 down, group 1 already sends by p0s1 before and after: nothing to wait for."""
+    ix = compiler.index_of(mini_hpn)
+    to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
+    route = _route(mini_hpn, "p0l0")
+    confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
+                                  "p0s1": {}}
+    desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
+               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+    down = compiler.Failures.of([("p0l1", "p0s0", 0)])
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"], down)
+    assert len(ready) == 2 and left == 0
+
+
+def test_a_recompiled_switch_whose_state_did_not_change_is_not_diffed(mini_hpn):
+    rec = installed(mini_hpn)
+    before = {sw: rec.desired[sw] for sw in rec.desired}
+    rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
+    same = [sw for sw in before if sw.startswith("p0") and rec.desired[sw] is before[sw]]
+    changed = [sw for sw in before if rec.desired[sw] is not before[sw]]
+    assert same and changed
+    assert set(changed) == rec.dirty
+    assert all(reconcile.switch_table(rec.states[sw]) == before[sw] for sw in same)
+
+
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
+@pytest.mark.parametrize("name", ["mini-hpn", "fat-tree-4", "mini-cross-campus"])
+def test_a_desired_table_patched_from_the_previous_one_is_the_compiled_table(name, policy):
+    """The reconciler touches only the flows that are new objects; the result is the same table as
+    one built from scratch, and the keys it reports cover every key whose value changed."""
+    g = graph.build(spec.load(name))
+    healthy = compiler.compile_fabric(g, None, policy)
+    for failures in (compiler.Failures.of([next(iter(g.edges(keys=True)))]),
+                     compiler.Failures.of((), [next(n for n in graph.switches(g) if g.nodes[n]["tier"] == 2)])):
+        after = compiler.compile_fabric(g, failures, policy)
+        for sw, new in after.items():
+            before = reconcile.switch_table(healthy[sw])
+            table, keys = reconcile.patched_table(healthy[sw], new, before, rebuild_above=float("inf"))
+            assert table == reconcile.switch_table(new) and keys is not None
+            assert {k for k in table.keys() | before.keys() if table.get(k) != before.get(k)} <= keys
+            old_index = reconcile.TableIndex(before)
+            old_index.meta_index(compiler.TABLE_ENTROPY)
+            patched, scratch = old_index.patched(table, keys), reconcile.TableIndex(table)
+            assert patched.routes == scratch.routes and patched.groups == scratch.groups
+            assert patched.meta_index(compiler.TABLE_ENTROPY) == scratch.meta_index(compiler.TABLE_ENTROPY)
+
+
+def test_a_switch_whose_flows_mostly_changed_gets_its_table_built_anew(mini_hpn):
+    healthy = compiler.compile_fabric(mini_hpn)
+    failed = compiler.compile_fabric(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    table, keys = reconcile.patched_table(healthy["p0l0"], failed["p0l0"], reconcile.switch_table(healthy["p0l0"]),
+                                          rebuild_above=0.0)
+    assert keys is None and table == reconcile.switch_table(failed["p0l0"])
+
+
+def test_a_patched_index_follows_groups_added_changed_and_deleted(mini_hpn):
+    from replay import with_uplink_ff_groups
+    compile_fn = with_uplink_ff_groups(mini_hpn)
+    healthy = compile_fn(mini_hpn, None, "aggregate")
+    failed = compile_fn(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]), "aggregate")
+    for a, b in ((healthy["p0l0"], failed["p0l0"]), (failed["p0l0"], healthy["p0l0"])):
+        before = reconcile.switch_table(a)
+        table, keys = reconcile.patched_table(a, b, before, rebuild_above=float("inf"))
+        assert keys is not None
+        patched, scratch = reconcile.TableIndex(before).patched(table, keys), reconcile.TableIndex(table)
+        assert patched.groups == scratch.groups and patched.routes == scratch.routes
+        assert {g.group_id for g in a.groups} != {g.group_id for g in b.groups}

@@ -162,3 +162,23 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
                         "bytes_sent": f.get("app_bytes_sent"), "bytes_delivered": f.get("app_bytes_delivered"),
                         "exactly_once": exactly_once(f)})
     return out
+
+
+def summarize_windows(windows: list[dict]) -> list[dict]:
+    """Per event of :func:`failure_windows`' output: flows hurt (a loss window above zero) of
+    all, the largest and median loss window and in-order stall over the hurt flows (ms),
+    packets re-sent near the event, and whether every flow got every byte exactly once."""
+    by_event: dict[tuple, list[dict]] = {}
+    for w in windows:
+        by_event.setdefault((w["event"], w["t"]), []).append(w)
+    out = []
+    for (event, t), ws in by_event.items():
+        hurt = sorted(w["loss_window_s"] * 1e3 for w in ws if w["loss_window_s"] > 0)
+        stalls = [w["stall_s"] * 1e3 for w in ws if w["loss_window_s"] > 0]
+        out.append({"event": event, "t": t, "flows": len(ws), "flows_hurt": len(hurt),
+                    "loss_window_ms_max": hurt[-1] if hurt else 0.0,
+                    "loss_window_ms_median": hurt[len(hurt) // 2] if hurt else 0.0,
+                    "stall_ms_max": max(stalls, default=0.0),
+                    "packets_lost": sum(w["packets_lost"] for w in ws),
+                    "exactly_once": all(w["exactly_once"] is not False for w in ws)})
+    return out
