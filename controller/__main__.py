@@ -44,6 +44,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--policy", choices=ROUTING_POLICIES, default="aggregate",
                    help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
+    p.add_argument("--no-fast-failover", action="store_true",
+                   help="no local protection: fast-failover groups keep only their primary bucket, so a switch "
+                        "next to a failure drops until the controller reroutes (the controller-only baseline)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on LISTEN:N/metrics (0: off)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -82,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_SCENARIO"] = args.scenario
     os.environ["HPNLAB_SET"] = "\n".join(args.set)
     os.environ["HPNLAB_POLICY"] = args.policy
+    os.environ["HPNLAB_FAST_FAILOVER"] = "0" if args.no_fast_failover else "1"
     os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
     os.environ["HPNLAB_METRICS_ADDR"] = args.listen
 

@@ -25,6 +25,9 @@ def register(sub) -> None:
                    help="hpnlab (default: the project's OpenFlow 1.3 controller) or none "
                         "(standalone switches; loop-free fabrics only)")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
+    p.add_argument("--no-fast-failover", action="store_true",
+                   help="no local protection (fast-failover groups keep only their primary bucket): "
+                        "the controller-only baseline")
     p.add_argument("--ofp-port", type=int, help="OpenFlow port (default 6653, or a free one if it is taken)")
     p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI once the fabric is up")
     p.add_argument("--timeline", metavar="FILE", help="failure timeline (YAML/JSON) to run once up")
@@ -113,7 +116,7 @@ def cmd_emulate(args) -> int:
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
-                    ovs_realtime=args.ovs_realtime)
+                    ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built

@@ -20,6 +20,7 @@ from hpnlab.fabric import experiment, report, spec
 from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
+from .cmd_emulate import DEFAULT_BFD_MS
 
 DEFAULTS = experiment.RUN_DEFAULTS
 
@@ -42,6 +43,11 @@ def register(sub) -> None:
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
+    p.add_argument("--no-fast-failover", action="store_true",
+                   help="no local protection (fast-failover groups keep only their primary bucket): "
+                        "the controller-only baseline")
+    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
+                   help=f"BFD on every switch-to-switch port (as for `hpnlab emulate`; --bfd alone: {DEFAULT_BFD_MS} ms)")
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
@@ -80,7 +86,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
         f"{len(cells)} run(s)")
     try:
-        with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn) as emu:
+        with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
+                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd) as emu:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")

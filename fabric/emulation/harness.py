@@ -51,7 +51,7 @@ class Emulation:
                  ready_timeout: float = 30.0, inactivity_probe_ms: int | None = None,
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
-                 log: Callable[[str], None] | None = _log_default):
+                 fast_failover: bool = True, log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
@@ -81,6 +81,10 @@ class Emulation:
         self.placement = placement
         self.controller_ip = controller_ip
         self.controller_args = list(controller_args)
+        #: local protection (the controller's fast-failover groups); False: the controller-only baseline
+        self.fast_failover = fast_failover
+        if not fast_failover:
+            self.controller_args.append("--no-fast-failover")
         if bfd_ms < 0 or not 1 <= bfd_mult <= 255:
             raise UserError(f"BFD interval must be >= 0 ms (0: off) and its multiplier 1-255, got {bfd_ms}, {bfd_mult}")
         #: BFD on every switch-to-switch interface (min_rx = min_tx = bfd_ms; 0: off)
@@ -189,6 +193,7 @@ class Emulation:
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 self.controller_args)
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
+        self.metadata["fast_failover"] = self.fast_failover
         self.metadata["controller_log"] = str(ctl.log_file)
         self.controller_proc = ctl.start()
         self._st.add_pid(self.controller_proc.pid, "controller", group=True)
