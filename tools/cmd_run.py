@@ -47,7 +47,7 @@ def register(sub) -> None:
                    help="no local protection (fast-failover groups keep only their primary bucket): "
                         "the controller-only baseline")
     p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
-                   help=f"BFD on every switch-to-switch port (as for `hpnlab emulate`; --bfd alone: {DEFAULT_BFD_MS} ms)")
+                   help=f"BFD on every switch-to-switch port (as in `hpnlab emulate`; alone: {DEFAULT_BFD_MS} ms)")
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
