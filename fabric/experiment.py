@@ -80,6 +80,13 @@ def _known(items: Sequence[str], known: Sequence[str], what: str) -> None:
             raise UserError(f"unknown {what} {item!r} (known: {', '.join(known)})")
 
 
+#: roce options of ``Plan(host_failover=False)``, the baseline before host-side failover: no
+#: dead-path rule, no path migration, no carrier watch, the retransmission timer backing off
+#: to 1 s (fabric/transport/paths.py has the rules this turns off)
+NO_HOST_FAILOVER: dict[str, Any] = {"paths": {"dead_rtts": 1e6, "dead_floor_s": 3600.0, "migrate_after_rtos": 10**6},
+                                    "watch_links": False, "max_rto_s": 1.0}
+
+
 @dataclass(frozen=True)
 class Plan:
     """What to run: the matrix collectives x transports x entropies (tcp once, whatever the
@@ -111,6 +118,7 @@ class Plan:
     pace: float = 1.0
     timeout_s: float = 15.0
     base_port: int = 0
+    host_failover: bool = True
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -172,6 +180,8 @@ class Plan:
         if run.transport == "roce":
             opts = {"recovery": self.recovery, "dcqcn": self.dcqcn, "ports_per_nic": self.ports_per_nic,
                     "window_pkts": self.window_pkts, "pace": self.pace}
+            if not self.host_failover:
+                opts.update(NO_HOST_FAILOVER)
         jobs = []
         for j, addrs in enumerate(addrs_per_job):
             n = len(addrs)

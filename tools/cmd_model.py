@@ -33,9 +33,30 @@ def register(sub) -> None:
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=DEFAULT_DETECT,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
+    p.add_argument("--detect-from", metavar="FILE",
+                   help="with --fail-links: take the detection+convergence times from a failover benchmark's JSON "
+                        "(tools/bench_failover.py --json: the median loss window of each mode for a link failure, "
+                        "measured on the emulated fabric) instead of --detect-ms")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON results")
     p.set_defaults(func=cmd_model)
+
+
+def detection_from(path: str, kind: str = "link") -> dict[str, float]:
+    """{mode: median loss window ms} of one failure kind in a failover benchmark's JSON."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+        out = {}
+        for mode, kinds in doc["runs"].items():
+            vals = sorted(r["loss_window_ms"] for r in kinds.get(kind, []) if r.get("loss_window_ms") is not None)
+            if vals:
+                out[mode] = vals[len(vals) // 2]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"--detect-from {path}: not a failover benchmark's JSON ({type(exc).__name__})") from None
+    if not out:
+        raise UserError(f"--detect-from {path}: no {kind!r} failure measured in it")
+    return out
 
 
 def _parse_detect(text: str) -> dict[str, float]:
@@ -80,7 +101,7 @@ def cmd_model(args) -> int:
             results.append(model.run_collective(g, args.collective, size, routing=routing, network=net, **kw))
     failure = None
     if failed:
-        detect = _parse_detect(args.detect_ms)
+        detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
                                            routing=r, **kw) for r in routings}
     if args.json:

@@ -1,0 +1,43 @@
+"""The failover benchmark's plan (tools/bench_failover.py) and the flow model reading its figures:
+every failure kind is a valid timeline that repairs what it breaks, and the model takes each mode's
+median loss window for a link failure as its detection + convergence time."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpnlab.cli.cmd_model import detection_from
+from hpnlab.fabric import experiment, graph, spec
+from hpnlab.fabric.emulation import timeline
+from hpnlab.fabric.errors import UserError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import bench_failover
+
+
+@pytest.mark.parametrize("kind", bench_failover.KINDS)
+def test_every_failure_kind_is_a_valid_timeline_that_repairs_what_it_breaks(kind):
+    g = graph.build(spec.load("mini-hpn"))
+    t = bench_failover.targets(g, sorted(graph.hosts(g)))
+    events = timeline.load({"events": bench_failover.timeline(kind, t, 1.0, 0.5)}, g)
+    assert [e.at for e in events] == [1.0, 1.5]
+    assert experiment.left_failed(events[:1]) and experiment.left_failed(events) == []
+
+
+def test_the_model_takes_each_modes_median_link_loss_window(tmp_path):
+    runs = {"controller": {"link": [{"loss_window_ms": v} for v in (90, 70, 110)]},
+            "local": {"link": [{"loss_window_ms": v} for v in (4, 2, None, 3)], "gray": [{"loss_window_ms": 9}]}}
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({"runs": runs}))
+    assert detection_from(str(path)) == {"controller": 90, "local": 3}
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"runs": {"local": {"gray": []}}}'])
+def test_a_file_that_is_not_a_failover_benchmark_is_one_line(tmp_path, text):
+    path = tmp_path / "f.json"
+    path.write_text(text)
+    with pytest.raises(UserError, match="--detect-from"):
+        detection_from(str(path))

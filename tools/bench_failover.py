@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Benchmark: the loss window of a running collective through a failure, failover modes side by side.
+
+One invocation, on the emulated mini-hpn (real OVS, the controller process, BFD on every fabric
+port), runs an all-reduce over the ``roce`` transport (sprayed entropy, 4 ranks across leaves)
+through a failure timeline, for each failover mode and each kind of failure, repeated:
+
+modes   ``controller``  no local protection (fast-failover groups keep only their primary
+                        bucket) and no host-side failover: the switches wait for the
+                        controller's update, the transport for its retransmission timer;
+        ``local``       + the switches' fast-failover groups (DPFR-style local repair; the
+                        controller's per-route update follows as the remote notification);
+        ``local+host``  + the transport's dead-path rule, plane avoidance and migration.
+kinds   ``link``        a leaf-spine link under rank 0's leaf, both ends down (carrier loss);
+        ``one-side``    the same link, the leaf's end only (the spine sees carrier loss on veth);
+        ``gray``        the same link keeps carrier but the spine's end drops everything it
+                        sends (found by BFD only);
+        ``spine``       that spine down;
+        ``nic``         rank 0's plane-0 NIC port down (no switch can repair that: only the host).
+
+Each run fails at ``--fail-at`` s after the ranks start and repairs ``--hold`` s later. Figures,
+from the receivers' per-packet records (``hpnlab.fabric.transport.accounting``): the largest
+loss window and in-order stall over the flows the failure hurt, flows hurt, packets re-sent,
+every byte exactly once (byte counts and CRCs at both ends), and the collective's busbw
+against a run without failure in the same mode (slowdown). Median and [min-max] over the
+repetitions, the load average beside them; JSON with every repetition via ``--json``.
+
+The userspace datapath here is far slower than a real switch: compare the modes as ratios in
+one run; the absolute figures belong to this machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from hpnlab.fabric import experiment, report
+
+MODES = {"controller": {"fast_failover": False, "host_failover": False},
+         "local": {"fast_failover": True, "host_failover": False},
+         "local+host": {"fast_failover": True, "host_failover": True}}
+KINDS = ("link", "one-side", "gray", "spine", "nic")
+BFD_MS = 50
+
+
+def plan(host_failover: bool, iterations: int) -> experiment.Plan:
+    return experiment.Plan(collectives="all_reduce", transports="roce", entropies="spray", ranks=4,
+                           placement="cross-rail", sizes="1M", iterations=iterations, warmup=1, inplace=False,
+                           host_failover=host_failover)
+
+
+def targets(g, hosts: list[str]) -> dict[str, Any]:
+    """The leaf of rank 0's plane-0 port, its first spine, and rank 0's NIC link."""
+    host = hosts[0]
+    leaf = next(n for n in sorted(g.adj[host]) if g.nodes[n].get("plane") == 0)
+    spine = next(n for n in sorted(g.adj[leaf]) if g.nodes[n]["tier"] == 2)
+    return {"host": host, "leaf": leaf, "spine": spine}
+
+
+def timeline(kind: str, t: dict, at: float, hold: float) -> list[dict]:
+    link, back = [t["leaf"], t["spine"]], at + hold
+    if kind == "link":
+        return [{"at": at, "action": "link_down", "link": link}, {"at": back, "action": "link_up", "link": link}]
+    if kind == "one-side":
+        return [{"at": at, "action": "link_down_one_side", "link": link, "side": t["leaf"]},
+                {"at": back, "action": "link_up", "link": link, "side": t["leaf"]}]
+    if kind == "gray":
+        return [{"at": at, "action": "link_drop", "link": link, "side": t["spine"]},
+                {"at": back, "action": "link_restore", "link": link, "side": t["spine"]}]
+    if kind == "spine":
+        return [{"at": at, "action": "switch_down", "switch": t["spine"]},
+                {"at": back, "action": "switch_up", "switch": t["spine"]}]
+    nic = [t["host"], t["leaf"]]
+    return [{"at": at, "action": "link_down", "link": nic}, {"at": back, "action": "link_up", "link": nic}]
+
+
+def one_run(emu, p: experiment.Plan, events: list | None) -> dict:
+    load = os.getloadavg()[0]
+    doc = experiment.run(p, emu, progress=False, timeline=events)
+    [res] = doc["results"]
+    fails = [f for f in res.get("failover", []) if not f["event"].startswith(("link_up", "switch_up"))]
+    f = fails[0] if fails else {}
+    return {"busbw": report.largest_fraction(res), "wrong": report.wrong_total(doc["results"]), "load": load,
+            "loss_window_ms": f.get("loss_window_ms_max"), "stall_ms": f.get("stall_ms_max"),
+            "flows_hurt": f.get("flows_hurt"), "flows": f.get("flows"), "packets_resent": f.get("packets_lost"),
+            "exactly_once": f.get("exactly_once")}
+
+
+def spread(vals: list[float]) -> str:
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return "-"
+    return f"{statistics.median(vals):7.1f} [{min(vals):.1f}-{max(vals):.1f}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=5, help="repetitions per mode and kind (default 5)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
+    p.add_argument("--fail-at", type=float, default=1.5, help="seconds after the ranks start (default 1.5)")
+    p.add_argument("--hold", type=float, default=1.0, help="seconds until the repair (default 1)")
+    p.add_argument("--iterations", type=int, default=6, help="all-reduce iterations per run (default 6)")
+    p.add_argument("--json", metavar="FILE", help="write every repetition here")
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    bad = [m for m in modes if m not in MODES] + [k for k in kinds if k not in KINDS]
+    if bad or args.repeat < 1:
+        print(f"bench_failover: unknown mode or kind {bad[0]!r}" if bad else "--repeat must be >= 1", file=sys.stderr)
+        return 2
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    if os.geteuid() != 0:
+        say("bench_failover skipped: needs root and Open vSwitch (sudo make bench)")
+        return 0
+    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation import timeline as tl
+
+    say(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
+    rows: dict[str, dict[str, list[dict]]] = {}
+    baseline: dict[str, list[dict]] = {}
+    wrong = 0
+    t0 = time.monotonic()
+    for mode in modes:
+        cfg = MODES[mode]
+        with Emulation("mini-hpn", controller="hpnlab", ecn=False, lock_wait_s=600, log=None, bfd_ms=BFD_MS,
+                       fast_failover=cfg["fast_failover"]) as emu:
+            pl = plan(cfg["host_failover"], args.iterations)
+            [job] = next(iter(pl.jobs_on(emu.graph).values()))
+            t = targets(emu.graph, list(job.labels or []))
+            baseline[mode] = [one_run(emu, pl, None) for _ in range(2)]
+            say(f"{mode}: without failure busbw/line {spread([r['busbw'] * 1e3 for r in baseline[mode]])} (x1e-3)")
+            for kind in kinds:
+                events = tl.load({"events": timeline(kind, t, args.fail_at, args.hold)}, emu.graph)
+                reps = rows.setdefault(mode, {}).setdefault(kind, [])
+                for _ in range(args.repeat):
+                    reps.append(one_run(emu, pl, events))
+                    wrong += reps[-1]["wrong"]
+                    time.sleep(0.5 if kind != "gray" else 2.5)   # BFD sessions come back 1-2 s after a repair
+                say(f"  {kind:<9} loss window ms {spread([r['loss_window_ms'] for r in reps])}  "
+                    f"stall ms {spread([r['stall_ms'] for r in reps])}  "
+                    f"exactly once {sum(bool(r['exactly_once']) for r in reps)}/{len(reps)}")
+    say(f"\nfailover on mini-hpn: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
+        f"{args.repeat} repetitions, median [min-max]; {time.monotonic() - t0:.0f} s")
+    say(f"{'kind':<9} {'mode':<11} {'loss window ms':>22} {'stall ms':>22} {'hurt':>6} {'re-sent':>8} "
+        f"{'slowdown':>9} {'once':>5} {'load':>5}")
+    for kind in kinds:
+        for mode in modes:
+            reps = rows[mode][kind]
+            base = statistics.median(r["busbw"] for r in baseline[mode])
+            slow = statistics.median(base / r["busbw"] for r in reps if r["busbw"]) if base else float("nan")
+            say(f"{kind:<9} {mode:<11} {spread([r['loss_window_ms'] for r in reps]):>22} "
+                f"{spread([r['stall_ms'] for r in reps]):>22} "
+                f"{statistics.median(r['flows_hurt'] or 0 for r in reps):>6.0f} "
+                f"{statistics.median(r['packets_resent'] or 0 for r in reps):>8.0f} {slow:>8.2f}x "
+                f"{sum(bool(r['exactly_once']) for r in reps)}/{len(reps):<3} "
+                f"{statistics.mean(r['load'] for r in reps):>5.1f}")
+        if "controller" in modes and "local" in modes:
+            c = [r["loss_window_ms"] for r in rows["controller"][kind] if r["loss_window_ms"] is not None]
+            lo = [r["loss_window_ms"] for r in rows["local"][kind] if r["loss_window_ms"] is not None]
+            if c and lo and statistics.median(lo) > 0:
+                say(f"{'':<9} controller / local loss window (medians): "
+                    f"{statistics.median(c) / statistics.median(lo):.1f}x")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"modes": MODES, "kinds": kinds, "bfd_ms": BFD_MS, "baseline": baseline, "runs": rows,
+                       "cpus": os.cpu_count()}, fh, indent=1)
+        say(f"wrote {args.json}")
+    if wrong:
+        say(f"{wrong} wrong elements")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
