@@ -716,8 +716,8 @@ class RoceTransport(Transport):
             if up is None or up == self.link_ok[plane]:
                 continue
             self.link_ok[plane] = up
-            if len(self.link_events) < 256:
-                self.link_events.append([now + self.wall_offset, plane, "up" if up else "down"])
+            if len(self.link_events) < 256:     # the moment it was seen (``now`` is the loop's, maybe stale)
+                self.link_events.append([time.monotonic() + self.wall_offset, plane, "up" if up else "down"])
             for f in self.tx.values():
                 if up:
                     f.paths.probe_plane_now(plane, now)
