@@ -44,11 +44,19 @@ changed fast-failover group moves traffic just like a changed route) must wait u
 switch that S will send a to (S's new next hops for a) has confirmed its own items for a:
 downstream first, so a packet that meets an updated switch only meets updated switches after
 it. Where a switch sends a is the ports its route for a resolves to: outputs, the entries of
-the table it goes to with the metadata it writes (entropy sets), and for a group its buckets;
+the table it goes to with the metadata it writes (entropy sets; per pattern of the other
+fields only the highest-priority entry the metadata matches, so that an avoid-one-port entry
+hides its set's entry, as in compiler.action_ports), and for a group its buckets;
 of a fast-failover group only the first bucket whose watch port is live counts (the live
 fabric as the reconciler knows it), since that is where the switch sends now: a backup
 bucket is taken only on a failure the controller has not heard of yet, and then the data
 plane, not the update order, protects the traffic. Besides:
+- a switch that starts dropping an address it forwarded (it no longer reaches it) waits for
+  the switches that stop sending that address to it: until they have, a detour (a group's
+  backup bucket further down) may still deliver through it;
+- a switch installed from empty (back from a failure) goes first, and every other switch's
+  forwarding changes wait for it: a fast-failover group upstream sends to it as soon as its
+  port is live, whatever the update order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
@@ -668,10 +676,10 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     # A switch that stops forwarding an address (a drop where it forwarded) waits until the
     # switches that sent it there have stopped (a detour through it keeps delivering until then).
     for (sw, address), upstream in stopped.items():
-        its = touching.get((sw, address))
-        if its:
+        dropping = touching.get((sw, address))
+        if dropping:
             for up in upstream:
-                for it in its:
+                for it in dropping:
                     deps.setdefault(it, set()).update(touching[up, address])
     # Only items that wait for something can be on a cycle, and only through items that wait too.
     waiting = {it: deps.get(it, set()).union(soft.get(it, ())) for it in deps.keys() | soft.keys()}
