@@ -624,6 +624,7 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     drops: set[tuple[str, int]] = set()                    # (switch, address) it forwarded and now drops
     live = live_ports(ix, failures)
     addresses = _plane_addresses(ix)
+    fresh: set[str] = set()          # switches that route nothing yet and will
     for sw, its in by_switch.items():
         old_table, new_table = confirmed.get(sw, {}), desired.get(sw, {})
         group_items = {it.key.group_id: it for it in its if isinstance(it.key, GroupKey)}
@@ -642,19 +643,22 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 pair[0] = TableIndex(old_table)
             if pair[1] is None or pair[1].table is not new_table:
                 pair[1] = TableIndex(new_table)
+            if not pair[0].routes and pair[1].routes:
+                fresh.add(sw)
             _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
                                 route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops,
                                 left, drops)
-    # A switch installed from empty (back from a failure) goes first: fast-failover groups that
+    # A switch installed anew (back from a failure: no route yet) goes first: fast-failover groups that
     # watch its ports send to it as soon as they are live, and what it forwards meanwhile is
-    # nothing. The others' forwarding changes wait for all of its items.
-    fresh = {sw for sw in by_switch if not confirmed.get(sw) and desired.get(sw)}
+    # nothing. The others' forwarding changes wait until all of its items are confirmed.
     fresh_items = [it for sw in fresh for it in by_switch[sw]]
     if fresh_items:
+        # waiting for one of them that waits itself (else any) holds these back as long as any is left
+        first = next((it for it in fresh_items if it in deps), fresh_items[0])
         for (sw, _address), its in touching.items():
             if sw not in fresh:
                 for it in its:
-                    deps.setdefault(it, set()).update(fresh_items)
+                    deps.setdefault(it, set()).add(first)
         touching = {k: its for k, its in touching.items() if k[0] not in fresh}
     touched = {sw for sw, _address in touching}
     stopped: dict[tuple[str, int], list[str]] = {}      # (switch that drops, address) -> who stops sending to it
