@@ -508,17 +508,26 @@ class _Forwarding:
                 for _watch, bucket_actions in buckets:
                     self._walk(bucket_actions, meta, ports, groups, depth + 1)
             elif kind == "goto":
-                # of the entries the metadata matches, per pattern of the other fields only the
-                # highest-priority one (an avoid-one-port entry hides its set's entry)
-                best: dict[tuple, tuple[int, Actions]] = {}
-                for mask, values in self.index.meta_index(act[1]).items():
-                    for key, entry in values.get(meta & mask, {}).items():
-                        pattern = tuple(kv for kv in key[2] if kv[0] != "metadata")
-                        found = best.get(pattern)
-                        if found is None or found[0] < key[1]:
-                            best[pattern] = (key[1], entry)
-                for _prio, entry in best.values():
+                for entry in self._met(act[1], meta):
                     self._walk(entry, meta, ports, groups, depth + 1)
+
+    def _met(self, table_id: int, meta: int) -> set[Actions]:
+        """The actions of the entries of a table that a packet with this metadata can meet: of
+        those the metadata matches, per pattern of the other fields only the highest-priority
+        one (an avoid-one-port entry hides its set's entry), when entries of several metadata
+        masks match (with one mask, entries of one pattern and two priorities are not made)."""
+        matched = [entries for mask, values in self.index.meta_index(table_id).items()
+                   if (entries := values.get(meta & mask))]
+        if len(matched) == 1:
+            return set(matched[0].values())
+        best: dict[tuple, tuple[int, Actions]] = {}
+        for entries in matched:
+            for key, entry in entries.items():
+                pattern = tuple(kv for kv in key[2] if kv[0] != "metadata")
+                found = best.get(pattern)
+                if found is None or found[0] < key[1]:
+                    best[pattern] = (key[1], entry)
+        return {entry for _prio, entry in best.values()}
 
     def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
         """The prefixes of the routes whose actions lead through any of ``group_ids``."""
