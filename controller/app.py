@@ -91,13 +91,15 @@ def _group_type(ofp, kind: str) -> int:
 
 
 def encode_action(ofp, parser, act: tuple):
-    """One apply-action (output, controller, group), or None for the actions that are instructions."""
+    """One apply-action (output, controller, group, set_field), or None for the actions that are instructions."""
     if act[0] == "output":
         return parser.OFPActionOutput(act[1])
     if act[0] == "controller":
         return parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)
     if act[0] == "group":
         return parser.OFPActionGroup(act[1])
+    if act[0] == "set_field":
+        return parser.OFPActionSetField(**{act[1]: act[2]})
     return None
 
 
@@ -188,11 +190,13 @@ def decode_action(ofp, parser, act) -> tuple | None:
         return ("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port)
     if isinstance(act, parser.OFPActionGroup):
         return ("group", act.group_id)
+    if isinstance(act, parser.OFPActionSetField):
+        return ("set_field", act.key, act.value)
     return None
 
 
 def decode_actions(ofp, parser, instructions) -> tuple:
-    """Instructions back into compiler actions: apply-actions (outputs, groups) in their order, then
+    """Instructions back into compiler actions: apply-actions (outputs, groups, set_field) in their order, then
     write-metadata, then goto (the order OpenFlow executes instructions in, whatever their order)."""
     outputs, metadata, goto = [], [], []
     for inst in instructions:

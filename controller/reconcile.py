@@ -44,11 +44,19 @@ changed fast-failover group moves traffic just like a changed route) must wait u
 switch that S will send a to (S's new next hops for a) has confirmed its own items for a:
 downstream first, so a packet that meets an updated switch only meets updated switches after
 it. Where a switch sends a is the ports its route for a resolves to: outputs, the entries of
-the table it goes to with the metadata it writes (entropy sets), and for a group its buckets;
+the table it goes to with the metadata it writes (entropy sets; per pattern of the other
+fields only the highest-priority entry the metadata matches, so that an avoid-one-port entry
+hides its set's entry, as in compiler.action_ports), and for a group its buckets;
 of a fast-failover group only the first bucket whose watch port is live counts (the live
 fabric as the reconciler knows it), since that is where the switch sends now: a backup
 bucket is taken only on a failure the controller has not heard of yet, and then the data
 plane, not the update order, protects the traffic. Besides:
+- a switch that starts dropping an address it forwarded (it no longer reaches it) waits for
+  the switches that stop sending that address to it: until they have, a detour (a group's
+  backup bucket further down) may still deliver through it;
+- a switch installed from empty (back from a failure) goes first, and every other switch's
+  forwarding changes wait for it: a fast-failover group upstream sends to it as soon as its
+  port is live, whatever the update order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
@@ -367,7 +375,7 @@ class TableIndex:
         self.table = table
         self.by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
         self.groups: dict[int, compiler.Group] = {}
-        self.by_meta: dict[int, dict[int, dict[int, dict[Actions, int]]]] = {}  # table -> mask -> value -> counts
+        self.by_meta: dict[int, dict[int, dict[int, dict[FlowKey, Actions]]]] = {}  # table -> mask -> value -> entries
         if build:
             for key, value in table.items():
                 if key.__class__ is GroupKey:
@@ -390,27 +398,29 @@ class TableIndex:
     def _sorted(self) -> list[tuple[int, int, dict]]:
         return sorted(((p, m, d) for (p, m), d in self.by_prio.items() if d), key=lambda r: -r[0])
 
-    def meta_index(self, table_id: int) -> dict[int, dict[int, dict[Actions, int]]]:
-        """The actions of one table's entries (with counts) by the metadata they match."""
+    def meta_index(self, table_id: int) -> dict[int, dict[int, dict[FlowKey, Actions]]]:
+        """One table's entries (key -> actions) by the metadata they match (mask -> value)."""
         index = self.by_meta.get(table_id)
         if index is None:
             index = self.by_meta[table_id] = {}
             for key, value in self.table.items():
                 if key.__class__ is not GroupKey and key[0] == table_id:
-                    self._count(index, key, value, 1)
+                    self._count(index, key, value)
         return index
 
     @staticmethod
-    def _count(index: dict, key: tuple, value: Actions, n: int) -> None:
+    def _count(index: dict, key: tuple, value: Actions | None) -> None:
+        """Set (``value``) or remove (None) one entry of a table's metadata index."""
         meta, mask = _metadata_match(key[2])
-        values = index.setdefault(mask, {})
-        counts = values.setdefault(meta & mask, {})
-        left = counts.get(value, 0) + n
-        if left:
-            counts[value] = left
+        if value is not None:
+            index.setdefault(mask, {}).setdefault(meta & mask, {})[key] = value
             return
-        counts.pop(value, None)
-        if not counts:
+        values = index.get(mask, {})
+        entries = values.get(meta & mask)
+        if entries is None:
+            return
+        entries.pop(key, None)
+        if not entries:
             del values[meta & mask]
             if not values:
                 del index[mask]
@@ -441,13 +451,10 @@ class TableIndex:
                 self._set_route(out.by_prio, key, new)
             elif key[0] in self.by_meta:
                 index = metas.get(key[0])
-                if index is None:    # copied two levels deep; the counts are copied when touched
+                if index is None:    # copied down to the entries (the index of the table before stays as it was)
                     index = metas[key[0]] = {m: {v: dict(c) for v, c in vs.items()}
                                              for m, vs in self.by_meta[key[0]].items()}
-                if old is not None:
-                    self._count(index, key, old, -1)
-                if new is not None:
-                    self._count(index, key, new, 1)
+                self._count(index, key, new)
         out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
         out.routes = out._sorted()
         return out
@@ -501,9 +508,26 @@ class _Forwarding:
                 for _watch, bucket_actions in buckets:
                     self._walk(bucket_actions, meta, ports, groups, depth + 1)
             elif kind == "goto":
-                for mask, values in self.index.meta_index(act[1]).items():
-                    for entry in values.get(meta & mask, ()):
-                        self._walk(entry, meta, ports, groups, depth + 1)
+                for entry in self._met(act[1], meta):
+                    self._walk(entry, meta, ports, groups, depth + 1)
+
+    def _met(self, table_id: int, meta: int) -> set[Actions]:
+        """The actions of the entries of a table that a packet with this metadata can meet: of
+        those the metadata matches, per pattern of the other fields only the highest-priority
+        one (an avoid-one-port entry hides its set's entry), when entries of several metadata
+        masks match (with one mask, entries of one pattern and two priorities are not made)."""
+        matched = [entries for mask, values in self.index.meta_index(table_id).items()
+                   if (entries := values.get(meta & mask))]
+        if len(matched) == 1:
+            return set(matched[0].values())
+        best: dict[tuple, tuple[int, Actions]] = {}
+        for entries in matched:
+            for key, entry in entries.items():
+                pattern = tuple(kv for kv in key[2] if kv[0] != "metadata")
+                found = best.get(pattern)
+                if found is None or found[0] < key[1]:
+                    best[pattern] = (key[1], entry)
+        return {entry for _prio, entry in best.values()}
 
     def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
         """The prefixes of the routes whose actions lead through any of ``group_ids``."""
@@ -605,8 +629,11 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
     touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
     next_hops: dict[tuple[str, int], frozenset[str]] = {}
+    left: dict[tuple[str, int], frozenset[str]] = {}       # (switch, address) -> next hops it stops using
+    drops: set[tuple[str, int]] = set()                    # (switch, address) it forwarded and now drops
     live = live_ports(ix, failures)
     addresses = _plane_addresses(ix)
+    fresh: set[str] = set()          # switches that route nothing yet and will
     for sw, its in by_switch.items():
         old_table, new_table = confirmed.get(sw, {}), desired.get(sw, {})
         group_items = {it.key.group_id: it for it in its if isinstance(it.key, GroupKey)}
@@ -625,9 +652,29 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 pair[0] = TableIndex(old_table)
             if pair[1] is None or pair[1].table is not new_table:
                 pair[1] = TableIndex(new_table)
+            if not pair[0].routes and pair[1].routes:
+                fresh.add(sw)
             _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
-                                route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops)
+                                route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops,
+                                left, drops)
+    # A switch installed anew (back from a failure: no route yet) goes first: fast-failover groups that
+    # watch its ports send to it as soon as they are live, and what it forwards meanwhile is
+    # nothing. The others' forwarding changes wait until all of its items are confirmed.
+    fresh_items = [it for sw in fresh for it in by_switch[sw]]
+    if fresh_items:
+        # waiting for one of them that waits itself (else any) holds these back as long as any is left
+        first = next((it for it in fresh_items if it in deps), fresh_items[0])
+        for (sw, _address), its in touching.items():
+            if sw not in fresh:
+                for it in its:
+                    deps.setdefault(it, set()).add(first)
+        touching = {k: its for k, its in touching.items() if k[0] not in fresh}
     touched = {sw for sw, _address in touching}
+    stopped: dict[tuple[str, int], list[str]] = {}      # (switch that drops, address) -> who stops sending to it
+    for (sw, address), hops in left.items():
+        for peer in hops:
+            if (peer, address) in drops:
+                stopped.setdefault((peer, address), []).append(sw)
     relevant: dict[frozenset[str], tuple[str, ...]] = {}    # next hops -> those that have items at all
     for (sw, address), its in touching.items():
         hops = next_hops[sw, address]
@@ -639,6 +686,14 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
             if downstream:
                 for it in its:
                     deps.setdefault(it, set()).update(downstream)
+    # A switch that stops forwarding an address (a drop where it forwarded) waits until the
+    # switches that sent it there have stopped (a detour through it keeps delivering until then).
+    for (sw, address), upstream in stopped.items():
+        dropping = touching.get((sw, address))
+        if dropping:
+            for up in upstream:
+                for it in dropping:
+                    deps.setdefault(it, set()).update(touching[up, address])
     # Only items that wait for something can be on a cycle, and only through items that wait too.
     waiting = {it: deps.get(it, set()).union(soft.get(it, ())) for it in deps.keys() | soft.keys()}
     order = {it: {d for d in ds if d in waiting} for it, ds in waiting.items()}
@@ -699,8 +754,10 @@ def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table:
 def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding,
                         route_items: Mapping[tuple, Item], group_items: Mapping[int, Item],
                         plane_addresses: list[int], touching: dict[tuple[str, int], list[Item]],
-                        next_hops: dict[tuple[str, int], frozenset[str]]) -> None:
-    """For each address whose forwarding at ``sw`` changes: the items responsible and the new next hops."""
+                        next_hops: dict[tuple[str, int], frozenset[str]],
+                        left: dict[tuple[str, int], frozenset[str]], drops: set[tuple[str, int]]) -> None:
+    """For each address whose forwarding at ``sw`` changes: the items responsible, the new next hops,
+    the next hops it stops using (``left``) and whether it now drops what it forwarded (``drops``)."""
     # Only an address a changed route covers, or one whose route leads through a changed group,
     # can be forwarded differently: for the rest both tables agree.
     prefixes = [p for p in (_route_prefix(key[2]) for key in route_items) if p is not None]
@@ -720,15 +777,28 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
         if not its:
             continue
         touching[sw, address] = its
-        peers = peers_of.get(new_ports)
-        if peers is None:
-            found = set()
-            for port in new_ports:
-                lid = ix.link_at(sw, port)
-                if lid is not None:
-                    found.add(lid[1] if lid[0] == sw else lid[0])
-            peers = peers_of[new_ports] = frozenset(found)
+        peers = _peers(ix, sw, new_ports, peers_of)
         next_hops[sw, address] = peers
+        if old_ports and not new_ports:
+            drops.add((sw, address))
+        if old_ports - new_ports:
+            gone = _peers(ix, sw, old_ports, peers_of) - peers
+            if gone:
+                left[sw, address] = gone
+
+
+def _peers(ix: compiler.FabricIndex, sw: str, ports: frozenset[int],
+           cache: dict[frozenset[int], frozenset[str]]) -> frozenset[str]:
+    """The switches across ``ports`` of ``sw`` (cached per port set)."""
+    peers = cache.get(ports)
+    if peers is None:
+        found = set()
+        for port in ports:
+            lid = ix.link_at(sw, port)
+            if lid is not None:
+                found.add(lid[1] if lid[0] == sw else lid[0])
+        peers = cache[ports] = frozenset(found)
+    return peers
 
 
 def batch(items: list[Item]) -> list[list[FlowMod | GroupMod]]:

@@ -65,38 +65,6 @@ class Counts:
         self.problems += other.problems
 
 
-def with_uplink_ff_groups(g: nx.MultiGraph) -> reconcile.CompileFn:
-    """A compile function that gives every leaf local protection made by hand: each output to an
-    uplink port p goes through fast-failover group p (group id = port number) whose buckets are p,
-    then the leaf's other live uplinks. A link failure deletes the group of its port and changes the
-    buckets of the leaf's other groups; the repair brings them back."""
-    ix = compiler.index_of(g)
-
-    def protect(state: compiler.SwitchState, failures: compiler.Failures) -> compiler.SwitchState:
-        sw = ix.sw[state.name]
-        uplinks = {p for p, _n, _lid in sw.up}
-        live = [p for p, n, lid in sw.up if lid not in failures.links and n not in failures.switches]
-        used: set[int] = set()
-        flows = []
-        for f in state.flows:
-            if any(a[0] == "output" and a[1] in uplinks for a in f.actions):
-                actions = tuple(("group", a[1]) if a[0] == "output" and a[1] in uplinks else a for a in f.actions)
-                used |= {a[1] for a in actions if a[0] == "group"}
-                f = compiler.Flow(f.table, f.priority, f.match, actions, f.hosts)
-            flows.append(f)
-        groups = tuple(compiler.Group(p, "ff", tuple((q, (("output", q),)) for q in [p] + [x for x in live if x != p]))
-                       for p in sorted(used))
-        return compiler.SwitchState(state.name, state.dpid, tuple(flows), groups)
-
-    def compile_fn(graph: nx.MultiGraph, failures: compiler.Failures | None = None, policy: str = "aggregate",
-                   switches=None) -> dict[str, compiler.SwitchState]:
-        failures = failures or compiler.Failures()
-        states = compiler.compile_fabric(graph, failures, policy, switches=switches)
-        return {n: protect(st, failures) if ix.sw[n].tier == 1 else st for n, st in states.items()}
-
-    return compile_fn
-
-
 class Replay:
     def __init__(self, g: nx.MultiGraph, policy: str, interleaving: Interleaving = switch_by_switch,
                  compile_fn: reconcile.CompileFn = compiler.compile_fabric):

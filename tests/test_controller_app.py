@@ -108,10 +108,15 @@ def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirma
     reply.set_xid(sent[2].xid)
     app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
     install = dp.take()
+    assert install and isinstance(install[-1], parser.OFPBarrierRequest)
+    dp.sent = install
+    install = [m for _dp, m in answer_barriers(app, {"p0l0": dp})]
     adds = flow_mods(install)
-    expected = compiler.compile_fabric(graph.build(spec.load("mini-hpn")))["p0l0"].flow_count
-    assert len(adds) == expected and {m.command for m in adds} == {ofp.OFPFC_ADD}
-    assert isinstance(install[-1], parser.OFPBarrierRequest)
+    groups = [m for m in install if isinstance(m, parser.OFPGroupMod)]
+    expected = compiler.compile_fabric(graph.build(spec.load("mini-hpn")))["p0l0"]
+    assert len(adds) == expected.flow_count and {m.command for m in adds} == {ofp.OFPFC_ADD}
+    assert len(groups) == len(expected.groups) and {m.command for m in groups} == {ofp.OFPGC_ADD}
+    assert app.reconciler.settled
 
 
 def test_flows_count_as_installed_only_once_the_switch_answers_the_barrier(app):
@@ -156,14 +161,18 @@ def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
     assert isinstance(request, parser.OFPFlowStatsRequest)
     assert request.cookie == app_cookie() and request.table_id == ofp.OFPTT_ALL
     assert isinstance(groups_request, parser.OFPGroupDescStatsRequest)
-    # the switch reports every flow but one (and no groups, as it has none): exactly that one is sent again
+    # the switch reports every flow but one, and every group: exactly that flow is sent again
+    from hpnlab.controller.app import encode
     desired = app.reconciler.desired["p0l1"]
-    lost = max(desired)
-    body = [stats_entry(key, actions) for key, actions in desired.items() if key != lost]
+    flows = {k: a for k, a in desired.items() if not reconcile.is_group(k)}
+    groups = [group_desc(encode(dp, reconcile.GroupMod("p0l1", "add", g.group_id, g.kind, g.buckets))[0])
+              for k, g in desired.items() if reconcile.is_group(k)]
+    lost = max(flows)
+    body = [stats_entry(key, actions) for key, actions in flows.items() if key != lost]
     reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=body)
     reply.set_xid(request.xid)
     app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
-    greply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=[])
+    greply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=groups)
     greply.set_xid(groups_request.xid)
     app.on_group_desc(ofp_event.EventOFPGroupDescStatsReply(greply))
     resent = dp.take()
@@ -210,12 +219,49 @@ def _parsed(match):
     return parser.OFPMatch.parser(bytes(buf), 0)
 
 
-@pytest.mark.parametrize("switch", ["p0l0", "p0s0"])
-def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(app, switch):
+def compiled(scenario: str, switch: str, failed: tuple | None = None) -> dict:
+    g = graph.build(spec.load(scenario))
+    failures = compiler.Failures.of([failed]) if failed else compiler.Failures()
+    return reconcile.switch_table(compiler.compile_fabric(g, failures)[switch])
+
+
+# every flow and group of a leaf, a spine and a core (healthy, and next to a failed link: bounce
+# entries matching in_port and eth_src, set_field eth_src, masked avoid-one-port metadata)
+COMPILED = [("mini-hpn", "p0l0", None), ("mini-hpn", "p0s0", None), ("mini-hpn", "p0s0", ("p0l0", "p0s0", 0)),
+            ("fat-tree-4", "e0", None), ("fat-tree-4", "a0", ("e0", "a0", 0)), ("fat-tree-4", "c0", ("e0", "a0", 0)),
+            ("fat-tree-4", "e1", ("e0", "a0", 0))]
+
+
+@pytest.mark.parametrize(("scenario", "switch", "failed"), COMPILED)
+def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(scenario, switch, failed):
     from hpnlab.controller.app import decode_flow_stats
-    desired = app.reconciler.desired[switch]
-    decoded = decode_flow_stats(FakeDatapath(1), [stats_entry(k, a) for k, a in desired.items()])
-    assert {(e.table, e.priority, e.match): e.actions for e in decoded} == desired
+    flows = {k: a for k, a in compiled(scenario, switch, failed).items() if not reconcile.is_group(k)}
+    decoded = decode_flow_stats(FakeDatapath(1), [stats_entry(k, a) for k, a in flows.items()])
+    assert {(e.table, e.priority, e.match): e.actions for e in decoded} == flows
+
+
+@pytest.mark.parametrize(("scenario", "switch", "failed"), COMPILED)
+def test_every_compiled_group_decodes_back_from_its_description(scenario, switch, failed):
+    from hpnlab.controller.app import decode_group_desc, encode
+    dp = FakeDatapath(1)
+    groups = [g for k, g in compiled(scenario, switch, failed).items() if reconcile.is_group(k)]
+    mods = [encode(dp, reconcile.GroupMod(switch, "add", g.group_id, g.kind, g.buckets))[0] for g in groups]
+    for mod in mods:
+        mod.serialize()
+    assert [reconcile.canonical_group(g) for g in decode_group_desc(dp, [group_desc(m) for m in mods])] == groups
+
+
+def test_the_compiled_states_cover_every_action_and_match_the_compiler_emits():
+    """The round trips above see set_field, groups, metadata writes, in_port, eth_src and masked metadata."""
+    actions, fields, masked = set(), set(), False
+    for scenario, switch, failed in COMPILED:
+        for k, a in compiled(scenario, switch, failed).items():
+            if not reconcile.is_group(k):
+                actions |= {x[0] for x in a}
+                fields |= {name for name, _v in k[2]}
+                masked |= any(name == "metadata" and isinstance(v, tuple) for name, v in k[2])
+    assert {"set_field", "group", "metadata", "goto"} <= actions
+    assert {"in_port", "eth_src", "metadata"} <= fields and masked
 
 
 # ---- groups, group actions, 64-bit metadata ----------------------------------------------------
@@ -284,17 +330,7 @@ def test_a_masked_match_reported_with_a_full_mask_decodes_as_the_exact_value():
     assert decode_match(_parsed(full)) == (("eth_type", 0x800), ("metadata", 5))
 
 
-@pytest.fixture
-def protected_app(app):
-    """The app with leaves whose uplinks are protected by fast-failover groups (made by hand)."""
-    from replay import with_uplink_ff_groups
-    app.reconciler = reconcile.Reconciler(app.graph, "aggregate", compile_fn=with_uplink_ff_groups(app.graph))
-    app._counted = dict(app.reconciler.counters)
-    return app
-
-
-def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(protected_app):
-    app = protected_app
+def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(app):
     dp = FakeDatapath(dpids()["p0l0"])
     first = features(app, dp)
     wire: list = []
@@ -319,8 +355,7 @@ def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(pro
     assert any(isinstance(m, parser.OFPBarrierRequest) for m in between)
 
 
-def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(protected_app):
-    app = protected_app
+def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(app):
     dps = connect_all(app)
     dp = dps["p0l1"]
     error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_GROUP_MOD_FAILED, code=ofp.OFPGMFC_UNKNOWN_GROUP, data=b"")

@@ -36,6 +36,16 @@ def installed_counts(emu) -> dict[str, int]:
     return {sw: len(flow_lines(sw)) for sw in fgraph.switches(emu.graph)}
 
 
+def installed_groups(emu) -> dict[str, int]:
+    return {sw: sum("group_id=" in line for line in ofctl("dump-groups", sw).splitlines())
+            for sw in fgraph.switches(emu.graph)}
+
+
+def expected_groups(emu) -> dict[str, int]:
+    states = compiler.compile_fabric(emu.graph, None, "aggregate")
+    return {sw: len(states[sw].groups) for sw in fgraph.switches(emu.graph)}
+
+
 def expected_counts(emu, failures=None) -> dict[str, int | None]:
     states = compiler.compile_fabric(emu.graph, failures, "aggregate")
     return {sw: states[sw].flow_count if sw in states else None for sw in fgraph.switches(emu.graph)}
@@ -94,9 +104,11 @@ def test_every_pair_on_every_plane_pings(emu):
     assert result["failed"] == []
 
 
-def test_installed_flow_counts_equal_the_compilers(emu):
+def test_installed_flow_and_group_counts_equal_the_compilers(emu):
     expected = expected_counts(emu)
     assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
+    groups = expected_groups(emu)
+    assert any(groups.values()) and installed_groups(emu) == groups
     m = metrics()
     assert m["hpnlab_switches_connected"] == 12
     assert m['hpnlab_switch_flows{switch="p0l0"}'] == expected["p0l0"]

@@ -48,10 +48,11 @@ def ping(host_popen: Callable[..., subprocess.Popen], run_dir: Path, pairs: list
 
 def entropy_source_ports(switches: Iterable[str]) -> list[int]:
     """One UDP source port per entropy branch, from the patterns these switches match now
-    (their entropy table, read with ovs-ofctl); one port when nothing spreads."""
+    (every table, read with ovs-ofctl: whichever tables split on the source port); one port when
+    nothing spreads."""
     patterns: set[tuple[int, int]] = set()
     for sw in switches:
-        r = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw, "table=2"],
+        r = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw],
                            capture_output=True, text=True)
         patterns |= reachability.entropy_patterns(r.stdout)
     return reachability.source_ports(patterns)
