@@ -479,3 +479,34 @@ def test_a_patched_index_follows_groups_added_changed_and_deleted(mini_hpn):
         patched, scratch = reconcile.TableIndex(before).patched(table, keys), reconcile.TableIndex(table)
         assert patched.groups == scratch.groups and patched.routes == scratch.routes
         assert {g.group_id for g in a.groups} != {g.group_id for g in b.groups}
+
+
+def test_a_switch_that_starts_dropping_an_address_waits_for_the_switches_that_stop_sending_it_there():
+    """fat-tree-4, e0-a0 down: a2 can no longer reach e0 (its cores reach e0 only through a0) and
+    drops e0's prefix, while e2 stops sending it to a2. Until e2 has, a0's detour still delivers
+    through a2: e2 goes first, then a2."""
+    g = graph.build(spec.load("fat-tree-4"))
+    ix = compiler.index_of(g)
+    down = compiler.Failures.of([("e0", "a0", 0)])
+    healthy, failed = compiler.compile_fabric(g), compiler.compile_fabric(g, down)
+    confirmed = {sw: reconcile.switch_table(healthy[sw]) for sw in ("e2", "a2")}
+    desired = {sw: reconcile.switch_table(failed[sw]) for sw in ("e2", "a2")}
+    ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, ["e2", "a2"], down)
+    assert {it.switch for it in ready} == {"e2"} and left == 1 and not cycle
+    confirmed["e2"] = desired["e2"]
+    ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["e2", "a2"], down)
+    assert {it.switch for it in ready} == {"a2"} and left == 0
+
+
+def test_a_switch_installed_anew_goes_before_the_others_route_through_it():
+    """fat-tree-4, a0 back from a failure with empty tables: the edges that stop avoiding it wait
+    until a0 routes (the cores' fast-failover groups already send to it as its ports come up)."""
+    g = graph.build(spec.load("fat-tree-4"))
+    ix = compiler.index_of(g)
+    without, healthy = compiler.compile_fabric(g, compiler.Failures.of((), ["a0"])), compiler.compile_fabric(g)
+    switches = ["a0", "e7"]
+    confirmed = {"a0": {}, "e7": reconcile.switch_table(without["e7"])}
+    desired = {sw: reconcile.switch_table(healthy[sw]) for sw in switches}
+    assert confirmed["e7"] != desired["e7"]
+    ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, switches)
+    assert ready and {it.switch for it in ready} == {"a0"} and left and not cycle
