@@ -68,6 +68,7 @@ def _config() -> dict:
     sets = [s for s in os.environ.get("HPNLAB_SET", "").splitlines() if s.strip()]
     return {"scenario": scenario, "overrides": fspec.parse_overrides(sets),
             "policy": os.environ.get("HPNLAB_POLICY", "aggregate"),
+            "fast_failover": os.environ.get("HPNLAB_FAST_FAILOVER", "1") != "0",
             "metrics_port": int(os.environ.get("HPNLAB_METRICS_PORT") or 0),
             "metrics_addr": os.environ.get("HPNLAB_METRICS_ADDR", "127.0.0.1")}
 
@@ -261,7 +262,7 @@ class HpnController(BaseApp):
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
         self.graph = fgraph.build(self.scenario)
         self.index = compiler.index_of(self.graph)
-        self.reconciler = reconcile.Reconciler(self.graph, self.policy)
+        self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"])
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
@@ -316,6 +317,8 @@ class HpnController(BaseApp):
             m.flow_mods.labels(command).inc(counters[command] - self._counted[command])
         self._counted = dict(counters)
         m.switches_connected.set(len(self.datapaths))
+        if rec.convergences:
+            m.convergence.set(rec.convergences[-1])
         for name in self.index.sw:
             table = rec.confirmed.get(name, {})
             state = rec.states.get(name)

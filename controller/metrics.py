@@ -11,6 +11,9 @@ class Metrics:
         self.switches_connected = Gauge("hpnlab_switches_connected", "Switches connected now", registry=r)
         self.flows = Gauge("hpnlab_switch_flows", "OpenFlow flows a switch has confirmed (barrier answered)",
                            ["switch"], registry=r)
+        self.convergence = Gauge("hpnlab_last_convergence_seconds",
+                                 "From the last event that changed the fabric's target (a port or switch down or "
+                                 "up) to every connected switch confirming its new state", registry=r)
         self.recompiles = Counter("hpnlab_recompiles", "Times the fabric state was recompiled", registry=r)
         self.deaggregated = Gauge("hpnlab_deaggregated_routes",
                                   "Routes present only because of failures (de-aggregation)", registry=r)

@@ -76,11 +76,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import gc
 import logging
 import time
 import weakref
-from collections import ChainMap
+from collections import ChainMap, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
@@ -855,11 +856,18 @@ class Reconciler:
     compiler.compile_fabric unless a test gives its own."""
 
     def __init__(self, g: nx.MultiGraph, policy: str = "aggregate", confirm_timeout_s: float = 5.0,
-                 compile_fn: CompileFn = compiler.compile_fabric):
+                 compile_fn: CompileFn = compiler.compile_fabric, fast_failover: bool = True):
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
+        if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
+            compile_fn = functools.partial(compile_fn, fast_failover=False)
+        self.fast_failover = fast_failover
         self.compile_fn = compile_fn
+        #: remote convergence: from an event that changed the target (a port or switch seen down
+        #: or up) to every connected switch confirming its new state, in seconds (the last 64)
+        self.convergences: deque[float] = deque(maxlen=64)
+        self._converging_since: float | None = None
         self.rebuild_above = 0.5     # a changed switch's table is patched unless more than this share changed
         self.ix = compiler.index_of(g)
         self.down_ports: set[tuple[str, int]] = set()
@@ -910,6 +918,7 @@ class Reconciler:
 
     def _handle(self, event: Event, now: float) -> list[Message]:
         out: list[Message] = []
+        recompiles = self.counters["recompiles"]
         if isinstance(event, SwitchUp):
             out += self._switch_up(event.switch, event.ports, now)
         elif isinstance(event, SwitchDown):
@@ -930,7 +939,15 @@ class Reconciler:
             self._read_back(event)
         else:
             raise TypeError(f"not a reconciler event: {event!r}")
+        if recompiles != self.counters["recompiles"] and self._converging_since is None:
+            self._converging_since = now
         out += self._step(now)
+        if self._converging_since is not None and not self._outstanding() and not (self.dirty & self.connected):
+            took = now - self._converging_since
+            self._converging_since = None
+            self.convergences.append(took)
+            LOG.info("converged in %.1f ms after %s (%d switch(es) connected)", took * 1e3,
+                     type(event).__name__, len(self.connected))
         return out
 
     def _switch_up(self, sw: str, ports: Mapping[int, bool] | None, now: float) -> list[Message]:

@@ -510,3 +510,23 @@ def test_a_switch_installed_anew_goes_before_the_others_route_through_it():
     assert confirmed["e7"] != desired["e7"]
     ready, left, cycle = reconcile.plan_step(ix, confirmed, desired, switches)
     assert ready and {it.switch for it in ready} == {"a0"} and left and not cycle
+
+
+def test_convergence_is_timed_from_the_port_status_to_the_last_confirmation(mini_hpn):
+    rec = installed(mini_hpn)
+    first = rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}), now=10.0)
+    assert first and not rec.convergences              # sent, not confirmed yet
+    answer(rec, first, now=10.25)
+    assert rec.settled and list(rec.convergences)[-1] == pytest.approx(0.25)
+    # a report that changes nothing starts no new measurement
+    n = len(rec.convergences)
+    assert rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}), now=11.0) == []
+    answer(rec, rec.handle(reconcile.Tick(), now=11.5), now=11.5)
+    assert len(rec.convergences) == n
+
+
+def test_without_fast_failover_the_reconciler_installs_groups_with_only_their_primary_bucket(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, fast_failover=False)
+    groups = [gr for st in rec.states.values() for gr in st.groups]
+    assert groups and all(len(gr.buckets) == 1 for gr in groups if gr.kind == "ff")
+    assert any(len(gr.buckets) > 1 for st in reconcile.Reconciler(mini_hpn).states.values() for gr in st.groups)
