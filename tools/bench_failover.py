@@ -21,8 +21,9 @@ kinds   ``link``        a leaf-spine link under rank 0's leaf, both ends down (c
 Each run fails at ``--fail-at`` s after the ranks start and repairs ``--hold`` s later. Figures,
 from the receivers' per-packet records (``hpnlab.fabric.transport.accounting``): the largest
 loss window and in-order stall over the flows the failure hurt, flows hurt, packets re-sent,
-every byte exactly once (byte counts and CRCs at both ends), and the collective's busbw
-against a run without failure in the same mode (slowdown). Median and [min-max] over the
+every byte exactly once (byte counts and CRCs at both ends), the collective's busbw
+against a run without failure in the same mode (slowdown), and the controller's remote
+convergence (its log: from the PortStatus to every switch confirming the update). Median and [min-max] over the
 repetitions, the load average beside them; JSON with every repetition via ``--json``.
 
 The userspace datapath here is far slower than a real switch: compare the modes as ratios in
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -78,16 +80,30 @@ def timeline(kind: str, t: dict, at: float, hold: float) -> list[dict]:
     return [{"at": at, "action": "link_down", "link": nic}, {"at": back, "action": "link_up", "link": nic}]
 
 
+def converged_ms(emu, since: int) -> tuple[list[float], int]:
+    """The controller's "converged in X ms" lines written after byte ``since`` of its log."""
+    try:
+        with open(emu.metadata["controller_log"], "rb") as fh:
+            fh.seek(since)
+            text = fh.read().decode(errors="replace")
+            end = fh.tell()
+    except (OSError, KeyError):
+        return [], since
+    return [float(m) for m in re.findall(r"converged in ([0-9.]+) ms", text)], end
+
+
 def one_run(emu, p: experiment.Plan, events: list | None) -> dict:
     load = os.getloadavg()[0]
+    _, mark = converged_ms(emu, 0)
     doc = experiment.run(p, emu, progress=False, timeline=events)
+    conv, _ = converged_ms(emu, mark)
     [res] = doc["results"]
     fails = [f for f in res.get("failover", []) if not f["event"].startswith(("link_up", "switch_up"))]
     f = fails[0] if fails else {}
     return {"busbw": report.largest_fraction(res), "wrong": report.wrong_total(doc["results"]), "load": load,
             "loss_window_ms": f.get("loss_window_ms_max"), "stall_ms": f.get("stall_ms_max"),
             "flows_hurt": f.get("flows_hurt"), "flows": f.get("flows"), "packets_resent": f.get("packets_lost"),
-            "exactly_once": f.get("exactly_once")}
+            "exactly_once": f.get("exactly_once"), "convergence_ms": conv[0] if conv else None}
 
 
 def spread(vals: list[float]) -> str:
@@ -143,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(0.5 if kind != "gray" else 2.5)   # BFD sessions come back 1-2 s after a repair
                 say(f"  {kind:<9} loss window ms {spread([r['loss_window_ms'] for r in reps])}  "
                     f"stall ms {spread([r['stall_ms'] for r in reps])}  "
+                    f"controller converged ms {spread([r['convergence_ms'] for r in reps])}  "
                     f"exactly once {sum(bool(r['exactly_once']) for r in reps)}/{len(reps)}")
     say(f"\nfailover on mini-hpn: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
         f"{args.repeat} repetitions, median [min-max]; {time.monotonic() - t0:.0f} s")
-    say(f"{'kind':<9} {'mode':<11} {'loss window ms':>22} {'stall ms':>22} {'hurt':>6} {'re-sent':>8} "
-        f"{'slowdown':>9} {'once':>5} {'load':>5}")
+    say(f"{'kind':<9} {'mode':<11} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
+        f"{'re-sent':>8} {'slowdown':>9} {'once':>5} {'load':>5}")
     for kind in kinds:
         for mode in modes:
             reps = rows[mode][kind]
@@ -155,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             slow = statistics.median(base / r["busbw"] for r in reps if r["busbw"]) if base else float("nan")
             say(f"{kind:<9} {mode:<11} {spread([r['loss_window_ms'] for r in reps]):>22} "
                 f"{spread([r['stall_ms'] for r in reps]):>22} "
+                f"{spread([r['convergence_ms'] for r in reps]):>22} "
                 f"{statistics.median(r['flows_hurt'] or 0 for r in reps):>6.0f} "
                 f"{statistics.median(r['packets_resent'] or 0 for r in reps):>8.0f} {slow:>8.2f}x "
                 f"{sum(bool(r['exactly_once']) for r in reps)}/{len(reps):<3} "
