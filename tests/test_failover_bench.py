@@ -3,8 +3,8 @@ every failure kind is a valid timeline that repairs what it breaks, and the mode
 median loss window for a link failure as its detection + convergence time."""
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,11 @@ from hpnlab.fabric import experiment, graph, spec
 from hpnlab.fabric.emulation import timeline
 from hpnlab.fabric.errors import UserError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import bench_failover
+_spec = importlib.util.spec_from_file_location(
+    "bench_failover", Path(__file__).resolve().parent.parent / "tools" / "bench_failover.py")
+assert _spec is not None and _spec.loader is not None
+bench_failover = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_failover)
 
 
 @pytest.mark.parametrize("kind", bench_failover.KINDS)
