@@ -398,13 +398,7 @@ class HpnController(BaseApp):
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_flow_stats(self, ev):
-        msg = ev.msg
-        dp = msg.datapath
-        name = self._name(dp)
-        if name is None:
-            return
-        more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
-        self.handle(reconcile.FlowStatsReply(name, msg.xid, decode_flow_stats(dp, msg.body), more))
+        self._stats_reply(ev.msg, reconcile.FlowStatsReply, decode_flow_stats)
 
     @set_ev_cls(ofp_event.EventOFPGroupFeaturesStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_group_features(self, ev):
@@ -416,13 +410,15 @@ class HpnController(BaseApp):
 
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_group_desc(self, ev):
-        msg = ev.msg
+        self._stats_reply(ev.msg, reconcile.GroupDescReply, decode_group_desc)
+
+    def _stats_reply(self, msg, reply, decode) -> None:
+        """One part of a multipart reply from a known switch, decoded, to the reconciler."""
         dp = msg.datapath
         name = self._name(dp)
-        if name is None:
-            return
-        more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
-        self.handle(reconcile.GroupDescReply(name, msg.xid, decode_group_desc(dp, msg.body), more))
+        if name is not None:
+            more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)
+            self.handle(reply(name, msg.xid, decode(dp, msg.body), more))
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):

@@ -471,13 +471,7 @@ class RoceTransport(Transport):
             self._ep.register(rs.fileno(), select.EPOLLIN)
             self._plane_of_fd[rs.fileno()] = (plane, rs)
             for _ in range(self.ports_per_nic):
-                ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                ts.bind((ip, 0))
-                if self.ecn:
-                    ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
-                ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
-                ts.setblocking(False)
-                self.tx_socks.append(ts)
+                self.tx_socks.append(self._tx_socket(ip))
             self.nic_next.append(0.0)
         for r, ips in enumerate(self.addrs):
             for p in range(self.planes):
@@ -811,16 +805,19 @@ class RoceTransport(Transport):
         for psn in range(f.una, f.psn):
             self._requeue(f, psn, "migrate")
 
-    def _rebind(self, path: int) -> None:
-        old = self.tx_socks[path]
-        ip = old.getsockname()[0]
+    def _tx_socket(self, ip: str) -> socket.socket:
+        """A sending socket on ``ip`` with a kernel-assigned source port (one path's entropy)."""
         ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         ts.bind((ip, 0))
         if self.ecn:
             ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
         ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         ts.setblocking(False)
-        self.tx_socks[path] = ts
+        return ts
+
+    def _rebind(self, path: int) -> None:
+        old = self.tx_socks[path]
+        self.tx_socks[path] = self._tx_socket(old.getsockname()[0])
         old.close()
 
     def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
