@@ -414,6 +414,14 @@ def left_failed(events: list[Any]) -> list[str]:
     return list(broken.values())
 
 
+def check_timeline(events: list[Any], runs: int) -> None:
+    """Refuse (one line) a timeline that leaves something failed when several runs share it."""
+    broken = left_failed(events)
+    if broken and runs > 1:
+        raise UserError(f"the timeline leaves {', '.join(broken)} failed: with {runs} runs "
+                        f"it must repair what it breaks, so that every run starts on the same fabric")
+
+
 def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per failure of a timeline run under a collective, from the transports' per-packet
     records (roce: arrival gaps at the receivers, re-sends, byte counts and CRCs at both
@@ -453,10 +461,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
         if not isinstance(target, _OnEmulation):
             raise UserError("a failure timeline needs an emulated fabric (hpnlab run), not "
                             f"{type(target).__name__}")
-        broken = left_failed(timeline)
-        if broken and len(cells) > 1:
-            raise UserError(f"the timeline leaves {', '.join(broken)} failed: with {len(cells)} runs "
-                            f"it must repair what it breaks, so that every run starts on the same fabric")
+        check_timeline(timeline, len(cells))
     t0 = time.monotonic()
     load_before = os.getloadavg()
     results: list[dict] = []

@@ -76,11 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.timeline:
         from hpnlab.fabric.emulation import timeline as tl
         events = tl.load(args.timeline, g)
-        broken = experiment.left_failed(events)
-        if broken and len(cells) > 1:
-            print(f"hpnlab: the timeline leaves {', '.join(broken)} failed: with {len(cells)} runs it must "
-                  f"repair what it breaks", file=sys.stderr)
-            return 2
+        experiment.check_timeline(events, len(cells))      # before anything is built
     say = lambda m: print(m, flush=True)  # noqa: E731
     hosts = fgraph.hosts(g)
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
