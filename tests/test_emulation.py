@@ -290,6 +290,9 @@ def test_a_one_sided_link_fault_sets_only_that_end_down(mini_hpn):
     try:
         assert flags(f"{v}-eth{pv}") == 0                 # v's end is set down ...
         assert flags(f"{u}-eth{pu}") == 1                 # ... u's end is not touched ...
+        deadline = time.time() + 2                        # (the kernel's link watch reports carrier
+        while time.time() < deadline and mini_hpn.intf_is_up(f"{u}-eth{pu}"):   # asynchronously)
+            time.sleep(0.01)
         assert not mini_hpn.intf_is_up(f"{u}-eth{pu}")    # ... and loses carrier (a veth's peer is down)
     finally:
         mini_hpn.link_up(u, v, side=v)
