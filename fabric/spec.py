@@ -74,6 +74,14 @@ class Emulation:
 
 
 @dataclass(frozen=True)
+class SwitchTables:
+    """Table sizes of the scenario's switch model, held against the compiled policy by
+    ``hpnlab check`` (route-budget, flow-budget). None: not stated."""
+    routes: int | None = None     # IPv4 routes (the routing table)
+    flows: int | None = None      # flow entries, every table
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     kind: str = "hpn"
@@ -105,6 +113,7 @@ class Scenario:
     oversubscription: float | None = None
     long_haul: LongHaul | None = None
     emulation: Emulation = field(default_factory=Emulation)
+    switch_tables: SwitchTables | None = None
     source: str | None = None
 
     # ---- derived numbers -------------------------------------------------
@@ -225,6 +234,7 @@ SCENARIO_FIELDS: dict[str, Rule] = {
                              0.01, 1000.0, positive=True, nullable=True),
     "long_haul": Rule("block", "links between campuses (required when campuses > 1)", nullable=True),
     "emulation": Rule("block", "how the scenario is scaled down to run on one machine", nullable=True),
+    "switch_tables": Rule("block", "table sizes of the switch model (checked by 'hpnlab check')", nullable=True),
 }
 LONG_HAUL_FIELDS: dict[str, Rule] = {
     "distance_km": Rule("number", "one-way fibre length (5 us/km)", 0.0, MAX_QUANTITY, positive=True),
@@ -240,9 +250,15 @@ EMULATION_FIELDS: dict[str, Rule] = {
     "mtu": _count("MTU of emulated links (bytes)", minimum=68, maximum=65_535),
     "delay_scale": Rule("number", "multiply configured delays (1.0: real delays)", 0.0, MAX_QUANTITY, positive=True),
 }
+SWITCH_TABLES_FIELDS: dict[str, Rule] = {
+    "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),
+    "flows": Rule("int", "flow entries a switch holds, every table (null: not stated)", 1, MAX_COUNT * 1000,
+                  nullable=True),
+}
 _BLOCKS: dict[str, tuple[type, dict[str, Rule]]] = {"long_haul": (LongHaul, LONG_HAUL_FIELDS),
-                                                    "emulation": (Emulation, EMULATION_FIELDS)}
-_Block = TypeVar("_Block", LongHaul, Emulation)
+                                                    "emulation": (Emulation, EMULATION_FIELDS),
+                                                    "switch_tables": (SwitchTables, SWITCH_TABLES_FIELDS)}
+_Block = TypeVar("_Block", LongHaul, Emulation, SwitchTables)
 KINDS = ("hpn", "fat-tree")
 
 
@@ -368,6 +384,8 @@ def _from_dict(data: Mapping[str, Any], source: str | None) -> Scenario:
             kwargs[key] = _sub(LongHaul, value, key)
         elif key == "emulation":
             kwargs[key] = _sub(Emulation, value, key) or Emulation()
+        elif key == "switch_tables":
+            kwargs[key] = _sub(SwitchTables, value, key)
         else:
             kwargs[key] = _check_value(value, key, SCENARIO_FIELDS[key])
     if "name" not in kwargs:
@@ -820,7 +838,7 @@ def json_schema() -> dict[str, Any]:
     It checks types, ranges and names; the structural rules (divisibility, radix, size
     limits, address plan) need the loader: ``hpnlab topo inspect FILE``.
     """
-    blocks = {"long_haul": LONG_HAUL_FIELDS, "emulation": EMULATION_FIELDS}
+    blocks = {name: fields for name, (_, fields) in _BLOCKS.items()}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "hpnlab scenario",
@@ -836,7 +854,7 @@ def json_schema() -> dict[str, Any]:
 def describe_fields() -> list[str]:
     """One line per field: name, type and range, meaning (``hpnlab topo fields``)."""
     lines = []
-    blocks = {"long_haul": LONG_HAUL_FIELDS, "emulation": EMULATION_FIELDS}
+    blocks = {name: fields for name, (_, fields) in _BLOCKS.items()}
     for name, rule in SCENARIO_FIELDS.items():
         lines.append(_describe(name, rule))
         for sub, sub_rule in blocks.get(name, {}).items():
