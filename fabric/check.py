@@ -347,22 +347,31 @@ def _leaf_pairs(g: nx.MultiGraph, plane: int, rail: int) -> dict[str, tuple[str,
     return pairs
 
 
-def rule_path_diversity(ctx: CheckContext) -> list[RuleResult]:
+def path_counts(ctx: CheckContext) -> dict[str, dict[str, int]]:
+    """Per "plane P rail R": equal-cost shortest paths from the rail's first leaf to a leaf of
+    each other kind (same-rail, cross-rail, cross-pod, cross-campus); computed once."""
     from .analysis import count_shortest_paths
 
-    g, s = ctx.graph, ctx.spec
+    if "paths" not in ctx.cache:
+        g, s = ctx.graph, ctx.spec
+        out: dict[str, dict[str, int]] = {}
+        for plane in range(s.planes):
+            for rail in range(s.rails):
+                pairs = _leaf_pairs(g, plane, rail)
+                if pairs:
+                    out[f"plane {plane} rail {rail}"] = {kind: count_shortest_paths(g, a, b)[1]
+                                                         for kind, (a, b) in sorted(pairs.items())}
+        ctx.cache["paths"] = out
+    return ctx.cache["paths"]
+
+
+def rule_path_diversity(ctx: CheckContext) -> list[RuleResult]:
     limit = ctx.limits.get("min_paths", 2)
     out: list[RuleResult] = []
-    for plane in range(s.planes):
-        for rail in range(s.rails):
-            pairs = _leaf_pairs(g, plane, rail)
-            if not pairs:
-                continue
-            counts = {kind: count_shortest_paths(g, a, b)[1] for kind, (a, b) in sorted(pairs.items())}
-            worst = min(counts.values())
-            detail = ", ".join(f"{kind} {n}" for kind, n in counts.items())
-            out.append(RuleResult("path-diversity", f"plane {plane} rail {rail}", worst, limit, worst >= limit,
-                                  detail))
+    for subject, counts in path_counts(ctx).items():
+        worst = min(counts.values())
+        detail = ", ".join(f"{kind} {n}" for kind, n in counts.items())
+        out.append(RuleResult("path-diversity", subject, worst, limit, worst >= limit, detail))
     return out
 
 
@@ -626,6 +635,19 @@ def context(scenario: Any, flags: Iterable[str] = (), graph: nx.MultiGraph | Non
     return CheckContext(scenario.name, scenario, graph, {}, frozenset(flags))
 
 
+def selected(config: RulesConfig | None = None, only: Iterable[str] | None = None,
+             skip: Iterable[str] = ()) -> list[str]:
+    """The rules that run, in RULES order: ``only`` (all by default) less ``skip`` and the ones
+    the rules file turns off. An unknown name is a one-line UserError."""
+    wanted = list(RULES) if only is None else list(only)
+    skip = list(skip)
+    for name in [*wanted, *skip]:
+        if name not in RULES:
+            raise UserError(f"unknown rule {short(name)} (known: {', '.join(RULES)})")
+    disabled = config.disabled if config else frozenset()
+    return [name for name in RULES if name in wanted and name not in skip and name not in disabled]
+
+
 def run_checks(target: Any, rules: RulesConfig | Mapping | None = None, flags: Iterable[str] = (),
                only: Iterable[str] | None = None, skip: Iterable[str] = (),
                timings: dict[str, float] | None = None) -> list[RuleResult]:
@@ -637,14 +659,8 @@ def run_checks(target: Any, rules: RulesConfig | Mapping | None = None, flags: I
     if flags:
         ctx = dataclasses.replace(ctx, flags=frozenset(flags), cache=ctx.cache)
     config = rules if isinstance(rules, RulesConfig) else rules_from_dict(rules)
-    wanted = list(RULES) if only is None else list(only)
-    for name in [*wanted, *skip]:
-        if name not in RULES:
-            raise UserError(f"unknown rule {short(name)} (known: {', '.join(RULES)})")
     results: list[RuleResult] = []
-    for name in RULES:
-        if name not in wanted or name in skip or name in config.disabled:
-            continue
+    for name in selected(config, only, skip):
         start = time.perf_counter()
         results.extend(RULES[name](ctx.for_rule(config.limits.get(name, {}))))
         if timings is not None:
