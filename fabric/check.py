@@ -51,7 +51,7 @@ scenario's stated one::
     route-budget: {max: 1024}
     flow-budget: {leaf: 4096, spine: 4096}
     path-diversity: {min_paths: 4}
-    blast-radius: {spine_loss_min_share: 0.9, plane_loss_min_share: 0.5}
+    blast-radius: {spine_loss_min_share: 0.9, plane_loss_min_share: 0.5, placements: [cross-rail]}
     long-haul: {max_ratio: 4, max_delay_us: 200}
     failure-tolerance: false
 """
@@ -440,7 +440,7 @@ def rule_blast_radius(ctx: CheckContext) -> list[RuleResult]:
     spine_limit = ctx.limits.get("spine_loss_min_share")
     plane_limit = ctx.limits.get("plane_loss_min_share")
     out: list[RuleResult] = []
-    for placement in PLACEMENTS:
+    for placement in ctx.limits.get("placements", PLACEMENTS):
         if placement == "cross-campus" and s.campuses < 2:
             continue
         try:
@@ -536,7 +536,8 @@ RULE_LIMITS: dict[str, dict[str, fspec.Rule] | None] = {
     "route-budget": _PER_TIER,
     "flow-budget": _PER_TIER,
     "path-diversity": {"min_paths": fspec.Rule("int", "fewest shortest paths", 1, fspec.MAX_COUNT)},
-    "blast-radius": {"spine_loss_min_share": _SHARE, "plane_loss_min_share": _SHARE},
+    "blast-radius": {"spine_loss_min_share": _SHARE, "plane_loss_min_share": _SHARE,
+                     "placements": fspec.Rule("placements", "job placements to look at (default: all)")},
     "long-haul": {"max_ratio": _RATIO, "max_delay_us": fspec.Rule("number", "us", 0.0, fspec.MAX_QUANTITY)},
     "failure-tolerance": None,
 }
@@ -556,6 +557,13 @@ def _rule_error(field_name: str, rule: str, source: str | None) -> fspec.Scenari
 
 def _check_limit(value: Any, name: str, rule: fspec.Rule, source: str | None) -> Any:
     try:
+        if rule.type == "placements":
+            from .placement import PLACEMENTS
+
+            if not isinstance(value, list) or not value or any(v not in PLACEMENTS for v in value):
+                raise fspec.ScenarioError(name, f"must be a list of placements ({', '.join(PLACEMENTS)}), "
+                                                f"got {short(value)}")
+            return list(value)
         if rule.type == "list":
             if not isinstance(value, list) or not value:
                 raise fspec.ScenarioError(name, f"must be a list of speeds, e.g. [200, 400], got {short(value)}")

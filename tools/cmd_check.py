@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_rule_args(p)
     p.add_argument("--json", metavar="FILE|-", type=_json_target, help="write the results as JSON ('-': stdout)")
     p.add_argument("--junit", metavar="FILE", type=output_file, help="write JUnit XML for CI systems")
+    p.add_argument("--timings", action="store_true", help="also print each rule's time (on standard error)")
     p.add_argument("--against", metavar="SNAPSHOT",
                    help="compare with a snapshot ('hpnlab snapshot'); exit 1 when something changed")
     p.set_defaults(func=cmd_check)
@@ -68,8 +69,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     old = fsnap.load(args.against) if args.against else None     # a bad snapshot fails before the work
     start = time.perf_counter()
     ctx, rules, ran = _prepare(args)
-    results = fcheck.run_checks(ctx, rules, only=ran)
+    timings: dict[str, float] = {}
+    built = time.perf_counter() - start
+    results = fcheck.run_checks(ctx, rules, only=ran, timings=timings)
     seconds = time.perf_counter() - start
+    if args.timings:
+        print(f"timings: build {built:.1f} s, " + ", ".join(f"{name} {t:.1f} s" for name, t in timings.items()),
+              file=sys.stderr)
     counts = fcheck.summary(results)
     out = sys.stderr if args.json == "-" else sys.stdout
     print(fcheck.render_table(results), file=out)
