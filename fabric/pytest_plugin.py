@@ -102,7 +102,8 @@ def hpn_scenario(request: pytest.FixtureRequest) -> Any:
     try:
         return _cached(request, "scenario", name, lambda: spec.load(name))
     except UserError as exc:
-        pytest.fail(f"hpn_scenario {name}: {exc}", pytrace=False)
+        message = f"hpn_scenario {name}: {exc}"
+    pytest.fail(message, pytrace=False)      # outside the except: no chained traceback
 
 
 @pytest.fixture
@@ -161,7 +162,8 @@ def hpn_check(request: pytest.FixtureRequest, hpn_scenario: Any, hpn_graph: Any)
     try:
         return _cached(request, "check", f"{_key(hpn_scenario)}:{rules_file}", run)
     except UserError as exc:
-        pytest.fail(f"hpn_check: {exc}", pytrace=False)
+        message = f"hpn_check: {exc}"
+    pytest.fail(message, pytrace=False)
 
 
 def emulation_missing() -> str | None:
