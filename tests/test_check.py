@@ -151,7 +151,7 @@ def test_failure_tolerance_is_not_available_without_the_proofs_module(monkeypatc
 
 
 def test_failure_tolerance_rows_come_from_the_proofs_module(monkeypatch, mini_hpn_graph):
-    seen = {}
+    seen: dict[str, object] = {}
 
     def failure_rule(ctx):
         seen.update(flags=ctx.flags, limits=ctx.limits)
@@ -270,7 +270,8 @@ def test_check_exits_1_naming_the_failing_rule_and_writes_json_and_junit(tmp_pat
     assert any(line.split()[:2] == ["route-budget", "p0l0"] and "FAIL" in line for line in printed.splitlines())
     report = json.loads(out_json.read_text())
     assert report["ok"] is False and report["failed"] == 8 and report["results"][0]["rule"] == "route-budget"
-    assert ET.parse(out_xml).getroot().find("testsuite").get("failures") == "8"
+    suite = ET.parse(out_xml).getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "8"
 
 
 def test_check_exits_0_when_every_rule_passes(capsys):
