@@ -305,15 +305,12 @@ def _checks(old: Mapping, new: Mapping) -> list[Change]:
             out.append(Change(f"check {key}: {'new' if a is None else 'gone'}"
                               + (f" ({_show(b.get('figure'))}, {_show(b.get('ok'))})" if b else "")))
             continue
-        parts = []
-        if a.get("figure") != b.get("figure"):
-            parts.append(_arrow(a.get("figure"), b.get("figure")))
+        text = _arrow(a.get("figure"), b.get("figure")) if a.get("figure") != b.get("figure") else "same figure"
         if a.get("limit") != b.get("limit"):
-            parts.append(f"limit {_arrow(a.get('limit'), b.get('limit'))}")
-            parts = [", ".join(parts)]
+            text += f", limit {_arrow(a.get('limit'), b.get('limit'))}"
         elif b.get("limit") is not None:
-            parts.append(f"(limit {_show(b.get('limit'))})")
+            text += f" (limit {_show(b.get('limit'))})"
         if a.get("ok") != b.get("ok"):
-            parts.append(_arrow(a.get("ok"), b.get("ok")))
-        out.append(Change(f"check {key}: {' '.join(parts)}"))
+            text += f", {_arrow(a.get('ok'), b.get('ok'))}"
+        out.append(Change(f"check {key}: {text}"))
     return out
