@@ -37,6 +37,8 @@ from .errors import UserError, short
 FORMAT = "hpnlab-snapshot 1"
 #: Largest snapshot read (bytes): hpn-130k's is about 2 MB.
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+#: Deepest nesting read (a snapshot nests 4 levels).
+MAX_DEPTH = 16
 #: Changed switches listed one by one before the rest are counted.
 MAX_SWITCH_LINES = 30
 #: Keys whose change does not fail ``--against`` (informational).
@@ -169,14 +171,24 @@ def _parse(text: str, source: str) -> Any:
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)
+        except RecursionError:
+            raise UserError(f"snapshot {source}: nested too deep") from None
         except ValueError as exc:
             raise UserError(f"snapshot {source} is not valid JSON: {short(str(exc), 120)}") from None
     loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        # aliases are refused before anything is built (a snapshot never has them)
+        # aliases and deep nesting are refused before anything is built (a snapshot has
+        # neither: it nests 4 levels deep)
+        depth = 0
         for event in yaml.parse(text, Loader=loader_cls):
             if isinstance(event, yaml.AliasEvent):
                 raise UserError(f"snapshot {source}: YAML aliases are not allowed in a snapshot")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise UserError(f"snapshot {source}: nested more than {MAX_DEPTH} levels deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
         return yaml.load(text, Loader=loader_cls)   # CSafeLoader or SafeLoader: safe
     except yaml.YAMLError as exc:
         raise UserError(f"snapshot {source} is not valid YAML: {short(str(exc), 160)}") from None

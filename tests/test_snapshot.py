@@ -106,6 +106,8 @@ def test_check_against_exits_1_and_prints_the_changes(tmp_path, capsys):
     ("format: &a hpnlab-snapshot 1\nx: *a\n", "aliases are not allowed"),
     ("{not json", "is not valid JSON"),
     ("a: [\n", "is not valid YAML"),
+    ("a: " + "[" * 50 + "]" * 50 + "\n", "nested more than 16 levels deep"),
+    ('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),
 ])
 def test_a_bad_snapshot_is_one_line_exit_2(tmp_path, capsys, text, message):
     path = tmp_path / "snap.yaml"
