@@ -294,3 +294,12 @@ def test_check_bad_input_is_one_line_exit_2(capsys, args, message):
     assert cli.main(["check", "mini-hpn", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_check_with_a_bad_rules_file_is_one_line_exit_2(tmp_path, capsys):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("route-budget:\n  leaf: lots\n")
+    assert cli.main(["check", "mini-hpn", "--rules", str(rules)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"hpnlab: {rules}: route-budget.leaf: must be a whole number, got 'lots'\n"
