@@ -73,9 +73,7 @@ from . import spec as fspec
 from .errors import UserError, short
 
 ROLE_ORDER = ("leaf", "edge", "spine", "agg", "core")
-TIER_ROLES = ROLE_ORDER
 NOT_AVAILABLE = "not available"
-NO_LIMIT = None
 
 
 class RuleResult(NamedTuple):
@@ -123,20 +121,16 @@ class CheckContext:
 
 # ---- small helpers ------------------------------------------------------------------------
 
-def _role(g: nx.MultiGraph, switch: str) -> str:
-    return g._node[switch]["role"]
-
-
 def _switch_roles(g: nx.MultiGraph) -> dict[str, list[str]]:
     """Switches by role, roles in ROLE_ORDER, switches in graph order."""
     by_role: dict[str, list[str]] = defaultdict(list)
     for node, attrs in g._node.items():
         if attrs["tier"] > 0:
             by_role[attrs["role"]].append(node)
-    return {role: by_role[role] for role in sorted(by_role, key=_role_rank)}
+    return {role: by_role[role] for role in sorted(by_role, key=role_rank)}
 
 
-def _role_rank(role: str) -> int:
+def role_rank(role: str) -> int:
     return ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
 
 
@@ -147,7 +141,7 @@ def _num(value: float) -> float | int:
     return round(value, 4) if isinstance(value, float) else value
 
 
-def _role_limit(limits: Mapping[str, Any], role: str, stated: Any) -> Any:
+def role_limit(limits: Mapping[str, Any], role: str, stated: Any) -> Any:
     """A per-switch limit: the rules file's tier limit, its ``max``, else the scenario's."""
     if role in limits:
         return limits[role]
@@ -165,7 +159,7 @@ def per_switch(rule: str, ctx: CheckContext, figures: Mapping[str, float], state
         members = [m for m in members if m in figures]
         if not members:
             continue
-        limit = _role_limit(ctx.limits, role, stated)
+        limit = role_limit(ctx.limits, role, stated)
         worst = max(members, key=lambda m: figures[m])
         if limit is None:
             out.append(RuleResult(rule, f"tier {role}", _num(figures[worst]), None, True,
@@ -305,7 +299,7 @@ def rule_planes_disjoint(ctx: CheckContext) -> list[RuleResult]:
     return out
 
 
-def _tables_stated(ctx: CheckContext, what: str) -> Any:
+def tables_stated(ctx: CheckContext, what: str) -> Any:
     tables = getattr(ctx.spec, "switch_tables", None)
     return getattr(tables, what, None) if tables is not None else None
 
@@ -313,13 +307,13 @@ def _tables_stated(ctx: CheckContext, what: str) -> Any:
 def rule_route_budget(ctx: CheckContext) -> list[RuleResult]:
     states = ctx.states()
     return per_switch("route-budget", ctx, {sw: st.route_count for sw, st in states.items()},
-                      _tables_stated(ctx, "routes"), " routes")
+                      tables_stated(ctx, "routes"), " routes")
 
 
 def rule_flow_budget(ctx: CheckContext) -> list[RuleResult]:
     states = ctx.states()
     return per_switch("flow-budget", ctx, {sw: st.flow_count for sw, st in states.items()},
-                      _tables_stated(ctx, "flows"), " flows")
+                      tables_stated(ctx, "flows"), " flows")
 
 
 def _leaf_pairs(g: nx.MultiGraph, plane: int, rail: int) -> dict[str, tuple[str, str]]:
@@ -524,13 +518,13 @@ RULES: dict[str, Callable[[CheckContext], Iterable[RuleResult]]] = {
 _TIER_LIMIT = fspec.Rule("int", "a per-switch limit", 0, fspec.MAX_COUNT * 1000)
 _RATIO = fspec.Rule("number", "a ratio", 0.0, 1_000_000.0, positive=True)
 _SHARE = fspec.Rule("number", "a share of bandwidth (0..1)", 0.0, 1.0)
-_PER_TIER = {"max": _TIER_LIMIT} | dict.fromkeys(TIER_ROLES, _TIER_LIMIT)
+_PER_TIER = {"max": _TIER_LIMIT} | dict.fromkeys(ROLE_ORDER, _TIER_LIMIT)
 
 #: Limits each rule's section of the rules file accepts (None: any plain values, read by the rule).
 RULE_LIMITS: dict[str, dict[str, fspec.Rule] | None] = {
     "radix": _PER_TIER,
     "port-speed": {"speeds_gbps": fspec.Rule("list", "allowed link speeds (Gbit/s)")},
-    "oversubscription": dict.fromkeys(TIER_ROLES, _RATIO),
+    "oversubscription": dict.fromkeys(ROLE_ORDER, _RATIO),
     "nic-planes": {},
     "planes-disjoint": {},
     "route-budget": _PER_TIER,
@@ -725,20 +719,20 @@ def summary(results: list[RuleResult]) -> dict[str, int]:
             "rules": len({r.rule for r in results})}
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return str(value)
 
 
 def to_json(name: str, results: list[RuleResult]) -> dict[str, Any]:
     return {"scenario": name, "ok": not failed(results), **summary(results),
-            "results": [{"rule": r.rule, "subject": r.subject, "figure": _plain(r.figure),
-                         "limit": _plain(r.limit), "ok": r.ok, "detail": r.detail} for r in results]}
+            "results": [{"rule": r.rule, "subject": r.subject, "figure": plain(r.figure),
+                         "limit": plain(r.limit), "ok": r.ok, "detail": r.detail} for r in results]}
 
 
 def to_junit(name: str, results: list[RuleResult], seconds: float = 0.0) -> str:

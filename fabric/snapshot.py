@@ -82,15 +82,15 @@ def take(ctx: fcheck.CheckContext, results: Iterable[fcheck.RuleResult] | None =
         for key in acc:
             acc[key].append(row[key])
     roles: dict[str, Any] = {}
-    for role in sorted(by_role, key=fcheck._role_rank):
+    for role in sorted(by_role, key=fcheck.role_rank):
         acc = by_role[role]
         roles[role] = {"switches": len(acc["routes"]), "routes": _stats(acc["routes"]),
                        "flows": _stats(acc["flows"]), "groups": _stats(acc["groups"]),
-                       "route_budget": fcheck._role_limit(rules.limits.get("route-budget", {}), role,
-                                                          fcheck._tables_stated(ctx, "routes")),
-                       "flow_budget": fcheck._role_limit(rules.limits.get("flow-budget", {}), role,
-                                                         fcheck._tables_stated(ctx, "flows"))}
-    checks = {f"{r.rule} | {r.subject}": {"figure": fcheck._plain(r.figure), "limit": fcheck._plain(r.limit),
+                       "route_budget": fcheck.role_limit(rules.limits.get("route-budget", {}), role,
+                                                          fcheck.tables_stated(ctx, "routes")),
+                       "flow_budget": fcheck.role_limit(rules.limits.get("flow-budget", {}), role,
+                                                         fcheck.tables_stated(ctx, "flows"))}
+    checks = {f"{r.rule} | {r.subject}": {"figure": fcheck.plain(r.figure), "limit": fcheck.plain(r.limit),
                                           "ok": r.ok} for r in results}
     n_links = g.number_of_edges()
     return {
@@ -239,7 +239,7 @@ def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
 
 def _roles(old: Mapping, new: Mapping) -> list[Change]:
     out = []
-    for role in sorted(set(old) | set(new), key=fcheck._role_rank):
+    for role in sorted(set(old) | set(new), key=fcheck.role_rank):
         a, b = old.get(role), new.get(role)
         if a is None or b is None:
             out.append(Change(f"{role}: {'new role' if a is None else 'role gone'}"))
