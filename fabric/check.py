@@ -61,7 +61,7 @@ import dataclasses
 import math
 import time
 import xml.etree.ElementTree as ET
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,8 +344,6 @@ def _leaf_pairs(g: nx.MultiGraph, plane: int, rail: int) -> dict[str, tuple[str,
 def path_counts(ctx: CheckContext) -> dict[str, dict[str, int]]:
     """Per "plane P rail R": equal-cost shortest paths from the rail's first leaf to a leaf of
     each other kind (same-rail, cross-rail, cross-pod, cross-campus); computed once."""
-    from .analysis import count_shortest_paths
-
     if "paths" not in ctx.cache:
         g, s = ctx.graph, ctx.spec
         out: dict[str, dict[str, int]] = {}
@@ -353,10 +351,43 @@ def path_counts(ctx: CheckContext) -> dict[str, dict[str, int]]:
             for rail in range(s.rails):
                 pairs = _leaf_pairs(g, plane, rail)
                 if pairs:
-                    out[f"plane {plane} rail {rail}"] = {kind: count_shortest_paths(g, a, b)[1]
-                                                         for kind, (a, b) in sorted(pairs.items())}
+                    source = next(iter(pairs.values()))[0]
+                    counts = shortest_path_counts(g, source, {b for _, b in pairs.values()})
+                    out[f"plane {plane} rail {rail}"] = {kind: counts[b] for kind, (_, b) in sorted(pairs.items())}
         ctx.cache["paths"] = out
     return ctx.cache["paths"]
+
+
+def shortest_path_counts(g: nx.MultiGraph, source: str, targets: set[str]) -> dict[str, int]:
+    """Shortest link-level paths (parallel links counted) from a switch to each target switch,
+    walking only switches: ``analysis.count_shortest_paths`` for many targets in one search
+    (0 for a target it cannot reach)."""
+    node, adj = g._node, g._adj
+    dist = {source: 0}
+    sigma = {source: 1}
+    queue = deque([source])
+    left = set(targets) - {source}
+    horizon = None          # the distance of the farthest target, once every target is found
+    while queue:
+        u = queue.popleft()
+        du = dist[u]
+        if horizon is not None and du >= horizon:
+            break
+        su = sigma[u]
+        for v, keydict in adj[u].items():
+            dv = dist.get(v)
+            if dv is None:
+                if node[v]["tier"] == 0:
+                    continue
+                dist[v] = dv = du + 1
+                sigma[v] = 0
+                queue.append(v)
+                left.discard(v)
+                if not left and horizon is None:
+                    horizon = dv
+            if dv == du + 1:
+                sigma[v] += su * len(keydict)
+    return {t: sigma.get(t, 0) for t in targets}
 
 
 def rule_path_diversity(ctx: CheckContext) -> list[RuleResult]:

@@ -303,3 +303,13 @@ def test_check_with_a_bad_rules_file_is_one_line_exit_2(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"hpnlab: {rules}: route-budget.leaf: must be a whole number, got 'lots'\n"
+
+
+@pytest.mark.parametrize("preset", ["mini-cross-campus", "mini-spine-leaf", "fat-tree"])
+def test_path_counts_to_many_leaves_agree_with_the_one_pair_count(preset):
+    from hpnlab.fabric.analysis import count_shortest_paths
+
+    g = graph.build(spec.load(preset))
+    leaves = sorted(n for n, d in g.nodes(data=True) if d["tier"] == 1)
+    counts = check.shortest_path_counts(g, leaves[0], set(leaves))
+    assert counts == {leaf: count_shortest_paths(g, leaves[0], leaf)[1] for leaf in leaves}
