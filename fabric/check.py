@@ -58,6 +58,7 @@ scenario's stated one::
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import time
 import xml.etree.ElementTree as ET
@@ -74,6 +75,8 @@ from .errors import UserError, short
 
 ROLE_ORDER = ("leaf", "edge", "spine", "agg", "core")
 NOT_AVAILABLE = "not available"
+#: Where the failure-tolerance rule lives (imported when the rule runs).
+PROOFS_MODULE = "hpnlab.controller.proofs"
 
 
 class RuleResult(NamedTuple):
@@ -522,10 +525,12 @@ def rule_failure_tolerance(ctx: CheckContext) -> list[RuleResult]:
     """Proved by ``hpnlab.controller.proofs.failure_rule`` (another module); "not available"
     when that module is not installed."""
     try:
-        from hpnlab.controller import proofs  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
+        proofs = importlib.import_module(PROOFS_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name != PROOFS_MODULE:
+            raise               # the module is there but something it imports is not: a real error
         return [RuleResult("failure-tolerance", "fabric", NOT_AVAILABLE, None, True,
-                           "hpnlab.controller.proofs is not installed")]
+                           f"{PROOFS_MODULE} is not installed")]
     return list(proofs.failure_rule(ctx))
 
 
