@@ -5,10 +5,13 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "topologies" / "examples"
 
 USER_TESTS = '''
 import os
@@ -72,10 +75,12 @@ def walker_installed() -> bool:
         return False
 
 
-def test_the_fixtures_work_from_a_test_file_outside_the_repository(pytester):
+def test_the_fixtures_and_the_sample_work_from_test_files_outside_the_repository(pytester):
     # one pytest process (the plugin loaded from its entry point) for every fixture: pytest
     # starts slowly, and this costs one start
     pytester.makepyfile(test_my_fabric=USER_TESTS)
+    for name in ("test_sample.py", "my-fabric.yaml"):        # the sample beside the presets, as a user copies it
+        (pytester.path / name).write_text((EXAMPLES / name.replace("test_sample", "test_my_fabric")).read_text())
     result = pytester.runpytest_subprocess("-rA", "-p", "no:cacheprovider",
                                            "--hpn-scenario", "mini-cross-campus", "--hpn-scenario", "small-hpn")
     got = outcomes(result)
@@ -88,9 +93,12 @@ def test_the_fixtures_work_from_a_test_file_outside_the_repository(pytester):
         "test_tables_of_every_switch[mini-hpn]": "PASSED",
         "test_check_results[mini-hpn]": "PASSED",
         "test_bad_scenario[no-such-fabric]": "ERROR",
+        "test_design_rules_pass[my-fabric.yaml]": "PASSED",
+        "test_every_switch_keeps_half_its_route_table_free[my-fabric.yaml]": "PASSED",
     }
     if walker_installed():
         expected["test_walker[mini-hpn]"] = "PASSED"
+        expected["test_first_and_last_host_reach_each_other_on_every_plane[my-fabric.yaml]"] = "PASSED"
     assert {k: v for k, v in got.items() if v != "SKIPPED"} == expected, result.outlines
     skipped = [k for k, v in got.items() if v == "SKIPPED"]
     assert any("hpn_emulation needs root" in line for line in skipped), skipped
