@@ -1,0 +1,259 @@
+"""Telemetry (controller/telemetry.py), the ECN control loop (controller/ecn_loop.py) and the
+actuators (controller/actuators.py), pure: synthetic counters in, series, files and changes out."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from hpnlab.controller import actuators, ecn_loop, ecn_policy, telemetry
+from hpnlab.controller.ecn_policy import Thresholds
+from hpnlab.controller.telemetry import OfPortStats, PortInfo, StageCounters, Telemetry
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.errors import UserError
+
+RATE = 10e6     # bits/s
+PORTS = {("l0", 1): PortInfo("l0", 1, "h0", RATE), ("l0", 2): PortInfo("l0", 2, "h1", RATE),
+         ("l0", 3): PortInfo("l0", 3, "s0", 2 * RATE), ("s0", 1): PortInfo("s0", 1, "l0", 2 * RATE)}
+
+
+def test_fabric_ports_are_every_switch_egress_port_with_its_peer_and_emulated_rate():
+    g = graph.build(spec.load("mini-hpn"))
+    ports = telemetry.fabric_ports(g)
+    switch_ends = sum(1 for u, v in g.edges() for n in (u, v) if g.nodes[n]["tier"] > 0)
+    assert len(ports) == switch_ends
+    host_port = next(p for p in ports.values() if p.peer.startswith("h"))
+    assert host_port.rate_bps == g.graph["scenario"].emulation.host_mbps * 1e6
+
+
+def test_polls_every_connected_switch_once_per_interval():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    first = tel.poll(10.0, ["l0", "s0", "unknown"])
+    assert sorted(r.switch for r in first) == ["l0", "s0"]
+    assert tel.poll(10.1, ["l0", "s0"]) == []
+    assert len(tel.poll(10.2, ["l0", "s0"])) == 2
+    assert len({r.xid for r in first}) == 2
+
+
+def test_a_late_tick_polls_once_not_once_per_missed_interval():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.poll(0.0, ["l0"])
+    assert len(tel.poll(1.0, ["l0"])) == 1
+    assert tel.poll(1.1, ["l0"]) == []
+
+
+def test_throughput_and_utilisation_come_from_tx_byte_differences():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=1000)])
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=1000 + 125_000)])   # 1 Mbit in 0.2 s
+    s = tel.sample(1.2)[("l0", 1)]
+    assert s.tx_bps == pytest.approx(5e6)
+    assert s.utilisation == pytest.approx(0.5)
+
+
+def test_a_counter_that_goes_down_gives_no_rate_for_that_interval():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=10_000_000)])
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=500)])        # the switch reconnected
+    assert tel.sample(1.2)[("l0", 1)].tx_bps == 0
+    tel.port_stats("l0", 1.4, [OfPortStats(1, tx_bytes=500 + 25_000)])
+    assert tel.sample(1.4)[("l0", 1)].tx_bps == pytest.approx(1e6)
+
+
+def test_stage_counters_give_queue_marking_rate_and_fraction():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.stage_counters(1.0, {("l0", 1): StageCounters(bytes=0, packets=100, ect=100, ce_marked=10, queue_bytes=0)})
+    tel.stage_counters(1.2, {("l0", 1): StageCounters(bytes=0, packets=300, ect=300, ce_marked=60,
+                                                      queue_bytes=9000)})
+    s = tel.sample(1.2)[("l0", 1)]
+    assert s.queue_bytes == 9000
+    assert s.ce_marked_pps == pytest.approx(250)
+    assert s.ce_fraction == pytest.approx(0.25)
+    assert s.ect_pps == pytest.approx(1000)
+
+
+def test_drops_are_tx_dropped_plus_the_stage_drops():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.port_stats("l0", 1.0, [OfPortStats(1, tx_dropped=5)])
+    tel.stage_counters(1.0, {("l0", 1): StageCounters(drops=1)})
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_dropped=8)])
+    tel.stage_counters(1.2, {("l0", 1): StageCounters(drops=3)})
+    assert tel.sample(1.2)[("l0", 1)].drops == 3 + 2
+
+
+def test_without_a_stage_the_queue_is_unknown_not_zero():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    assert tel.sample(1.0)[("l0", 1)].queue_bytes is None
+
+
+def test_fan_in_counts_the_ports_of_the_switch_that_receive():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    busy = 0.2 * RATE / 8 * 0.5       # half the port rate for 0.2 s
+    tel.port_stats("l0", 1.0, [OfPortStats(p) for p in (1, 2, 3)])
+    tel.port_stats("l0", 1.2, [OfPortStats(1, rx_bytes=int(busy)), OfPortStats(2, rx_bytes=int(busy)),
+                               OfPortStats(3, rx_bytes=10)])
+    samples = tel.sample(1.2)
+    assert samples[("l0", 3)].fan_in == 2
+    assert samples[("s0", 1)].fan_in == 0
+
+
+def test_a_reading_is_used_by_one_sample_only():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=0)])
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=25_000)])
+    assert tel.sample(1.2)[("l0", 1)].tx_bps > 0
+    assert tel.sample(1.4)[("l0", 1)].tx_bps == 0
+
+
+def test_series_are_ring_buffers_of_bounded_length():
+    tel = Telemetry(PORTS, interval_s=0.2, history=5)
+    for i in range(20):
+        tel.sample(i * 0.2)
+    assert all(len(s) == 5 for s in tel.series.values())
+    assert tel.series[("l0", 1)][-1].t == pytest.approx(19 * 0.2)
+    assert list(tel.intervals)[-1] == pytest.approx(0.2)
+
+
+def test_summarise_downsamples_long_series_and_keeps_changes():
+    lines = [{"kind": "header", "policy": "dynamic", "interval_ms": 200}]
+    for i in range(1000):
+        lines.append({"kind": "sample", "t": 100 + i * 0.2,
+                      "ports": [{"switch": "l0", "port": 1, "peer": "h0", "tx_mbps": 1.0, "queue_bytes": i,
+                                 "drops": 1, "kmin": 6056}]})
+    lines.append({"kind": "change", "t": 150.0, "switch": "l0", "port": 1, "new": {"kmin": 4239}, "reason": "x"})
+    doc = telemetry.summarise(lines, max_points=100)
+    port = doc["ports"]["l0:1"]
+    assert len(port["t"]) == 100
+    assert port["queue_bytes"][-1] == 999                  # the peak of the last bucket
+    assert sum(port["drops"]) == 1000                       # drops are summed, never lost
+    assert port["tx_mbps"][0] == 1.0
+    assert doc["policy"] == "dynamic" and doc["samples"] == 1000
+    assert doc["changes"][0]["t_rel"] == pytest.approx(50.0)
+
+
+# ---- the control loop -------------------------------------------------------------------------------------
+
+class RecordingActuator:
+    name = "recording"
+
+    def __init__(self):
+        self.applied: list[dict] = []
+
+    def current(self):
+        return {}
+
+    def apply(self, changes):
+        self.applied.append(dict(changes))
+
+
+class HalvingPolicy(ecn_policy.EcnPolicy):
+    name = "halving"
+
+    def decide(self, now, ports, current):
+        return {k: Thresholds(t.kmin // 2, t.kmax // 2, t.pmax, reason="test") if k == ("l0", 1) else t
+                for k, t in current.items()}
+
+
+def test_the_loop_sends_only_differences_and_writes_each_change_with_its_reason():
+    out = io.StringIO()
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "none", out=out)
+    rec = RecordingActuator()
+    loop.actuator = rec
+    before = loop.current[("l0", 1)]
+    loop.tick(1.0, ["l0"])
+    assert list(rec.applied[0]) == [("l0", 1)]
+    assert loop.current[("l0", 1)].kmin == before.kmin // 2
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    kinds = [x["kind"] for x in lines]
+    assert kinds == ["header", "sample", "change"]
+    assert lines[2]["reason"] == "test" and lines[2]["old"]["kmin"] == before.kmin
+
+
+def test_the_static_policy_never_reaches_the_actuator():
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), ecn_policy.StaticPolicy(), "none")
+    rec = RecordingActuator()
+    loop.actuator = rec
+    for i in range(10):
+        loop.tick(i * 0.2, ["l0", "s0"])
+    assert rec.applied == []
+
+
+def test_emulated_waits_for_the_stage_and_decides_nothing_before():
+    calls = []
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "emulated",
+                            open_stage=lambda run: calls.append(run))
+    rec = RecordingActuator()
+    loop.actuator = rec
+    loop.tick(1.0, ["l0"])
+    loop.tick(1.2, ["l0"])          # within the retry time: not looked for again
+    assert calls == [None] and rec.applied == []
+
+
+def test_a_policy_change_through_the_control_file_restores_start_up_thresholds_and_acknowledges(tmp_path):
+    control = tmp_path / "ecn-policy.json"
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "none", control=str(control))
+    loop.tick(1.0, ["l0"])
+    assert loop.current[("l0", 1)] != loop.initial[("l0", 1)]
+    control.write_text(json.dumps({"policy": "static", "seq": 7}))
+    loop.tick(1.2, ["l0"])
+    assert loop.policy.name == "static"
+    assert loop.current == loop.initial
+    assert json.loads((tmp_path / "ecn-policy.json.ack").read_text()) == {"seq": 7, "policy": "static", "error": None}
+
+
+def test_a_bad_policy_in_the_control_file_is_refused_in_the_acknowledgement(tmp_path):
+    control = tmp_path / "ecn-policy.json"
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), ecn_policy.StaticPolicy(), "none", control=str(control))
+    control.write_text(json.dumps({"policy": "no-such-policy", "seq": 1}))
+    loop.tick(1.0, ["l0"])
+    ack = json.loads((tmp_path / "ecn-policy.json.ack").read_text())
+    assert ack["error"] and "no-such-policy" in ack["error"] and loop.policy.name == "static"
+
+
+# ---- actuators ----------------------------------------------------------------------------------------------
+
+def test_file_actuator_writes_every_port_atomically_and_counts_versions(tmp_path):
+    path = tmp_path / "ecn.json"
+    act = actuators.FileActuator(path, PORTS)
+    first = json.loads(path.read_text())
+    assert first["version"] == 1 and first["ports"]["l0"]["1"]["peer"] == "h0"
+    act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2
+    assert doc["ports"]["l0"]["1"] == {"peer": "h0", "kmin": 3000, "kmax": 12000, "pmax": 0.3}
+    assert doc["ports"]["l0"]["2"] == first["ports"]["l0"]["2"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ecn.json"]       # no temporary file left
+
+
+class FakeStage:
+    mechanism = "bpf"
+
+    def __init__(self):
+        from types import SimpleNamespace
+        self.ports = {"l0-eth1": SimpleNamespace(switch="l0", port=1), "l0-eth9": SimpleNamespace(switch="l0", port=9)}
+        self.set: list = []
+
+    def thresholds(self, intf):
+        return {"kmin": 6056, "kmax": 24224, "pmax": 0.2000000001, "enabled": True}
+
+    def set_thresholds(self, **kw):
+        self.set.append(kw)
+
+    def counters(self):
+        return {"l0-eth1": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500,
+                            "ce_seen": 0, "max_queue_bytes": 3000}}
+
+
+def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
+    stage = FakeStage()
+    act = actuators.EmulatedActuator(stage, PORTS)
+    assert act.current() == {("l0", 1): Thresholds(6056, 24224, 0.2)}
+    act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
+    assert stage.set == [{"kmin": 3000, "kmax": 12000, "pmax": 0.3, "ports": "l0-eth1"}]
+    assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500)
+
+
+def test_a_bad_actuator_is_one_line():
+    with pytest.raises(UserError, match="file:PATH"):
+        actuators.check_spec("sonic")
