@@ -299,9 +299,11 @@ def summarise(lines: Iterable[Mapping[str, Any]], max_points: int = 300) -> dict
     """The run's ``telemetry`` key from the lines of a telemetry file: per port (``"switch:port"``) its
     time series (``t`` in seconds from the first sample), downsampled to at most ``max_points``
     buckets (mean of rates, peak of the queue, sum of drops, thresholds at the bucket's end); every
-    threshold change as it was written; the file's header fields (policy, interval)."""
+    threshold change as it was written; every policy replacement (``policies``); the file's header
+    fields (interval, actuator, ports), ``policy`` being the last one in force."""
     header: dict[str, Any] = {}
     changes: list[dict[str, Any]] = []
+    policies: list[dict[str, Any]] = []
     per_port: dict[str, dict[str, Any]] = {}
     t0: float | None = None
     samples = 0
@@ -311,6 +313,8 @@ def summarise(lines: Iterable[Mapping[str, Any]], max_points: int = 300) -> dict
             header = {k: v for k, v in line.items() if k != "kind"}
         elif kind == "change":
             changes.append({k: v for k, v in line.items() if k != "kind"})
+        elif kind == "policy":
+            policies.append({k: v for k, v in line.items() if k != "kind"})
         elif kind == "sample":
             samples += 1
             t = float(line["t"])
@@ -332,4 +336,6 @@ def summarise(lines: Iterable[Mapping[str, Any]], max_points: int = 300) -> dict
             for f in ("t", *_SERIES_FIELDS):
                 vals = port[f]
                 port[f] = [vals[i] if f == "t" else _bucket(vals[i:i + step], f) for i in range(0, n, step)]
-    return {**header, "samples": samples, "ports": per_port, "changes": changes}
+    if policies:
+        header["policy"] = policies[-1]["policy"]
+    return {**header, "samples": samples, "ports": per_port, "changes": changes, "policies": policies}

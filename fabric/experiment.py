@@ -452,7 +452,7 @@ def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[
                 line = json.loads(raw)
             except ValueError:
                 continue            # the line the controller is writing now
-            if line.get("kind") == "header" or t0 <= float(line.get("t", t0)) <= t1:
+            if line.get("kind") in ("header", "policy") or t0 <= float(line.get("t", t0)) <= t1:
                 lines.append(line)
     return summarise(lines, max_points)
 
