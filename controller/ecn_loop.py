@@ -102,7 +102,9 @@ class EcnLoop:
                 self.telemetry.stage_counters(now, self.actuator.counters())
             samples = self.telemetry.sample(now)
             self.last = samples
-            self._write(telemetry.sample_line(now, samples, self.current, self.telemetry.ports))
+            line = telemetry.sample_line(now, samples, self.current, self.telemetry.ports)
+            line["cpu_s"] = round(self.cpu_s, 4)         # the loop's CPU so far (before this tick)
+            self._write(line)
             if self.spec != "emulated" or self.emulated:
                 decided = self.policy.decide(now, samples, self.current)
                 self.apply(now, ecn_policy.changes(self.current, decided), samples)

@@ -1,6 +1,8 @@
 """ECN policies (controller/ecn_policy.py) on synthetic telemetry: direction, bounds, damping, settling."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from hpnlab.controller import ecn_policy
@@ -75,7 +77,7 @@ def test_thresholds_stay_within_bounds_and_keep_the_marking_shape(feed):
 @pytest.mark.parametrize("feed", [incast, underused_marking], ids=["incast", "underused-marking"])
 def test_a_steady_push_settles_at_its_bound_and_moves_one_way_only(feed):
     seen = [th.kmin for th in run(DynamicPolicy(), feed, 200)]
-    steps = [b - a for a, b in zip(seen, seen[1:], strict=False) if b != a]
+    steps = [b - a for a, b in itertools.pairwise(seen) if b != a]
     assert steps and (all(s < 0 for s in steps) or all(s > 0 for s in steps))
     assert len(set(seen[-100:])) == 1
 
@@ -100,7 +102,7 @@ def test_a_port_changes_at_most_once_per_hold_time():
     seen = run(policy, incast, 26)            # 5 s
     times = [i * DT for i, (a, b) in enumerate(zip([START, *seen], seen, strict=False)) if a != b]
     assert times[:3] == pytest.approx([0.0, 1.0, 2.0])
-    assert all(b - a >= 1.0 - 1e-9 for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(times))
 
 
 def test_reversing_direction_waits_twice_the_hold_time():

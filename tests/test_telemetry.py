@@ -257,3 +257,39 @@ def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
 def test_a_bad_actuator_is_one_line():
     with pytest.raises(UserError, match="file:PATH"):
         actuators.check_spec("sonic")
+
+
+# ---- Prometheus and the Grafana dashboard ------------------------------------------------------------------
+
+def _exported_loop():
+    from hpnlab.controller.metrics import Metrics
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "none")
+    loop.telemetry.port_stats("l0", 0.8, [OfPortStats(1, tx_bytes=0, tx_dropped=0)])
+    loop.telemetry.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=125_000, tx_dropped=2)])
+    loop.telemetry.stage_counters(1.0, {("l0", 1): StageCounters(queue_bytes=4000)})
+    loop.tick(1.0, ["l0"])
+    m = Metrics()
+    m.update_ports(loop)
+    from prometheus_client import generate_latest
+    return loop, generate_latest(m.registry).decode()
+
+
+def test_prometheus_exports_per_port_gauges_labelled_switch_port_peer():
+    loop, text = _exported_loop()
+    assert 'hpnlab_port_utilisation{peer="h0",port="1",switch="l0"} 0.5' in text
+    assert 'hpnlab_port_drops_total{peer="h0",port="1",switch="l0"} 2.0' in text
+    assert f'hpnlab_port_ecn_kmin_bytes{{peer="h0",port="1",switch="l0"}} {float(loop.current[("l0", 1)].kmin)}' in text
+    assert f"hpnlab_ecn_threshold_changes_total {float(loop.n_changes)}" in text
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_exported():
+    import re
+    from pathlib import Path
+
+    import hpnlab.controller
+    dashboard = Path(hpnlab.controller.__file__).parent / "grafana" / "hpnlab-ecn.json"
+    doc = json.loads(dashboard.read_text())
+    queried = {name for p in doc["panels"] for t in p["targets"] for name in re.findall(r"hpnlab_\w+", t["expr"])}
+    _, text = _exported_loop()
+    exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("hpnlab_")}
+    assert queried and queried <= exported, queried - exported
