@@ -6,7 +6,8 @@ One invocation (about a minute; it takes the emulation lock) prints, measured in
 telemetry   the achieved interval between samples (median, p99) against the requested one,
             and CPU: the telemetry/policy loop's own (the controller counts it) and the whole
             controller process's (from /proc), in % of one core, while the fabric is idle
-            and polled every ``--interval-ms``;
+            and polled every ``--interval-ms``; beside it the whole controller's CPU on the same
+            fabric idle with telemetry off (a second emulation; ``--no-baseline`` skips it);
 marking     a port overloaded with ECT UDP (h1 and h2 at 8 Mbit/s each to h5, whose port is
             10 Mbit/s), under the start-up thresholds, then under thresholds the controller
             applies live (a policy that sets Kmin = Kmax = 1 GB: never mark), then under a
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-ms", type=int, default=200)
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false",
+                    help="skip the controller's idle CPU with telemetry off")
     args = ap.parse_args(argv)
     from hpnlab.fabric import experiment
     from hpnlab.fabric.emulation import Emulation
@@ -142,12 +145,22 @@ def main(argv: list[str] | None = None) -> int:
             doc = experiment.run(plan, emu, progress=False, ecn_policy=f"{policy_file}:{name}")
             figures["dcqcn"][name.lower()] = dcqcn(doc)
         figures["load_average"] = os.getloadavg()
+    if args.baseline:
+        with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, log=None, telemetry_interval_ms=0) as emu:
+            pid = emu.controller_proc.pid
+            time.sleep(2.0)
+            c0, w0 = proc_cpu_s(pid), time.monotonic()
+            time.sleep(args.idle_s)
+            figures["telemetry"]["controller_cpu_share_without_telemetry"] = (proc_cpu_s(pid) - c0) / (
+                time.monotonic() - w0)
 
     t = figures["telemetry"]
     print(f"telemetry on mini-hpn ({t['ports']} switch egress ports), requested every {args.interval_ms} ms, "
           f"idle {args.idle_s:g} s: {t['samples']} samples, interval median {t['interval_ms_median']:.1f} ms, "
           f"p99 {t['interval_ms_p99']:.1f} ms; CPU: telemetry loop {100 * t['loop_cpu_share']:.2f}% of a core, "
-          f"whole controller {100 * t['controller_cpu_share']:.2f}%")
+          f"whole controller {100 * t['controller_cpu_share']:.2f}%"
+          + (f" (with telemetry off: {100 * t['controller_cpu_share_without_telemetry']:.2f}%)"
+             if "controller_cpu_share_without_telemetry" in t else ""))
     print("marking on the overloaded port (16 Mbit/s of ECT UDP into 10 Mbit/s):")
     for name, m in figures["marking"].items():
         print(f"  {name:9s} stage {m['stage_ce_pps']:7.1f} CE/s ({100 * m['stage_marked_share']:5.1f}% of ECT), "
