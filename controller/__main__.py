@@ -86,7 +86,6 @@ def run(args: argparse.Namespace) -> int:
     # Validate everything the user gave before starting anything (one-line errors).
     scenario = spec.load(args.scenario, spec.parse_overrides(args.set))
     graph.build(scenario)
-    _check_port(args.listen, args.ofp_port, "ofp port")
     from . import actuators, ecn_policy
     ecn_policy.load(args.ecn_policy, scenario.emulation.mtu)       # a bad name or file: one line, now
     actuators.check_spec(args.ecn_actuator)
@@ -96,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
     if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
         raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
+    _check_port(args.listen, args.ofp_port, "ofp port")
     if args.metrics_port:
         if args.metrics_port == args.ofp_port:
             raise UserError("--metrics-port must differ from --ofp-port")

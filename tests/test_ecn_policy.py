@@ -188,3 +188,17 @@ def test_a_bad_policy_name_is_one_line(name, message):
 def test_an_unknown_option_of_the_dynamic_policy_is_one_line():
     with pytest.raises(UserError, match="no option"):
         DynamicPolicy(speed=3)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ecn-policy", "nonesuch"], "unknown ECN policy"),
+    (["--ecn-actuator", "sonic"], "--ecn-actuator"),
+    (["--ecn-policy", "dynamic", "--telemetry-interval-ms", "0"], "needs telemetry"),
+    (["--telemetry-interval-ms", "-5"], ">= 0"),
+    (["--telemetry-out", "/no/such/dir/tel.jsonl"], "does not exist"),
+])
+def test_the_controller_refuses_bad_ecn_flags_in_one_line(argv, needle, capsys):
+    from hpnlab.controller.__main__ import main
+    assert main(["mini-hpn", "--ofp-port", "6699", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

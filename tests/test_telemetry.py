@@ -293,3 +293,55 @@ def test_every_metric_the_grafana_dashboard_queries_is_exported():
     _, text = _exported_loop()
     exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("hpnlab_")}
     assert queried and queried <= exported, queried - exported
+
+
+# ---- the harness's side: live policy requests, the run's telemetry key ----------------------------------------
+
+def test_a_policy_request_returns_once_the_controller_acknowledges_it(tmp_path):
+    import threading
+
+    from hpnlab.fabric.emulation.controller_process import request_policy
+    control = tmp_path / "ecn-policy.json"
+    loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), ecn_policy.StaticPolicy(), "none", control=str(control))
+    stop = threading.Event()
+
+    def controller():
+        t = 0.0
+        while not stop.is_set():
+            t += 0.2
+            loop.tick(t, [])
+            stop.wait(0.02)
+    th = threading.Thread(target=controller)
+    th.start()
+    try:
+        request_policy(control, "dynamic", timeout_s=5)
+    finally:
+        stop.set()
+        th.join()
+    assert loop.policy.name == "dynamic"
+
+
+def test_a_policy_request_nobody_answers_is_one_clear_error(tmp_path):
+    from hpnlab.fabric.emulation.controller_process import ControllerError, request_policy
+    with pytest.raises(ControllerError, match="did not take ECN policy 'dynamic'"):
+        request_policy(tmp_path / "ecn-policy.json", "dynamic", timeout_s=0.2)
+
+
+def test_the_runs_telemetry_is_the_part_of_the_file_within_the_run(tmp_path):
+    from types import SimpleNamespace
+
+    from hpnlab.fabric import experiment
+    f = tmp_path / "telemetry.jsonl"
+    rows = [{"switch": "l0", "port": 1, "peer": "h0", "tx_mbps": 1.0}]
+    f.write_text("\n".join(json.dumps(x) for x in [
+        {"kind": "header", "policy": "static", "interval_ms": 200},
+        {"kind": "sample", "t": 5.0, "ports": rows},
+        {"kind": "policy", "t": 9.0, "policy": "dynamic", "previous": "static"},
+        {"kind": "sample", "t": 10.0, "ports": rows},
+        {"kind": "change", "t": 10.1, "switch": "l0", "port": 1, "reason": "r"},
+        {"kind": "sample", "t": 10.2, "ports": rows},
+        {"kind": "sample", "t": 20.0, "ports": rows}]) + "\n{\"kind\": \"sam")      # a line being written
+    tel = experiment.telemetry_of(SimpleNamespace(telemetry_file=f), 9.5, 11.0)
+    assert tel["samples"] == 2 and tel["ports"]["l0:1"]["t"] == [0.0, 0.2]
+    assert tel["policy"] == "dynamic" and [c["reason"] for c in tel["changes"]] == ["r"]
+    assert experiment.telemetry_of(SimpleNamespace(telemetry_file=tmp_path / "none"), 0, 1) is None

@@ -95,6 +95,8 @@ class Emulation:
             self.controller_args.append("--no-fast-failover")
         #: the controller's dynamic-ECN policy (controller/ecn_policy.py) and telemetry interval; the
         #: telemetry (JSON lines) goes to ``telemetry_file`` in the run directory
+        if ecn_policy != "static" and controller != "hpnlab":
+            raise UserError(f"ECN policy {ecn_policy!r} needs the hpnlab controller (it runs the policy)")
         self.ecn_policy = ecn_policy
         self.telemetry_interval_ms = telemetry_interval_ms
         self.telemetry_file: Path | None = None
