@@ -45,8 +45,9 @@ Bounds: Kmin within [max(2 frames, ``kmin_min_ms`` at the port rate), max(16 fra
 ``kmin_max_ms`` at the rate)], Kmax = ``kmax_ratio`` x Kmin (DCQCN's shape, as the start-up
 thresholds), Pmax within [``pmax_min``, ``pmax_max``]. Damping: inputs are averaged; a port
 changes at most once per ``hold_s``; a change in the opposite direction to the port's last one
-waits ``2 x hold_s``; steps are multiplicative and bounded, so steady input settles at a bound or
-in the dead band and stays there.
+waits ``2 x hold_s``, and every earlier reversal of that port doubles the wait (up to ``16 x hold_s``,
+until the port goes idle): input that keeps pushing both ways is followed ever more slowly; steps are
+multiplicative and bounded, so steady input settles at a bound or in the dead band and stays there.
 """
 from __future__ import annotations
 
@@ -121,6 +122,7 @@ class _PortState:
     samples: int = 0
     last_change: float = float("-inf")
     last_direction: int = 0           # -1 lowered, +1 raised, 0 none yet
+    reversals: int = 0                # direction changes since the port was last idle
     quiet_since: float | None = None
     default: Thresholds | None = None
 
@@ -199,7 +201,9 @@ class DynamicPolicy(EcnPolicy):
                 why = f"idle for {now - st.quiet_since:.1f} s: back towards the default"
             else:
                 continue
-            hold = p["hold_s"] * (2 if direction and st.last_direction and direction != st.last_direction else 1)
+            reverses = bool(direction and st.last_direction and direction != st.last_direction)
+            # back-off: a reversal waits 2x the hold time, and each earlier reversal doubles that (up to 16x)
+            hold = p["hold_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
             if now - st.last_change < hold:
                 continue
             new = self.bounded(s.rate_bps, kmin, pmax, why)
@@ -210,8 +214,12 @@ class DynamicPolicy(EcnPolicy):
                 continue          # at a bound already
             out[key] = new
             st.last_change = now
+            if reverses:
+                st.reversals += 1
             if direction:
                 st.last_direction = direction
+            else:
+                st.reversals = 0          # relaxing after idleness: the port starts afresh
         return out
 
 

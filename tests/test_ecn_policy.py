@@ -116,6 +116,22 @@ def test_reversing_direction_waits_twice_the_hold_time():
     assert policy.decide(1.4, {KEY: underused_marking(1.4, lowered)}, current)[KEY].kmin > lowered.kmin
 
 
+def test_input_that_keeps_pushing_both_ways_is_followed_ever_more_slowly():
+    hold = 0.6
+    policy = DynamicPolicy(hold_s=hold)
+
+    def flipping(t, th):        # incast and under-used marking take turns every second
+        return incast(t, th) if int(t) % 2 == 0 else underused_marking(t, th)
+    seen = run(policy, flipping, 300)                     # 60 s
+    moves = [(i * DT, 1 if b.kmin > a.kmin else -1) for i, (a, b) in enumerate(itertools.pairwise([START, *seen]))
+             if a.kmin != b.kmin]
+    # the wait before each reversal of direction
+    waits = [t1 - t0 for (t0, d0), (t1, d1) in itertools.pairwise(moves) if d0 != d1]
+    assert len(waits) >= 3
+    assert waits == sorted(waits)
+    assert waits[0] >= 2 * hold - 1e-9 and waits[-1] >= 16 * hold - 1e-9
+
+
 def test_an_idle_port_returns_to_its_start_up_thresholds_and_stays():
     policy = DynamicPolicy(relax_s=1.0)
     lowered = run(policy, incast, 30)[-1]
