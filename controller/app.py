@@ -286,6 +286,7 @@ class HpnController(BaseApp):
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
+        self.metrics_served = bool(cfg["metrics_port"])
         try:
             from .metrics import Metrics
             self.metrics = Metrics()
@@ -331,7 +332,7 @@ class HpnController(BaseApp):
                 if dp is not None:
                     for ofmsg in encode(dp, msg):
                         dp.send_msg(ofmsg)
-            if self.metrics:
+            if self.metrics and self.metrics_served:       # nobody scrapes otherwise
                 self.metrics.update_ports(self.ecn)
             hub.sleep(max(0.0, self.ecn.telemetry.interval_s - (time.monotonic() - now)))
 

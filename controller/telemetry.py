@@ -13,12 +13,12 @@ Rates are differences of cumulative counters between two readings of the same so
 divided by the time between them (the controller's monotonic clock at decode time). A counter
 that goes down (a switch reconnected, the stage's counters were reset) gives no rate for that
 interval: the reading becomes the new base. OpenFlow replies arrive after the request, so the
-OpenFlow part of a sample is the interval that ended at the last reply (up to one interval
-old); the ECN stage's part is read synchronously at the tick.
+OpenFlow part of a sample is the interval that ended at the last reply (up to a couple of
+intervals old); the ECN stage's part is read synchronously at the tick.
 
 What each field means (per switch egress port, over the last interval):
 
-``tx_bps``          bits/s sent (OpenFlow ``tx_bytes``; the stage's bytes when no OpenFlow reading)
+``tx_bps``          bits/s sent (the stage's bytes where there is a stage, else OpenFlow ``tx_bytes``)
 ``utilisation``     ``tx_bps`` / the port's rate (the emulated rate of its fabric link)
 ``rx_bps``          bits/s received on the same port (its peer's egress towards this switch)
 ``queue_bytes``     the stage's queue estimate at the tick (eBPF: its virtual queue; RED: backlog);
@@ -42,6 +42,7 @@ import networkx as nx
 
 PortKey = tuple[str, int]          # (switch name, OpenFlow port number)
 FAN_IN_SHARE = 0.05                # a port counts towards fan-in above this share of its rate
+STALE_INTERVALS = 2.5             # OpenFlow rates older than this many intervals are no longer shown
 XID_BASE = 0x7E000000              # port stats requests' xids: apart from the reconciler's (which count up from 1)
 
 
@@ -204,7 +205,8 @@ class Telemetry:
                 continue
             dt, (tx_bytes, tx_packets, tx_dropped, rx_bytes) = r
             self._of_rates[key] = {"tx_bps": tx_bytes * 8 / dt, "tx_pps": tx_packets / dt,
-                                   "drops": float(tx_dropped), "rx_bps": rx_bytes * 8 / dt}
+                                   "drops": float(tx_dropped), "rx_bps": rx_bytes * 8 / dt, "t": now,
+                                   "new": 1.0}
 
     def stage_counters(self, now: float, counters: Mapping[PortKey, StageCounters]) -> None:
         """The ECN stage's counters of (some of) the ports, read at ``now``."""
@@ -224,21 +226,32 @@ class Telemetry:
                                       "drops": float(drops)}
 
     # ---- output --------------------------------------------------------------------------------
+    def _of(self, key: PortKey, now: float) -> dict[str, float] | None:
+        """The port's latest OpenFlow rates, unless older than ``STALE_INTERVALS`` intervals."""
+        r = self._of_rates.get(key)
+        return r if r is not None and now - r["t"] <= STALE_INTERVALS * self.interval_s else None
+
     def sample(self, now: float) -> dict[PortKey, PortTelemetry]:
         """One sample per egress port from the latest readings; appended to each port's series.
-        The rates of a reading are used once: a port whose source has not answered since the last
-        sample shows no traffic from that source in this one."""
+
+        The stage's rates are read at the tick and used once. OpenFlow replies arrive at their own
+        time, so a port's latest OpenFlow rates stand until a newer reply replaces them or they are
+        older than ``STALE_INTERVALS`` intervals (a switch that stopped answering shows no traffic);
+        its drops count once. Throughput and utilisation come from the stage where there is one (the
+        same interval as its marks), else from OpenFlow."""
         fan_in: dict[str, int] = {}
         for key, info in self.ports.items():
-            rx = self._of_rates.get(key, {}).get("rx_bps", 0.0)
+            rx = (self._of(key, now) or {}).get("rx_bps", 0.0)
             if info.rate_bps > 0 and rx >= FAN_IN_SHARE * info.rate_bps:
                 fan_in[key[0]] = fan_in.get(key[0], 0) + 1
         out: dict[PortKey, PortTelemetry] = {}
         for key, info in self.ports.items():
-            of = self._of_rates.get(key)
+            of = self._of(key, now)
             st = self._stage_rates.get(key)
-            tx = of["tx_bps"] if of is not None else (st["bps"] if st is not None else 0.0)
-            drops = (of["drops"] if of is not None else 0.0) + (st["drops"] if st is not None else 0.0)
+            tx = st["bps"] if st is not None else (of["tx_bps"] if of is not None else 0.0)
+            drops = (of["drops"] if of is not None and of["new"] else 0.0) + (st["drops"] if st is not None else 0.0)
+            if of is not None:
+                of["new"] = 0.0
             out[key] = PortTelemetry(
                 t=now, rate_bps=info.rate_bps, tx_bps=tx,
                 utilisation=tx / info.rate_bps if info.rate_bps > 0 else 0.0,
@@ -249,7 +262,6 @@ class Telemetry:
                 ect_pps=st["ect_pps"] if st is not None else 0.0,
                 drops=int(drops), fan_in=fan_in.get(key[0], 0))
             self.series[key].append(out[key])
-        self._of_rates.clear()
         self._stage_rates.clear()
         if self._last_sample is not None:
             self.intervals.append(now - self._last_sample)

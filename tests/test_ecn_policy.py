@@ -63,6 +63,11 @@ def test_low_utilisation_while_marking_raises_kmin_and_lowers_pmax():
     assert after.pmax < START.pmax
 
 
+def test_marking_at_low_utilisation_under_fan_in_is_not_raised():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.3, queue=0, marked=0.1, fan_in=4), 20)
+    assert set(seen) == {START}
+
+
 @pytest.mark.parametrize("feed", [incast, underused_marking], ids=["incast", "underused-marking"])
 def test_thresholds_stay_within_bounds_and_keep_the_marking_shape(feed):
     policy = DynamicPolicy()

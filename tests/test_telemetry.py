@@ -98,12 +98,22 @@ def test_fan_in_counts_the_ports_of_the_switch_that_receive():
     assert samples[("s0", 1)].fan_in == 0
 
 
-def test_a_reading_is_used_by_one_sample_only():
+def test_an_openflow_reading_stands_until_it_is_stale_and_its_drops_count_once():
     tel = Telemetry(PORTS, interval_s=0.2)
     tel.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=0)])
-    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=25_000)])
-    assert tel.sample(1.2)[("l0", 1)].tx_bps > 0
-    assert tel.sample(1.4)[("l0", 1)].tx_bps == 0
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=25_000, tx_dropped=3)])
+    first, late = tel.sample(1.2)[("l0", 1)], tel.sample(1.4)[("l0", 1)]     # the next reply is late
+    assert first.tx_bps == late.tx_bps == pytest.approx(1e6)
+    assert (first.drops, late.drops) == (3, 0)
+    assert tel.sample(1.2 + telemetry.STALE_INTERVALS * 0.2 + 0.01)[("l0", 1)].tx_bps == 0
+
+
+def test_with_a_stage_throughput_is_the_stages_same_interval_as_its_marks():
+    tel = Telemetry(PORTS, interval_s=0.2)
+    tel.stage_counters(1.0, {("l0", 1): StageCounters(bytes=0)})
+    tel.stage_counters(1.2, {("l0", 1): StageCounters(bytes=100_000)})
+    s = tel.sample(1.2)[("l0", 1)]                  # no OpenFlow reply yet
+    assert s.tx_bps == pytest.approx(4e6) and s.utilisation == pytest.approx(0.4)
 
 
 def test_series_are_ring_buffers_of_bounded_length():
