@@ -41,6 +41,7 @@ from .telemetry import PortInfo, PortKey, StageCounters
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 ACTUATORS = ("auto", "emulated", "file:PATH", "none")
+DROPS_EVERY_S = 1.0
 
 
 class Actuator(Protocol):
@@ -117,6 +118,8 @@ class EmulatedActuator:
 
     def __init__(self, stage: Any, ports: Mapping[PortKey, PortInfo]):
         self.stage = stage
+        self._drops: dict[str, int] = {}
+        self._drops_at: float | None = None
         self.intf: dict[PortKey, str] = {}
         for intf, p in stage.ports.items():
             if (p.switch, p.port) in ports:
@@ -137,14 +140,23 @@ class EmulatedActuator:
                 continue
             self.stage.set_thresholds(kmin=th.kmin, kmax=th.kmax, pmax=th.pmax, ports=intf)
 
-    def counters(self) -> dict[PortKey, StageCounters]:
+    def counters(self, now: float | None = None) -> dict[PortKey, StageCounters]:
+        """The stage's counters per fabric port, with the port buffers' drops (read at most every
+        ``DROPS_EVERY_S``: one netlink dump of every qdisc costs more than the marker's map reads)."""
         raw = self.stage.counters()
+        if now is None or self._drops_at is None or now - self._drops_at >= DROPS_EVERY_S:
+            try:
+                self._drops = self.stage.queue_drops()
+            except (OSError, AttributeError):
+                self._drops = {}
+            self._drops_at = now
         out = {}
         for key, intf in self.intf.items():
             c = raw.get(intf) or {}
             out[key] = StageCounters(bytes=int(c.get("bytes") or 0), packets=int(c.get("packets") or 0),
                                      ect=int(c.get("ect") or 0), ce_marked=int(c.get("ce_marked") or 0),
-                                     queue_bytes=int(c.get("queue_bytes") or 0), drops=int(c.get("drops") or 0))
+                                     queue_bytes=int(c.get("queue_bytes") or 0),
+                                     drops=int(self._drops.get(intf, c.get("drops") or 0)))
         return out
 
     def close(self) -> None:

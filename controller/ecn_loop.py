@@ -99,7 +99,7 @@ class EcnLoop:
             self._find_stage(now)
             self._check_control(now)
             if self.emulated:
-                self.telemetry.stage_counters(now, self.actuator.counters())
+                self.telemetry.stage_counters(now, self.actuator.counters(now))
             samples = self.telemetry.sample(now)
             self.last = samples
             line = telemetry.sample_line(now, samples, self.current, self.telemetry.ports)

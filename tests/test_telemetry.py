@@ -250,6 +250,9 @@ class FakeStage:
     def set_thresholds(self, **kw):
         self.set.append(kw)
 
+    def queue_drops(self):
+        return {"l0-eth1": 7}
+
     def counters(self):
         return {"l0-eth1": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500,
                             "ce_seen": 0, "max_queue_bytes": 3000}}
@@ -261,7 +264,8 @@ def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
     assert act.current() == {("l0", 1): Thresholds(6056, 24224, 0.2)}
     act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
     assert stage.set == [{"kmin": 3000, "kmax": 12000, "pmax": 0.3, "ports": "l0-eth1"}]
-    assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500)
+    assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500,
+                                                      drops=7)     # the port buffer's drops
 
 
 def test_a_bad_actuator_is_one_line():

@@ -31,6 +31,7 @@ Python API (for tests, tools and a controller-side dynamic-ECN feature)::
                                          #  "queue_bytes", "max_queue_bytes"}
     stage.counters()                     # every port
     stage.reset_counters()
+    stage.queue_drops()                  # {intf: packets the port's buffer dropped} (cumulative)
 """
 from __future__ import annotations
 
@@ -365,6 +366,27 @@ class EcnStage:
                         "ce_marked": q.get("marked"), "ce_seen": None, "queue_bytes": q.get("backlog"),
                         "max_queue_bytes": None}
         return {}
+
+    def queue_drops(self) -> dict[str, int]:
+        """Packets each switch port's queue dropped (its root qdisc's count: htb counts its children's),
+        read in one netlink dump (pyroute2). Cumulative; {} when pyroute2 is missing. The marker never
+        drops, the port's buffer behind it does."""
+        try:
+            from pyroute2 import IPRoute
+        except ImportError:
+            return {}
+        by_index = {p.ifindex: p.intf for p in self.ports.values()}
+        out: dict[str, int] = {}
+        with IPRoute() as ipr:
+            for q in ipr.get_qdiscs():
+                intf = by_index.get(q["index"])
+                if intf is None or q["parent"] != 0xFFFFFFFF:      # the root qdisc only
+                    continue
+                stats = q.get_attr("TCA_STATS2")
+                queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
+                if queue is not None:
+                    out[intf] = int(queue["drops"])
+        return out
 
     def reset_counters(self, ports: Iterable[str] | str | None = None) -> None:
         if self.mechanism != "bpf":
