@@ -107,6 +107,7 @@ def test_thresholds_the_controller_applies_live_change_the_marking_rate_on_a_rea
     assert eager_pps and quiet_pps
     assert max(eager_pps) > 100 and max(quiet_pps) == 0
     assert max(r["utilisation"] for t, r in rows if e0 < t <= e1 + 0.4) > 0.5
+    assert sum(r["drops"] for t, r in rows if e0 < t <= e1 + 1.2) > 0      # 16 Mbit/s into 10: the buffer drops
     changes = [ln for ln in lines if ln["kind"] == "change" and ln["switch"] == port["switch"]
                and ln["port"] == port["port"]]
     reasons = [c["reason"] for c in changes if c["reason"].startswith("test:")]
