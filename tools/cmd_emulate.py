@@ -116,6 +116,7 @@ def cmd_emulate(args) -> int:
         for k in kinds:
             failover.Probe(kind=k).check()
     from hpnlab.controller.ecn_policy import policy_class
+    from hpnlab.fabric.experiment import telemetry_of
     policy_class(args.ecn_policy)          # a wrong policy name: one line before anything is built
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
@@ -140,6 +141,9 @@ def cmd_emulate(args) -> int:
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")
+            if emu.telemetry_file is not None:
+                say(f"telemetry every {args.telemetry_interval_ms} ms, ECN policy {args.ecn_policy}: "
+                    f"{emu.telemetry_file} (JSON lines; with --json, summarised into it)")
             if events:
                 records = emu.run_timeline(events, log=say)
             probed = None
@@ -164,7 +168,8 @@ def cmd_emulate(args) -> int:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"metadata": md, "timings": emu.timings, "timeline": records,
-                               "failover": probed}, f, indent=1, default=str)
+                               "failover": probed, "telemetry": telemetry_of(emu, 0.0, float("inf"))},
+                              f, indent=1, default=str)
         say(f"stopped; removed {emu.metadata.get('removed', {})}")
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
