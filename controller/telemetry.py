@@ -18,7 +18,7 @@ intervals old); the ECN stage's part is read synchronously at the tick.
 
 What each field means (per switch egress port, over the last interval):
 
-``tx_bps``          bits/s sent (the stage's bytes where there is a stage, else OpenFlow ``tx_bytes``)
+``tx_bps``          bits/s sent (OpenFlow ``tx_bytes``; the stage's bytes when there is no OpenFlow reading)
 ``utilisation``     ``tx_bps`` / the port's rate (the emulated rate of its fabric link)
 ``rx_bps``          bits/s received on the same port (its peer's egress towards this switch)
 ``queue_bytes``     the stage's queue estimate at the tick (eBPF: its virtual queue; RED: backlog);
@@ -26,7 +26,7 @@ What each field means (per switch egress port, over the last interval):
 ``ce_marked_pps``   packets/s the stage marked CE; ``ce_fraction``: marked / packets through the stage
 ``ect_pps``         ECN-capable packets/s through the stage
 ``drops``           packets dropped in the interval: OpenFlow ``tx_dropped`` plus the stage's (emulation: the port
-                    buffer's drops, ``EcnStage.queue_drops``, read at most once a second)
+                    buffer's drops, ``EcnStage.queue_drops``, read at most every 2 s)
 ``fan_in``          ports of the same switch receiving at least ``FAN_IN_SHARE`` of their rate: an
                     upper bound of the incast degree of any of its egress ports (port statistics say
                     how much enters, not where it goes)
@@ -238,8 +238,9 @@ class Telemetry:
         The stage's rates are read at the tick and used once. OpenFlow replies arrive at their own
         time, so a port's latest OpenFlow rates stand until a newer reply replaces them or they are
         older than ``STALE_INTERVALS`` intervals (a switch that stopped answering shows no traffic);
-        its drops count once. Throughput and utilisation come from the stage where there is one (the
-        same interval as its marks), else from OpenFlow."""
+        its drops count once. Throughput and utilisation come from OpenFlow (what the port sent), else
+        from the stage (what reached the port: under overload more than it can send, since the buffer
+        behind the stage drops the rest)."""
         fan_in: dict[str, int] = {}
         for key, info in self.ports.items():
             rx = (self._of(key, now) or {}).get("rx_bps", 0.0)
@@ -249,7 +250,7 @@ class Telemetry:
         for key, info in self.ports.items():
             of = self._of(key, now)
             st = self._stage_rates.get(key)
-            tx = st["bps"] if st is not None else (of["tx_bps"] if of is not None else 0.0)
+            tx = of["tx_bps"] if of is not None else (st["bps"] if st is not None else 0.0)
             drops = (of["drops"] if of is not None and of["new"] else 0.0) + (st["drops"] if st is not None else 0.0)
             if of is not None:
                 of["new"] = 0.0

@@ -108,12 +108,15 @@ def test_an_openflow_reading_stands_until_it_is_stale_and_its_drops_count_once()
     assert tel.sample(1.2 + telemetry.STALE_INTERVALS * 0.2 + 0.01)[("l0", 1)].tx_bps == 0
 
 
-def test_with_a_stage_throughput_is_the_stages_same_interval_as_its_marks():
+def test_throughput_is_what_openflow_says_was_sent_and_the_stages_only_without_it():
     tel = Telemetry(PORTS, interval_s=0.2)
     tel.stage_counters(1.0, {("l0", 1): StageCounters(bytes=0)})
     tel.stage_counters(1.2, {("l0", 1): StageCounters(bytes=100_000)})
-    s = tel.sample(1.2)[("l0", 1)]                  # no OpenFlow reply yet
-    assert s.tx_bps == pytest.approx(4e6) and s.utilisation == pytest.approx(0.4)
+    assert tel.sample(1.2)[("l0", 1)].tx_bps == pytest.approx(4e6)          # no OpenFlow reply yet
+    tel.stage_counters(1.4, {("l0", 1): StageCounters(bytes=200_000)})       # offered 4 Mbit/s ...
+    tel.port_stats("l0", 1.2, [OfPortStats(1, tx_bytes=0)])
+    tel.port_stats("l0", 1.4, [OfPortStats(1, tx_bytes=50_000)])             # ... sent 2 (the buffer dropped)
+    assert tel.sample(1.4)[("l0", 1)].utilisation == pytest.approx(0.2)
 
 
 def test_series_are_ring_buffers_of_bounded_length():
