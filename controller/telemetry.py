@@ -26,7 +26,7 @@ What each field means (per switch egress port, over the last interval):
 ``ce_marked_pps``   packets/s the stage marked CE; ``ce_fraction``: marked / packets through the stage
 ``ect_pps``         ECN-capable packets/s through the stage
 ``drops``           packets dropped in the interval: OpenFlow ``tx_dropped`` plus the stage's (emulation: the port
-                    buffer's drops, ``EcnStage.queue_drops``, read at most every 2 s)
+                    buffer's drops, ``EcnStage.queue_drops``, read at most once a second)
 ``fan_in``          ports of the same switch receiving at least ``FAN_IN_SHARE`` of their rate: an
                     upper bound of the incast degree of any of its egress ports (port statistics say
                     how much enters, not where it goes)

@@ -94,7 +94,7 @@ def test_thresholds_the_controller_applies_live_change_the_marking_rate_on_a_rea
     eager, e0, e1 = _overload(emu)
     _use(emu, "Quiet", port["intf"], 1 << 30)
     quiet, q0, q1 = _overload(emu)
-    time.sleep(2.3)                       # the controller's last samples of the phase (drops: every 2 s)
+    time.sleep(1.3)                       # the controller's last samples of the phase (drops: every 1 s)
     assert eager["ect"] > 100 and quiet["ect"] > 100   # both phases overloaded the port
     assert eager["ce_marked"] / eager["ect"] > 0.5
     assert quiet["ce_marked"] == 0
@@ -107,7 +107,7 @@ def test_thresholds_the_controller_applies_live_change_the_marking_rate_on_a_rea
     assert eager_pps and quiet_pps
     assert max(eager_pps) > 100 and max(quiet_pps) == 0
     assert max(r["utilisation"] for t, r in rows if e0 < t <= e1 + 0.4) > 0.5
-    assert sum(r["drops"] for t, r in rows if e0 < t <= e1 + 2.2) > 0      # 16 Mbit/s into 10: the buffer drops
+    assert sum(r["drops"] for t, r in rows if e0 < t <= e1 + 1.2) > 0      # 16 Mbit/s into 10: the buffer drops
     changes = [ln for ln in lines if ln["kind"] == "change" and ln["switch"] == port["switch"]
                and ln["port"] == port["port"]]
     reasons = [c["reason"] for c in changes if c["reason"].startswith("test:")]

@@ -56,7 +56,7 @@ class Quiet(EcnPolicy):
 
 def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")     # utime stime cutime cstime
 
 
 def lines(emu) -> list[dict]:
