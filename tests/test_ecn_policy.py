@@ -63,6 +63,17 @@ def test_low_utilisation_while_marking_raises_kmin_and_lowers_pmax():
     assert after.pmax < START.pmax
 
 
+def test_the_interval_after_a_burst_is_no_reason_to_raise_kmin():
+    policy = DynamicPolicy()
+    current = {KEY: START}
+    burst = port(0.0, utilisation=0.5, queue=0, marked=0.3, fan_in=1)
+    after = port(0.2, utilisation=0.0, queue=0, marked=0.0, fan_in=0)        # the average still marks
+    current.update(policy.decide(0.0, {KEY: burst}, current))
+    raised = current[KEY]
+    current.update(policy.decide(1.0, {KEY: after}, current))
+    assert current[KEY] == raised
+
+
 def test_marking_at_low_utilisation_under_fan_in_is_not_raised():
     seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.3, queue=0, marked=0.1, fan_in=4), 20)
     assert set(seen) == {START}
