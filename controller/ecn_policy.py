@@ -35,9 +35,10 @@ marked fraction ``m`` and queue estimate ``q``, and on the interval's drops and 
 1. **incast** — ``f >= incast_fan_in`` and the queue overshoots (``q >= Kmax``, or ``m >= m_high``,
    or packets were dropped): Kmin x ``step_down``, Pmax + ``pmax_step`` (mark earlier and harder:
    DCQCN senders slow down before the burst fills the buffer).
-2. **under-utilised while marking** — ``u < u_low`` and ``m >= m_low``, marks in this very interval
-   (not only in the average: just after a burst the average still marks while the port is idle), on
-   a port whose switch has fan-in below ``incast_fan_in``: Kmin x ``step_up``, Pmax - ``pmax_step`` (marks are cutting the
+2. **under-utilised while marking** — ``u < u_low`` and ``m >= m_low``, marks and at least
+   ``u_idle`` utilisation in this very interval (not the tail of a burst: just after one, the average
+   still marks and a trickle of packets finds the draining queue), on a port whose switch has fan-in
+   below ``incast_fan_in``: Kmin x ``step_up``, Pmax - ``pmax_step`` (marks are cutting the
    senders of a link that has room). Under fan-in, bursty marking at low average utilisation is
    what an incast of short messages looks like, so it is left alone (the dead band).
 3. **idle** — ``u < u_idle`` and nothing marked for ``relax_s``: one step back towards the port's
@@ -189,7 +190,8 @@ class DynamicPolicy(EcnPolicy):
                 direction, kmin, pmax = -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"]
                 why = (f"incast: fan-in {s.fan_in}, queue {st.q:.0f} B (Kmax {cur.kmax}), marked {st.m:.0%}, "
                        f"drops {s.drops}")
-            elif marking and st.u < p["u_low"] and st.m >= p["m_low"] and s.fan_in < p["incast_fan_in"]:
+            elif (marking and s.utilisation >= p["u_idle"] and st.u < p["u_low"] and st.m >= p["m_low"]
+                  and s.fan_in < p["incast_fan_in"]):
                 direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
                 why = f"under-utilised while marking: utilisation {st.u:.0%}, marked {st.m:.0%}"
             elif st.quiet_since is not None and now - st.quiet_since >= p["relax_s"] and st.default is not None:

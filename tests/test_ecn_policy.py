@@ -74,6 +74,11 @@ def test_the_interval_after_a_burst_is_no_reason_to_raise_kmin():
     assert current[KEY] == raised
 
 
+def test_a_trickle_of_marked_packets_is_no_reason_to_raise_kmin():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.01, queue=th.kmin + 100, marked=0.4), 20)
+    assert set(seen) == {START}
+
+
 def test_marking_at_low_utilisation_under_fan_in_is_not_raised():
     seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.3, queue=0, marked=0.1, fan_in=4), 20)
     assert set(seen) == {START}
