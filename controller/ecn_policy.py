@@ -30,7 +30,9 @@ one. It also has no flow-level view: the incast degree is the port's switch's fa
 receiving >= 5% of their rate, see ``controller/telemetry.py``), an upper bound.
 
 Every interval, per port, on an exponentially weighted average (``alpha``) of utilisation ``u``,
-marked fraction ``m`` and queue estimate ``q``, and on the interval's drops and fan-in ``f``:
+marked fraction ``m`` and queue estimate ``q``, on the interval's drops, and on the fan-in ``f``
+(the largest of the last ``FAN_IN_MEMORY`` samples: port statistics arrive up to an interval or two
+after the stage's counters, so a burst shorter than that shows its marks and its fan-in apart):
 
 1. **incast** — ``f >= incast_fan_in`` and the queue overshoots (``q >= Kmax``, or ``m >= m_high``,
    or packets were dropped): Kmin x ``step_down``, Pmax + ``pmax_step`` (mark earlier and harder:
@@ -68,6 +70,7 @@ from hpnlab.fabric.errors import UserError
 from .telemetry import PortKey, PortTelemetry
 
 FRAME_OVERHEAD = 14
+FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class _PortState:
     last_change: float = float("-inf")
     last_direction: int = 0           # -1 lowered, +1 raised, 0 none yet
     reversals: int = 0                # direction changes since the port was last idle
+    fan_ins: list[int] = field(default_factory=list)     # the last FAN_IN_MEMORY samples' fan-in
     quiet_since: float | None = None
     default: Thresholds | None = None
 
@@ -179,19 +183,21 @@ class DynamicPolicy(EcnPolicy):
             st.m += a * (s.ce_fraction - st.m)
             st.q += a * (q - st.q)
             st.samples += 1
+            st.fan_ins = [*st.fan_ins[-(FAN_IN_MEMORY - 1):], s.fan_in]
+            fan_in = max(st.fan_ins)
             marking = s.ce_fraction > 0 or s.ce_marked_pps > 0
             if s.utilisation < p["u_idle"] and not marking:
                 st.quiet_since = now if st.quiet_since is None else st.quiet_since
             else:
                 st.quiet_since = None
 
-            incast = s.fan_in >= p["incast_fan_in"] and (st.q >= cur.kmax or st.m >= p["m_high"] or s.drops > 0)
+            incast = fan_in >= p["incast_fan_in"] and (st.q >= cur.kmax or st.m >= p["m_high"] or s.drops > 0)
             if incast:
                 direction, kmin, pmax = -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"]
-                why = (f"incast: fan-in {s.fan_in}, queue {st.q:.0f} B (Kmax {cur.kmax}), marked {st.m:.0%}, "
+                why = (f"incast: fan-in {fan_in}, queue {st.q:.0f} B (Kmax {cur.kmax}), marked {st.m:.0%}, "
                        f"drops {s.drops}")
             elif (marking and s.utilisation >= p["u_idle"] and st.u < p["u_low"] and st.m >= p["m_low"]
-                  and s.fan_in < p["incast_fan_in"]):
+                  and fan_in < p["incast_fan_in"]):
                 direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
                 why = f"under-utilised while marking: utilisation {st.u:.0%}, marked {st.m:.0%}"
             elif st.quiet_since is not None and now - st.quiet_since >= p["relax_s"] and st.default is not None:

@@ -52,6 +52,15 @@ def test_drops_under_fan_in_count_as_incast():
     assert after.kmin < START.kmin
 
 
+def test_fan_in_seen_an_interval_before_the_marks_still_makes_an_incast():
+    policy = DynamicPolicy()
+    current = {KEY: START}
+    current.update(policy.decide(0.0, {KEY: port(0.0, utilisation=0.4, fan_in=5)}, current))     # senders start
+    burst = port(0.2, utilisation=1.0, queue=START.kmax + 1, marked=0.8, fan_in=0)              # their marks
+    current.update(policy.decide(0.2, {KEY: burst}, current))
+    assert current[KEY].kmin < START.kmin
+
+
 def test_marking_on_a_single_input_at_full_rate_is_no_incast():
     seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.98, queue=th.kmax + 1, marked=0.5, fan_in=1), 20)
     assert set(seen) == {START}
@@ -127,7 +136,7 @@ def test_a_port_changes_at_most_once_per_hold_time():
 
 
 def test_reversing_direction_waits_twice_the_hold_time():
-    policy = DynamicPolicy(hold_s=0.6)
+    policy = DynamicPolicy(hold_s=0.6, m_high=0.5)     # the averaged marks of the incast fade below m_high at once
     current = {KEY: START}
     current.update(policy.decide(0.0, {KEY: incast(0.0, START)}, current))
     lowered = current[KEY]
