@@ -1,5 +1,7 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
-[--policy aggregate|host-routes] [--metrics-port N]``.
+[--policy aggregate|host-routes] [--metrics-port N]
+[--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
+[--ecn-actuator auto|emulated|file:PATH|none]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
 os-ken configuration, monkey-patch with eventlet, load and instantiate the app, and
@@ -28,6 +30,7 @@ import logging
 import socket
 import sys
 import time
+from pathlib import Path
 
 from hpnlab.fabric.errors import UserError
 
@@ -49,6 +52,17 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "next to a failure drops until the controller reroutes (the controller-only baseline)")
     p.add_argument("--metrics-port", type=int, default=0,
                    help="serve Prometheus metrics on LISTEN:N/metrics (0: off)")
+    p.add_argument("--ecn-policy", default="static", metavar="NAME",
+                   help="dynamic-ECN policy: static (default: thresholds never change), dynamic (per-port rules "
+                        "after ACC), or your own as MODULE:CLASS or FILE.py[:CLASS] (see controller/ecn_policy.py)")
+    p.add_argument("--telemetry-interval-ms", type=float, default=200.0, metavar="N",
+                   help="poll port statistics and the ECN stage every N ms (default 200; 0: no telemetry)")
+    p.add_argument("--telemetry-out", metavar="FILE",
+                   help="write telemetry samples and every threshold change (JSON lines) to FILE")
+    p.add_argument("--ecn-actuator", default="auto", metavar="KIND",
+                   help="where thresholds go: emulated (the emulation's ECN stage), file:PATH (a per-port settings "
+                        "file for real switches), none (dry run), auto (default: emulated once a stage exists)")
+    p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -72,6 +86,15 @@ def run(args: argparse.Namespace) -> int:
     # Validate everything the user gave before starting anything (one-line errors).
     scenario = spec.load(args.scenario, spec.parse_overrides(args.set))
     graph.build(scenario)
+    from . import actuators, ecn_policy
+    ecn_policy.load(args.ecn_policy, scenario.emulation.mtu)       # a bad name or file: one line, now
+    actuators.check_spec(args.ecn_actuator)
+    if args.telemetry_interval_ms < 0:
+        raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {args.telemetry_interval_ms:g}")
+    if args.ecn_policy != "static" and args.telemetry_interval_ms == 0:
+        raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
+    if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
+        raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
     _check_port(args.listen, args.ofp_port, "ofp port")
     if args.metrics_port:
         if args.metrics_port == args.ofp_port:
@@ -88,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_FAST_FAILOVER"] = "0" if args.no_fast_failover else "1"
     os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
     os.environ["HPNLAB_METRICS_ADDR"] = args.listen
+    os.environ["HPNLAB_ECN_POLICY"] = args.ecn_policy
+    os.environ["HPNLAB_TELEMETRY_MS"] = f"{args.telemetry_interval_ms:g}"
+    os.environ["HPNLAB_TELEMETRY_OUT"] = str(Path(args.telemetry_out).resolve()) if args.telemetry_out else ""
+    os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
+    os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -120,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
             print("hpnlab controller: OpenFlow port never opened", file=sys.stderr, flush=True)
             return
         metrics = f", metrics http://{args.listen}:{args.metrics_port}/metrics" if args.metrics_port else ""
-        print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, OpenFlow 1.3 on "
+        print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, ECN policy {args.ecn_policy}, "
+              f"OpenFlow 1.3 on "
               f"{args.listen}:{args.ofp_port}{metrics}", flush=True)
 
     services.append(hub.spawn(announce))

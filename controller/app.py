@@ -9,6 +9,12 @@ both launchers work the same way:
     HPNLAB_POLICY        aggregate | host-routes (default aggregate)
     HPNLAB_METRICS_PORT  Prometheus endpoint port (0 or unset: none)
     HPNLAB_METRICS_ADDR  its address (default 127.0.0.1)
+    HPNLAB_ECN_POLICY    static | dynamic | MODULE:CLASS | FILE.py[:CLASS] (default static)
+    HPNLAB_TELEMETRY_MS  port statistics / ECN stage polling interval (default 200; 0: no telemetry)
+    HPNLAB_TELEMETRY_OUT telemetry file (JSON lines; unset: none)
+    HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
+    HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
+    HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -35,7 +41,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, reconcile
+from . import compiler, reconcile, telemetry
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -70,7 +76,13 @@ def _config() -> dict:
             "policy": os.environ.get("HPNLAB_POLICY", "aggregate"),
             "fast_failover": os.environ.get("HPNLAB_FAST_FAILOVER", "1") != "0",
             "metrics_port": int(os.environ.get("HPNLAB_METRICS_PORT") or 0),
-            "metrics_addr": os.environ.get("HPNLAB_METRICS_ADDR", "127.0.0.1")}
+            "metrics_addr": os.environ.get("HPNLAB_METRICS_ADDR", "127.0.0.1"),
+            "ecn_policy": os.environ.get("HPNLAB_ECN_POLICY", "static"),
+            "telemetry_ms": float(os.environ.get("HPNLAB_TELEMETRY_MS") or 200),
+            "telemetry_out": os.environ.get("HPNLAB_TELEMETRY_OUT") or None,
+            "ecn_actuator": os.environ.get("HPNLAB_ECN_ACTUATOR", "auto"),
+            "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
+            "run_id": os.environ.get("HPNLAB_RUN") or None}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -132,7 +144,7 @@ def encode_buckets(ofp, parser, kind: str, buckets: tuple) -> list:
     return out
 
 
-def encode(dp, msg: reconcile.Message) -> list:
+def encode(dp, msg: reconcile.Message | telemetry.PortStatsRequest) -> list:
     """The OpenFlow 1.3 messages for one reconciler message (xids of barriers and stats
     requests are the reconciler's, so that replies can be matched)."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
@@ -161,6 +173,8 @@ def encode(dp, msg: reconcile.Message) -> list:
                                          COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
     elif isinstance(msg, reconcile.GroupDescRequest):
         out = parser.OFPGroupDescStatsRequest(dp, 0)
+    elif isinstance(msg, telemetry.PortStatsRequest):
+        out = parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY)
     else:
         raise TypeError(f"cannot encode {msg!r}")
     out.set_xid(msg.xid)
@@ -239,6 +253,12 @@ def decode_group_desc(dp, body) -> tuple:
     return tuple(out)
 
 
+def decode_port_stats(body) -> list[telemetry.OfPortStats]:
+    """A port statistics reply's entries as telemetry values."""
+    return [telemetry.OfPortStats(st.port_no, st.tx_bytes, st.tx_packets, st.tx_dropped, st.rx_bytes,
+                                  st.rx_packets, st.rx_dropped) for st in body]
+
+
 def fast_failover_supported(ofp, features) -> bool:
     """Does a group features reply (its body) list the fast-failover group type?"""
     return bool(features.types & (1 << ofp.OFPGT_FF))
@@ -266,6 +286,7 @@ class HpnController(BaseApp):
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.metrics = None
+        self.metrics_served = bool(cfg["metrics_port"])
         try:
             from .metrics import Metrics
             self.metrics = Metrics()
@@ -276,6 +297,7 @@ class HpnController(BaseApp):
             if cfg["metrics_port"]:
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
+        self.ecn = self._ecn_loop(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
@@ -283,7 +305,41 @@ class HpnController(BaseApp):
     def start(self):
         thread = super().start()
         self.threads.append(hub.spawn(self._tick_loop))
+        if self.ecn is not None:
+            self.threads.append(hub.spawn(self._telemetry_loop))
         return thread
+
+    def _ecn_loop(self, cfg: dict):
+        """Telemetry and the ECN policy (controller/ecn_loop.py), unless the interval is 0."""
+        if cfg["telemetry_ms"] <= 0:
+            return None
+        from . import ecn_loop, ecn_policy
+        mtu = self.scenario.emulation.mtu
+        tel = telemetry.Telemetry(telemetry.fabric_ports(self.graph), cfg["telemetry_ms"] / 1000)
+        out = open(cfg["telemetry_out"], "w") if cfg["telemetry_out"] else None   # noqa: SIM115 (closed in close())
+        loop = ecn_loop.EcnLoop(tel, ecn_policy.load(cfg["ecn_policy"], mtu), cfg["ecn_actuator"], mtu, out,
+                                cfg["run_id"], control=cfg["ecn_control"])
+        LOG.info("telemetry every %g ms, ECN policy %s, actuator %s%s", cfg["telemetry_ms"], loop.policy.name,
+                 loop.spec, f", written to {cfg['telemetry_out']}" if out else "")
+        return loop
+
+    def _telemetry_loop(self) -> None:
+        assert self.ecn is not None
+        while True:
+            now = time.monotonic()
+            for msg in self.ecn.tick(now, list(self.datapaths)):
+                dp = self.datapaths.get(msg.switch)
+                if dp is not None:
+                    for ofmsg in encode(dp, msg):
+                        dp.send_msg(ofmsg)
+            if self.metrics and self.metrics_served:       # nobody scrapes otherwise
+                self.metrics.update_ports(self.ecn)
+            hub.sleep(max(0.0, self.ecn.telemetry.interval_s - (time.monotonic() - now)))
+
+    def close(self):
+        if self.ecn is not None:
+            self.ecn.close()
+        super().close()
 
     def _tick_loop(self) -> None:
         while True:
@@ -407,6 +463,12 @@ class HpnController(BaseApp):
         if name is not None and not fast_failover_supported(dp.ofproto, ev.msg.body):
             LOG.error("%s does not support fast-failover groups: its local protection cannot be installed "
                       "(the group modifications will fail and be retried)", name)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def on_port_stats(self, ev):
+        name = self._name(ev.msg.datapath)
+        if name is not None and self.ecn is not None:
+            self.ecn.port_stats(name, time.monotonic(), decode_port_stats(ev.msg.body), ev.msg.xid)
 
     @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_group_desc(self, ev):

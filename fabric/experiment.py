@@ -22,6 +22,7 @@ document ``results.json`` holds (``hpnlab.fabric.report`` makes tables and plots
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import socket
@@ -29,6 +30,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import networkx as nx
@@ -436,8 +438,27 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     return summarize_windows(failure_windows(flows, events))
 
 
+def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[str, Any] | None:
+    """The controller's telemetry (``emu.telemetry_file``, JSON lines) between two monotonic times, as the
+    run's ``telemetry`` key (``hpnlab.controller.telemetry.summarise``); None when there is none."""
+    path = getattr(emu, "telemetry_file", None)
+    if path is None or not Path(path).is_file():
+        return None
+    from hpnlab.controller.telemetry import summarise
+    lines = []
+    with open(path) as f:
+        for raw in f:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue            # the line the controller is writing now
+            if line.get("kind") in ("header", "policy") or t0 <= float(line.get("t", t0)) <= t1:
+                lines.append(line)
+    return summarise(lines, max_points)
+
+
 def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None,
-        timeline: list[Any] | None = None) -> dict[str, Any]:
+        timeline: list[Any] | None = None, ecn_policy: str = "static") -> dict[str, Any]:
     """Run every cell of ``plan.matrix()`` on ``where`` (an Emulation, :class:`Loopback` or
     :class:`Hosts`), one after the other; concurrent jobs of a cell run at once.
 
@@ -453,6 +474,12 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     records (``timeline``: applied offsets and wall-clock times, to line up with the
     transports' per-packet timestamps). With more than one cell the timeline must repair
     everything it breaks, so that every cell starts on the same fabric.
+
+    ``ecn_policy`` (emulation with the hpnlab controller): the controller's dynamic-ECN policy
+    during these cells (``Emulation.set_ecn_policy``: every port starts from its start-up
+    thresholds). The document then carries ``telemetry``: per switch egress port its time series
+    and every threshold change (``telemetry_of``), and each result its cell's ``telemetry_t``
+    (start, end) in seconds on the same clock as the series.
     """
     target = _target(where)
     say = say or (lambda _m: None)
@@ -462,6 +489,11 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             raise UserError("a failure timeline needs an emulated fabric (hpnlab run), not "
                             f"{type(target).__name__}")
         check_timeline(timeline, len(cells))
+    emu = target.emu if isinstance(target, _OnEmulation) else None
+    if emu is not None and hasattr(emu, "set_ecn_policy"):
+        emu.set_ecn_policy(ecn_policy)
+    elif ecn_policy != "static":
+        raise UserError(f"ECN policy {ecn_policy!r} needs an emulated fabric with the hpnlab controller")
     t0 = time.monotonic()
     load_before = os.getloadavg()
     results: list[dict] = []
@@ -471,6 +503,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             + (f", {plan.placement}" if isinstance(target, _OnEmulation) else "")
             + f", line rate {first.line_rate_bps / 1e6:g} Mbit/s x {len(first.addrs[0])} port(s) per rank")
         hosts = sorted({h for job in jobs for h in (job.labels or [])})
+        cell_t0 = time.monotonic()
         before = target.counters(hosts) if isinstance(target, _OnEmulation) else None
         runner = None
         if timeline:
@@ -494,6 +527,8 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
                         f"stall max {f['stall_ms_max']:.1f} ms, {f['packets_lost']} packets re-sent, "
                         f"every byte exactly once: {'yes' if f['exactly_once'] else 'NO'}")
         for r, job in zip(out, jobs, strict=False):
+            if emu is not None:
+                r["telemetry_t"] = [round(cell_t0 - t0, 3), round(time.monotonic() - t0, 3)]
             r["hosts"] = list(job.labels) if job.labels else None
             r["placement"] = plan.placement if isinstance(target, _OnEmulation) else None
         if before is not None:
@@ -502,4 +537,10 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     meta = {"plan": plan.as_dict(), "target": target.describe(), "time": time.time(),
             "wall_s": time.monotonic() - t0, "load_average": {"before": load_before, "after": os.getloadavg()},
             "cpus": os.cpu_count()}
-    return {"meta": meta, "results": results}
+    doc: dict[str, Any] = {"meta": meta, "results": results}
+    if emu is not None:
+        meta["ecn_policy"] = ecn_policy
+        tel = telemetry_of(emu, t0, time.monotonic())
+        if tel is not None:
+            doc["telemetry"] = tel
+    return doc

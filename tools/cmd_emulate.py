@@ -34,6 +34,10 @@ def register(sub) -> None:
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="keep the fabric up for S seconds (default: until the timeline ends, or until Ctrl-C)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
+    p.add_argument("--ecn-policy", default="static", metavar="NAME",
+                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
+    p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
+                   help="the controller polls port statistics and the ECN stage every N ms (default 200)")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
@@ -111,12 +115,16 @@ def cmd_emulate(args) -> int:
                                hold_s=args.probe_hold, freeze_controller=args.freeze_controller)
         for k in kinds:
             failover.Probe(kind=k).check()
+    from hpnlab.controller.ecn_policy import policy_class
+    from hpnlab.fabric.experiment import telemetry_of
+    policy_class(args.ecn_policy)          # a wrong policy name: one line before anything is built
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
-                    ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover)
+                    ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
+                    ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
@@ -133,6 +141,9 @@ def cmd_emulate(args) -> int:
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")
+            if emu.telemetry_file is not None:
+                say(f"telemetry every {args.telemetry_interval_ms} ms, ECN policy {args.ecn_policy}: "
+                    f"{emu.telemetry_file} (JSON lines; with --json, summarised into it)")
             if events:
                 records = emu.run_timeline(events, log=say)
             probed = None
@@ -157,7 +168,8 @@ def cmd_emulate(args) -> int:
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"metadata": md, "timings": emu.timings, "timeline": records,
-                               "failover": probed}, f, indent=1, default=str)
+                               "failover": probed, "telemetry": telemetry_of(emu, 0.0, float("inf"))},
+                              f, indent=1, default=str)
         say(f"stopped; removed {emu.metadata.get('removed', {})}")
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)

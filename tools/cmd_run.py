@@ -43,6 +43,10 @@ def register(sub) -> None:
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
+    p.add_argument("--ecn-policy", default="static", metavar="NAME",
+                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
+    p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
+                   help="the controller polls port statistics and the ECN stage every N ms (default 200)")
     p.add_argument("--no-fast-failover", action="store_true",
                    help="no local protection (fast-failover groups keep only their primary bucket): "
                         "the controller-only baseline")
@@ -65,10 +69,12 @@ def register(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric import graph as fgraph
     from hpnlab.fabric.emulation import Emulation, EmulationError
 
     scenario = spec.load(args.scenario, spec.parse_overrides(args.overrides))
+    policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
     plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=args.jobs)
     g = fgraph.build(scenario)
     cells = plan.jobs_on(g)                         # every mistake shows before anything is built
@@ -83,13 +89,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         f"{len(cells)} run(s)")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
-                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd) as emu:
+                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
+                       telemetry_interval_ms=args.telemetry_interval_ms) as emu:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
-            doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events)
+            doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events,
+                                 ecn_policy=args.ecn_policy)
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
                                timings=dict(emu.timings), uname=" ".join(os.uname()))

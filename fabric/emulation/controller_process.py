@@ -2,6 +2,7 @@
 ``ready``, stopped by its pid (never by name)."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -47,6 +48,39 @@ def command(scenario_file: Path, port: int, listen: str, policy: str | None = No
     if policy:
         cmd += ["--policy", policy]
     return cmd + list(extra)
+
+
+def ecn_args(ecn_policy: str = "static", telemetry_interval_ms: float = 200, telemetry_out: Path | None = None,
+             control: Path | None = None) -> list[str]:
+    """The controller flags of telemetry and dynamic ECN (controller/__main__.py)."""
+    out = ["--ecn-policy", ecn_policy, "--telemetry-interval-ms", f"{telemetry_interval_ms:g}"]
+    if telemetry_out is not None:
+        out += ["--telemetry-out", str(telemetry_out)]
+    if control is not None:
+        out += ["--ecn-control", str(control)]
+    return out
+
+
+def request_policy(control: Path, policy: str, timeout_s: float = 5.0) -> None:
+    """Ask a running controller to replace its ECN policy (through ``control``, see controller/ecn_loop.py)
+    and wait for its answer; ControllerError when it refuses or does not answer in time."""
+    ack = control.with_name(control.name + ".ack")
+    seq = time.monotonic_ns()
+    tmp = control.with_name(control.name + ".tmp")
+    tmp.write_text(json.dumps({"policy": policy, "seq": seq}))
+    os.replace(tmp, control)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            answer = json.loads(ack.read_text())
+        except (OSError, ValueError):
+            answer = {}
+        if answer.get("seq") == seq:
+            if answer.get("error"):
+                raise ControllerError(f"the controller refused ECN policy {policy!r}: {answer['error']}")
+            return
+        time.sleep(0.05)
+    raise ControllerError(f"the controller did not take ECN policy {policy!r} within {timeout_s:g} s")
 
 
 class ControllerProcess:

@@ -31,6 +31,7 @@ Python API (for tests, tools and a controller-side dynamic-ECN feature)::
                                          #  "queue_bytes", "max_queue_bytes"}
     stage.counters()                     # every port
     stage.reset_counters()
+    stage.queue_drops()                  # {intf: packets the port's buffer dropped} (cumulative)
 """
 from __future__ import annotations
 
@@ -365,6 +366,17 @@ class EcnStage:
                         "ce_marked": q.get("marked"), "ce_seen": None, "queue_bytes": q.get("backlog"),
                         "max_queue_bytes": None}
         return {}
+
+    def queue_drops(self) -> dict[str, int]:
+        """Packets each switch port's queue dropped (its root qdisc's count: htb counts its children's),
+        from one ``tc -s -j qdisc show`` (cheaper than a pyroute2 dump of every qdisc). Cumulative.
+        The marker never drops; the port's buffer behind it does."""
+        r = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True)
+        out: dict[str, int] = {}
+        for q in json.loads(r.stdout or "[]"):
+            if q.get("root") and q.get("dev") in self.ports:
+                out[q["dev"]] = int(q.get("drops") or 0)
+        return out
 
     def reset_counters(self, ports: Iterable[str] | str | None = None) -> None:
         if self.mechanism != "bpf":

@@ -23,7 +23,14 @@ from .. import kernel, spec
 from ..errors import UserError
 from ..mn import FabricTopo, host_interfaces
 from . import nodes, ovsdb, preflight, reachability, walks
-from .controller_process import DEFAULT_OFP_PORT, ControllerError, ControllerProcess, free_port
+from .controller_process import (
+    DEFAULT_OFP_PORT,
+    ControllerError,
+    ControllerProcess,
+    ecn_args,
+    free_port,
+    request_policy,
+)
 from .faults import Faults
 from .nodes import PLACEMENTS
 from .preflight import CONTROLLERS
@@ -51,7 +58,8 @@ class Emulation:
                  ready_timeout: float = 30.0, inactivity_probe_ms: int | None = None,
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
-                 fast_failover: bool = True, log: Callable[[str], None] | None = _log_default):
+                 fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
+                 log: Callable[[str], None] | None = _log_default):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
@@ -85,6 +93,14 @@ class Emulation:
         self.fast_failover = fast_failover
         if not fast_failover:
             self.controller_args.append("--no-fast-failover")
+        #: the controller's dynamic-ECN policy (controller/ecn_policy.py) and telemetry interval; the
+        #: telemetry (JSON lines) goes to ``telemetry_file`` in the run directory
+        if ecn_policy != "static" and controller != "hpnlab":
+            raise UserError(f"ECN policy {ecn_policy!r} needs the hpnlab controller (it runs the policy)")
+        self.ecn_policy = ecn_policy
+        self.telemetry_interval_ms = telemetry_interval_ms
+        self.telemetry_file: Path | None = None
+        self._ecn_control: Path | None = None
         if bfd_ms < 0 or not 1 <= bfd_mult <= 255:
             raise UserError(f"BFD interval must be >= 0 ms (0: off) and its multiplier 1-255, got {bfd_ms}, {bfd_mult}")
         #: BFD on every switch-to-switch interface (min_rx = min_tx = bfd_ms; 0: off)
@@ -190,9 +206,14 @@ class Emulation:
         if self.requested_port is None and port != DEFAULT_OFP_PORT:
             self.log(f"port {DEFAULT_OFP_PORT} is taken; the controller listens on {port}")
         self.ofp_port = port
+        self.telemetry_file = self._st.run_dir / "telemetry.jsonl"
+        self._ecn_control = self._st.run_dir / "ecn-policy.json"
+        args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
-                                self.controller_args)
+                                args + self.controller_args)
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
+        self.metadata["ecn_policy"] = self.ecn_policy
+        self.metadata["telemetry_interval_ms"] = self.telemetry_interval_ms
         self.metadata["fast_failover"] = self.fast_failover
         self.metadata["controller_log"] = str(ctl.log_file)
         self.controller_proc = ctl.start()
@@ -458,6 +479,20 @@ class Emulation:
     def intf_is_up(self, name: str, host: str | None = None) -> bool:
         """Operational state of an interface (a host's, inside its namespace, when host is given)."""
         return self.faults.is_up(name, host)
+
+    def set_ecn_policy(self, policy: str) -> None:
+        """Replace the controller's dynamic-ECN policy live (every port back to its start-up
+        thresholds first); returns once the controller has taken it."""
+        if policy == self.ecn_policy:
+            return
+        if self.controller != "hpnlab" or self._ecn_control is None:
+            raise UserError(f"ECN policy {policy!r} needs the hpnlab controller")
+        try:
+            request_policy(self._ecn_control, policy)
+        except ControllerError as exc:
+            raise UserError(str(exc)) from None
+        self.ecn_policy = policy
+        self.metadata["ecn_policy"] = policy
 
     def run_timeline(self, timeline: Any, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         from .timeline import run as run_timeline

@@ -1,0 +1,185 @@
+"""The dynamic-ECN control loop: telemetry tick -> policy -> actuator, only differences sent.
+
+No os-ken: ``controller/app.py`` calls :meth:`EcnLoop.tick` every telemetry interval with the
+connected switches (and sends the port statistics requests it returns), and
+:meth:`EcnLoop.port_stats` with each decoded reply. Each tick: read the ECN stage's counters
+(when an emulated stage is there), take one telemetry sample per egress port, ask the policy,
+keep what differs from the thresholds in force (:func:`ecn_policy.changes`), apply that through
+the actuator, log every change with its reason and write the sample and the changes to the
+telemetry file (JSON lines; ``controller/telemetry.py`` reads it back into a run's JSON).
+
+The policy can be replaced while the controller runs (the emulation harness does it between
+the runs of one experiment, ``Emulation.set_ecn_policy``): the harness writes
+``{"policy": NAME, "seq": N}`` to the control file (``--ecn-control``); the next tick loads it,
+puts every port back to its start-up thresholds, and answers in ``<control file>.ack`` with
+``{"seq": N, "policy": NAME, "error": null or one line}``.
+
+The actuator may appear late: the emulation harness starts the controller before the switches
+and their ECN stage exist, so with ``auto`` or ``emulated`` the loop looks for the run's stage
+(at most once a second) until it finds it; until then nothing is applied (``auto`` runs as
+``none``; ``emulated`` waits).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from hpnlab.fabric.errors import UserError
+
+from . import actuators, ecn_policy, telemetry
+from .ecn_policy import EcnPolicy, Thresholds
+from .telemetry import OfPortStats, PortKey, PortStatsRequest, PortTelemetry, Telemetry
+
+LOG = logging.getLogger("hpnlab.controller.ecn")
+STAGE_RETRY_S = 1.0
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its waited-for children (the stage's ``tc`` calls)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class EcnLoop:
+    def __init__(self, tel: Telemetry, policy: EcnPolicy, actuator_spec: str = "auto", mtu: int = 1500,
+                 out: IO[str] | None = None, run_id: str | None = None,
+                 open_stage: Callable[[str | None], Any] = actuators.open_stage, control: str | None = None):
+        self.telemetry = tel
+        self.policy = policy
+        self.spec = actuators.check_spec(actuator_spec)
+        self.mtu = mtu
+        self.out = out
+        self.run_id = run_id
+        self._open_stage = open_stage
+        self._stage_tried: float | None = None
+        self.actuator: Any
+        if self.spec.startswith("file:"):
+            self.actuator = actuators.FileActuator(self.spec[5:], tel.ports, mtu)
+        else:
+            self.actuator = actuators.NullActuator(tel.ports, mtu)
+        self.current: dict[PortKey, Thresholds] = self.actuator.current()
+        self.initial = dict(self.current)              # the start-up thresholds (a policy change restores them)
+        self.control = Path(control) if control else None
+        self._control_seen: float | None = None
+        self.changes: list[dict[str, Any]] = []        # every change (bounded: the last 10,000)
+        self.n_changes = 0                             # every change ever applied
+        self.cpu_s = 0.0                               # CPU seconds spent in ticks and reply decoding
+        self.last: dict[PortKey, PortTelemetry] = {}
+        self._write({"kind": "header", "policy": policy.name, "interval_ms": round(tel.interval_s * 1000, 3),
+                     "actuator": self.spec, "mtu": mtu,
+                     "ports": {telemetry.port_key_str(k): {"peer": p.peer, "rate_mbps": p.rate_bps / 1e6}
+                               for k, p in tel.ports.items()}})
+
+    @property
+    def emulated(self) -> bool:
+        return isinstance(self.actuator, actuators.EmulatedActuator)
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self.out is not None:
+            self.out.write(json.dumps(line, separators=(",", ":")) + "\n")
+
+    def _find_stage(self, now: float) -> None:
+        if self.emulated or self.spec not in ("auto", "emulated"):
+            return
+        if self._stage_tried is not None and now - self._stage_tried < STAGE_RETRY_S:
+            return
+        self._stage_tried = now
+        stage = self._open_stage(self.run_id)
+        if stage is None:
+            return
+        self.actuator = actuators.EmulatedActuator(stage, self.telemetry.ports)
+        self.current = {**self.current, **self.actuator.current()}
+        self.initial = dict(self.current)
+        LOG.info("ECN stage found (%s on %d ports): telemetry reads it, policy %s applies to it",
+                 stage.mechanism, len(self.actuator.intf), self.policy.name)
+
+    def tick(self, now: float, switches: Iterable[str]) -> list[PortStatsRequest]:
+        """One telemetry interval: sample, decide, apply; returns the port statistics requests to send."""
+        c0 = _cpu()
+        try:
+            self._find_stage(now)
+            self._check_control(now)
+            if self.emulated:
+                self.telemetry.stage_counters(now, self.actuator.counters(now))
+            samples = self.telemetry.sample(now)
+            self.last = samples
+            line = telemetry.sample_line(now, samples, self.current, self.telemetry.ports)
+            line["cpu_s"] = round(self.cpu_s, 4)         # the loop's CPU so far (before this tick)
+            self._write(line)
+            if self.spec != "emulated" or self.emulated:
+                decided = self.policy.decide(now, samples, self.current)
+                self.apply(now, ecn_policy.changes(self.current, decided), samples)
+            if self.out is not None:
+                self.out.flush()
+            return self.telemetry.poll(now, switches)
+        finally:
+            self.cpu_s += _cpu() - c0
+
+    def set_policy(self, now: float, policy: EcnPolicy) -> None:
+        """Replace the policy: every port goes back to its start-up thresholds first."""
+        old = self.policy.name
+        self.policy = policy
+        back = {k: Thresholds(t.kmin, t.kmax, t.pmax, reason=f"policy {old} -> {policy.name}: start-up thresholds")
+                for k, t in self.initial.items()}
+        self.apply(now, ecn_policy.changes(self.current, back))
+        self._write({"kind": "policy", "t": round(now, 4), "policy": policy.name, "previous": old})
+        LOG.info("ECN policy %s -> %s", old, policy.name)
+
+    def _check_control(self, now: float) -> None:
+        if self.control is None:
+            return
+        try:
+            mtime = self.control.stat().st_mtime
+        except OSError:
+            return
+        if mtime == self._control_seen:
+            return
+        self._control_seen = mtime
+        error, seq = None, None
+        try:
+            req = json.loads(self.control.read_text())
+            seq = req.get("seq") if isinstance(req, dict) else None
+            self.set_policy(now, ecn_policy.load(str(req["policy"]), self.mtu))
+        except (UserError, OSError, ValueError, KeyError, TypeError) as exc:
+            error = str(exc)
+            LOG.error("ECN policy change refused: %s", error)
+        ack = self.control.with_name(self.control.name + ".ack")
+        tmp = ack.with_name(ack.name + ".tmp")
+        tmp.write_text(json.dumps({"seq": seq, "policy": self.policy.name, "error": error}))
+        os.replace(tmp, ack)
+
+    def apply(self, now: float, changes: dict[PortKey, Thresholds],
+              samples: dict[PortKey, PortTelemetry] | None = None) -> None:
+        if not changes:
+            return
+        self.actuator.apply(changes)
+        for key, new in changes.items():
+            old = self.current.get(key)
+            info = self.telemetry.ports.get(key)
+            line = {"kind": "change", "t": round(now, 4), "switch": key[0], "port": key[1],
+                    "peer": info.peer if info else "", "old": old.as_dict() if old else None,
+                    "new": new.as_dict(), "reason": new.reason, "policy": self.policy.name,
+                    "actuator": self.actuator.name}
+            LOG.info("ECN %s port %d (to %s): Kmin %s -> %d B, Kmax %s -> %d B, Pmax %s -> %.2f: %s",
+                     key[0], key[1], line["peer"], old.kmin if old else "?", new.kmin, old.kmax if old else "?",
+                     new.kmax, f"{old.pmax:.2f}" if old else "?", new.pmax, new.reason)
+            self._write(line)
+            self.changes.append(line)
+            self.n_changes += 1
+            self.current[key] = new
+        del self.changes[:-10000]
+
+    def port_stats(self, switch: str, now: float, stats: Iterable[OfPortStats], xid: int | None = None) -> None:
+        c0 = _cpu()
+        self.telemetry.port_stats(switch, now, stats, xid)
+        self.cpu_s += _cpu() - c0
+
+    def close(self) -> None:
+        if self.emulated:
+            self.actuator.close()
+        if self.out is not None:
+            self.out.flush()

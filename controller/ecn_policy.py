@@ -1,0 +1,285 @@
+"""Dynamic-ECN policies, pure: per-port telemetry and the thresholds in force in, new thresholds out.
+
+The interface (write a new policy in one file against it, name it on the command line)::
+
+    class MyPolicy(EcnPolicy):
+        name = "mine"
+        def decide(self, now, ports, current):
+            # now: seconds (monotonic); ports: {(switch, port): PortTelemetry} of the last interval;
+            # current: {(switch, port): Thresholds} in force. Return the ports to change (any subset);
+            # a Thresholds' ``reason`` is logged and written to the telemetry file.
+            return {key: Thresholds(kmin, kmax, pmax, reason="why") for key in ...}
+
+    python -m hpnlab.controller mini-hpn --ecn-policy my_policies.py:MyPolicy    # or a module:Class
+
+The controller calls ``decide`` once per telemetry interval; :func:`changes` keeps only real
+differences, and the actuator (``controller/actuators.py``) applies them. Policies built in:
+``static`` (never changes anything: the baseline, today's fixed thresholds) and ``dynamic``.
+
+The ``dynamic`` policy (:class:`DynamicPolicy`)
+-----------------------------------------------
+Follows the *idea* of Alibaba's ACC (Yan et al., "ACC: Automatic ECN Tuning for High-Speed
+Datacenter Networks", SIGCOMM 2021): per switch egress port, from the port's own telemetry
+(output rate, queue, marking rate) and with the RED/DCQCN marking shape kept, choose (Kmin, Kmax,
+Pmax) so that queues stay short where short flows meet (incast) and throughput stays full where
+long flows run. It differs from ACC plainly: ACC learns the setting with deep reinforcement
+learning (a DDQN agent per switch trained offline and online on a throughput/latency reward);
+this policy is a small set of documented rules with bounds and damping, because an emulated
+fabric of a few switches gives too few samples to train an agent and rules can be tested one by
+one. It also has no flow-level view: the incast degree is the port's switch's fan-in (ports
+receiving >= 5% of their rate, see ``controller/telemetry.py``), an upper bound.
+
+Every interval, per port, on an exponentially weighted average (``alpha``) of utilisation ``u``,
+marked fraction ``m`` and queue estimate ``q``, on the interval's drops, and on the fan-in ``f``
+(the largest of the last ``FAN_IN_MEMORY`` samples: port statistics arrive up to an interval or two
+after the stage's counters, so a burst shorter than that shows its marks and its fan-in apart):
+
+1. **incast** — ``f >= incast_fan_in`` and the queue overshoots (``q >= Kmax``, or ``m >= m_high``,
+   or packets were dropped): Kmin x ``step_down``, Pmax + ``pmax_step`` (mark earlier and harder:
+   DCQCN senders slow down before the burst fills the buffer).
+2. **under-utilised while marking** — ``u < u_low`` and ``m >= m_low``, marks and at least
+   ``u_idle`` utilisation in this very interval (not the tail of a burst: just after one, the average
+   still marks and a trickle of packets finds the draining queue), on a port whose switch has fan-in
+   below ``incast_fan_in``: Kmin x ``step_up``, Pmax - ``pmax_step`` (marks are cutting the
+   senders of a link that has room). Under fan-in, bursty marking at low average utilisation is
+   what an incast of short messages looks like, so it is left alone (the dead band).
+3. **idle** — ``u < u_idle`` and nothing marked for ``relax_s``: one step back towards the port's
+   default (start-up) thresholds, so a setting made for past traffic does not stay forever.
+4. otherwise keep the thresholds (the dead band between ``u_low``/``m_low`` and ``m_high``).
+
+Bounds: Kmin within [max(2 frames, ``kmin_min_ms`` at the port rate), max(16 frames,
+``kmin_max_ms`` at the rate)], Kmax = ``kmax_ratio`` x Kmin (DCQCN's shape, as the start-up
+thresholds), Pmax within [``pmax_min``, ``pmax_max``]. Damping: inputs are averaged; a port
+changes at most once per ``hold_s``; a change in the opposite direction to the port's last one
+waits ``2 x hold_s``, and every earlier reversal of that port doubles the wait (up to ``16 x hold_s``,
+until the port goes idle): input that keeps pushing both ways is followed ever more slowly; steps are
+multiplicative and bounded, so steady input settles at a bound or in the dead band and stays there.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hpnlab.fabric.errors import UserError
+
+from .telemetry import PortKey, PortTelemetry
+
+FRAME_OVERHEAD = 14
+FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """RED/DCQCN marking thresholds of one port: Kmin and Kmax in bytes, Pmax in 0..1.
+    ``reason`` (why a policy chose them) is not part of the value."""
+    kmin: int
+    kmax: int
+    pmax: float
+    reason: str = field(default="", compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kmin": self.kmin, "kmax": self.kmax, "pmax": round(self.pmax, 4)}
+
+
+def default_thresholds(rate_bps: float, mtu: int = 1500) -> Thresholds:
+    """The start-up thresholds of a port (the same rule as the emulated ECN stage's
+    ``hpnlab.fabric.emulation.ecn.default_thresholds``: Kmin = max(4 frames, 2 ms), Kmax = 4 Kmin, Pmax 0.2)."""
+    frame = mtu + FRAME_OVERHEAD
+    kmin = int(max(4 * frame, rate_bps / 8 * 0.002))
+    return Thresholds(kmin, 4 * kmin, 0.2)
+
+
+def changes(current: Mapping[PortKey, Thresholds], decided: Mapping[PortKey, Thresholds]
+            ) -> dict[PortKey, Thresholds]:
+    """What a policy decided that differs from what is in force (ports it did not name keep theirs)."""
+    return {k: t for k, t in decided.items() if current.get(k) != t}
+
+
+class EcnPolicy:
+    """A dynamic-ECN policy (see the module docstring). ``mtu``: the fabric's, for frame-based bounds."""
+
+    name = "base"
+
+    def __init__(self, mtu: int = 1500, **options: Any) -> None:
+        self.mtu = mtu
+        if options:
+            raise UserError(f"ECN policy {self.name!r} takes no option(s) {', '.join(sorted(options))}")
+
+    def decide(self, now: float, ports: Mapping[PortKey, PortTelemetry],
+               current: Mapping[PortKey, Thresholds]) -> dict[PortKey, Thresholds]:
+        return {}
+
+
+class StaticPolicy(EcnPolicy):
+    """The baseline: the thresholds set at start-up never change."""
+
+    name = "static"
+
+
+@dataclass
+class _PortState:
+    u: float = 0.0
+    m: float = 0.0
+    q: float = 0.0
+    samples: int = 0
+    last_change: float = float("-inf")
+    last_direction: int = 0           # -1 lowered, +1 raised, 0 none yet
+    reversals: int = 0                # direction changes since the port was last idle
+    fan_ins: list[int] = field(default_factory=list)     # the last FAN_IN_MEMORY samples' fan-in
+    quiet_since: float | None = None
+    default: Thresholds | None = None
+
+
+class DynamicPolicy(EcnPolicy):
+    """Rule-based per-port ECN tuning after ACC (see the module docstring for the rules and bounds)."""
+
+    name = "dynamic"
+    PARAMS: ClassVar[dict[str, float]] = {
+        "alpha": 0.5, "incast_fan_in": 2, "m_high": 0.2, "m_low": 0.01, "u_low": 0.7, "u_idle": 0.05,
+        "step_down": 0.7, "step_up": 1.3, "pmax_step": 0.1, "pmax_min": 0.05, "pmax_max": 0.5,
+        "kmin_min_ms": 0.5, "kmin_max_ms": 8.0, "kmax_ratio": 4.0, "hold_s": 0.6, "relax_s": 2.0,
+    }
+
+    def __init__(self, mtu: int = 1500, **options: Any) -> None:
+        unknown = set(options) - set(self.PARAMS)
+        if unknown:
+            raise UserError(f"ECN policy 'dynamic' has no option(s) {', '.join(sorted(unknown))} "
+                            f"(it has {', '.join(self.PARAMS)})")
+        super().__init__(mtu)
+        self.p = {**self.PARAMS, **{k: float(v) for k, v in options.items()}}
+        self.state: dict[PortKey, _PortState] = {}
+
+    # ---- bounds --------------------------------------------------------------------------
+    def kmin_bounds(self, rate_bps: float) -> tuple[int, int]:
+        frame = self.mtu + FRAME_OVERHEAD
+        per_ms = rate_bps / 8 / 1000
+        return (int(max(2 * frame, self.p["kmin_min_ms"] * per_ms)),
+                int(max(16 * frame, self.p["kmin_max_ms"] * per_ms)))
+
+    def bounded(self, rate_bps: float, kmin: float, pmax: float, reason: str) -> Thresholds:
+        lo, hi = self.kmin_bounds(rate_bps)
+        k = int(min(max(kmin, lo), hi))
+        return Thresholds(k, int(k * self.p["kmax_ratio"]),
+                          round(min(max(pmax, self.p["pmax_min"]), self.p["pmax_max"]), 4), reason)
+
+    # ---- the rules ------------------------------------------------------------------------
+    def decide(self, now: float, ports: Mapping[PortKey, PortTelemetry],
+               current: Mapping[PortKey, Thresholds]) -> dict[PortKey, Thresholds]:
+        p = self.p
+        out: dict[PortKey, Thresholds] = {}
+        for key, s in ports.items():
+            cur = current.get(key)
+            if cur is None:
+                continue
+            st = self.state.setdefault(key, _PortState(default=cur))
+            a = 1.0 if st.samples == 0 else p["alpha"]
+            q = float(s.queue_bytes or 0)
+            st.u += a * (s.utilisation - st.u)
+            st.m += a * (s.ce_fraction - st.m)
+            st.q += a * (q - st.q)
+            st.samples += 1
+            st.fan_ins = [*st.fan_ins[-(FAN_IN_MEMORY - 1):], s.fan_in]
+            fan_in = max(st.fan_ins)
+            marking = s.ce_fraction > 0 or s.ce_marked_pps > 0
+            if s.utilisation < p["u_idle"] and not marking:
+                st.quiet_since = now if st.quiet_since is None else st.quiet_since
+            else:
+                st.quiet_since = None
+
+            incast = fan_in >= p["incast_fan_in"] and (st.q >= cur.kmax or st.m >= p["m_high"] or s.drops > 0)
+            if incast:
+                direction, kmin, pmax = -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"]
+                why = (f"incast: fan-in {fan_in}, queue {st.q:.0f} B (Kmax {cur.kmax}), marked {st.m:.0%}, "
+                       f"drops {s.drops}")
+            elif (marking and s.utilisation >= p["u_idle"] and st.u < p["u_low"] and st.m >= p["m_low"]
+                  and fan_in < p["incast_fan_in"]):
+                direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
+                why = f"under-utilised while marking: utilisation {st.u:.0%}, marked {st.m:.0%}"
+            elif st.quiet_since is not None and now - st.quiet_since >= p["relax_s"] and st.default is not None:
+                d = st.default
+                if cur == d:
+                    continue
+                direction = 0
+                kmin = cur.kmin * p["step_up"] if cur.kmin < d.kmin else cur.kmin * p["step_down"]
+                kmin = min(kmin, d.kmin) if cur.kmin < d.kmin else max(kmin, d.kmin)
+                pmax = min(cur.pmax + p["pmax_step"], d.pmax) if cur.pmax < d.pmax else \
+                    max(cur.pmax - p["pmax_step"], d.pmax)
+                why = f"idle for {now - st.quiet_since:.1f} s: back towards the default"
+            else:
+                continue
+            reverses = bool(direction and st.last_direction and direction != st.last_direction)
+            # back-off: a reversal waits 2x the hold time, and each earlier reversal doubles that (up to 16x)
+            hold = p["hold_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
+            if now - st.last_change < hold:
+                continue
+            new = self.bounded(s.rate_bps, kmin, pmax, why)
+            if direction == 0 and st.default is not None:      # relaxing: never past the default
+                new = Thresholds(new.kmin, new.kmax if new.kmin != st.default.kmin else st.default.kmax,
+                                 new.pmax, why)
+            if new == cur:
+                continue          # at a bound already
+            out[key] = new
+            st.last_change = now
+            if reverses:
+                st.reversals += 1
+            if direction:
+                st.last_direction = direction
+            else:
+                st.reversals = 0          # relaxing after idleness: the port starts afresh
+        return out
+
+
+BUILT_IN: dict[str, type[EcnPolicy]] = {"static": StaticPolicy, "dynamic": DynamicPolicy}
+
+
+def _from_module(module: Any, attr: str | None, where: str) -> type[EcnPolicy]:
+    if attr:
+        cls = getattr(module, attr, None)
+        if cls is None:
+            raise UserError(f"{where} has no {attr!r}")
+    else:
+        found = [c for _, c in inspect.getmembers(module, inspect.isclass)
+                 if issubclass(c, EcnPolicy) and c.__module__ == module.__name__]
+        if len(found) != 1:
+            raise UserError(f"{where} defines {len(found)} EcnPolicy classes: name one as FILE:CLASS")
+        cls = found[0]
+    if not (inspect.isclass(cls) and issubclass(cls, EcnPolicy)):
+        raise UserError(f"{where}:{attr} is not an EcnPolicy subclass (hpnlab.controller.ecn_policy.EcnPolicy)")
+    return cls
+
+
+def policy_class(spec: str) -> type[EcnPolicy]:
+    """``static``, ``dynamic``, ``package.module:Class``, ``path/to/file.py`` or ``path/to/file.py:Class``."""
+    if spec in BUILT_IN:
+        return BUILT_IN[spec]
+    target, _, attr = spec.partition(":") if not spec.endswith(".py") else (spec, "", "")
+    if target.endswith(".py") or "/" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise UserError(f"ECN policy file {path} does not exist (built-in policies: {', '.join(BUILT_IN)})")
+        mod_spec = importlib.util.spec_from_file_location(f"hpnlab_ecn_policy_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise UserError(f"cannot load ECN policy file {path}")
+        module = importlib.util.module_from_spec(mod_spec)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise UserError(f"ECN policy file {path} failed to load: {type(exc).__name__}: {exc}") from None
+        return _from_module(module, attr or None, str(path))
+    if not attr:
+        raise UserError(f"unknown ECN policy {spec!r}: one of {', '.join(BUILT_IN)}, MODULE:CLASS or a .py file")
+    try:
+        module = importlib.import_module(target)
+    except ImportError as exc:
+        raise UserError(f"cannot import ECN policy module {target!r}: {exc}") from None
+    return _from_module(module, attr, target)
+
+
+def load(spec: str, mtu: int = 1500, **options: Any) -> EcnPolicy:
+    """An instance of the policy ``spec`` names (see :func:`policy_class`)."""
+    return policy_class(spec)(mtu=mtu, **options)

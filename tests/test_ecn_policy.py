@@ -1,0 +1,250 @@
+"""ECN policies (controller/ecn_policy.py) on synthetic telemetry: direction, bounds, damping, settling."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from hpnlab.controller import ecn_policy
+from hpnlab.controller.ecn_policy import DynamicPolicy, StaticPolicy, Thresholds
+from hpnlab.controller.telemetry import PortTelemetry
+from hpnlab.fabric.errors import UserError
+
+RATE = 10e6
+KEY = ("p0l0", 1)
+START = ecn_policy.default_thresholds(RATE)
+DT = 0.2
+
+
+def port(t: float, utilisation: float = 0.0, queue: int = 0, marked: float = 0.0, drops: int = 0,
+         fan_in: int = 1) -> PortTelemetry:
+    return PortTelemetry(t=t, rate_bps=RATE, tx_bps=utilisation * RATE, utilisation=utilisation, queue_bytes=queue,
+                         ce_marked_pps=marked * 800, ce_fraction=marked, drops=drops, fan_in=fan_in)
+
+
+def run(policy, telemetry, steps: int, start: Thresholds = START) -> list[Thresholds]:
+    """Feed ``telemetry(t, thresholds)`` for ``steps`` intervals; the thresholds after each."""
+    current = {KEY: start}
+    seen = []
+    for i in range(steps):
+        t = i * DT
+        current.update(ecn_policy.changes(current, policy.decide(t, {KEY: telemetry(t, current[KEY])}, current)))
+        seen.append(current[KEY])
+    return seen
+
+
+def incast(t, th):
+    return port(t, utilisation=0.6, queue=th.kmax + 3000, marked=0.4, fan_in=6)
+
+
+def underused_marking(t, th):
+    return port(t, utilisation=0.4, queue=th.kmin + 500, marked=0.05, fan_in=1)
+
+
+def test_incast_lowers_kmin_and_raises_pmax():
+    after = run(DynamicPolicy(), incast, 3)[-1]
+    assert after.kmin < START.kmin
+    assert after.pmax > START.pmax
+
+
+def test_drops_under_fan_in_count_as_incast():
+    after = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.9, queue=0, drops=4, fan_in=3), 3)[-1]
+    assert after.kmin < START.kmin
+
+
+def test_fan_in_seen_an_interval_before_the_marks_still_makes_an_incast():
+    policy = DynamicPolicy()
+    current = {KEY: START}
+    current.update(policy.decide(0.0, {KEY: port(0.0, utilisation=0.4, fan_in=5)}, current))     # senders start
+    burst = port(0.2, utilisation=1.0, queue=START.kmax + 1, marked=0.8, fan_in=0)              # their marks
+    current.update(policy.decide(0.2, {KEY: burst}, current))
+    assert current[KEY].kmin < START.kmin
+
+
+def test_marking_on_a_single_input_at_full_rate_is_no_incast():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.98, queue=th.kmax + 1, marked=0.5, fan_in=1), 20)
+    assert set(seen) == {START}
+
+
+def test_low_utilisation_while_marking_raises_kmin_and_lowers_pmax():
+    after = run(DynamicPolicy(), underused_marking, 3)[-1]
+    assert after.kmin > START.kmin
+    assert after.pmax < START.pmax
+
+
+def test_the_interval_after_a_burst_is_no_reason_to_raise_kmin():
+    policy = DynamicPolicy()
+    current = {KEY: START}
+    burst = port(0.0, utilisation=0.5, queue=0, marked=0.3, fan_in=1)
+    after = port(0.2, utilisation=0.0, queue=0, marked=0.0, fan_in=0)        # the average still marks
+    current.update(policy.decide(0.0, {KEY: burst}, current))
+    raised = current[KEY]
+    current.update(policy.decide(1.0, {KEY: after}, current))
+    assert current[KEY] == raised
+
+
+def test_a_trickle_of_marked_packets_is_no_reason_to_raise_kmin():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.01, queue=th.kmin + 100, marked=0.4), 20)
+    assert set(seen) == {START}
+
+
+def test_marking_at_low_utilisation_under_fan_in_is_not_raised():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.3, queue=0, marked=0.1, fan_in=4), 20)
+    assert set(seen) == {START}
+
+
+@pytest.mark.parametrize("feed", [incast, underused_marking], ids=["incast", "underused-marking"])
+def test_thresholds_stay_within_bounds_and_keep_the_marking_shape(feed):
+    policy = DynamicPolicy()
+    lo, hi = policy.kmin_bounds(RATE)
+    for th in run(policy, feed, 200):
+        assert lo <= th.kmin <= hi
+        assert th.kmax == int(th.kmin * policy.p["kmax_ratio"])
+        assert policy.p["pmax_min"] <= th.pmax <= policy.p["pmax_max"]
+    assert th.kmin in (lo, hi)        # a steady push ends at the bound, not past it
+
+
+@pytest.mark.parametrize("feed", [incast, underused_marking], ids=["incast", "underused-marking"])
+def test_a_steady_push_settles_at_its_bound_and_moves_one_way_only(feed):
+    seen = [th.kmin for th in run(DynamicPolicy(), feed, 200)]
+    steps = [b - a for a, b in itertools.pairwise(seen) if b != a]
+    assert steps and (all(s < 0 for s in steps) or all(s > 0 for s in steps))
+    assert len(set(seen[-100:])) == 1
+
+
+def test_a_closed_loop_settles_where_marking_stops_without_oscillating():
+    """A port whose queue stands at 9 kB, under-used: marks stop once Kmin passes the queue."""
+    def plant(t, th):
+        return port(t, utilisation=0.5, queue=9000, marked=0.1 if th.kmin < 9000 else 0.0)
+    seen = [th.kmin for th in run(DynamicPolicy(), plant, 100)]
+    assert seen[-1] >= 9000
+    assert len(set(seen[-60:])) == 1
+    assert seen == sorted(seen)
+
+
+def test_input_in_the_dead_band_changes_nothing():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.85, queue=th.kmin, marked=0.05, fan_in=1), 50)
+    assert set(seen) == {START}
+
+
+def test_a_port_changes_at_most_once_per_hold_time():
+    policy = DynamicPolicy(hold_s=1.0)
+    seen = run(policy, incast, 26)            # 5 s
+    times = [i * DT for i, (a, b) in enumerate(zip([START, *seen], seen, strict=False)) if a != b]
+    assert times[:3] == pytest.approx([0.0, 1.0, 2.0])
+    assert all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(times))
+
+
+def test_reversing_direction_waits_twice_the_hold_time():
+    policy = DynamicPolicy(hold_s=0.6, m_high=0.5)     # the averaged marks of the incast fade below m_high at once
+    current = {KEY: START}
+    current.update(policy.decide(0.0, {KEY: incast(0.0, START)}, current))
+    lowered = current[KEY]
+    assert lowered.kmin < START.kmin
+    for t in (0.8, 1.0):                          # past one hold time, within two
+        assert policy.decide(t, {KEY: underused_marking(t, lowered)}, current) == {}
+    assert policy.decide(1.4, {KEY: underused_marking(1.4, lowered)}, current)[KEY].kmin > lowered.kmin
+
+
+def test_input_that_keeps_pushing_both_ways_is_followed_ever_more_slowly():
+    hold = 0.6
+    policy = DynamicPolicy(hold_s=hold)
+
+    def flipping(t, th):        # incast and under-used marking take turns every second
+        return incast(t, th) if int(t) % 2 == 0 else underused_marking(t, th)
+    seen = run(policy, flipping, 300)                     # 60 s
+    moves = [(i * DT, 1 if b.kmin > a.kmin else -1) for i, (a, b) in enumerate(itertools.pairwise([START, *seen]))
+             if a.kmin != b.kmin]
+    # the wait before each reversal of direction
+    waits = [t1 - t0 for (t0, d0), (t1, d1) in itertools.pairwise(moves) if d0 != d1]
+    assert len(waits) >= 3
+    assert waits == sorted(waits)
+    assert waits[0] >= 2 * hold - 1e-9 and waits[-1] >= 16 * hold - 1e-9
+
+
+def test_an_idle_port_returns_to_its_start_up_thresholds_and_stays():
+    policy = DynamicPolicy(relax_s=1.0)
+    lowered = run(policy, incast, 30)[-1]
+    assert lowered.kmin < START.kmin
+    current = {KEY: lowered}
+    seen = []
+    for i in range(30, 150):
+        t = i * DT
+        current.update(policy.decide(t, {KEY: port(t)}, current))
+        seen.append(current[KEY])
+    assert seen[-1] == START
+    assert len(set(seen[-40:])) == 1
+
+
+def test_ports_are_tuned_independently():
+    policy = DynamicPolicy()
+    other = ("p0l1", 2)
+    current = {KEY: START, other: START}
+    for i in range(5):
+        t = i * DT
+        ports = {KEY: incast(t, current[KEY]), other: port(t, utilisation=0.9, fan_in=1)}
+        current.update(policy.decide(t, ports, current))
+    assert current[KEY].kmin < START.kmin and current[other] == START
+
+
+def test_static_never_changes_anything():
+    feeds = [incast, underused_marking, lambda t, th: port(t)]
+    for feed in feeds:
+        assert set(run(StaticPolicy(), feed, 50)) == {START}
+
+
+def test_changes_keeps_only_differences():
+    a, b = Thresholds(1, 4, 0.2), Thresholds(2, 8, 0.2)
+    assert ecn_policy.changes({KEY: a}, {KEY: Thresholds(1, 4, 0.2, reason="same")}) == {}
+    assert ecn_policy.changes({KEY: a}, {KEY: b}) == {KEY: b}
+
+
+def test_default_thresholds_match_the_emulated_stage():
+    from hpnlab.fabric.emulation.ecn import default_thresholds
+    for rate_mbps in (10, 20, 40, 100):
+        th = ecn_policy.default_thresholds(rate_mbps * 1e6, 1500)
+        assert (th.kmin, th.kmax, th.pmax) == default_thresholds(rate_mbps, 1500)
+
+
+# ---- naming a policy ----------------------------------------------------------------------------------------
+
+def test_a_policy_in_a_file_is_loaded_by_path(tmp_path):
+    f = tmp_path / "mine.py"
+    f.write_text("from hpnlab.controller.ecn_policy import EcnPolicy\n"
+                 "class Mine(EcnPolicy):\n    name = 'mine'\n")
+    assert ecn_policy.load(str(f)).name == "mine"
+    assert ecn_policy.load(f"{f}:Mine").name == "mine"
+
+
+def test_a_policy_is_loaded_as_module_colon_class():
+    assert isinstance(ecn_policy.load("hpnlab.controller.ecn_policy:DynamicPolicy"), DynamicPolicy)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("nonesuch", "unknown ECN policy"),
+    ("/no/such/file.py", "does not exist"),
+    ("hpnlab.controller.ecn_policy:Thresholds", "not an EcnPolicy"),
+    ("no_such_module_x:Policy", "cannot import"),
+])
+def test_a_bad_policy_name_is_one_line(name, message):
+    with pytest.raises(UserError, match=message):
+        ecn_policy.load(name)
+
+
+def test_an_unknown_option_of_the_dynamic_policy_is_one_line():
+    with pytest.raises(UserError, match="no option"):
+        DynamicPolicy(speed=3)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ecn-policy", "nonesuch"], "unknown ECN policy"),
+    (["--ecn-actuator", "sonic"], "--ecn-actuator"),
+    (["--ecn-policy", "dynamic", "--telemetry-interval-ms", "0"], "needs telemetry"),
+    (["--telemetry-interval-ms", "-5"], ">= 0"),
+    (["--telemetry-out", "/no/such/dir/tel.jsonl"], "does not exist"),
+])
+def test_the_controller_refuses_bad_ecn_flags_in_one_line(argv, needle, capsys):
+    from hpnlab.controller.__main__ import main
+    assert main(["mini-hpn", "--ofp-port", "6699", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
