@@ -24,7 +24,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,7 +70,7 @@ def aggregate(rank_results: list[dict], collective: str) -> list[dict]:
     return rows
 
 
-def message_completions(per_rank: dict[int, dict | None]) -> list[float]:
+def message_completions(per_rank: Mapping[int, Any]) -> list[float]:
     """Per-message completion times (s): from the sender's send start to the receiver having
     the message's last byte, for every timed iteration and message. ``per_rank``: rank ->
     {"sent_at": [per iteration: wall time its sends started, or None],

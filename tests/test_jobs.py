@@ -82,7 +82,7 @@ def test_mixed_jobs_sit_on_disjoint_hosts_with_their_own_shapes(mini: nx.MultiGr
     ar, inc = jobs
     assert (ar.collective, ar.nranks, ar.sizes) == ("all_reduce", 4, [4 << 20])
     assert (inc.collective, inc.nranks, inc.sizes, inc.iters, inc.gap_s) == ("incast", 5, [5 * 16 << 10], 20, 0.02)
-    assert not set(ar.labels) & set(inc.labels)
+    assert not set(ar.labels or []) & set(inc.labels or [])
     assert inc.base_port != ar.base_port
 
 
