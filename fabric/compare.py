@@ -149,6 +149,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
             continue
         figures: dict[str, Any] = {m: spread([d.get(m) for d in done]) for m in METRICS}
         figures["runs"] = len(done)
+        figures["failed"] = [r["unavailable"] for r in recs if "unavailable" in r]
         figures["wrong"] = sum(d.get("wrong") or 0 for d in done)
         out.setdefault(w, {})[s] = figures
     return out
@@ -206,6 +207,8 @@ def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[
                          f"{_fmt(f['wall_s'], 1.0, 1):>16}")
             if f.get("wrong"):
                 lines.append(f"{'':<9} {'':>4} WRONG ELEMENTS: {f['wrong']}")
+            for why in f.get("failed", []):
+                lines.append(f"{'':<9} {'':>4} one repetition {why}")
         lines.append("")
     rat = ratios(agg)
     head = f"{'workload':<10} {'setting':<9} " + " ".join(f"{m:>10}" for m in RATIO_METRICS) + "   best static"
@@ -368,6 +371,11 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
             if s != DYNAMIC:
                 raise
             rec["unavailable"] = f"{NOT_MERGED}: {exc}"
+            records.append(rec)
+            continue
+        except UserError as exc:       # one run failed (a rank died...): say so, keep the others
+            rec["unavailable"] = f"failed: {exc}"
+            say(f"  failed: {exc}")
             records.append(rec)
             continue
         rec["summary"] = summarize(doc)

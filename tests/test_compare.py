@@ -1,5 +1,7 @@
 """The ECN comparison's pure part on synthetic run documents: order, figures, spread, ratios,
 tables, and a setting that is not available."""
+import json
+
 import pytest
 
 from hpnlab.fabric import compare
@@ -179,3 +181,53 @@ def test_run_comparison_passes_the_policy_for_dynamic_when_the_run_takes_it():
         return doc(busbw=0.001)
     compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["dynamic"], 1, say=lambda m: None, run=run)
     assert calls == [("default", "dynamic")]
+
+
+def test_a_failed_run_is_reported_and_the_others_kept():
+    n = [0]
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
+        n[0] += 1
+        if n[0] == 2:
+            raise UserError("rank 3 (h7) died")
+        return doc(busbw=0.001)
+    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["low"], 3, say=lambda m: None, run=run)
+    f = comp["aggregate"]["allreduce"]["low"]
+    assert f["runs"] == 2 and f["failed"] == ["failed: rank 3 (h7) died"]
+    assert "one repetition failed: rank 3 (h7) died" in compare.format_report(comp["aggregate"])
+
+
+def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, capsys):
+    """`hpnlab run --compare ecn` end to end with the emulation and the runs replaced."""
+    import hpnlab.fabric.emulation as emulation
+    from hpnlab.cli import main
+
+    class Emu(_FakeEmu):
+        metadata: dict = {}
+        timings: dict = {}
+        caps = None
+
+        def __init__(self, scenario, **kw):
+            from hpnlab.fabric import graph
+            self.graph = graph.build(scenario)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
+        return doc(busbw=0.001, msg_ms=[4, 8])
+    real = compare.run_comparison
+    monkeypatch.setattr(emulation, "Emulation", Emu)
+    monkeypatch.setattr(compare, "run_comparison", lambda *a, **kw: real(*a, **kw, run=run))
+    rc = main.main(["run", "mini-hpn", "--compare", "ecn", "--repeat", "2", "--workloads", "incast",
+                    "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["meta"]["repeat"] == 2 and saved["meta"]["command"]
+    assert saved["aggregate"]["incast"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
+    assert "## workload incast" in out and "## ratio to the best static" in out
+    assert (tmp_path / "ecn-queues-thresholds.png").is_file() and (tmp_path / "ecn-figures.png").is_file()

@@ -107,7 +107,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         plan = plan.replace(transports=("roce",), entropies=plan.entropies[:1])
         for w in comparing[0]:
             plan.replace(job_specs=compare.WORKLOADS[w], jobs=1).jobs_on(g)
-        compare.schedule(comparing[0], comparing[1], args.repeat)
     cells = plan.jobs_on(g)                         # every mistake shows before anything is built
     events = None
     if args.timeline:
@@ -116,8 +115,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         experiment.check_timeline(events, len(cells))      # before anything is built
     say = lambda m: print(m, flush=True)  # noqa: E731
     hosts = fgraph.hosts(g)
+    runs = (len(compare.schedule(comparing[0], comparing[1], args.repeat)) if comparing is not None
+            else len(cells))
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
-        f"{len(cells)} run(s)")
+        f"{runs} run(s)")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd) as emu:
@@ -127,9 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             if comparing is not None:
-                comp = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
-                comp["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
-                                    emulation=dict(md), timings=dict(emu.timings), uname=" ".join(os.uname()))
+                doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
             else:
                 doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events,
                                      ecn_thresholds=ecn if not isinstance(ecn, ecn_settings.Thresholds)
@@ -141,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1
     if comparing is not None:
-        compare.save(comp, Path(args.out) if args.out else default_out("compare-ecn"), say)
-        return 1 if any(f.get("wrong") for per in comp["aggregate"].values() for f in per.values()) else 0
+        compare.save(doc, Path(args.out) if args.out else default_out("compare-ecn"), say)
+        return 1 if any(f.get("wrong") for per in doc["aggregate"].values() for f in per.values()) else 0
     report.save(doc, Path(args.out) if args.out else default_out("run"), say)
     return 1 if report.wrong_total(doc["results"]) else 0
