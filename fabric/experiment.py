@@ -493,7 +493,7 @@ class QueueSampler:
     ports that carried packets, "queue_samples": {"interval_s", "t" (wall s), "ports":
     {intf: [bytes per sample]}} for the ports that ever queued}."""
 
-    def __init__(self, stage: Any, interval_s: float = 0.1):
+    def __init__(self, stage: Any, interval_s: float = 0.05):
         self.stage, self.interval_s = stage, interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hpnlab-queue-sampler", daemon=True)

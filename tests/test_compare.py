@@ -92,8 +92,8 @@ def test_aggregate_gives_each_setting_its_spread_and_keeps_unavailable_ones():
 
 def test_best_static_is_highest_busbw_and_lowest_completion():
     agg = compare.aggregate(_records())
-    assert compare.best_static(agg["mix"], "busbw_gbs")[0] == "high"
-    assert compare.best_static(agg["mix"], "p99_us")[0] == "dcqcn"
+    assert (compare.best_static(agg["mix"], "busbw_gbs") or ("",))[0] == "high"
+    assert (compare.best_static(agg["mix"], "p99_us") or ("",))[0] == "dcqcn"
 
 
 def test_ratios_are_to_the_best_static_setting():
