@@ -203,13 +203,13 @@ def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, ca
     from hpnlab.cli import main
 
     class Emu(_FakeEmu):
-        metadata: dict = {}
-        timings: dict = {}
         caps = None
 
         def __init__(self, scenario, **kw):
             from hpnlab.fabric import graph
             self.graph = graph.build(scenario)
+            self.metadata: dict = {}
+            self.timings: dict = {}
 
         def __enter__(self):
             return self
