@@ -415,3 +415,47 @@ def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] =
         plots.append(plot_figures(comp["aggregate"], out_dir / "ecn-figures.png"))
     say(f"comparison: {path}  plots: {', '.join(str(p) for p in plots) or 'none'}")
     return path
+
+
+# ---- merging comparisons run in pieces ------------------------------------------------------
+
+def merge(comps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One comparison from several (run one after the other, e.g. a workload at a time where a
+    run may hold the emulation only a few minutes): their records together, each tagged with
+    the piece it came from, aggregated again."""
+    if not comps:
+        raise UserError("nothing to merge")
+    records = [dict(rec, piece=k) for k, comp in enumerate(comps) for rec in comp["records"]]
+    settings: list[str] = []
+    for comp in comps:
+        settings += [s for s in comp["meta"]["settings"] if s not in settings]
+    agg = aggregate(records)
+    meta = {"pieces": [comp["meta"] for comp in comps], "settings": settings,
+            "workloads": {w: spec for comp in comps for w, spec in comp["meta"]["workloads"].items()},
+            "wall_s": sum(comp["meta"].get("wall_s", 0.0) for comp in comps)}
+    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpnlab.fabric.compare compare.json [...] --out DIR``: the tables and plots
+    again from comparison files; several files are merged into one comparison first."""
+    import argparse
+    import sys
+
+    from .report import read_json
+
+    p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.compare", description=main.__doc__)
+    p.add_argument("files", nargs="+", help="compare.json written by hpnlab run --compare ecn")
+    p.add_argument("--out", required=True, help="folder for the merged compare.json and the plots")
+    args = p.parse_args(argv)
+    try:
+        comps = [read_json(f) for f in args.files]
+        save(comps[0] if len(comps) == 1 else merge(comps), args.out)
+    except (OSError, ValueError, KeyError, TypeError, UserError) as exc:
+        print(f"hpnlab: cannot read comparisons from {', '.join(args.files)}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -231,3 +231,15 @@ def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, ca
     assert saved["aggregate"]["incast"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
     assert "## workload incast" in out and "## ratio to the best static" in out
     assert (tmp_path / "ecn-queues-thresholds.png").is_file() and (tmp_path / "ecn-figures.png").is_file()
+
+
+def test_pieces_merge_into_one_comparison():
+    def piece(workload, setting, busbw):
+        recs = [{"rep": r, "workload": workload, "setting": setting, "summary": compare.summarize(doc(busbw=b))}
+                for r, b in enumerate(busbw)]
+        return {"meta": {"settings": [setting], "workloads": {workload: "x"}, "wall_s": 10.0}, "records": recs}
+    merged = compare.merge([piece("allreduce", "low", [0.001, 0.002]), piece("allreduce", "high", [0.004])])
+    assert merged["meta"]["settings"] == ["low", "high"] and merged["meta"]["wall_s"] == 20.0
+    assert merged["aggregate"]["allreduce"]["low"]["busbw_gbs"]["n"] == 2
+    assert merged["ratios"]["allreduce"]["low"]["busbw_gbs"] == pytest.approx(0.0015 / 0.004)
+    assert [r["piece"] for r in merged["records"]] == [0, 0, 1]
