@@ -2,7 +2,8 @@
 
 A :class:`Plan` is plain, frozen data: the collectives, transports and entropies whose
 product is the run matrix (:meth:`Plan.matrix`), the sizes, iterations and warm-up, and where
-ranks sit on a fabric (placement, ranks per job, concurrent jobs). Building one checks it: a
+ranks sit on a fabric (placement, ranks per job, concurrent jobs: identical ones, or different
+ones from ``job_specs``, ``hpnlab.fabric.jobspec``). Building one checks it: a
 mistake raises one ``UserError`` line. :meth:`Plan.jobs_on` turns it into the jobs of every run
 on a fabric graph (``hpnlab.fabric.placement``), so every mistake shows before anything is
 built.
