@@ -29,6 +29,7 @@ highest is best; completion times: the lowest). The pure part (everything but
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import statistics
 import time
@@ -238,28 +239,30 @@ def queue_series(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
     return [x - t[0] for x in t], top
 
 
-def threshold_series(doc: dict[str, Any]) -> list[tuple[str, list[float], list[float]]]:
-    """Kmin over time: from the run's "telemetry" (threshold changes: dicts with a time "t" and
-    "kmin", per port, when the run has them), else the static setting's Kmin, flat. Returns
-    [(label, seconds, bytes)]."""
-    tel = doc.get("telemetry") or {}
-    changes = tel.get("threshold_changes") or tel.get("thresholds") or []
-    out = []
-    if isinstance(changes, list) and changes and isinstance(changes[0], dict):
-        by_port: dict[str, list[tuple[float, float]]] = {}
-        for c in changes:
-            if "t" in c and "kmin" in c:
-                by_port.setdefault(str(c.get("port", "?")), []).append((float(c["t"]), float(c["kmin"])))
-        t0 = min((t for pts in by_port.values() for t, _ in pts), default=0.0)
-        for port, pts in sorted(by_port.items())[:6]:
-            out.append((port, [t - t0 for t, _ in pts], [k for _, k in pts]))
+def threshold_series(doc: dict[str, Any], max_ports: int = 4) -> list[tuple[str, list[float], list[float]]]:
+    """Kmin over time, [(label, seconds, bytes)]. A run under a controller policy other than
+    static (``meta["ecn_policy"]``) with the run's "telemetry" (per port ``{"t": [...], "kmin":
+    [...]}`` under "ports"): the ports whose Kmin moved most (at most ``max_ports``). Otherwise
+    the static setting the run applied (``meta["ecn"]``), flat, one line per port rate."""
+    meta = doc.get("meta", {})
+    ports = (doc.get("telemetry") or {}).get("ports") or {}
+    if meta.get("ecn_policy") not in (None, "static") and ports:
+        def moves(series: dict[str, Any]) -> int:
+            ks = [k for k in series.get("kmin") or [] if k is not None]
+            return sum(1 for x, y in itertools.pairwise(ks) if x != y)
+        ranked = sorted(ports.items(), key=lambda kv: (-moves(kv[1]), kv[0]))[:max_ports]
+        out = []
+        for name, series in ranked:
+            pts = [(float(t), float(k)) for t, k in zip(series.get("t") or [], series.get("kmin") or [], strict=False)
+                   if k is not None]
+            if pts:
+                out.append((name, [t for t, _ in pts], [k for _, k in pts]))
         return out
-    by_rate = (doc.get("meta", {}).get("ecn") or {}).get("by_rate_mbps") or {}
+    by_rate = (meta.get("ecn") or {}).get("by_rate_mbps") or {}
     ts, _ = queue_series(doc)
     span = [0.0, ts[-1] if ts else 1.0]
-    for rate, th in sorted(by_rate.items(), key=lambda x: float(x[0])):
-        out.append((f"Kmin at {rate} Mbit/s", span, [th["kmin"]] * 2))
-    return out
+    return [(f"Kmin at {rate} Mbit/s", span, [th["kmin"]] * 2)
+            for rate, th in sorted(by_rate.items(), key=lambda x: float(x[0]))]
 
 
 def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Path) -> Path:

@@ -124,11 +124,19 @@ def test_queue_series_is_the_largest_port_queue_per_sample():
     assert ts == pytest.approx([0.0, 0.1, 0.2]) and q == [500, 3000, 2000]
 
 
-def test_threshold_series_reads_telemetry_changes_when_present():
+def test_threshold_series_of_a_dynamic_run_reads_the_telemetry_ports_that_moved():
     d = doc(busbw=0.001)
-    d["telemetry"] = {"threshold_changes": [{"t": 10.0, "port": "p1", "kmin": 3000},
-                                            {"t": 10.5, "port": "p1", "kmin": 1500}]}
-    assert compare.threshold_series(d) == [("p1", [0.0, 0.5], [3000.0, 1500.0])]
+    d["meta"]["ecn_policy"] = "dynamic"
+    d["telemetry"] = {"ports": {"s1:1": {"t": [0.0, 0.2, 0.4], "kmin": [6000, 6000, 6000]},
+                                "s1:2": {"t": [0.0, 0.2, 0.4], "kmin": [6000, 3000, 1500]}}}
+    assert compare.threshold_series(d, max_ports=1) == [("s1:2", [0.0, 0.2, 0.4], [6000.0, 3000.0, 1500.0])]
+
+
+def test_threshold_series_of_a_static_run_ignores_the_telemetry():
+    d = doc(busbw=0.001)
+    d["meta"]["ecn_policy"] = "static"
+    d["telemetry"] = {"ports": {"s1:1": {"t": [0.0], "kmin": [6000]}}}
+    assert compare.threshold_series(d)[0][0] == "Kmin at 10 Mbit/s"
 
 
 def test_threshold_series_of_a_static_run_is_its_flat_kmin():
