@@ -396,6 +396,17 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
     return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
 
 
+def repetition_times(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds the runs of each repetition took together (runs of pieces merged: per piece
+    and repetition, numbered in order)."""
+    out: dict[tuple[int, int], float] = {}
+    for rec in records:
+        if "elapsed_s" in rec:
+            key = (rec.get("piece", 0), rec["rep"])
+            out[key] = out.get(key, 0.0) + rec["elapsed_s"]
+    return {k: out[key] for k, key in enumerate(sorted(out))}
+
+
 def _num(v: float | None, scale: float, unit: str) -> str:
     return "-" if v is None else f"{v * scale:.3g}{' ' + unit if unit else ''}"
 
@@ -408,6 +419,9 @@ def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] =
     path = write_json(comp, out_dir / "compare.json")
     settings = comp["meta"]["settings"]
     say(format_report(comp["aggregate"], settings))
+    reps = repetition_times(comp["records"])
+    if reps:
+        say("wall time per repetition: " + ", ".join(f"{t:.1f} s" for t in reps.values()))
     last: dict[tuple[str, str], dict[str, Any]] = {}
     for rec in comp["records"]:
         if "doc" in rec:
