@@ -254,6 +254,6 @@ def test_pieces_merge_into_one_comparison():
 
 
 def test_repetition_times_add_up_each_repetitions_runs():
-    recs = [{"rep": 0, "elapsed_s": 2.0}, {"rep": 0, "elapsed_s": 3.0}, {"rep": 1, "elapsed_s": 4.0},
+    recs: list[dict] = [{"rep": 0, "elapsed_s": 2.0}, {"rep": 0, "elapsed_s": 3.0}, {"rep": 1, "elapsed_s": 4.0},
             {"rep": 1, "unavailable": compare.NOT_MERGED}, {"rep": 0, "piece": 1, "elapsed_s": 1.5}]
     assert compare.repetition_times(recs) == {0: 5.0, 1: 4.0, 2: 1.5}
