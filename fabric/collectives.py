@@ -24,7 +24,9 @@ Collectives (``n`` ranks, ``count`` elements of the nccl-tests "size")
                      chunk j of rank r lands in chunk r of rank j
     broadcast        pipelined chain from the root along the ring, count split in
                      4(n-1) pieces
-    incast           N->1: every rank sends its count/n to the root at once (a gather)
+    incast           N->1: every rank sends its count/n to the root at once (a gather); the
+                     rank workers also time every message, from its sender's send start to
+                     the root holding its last byte (``report.message_completions``)
     permutation      elephant flows: rank r sends its whole buffer to perm[r] (a derangement;
                      by default r -> r + n/2, which crosses the fabric's middle)
 

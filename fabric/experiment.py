@@ -2,7 +2,8 @@
 
 A :class:`Plan` is plain, frozen data: the collectives, transports and entropies whose
 product is the run matrix (:meth:`Plan.matrix`), the sizes, iterations and warm-up, and where
-ranks sit on a fabric (placement, ranks per job, concurrent jobs). Building one checks it: a
+ranks sit on a fabric (placement, ranks per job, concurrent jobs: identical ones, or different
+ones from ``job_specs``, ``hpnlab.fabric.jobspec``). Building one checks it: a
 mistake raises one ``UserError`` line. :meth:`Plan.jobs_on` turns it into the jobs of every run
 on a fabric graph (``hpnlab.fabric.placement``), so every mistake shows before anything is
 built.
@@ -27,6 +28,7 @@ import os
 import random
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,9 +38,12 @@ from typing import Any, cast
 import networkx as nx
 
 from . import collectives as col
+from . import ecn_settings, ranks
 from . import placement as pl
-from . import ranks
 from .errors import UserError
+from .jobspec import JobSpec
+from .jobspec import label as mix_label
+from .jobspec import parse as parse_jobs
 from .placement import Job
 from .transport import ENTROPIES, TRANSPORTS
 
@@ -121,6 +126,9 @@ class Plan:
     timeout_s: float = 15.0
     base_port: int = 0
     host_failover: bool = True
+    #: different jobs at once (``hpnlab.fabric.jobspec``: a ``--jobs`` string or JobSpecs): one
+    #: job per spec, concurrently on disjoint hosts; ``collectives`` and ``jobs`` are then unused
+    job_specs: str | Sequence[JobSpec] = ()
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -148,10 +156,32 @@ class Plan:
             raise UserError(f"--ranks must be at least 2, got {self.ranks}")
         if self.jobs < 1:
             raise UserError(f"--jobs must be at least 1, got {self.jobs}")
+        specs = parse_jobs(self.job_specs) if isinstance(self.job_specs, str) else tuple(self.job_specs)
+        put("job_specs", specs)
+        if specs and self.jobs != 1:
+            raise UserError("--jobs takes either a number of identical jobs or job specs, not both")
+        for k, spec in enumerate(specs):
+            if self.ranks_of(k) <= spec.root:
+                raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): root {spec.root} is not a rank "
+                                f"(0..{self.ranks_of(k) - 1})")
         _known((self.perm,), PERMUTATIONS, "permutation (--perm)")
         _known((self.recovery,), RECOVERIES, "recovery")
         if not 0.1 <= self.pace <= 1.0:
             raise UserError(f"--pace must be between 0.1 and 1 (a fraction of line rate), got {self.pace}")
+
+    @property
+    def specs(self) -> tuple[JobSpec, ...]:
+        """The job specs (``__post_init__`` has parsed them; empty: identical jobs)."""
+        return cast(tuple[JobSpec, ...], self.job_specs)
+
+    @property
+    def job_count(self) -> int:
+        return len(self.specs) or self.jobs
+
+    def ranks_of(self, job: int) -> int:
+        """Ranks of job ``job`` (its spec's, else ``ranks``)."""
+        spec = self.specs[job] if self.specs else None
+        return spec.ranks if spec is not None and spec.ranks is not None else self.ranks
 
     @property
     def size_list(self) -> tuple[int, ...]:
@@ -166,9 +196,11 @@ class Plan:
         return dataclasses.asdict(self)
 
     def matrix(self) -> list[Run]:
-        """Every (collective, transport, entropy) to run, in order; tcp once per collective."""
+        """Every (collective, transport, entropy) to run, in order; tcp once per collective. With
+        job specs, one run per (transport, entropy) named after the mix (``all_reduce+incast``)."""
+        names = (mix_label(self.specs),) if self.specs else cast(tuple[str, ...], self.collectives)
         return [Run(c, t, e if t == "roce" else None)
-                for c in self.collectives for t in self.transports
+                for c in names for t in self.transports
                 for e in (self.entropies if t == "roce" else self.entropies[:1])]
 
     def jobs_at(self, run: Run, addrs_per_job: list[list[list[str]]], line_rate_bps: float, mtu: int = 1500,
@@ -184,20 +216,29 @@ class Plan:
                     "window_pkts": self.window_pkts, "pace": self.pace}
             if not self.host_failover:
                 opts.update(NO_HOST_FAILOVER)
+        if self.specs and len(addrs_per_job) != len(self.specs):
+            raise UserError(f"{len(self.specs)} job specs but addresses for {len(addrs_per_job)} job(s)")
         jobs = []
         for j, addrs in enumerate(addrs_per_job):
             n = len(addrs)
-            perm = list(col.random_perm(n, self.seed)) if (run.collective == "permutation" and n > 1
+            spec = self.specs[j] if self.specs else None
+            collective = spec.collective if spec else run.collective
+            sizes = spec.sizes_for(n, self.size_list) if spec else self.size_list
+            perm = list(col.random_perm(n, self.seed)) if (collective == "permutation" and n > 1
                                                            and self.perm == "random") else None
-            for size in self.size_list:
-                if n > 1 and col.fit_count(run.collective, n, size) < (1 if run.collective == "permutation" else n):
-                    raise UserError(f"size {size} B is too small for {run.collective} over {n} ranks "
+            where = f"job {j + 1} ({collective}): " if spec else ""
+            for size in sizes:
+                if n > 1 and col.fit_count(collective, n, size) < (1 if collective == "permutation" else n):
+                    raise UserError(f"{where}size {size} B is too small for {collective} over {n} ranks "
                                     f"(at least {n * col.ELEM_BYTES} B; raise -b)")
-            job = Job(collective=run.collective, addrs=addrs, sizes=list(self.size_list), iters=self.iterations,
-                      warmup=self.warmup, check=self.check, inplace=self.inplace, transport=run.transport,
+            job = Job(collective=collective, addrs=addrs, sizes=list(sizes),
+                      iters=spec.iterations if spec and spec.iterations is not None else self.iterations,
+                      warmup=spec.warmup if spec and spec.warmup is not None else self.warmup,
+                      check=self.check, inplace=self.inplace, transport=run.transport,
                       entropy=run.entropy or "flow", line_rate_bps=line_rate_bps, mtu=mtu,
-                      base_port=base + 100 * j if base else 0, root=self.root, perm=perm, seed=self.seed,
-                      timeout_s=self.timeout_s, options=opts, job=j, labels=labels[j] if labels else None)
+                      base_port=base + 100 * j if base else 0, root=spec.root if spec else self.root, perm=perm,
+                      seed=self.seed, timeout_s=self.timeout_s, options=opts, job=j,
+                      labels=labels[j] if labels else None, gap_s=spec.gap_s if spec else 0.0)
             pl.validate(job)
             jobs.append(job)
         flat = [a for job in jobs for addrs in job.addrs for a in addrs]
@@ -212,7 +253,14 @@ class Plan:
         from .mn import emulated_mbps
 
         s = g.graph["scenario"]
-        placed = pl.place(g, self.placement, self.ranks, self.jobs)
+        if self.specs:
+            # every job placed as if it had the most ranks (the placements' rules, job j's
+            # segment or plane included), then cut to its own ranks: disjoint hosts
+            widest = max(self.ranks_of(j) for j in range(self.job_count))
+            placed = [job[:self.ranks_of(j)] for j, job in
+                      enumerate(pl.place(g, self.placement, widest, self.job_count))]
+        else:
+            placed = pl.place(g, self.placement, self.ranks, self.jobs)
         addrs = [[p.addrs for p in job] for job in placed]
         hosts = [[p.host for p in job] for job in placed]
         line = emulated_mbps(s, s.host_rate_gbps) * 1e6
@@ -278,10 +326,11 @@ class Loopback:
             raise UserError(f"a line rate must be positive, got {self.line_rate_bps}")
 
     def addresses(self, plan: Plan) -> list[list[list[str]]]:
-        if self.first + plan.ranks > 255:
-            raise UserError(f"loopback has room for {255 - self.first} ranks per job, asked for {plan.ranks}")
-        return [[[f"127.{p}.{j}.{self.first + r}" for p in range(self.planes)] for r in range(plan.ranks)]
-                for j in range(plan.jobs)]
+        widest = max(plan.ranks_of(j) for j in range(plan.job_count))
+        if self.first + widest > 255:
+            raise UserError(f"loopback has room for {255 - self.first} ranks per job, asked for {widest}")
+        return [[[f"127.{p}.{j}.{self.first + r}" for p in range(self.planes)] for r in range(plan.ranks_of(j))]
+                for j in range(plan.job_count)]
 
     def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
         addrs = self.addresses(plan)
@@ -347,7 +396,40 @@ class _OnEmulation:
             out[h] = tx_bytes_by_interface(text.decode(errors="replace"))
         return out
 
-    def after_run(self, results: list[dict], before: dict[str, dict[str, int]]) -> None:
+    def apply_ecn(self, value: Any) -> dict[str, Any]:
+        """Set every switch egress port's ECN thresholds (``ecn_settings.from_value``: a preset
+        computed from each port's rate, or one kmin/kmax/pmax); returns what was set."""
+        stage = getattr(self.emu, "ecn", None)
+        if stage is None:
+            raise UserError("ECN thresholds need the ECN marking stage (the run has none: --no-ecn, "
+                            "or this kernel has no marking mechanism; see hpnlab doctor)")
+        setting = ecn_settings.from_value(value)
+        per = ecn_settings.for_ports(setting, {n: (p.rate_mbps, p.limit_bytes) for n, p in stage.ports.items()},
+                                     stage.mtu)
+        groups: dict[tuple[int, int, float], list[str]] = {}
+        for name, th in per.items():
+            groups.setdefault((th.kmin, th.kmax, th.pmax), []).append(name)
+        for (kmin, kmax, pmax), names in groups.items():
+            stage.set_thresholds(kmin=kmin, kmax=kmax, pmax=pmax, enabled=True, ports=names)
+        rates = {n: p.rate_mbps for n, p in stage.ports.items()}
+        by_rate = {f"{rates[n]:g}": th.as_dict() for n, th in per.items()}
+        return {"setting": setting if isinstance(setting, str) else "custom", "by_rate_mbps": by_rate,
+                "described": ecn_settings.describe(per, rates)}
+
+    def start_cell(self) -> tuple[Any, dict[str, int]]:
+        """Before a cell: zero the ECN stage's counters, read the switch ports' drops and start
+        sampling their queues (None, {} without an ECN stage)."""
+        stage = getattr(self.emu, "ecn", None)
+        if stage is None:
+            return None, {}
+        try:
+            stage.reset_counters()
+        except UserError:
+            pass                      # RED's counters are the qdisc's own; they are not reset
+        return QueueSampler(stage).start(), switch_drops(list(stage.ports))
+
+    def after_run(self, results: list[dict], before: dict[str, dict[str, int]],
+                  sampler: QueueSampler | None = None, drops_before: dict[str, int] | None = None) -> None:
         after = self.counters(list(before))
         for r in results:
             r["tx_bytes_by_plane"] = {h: plane_bytes(self.emu.interfaces(h), before[h], after[h])
@@ -355,16 +437,102 @@ class _OnEmulation:
         ecn_stage = getattr(self.emu, "ecn", None)
         ecn = None
         if ecn_stage is not None:
+            queues = sampler.stop() if sampler is not None else None
             try:
-                counters = ecn_stage.counters()
-                ecn = {"ce_marked": sum(c.get("ce_marked", 0) or 0 for c in counters.values()),
-                       "max_queue_bytes": max((c.get("max_queue_bytes", 0) or 0 for c in counters.values()),
-                                              default=0)}
+                ecn = ecn_summary(ecn_stage.counters())
+                drops = switch_drops(list(ecn_stage.ports))
+                ecn["drops"] = sum(max(0, v - (drops_before or {}).get(k, 0)) for k, v in drops.items())
+                if queues is not None:
+                    ecn.update(queues)
                 ecn_stage.reset_counters()
             except Exception as exc:   # counters are informative; keep the run's results
                 ecn = {"error": f"{type(exc).__name__}: {exc}"}
         for r in results:
             r["switch_ecn"] = ecn
+
+
+def ecn_summary(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ECN stage's per-port counters of one cell summed over the switch ports: packets,
+    ECT packets, CE marked, CE fraction (marked / ECT), the largest queue."""
+    def total(key: str) -> int:
+        return sum(c.get(key, 0) or 0 for c in counters.values())
+    ect, marked = total("ect"), total("ce_marked")
+    return {"packets": total("packets"), "ect": ect, "ce_marked": marked,
+            "ce_fraction": marked / ect if ect else 0.0,
+            "max_queue_bytes": max((c.get("max_queue_bytes", 0) or 0 for c in counters.values()), default=0)}
+
+
+def switch_drops(ports: list[str]) -> dict[str, int]:
+    """Packets dropped by the port buffers (the leaf qdiscs under htb) of these interfaces,
+    read with one ``tc -s -j qdisc show`` in this namespace (where the switch ports are)."""
+    try:
+        text = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True,
+                              timeout=20).stdout
+        qdiscs = json.loads(text or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    wanted = set(ports)
+    out: dict[str, int] = {}
+    for q in qdiscs:
+        if q.get("dev") in wanted and q.get("kind") not in ("htb", "clsact", "ingress"):
+            out[q["dev"]] = out.get(q["dev"], 0) + int(q.get("drops", 0) or 0)
+    return out
+
+
+def queue_percentile(samples: Sequence[float], q: float = 99.0) -> float:
+    """Percentile of queue samples (bytes; numpy's linear interpolation), 0 with none."""
+    import numpy as np
+    return float(np.percentile(samples, q)) if samples else 0.0
+
+
+class QueueSampler:
+    """Samples every switch port's queue estimate from the ECN stage while a cell runs.
+
+    The eBPF stage updates a port's virtual queue when a packet passes, so its value is the
+    backlog the last packet found; a port that passed no packet since the previous sample
+    is counted as empty (at the emulated rates any backlog below the port buffer drains
+    within ``interval_s``). ``stop`` returns {"queue_p99_bytes": p99 over the samples of
+    ports that carried packets, "queue_samples": {"interval_s", "t" (wall s), "ports":
+    {intf: [bytes per sample]}} for the ports that ever queued}."""
+
+    def __init__(self, stage: Any, interval_s: float = 0.05):
+        self.stage, self.interval_s = stage, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hpnlab-queue-sampler", daemon=True)
+        self.t: list[float] = []
+        self.series: dict[str, list[int]] = {}
+        self.active: list[int] = []
+        self._packets: dict[str, int] = {}
+
+    def start(self) -> QueueSampler:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                counters = self.stage.counters()
+            except Exception:      # a sample is informative; never break the run
+                continue
+            self.t.append(time.time())
+            k = len(self.t) - 1
+            for intf, c in counters.items():
+                packets = c.get("packets") or 0
+                moved = packets != self._packets.get(intf, 0)
+                self._packets[intf] = packets
+                q = int(c.get("queue_bytes") or 0) if moved else 0
+                if moved:
+                    self.active.append(q)
+                if q and intf not in self.series:
+                    self.series[intf] = [0] * k
+                if intf in self.series:
+                    self.series[intf].append(q)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        return {"queue_p99_bytes": queue_percentile(self.active),
+                "queue_samples": {"interval_s": self.interval_s, "t": self.t, "ports": self.series}}
 
 
 def tx_bytes_by_interface(proc_net_dev: str) -> dict[str, int]:
@@ -458,7 +626,8 @@ def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[
 
 
 def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None,
-        timeline: list[Any] | None = None, ecn_policy: str = "static") -> dict[str, Any]:
+        timeline: list[Any] | None = None, ecn_policy: str = "static",
+        ecn_thresholds: str | dict | None = None) -> dict[str, Any]:
     """Run every cell of ``plan.matrix()`` on ``where`` (an Emulation, :class:`Loopback` or
     :class:`Hosts`), one after the other; concurrent jobs of a cell run at once.
 
@@ -480,6 +649,11 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     thresholds). The document then carries ``telemetry``: per switch egress port its time series
     and every threshold change (``telemetry_of``), and each result its cell's ``telemetry_t``
     (start, end) in seconds on the same clock as the series.
+    ``ecn_thresholds`` (emulation only): set every switch egress port's ECN thresholds before
+    the first cell (after ``ecn_policy`` is set, which puts every port back to its start-up thresholds): a preset of ``hpnlab.fabric.ecn_settings`` ("low", "high", "dcqcn",
+    "default", computed from each port's rate), a dict {"kmin": bytes, "kmax": bytes, "pmax":
+    p} or "kmin,kmax,pmax"; ``meta["ecn"]`` records what was set. On an emulation with an ECN
+    stage each result's ``switch_ecn`` has the cell's marking, drops and queue samples.
     """
     target = _target(where)
     say = say or (lambda _m: None)
@@ -494,17 +668,27 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
         emu.set_ecn_policy(ecn_policy)
     elif ecn_policy != "static":
         raise UserError(f"ECN policy {ecn_policy!r} needs an emulated fabric with the hpnlab controller")
+    ecn_meta = None
+    if ecn_thresholds is not None:
+        if not isinstance(target, _OnEmulation):
+            raise UserError(f"ECN thresholds need an emulated fabric (hpnlab run), not {type(target).__name__}")
+        ecn_meta = target.apply_ecn(ecn_thresholds)
+        for line in ecn_meta["described"]:
+            say(f"ECN {ecn_meta['setting']}: {line}")
     t0 = time.monotonic()
     load_before = os.getloadavg()
     results: list[dict] = []
     for k, (cell, jobs) in enumerate(cells.items()):
         first = jobs[0]
-        say(f"[{k + 1}/{len(cells)}] {cell.describe()}: {len(jobs)} job(s) x {first.nranks} ranks"
+        shape = (f"{len(jobs)} job(s) x {first.nranks} ranks" if not plan.specs else
+                 "jobs " + ", ".join(f"{j.collective} x {j.nranks} ranks" for j in jobs))
+        say(f"[{k + 1}/{len(cells)}] {cell.describe()}: {shape}"
             + (f", {plan.placement}" if isinstance(target, _OnEmulation) else "")
             + f", line rate {first.line_rate_bps / 1e6:g} Mbit/s x {len(first.addrs[0])} port(s) per rank")
         hosts = sorted({h for job in jobs for h in (job.labels or [])})
         cell_t0 = time.monotonic()
         before = target.counters(hosts) if isinstance(target, _OnEmulation) else None
+        sampler, drops_before = target.start_cell() if isinstance(target, _OnEmulation) else (None, {})
         runner = None
         if timeline:
             from .emulation.timeline import Runner
@@ -515,6 +699,8 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             if runner is not None:
                 runner.stop()
                 runner.join()
+            if sampler is not None:
+                sampler.stop()
             raise
         if runner is not None:
             records = runner.join()       # the cell ends when the timeline has been applied too
@@ -532,11 +718,13 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             r["hosts"] = list(job.labels) if job.labels else None
             r["placement"] = plan.placement if isinstance(target, _OnEmulation) else None
         if before is not None:
-            target.after_run(out, before)
+            target.after_run(out, before, sampler, drops_before)
         results.extend(out)
     meta = {"plan": plan.as_dict(), "target": target.describe(), "time": time.time(),
             "wall_s": time.monotonic() - t0, "load_average": {"before": load_before, "after": os.getloadavg()},
             "cpus": os.cpu_count()}
+    if ecn_meta is not None:
+        meta["ecn"] = ecn_meta
     doc: dict[str, Any] = {"meta": meta, "results": results}
     if emu is not None:
         meta["ecn_policy"] = ecn_policy

@@ -53,6 +53,7 @@ class Job:
     options: dict = field(default_factory=dict)   # extra transport options (recovery, dcqcn, ...)
     job: int = 0
     labels: list | None = None      # per rank: where it runs (host name), for messages
+    gap_s: float = 0.0              # pause before each iteration after the first (repeated short messages)
 
     @property
     def nranks(self) -> int:
@@ -100,6 +101,8 @@ def validate(job: Job, ranks_here: int | None = None, mem_available_bytes: int |
         raise UserError(f"-n must be at least 1 and -w at least 0 (got {job.iters}, {job.warmup})")
     if not job.sizes:
         raise UserError("no sizes to run (check -b/-e)")
+    if not job.gap_s >= 0:
+        raise UserError(f"a job's gap between iterations must be 0 s or more, got {job.gap_s}")
     for size in job.sizes:
         col.build(name, n, size, root=job.root, perm=tuple(job.perm) if job.perm else None)
     if not 0 <= job.root < n:

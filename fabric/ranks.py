@@ -73,6 +73,10 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         sizes_out = []
         cpu0, wall0 = _cpu_s(), time.monotonic()
         timed_cpu = timed_wall = 0.0
+        # per-message times (incast): wall clock, so that a sender's start and the root's
+        # arrival compare across hosts (one machine's clock here; synchronised clocks on a cluster)
+        mono_to_wall = time.time() - time.monotonic()
+        per_message = name == "incast"
         for si, size in enumerate(job.sizes):
             sched = col.build(name, job.nranks, size, root=job.root, perm=perm)
             plan = [sched.transfers_of(rank, s) for s in range(len(sched.steps))]
@@ -84,7 +88,11 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
             for mode in modes:
                 work = np.zeros(sched.out_count, col.DTYPE)
                 times, wrong = [], 0
+                sent_at: list[float | None] = []
+                recv_at: list[list[list[float]]] = []
                 for it in range(job.warmup + job.iters):
+                    if job.gap_s and it:
+                        time.sleep(job.gap_s)
                     work[:] = 0
                     if mode == "ip":
                         off = (sched.inplace_offset(rank) or 0) // col.ELEM_BYTES
@@ -97,19 +105,29 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                     t0 = time.perf_counter()
                     if mode == "oop":
                         col.apply_prologue(sched, rank, inp, work)
+                    first_send: float | None = None
+                    arrivals: list[list[float]] = []
                     for sends, recvs in plan:
                         if not sends and not recvs:
                             continue
+                        if sends and first_send is None:
+                            first_send = time.monotonic()
                         # a rank moves on as soon as its data is in; its sends finish in
                         # the background (copied), as a NIC's send queue would
                         got = t.exchange([(x.dst, col.source_bytes(x, src_in, work)) for x in sends],
                                          [(x.src, x.nbytes) for x in recvs], wait_sends=False)
+                        if per_message and recvs:
+                            done = getattr(t, "recv_done", None) or [time.monotonic()] * len(recvs)
+                            arrivals += [[x.src, d + mono_to_wall] for x, d in zip(recvs, done, strict=False)]
                         for x, data in zip(recvs, got, strict=False):
                             col.deliver(work, x, data)
                     elapsed = time.perf_counter() - t0     # this rank has its whole result
                     t.flush()                              # its last sends are acknowledged
                     if it >= job.warmup:
                         times.append(elapsed)
+                        if per_message:
+                            sent_at.append(None if first_send is None else first_send + mono_to_wall)
+                            recv_at.append(arrivals)
                         timed_wall += time.perf_counter() - t0   # CPU share over the same span
                         timed_cpu += _cpu_s() - c0
                         if expected is not None:
@@ -117,6 +135,8 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                             got_res = work.view(np.uint8)[off:off + nb].view(col.DTYPE)
                             wrong += int(np.count_nonzero(got_res != expected))
                 entry[mode] = {"times_s": times, "wrong": wrong if job.check else None}
+                if per_message:
+                    entry[mode]["messages"] = {"sent_at": sent_at, "recv_at": recv_at}
             sizes_out.append(entry)
             emit({"event": "progress", "rank": rank, "done": si + 1, "of": len(job.sizes), "size": size})
         t.barrier()                                     # nobody leaves while others still need it

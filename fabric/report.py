@@ -24,7 +24,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +62,41 @@ def aggregate(rank_results: list[dict], collective: str) -> list[dict]:
             wrongs = [p["wrong"] for p in per_rank]
             wrong = None if any(w is None for w in wrongs) else sum(wrongs)
             row[mode] = cell(slowest, first["size"], factor, wrong)
+            if any("messages" in p for p in per_rank):
+                done = message_completions({r["rank"]: r["sizes"][i][mode].get("messages") for r in by_rank})
+                row[mode]["message_times_s"] = done
+                row[mode]["messages"] = completion_summary(done)
         rows.append(row)
     return rows
+
+
+def message_completions(per_rank: Mapping[int, Any]) -> list[float]:
+    """Per-message completion times (s): from the sender's send start to the receiver having
+    the message's last byte, for every timed iteration and message. ``per_rank``: rank ->
+    {"sent_at": [per iteration: wall time its sends started, or None],
+    "recv_at": [per iteration: [[source rank, wall time received], ...]]} as the rank workers
+    record them. A message whose sender has no start time for that iteration is skipped."""
+    out = []
+    for info in per_rank.values():
+        for it, arrivals in enumerate((info or {}).get("recv_at", [])):
+            for src, t_done in arrivals:
+                sender = per_rank.get(int(src)) or {}
+                starts = sender.get("sent_at", [])
+                if it < len(starts) and starts[it] is not None:
+                    out.append(t_done - starts[it])
+    return out
+
+
+def completion_summary(times_s: list[float]) -> dict[str, Any]:
+    """Count, p50, p99, max and mean of completion times, in microseconds (numpy's linear
+    percentile; None with no messages)."""
+    import numpy as np
+
+    if not times_s:
+        return {"messages": 0, "p50_us": None, "p99_us": None, "max_us": None, "mean_us": None}
+    a = np.asarray(times_s, dtype=float) * 1e6
+    return {"messages": int(a.size), "p50_us": float(np.percentile(a, 50)), "p99_us": float(np.percentile(a, 99)),
+            "max_us": float(a.max()), "mean_us": float(a.mean())}
 
 
 def avg_busbw(rows: list[dict]) -> float:
@@ -116,6 +149,12 @@ def format_table(result: dict) -> str:
         lines.append(f"# Line rate per rank   : {line / 8 / GB:.{d}f} GB/s ({line / 1e6:g} Mbit/s); "
                      f"avg busbw / line rate : {avg * GB * 8 / line:.3f}; "
                      f"largest size : {largest_fraction(result):.3f}")
+    for r in rows:
+        msgs = (r.get("oop") or {}).get("messages")
+        if msgs and msgs["messages"]:
+            lines.append(f"# per-message completion, size {r['size']} B ({msgs['messages']} messages, send start "
+                         f"to last byte at the receiver): p50 {msgs['p50_us']:.0f} us  p99 {msgs['p99_us']:.0f} us  "
+                         f"max {msgs['max_us']:.0f} us")
     return "\n".join(lines)
 
 

@@ -7,6 +7,12 @@ Results: a table per run, a comparison table (busbw / line rate, retransmissions
 marks, CNPs, reordering, generator CPU), ``results.json`` (scenario, kernel capabilities,
 emulation metadata, every parameter) and PNG plots, under ``--out``.
 The experiment itself is ``hpnlab.fabric.experiment`` (a Plan run on an Emulation).
+
+``--jobs "all_reduce:ranks=4,size=1M;incast:ranks=5,msg=16K,gap=20ms"`` runs different jobs at
+once on disjoint hosts (``hpnlab.fabric.jobspec``); ``--ecn low|high|dcqcn|default|KMIN,KMAX,PMAX``
+sets every switch port's ECN thresholds (``hpnlab.fabric.ecn_settings``); ``--compare ecn`` runs
+the ECN comparison (``hpnlab.fabric.compare``): every workload under every ECN setting,
+interleaved, ``--repeat`` times, written to compare.json with tables and plots.
 """
 from __future__ import annotations
 
@@ -16,7 +22,8 @@ import sys
 from pathlib import Path
 
 from hpnlab.fabric import collectives as col
-from hpnlab.fabric import experiment, report, spec
+from hpnlab.fabric import compare, ecn_settings, experiment, jobspec, report, spec
+from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
@@ -39,7 +46,22 @@ def register(sub) -> None:
     p.add_argument("--ranks", type=int, default=DEFAULTS.ranks,
                    help="ranks per job (default 4: one per host NIC; more ranks on a 2-core machine "
                         "exceed userspace OVS's packet rate)")
-    p.add_argument("--jobs", type=int, default=DEFAULTS.jobs, help="concurrent jobs on disjoint hosts (default 1)")
+    p.add_argument("--jobs", default=str(DEFAULTS.jobs), metavar="N|SPECS",
+                   help="concurrent jobs on disjoint hosts: a number of identical jobs (default 1), or different "
+                        "jobs as 'COLLECTIVE:key=value,...;...' with keys ranks, size, msg (incast: bytes per "
+                        "sender), iters, warmup, gap (e.g. 20ms), root; e.g. "
+                        "'all_reduce:ranks=4,size=1M;incast:ranks=5,msg=16K,iters=20,gap=20ms'")
+    p.add_argument("--ecn", metavar="SETTING",
+                   help=f"ECN thresholds on every switch egress port: a preset ({', '.join(ecn_settings.PRESETS)}; "
+                        "computed from each port's rate) or KMIN,KMAX,PMAX (bytes, bytes, 0..1)")
+    p.add_argument("--compare", choices=("ecn",),
+                   help="ecn: every workload under the static ECN settings and dynamic, side by side "
+                        "(see --workloads, --repeat, --settings)")
+    p.add_argument("--repeat", type=int, default=5, help="--compare: repetitions (default 5)")
+    p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
+                   help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
+    p.add_argument("--settings", default=",".join(compare.SETTINGS),
+                   help=f"--compare: comma list of {', '.join(compare.SETTINGS)} (default all)")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
@@ -75,8 +97,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     scenario = spec.load(args.scenario, spec.parse_overrides(args.overrides))
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
-    plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=args.jobs)
+    if jobspec.is_count(args.jobs):
+        plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=int(args.jobs))
+    else:
+        plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=1, job_specs=args.jobs)
+    ecn = ecn_settings.parse(args.ecn) if args.ecn else None
     g = fgraph.build(scenario)
+    comparing = None
+    if args.compare:
+        if args.timeline or args.ecn or args.no_ecn:
+            raise UserError("--compare ecn sets the ECN thresholds itself and runs no timeline "
+                            "(drop --ecn, --no-ecn and --timeline)")
+        comparing = (compare.parse_workloads(args.workloads), compare.parse_settings(args.settings))
+        # the workloads run roce (DCQCN answers the marks) with the first entropy given
+        plan = plan.replace(transports=("roce",), entropies=plan.entropies[:1])
+        for w in comparing[0]:
+            plan.replace(job_specs=compare.WORKLOADS[w], jobs=1).jobs_on(g)
     cells = plan.jobs_on(g)                         # every mistake shows before anything is built
     events = None
     if args.timeline:
@@ -85,8 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         experiment.check_timeline(events, len(cells))      # before anything is built
     say = lambda m: print(m, flush=True)  # noqa: E731
     hosts = fgraph.hosts(g)
+    runs = (len(compare.schedule(comparing[0], comparing[1], args.repeat)) if comparing is not None
+            else len(cells))
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
-        f"{len(cells)} run(s)")
+        f"{runs} run(s)")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
@@ -96,13 +134,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
-            doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events,
-                                 ecn_policy=args.ecn_policy)
+            if comparing is not None:
+                doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
+            else:
+                doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events,
+                                     ecn_policy=args.ecn_policy,
+                                     ecn_thresholds=ecn if not isinstance(ecn, ecn_settings.Thresholds)
+                                     else ecn.as_dict())
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
                                timings=dict(emu.timings), uname=" ".join(os.uname()))
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1
+    if comparing is not None:
+        compare.save(doc, Path(args.out) if args.out else default_out("compare-ecn"), say)
+        return 1 if any(f.get("wrong") for per in doc["aggregate"].values() for f in per.values()) else 0
     report.save(doc, Path(args.out) if args.out else default_out("run"), say)
     return 1 if report.wrong_total(doc["results"]) else 0

@@ -18,6 +18,9 @@ class PeerLost(TransportError):
 class Transport:
     rank: int
     nranks: int
+    #: after an ``exchange`` with receives: when each completed (time.monotonic() seconds, in
+    #: the receives' order); per-message completion times of an incast are made from it
+    recv_done: list[float]
 
     def barrier(self) -> None:
         """Gather a 1-byte token at rank 0, then release every rank (2 message rounds)."""

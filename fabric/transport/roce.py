@@ -540,6 +540,7 @@ class RoceTransport(Transport):
     def _run(self, recvs, sends_done):
         now = time.monotonic()
         results: list = [None] * len(recvs)
+        done_at = [0.0] * len(recvs)              # when each receive completed (monotonic s)
         want = deque(range(len(recvs)))
         started = now
         for f in self.tx.values():
@@ -562,11 +563,14 @@ class RoceTransport(Transport):
                             raise TransportError(f"rank {self.rank}: rank {peer} sent a {len(data)} B "
                                                  f"message where {nbytes} B were expected (out of step)")
                         results[i] = data
+                        done_at[i] = now
                         rxf.app_bytes += len(data)
                         rxf.app_crc = crc_chain(rxf.app_crc, data)
                         want.remove(i)
                 ack_at = self._flush_acks(now)
                 if not want and sends_done():
+                    if recvs:
+                        self.recv_done = done_at
                     return results
                 wake = self._send_and_timers(now)
                 if ack_at:

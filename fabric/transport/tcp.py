@@ -162,6 +162,7 @@ class TcpTransport(Transport):
         """See ``hpnlab.fabric.transport``; with ``wait_sends=False`` the sends are copied and written
         in the background of later calls (``flush`` finishes them)."""
         results: list = [None] * len(recvs)
+        done_at = [0.0] * len(recvs)          # when each receive completed (monotonic s)
         slots: dict[int, list[int]] = {}
         for i, (peer, nbytes) in enumerate(recvs):
             c = self.conns[peer]
@@ -195,7 +196,9 @@ class TcpTransport(Transport):
                         self._write(c)
                     if mask & selectors.EVENT_READ and c.inq:
                         for data in self._read(c):
-                            results[slots[c.peer].pop(0)] = data
+                            slot = slots[c.peer].pop(0)
+                            results[slot] = data
+                            done_at[slot] = now
                             pending_recv -= 1
                     ev = (selectors.EVENT_READ if c.inq else 0) | (selectors.EVENT_WRITE if c.out else 0)
                     if ev:
@@ -211,6 +214,8 @@ class TcpTransport(Transport):
                     self.sel.unregister(self.conns[peer].sock)
                 except (KeyError, ValueError):
                     pass
+        if recvs:
+            self.recv_done = done_at
         return results
 
     def flush(self) -> None:

@@ -1,0 +1,478 @@
+"""The ECN comparison: every workload under every ECN setting, side by side, with spread.
+
+``hpnlab run SCENARIO --compare ecn [--repeat 5] [--workloads incast,allreduce,mix]`` runs,
+on one emulation, each workload under the static settings (``hpnlab.fabric.ecn_settings``
+presets ``low``, ``high``, ``dcqcn``, ``default``) and ``dynamic`` (the controller's dynamic-ECN
+policy, when the run supports it), ``repeat`` times. The settings are *interleaved*: every
+repetition runs every workload under every setting, in an order rotated from one repetition
+to the next, so that the machine's load falls on all settings alike (not one block per
+setting).
+
+Workloads (the ``--jobs`` syntax of ``hpnlab.fabric.jobspec``; sized for mini-hpn's 10 Mbit/s
+host ports)
+    incast      short messages, many to one: 4 senders x 16 KiB to one root, 20 times, 20 ms apart
+    allreduce   elephants: a ring all-reduce of 1 MiB over 4 ranks
+    mix         both at once on disjoint hosts (the incast repeated for as long as the all-reduce)
+
+Figures per (workload, setting), over the repetitions as median [min, max]
+    busbw_gbs        the all-reduce jobs' busbw (out-of-place, mean over sizes; nccl-tests')
+    p50_us, p99_us   the incast jobs' per-message completion time (send start to last byte at
+                     the root), pooled over the run's messages
+    queue_p99_bytes  99th percentile of the switch ports' sampled queue estimate
+    ce_fraction      CE-marked / ECT packets over every switch port
+    drops            packets dropped by the switch port buffers
+    wall_s           the run's wall time
+Ratios: each setting's median over the best static setting's median, per workload (busbw: the
+highest is best; completion times: the lowest). The pure part (everything but
+:func:`run_comparison` and the plot functions) is tested on synthetic results.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .ecn_settings import PRESETS
+from .errors import UserError
+
+STATIC = ("low", "high", "dcqcn", "default")
+DYNAMIC = "dynamic"
+SETTINGS = (*STATIC, DYNAMIC)
+NOT_MERGED = "not available (dynamic ECN not merged)"
+
+WORKLOADS = {
+    "incast": "incast:ranks=5,msg=16K,iters=20,warmup=1,gap=20ms",
+    "allreduce": "all_reduce:ranks=4,size=1M,iters=3,warmup=1",
+    "mix": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=5,msg=16K,iters=60,warmup=1,gap=20ms",
+}
+_WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-reduce": "allreduce"}
+
+#: figure -> whether higher is better (for the ratios and "best")
+METRICS = {"busbw_gbs": True, "p50_us": False, "p99_us": False, "queue_p99_bytes": False,
+           "ce_fraction": False, "drops": False, "wall_s": False}
+#: the figures the ratio table compares to the best static setting
+RATIO_METRICS = ("busbw_gbs", "p50_us", "p99_us")
+
+assert set(STATIC) == set(PRESETS)
+
+
+def parse_workloads(text: str) -> tuple[str, ...]:
+    """``--workloads`` (comma list of incast, allreduce, mix)."""
+    out = []
+    for item in (i.strip().lower() for i in str(text).split(",") if i.strip()):
+        name = _WORKLOAD_ALIASES.get(item, item)
+        if name not in WORKLOADS:
+            raise UserError(f"--workloads: unknown workload {item!r} (known: {', '.join(WORKLOADS)})")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise UserError(f"--workloads: none given (known: {', '.join(WORKLOADS)})")
+    return tuple(out)
+
+
+def parse_settings(text: str) -> tuple[str, ...]:
+    out = []
+    for item in (i.strip().lower() for i in str(text).split(",") if i.strip()):
+        if item not in SETTINGS:
+            raise UserError(f"--settings: unknown ECN setting {item!r} (known: {', '.join(SETTINGS)})")
+        if item not in out:
+            out.append(item)
+    if not out:
+        raise UserError(f"--settings: none given (known: {', '.join(SETTINGS)})")
+    return tuple(out)
+
+
+def schedule(workloads: Sequence[str], settings: Sequence[str], repeat: int) -> list[tuple[int, str, str]]:
+    """(repetition, workload, setting) in run order: every repetition runs every workload under
+    every setting; the settings' order rotates by one each repetition."""
+    if repeat < 1:
+        raise UserError(f"--repeat must be at least 1, got {repeat}")
+    out: list[tuple[int, str, str]] = []
+    for rep in range(repeat):
+        k = rep % len(settings)
+        order = list(settings[k:]) + list(settings[:k])
+        for w in workloads:
+            out.extend((rep, w, s) for s in order)
+    return out
+
+
+# ---- figures of one run --------------------------------------------------------------
+
+def _pooled_summary(times_s: list[float]) -> tuple[float | None, float | None]:
+    import numpy as np
+    if not times_s:
+        return None, None
+    a = np.asarray(times_s, dtype=float) * 1e6
+    return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+def summarize(doc: dict[str, Any]) -> dict[str, Any]:
+    """The comparison's figures of one run's document (``experiment.run``'s), None where the
+    run has no such figure (no all-reduce job: no busbw)."""
+    results = doc.get("results", [])
+    busbw = [r["avg_busbw_gbs"] for r in results if r.get("collective", "").startswith("all_reduce")]
+    times = [t for r in results if r.get("collective") == "incast" for row in r.get("rows", [])
+             for t in (row.get("oop") or {}).get("message_times_s", [])]
+    p50, p99 = _pooled_summary(times)
+    ecn = next((r["switch_ecn"] for r in results if r.get("switch_ecn")), None) or {}
+    wrong = sum((row.get(m) or {}).get("wrong") or 0 for r in results for row in r.get("rows", [])
+                for m in ("oop", "ip"))
+    return {"busbw_gbs": statistics.fmean(busbw) if busbw else None, "p50_us": p50, "p99_us": p99,
+            "messages": len(times), "queue_p99_bytes": ecn.get("queue_p99_bytes"),
+            "ce_fraction": ecn.get("ce_fraction"), "drops": ecn.get("drops"),
+            "wall_s": doc.get("meta", {}).get("wall_s"), "wrong": wrong}
+
+
+def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
+    """median, min, max and n of the values that exist (None when none does)."""
+    vs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vs:
+        return None
+    return {"median": statistics.median(vs), "min": min(vs), "max": max(vs), "n": len(vs)}
+
+
+def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{workload: {setting: {figure: spread, or "unavailable": why}}} from the run records
+    ({"workload", "setting", "rep", "summary"} or {..., "unavailable": why})."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rec in records:
+        grouped.setdefault((rec["workload"], rec["setting"]), []).append(rec)
+    for (w, s), recs in grouped.items():
+        done = [r["summary"] for r in recs if "summary" in r]
+        if not done:
+            out.setdefault(w, {})[s] = {"unavailable": recs[0].get("unavailable", "no run finished")}
+            continue
+        figures: dict[str, Any] = {m: spread([d.get(m) for d in done]) for m in METRICS}
+        figures["runs"] = len(done)
+        figures["failed"] = [r["unavailable"] for r in recs if "unavailable" in r]
+        figures["wrong"] = sum(d.get("wrong") or 0 for d in done)
+        out.setdefault(w, {})[s] = figures
+    return out
+
+
+def best_static(per_setting: dict[str, dict[str, Any]], metric: str) -> tuple[str, float] | None:
+    """(setting, median) of the best static setting for ``metric`` (None when none has it)."""
+    higher = METRICS[metric]
+    have = [(s, f[metric]["median"]) for s, f in per_setting.items()
+            if s in STATIC and "unavailable" not in f and f.get(metric)]
+    if not have:
+        return None
+    return max(have, key=lambda x: x[1]) if higher else min(have, key=lambda x: x[1])
+
+
+def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """{workload: {setting: {figure: median / best static median}}} for ``RATIO_METRICS``."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for w, per in agg.items():
+        for s, f in per.items():
+            row: dict[str, float | None] = {}
+            for m in RATIO_METRICS:
+                best = best_static(per, m)
+                mine = None if "unavailable" in f or not f.get(m) else f[m]["median"]
+                row[m] = mine / best[1] if (best and mine is not None and best[1]) else None
+            out.setdefault(w, {})[s] = row
+    return out
+
+
+# ---- tables ----------------------------------------------------------------------------
+
+def _fmt(sp: dict[str, Any] | None, scale: float = 1.0, digits: int = 0) -> str:
+    if not sp:
+        return "-"
+    return (f"{sp['median'] * scale:.{digits}f} [{sp['min'] * scale:.{digits}f}-"
+            f"{sp['max'] * scale:.{digits}f}]")
+
+
+def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[str] = SETTINGS) -> str:
+    """Per workload: one line per setting with every figure as median [min-max]; then the
+    ratios to the best static setting."""
+    lines = []
+    head = (f"{'setting':<9} {'runs':>4} {'busbw Mbit/s':>20} {'msg p50 ms':>20} {'msg p99 ms':>20} "
+            f"{'queue p99 KB':>18} {'CE fraction':>20} {'drops':>14} {'wall s':>16}")
+    for w, per in agg.items():
+        lines += [f"## workload {w}: median [min-max] over repetitions", head, "-" * len(head)]
+        for s in [s for s in settings if s in per]:
+            f = per[s]
+            if "unavailable" in f:
+                lines.append(f"{s:<9} {'':>4} {f['unavailable']}")
+                continue
+            lines.append(f"{s:<9} {f['runs']:>4} {_fmt(f['busbw_gbs'], 8e3, 2):>20} {_fmt(f['p50_us'], 1e-3, 1):>20} "
+                         f"{_fmt(f['p99_us'], 1e-3, 1):>20} {_fmt(f['queue_p99_bytes'], 1e-3, 1):>18} "
+                         f"{_fmt(f['ce_fraction'], 1.0, 3):>20} {_fmt(f['drops']):>14} "
+                         f"{_fmt(f['wall_s'], 1.0, 1):>16}")
+            if f.get("wrong"):
+                lines.append(f"{'':<9} {'':>4} WRONG ELEMENTS: {f['wrong']}")
+            for why in f.get("failed", []):
+                lines.append(f"{'':<9} {'':>4} one repetition {why}")
+        lines.append("")
+    rat = ratios(agg)
+    head = f"{'workload':<10} {'setting':<9} " + " ".join(f"{m:>10}" for m in RATIO_METRICS) + "   best static"
+    lines += ["## ratio to the best static setting per workload (busbw: higher is better; times: lower)",
+              head, "-" * len(head)]
+    for w, per in rat.items():
+        best = ", ".join(f"{m} {b[0]}" for m in RATIO_METRICS if (b := best_static(agg[w], m)))
+        for s in [s for s in settings if s in per]:
+            if "unavailable" in agg[w][s]:
+                lines.append(f"{w:<10} {s:<9} {agg[w][s]['unavailable']}")
+                continue
+            cells = " ".join(f"{'-' if per[s][m] is None else format(per[s][m], '.3f'):>10}" for m in RATIO_METRICS)
+            lines.append(f"{w:<10} {s:<9} {cells}   {best}")
+    return "\n".join(lines)
+
+
+# ---- plots (matplotlib, imported when called) ------------------------------------------------
+
+def queue_series(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """(seconds from the first sample, the largest sampled queue over the ports, bytes) of a run."""
+    ecn = next((r["switch_ecn"] for r in doc.get("results", []) if r.get("switch_ecn")), None) or {}
+    qs = ecn.get("queue_samples") or {}
+    t, ports = qs.get("t") or [], qs.get("ports") or {}
+    if not t:
+        return [], []
+    top = [max((p[k] for p in ports.values() if k < len(p)), default=0) for k in range(len(t))]
+    return [x - t[0] for x in t], top
+
+
+def threshold_series(doc: dict[str, Any], max_ports: int = 4) -> list[tuple[str, list[float], list[float]]]:
+    """Kmin over time, [(label, seconds, bytes)]. A run under a controller policy other than
+    static (``meta["ecn_policy"]``) with the run's "telemetry" (per port ``{"t": [...], "kmin":
+    [...]}`` under "ports"): the ports whose Kmin moved most (at most ``max_ports``). Otherwise
+    the static setting the run applied (``meta["ecn"]``), flat, one line per port rate."""
+    meta = doc.get("meta", {})
+    ports = (doc.get("telemetry") or {}).get("ports") or {}
+    if meta.get("ecn_policy") not in (None, "static") and ports:
+        def moves(series: dict[str, Any]) -> int:
+            ks = [k for k in series.get("kmin") or [] if k is not None]
+            return sum(1 for x, y in itertools.pairwise(ks) if x != y)
+        ranked = sorted(ports.items(), key=lambda kv: (-moves(kv[1]), kv[0]))[:max_ports]
+        out = []
+        for name, series in ranked:
+            pts = [(float(t), float(k)) for t, k in zip(series.get("t") or [], series.get("kmin") or [], strict=False)
+                   if k is not None]
+            if pts:
+                out.append((name, [t for t, _ in pts], [k for _, k in pts]))
+        return out
+    by_rate = (meta.get("ecn") or {}).get("by_rate_mbps") or {}
+    ts, _ = queue_series(doc)
+    span = [0.0, ts[-1] if ts else 1.0]
+    return [(f"Kmin at {rate} Mbit/s", span, [th["kmin"]] * 2)
+            for rate, th in sorted(by_rate.items(), key=lambda x: float(x[0]))]
+
+
+def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Path) -> Path:
+    """One row per workload: the largest switch queue over time and Kmin over time, one line per
+    setting (``docs``: (workload, setting) -> one run's document, e.g. the last repetition's)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import _save
+
+    workloads = sorted({w for w, _ in docs})
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.2 * len(workloads)), squeeze=False)
+    for i, w in enumerate(workloads):
+        qa, ta = axes[i]
+        for (ww, s), doc in sorted(docs.items()):
+            if ww != w:
+                continue
+            ts, q = queue_series(doc)
+            line, = qa.plot(ts, [x / 1e3 for x in q], linewidth=1, label=s)
+            for label, tt, k in threshold_series(doc):
+                ta.step(tt, [x / 1e3 for x in k], where="post", color=line.get_color(), linewidth=1,
+                        label=f"{s}: {label}")
+        qa.set_title(f"{w}: largest switch queue (sampled)")
+        qa.set_xlabel("time (s)")
+        qa.set_ylabel("queue (KB)")
+        qa.grid(True, alpha=0.3)
+        qa.legend(fontsize=7)
+        ta.set_title(f"{w}: ECN Kmin over time")
+        ta.set_xlabel("time (s)")
+        ta.set_ylabel("Kmin (KB)")
+        ta.grid(True, alpha=0.3)
+        ta.legend(fontsize=6)
+    return _save(fig, path)
+
+
+def plot_figures(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) -> Path:
+    """Bars with min-max whiskers: busbw, message p99 and queue p99 per workload and setting."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import _save
+
+    figures = (("busbw_gbs", "busbw (Mbit/s)", 8e3), ("p99_us", "message p99 (ms)", 1e-3),
+               ("queue_p99_bytes", "queue p99 (KB)", 1e-3))
+    fig, axes = plt.subplots(1, len(figures), figsize=(13, 3.8))
+    for ax, (m, title, scale) in zip(axes, figures, strict=False):
+        x = 0
+        ticks, labels = [], []
+        for w, per in agg.items():
+            for s, f in per.items():
+                sp = f.get(m) if "unavailable" not in f else None
+                if sp:
+                    ax.bar(x, sp["median"] * scale, color=f"C{SETTINGS.index(s) if s in SETTINGS else 9}")
+                    ax.errorbar(x, sp["median"] * scale, yerr=[[(sp["median"] - sp["min"]) * scale],
+                                                               [(sp["max"] - sp["median"]) * scale]],
+                                color="black", capsize=2)
+                ticks.append(x)
+                labels.append(f"{w}\n{s}")
+                x += 1
+            x += 1
+        ax.set_xticks(ticks, labels, fontsize=6, rotation=90)
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+# ---- the shell: run everything on one emulation ---------------------------------------------
+
+def dynamic_supported(run: Callable[..., Any]) -> bool:
+    """Whether ``experiment.run`` takes ``ecn_policy`` (the dynamic-ECN work adds it)."""
+    try:
+        return "ecn_policy" in inspect.signature(run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequence[str], repeat: int, *,
+                   say: Callable[[str], None] = print, run: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Run the :func:`schedule` on ``emu`` (``base``: an ``experiment.Plan`` giving transport,
+    entropy and the generator's options; each workload replaces its jobs). Returns the
+    comparison document: {"meta", "records": [{"rep", "workload", "setting", "summary",
+    "doc"} or {..., "unavailable"}], "aggregate", "ratios"}."""
+    from . import experiment
+
+    run = run or experiment.run
+    dynamic_ok = dynamic_supported(run)
+    order = schedule(workloads, settings, repeat)
+    plans = {w: base.replace(job_specs=WORKLOADS[w], jobs=1) for w in workloads}
+    for plan in plans.values():
+        plan.jobs_on(emu.graph)                       # every mistake before the first run
+    records: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    for k, (rep, w, s) in enumerate(order):
+        rec: dict[str, Any] = {"rep": rep, "workload": w, "setting": s}
+        if s == DYNAMIC and not dynamic_ok:
+            rec["unavailable"] = NOT_MERGED
+            records.append(rec)
+            continue
+        say(f"[{k + 1}/{len(order)}] repetition {rep + 1}, {w}, ECN {s}")
+        kwargs: dict[str, Any] = {"ecn_thresholds": "default" if s == DYNAMIC else s}
+        if s == DYNAMIC:
+            kwargs["ecn_policy"] = "dynamic"
+        started = time.monotonic()
+        try:
+            doc = run(plans[w], emu, progress=False, say=lambda m: None, **kwargs)
+        except TypeError as exc:
+            if s != DYNAMIC:
+                raise
+            rec["unavailable"] = f"{NOT_MERGED}: {exc}"
+            records.append(rec)
+            continue
+        except UserError as exc:       # one run failed (a rank died...): say so, keep the others
+            rec["unavailable"] = f"failed: {exc}"
+            say(f"  failed: {exc}")
+            records.append(rec)
+            continue
+        rec["summary"] = summarize(doc)
+        rec["elapsed_s"] = time.monotonic() - started
+        rec["doc"] = doc
+        sm = rec["summary"]
+        say(f"  {rec['elapsed_s']:.1f} s: busbw {_num(sm['busbw_gbs'], 8e3, 'Mbit/s')}, msg p50/p99 "
+            f"{_num(sm['p50_us'], 1e-3, 'ms')}/{_num(sm['p99_us'], 1e-3, 'ms')}, queue p99 "
+            f"{_num(sm['queue_p99_bytes'], 1e-3, 'KB')}, CE {_num(sm['ce_fraction'], 1, '')}, drops {sm['drops']}")
+        records.append(rec)
+    agg = aggregate(records)
+    meta = {"workloads": {w: WORKLOADS[w] for w in workloads}, "settings": list(settings), "repeat": repeat,
+            "order": [list(x) for x in order], "wall_s": time.monotonic() - t0,
+            "dynamic_available": dynamic_ok, "plan": base.as_dict()}
+    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
+
+
+def repetition_times(records: list[dict[str, Any]]) -> dict[int, float]:
+    """Seconds the runs of each repetition took together (runs of pieces merged: per piece
+    and repetition, numbered in order)."""
+    out: dict[tuple[int, int], float] = {}
+    for rec in records:
+        if "elapsed_s" in rec:
+            key = (rec.get("piece", 0), rec["rep"])
+            out[key] = out.get(key, 0.0) + rec["elapsed_s"]
+    return {k: out[key] for k, key in enumerate(sorted(out))}
+
+
+def _num(v: float | None, scale: float, unit: str) -> str:
+    return "-" if v is None else f"{v * scale:.3g}{' ' + unit if unit else ''}"
+
+
+def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] = print) -> Path:
+    """Write ``compare.json`` first, then print the tables and draw the plots."""
+    from .report import write_json
+
+    out_dir = Path(out_dir)
+    path = write_json(comp, out_dir / "compare.json")
+    settings = comp["meta"]["settings"]
+    say(format_report(comp["aggregate"], settings))
+    reps = repetition_times(comp["records"])
+    if reps:
+        say("wall time per repetition: " + ", ".join(f"{t:.1f} s" for t in reps.values()))
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for rec in comp["records"]:
+        if "doc" in rec:
+            last[(rec["workload"], rec["setting"])] = rec["doc"]
+    plots = []
+    if last:
+        plots.append(plot_comparison(last, out_dir / "ecn-queues-thresholds.png"))
+        plots.append(plot_figures(comp["aggregate"], out_dir / "ecn-figures.png"))
+    say(f"comparison: {path}  plots: {', '.join(str(p) for p in plots) or 'none'}")
+    return path
+
+
+# ---- merging comparisons run in pieces ------------------------------------------------------
+
+def merge(comps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One comparison from several (run one after the other, e.g. a workload at a time where a
+    run may hold the emulation only a few minutes): their records together, each tagged with
+    the piece it came from, aggregated again."""
+    if not comps:
+        raise UserError("nothing to merge")
+    records = [dict(rec, piece=k) for k, comp in enumerate(comps) for rec in comp["records"]]
+    settings: list[str] = []
+    for comp in comps:
+        settings += [s for s in comp["meta"]["settings"] if s not in settings]
+    agg = aggregate(records)
+    meta = {"pieces": [comp["meta"] for comp in comps], "settings": settings,
+            "workloads": {w: spec for comp in comps for w, spec in comp["meta"]["workloads"].items()},
+            "wall_s": sum(comp["meta"].get("wall_s", 0.0) for comp in comps)}
+    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpnlab.fabric.compare compare.json [...] --out DIR``: the tables and plots
+    again from comparison files; several files are merged into one comparison first."""
+    import argparse
+    import sys
+
+    from .report import read_json
+
+    p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.compare", description=main.__doc__)
+    p.add_argument("files", nargs="+", help="compare.json written by hpnlab run --compare ecn")
+    p.add_argument("--out", required=True, help="folder for the merged compare.json and the plots")
+    args = p.parse_args(argv)
+    try:
+        comps = [read_json(f) for f in args.files]
+        save(comps[0] if len(comps) == 1 else merge(comps), args.out)
+    except (OSError, ValueError, KeyError, TypeError, UserError) as exc:
+        print(f"hpnlab: cannot read comparisons from {', '.join(args.files)}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

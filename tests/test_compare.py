@@ -1,0 +1,259 @@
+"""The ECN comparison's pure part on synthetic run documents: order, figures, spread, ratios,
+tables, and a setting that is not available."""
+import json
+
+import pytest
+
+from hpnlab.fabric import compare
+from hpnlab.fabric.errors import UserError
+
+
+def doc(busbw=None, msg_ms=(), queue=0.0, ce=0.0, drops=0, wall=1.0, wrong=0):
+    """A run document as experiment.run makes it, with only what the comparison reads."""
+    ecn = {"queue_p99_bytes": queue, "ce_fraction": ce, "drops": drops,
+           "queue_samples": {"interval_s": 0.1, "t": [100.0, 100.1, 100.2], "ports": {"a": [0, 3000, 1000],
+                                                                                      "b": [500, 0, 2000]}}}
+    results = []
+    if busbw is not None:
+        results.append({"collective": "all_reduce", "avg_busbw_gbs": busbw, "switch_ecn": ecn,
+                        "rows": [{"size": 1, "oop": {"wrong": wrong}, "ip": None}]})
+    if msg_ms:
+        results.append({"collective": "incast", "switch_ecn": ecn,
+                        "rows": [{"size": 1, "ip": None,
+                                  "oop": {"wrong": 0, "message_times_s": [m / 1e3 for m in msg_ms]}}]})
+    return {"meta": {"wall_s": wall, "ecn": {"setting": "low", "by_rate_mbps": {"10": {"kmin": 1514}}}},
+            "results": results}
+
+
+def test_schedule_interleaves_settings_within_each_repetition_and_rotates_them():
+    order = compare.schedule(["incast", "mix"], ["low", "high", "dynamic"], 2)
+    assert order[:6] == [(0, "incast", "low"), (0, "incast", "high"), (0, "incast", "dynamic"),
+                         (0, "mix", "low"), (0, "mix", "high"), (0, "mix", "dynamic")]
+    assert [s for _, w, s in order[6:9]] == ["high", "dynamic", "low"]
+    assert len(order) == 12
+
+
+def test_schedule_needs_a_repetition():
+    with pytest.raises(UserError, match="--repeat must be at least 1"):
+        compare.schedule(["incast"], ["low"], 0)
+
+
+def test_workloads_and_settings_parse_with_one_line_per_mistake():
+    assert compare.parse_workloads("incast, all_reduce,mix,incast") == ("incast", "allreduce", "mix")
+    with pytest.raises(UserError, match="unknown workload 'storm'"):
+        compare.parse_workloads("incast,storm")
+    with pytest.raises(UserError, match="unknown ECN setting 'medium'"):
+        compare.parse_settings("low,medium")
+
+
+def test_every_workload_is_valid_jobs_syntax():
+    from hpnlab.fabric import jobspec
+    for spec in compare.WORKLOADS.values():
+        assert jobspec.parse(spec)
+
+
+def test_summarize_reads_busbw_pooled_message_percentiles_and_switch_figures():
+    s = compare.summarize(doc(busbw=0.002, msg_ms=range(1, 101), queue=9000.0, ce=0.25, drops=3, wall=4.0))
+    assert s["busbw_gbs"] == 0.002
+    assert s["messages"] == 100
+    assert s["p50_us"] == pytest.approx(50_500)
+    assert s["p99_us"] == pytest.approx(99_010)
+    assert (s["queue_p99_bytes"], s["ce_fraction"], s["drops"], s["wall_s"]) == (9000.0, 0.25, 3, 4.0)
+
+
+def test_summarize_without_an_incast_has_no_message_times():
+    s = compare.summarize(doc(busbw=0.001))
+    assert s["p99_us"] is None and s["messages"] == 0
+
+
+def test_spread_is_median_min_max_of_what_exists():
+    assert compare.spread([3.0, None, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert compare.spread([None]) is None
+
+
+def _records():
+    recs = []
+    for rep in range(3):
+        for setting, bw, p99 in (("low", 0.0010, 30), ("high", 0.0020, 90), ("dcqcn", 0.0012, 20),
+                                 ("default", 0.0018, 50)):
+            recs.append({"rep": rep, "workload": "mix", "setting": setting,
+                         "summary": compare.summarize(doc(busbw=bw + rep * 1e-5, msg_ms=[p99 / 2, p99]))})
+        recs.append({"rep": rep, "workload": "mix", "setting": "dynamic", "unavailable": compare.NOT_MERGED})
+    return recs
+
+
+def test_aggregate_gives_each_setting_its_spread_and_keeps_unavailable_ones():
+    agg = compare.aggregate(_records())
+    assert agg["mix"]["high"]["busbw_gbs"]["n"] == 3
+    assert agg["mix"]["high"]["busbw_gbs"]["min"] == pytest.approx(0.0020)
+    assert agg["mix"]["high"]["busbw_gbs"]["max"] == pytest.approx(0.00202)
+    assert agg["mix"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
+
+
+def test_best_static_is_highest_busbw_and_lowest_completion():
+    agg = compare.aggregate(_records())
+    assert (compare.best_static(agg["mix"], "busbw_gbs") or ("",))[0] == "high"
+    assert (compare.best_static(agg["mix"], "p99_us") or ("",))[0] == "dcqcn"
+
+
+def test_ratios_are_to_the_best_static_setting():
+    r = compare.ratios(compare.aggregate(_records()))["mix"]
+    assert r["high"]["busbw_gbs"] == pytest.approx(1.0)
+    assert r["low"]["busbw_gbs"] == pytest.approx(0.00101 / 0.00201)
+    # p99 of two messages (p/2, p) is p/2 + 0.99 p/2 (numpy's linear percentile)
+    assert r["high"]["p99_us"] == pytest.approx((45 + 0.99 * 45) / (10 + 0.99 * 10))
+    assert r["dynamic"] == {"busbw_gbs": None, "p50_us": None, "p99_us": None}
+
+
+def test_the_report_shows_every_setting_its_spread_the_ratios_and_what_is_missing():
+    text = compare.format_report(compare.aggregate(_records()))
+    assert "## workload mix" in text
+    assert "dynamic" in text and compare.NOT_MERGED in text
+    assert "16.08 [16.00-16.16]" in text       # high's busbw in Mbit/s: median [min-max]
+    assert "## ratio to the best static setting" in text
+
+
+def test_wrong_elements_are_shown():
+    recs = [{"rep": 0, "workload": "allreduce", "setting": "low",
+             "summary": compare.summarize(doc(busbw=0.001, wrong=7))}]
+    assert "WRONG ELEMENTS: 7" in compare.format_report(compare.aggregate(recs))
+
+
+def test_queue_series_is_the_largest_port_queue_per_sample():
+    ts, q = compare.queue_series(doc(busbw=0.001))
+    assert ts == pytest.approx([0.0, 0.1, 0.2]) and q == [500, 3000, 2000]
+
+
+def test_threshold_series_of_a_dynamic_run_reads_the_telemetry_ports_that_moved():
+    d = doc(busbw=0.001)
+    d["meta"]["ecn_policy"] = "dynamic"
+    d["telemetry"] = {"ports": {"s1:1": {"t": [0.0, 0.2, 0.4], "kmin": [6000, 6000, 6000]},
+                                "s1:2": {"t": [0.0, 0.2, 0.4], "kmin": [6000, 3000, 1500]}}}
+    assert compare.threshold_series(d, max_ports=1) == [("s1:2", [0.0, 0.2, 0.4], [6000.0, 3000.0, 1500.0])]
+
+
+def test_threshold_series_of_a_static_run_ignores_the_telemetry():
+    d = doc(busbw=0.001)
+    d["meta"]["ecn_policy"] = "static"
+    d["telemetry"] = {"ports": {"s1:1": {"t": [0.0], "kmin": [6000]}}}
+    assert compare.threshold_series(d)[0][0] == "Kmin at 10 Mbit/s"
+
+
+def test_threshold_series_of_a_static_run_is_its_flat_kmin():
+    (label, ts, k) = compare.threshold_series(doc(busbw=0.001))[0]
+    assert label == "Kmin at 10 Mbit/s" and k == [1514, 1514] and ts == pytest.approx([0.0, 0.2])
+
+
+def test_dynamic_is_detected_from_the_run_signature():
+    def old(plan, where, *, progress=True, say=None, ecn_thresholds=None):
+        pass
+
+    def new(plan, where, *, ecn_thresholds=None, ecn_policy=None):
+        pass
+    assert not compare.dynamic_supported(old) and compare.dynamic_supported(new)
+
+
+class _FakeEmu:
+    graph = None
+
+
+class _FakePlan:
+    def replace(self, **kw):
+        return self
+
+    def jobs_on(self, g):
+        return {}
+
+    def as_dict(self):
+        return {}
+
+
+def test_run_comparison_marks_dynamic_unavailable_and_passes_each_static_setting():
+    calls = []
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
+        calls.append(ecn_thresholds)
+        return doc(busbw=0.001, msg_ms=[5, 6])
+    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["incast"], ["low", "dynamic", "dcqcn"], 2,
+                                  say=lambda m: None, run=run)
+    assert calls == ["low", "dcqcn", "dcqcn", "low"]
+    assert comp["aggregate"]["incast"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
+    assert comp["aggregate"]["incast"]["low"]["runs"] == 2
+
+
+def test_run_comparison_passes_the_policy_for_dynamic_when_the_run_takes_it():
+    calls = []
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None, ecn_policy=None):
+        calls.append((ecn_thresholds, ecn_policy))
+        return doc(busbw=0.001)
+    compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["dynamic"], 1, say=lambda m: None, run=run)
+    assert calls == [("default", "dynamic")]
+
+
+def test_a_failed_run_is_reported_and_the_others_kept():
+    n = [0]
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
+        n[0] += 1
+        if n[0] == 2:
+            raise UserError("rank 3 (h7) died")
+        return doc(busbw=0.001)
+    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["low"], 3, say=lambda m: None, run=run)
+    f = comp["aggregate"]["allreduce"]["low"]
+    assert f["runs"] == 2 and f["failed"] == ["failed: rank 3 (h7) died"]
+    assert "one repetition failed: rank 3 (h7) died" in compare.format_report(comp["aggregate"])
+
+
+def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, capsys):
+    """`hpnlab run --compare ecn` end to end with the emulation and the runs replaced."""
+    import hpnlab.fabric.emulation as emulation
+    from hpnlab.cli import main
+
+    class Emu(_FakeEmu):
+        caps = None
+
+        def __init__(self, scenario, **kw):
+            from hpnlab.fabric import graph
+            self.graph = graph.build(scenario)
+            self.metadata: dict = {}
+            self.timings: dict = {}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
+        return doc(busbw=0.001, msg_ms=[4, 8])
+    real = compare.run_comparison
+    monkeypatch.setattr(emulation, "Emulation", Emu)
+    monkeypatch.setattr(compare, "run_comparison", lambda *a, **kw: real(*a, **kw, run=run))
+    rc = main.main(["run", "mini-hpn", "--compare", "ecn", "--repeat", "2", "--workloads", "incast",
+                    "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["meta"]["repeat"] == 2 and saved["meta"]["command"]
+    assert saved["aggregate"]["incast"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
+    assert "## workload incast" in out and "## ratio to the best static" in out
+    assert (tmp_path / "ecn-queues-thresholds.png").is_file() and (tmp_path / "ecn-figures.png").is_file()
+
+
+def test_pieces_merge_into_one_comparison():
+    def piece(workload, setting, busbw):
+        recs = [{"rep": r, "workload": workload, "setting": setting, "summary": compare.summarize(doc(busbw=b))}
+                for r, b in enumerate(busbw)]
+        return {"meta": {"settings": [setting], "workloads": {workload: "x"}, "wall_s": 10.0}, "records": recs}
+    merged = compare.merge([piece("allreduce", "low", [0.001, 0.002]), piece("allreduce", "high", [0.004])])
+    assert merged["meta"]["settings"] == ["low", "high"] and merged["meta"]["wall_s"] == 20.0
+    assert merged["aggregate"]["allreduce"]["low"]["busbw_gbs"]["n"] == 2
+    assert merged["ratios"]["allreduce"]["low"]["busbw_gbs"] == pytest.approx(0.0015 / 0.004)
+    assert [r["piece"] for r in merged["records"]] == [0, 0, 1]
+
+
+def test_repetition_times_add_up_each_repetitions_runs():
+    recs: list[dict] = [{"rep": 0, "elapsed_s": 2.0}, {"rep": 0, "elapsed_s": 3.0}, {"rep": 1, "elapsed_s": 4.0},
+            {"rep": 1, "unavailable": compare.NOT_MERGED}, {"rep": 0, "piece": 1, "elapsed_s": 1.5}]
+    assert compare.repetition_times(recs) == {0: 5.0, 1: 4.0, 2: 1.5}
