@@ -217,7 +217,7 @@ def lay_out(sizes: dict[tuple[int, str], list[int]]) -> EntropyMap:
     overlaps: list[tuple[str, str]] = []
     off = 0
     for key in sorted(sizes, key=order):
-        ns = sorted(set(n for n in sizes[key] if n >= 2))
+        ns = sorted({n for n in sizes[key] if n >= 2})
         if not ns:
             continue
         tier, direction = key
