@@ -1,14 +1,29 @@
 """Entropy policies: which path (plane, UDP source port) each packet of a flow takes.
 
-Pure: a policy sees the flow's hash and the packet's sequence number, and (the adaptive
-hook) feedback per path. The names here are the only list of entropy names: the transport
-package's ``ENTROPIES`` is ``tuple(ENTROPY_POLICIES)``.
+Pure: a policy sees the flow's hash and the packet's sequence number, the flow's path
+liveness (``flow.paths``, :class:`.paths.PathTable`), and feedback per path. The names here
+are the only list of entropy names: the transport package's ``ENTROPIES`` is
+``tuple(ENTROPY_POLICIES)``.
+
+    flow       one path per flow (hash of the rank pair): per-flow ECMP
+    flowlet    one path at a time; after an idle gap longer than ``flowlet_gap_s`` the flow
+               moves to the next path (LetFlow, Vanini et al., NSDI'17)
+    spray      every packet the next path in rotation (oblivious spraying)
+    adaptive   REPS-like recycling of the paths whose packets were acknowledged cleanly
+               (:mod:`.adaptive`)
+
+With the controller's entropy map (:class:`EntropyMap`, below) the transport binds its
+source ports to the map's entropy values, so N paths are N known, distinct ways through
+the fabric.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .adaptive import AdaptiveParams, AdaptivePaths
 from .base import TransportError
 
 if TYPE_CHECKING:
@@ -18,21 +33,37 @@ if TYPE_CHECKING:
 class EntropyPolicy:
     """Chooses each packet's path: (plane index, source-port index on that plane).
 
-    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind)`` is called with
-    kind "ack" (bytes acknowledged on that path), "ce" (a CNP for a packet of that path)
-    or "loss" (a NACK or timeout): the hook the adaptive policy uses.
+    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind, now, rtt)`` is called
+    with kind "ack" (one packet sent once on that path acknowledged), "rtt" (an RTT sample
+    of a packet of that path), "ce" (a CNP for a packet of that path) or "loss" (a NACK or
+    timeout): the hook the adaptive policy uses.
     """
     name = "base"
     per_flow = False        # True: every packet of a flow takes the same path
+    one_at_a_time = False   # True: a flow uses one path at a time (its top rate is one port's)
 
-    def __init__(self, planes: int, ports_per_nic: int):
+    def __init__(self, planes: int, ports_per_nic: int, clock: Callable[[], float] = time.monotonic,
+                 **params: Any):
         self.planes, self.ports = planes, ports_per_nic
+        self.clock = clock
+
+    @property
+    def n_paths(self) -> int:
+        return self.planes * self.ports
+
+    def rotation(self, i: int) -> int:
+        """The i-th path of the rotation that interleaves planes (path 0 of plane 0, of plane 1...)."""
+        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
 
     def path(self, flow: _TxFlow, seq: int) -> int:
         raise NotImplementedError
 
-    def on_feedback(self, flow: _TxFlow, path: int, kind: str) -> None:
+    def on_feedback(self, flow: _TxFlow, path: int, kind: str, now: float = 0.0, rtt: float | None = None) -> None:
         pass
+
+    def summary(self, flow: _TxFlow) -> dict | None:
+        """The policy's per-flow state for the results (None: nothing to say)."""
+        return None
 
 
 class FlowEntropy(EntropyPolicy):
@@ -44,27 +75,91 @@ class FlowEntropy(EntropyPolicy):
         return flow.hash % (self.planes * self.ports)
 
 
+class FlowletEntropy(EntropyPolicy):
+    """LetFlow-like flowlets: a flow keeps its path while it sends; after an idle gap longer
+    than ``flowlet_gap_s`` (or when its path is found dead) it moves to the next live path of
+    the rotation. A gap longer than the paths' delay difference cannot reorder packets."""
+    name = "flowlet"
+    one_at_a_time = True
+
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic, flowlet_gap_s: float = 0.0005, **params):
+        super().__init__(planes, ports_per_nic, clock)
+        if flowlet_gap_s <= 0:
+            raise TransportError(f"the flowlet gap must be above 0, got {flowlet_gap_s * 1e6:g} us")
+        self.gap_s = flowlet_gap_s
+        self.state: dict[int, list] = {}      # flow (peer) -> [rotation index, last send time, flowlets]
+
+    def path(self, flow, seq):
+        now = self.clock()
+        st = self.state.get(flow.dst)
+        if st is None:
+            st = self.state[flow.dst] = [flow.hash % self.n_paths, now, 1]
+        elif now - st[1] > self.gap_s or not flow.paths.live(self.rotation(st[0])):
+            for k in range(1, self.n_paths + 1):
+                if flow.paths.live(self.rotation(st[0] + k)):
+                    st[0] += k
+                    break
+            st[2] += 1
+        st[1] = now
+        return self.rotation(st[0])
+
+    def summary(self, flow):
+        st = self.state.get(flow.dst)
+        return {"flowlets": st[2] if st else 0, "gap_us": self.gap_s * 1e6}
+
+
 class SprayEntropy(EntropyPolicy):
     """Per-packet spraying: rotate over every (plane, source port), planes interleaved."""
     name = "spray"
 
     def path(self, flow, seq):
-        i = seq + flow.hash
-        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
+        return self.rotation(seq + flow.hash)
 
 
 class AdaptiveEntropy(EntropyPolicy):
-    """Hook for host-side adaptive routing (filled by the adaptive-routing issue)."""
+    """Host-side adaptive routing per packet (REPS-like, :mod:`.adaptive`): one
+    :class:`.adaptive.AdaptivePaths` per flow, fed by the transport's feedback."""
     name = "adaptive"
 
-    def __init__(self, planes, ports_per_nic):
-        usable = " or ".join(n for n in ENTROPY_POLICIES if n != self.name)
-        raise TransportError(f"entropy {self.name!r} is a hook for the adaptive-routing work and has "
-                             f"no policy yet; use --entropy {usable}")
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic,
+                 adaptive: AdaptiveParams | dict | None = None, **params):
+        super().__init__(planes, ports_per_nic, clock)
+        try:
+            self.params = adaptive if isinstance(adaptive, AdaptiveParams) else AdaptiveParams(**(adaptive or {}))
+        except TypeError as exc:
+            raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
+        self.flows: dict[int, AdaptivePaths] = {}
+
+    def of(self, flow) -> AdaptivePaths:
+        st = self.flows.get(flow.dst)
+        if st is None:
+            st = self.flows[flow.dst] = AdaptivePaths(self.n_paths, self.params, start=flow.hash)
+        return st
+
+    def path(self, flow, seq):
+        return self.of(flow).choose(self.clock(), flow.paths.live)
+
+    def on_feedback(self, flow, path, kind, now=0.0, rtt=None):
+        if path >= self.n_paths:
+            return
+        st = self.of(flow)
+        now = now or self.clock()
+        if kind == "ack":
+            st.on_ack(path, now)
+        elif kind == "rtt" and rtt is not None:
+            st.on_rtt(path, rtt)
+        elif kind == "ce":
+            st.on_mark(path, now)
+        elif kind == "loss":
+            st.on_loss(path, now)
+
+    def summary(self, flow):
+        st = self.flows.get(flow.dst)
+        return st.summary() if st else None
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
-    cls.name: cls for cls in (FlowEntropy, SprayEntropy, AdaptiveEntropy)}
+    cls.name: cls for cls in (FlowEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy)}
 """Entropy policy by name: the one source of the entropy names (``ENTROPIES`` is its keys).
 Not to be confused with the controller compiler's routing policies."""
 
