@@ -311,7 +311,7 @@ MAP = lay_out({(1, "up"): [2], (3, "down"): [2]})      # 2 bits: 4 distinct path
 
 
 def test_source_ports_are_bound_to_the_maps_entropy_values_one_per_distinct_path():
-    t = make("roce", 0, [["127.0.0.2", "127.0.1.2"], ["127.0.0.3", "127.0.1.3"]], base_port=BASE + 45,
+    t = RoceTransport(0, [["127.0.0.2", "127.0.1.2"], ["127.0.0.3", "127.0.1.3"]], base_port=BASE + 45,
              entropy=SprayEntropy.name, ports_per_nic=8, entropy_map=MAP.as_dict())
     t.start()
     try:
@@ -329,9 +329,9 @@ def test_source_ports_are_bound_to_the_maps_entropy_values_one_per_distinct_path
 def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
     ip = "127.0.0.2"
     m = lay_out({(1, "up"): [4]})
-    first = make("roce", 0, [[ip], ["127.0.0.3"]], base_port=BASE + 55, ports_per_nic=4, entropy_map=m)
+    first = RoceTransport(0, [[ip], ["127.0.0.3"]], base_port=BASE + 55, ports_per_nic=4, entropy_map=m)
     first.start()
-    second = make("roce", 1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
+    second = RoceTransport(1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
     try:
         sock, k = second._entropy_socket(ip, 2)           # rank 1 wants path 2 on the same address
         taken = first.tx_socks[2].getsockname()[1]

@@ -688,9 +688,8 @@ class RoceTransport(Transport):
                 pkt = self._peek_ready(f)
                 if not pkt:
                     continue
-                path = f.held_path
-                if path is None or not f.paths.live(path):
-                    path = self._choose_path(f)
+                held = f.held_path
+                path = held if held is not None and f.paths.live(held) else self._choose_path(f)
                 plane = path // self.ports_per_nic
                 if self.nic_next[plane] > now + la:
                     f.held_path = path            # the choice waits for its port (a token is not lost)
