@@ -14,7 +14,7 @@ import pytest
 
 from hpnlab.fabric.transport import TransportError
 from hpnlab.fabric.transport.adaptive import AdaptiveParams, AdaptivePaths
-from hpnlab.fabric.transport.entropy import AdaptiveEntropy, FlowletEntropy
+from hpnlab.fabric.transport.entropy import AdaptiveEntropy, EcmpEntropy, FlowletEntropy
 from hpnlab.fabric.transport.paths import PathTable
 
 PATHS = 4
@@ -187,3 +187,11 @@ def test_a_flowlet_leaves_a_dead_path_at_once():
     p = pol.path(f, 0)
     f.paths.kill(p, 0.0)
     assert pol.path(f, 1) != p
+
+
+def test_ecmp_deals_packets_over_one_hashed_connection_per_plane():
+    pol = EcmpEntropy(2, 4)
+    f = _flow(2, 4)
+    paths = [pol.path(f, k) for k in range(8)]
+    assert [p // 4 for p in paths] == [0, 1] * 4                # connection k on plane k
+    assert len(set(paths)) == 2                                 # each keeps its hashed entropy value

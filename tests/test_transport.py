@@ -15,7 +15,14 @@ import threading
 import pytest
 
 from hpnlab.fabric.transport import ENTROPIES, ENTROPY_POLICIES, PeerLost, TransportError, make
-from hpnlab.fabric.transport.entropy import AdaptiveEntropy, FlowEntropy, FlowletEntropy, SprayEntropy, lay_out
+from hpnlab.fabric.transport.entropy import (
+    AdaptiveEntropy,
+    EcmpEntropy,
+    FlowEntropy,
+    FlowletEntropy,
+    SprayEntropy,
+    lay_out,
+)
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
@@ -368,7 +375,8 @@ def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(e
 def test_entropy_names_are_the_keys_of_the_one_policy_table():
     assert tuple(ENTROPY_POLICIES) == ENTROPIES
     assert all(ENTROPY_POLICIES[name].name == name for name in ENTROPIES)
-    assert {FlowEntropy.name, FlowletEntropy.name, SprayEntropy.name, AdaptiveEntropy.name} == set(ENTROPIES)
+    assert {FlowEntropy.name, EcmpEntropy.name, FlowletEntropy.name, SprayEntropy.name,
+            AdaptiveEntropy.name} == set(ENTROPIES)
 
 
 def test_an_unknown_entropy_is_refused_naming_the_known_ones():

@@ -5,7 +5,8 @@ liveness (``flow.paths``, :class:`.paths.PathTable`), and feedback per path. The
 are the only list of entropy names: the transport package's ``ENTROPIES`` is
 ``tuple(ENTROPY_POLICIES)``.
 
-    flow       one path per flow (hash of the rank pair): per-flow ECMP
+    flow       one path per flow (hash of the rank pair): per-flow ECMP, one connection
+    ecmp       per-flow ECMP over one connection per plane (as NCCL's QPs), each hashed
     flowlet    one path at a time; after an idle gap longer than ``flowlet_gap_s`` the flow
                moves to the next path (LetFlow, Vanini et al., NSDI'17)
     spray      every packet the next path in rotation (oblivious spraying)
@@ -19,6 +20,7 @@ the fabric.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,6 +75,19 @@ class FlowEntropy(EntropyPolicy):
 
     def path(self, flow, seq):
         return flow.hash % (self.planes * self.ports)
+
+
+class EcmpEntropy(EntropyPolicy):
+    """Per-flow ECMP as NCCL runs it: one connection (QP) per plane for each rank pair, each
+    on the entropy value a hash of (pair, connection) gives -- so two connections may collide
+    on one path, as hashed QPs do -- and the flow's packets dealt over its connections in
+    turn (NCCL splits a message evenly over its QPs). The fair baseline for spraying: the
+    same planes and connections, no choice of path."""
+    name = "ecmp"
+
+    def path(self, flow, seq):
+        qp = seq % self.planes
+        return qp * self.ports + zlib.crc32(b"%d:%d" % (flow.hash, qp)) % self.ports
 
 
 class FlowletEntropy(EntropyPolicy):
@@ -159,7 +174,7 @@ class AdaptiveEntropy(EntropyPolicy):
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
-    cls.name: cls for cls in (FlowEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy)}
+    cls.name: cls for cls in (FlowEntropy, EcmpEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy)}
 """Entropy policy by name: the one source of the entropy names (``ENTROPIES`` is its keys).
 Not to be confused with the controller compiler's routing policies."""
 
