@@ -51,6 +51,10 @@ def register(sub) -> None:
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
+    p.add_argument("--compare", choices=("routing",),
+                   help="routing: ecmp, flowlet, spray and adaptive entropy side by side on the fabric as it "
+                        "is and with one leaf uplink at half rate (hpnlab.fabric.compare_routing)")
+    p.add_argument("--reps", type=int, default=5, help="--compare: repetitions of every cell, interleaved (default 5)")
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
@@ -89,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
+            if args.compare == "routing":
+                return _compare_routing(args, emu, plan, say)
             doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events)
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
@@ -98,3 +104,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     report.save(doc, Path(args.out) if args.out else default_out("run"), say)
     return 1 if report.wrong_total(doc["results"]) else 0
+
+
+def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say) -> int:
+    """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing)."""
+    from hpnlab.fabric import compare_routing
+
+    doc = compare_routing.compare(emu, plan, reps=args.reps, say=say)
+    doc["meta"] = {"command": " ".join(sys.argv), "emulation": dict(emu.metadata), "uname": " ".join(os.uname())}
+    out = Path(args.out) if args.out else default_out("compare-routing")
+    out.mkdir(parents=True, exist_ok=True)
+    path = report.write_json(doc, out / "compare-routing.json")
+    for line in compare_routing.table(doc["summary"]):
+        say(line)
+    say(f"wrote {path}")
+    return 0 if all(r["exactly_once"] and not r["wrong"] for r in doc["summary"]) else 1
