@@ -145,9 +145,10 @@ def set_rate(intf: str, rate_mbps: float, mtu: int) -> None:
 
 def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...] | None = None,
             modes: tuple[str, ...] = MODES, asym_factor: float = 0.5,
-            say: Callable[[str], None] = lambda _m: None) -> dict:
+            say: Callable[[str], None] = lambda _m: None, save: Callable[[dict], Any] | None = None) -> dict:
     """Run the comparison on a started emulation; returns the JSON document. ``collectives``:
-    default the plan's."""
+    default the plan's; ``save`` gets the document so far after every cell (a run cut short
+    keeps what it measured)."""
     from .mn import emulated_mbps
 
     if reps < 1:
@@ -191,11 +192,17 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                                      "uplink_bytes": dict(zip(ups, delta, strict=True))})
                         say(f"  {fabric} rep {rep + 1}/{reps} {coll} {mode}: busbw {fig['busbw_gbs']:.5f} GB/s, "
                             f"imbalance {fig['uplink_imbalance'] or 0:.2f}, retx {fig['retransmissions']}")
+                        if save is not None:
+                            save(_doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs))
         finally:
             if shaped:
                 for i in shaped[:2]:
                     set_rate(i, shaped[2], s.emulation.mtu)
-    summary = summarize(runs)
-    return {"kind": "compare-routing", "scenario": s.name, "reps": reps, "modes": list(modes),
-            "collectives": list(collectives), "asym_factor": asym_factor, "shaped_uplink": [intf, peer_intf],
-            "plan": base.as_dict(), "summary": summary, "runs": runs}
+    return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs)
+
+
+def _doc(scenario: str, reps: int, modes: tuple, collectives: tuple, asym_factor: float, shaped: list,
+         base: Plan, runs: list[dict]) -> dict:
+    return {"kind": "compare-routing", "scenario": scenario, "reps": reps, "modes": list(modes),
+            "collectives": list(collectives), "asym_factor": asym_factor, "shaped_uplink": shaped,
+            "plan": base.as_dict(), "summary": summarize(runs), "runs": runs}

@@ -110,11 +110,15 @@ def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say) 
     """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing)."""
     from hpnlab.fabric import compare_routing
 
-    doc = compare_routing.compare(emu, plan, reps=args.reps, say=say)
-    doc["meta"] = {"command": " ".join(sys.argv), "emulation": dict(emu.metadata), "uname": " ".join(os.uname())}
     out = Path(args.out) if args.out else default_out("compare-routing")
     out.mkdir(parents=True, exist_ok=True)
-    path = report.write_json(doc, out / "compare-routing.json")
+    meta = {"command": " ".join(sys.argv), "emulation": dict(emu.metadata), "uname": " ".join(os.uname())}
+
+    def save(doc: dict):
+        return report.write_json({**doc, "meta": meta}, out / "compare-routing.json")
+
+    doc = compare_routing.compare(emu, plan, reps=args.reps, say=say, save=save)
+    path = save(doc)
     for line in compare_routing.table(doc["summary"]):
         say(line)
     say(f"wrote {path}")
