@@ -29,10 +29,10 @@ Tables (the same on every switch; OpenFlow 1.3)
                   from bit 0 in path order and as wide as that role's largest set needs, so
                   no two choices on one path read the same bits (no lockstep), and every set
                   of a role reads all of the role's bits (port = pattern mod n, exactly).
-                  Hosts pick their entropy values from the same map. Above them, for each
-                  port i of the set, the patterns of
-                  port i match metadata = id | (i+1) << 32 exactly and are dealt
-                  round-robin over the set's other ports ("the set without port i").
+                  Hosts pick their entropy values from the same map. Above them, for
+                  each port i of the set, the patterns of port i match metadata =
+                  id | (i+1) << 32 exactly and are dealt round-robin over the set's other
+                  ports ("the set without port i").
                   Why not select groups: OVS select groups without an OpenFlow 1.5
                   selection method ignore UDP ports, so RoCEv2 flows that differ only in
                   the UDP source port (their entropy) would all take one uplink. Masked
