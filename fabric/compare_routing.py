@@ -9,7 +9,8 @@ ports from the controller's entropy map):
     adaptive   per-packet, REPS-like feedback
 
 Fabrics: the emulated scenario as it is (symmetric), then the same with one leaf uplink
-(both directions) shaped to ``asym_factor`` of its rate. Collectives: the plan's (e.g.
+(both directions) shaped to ``asym_factor`` of its rate (and its ECN marking set for the new
+rate). Collectives: the plan's (e.g.
 ``--collective all_to_all,all_reduce,permutation``). Every (collective, mode) cell runs ``reps`` times, interleaved
 (repetition r of every mode before repetition r + 1 of any), so that a slow minute of the
 machine hurts every mode alike.
@@ -23,6 +24,7 @@ ecmp computed repetition by repetition (same position in the interleaving). JSON
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -143,6 +145,19 @@ def set_rate(intf: str, rate_mbps: float, mtu: int) -> None:
         raise UserError(f"cannot reshape {intf}: {r.stderr.strip()[:200]}")
 
 
+def reshape(emu: Any, intf: str, rate_mbps: float, mtu: int) -> None:
+    """Shape ``intf`` to ``rate_mbps``, and tell the emulation's ECN stage (its marker drains
+    a virtual queue at the port's rate; its thresholds are set again for the new rate)."""
+    set_rate(intf, rate_mbps, mtu)
+    stage = getattr(emu, "ecn", None)
+    if stage is not None and intf in getattr(stage, "ports", {}):
+        from .emulation import ecn
+
+        stage.ports[intf] = dataclasses.replace(stage.ports[intf], rate_mbps=rate_mbps)
+        kmin, kmax, pmax = ecn.default_thresholds(rate_mbps, mtu)
+        stage.set_thresholds(kmin, kmax, pmax, ports=intf)
+
+
 def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...] | None = None,
             modes: tuple[str, ...] = MODES, asym_factor: float = 0.5,
             say: Callable[[str], None] = lambda _m: None, save: Callable[[dict], Any] | None = None) -> dict:
@@ -171,7 +186,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     for fabric, shaped in fabrics:
         if shaped:
             for i in shaped[:2]:
-                set_rate(i, shaped[2] * asym_factor, s.emulation.mtu)
+                reshape(emu, i, shaped[2] * asym_factor, s.emulation.mtu)
             say(f"asymmetric: {leaf}'s uplink {intf} <-> {peer_intf} shaped to {shaped[2] * asym_factor:g} "
                 f"of {shaped[2]:g} Mbit/s")
         try:
@@ -197,7 +212,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
         finally:
             if shaped:
                 for i in shaped[:2]:
-                    set_rate(i, shaped[2], s.emulation.mtu)
+                    reshape(emu, i, shaped[2], s.emulation.mtu)
     return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs)
 
 
