@@ -369,7 +369,7 @@ def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(e
     if entropy == AdaptiveEntropy.name:
         assert state["recycled"] > 0 and state["marks"] > 0 and state["explored"] > 0
     else:
-        assert state["flowlets"] >= 2 and state["gap_us"] == 300
+        assert state["flowlets"] > 2 and state["gap_us"] == 300          # 2: one per plane at the start
 
 
 def test_entropy_names_are_the_keys_of_the_one_policy_table():

@@ -7,8 +7,8 @@ are the only list of entropy names: the transport package's ``ENTROPIES`` is
 
     flow       one path per flow (hash of the rank pair): per-flow ECMP, one connection
     ecmp       per-flow ECMP over one connection per plane (as NCCL's QPs), each hashed
-    flowlet    one path at a time; after an idle gap longer than ``flowlet_gap_s`` the flow
-               moves to the next path (LetFlow, Vanini et al., NSDI'17)
+    flowlet    as ecmp, but a connection moves to its plane's next entropy value after an
+               idle gap longer than ``flowlet_gap_s`` (LetFlow, Vanini et al., NSDI'17)
     spray      every packet the next path in rotation (oblivious spraying)
     adaptive   REPS-like recycling of the paths whose packets were acknowledged cleanly
                (:mod:`.adaptive`)
@@ -42,7 +42,6 @@ class EntropyPolicy:
     """
     name = "base"
     per_flow = False        # True: every packet of a flow takes the same path
-    one_at_a_time = False   # True: a flow uses one path at a time (its top rate is one port's)
 
     def __init__(self, planes: int, ports_per_nic: int, clock: Callable[[], float] = time.monotonic,
                  **params: Any):
@@ -91,36 +90,39 @@ class EcmpEntropy(EntropyPolicy):
 
 
 class FlowletEntropy(EntropyPolicy):
-    """LetFlow-like flowlets: a flow keeps its path while it sends; after an idle gap longer
-    than ``flowlet_gap_s`` (or when its path is found dead) it moves to the next live path of
-    the rotation. A gap longer than the paths' delay difference cannot reorder packets."""
+    """LetFlow-like flowlets on one connection per plane (as ``ecmp``: packets dealt over the
+    planes in turn): each connection keeps its entropy value while it sends; after an idle
+    gap longer than ``flowlet_gap_s`` (or when its path is found dead) it moves to the next
+    live value of its plane. A gap longer than the paths' delay difference cannot reorder
+    packets within a connection."""
     name = "flowlet"
-    one_at_a_time = True
 
     def __init__(self, planes, ports_per_nic, clock=time.monotonic, flowlet_gap_s: float = 0.0005, **params):
         super().__init__(planes, ports_per_nic, clock)
         if flowlet_gap_s <= 0:
             raise TransportError(f"the flowlet gap must be above 0, got {flowlet_gap_s * 1e6:g} us")
         self.gap_s = flowlet_gap_s
-        self.state: dict[int, list] = {}      # flow (peer) -> [rotation index, last send time, flowlets]
+        self.state: dict[tuple[int, int], list] = {}   # (peer, plane) -> [entropy index, last send, flowlets]
 
     def path(self, flow, seq):
         now = self.clock()
-        st = self.state.get(flow.dst)
+        plane = seq % self.planes
+        base = plane * self.ports
+        st = self.state.get((flow.dst, plane))
         if st is None:
-            st = self.state[flow.dst] = [flow.hash % self.n_paths, now, 1]
-        elif now - st[1] > self.gap_s or not flow.paths.live(self.rotation(st[0])):
-            for k in range(1, self.n_paths + 1):
-                if flow.paths.live(self.rotation(st[0] + k)):
-                    st[0] += k
+            st = self.state[flow.dst, plane] = [zlib.crc32(b"%d:%d" % (flow.hash, plane)) % self.ports, now, 1]
+        elif now - st[1] > self.gap_s or not flow.paths.live(base + st[0]):
+            for k in range(1, self.ports + 1):
+                if flow.paths.live(base + (st[0] + k) % self.ports):
+                    st[0] = (st[0] + k) % self.ports
                     break
             st[2] += 1
         st[1] = now
-        return self.rotation(st[0])
+        return base + st[0]
 
     def summary(self, flow):
-        st = self.state.get(flow.dst)
-        return {"flowlets": st[2] if st else 0, "gap_us": self.gap_s * 1e6}
+        n = sum(st[2] for (dst, _pl), st in self.state.items() if dst == flow.dst)
+        return {"flowlets": n, "gap_us": self.gap_s * 1e6}
 
 
 class SprayEntropy(EntropyPolicy):

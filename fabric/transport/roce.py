@@ -22,8 +22,9 @@ What is modelled
       DCQCN's current rate and per NIC port at the port's line rate (the NIC's port scheduler).
     * Entropy: each packet's (plane, UDP source port) comes from the entropy policy
       (:mod:`.entropy`): ``flow`` fixes both per flow (hash of the rank pair: the ECMP
-      baseline), ``flowlet`` moves a flow to the next path after an idle gap longer than
-      ``flowlet_gap_us`` (default: 4 packet times at line rate, at least 500 us), ``spray``
+      baseline), ``ecmp`` one hashed connection per plane (NCCL's QPs), ``flowlet`` the same
+      connections, each moving to its plane's next entropy value after an idle gap longer
+      than ``flowlet_gap_us`` (default: 4 packet times at line rate, at least 500 us), ``spray``
       rotates per packet over every plane of the rank and ``ports_per_nic`` source ports
       per plane (several sockets bound to different source ports on each interface),
       ``adaptive`` recycles the paths whose packets are acknowledged cleanly (REPS-like,
@@ -441,7 +442,7 @@ class RoceTransport(Transport):
         self.ack_delay_s = ack_delay_s
         # A flow's top rate is what its paths can carry: one port with flow entropy, every
         # plane's port when it sprays (the NIC pacers still hold each port to line rate).
-        self.flow_max_bps = self.line_rate_bps * (1 if per_flow or self.policy.one_at_a_time else self.planes)
+        self.flow_max_bps = self.line_rate_bps * (1 if per_flow else self.planes)
         if dcqcn is True:
             dcqcn = DcqcnParams.scaled(self.flow_max_bps, self.payload)
         self.dcqcn_params = dcqcn or None
