@@ -23,11 +23,16 @@ Tables (the same on every switch; OpenFlow 1.3)
                   the IPv4 source address. A set of n ports uses B bits, 2**B patterns
                   dealt round-robin, so every port carries 2**B/n patterns (exact when n is
                   a power of two, otherwise within +-1 pattern; B is chosen so that
-                  2**B >= 4n). Switches of different tiers look at different bits (leaf
-                  bits 0.., spine bits 5.., core bits 10..) so that the tiers' choices are
-                  not correlated. Above them, for each port i of the set, the patterns of
-                  port i match metadata = id | (i+1) << 32 exactly and are dealt
-                  round-robin over the set's other ports ("the set without port i").
+                  2**B >= 4n). Which bits: the *entropy map* (``entropy_map``): every
+                  kind of choice -- leaf up, spine up, core across a long-haul link, core
+                  down, spine down over parallel links -- reads its own bit range, laid out
+                  from bit 0 in path order and as wide as that role's largest set needs, so
+                  no two choices on one path read the same bits (no lockstep), and every set
+                  of a role reads all of the role's bits (port = pattern mod n, exactly).
+                  Hosts pick their entropy values from the same map. Above them, for
+                  each port i of the set, the patterns of port i match metadata =
+                  id | (i+1) << 32 exactly and are dealt round-robin over the set's other
+                  ports ("the set without port i").
                   Why not select groups: OVS select groups without an OpenFlow 1.5
                   selection method ignore UDP ports, so RoCEv2 flows that differ only in
                   the UDP source port (their entropy) would all take one uplink. Masked
@@ -101,6 +106,7 @@ import networkx as nx
 
 from hpnlab.fabric.addressing import ip_int, ip_str, prefix_int
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.transport.entropy import TIER_NAMES, EntropyMap, entropy_bits, lay_out
 
 ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
 
@@ -111,7 +117,6 @@ PRIO_ARP, PRIO_IPV4 = 100, 10
 PRIO_MARKED, PRIO_OWN, PRIO_MARKED_DROP, PRIO_BOUNCE = 50, 40, 30, 20    # table 0: detours
 PRIO_ROUTE_BASE = 1000
 PRIO_L4, PRIO_OTHER = 300, 200
-ENTROPY_OFFSET = {1: 0, 2: 5, 3: 10}   # first UDP/TCP source-port bit a tier looks at
 FULL = 0xFFFFFFFF
 FF_BACKUPS = 3          # backup buckets of a next-hop set's fast-failover groups
 DETOURS = 3             # detour buckets of a one-port choice's fast-failover group
@@ -608,12 +613,6 @@ def _scope(ix: FabricIndex, sw: _Sw) -> dict:
 
 # ---- tables ------------------------------------------------------------------------------
 
-def _entropy_bits(n: int) -> int:
-    if n & (n - 1) == 0:
-        return n.bit_length() - 1
-    return (n - 1).bit_length() + 2
-
-
 def set_id(ports: tuple) -> int:
     """A next-hop set's metadata value: stable across recompiles (a CRC of its ports)."""
     return zlib.crc32(",".join(map(str, ports)).encode()) & FULL or 1
@@ -643,20 +642,65 @@ def _pattern_flows(meta_match, bonus: int, i: int, off: int, mask: int, out: tup
                                                      ("ipv4_src", (i, mask))), out))
 
 
-def _layout(n: int, tier: int) -> tuple[int, int, int]:
-    bits = _entropy_bits(n)
-    return bits, min(ENTROPY_OFFSET.get(tier, 0), 16 - bits), (1 << bits) - 1
+def _layout(n: int, field: tuple[int, int] | int) -> tuple[int, int, int]:
+    """(bits, offset, mask) a set of ``n`` ports reads: ``field`` is its role's (offset, bits)
+    from the entropy map; an int (a tier) stands for a lone set (offset 0, its own bits)."""
+    if isinstance(field, int):
+        return entropy_bits(n), 0, (1 << entropy_bits(n)) - 1
+    off, bits = field
+    return bits, off, (1 << bits) - 1
+
+
+def _direction(sw: _Sw, ports: tuple) -> str:
+    """"up", "across" or "down": which of the switch's links a next-hop set's ports are."""
+    p = ports[0]
+    if any(q == p for q, _, _ in sw.up):
+        return "up"
+    if any(q == p for q, _, _ in sw.lateral):
+        return "across"
+    return "down"
+
+
+def entropy_map(g: nx.MultiGraph) -> EntropyMap:
+    """Per role (tier and direction), the UDP/TCP source-port bits that choose the port of a
+    next-hop set, from the healthy fabric's sets (see ``hpnlab.fabric.transport.entropy``).
+    The entropy tables are compiled from it; hosts choose their entropy values from it."""
+    ix = index_of(g)
+    m = ix.shared.get("entropy_map")
+    if m is None:
+        sizes: dict[tuple[int, str], list[int]] = {}
+        for plane, sws in sorted(ix.planes.items()):
+            healthy, _tree = ix.healthy(plane)
+            for sw in sws:
+                default, exceptions = healthy[sw.name]
+                sets = {a for a in (default, *exceptions.values()) if len(a) >= 2}
+                if _bounces(sw, ix):
+                    sets.add(tuple(sorted(p for p, _, _ in sw.up)))
+                for ports in sets:
+                    sizes.setdefault((sw.tier, _direction(sw, ports)), []).append(len(ports))
+        m = ix.shared["entropy_map"] = lay_out(sizes)
+    return m
+
+
+def _field(ix: FabricIndex, sw: _Sw, ports: tuple) -> tuple[int, int]:
+    """The (offset, bits) of the entropy map a next-hop set of ``sw`` reads (a role the healthy
+    fabric never has -- none on the presets -- reads its own bits from bit 0)."""
+    role = f"{TIER_NAMES.get(sw.tier, f'tier{sw.tier}')}-{_direction(sw, ports)}"
+    f = entropy_map(ix.graph).field(role)
+    if f is None:
+        return 0, entropy_bits(len(ports))
+    return f.offset, f.bits
 
 
 @lru_cache(maxsize=4096)
-def entropy_flows(ports: tuple, tier: int, meta: int, outs: tuple | None = None) -> tuple:
+def entropy_flows(ports: tuple, field: tuple[int, int] | int, meta: int, outs: tuple | None = None) -> tuple:
     """The entropy-table entries of one next-hop set (shared by every switch that has it).
 
-    Pattern i goes to ``outs[i % n]`` (the actions for that port; default: output to it).
-    They match the low 32 bits of the metadata, so the set's "avoid" entries (avoid_flows)
-    can override them."""
+    ``field``: the (offset, bits) its role reads (``entropy_map``). Pattern i goes to
+    ``outs[i % n]`` (the actions for that port; default: output to it). They match the low
+    32 bits of the metadata, so the set's "avoid" entries (avoid_flows) can override them."""
     n = len(ports)
-    bits, off, mask = _layout(n, tier)
+    bits, off, mask = _layout(n, field)
     outs = outs or tuple((("output", p),) for p in ports)
     flows: list[Flow] = []
     for i in range(1 << bits):
@@ -665,11 +709,11 @@ def entropy_flows(ports: tuple, tier: int, meta: int, outs: tuple | None = None)
 
 
 @lru_cache(maxsize=4096)
-def avoid_flows(ports: tuple, tier: int, meta: int, outs: tuple) -> tuple:
+def avoid_flows(ports: tuple, field: tuple[int, int] | int, meta: int, outs: tuple) -> tuple:
     """For each port j of the set: the patterns that go to j, dealt round-robin over the other
     ports, at a higher priority and matching metadata ``avoid_meta(meta, j)`` exactly."""
     n = len(ports)
-    bits, off, mask = _layout(n, tier)
+    bits, off, mask = _layout(n, field)
     flows: list[Flow] = []
     for j in range(n):
         others = list(range(j + 1, n)) + list(range(j))
@@ -853,8 +897,9 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
                               (("set_field", "eth_src", BOUNCE_MAC),) + act if act else ()))
     for ports, meta in pr.metas.items():
         outs = pr.set_outs(ports, shared)
-        flows.extend(entropy_flows(ports, sw.tier, meta, outs))
-        flows.extend(avoid_flows(ports, sw.tier, meta, outs))
+        field = _field(ix, sw, ports)
+        flows.extend(entropy_flows(ports, field, meta, outs))
+        flows.extend(avoid_flows(ports, field, meta, outs))
     if sw.tier >= 2:
         # bounced (marked) packets: the healthy routes, fast failover only inside a next-hop set
         by_prefix: dict = {}
@@ -879,7 +924,7 @@ def _own_flow(ix: FabricIndex, sw: _Sw) -> tuple:
     return (Flow(TABLE_CLASSIFY, PRIO_OWN, _route_match(own), (("goto", TABLE_ROUTE),)),)
 
 
-def _fresh(pr: _Protection, ports: tuple, tier: int, metas: dict, groups: dict, flows: list) -> tuple:
+def _fresh(pr: _Protection, ports: tuple, field: tuple[int, int], metas: dict, groups: dict, flows: list) -> tuple:
     """A next-hop set no installed entries serve: its own metadata, entropy entries and groups."""
     meta = metas.get(ports)
     if meta is None:
@@ -897,7 +942,7 @@ def _fresh(pr: _Protection, ports: tuple, tier: int, metas: dict, groups: dict, 
                     gid = gid % 0x7FFFFFFF + 1
                 g = groups[buckets] = Group(gid, "ff", tuple((q, (("output", q),)) for q in buckets))
             outs.append((("group", g.group_id),))
-        flows.extend(entropy_flows(ports, tier, meta, tuple(outs)))
+        flows.extend(entropy_flows(ports, field, meta, tuple(outs)))
     return (("metadata", meta), ("goto", TABLE_ENTROPY))
 
 
@@ -932,7 +977,7 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
     def encode(ports: tuple) -> tuple:
         act = pr.encode(ports)
         if act is None:
-            act = _fresh(pr, ports, sw.tier, fresh_metas, fresh_groups, fresh_flows)
+            act = _fresh(pr, ports, _field(ix, sw, ports), fresh_metas, fresh_groups, fresh_flows)
         return act
 
     default, exceptions = acts

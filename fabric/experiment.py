@@ -129,6 +129,7 @@ class Plan:
     #: different jobs at once (``hpnlab.fabric.jobspec``: a ``--jobs`` string or JobSpecs): one
     #: job per spec, concurrently on disjoint hosts; ``collectives`` and ``jobs`` are then unused
     job_specs: str | Sequence[JobSpec] = ()
+    flowlet_gap_us: float | None = None     # None: the transport's default (4 packet times, >= 500 us)
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -141,9 +142,8 @@ class Plan:
         _known(self.transports, TRANSPORTS, "transport")
         put("entropies", _names(self.entropies))
         _known(self.entropies, ENTROPIES, "entropy")
-        if "roce" in self.transports and "adaptive" in self.entropies:
-            raise UserError("entropy 'adaptive' is a hook for the adaptive-routing work and has no policy "
-                            "yet; use --entropy flow or spray")
+        if self.flowlet_gap_us is not None and self.flowlet_gap_us <= 0:
+            raise UserError(f"--flowlet-gap-us must be above 0, got {self.flowlet_gap_us:g}")
         sizes = [self.sizes] if isinstance(self.sizes, (int, str)) else list(self.sizes)
         put("sizes", tuple(col.parse_size(str(s)) for s in sizes))
         if not self.size_list or min(self.size_list) < 1:
@@ -204,9 +204,11 @@ class Plan:
                 for e in (self.entropies if t == "roce" else self.entropies[:1])]
 
     def jobs_at(self, run: Run, addrs_per_job: list[list[list[str]]], line_rate_bps: float, mtu: int = 1500,
-                labels: list[list[str]] | None = None, base_port: int | None = None) -> list[Job]:
+                labels: list[list[str]] | None = None, base_port: int | None = None,
+                entropy_map: dict | None = None) -> list[Job]:
         """The jobs of one run on given addresses (per job, per rank, one address per plane),
-        each checked (``hpnlab.fabric.placement.validate``)."""
+        each checked (``hpnlab.fabric.placement.validate``). ``entropy_map``: the fabric's
+        (``hpnlab.controller.compiler.entropy_map``), for the roce transport's source ports."""
         base = self.base_port if base_port is None else base_port
         if not base and len(addrs_per_job) > 1:
             base = DEFAULT_BASE_PORT[run.transport]
@@ -216,6 +218,10 @@ class Plan:
                     "window_pkts": self.window_pkts, "pace": self.pace}
             if not self.host_failover:
                 opts.update(NO_HOST_FAILOVER)
+            if entropy_map is not None:
+                opts["entropy_map"] = entropy_map
+            if self.flowlet_gap_us is not None:
+                opts["flowlet_gap_us"] = self.flowlet_gap_us
         if self.specs and len(addrs_per_job) != len(self.specs):
             raise UserError(f"{len(self.specs)} job specs but addresses for {len(addrs_per_job)} job(s)")
         jobs = []
@@ -264,7 +270,11 @@ class Plan:
         addrs = [[p.addrs for p in job] for job in placed]
         hosts = [[p.host for p in job] for job in placed]
         line = emulated_mbps(s, s.host_rate_gbps) * 1e6
-        return {run: self.jobs_at(run, addrs, line, s.emulation.mtu, labels=hosts) for run in self.matrix()}
+        from hpnlab.controller.compiler import entropy_map
+
+        emap = entropy_map(g).as_dict()
+        return {run: self.jobs_at(run, addrs, line, s.emulation.mtu, labels=hosts, entropy_map=emap)
+                for run in self.matrix()}
 
 
 #: the matrix `hpnlab run` and `hpnlab demo` run by default

@@ -15,7 +15,14 @@ import threading
 import pytest
 
 from hpnlab.fabric.transport import ENTROPIES, ENTROPY_POLICIES, PeerLost, TransportError, make
-from hpnlab.fabric.transport.entropy import AdaptiveEntropy, FlowEntropy, SprayEntropy
+from hpnlab.fabric.transport.entropy import (
+    AdaptiveEntropy,
+    EcmpEntropy,
+    FlowEntropy,
+    FlowletEntropy,
+    SprayEntropy,
+    lay_out,
+)
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
@@ -307,15 +314,69 @@ def test_roce_names_the_rank_that_never_answers():
         t.close()
 
 
-def test_adaptive_entropy_is_a_hook_that_says_so():
-    with pytest.raises(TransportError, match=AdaptiveEntropy.name):
-        make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy=AdaptiveEntropy.name)
+MAP = lay_out({(1, "up"): [2], (3, "down"): [2]})      # 2 bits: 4 distinct paths
+
+
+def test_source_ports_are_bound_to_the_maps_entropy_values_one_per_distinct_path():
+    t = RoceTransport(0, [["127.0.0.2", "127.0.1.2"], ["127.0.0.3", "127.0.1.3"]], base_port=BASE + 45,
+             entropy=SprayEntropy.name, ports_per_nic=8, entropy_map=MAP.as_dict())
+    t.start()
+    try:
+        info = t.info()
+    finally:
+        t.close(linger_s=0)
+    assert info["ports_per_nic"] == MAP.path_count() == 4          # no two sockets of a plane on one path
+    ports = info["source_ports"]
+    for plane in range(2):
+        mine = ports[plane * 4:(plane + 1) * 4]
+        assert [p & (1 << MAP.width) - 1 for p in mine] == [MAP.low_bits(k) for k in range(4)]
+    assert info["entropy_values"] == [0, 1, 2, 3] * 2 and info["entropy_map"]["path_count"] == 4
+
+
+def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
+    ip = "127.0.0.2"
+    m = lay_out({(1, "up"): [4]})
+    first = RoceTransport(0, [[ip], ["127.0.0.3"]], base_port=BASE + 55, ports_per_nic=4, entropy_map=m)
+    first.start()
+    second = RoceTransport(1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
+    try:
+        sock, k = second._entropy_socket(ip, 2)           # rank 1 wants path 2 on the same address
+        taken = first.tx_socks[2].getsockname()[1]
+        got = sock.getsockname()[1]
+        sock.close()
+    finally:
+        first.close(linger_s=0)
+        second.close(linger_s=0)
+    assert k == 2 and got & 0b11 == taken & 0b11 == 2 and got != taken
+
+
+@pytest.mark.parametrize("entropy", [FlowletEntropy.name, AdaptiveEntropy.name])
+def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(entropy):
+    faults = dict(drop=0.03, reorder=0.1, ce=0.05)
+    t0, t1, relays = _pair("roce", faults, dict(drop=0.03), base=BASE + 65, planes=2, line_rate_bps=100e6,
+                           entropy=entropy, ports_per_nic=2, min_rto_s=0.01, flowlet_gap_us=300,
+                           entropy_map=MAP.as_dict())
+    msgs = _messages(13)
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    got, _rx_stats = out[1]
+    assert got == msgs
+    tx = _tx(out[0])
+    assert tx["retransmissions"] > 0 and tx["cnps"] > 0
+    state = tx["entropy_policy"]
+    if entropy == AdaptiveEntropy.name:
+        assert state["recycled"] > 0 and state["marks"] > 0 and state["explored"] > 0
+    else:
+        assert state["flowlets"] > 2 and state["gap_us"] == 300          # 2: one per plane at the start
 
 
 def test_entropy_names_are_the_keys_of_the_one_policy_table():
     assert tuple(ENTROPY_POLICIES) == ENTROPIES
     assert all(ENTROPY_POLICIES[name].name == name for name in ENTROPIES)
-    assert {FlowEntropy.name, SprayEntropy.name, AdaptiveEntropy.name} == set(ENTROPIES)
+    assert {FlowEntropy.name, EcmpEntropy.name, FlowletEntropy.name, SprayEntropy.name,
+            AdaptiveEntropy.name} == set(ENTROPIES)
 
 
 def test_an_unknown_entropy_is_refused_naming_the_known_ones():

@@ -94,7 +94,11 @@ def add_generator_args(p: argparse.ArgumentParser, *, hosts: bool = True) -> Non
     p.add_argument("--transport", default="roce", choices=TRANSPORTS,
                    help="roce (userspace RoCEv2-like UDP, default) or tcp (kernel TCP)")
     p.add_argument("--entropy", default="flow", choices=ENTROPIES,
-                   help="roce: flow (one path per flow, ECMP baseline) or spray (per packet)")
+                   help="roce: flow (one path per flow, ECMP baseline), flowlet (a new path after an idle "
+                        "gap), spray (per packet, oblivious) or adaptive (per packet, REPS-like feedback)")
+    p.add_argument("--flowlet-gap-us", type=number_in(1.0, 10_000_000.0), default=None,
+                   help="roce flowlet: idle gap (us) after which a flow takes a new path "
+                        "(default: 4 packet times at line rate, at least 500)")
     p.add_argument("--recovery", default="selective", choices=experiment.RECOVERIES,
                    help="roce loss recovery (default selective)")
     p.add_argument("--no-dcqcn", action="store_true", help="roce: no DCQCN rate control (ignore CNPs)")
@@ -132,7 +136,7 @@ def plan_from_args(args: argparse.Namespace, **placement) -> experiment.Plan:
         iterations=args.iters, warmup=args.warmup_iters, check=bool(args.check), inplace=not args.no_inplace,
         root=args.root, perm=args.perm, seed=args.seed, recovery=args.recovery, dcqcn=not args.no_dcqcn,
         ports_per_nic=args.ports_per_nic, window_pkts=args.window, pace=args.pace, timeout_s=args.timeout,
-        base_port=args.port, **placement)
+        base_port=args.port, flowlet_gap_us=args.flowlet_gap_us, **placement)
 
 
 def default_out(kind: str) -> Path:

@@ -54,10 +54,12 @@ def register(sub) -> None:
     p.add_argument("--ecn", metavar="SETTING",
                    help=f"ECN thresholds on every switch egress port: a preset ({', '.join(ecn_settings.PRESETS)}; "
                         "computed from each port's rate) or KMIN,KMAX,PMAX (bytes, bytes, 0..1)")
-    p.add_argument("--compare", choices=("ecn",),
+    p.add_argument("--compare", choices=("ecn", "routing"),
                    help="ecn: every workload under the static ECN settings and dynamic, side by side "
-                        "(see --workloads, --repeat, --settings)")
-    p.add_argument("--repeat", type=int, default=5, help="--compare: repetitions (default 5)")
+                        "(see --workloads, --repeat, --settings); routing: ecmp, flowlet, spray and adaptive "
+                        "entropy side by side on the fabric as it is and with one leaf uplink at half rate "
+                        "(hpnlab.fabric.compare_routing)")
+    p.add_argument("--repeat", type=int, default=5, help="--compare: repetitions of every cell, interleaved (default 5)")
     p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
                    help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
@@ -104,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ecn = ecn_settings.parse(args.ecn) if args.ecn else None
     g = fgraph.build(scenario)
     comparing = None
-    if args.compare:
+    if args.compare == "ecn":
         if args.timeline or args.ecn or args.no_ecn:
             raise UserError("--compare ecn sets the ECN thresholds itself and runs no timeline "
                             "(drop --ecn, --no-ecn and --timeline)")
@@ -134,6 +136,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
+            if args.compare == "routing":
+                return _compare_routing(args, emu, plan, say)
             if comparing is not None:
                 doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
             else:
@@ -152,3 +156,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1 if any(f.get("wrong") for per in doc["aggregate"].values() for f in per.values()) else 0
     report.save(doc, Path(args.out) if args.out else default_out("run"), say)
     return 1 if report.wrong_total(doc["results"]) else 0
+
+
+def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say) -> int:
+    """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing)."""
+    from hpnlab.fabric import compare_routing
+
+    out = Path(args.out) if args.out else default_out("compare-routing")
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join(sys.argv), "emulation": dict(emu.metadata), "uname": " ".join(os.uname())}
+
+    def save(doc: dict):
+        return report.write_json({**doc, "meta": meta}, out / "compare-routing.json")
+
+    doc = compare_routing.compare(emu, plan, reps=args.repeat, say=say, save=save)
+    path = save(doc)
+    for line in compare_routing.table(doc["summary"]):
+        say(line)
+    say(f"wrote {path}")
+    return 0 if all(r["exactly_once"] and not r["wrong"] for r in doc["summary"]) else 1

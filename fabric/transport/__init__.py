@@ -40,7 +40,7 @@ def make(kind: str, rank: int, addrs: list[list[str]], **options) -> Transport:
         for key in ("line_rate_bps", "recovery", "dcqcn", "ports_per_nic", "window_pkts", "mtu",
                     "ecn", "reorder_threshold", "reorder_time_s", "max_rto_s", "paths", "gap_threshold_s",
                     "ack_fresh_s", "watch_links", "link_poll_s", "link_state",
-                    "nic_names"):
+                    "nic_names", "entropy_map", "flowlet_gap_us", "adaptive"):
             options.pop(key, None)
         return TcpTransport(rank, addrs, **options)
     if kind == "roce":

@@ -1,13 +1,31 @@
 """Entropy policies: which path (plane, UDP source port) each packet of a flow takes.
 
-Pure: a policy sees the flow's hash and the packet's sequence number, and (the adaptive
-hook) feedback per path. The names here are the only list of entropy names: the transport
-package's ``ENTROPIES`` is ``tuple(ENTROPY_POLICIES)``.
+Pure: a policy sees the flow's hash and the packet's sequence number, the flow's path
+liveness (``flow.paths``, :class:`.paths.PathTable`), and feedback per path. The names here
+are the only list of entropy names: the transport package's ``ENTROPIES`` is
+``tuple(ENTROPY_POLICIES)``.
+
+    flow       one path per flow (hash of the rank pair): per-flow ECMP, one connection
+    ecmp       per-flow ECMP over one connection per plane (as NCCL's QPs), each hashed
+    flowlet    as ecmp, but a connection moves to its plane's next entropy value after an
+               idle gap longer than ``flowlet_gap_s`` (LetFlow, Vanini et al., NSDI'17)
+    spray      every packet the next path in rotation (oblivious spraying)
+    adaptive   REPS-like recycling of the paths whose packets were acknowledged cleanly
+               (:mod:`.adaptive`)
+
+With the controller's entropy map (:class:`EntropyMap`, below) the transport binds its
+source ports to the map's entropy values, so N paths are N known, distinct ways through
+the fabric.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+from .adaptive import AdaptiveParams, AdaptivePaths
 from .base import TransportError
 
 if TYPE_CHECKING:
@@ -17,21 +35,36 @@ if TYPE_CHECKING:
 class EntropyPolicy:
     """Chooses each packet's path: (plane index, source-port index on that plane).
 
-    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind)`` is called with
-    kind "ack" (bytes acknowledged on that path), "ce" (a CNP for a packet of that path)
-    or "loss" (a NACK or timeout): the hook the adaptive policy uses.
+    ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind, now, rtt)`` is called
+    with kind "ack" (one packet sent once on that path acknowledged), "rtt" (an RTT sample
+    of a packet of that path), "ce" (a CNP for a packet of that path) or "loss" (a NACK or
+    timeout): the hook the adaptive policy uses.
     """
     name = "base"
     per_flow = False        # True: every packet of a flow takes the same path
 
-    def __init__(self, planes: int, ports_per_nic: int):
+    def __init__(self, planes: int, ports_per_nic: int, clock: Callable[[], float] = time.monotonic,
+                 **params: Any):
         self.planes, self.ports = planes, ports_per_nic
+        self.clock = clock
+
+    @property
+    def n_paths(self) -> int:
+        return self.planes * self.ports
+
+    def rotation(self, i: int) -> int:
+        """The i-th path of the rotation that interleaves planes (path 0 of plane 0, of plane 1...)."""
+        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
 
     def path(self, flow: _TxFlow, seq: int) -> int:
         raise NotImplementedError
 
-    def on_feedback(self, flow: _TxFlow, path: int, kind: str) -> None:
+    def on_feedback(self, flow: _TxFlow, path: int, kind: str, now: float = 0.0, rtt: float | None = None) -> None:
         pass
+
+    def summary(self, flow: _TxFlow) -> dict | None:
+        """The policy's per-flow state for the results (None: nothing to say)."""
+        return None
 
 
 class FlowEntropy(EntropyPolicy):
@@ -43,26 +76,268 @@ class FlowEntropy(EntropyPolicy):
         return flow.hash % (self.planes * self.ports)
 
 
+class EcmpEntropy(EntropyPolicy):
+    """Per-flow ECMP as NCCL runs it: one connection (QP) per plane for each rank pair, each
+    on the entropy value a hash of (pair, connection) gives -- so two connections may collide
+    on one path, as hashed QPs do -- and the flow's packets dealt over its connections in
+    turn (NCCL splits a message evenly over its QPs). The fair baseline for spraying: the
+    same planes and connections, no choice of path."""
+    name = "ecmp"
+
+    def path(self, flow, seq):
+        qp = seq % self.planes
+        return qp * self.ports + zlib.crc32(b"%d:%d" % (flow.hash, qp)) % self.ports
+
+
+class FlowletEntropy(EntropyPolicy):
+    """LetFlow-like flowlets on one connection per plane (as ``ecmp``: packets dealt over the
+    planes in turn): each connection keeps its entropy value while it sends; after an idle
+    gap longer than ``flowlet_gap_s`` (or when its path is found dead) it moves to the next
+    live value of its plane. A gap longer than the paths' delay difference cannot reorder
+    packets within a connection."""
+    name = "flowlet"
+
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic, flowlet_gap_s: float = 0.0005, **params):
+        super().__init__(planes, ports_per_nic, clock)
+        if flowlet_gap_s <= 0:
+            raise TransportError(f"the flowlet gap must be above 0, got {flowlet_gap_s * 1e6:g} us")
+        self.gap_s = flowlet_gap_s
+        self.state: dict[tuple[int, int], list] = {}   # (peer, plane) -> [entropy index, last send, flowlets]
+
+    def path(self, flow, seq):
+        now = self.clock()
+        plane = seq % self.planes
+        base = plane * self.ports
+        st = self.state.get((flow.dst, plane))
+        if st is None:
+            st = self.state[flow.dst, plane] = [zlib.crc32(b"%d:%d" % (flow.hash, plane)) % self.ports, now, 1]
+        elif now - st[1] > self.gap_s or not flow.paths.live(base + st[0]):
+            for k in range(1, self.ports + 1):
+                if flow.paths.live(base + (st[0] + k) % self.ports):
+                    st[0] = (st[0] + k) % self.ports
+                    break
+            st[2] += 1
+        st[1] = now
+        return base + st[0]
+
+    def summary(self, flow):
+        n = sum(st[2] for (dst, _pl), st in self.state.items() if dst == flow.dst)
+        return {"flowlets": n, "gap_us": self.gap_s * 1e6}
+
+
 class SprayEntropy(EntropyPolicy):
     """Per-packet spraying: rotate over every (plane, source port), planes interleaved."""
     name = "spray"
 
     def path(self, flow, seq):
-        i = seq + flow.hash
-        return (i % self.planes) * self.ports + (i // self.planes) % self.ports
+        return self.rotation(seq + flow.hash)
 
 
 class AdaptiveEntropy(EntropyPolicy):
-    """Hook for host-side adaptive routing (filled by the adaptive-routing issue)."""
+    """Host-side adaptive routing per packet (REPS-like, :mod:`.adaptive`): one
+    :class:`.adaptive.AdaptivePaths` per flow, fed by the transport's feedback."""
     name = "adaptive"
 
-    def __init__(self, planes, ports_per_nic):
-        usable = " or ".join(n for n in ENTROPY_POLICIES if n != self.name)
-        raise TransportError(f"entropy {self.name!r} is a hook for the adaptive-routing work and has "
-                             f"no policy yet; use --entropy {usable}")
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic,
+                 adaptive: AdaptiveParams | dict | None = None, **params):
+        super().__init__(planes, ports_per_nic, clock)
+        try:
+            self.params = adaptive if isinstance(adaptive, AdaptiveParams) else AdaptiveParams(**(adaptive or {}))
+        except TypeError as exc:
+            raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
+        self.flows: dict[int, AdaptivePaths] = {}
+
+    def of(self, flow) -> AdaptivePaths:
+        st = self.flows.get(flow.dst)
+        if st is None:
+            st = self.flows[flow.dst] = AdaptivePaths(self.n_paths, self.params, start=flow.hash)
+        return st
+
+    def path(self, flow, seq):
+        return self.of(flow).choose(self.clock(), flow.paths.live)
+
+    def on_feedback(self, flow, path, kind, now=0.0, rtt=None):
+        if path >= self.n_paths:
+            return
+        st = self.of(flow)
+        now = now or self.clock()
+        if kind == "ack":
+            st.on_ack(path, now)
+        elif kind == "rtt" and rtt is not None:
+            st.on_rtt(path, rtt)
+        elif kind == "ce":
+            st.on_mark(path, now)
+        elif kind == "loss":
+            st.on_loss(path, now)
+
+    def summary(self, flow):
+        st = self.flows.get(flow.dst)
+        return st.summary() if st else None
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
-    cls.name: cls for cls in (FlowEntropy, SprayEntropy, AdaptiveEntropy)}
+    cls.name: cls for cls in (FlowEntropy, EcmpEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy)}
 """Entropy policy by name: the one source of the entropy names (``ENTROPIES`` is its keys).
 Not to be confused with the controller compiler's routing policies."""
+
+
+# ---- the entropy map: which source-port bits choose the uplink at each tier ------------------
+
+PORT_BITS = 16
+TIER_NAMES = {1: "leaf", 2: "spine", 3: "core"}
+DIRECTIONS = ("up", "across", "down")
+
+
+@dataclass(frozen=True)
+class EntropyField:
+    """The source-port bits one kind of multipath choice reads.
+
+    ``role`` names the choice by tier and direction ("leaf-up", "spine-up", "core-across"
+    (over long-haul links), "core-down", "spine-down" (parallel links to a leaf)).
+    A switch's next-hop set of ``n`` ports in this role sends a packet whose UDP (or TCP)
+    source port is ``sport`` to its port number ``index(sport, n)`` (the set's ports
+    sorted): ``((sport >> offset) & (2**bits - 1)) % n``. ``sizes``: the set sizes of this
+    role in the healthy fabric."""
+    role: str
+    tier: int
+    direction: str
+    offset: int
+    bits: int
+    sizes: tuple[int, ...]
+
+    @property
+    def mask(self) -> int:
+        return ((1 << self.bits) - 1) << self.offset
+
+    @property
+    def radix(self) -> int:
+        """Distinct choices a host can make here and know apart: the largest set."""
+        return max(self.sizes, default=1)
+
+    def value(self, sport: int) -> int:
+        return (sport >> self.offset) & ((1 << self.bits) - 1)
+
+    def index(self, sport: int, n: int) -> int:
+        """The port (0-based, of the set's ports sorted) a set of ``n`` ports sends ``sport`` to."""
+        return self.value(sport) % n
+
+
+@dataclass(frozen=True)
+class EntropyMap:
+    """Per role, the source-port bits that choose the uplink (published by the controller's
+    compiler, ``hpnlab.controller.compiler.entropy_map``; plain values, JSON by ``as_dict``).
+
+    Fields are laid out one after the other from bit 0 in path order (up, across, down), so
+    no two choices of one path read the same bits (no lockstep). ``overlaps`` names pairs of
+    roles that share bits because the 16-bit port cannot hold them all (empty on every
+    preset). A host that wants N distinct paths takes :meth:`entropy_values`: entropy value
+    k sets, field by field in that order, the digit of k in the mixed radix of the fields'
+    largest set sizes, so N values below :meth:`path_count` are N different combinations of
+    choices (every first-hop uplink used evenly first, then every second-hop one...)."""
+    fields: tuple[EntropyField, ...] = ()
+    overlaps: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def width(self) -> int:
+        """Bits from bit 0 that the switches read (the rest of the port is free)."""
+        return max((f.offset + f.bits for f in self.fields), default=0)
+
+    def field(self, role: str) -> EntropyField | None:
+        return next((f for f in self.fields if f.role == role), None)
+
+    def _distinct(self) -> list[EntropyField]:
+        """The fields a host can set independently (of roles that share bits, only the first)."""
+        taken = 0
+        out = []
+        for f in self.fields:
+            if f.mask & taken == 0:
+                out.append(f)
+                taken |= f.mask
+        return out
+
+    def path_count(self) -> int:
+        """How many entropy values name different paths across every role."""
+        n = 1
+        for f in self._distinct():
+            n *= f.radix
+        return n
+
+    def low_bits(self, k: int) -> int:
+        """The switch-read bits of entropy value number ``k`` (mixed radix, see the class)."""
+        k %= self.path_count()
+        out = 0
+        for f in self._distinct():
+            out |= (k % f.radix) << f.offset
+            k //= f.radix
+        return out
+
+    def source_port(self, k: int, high: int = 0) -> int:
+        """Entropy value ``k`` as a UDP source port, ``high`` in the bits no switch reads."""
+        return (self.low_bits(k) | high << self.width) & 0xFFFF
+
+    def high_values(self) -> int:
+        """How many values the bits above ``width`` can take (choices of port for one path)."""
+        return 1 << (PORT_BITS - self.width)
+
+    def entropy_values(self, count: int, high: int = 0) -> list[int]:
+        """``count`` source ports, distinct paths while ``count <= path_count()``."""
+        return [self.source_port(k, high) for k in range(count)]
+
+    def choices(self, sport: int, sizes: dict[str, int] | None = None) -> dict[str, int]:
+        """Per role, the port index ``sport`` takes (at sets of the role's largest size, or ``sizes``)."""
+        sizes = sizes or {}
+        return {f.role: f.index(sport, sizes.get(f.role, f.radix)) for f in self.fields}
+
+    def as_dict(self) -> dict:
+        return {"fields": [asdict(f) for f in self.fields], "overlaps": [list(p) for p in self.overlaps],
+                "width": self.width, "path_count": self.path_count()}
+
+    @classmethod
+    def from_dict(cls, d: dict | EntropyMap | None) -> EntropyMap | None:
+        if d is None or isinstance(d, EntropyMap):
+            return d
+        try:
+            fields = tuple(EntropyField(str(f["role"]), int(f["tier"]), str(f["direction"]), int(f["offset"]),
+                                        int(f["bits"]), tuple(int(n) for n in f["sizes"])) for f in d["fields"])
+            return cls(fields, tuple((str(a), str(b)) for a, b in d.get("overlaps", ())))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TransportError(f"bad entropy map: {exc!r}") from None
+
+
+def entropy_bits(n: int) -> int:
+    """Source-port bits a set of ``n`` ports reads: log2(n) for a power of two, else enough
+    for 2**bits >= 4n patterns (dealt round-robin, every port within +-1 pattern)."""
+    if n & (n - 1) == 0:
+        return n.bit_length() - 1
+    return (n - 1).bit_length() + 2
+
+
+def lay_out(sizes: dict[tuple[int, str], list[int]]) -> EntropyMap:
+    """The entropy map for multipath sets of these sizes per (tier, direction).
+
+    Roles in path order (up by tier, across, down by tier from the top), each as wide as its
+    largest set needs (:func:`entropy_bits`), packed from bit 0. A role that no longer fits
+    in 16 bits shares: it takes the top bits and ``overlaps`` names the roles it shares
+    with (the latest roles in path order, so the first hops -- which every path crosses --
+    keep their own bits)."""
+    def order(key: tuple[int, str]) -> tuple[int, int]:
+        tier, direction = key
+        d = DIRECTIONS.index(direction)
+        return d, tier if direction == "up" else -tier
+
+    fields: list[EntropyField] = []
+    overlaps: list[tuple[str, str]] = []
+    off = 0
+    for key in sorted(sizes, key=order):
+        ns = sorted({n for n in sizes[key] if n >= 2})
+        if not ns:
+            continue
+        tier, direction = key
+        bits = entropy_bits(ns[-1])
+        role = f"{TIER_NAMES.get(tier, f'tier{tier}')}-{direction}"
+        start = off if off + bits <= PORT_BITS else PORT_BITS - bits
+        f = EntropyField(role, tier, direction, start, bits, tuple(ns))
+        overlaps += [(g.role, role) for g in fields if g.mask & f.mask]
+        fields.append(f)
+        off = max(off, start + bits)
+    return EntropyMap(tuple(fields), tuple(overlaps))

@@ -20,12 +20,19 @@ What is modelled
       :class:`DcqcnParams`. There is no PFC in the emulation, so a NACK (a loss the
       receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at
       DCQCN's current rate and per NIC port at the port's line rate (the NIC's port scheduler).
-    * Entropy: each packet's (plane, UDP source port) comes from the entropy policy:
-      ``flow`` fixes both per flow (hash of the rank pair: the ECMP baseline), ``spray``
+    * Entropy: each packet's (plane, UDP source port) comes from the entropy policy
+      (:mod:`.entropy`): ``flow`` fixes both per flow (hash of the rank pair: the ECMP
+      baseline), ``ecmp`` one hashed connection per plane (NCCL's QPs), ``flowlet`` the same
+      connections, each moving to its plane's next entropy value after an idle gap longer
+      than ``flowlet_gap_us`` (default: 4 packet times at line rate, at least 500 us), ``spray``
       rotates per packet over every plane of the rank and ``ports_per_nic`` source ports
-      per plane (several sockets bound to different source ports on each interface);
-      ``adaptive`` is the hook :class:`~.entropy.EntropyPolicy` subclasses fill, with per-path
-      feedback (ACKed, CE/CNP, loss) given to ``on_feedback``.
+      per plane (several sockets bound to different source ports on each interface),
+      ``adaptive`` recycles the paths whose packets are acknowledged cleanly (REPS-like,
+      :mod:`.adaptive`), fed per path: each packet acknowledged, RTT samples, CNPs, NACKs
+      and timeouts. With ``entropy_map`` (the controller's, :class:`.entropy.EntropyMap`)
+      the source ports are bound to the map's entropy values (at most as many per plane as
+      the map has distinct paths), so N paths are N known, distinct ways through the
+      fabric; without it the kernel assigns them (a real fabric whose hashing is unknown).
 
     * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
       ACK and NACK, which of the sender's paths delivered (the echoed data packet's path and
@@ -74,7 +81,7 @@ from typing import Any
 
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
-from .entropy import ENTROPY_POLICIES, FlowEntropy
+from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
@@ -224,6 +231,7 @@ class _TxFlow:
         "dst",
         "gbn_resend_to",
         "hash",
+        "held_path",
         "last_progress",
         "last_sample",
         "min_rtt",
@@ -287,6 +295,7 @@ class _TxFlow:
         self.gbn_resend_to = -1
         self.min_rtt: float | None = None
         self.window = 0
+        self.held_path: int | None = None   # chosen for the next packet, which waited for its port
 
 
 class _RxFlow:
@@ -366,7 +375,8 @@ class RoceTransport(Transport):
                  bdp_factor: float = 6.0, max_rto_s: float = 0.1, paths: PathParams | dict | None = None,
                  gap_threshold_s: float = 0.002, ack_fresh_s: float = 0.02, watch_links: bool = True,
                  link_poll_s: float = 0.005, link_state: Callable[[str], bool | None] | None = None,
-                 nic_names: list[str | None] | None = None):
+                 nic_names: list[str | None] | None = None, entropy_map: EntropyMap | dict | None = None,
+                 flowlet_gap_us: float | None = None, adaptive: dict | None = None):
         if recovery not in ("selective", "gobackn"):
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -383,11 +393,19 @@ class RoceTransport(Transport):
             raise TransportError(f"mtu {mtu} is too small for the roce transport (at least {IP_UDP + HDR.size + 64})")
         self.mtu = mtu
         self.recovery = recovery
+        self.entropy_map = EntropyMap.from_dict(entropy_map)
         self.ports_per_nic = max(1, ports_per_nic)
+        if self.entropy_map is not None:      # as many source ports per plane as distinct paths, at most
+            self.ports_per_nic = min(self.ports_per_nic, self.entropy_map.path_count())
         if self.planes * self.ports_per_nic > MAX_PATHS - 1:
             raise TransportError(f"{self.planes} planes x {self.ports_per_nic} ports per NIC is more than "
                                  f"{MAX_PATHS - 1} paths; use fewer ports_per_nic")
-        self.policy = ENTROPY_POLICIES[entropy](self.planes, self.ports_per_nic)
+        if flowlet_gap_us is None:            # 4 packet times at line rate, at least 500 us
+            flowlet_gap_us = max(500.0, 4 * mtu * 8 / float(line_rate_bps) * 1e6)
+        self.flowlet_gap_us = flowlet_gap_us
+        self.policy = ENTROPY_POLICIES[entropy](self.planes, self.ports_per_nic, flowlet_gap_s=flowlet_gap_us / 1e6,
+                                                adaptive=adaptive)
+        self.tx_entropy: list[int | None] = []      # per path: its entropy value number in the map (None: kernel port)
         per_flow = self.policy.per_flow
         self.entropy = entropy
         self.window = window_pkts
@@ -452,7 +470,10 @@ class RoceTransport(Transport):
                 "watched_ports": self.nics, "link_events": self.link_events,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.base_port + self.rank,
-                "source_ports": [s.getsockname()[1] for s in self.tx_socks]}
+                "source_ports": [s.getsockname()[1] for s in self.tx_socks],
+                "entropy_map": self.entropy_map.as_dict() if self.entropy_map else None,
+                "entropy_values": self.tx_entropy,
+                "flowlet_gap_us": self.flowlet_gap_us if self.entropy == "flowlet" else None}
 
     def start(self) -> None:
         port = self.base_port + self.rank
@@ -470,8 +491,10 @@ class RoceTransport(Transport):
             self.rx_socks.append(rs)
             self._ep.register(rs.fileno(), select.EPOLLIN)
             self._plane_of_fd[rs.fileno()] = (plane, rs)
-            for _ in range(self.ports_per_nic):
-                self.tx_socks.append(self._tx_socket(ip))
+            for k in range(self.ports_per_nic):
+                sock, value = self._entropy_socket(ip, k)
+                self.tx_socks.append(sock)
+                self.tx_entropy.append(value)
             self.nic_next.append(0.0)
         for r, ips in enumerate(self.addrs):
             for p in range(self.planes):
@@ -670,11 +693,14 @@ class RoceTransport(Transport):
                 pkt = self._peek_ready(f)
                 if not pkt:
                     continue
-                path = self._choose_path(f)
+                held = f.held_path
+                path = held if held is not None and f.paths.live(held) else self._choose_path(f)
                 plane = path // self.ports_per_nic
                 if self.nic_next[plane] > now + la:
+                    f.held_path = path            # the choice waits for its port (a token is not lost)
                     wake = min(wake, self.nic_next[plane] - la)
                     continue
+                f.held_path = None
                 psn, e, is_retx = self._next_packet(f)
                 self._send(f, psn, e, path, now, is_retx)
                 f.seq += 1
@@ -809,10 +835,34 @@ class RoceTransport(Transport):
         for psn in range(f.una, f.psn):
             self._requeue(f, psn, "migrate")
 
-    def _tx_socket(self, ip: str) -> socket.socket:
-        """A sending socket on ``ip`` with a kernel-assigned source port (one path's entropy)."""
+    def _entropy_socket(self, ip: str, k: int, avoid: int = -1) -> tuple[socket.socket, int | None]:
+        """A sending socket on ``ip`` for entropy value number ``k`` of the map (a source port
+        whose switch-read bits name path k; the free high bits are tried until one binds),
+        or, without a map or when none binds, a kernel-assigned port (None)."""
+        m = self.entropy_map
+        if m is not None:
+            highs = m.high_values()
+            for h in range(highs):
+                high = (highs - 1 - h + self.rank) % highs      # from the top of the port space
+                sport = m.source_port(k, high)
+                if sport < 1024 or sport == avoid:
+                    continue
+                try:
+                    return self._tx_socket(ip, sport), k % m.path_count()
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise TransportError(f"rank {self.rank}: cannot bind UDP {ip}:{sport}: "
+                                             f"{exc.strerror}") from None
+        return self._tx_socket(ip), None
+
+    def _tx_socket(self, ip: str, sport: int = 0) -> socket.socket:
+        """A sending socket on ``ip`` with source port ``sport`` (0: kernel-assigned): one path's entropy."""
         ts = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        ts.bind((ip, 0))
+        try:
+            ts.bind((ip, sport))
+        except OSError:
+            ts.close()
+            raise
         if self.ecn:
             ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
         ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
@@ -820,9 +870,15 @@ class RoceTransport(Transport):
         return ts
 
     def _rebind(self, path: int) -> None:
+        """A new entropy value for ``path``: the map's next unused one (another path), else a new port."""
         old = self.tx_socks[path]
-        self.tx_socks[path] = self._tx_socket(old.getsockname()[0])
+        ip, port = old.getsockname()[:2]
+        k = self.tx_entropy[path]
+        if k is not None:
+            k += self.planes * self.ports_per_nic
         old.close()
+        self.tx_socks[path], self.tx_entropy[path] = self._entropy_socket(ip, k or 0, avoid=port) \
+            if k is not None else (self._tx_socket(ip), None)
 
     def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
@@ -857,7 +913,7 @@ class RoceTransport(Transport):
         f.rto_streak += 1
         e = f.unacked.get(f.una)
         if e is not None:
-            self.policy.on_feedback(f, e[5], "loss")
+            self.policy.on_feedback(f, e[5], "loss", now)
             if not self.policy.per_flow and f.paths.on_timeout(e[5], e[4], now, f.srtt):
                 self._fail_over(f, [e[5]], now)
         if self.recovery == "gobackn":
@@ -922,7 +978,7 @@ class RoceTransport(Transport):
         elif typ == CNP:
             f = self.tx[src]
             f.stats["cnps"] += 1
-            self.policy.on_feedback(f, path, "ce")
+            self.policy.on_feedback(f, path, "ce", now)
             if f.dcqcn:
                 f.dcqcn.on_cnp(now)
         elif typ == ABORT:
@@ -1099,6 +1155,7 @@ class RoceTransport(Transport):
                     f.rttvar = 0.75 * f.rttvar + 0.25 * abs(f.srtt - rtt)
                     f.srtt = 0.875 * f.srtt + 0.125 * rtt
                 f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar)
+                self.policy.on_feedback(f, path, "rtt", now, rtt)
         if cum <= f.una:
             return
         f.rto_streak = 0
@@ -1109,10 +1166,10 @@ class RoceTransport(Transport):
                 acked += len(e[3])
                 if not e[6]:                 # sent once: it arrived on that path
                     f.paths.on_delivered(e[5], e[4], now)
+                    self.policy.on_feedback(f, e[5], "ack", now)
         f.una = min(cum, f.psn)
         f.acked_bytes += acked
         f.last_progress = now
-        self.policy.on_feedback(f, path, "ack")
         for mid, last in list(f.msg_last_psn.items()):
             if last < f.una:
                 f.done_msgs.add(mid)
@@ -1133,7 +1190,8 @@ class RoceTransport(Transport):
         if f.dcqcn and self.recovery == "selective":
             f.dcqcn.on_cnp(now)
             f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
-        self.policy.on_feedback(f, path, "loss")
+        lost = f.unacked.get(psn)            # the policy hears of the missing packet's path
+        self.policy.on_feedback(f, lost[5] if lost is not None else path, "loss", now)
         if psn > f.una:                       # a NACK acknowledges everything before it
             self._on_ack(f, psn, 0, path, now)
         if self.recovery == "gobackn":
@@ -1160,7 +1218,8 @@ class RoceTransport(Transport):
                         "retx_bursts": f.bursts.export(self.wall_offset),
                         "slowest_msgs": [[a + self.wall_offset, b + self.wall_offset, nb]
                                          for a, b, nb in f.slowest.items()],
-                        "paths": f.paths.summary(self.wall_offset)})
+                        "paths": f.paths.summary(self.wall_offset),
+                        "entropy_policy": self.policy.summary(f)})
             out.append({"side": "rx", "src": peer, "dst": self.rank, **r.stats,
                         "reorder_time_ms": r.reorder_time * 1e3,
                         "app_bytes_delivered": r.app_bytes, "app_crc_delivered": f"{r.app_crc:08x}",

@@ -1,0 +1,156 @@
+"""Host-side adaptive routing per packet: which path a flow's next packet takes (pure).
+
+A *path* is one (plane, entropy value) of the sending rank, the index the transport's
+entropy policies return (``plane * ports + k``); with the controller's entropy map every
+entropy value is a known, distinct path (:class:`.entropy.EntropyMap`).
+
+The rule follows REPS (Bonato et al., "REPS: Recycled Entropy Packet Spraying", 2024):
+
+Recycling
+    Each packet sent takes a path *token* from a FIFO (the recycle buffer, at most
+    ``recycle`` tokens). A packet acknowledged cleanly -- delivered once, no congestion
+    mark seen on its path, its path's RTT not above ``rtt_factor`` x the flow's smallest
+    -- gives its path's token back. So paths that deliver cleanly are reused, in proportion
+    to how fast they deliver (a path at half the rate returns its tokens half as fast),
+    and a path that marks or loses packets stops getting them.
+Dropping
+    A congestion mark (a CNP naming a packet's path), a NACK or a retransmission timeout on a
+    path throws away every token of that path and *rests* it for ``hold_rtts`` x the
+    smallest RTT (at least ``hold_floor_s``); a mark during or soon after a rest doubles the
+    next rest, up to ``hold_max_s``; a clean acknowledgement resets it (hysteresis: a path
+    that marks again and again stays out longer, one mark costs little).
+Exploring
+    When the buffer runs short (start, or tokens dropped) the packet explores: the next path
+    in rotation that is live and not resting (all resting: the one whose rest ends first).
+    One packet in ``explore_every`` explores anyway, in place of a token, so that a path
+    whose marks have cleared comes back into the mix (REPS relies on other paths' marks for
+    this; a symmetric fabric that never marks would otherwise keep whatever mix it started
+    with).
+Never a dead path
+    Liveness comes from the transport's dead-path detection (:class:`.paths.PathTable`):
+    tokens of a dead path are discarded when they come up, exploration skips it.
+
+Where this differs from REPS: REPS caches entropy values drawn at random from a large space
+and echoes each packet's entropy in a per-packet ACK with its ECN bit; here the entropy
+values are few, named paths (the entropy map), ACKs are coalesced and cumulative (the
+transport gives back one token per packet they acknowledge), marks come as rate-limited
+CNPs (so a mark drops every token of its path, not one), exploration is a rotation rather
+than a random draw, and REPS's failure "freezing" is left to the dead-path detection.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .base import TransportError
+
+
+@dataclass(frozen=True)
+class AdaptiveParams:
+    """Knobs of the adaptive rule (see the module's docstring)."""
+    recycle: int = 64               # tokens the recycle buffer holds at most
+    explore_every: int = 16         # one packet in this many explores (0: only when short)
+    hold_rtts: float = 8.0          # a marked path rests this many smallest RTTs ...
+    hold_floor_s: float = 0.002     # ... and at least this long
+    hold_max_s: float = 0.1         # repeated marks double the rest, up to this
+    rtt_factor: float = 4.0         # an ACK on a path slower than this x the smallest RTT recycles nothing (0: off)
+
+    def __post_init__(self) -> None:
+        if self.recycle < 1 or self.explore_every < 0:
+            raise TransportError("adaptive entropy needs recycle >= 1 and explore_every >= 0")
+        if self.hold_floor_s <= 0 or self.hold_max_s < self.hold_floor_s or self.hold_rtts < 0:
+            raise TransportError("adaptive entropy needs 0 < hold_floor_s <= hold_max_s and hold_rtts >= 0")
+        if self.rtt_factor and self.rtt_factor < 1:
+            raise TransportError(f"rtt_factor must be 0 (off) or at least 1, got {self.rtt_factor}")
+
+
+class AdaptivePaths:
+    """The adaptive state of one flow over ``n`` paths (a few numbers per path and the buffer)."""
+
+    def __init__(self, n: int, params: AdaptiveParams | None = None, start: int = 0):
+        if n < 1:
+            raise TransportError("adaptive entropy needs at least one path")
+        self.n = n
+        self.p = params or AdaptiveParams()
+        self.tokens: deque[int] = deque()
+        self.rest_until = [0.0] * n
+        self.rest_s = [0.0] * n
+        self.srtt: list[float | None] = [None] * n
+        self.min_rtt: float | None = None
+        self.cursor = start % n
+        self.sent = 0
+        self.stats = {"recycled": 0, "explored": 0, "marks": 0, "losses": 0, "not_recycled": 0}
+
+    # ---- decisions ------------------------------------------------------------------
+    def resting(self, path: int, now: float) -> bool:
+        return self.rest_until[path] > now
+
+    def choose(self, now: float, live: Callable[[int], bool]) -> int:
+        """The path of the next packet (never a dead one while a live one exists)."""
+        self.sent += 1
+        explore = bool(self.p.explore_every) and self.sent % self.p.explore_every == 0
+        while self.tokens:
+            path = self.tokens.popleft()
+            if live(path) and not self.resting(path, now):
+                if not explore:
+                    return path
+                break                       # this packet explores in the token's place
+        return self._explore(now, live)
+
+    def _explore(self, now: float, live: Callable[[int], bool]) -> int:
+        self.stats["explored"] += 1
+        n = self.n
+        order = [(self.cursor + 1 + k) % n for k in range(n)]
+        pick = next((i for i in order if live(i) and not self.resting(i, now)), None)
+        if pick is None:                    # every live path rests: the one back soonest
+            alive = [i for i in order if live(i)]
+            pick = min(alive, key=lambda i: self.rest_until[i]) if alive else order[0]
+        self.cursor = pick
+        return pick
+
+    # ---- feedback -------------------------------------------------------------------
+    def on_rtt(self, path: int, rtt: float) -> None:
+        """An RTT sample of a packet sent on ``path``."""
+        if rtt <= 0:
+            return
+        if self.min_rtt is None or rtt < self.min_rtt:
+            self.min_rtt = rtt
+        s = self.srtt[path]
+        self.srtt[path] = rtt if s is None else 0.875 * s + 0.125 * rtt
+
+    def slow(self, path: int) -> bool:
+        s = self.srtt[path]
+        return bool(self.p.rtt_factor) and s is not None and self.min_rtt is not None \
+            and s > self.p.rtt_factor * self.min_rtt
+
+    def on_ack(self, path: int, now: float) -> None:
+        """One packet sent once on ``path`` was acknowledged."""
+        if self.resting(path, now) or self.slow(path):
+            self.stats["not_recycled"] += 1
+            return
+        self.rest_s[path] = 0.0
+        if len(self.tokens) < self.p.recycle:
+            self.tokens.append(path)
+            self.stats["recycled"] += 1
+
+    def _rest(self, path: int, now: float) -> None:
+        p = self.p
+        base = max(p.hold_floor_s, p.hold_rtts * (self.min_rtt or 0.0))
+        self.rest_s[path] = min(p.hold_max_s, 2 * self.rest_s[path] if self.rest_s[path] else base)
+        self.rest_until[path] = now + self.rest_s[path]
+        if path in self.tokens:
+            self.tokens = deque(t for t in self.tokens if t != path)
+
+    def on_mark(self, path: int, now: float) -> None:
+        """A congestion mark (CE, echoed as a CNP) on a packet of ``path``."""
+        self.stats["marks"] += 1
+        self._rest(path, now)
+
+    def on_loss(self, path: int, now: float) -> None:
+        """A NACK or a retransmission timeout for a packet of ``path``."""
+        self.stats["losses"] += 1
+        self._rest(path, now)
+
+    def summary(self) -> dict:
+        return {**self.stats, "tokens": len(self.tokens)}

@@ -1,0 +1,197 @@
+"""Host-side adaptive routing (fabric/transport/adaptive.py) and flowlets, on scripted feedback.
+
+A scripted fabric: every packet a policy sends is answered one window later (what is in
+flight), with a congestion mark if its path is hot at that moment, else a clean ACK. The
+policy must move off a path whose marks rise, come back when they clear, and never send on
+a path the dead-path detection (PathTable) marks dead.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from types import SimpleNamespace
+
+import pytest
+
+from hpnlab.fabric.transport import TransportError
+from hpnlab.fabric.transport.adaptive import AdaptiveParams, AdaptivePaths
+from hpnlab.fabric.transport.entropy import AdaptiveEntropy, EcmpEntropy, FlowletEntropy
+from hpnlab.fabric.transport.paths import PathTable
+
+PATHS = 4
+PKT_S = 0.0001          # one packet every 100 us
+RTT_PKTS = 20           # feedback comes back 20 packets (2 ms) later
+
+
+class Fabric:
+    """Drives an AdaptivePaths with feedback: ``hot`` paths mark every packet."""
+
+    def __init__(self, policy: AdaptivePaths, live=lambda p: True):
+        self.policy, self.live = policy, live
+        self.t = 0.0
+        self.inflight: deque = deque()
+        self.hot: set[int] = set()
+
+    def run(self, packets: int) -> Counter:
+        used: Counter = Counter()
+        for _ in range(packets):
+            self.t += PKT_S
+            p = self.policy.choose(self.t, self.live)
+            used[p] += 1
+            self.inflight.append(p)
+            if len(self.inflight) > RTT_PKTS:
+                q = self.inflight.popleft()
+                self.policy.on_rtt(q, RTT_PKTS * PKT_S)
+                if q in self.hot:
+                    self.policy.on_mark(q, self.t)
+                else:
+                    self.policy.on_ack(q, self.t)
+        return used
+
+
+def test_at_start_every_path_is_explored_in_turn():
+    fab = Fabric(AdaptivePaths(PATHS))
+    used = fab.run(RTT_PKTS)                      # no feedback yet: nothing to recycle
+    assert used == dict.fromkeys(range(PATHS), RTT_PKTS // PATHS)
+
+
+def test_clean_paths_are_reused_evenly():
+    fab = Fabric(AdaptivePaths(PATHS))
+    fab.run(2000)
+    used = fab.run(4000)
+    assert all(abs(n / 4000 - 1 / PATHS) < 0.05 for n in used.values())
+
+
+def test_traffic_moves_off_a_path_whose_marks_rise_and_back_when_they_clear():
+    fab = Fabric(AdaptivePaths(PATHS))
+    fab.run(2000)
+    fab.hot = {2}
+    fab.run(1000)                                 # the marks come back one RTT later
+    during = fab.run(4000)
+    assert during[2] / 4000 < 0.05                # only exploration touches it
+    fab.hot = set()
+    fab.run(4000)
+    after = fab.run(4000)
+    assert after[2] / 4000 > 0.8 / PATHS          # back to about its share
+
+
+def test_a_path_that_keeps_marking_rests_longer_each_time():
+    a = AdaptivePaths(PATHS, AdaptiveParams(hold_floor_s=0.001, hold_rtts=0))
+    a.on_mark(1, 0.0)
+    first = a.rest_until[1]
+    a.on_mark(1, 0.0005)                          # marked again while resting
+    assert a.rest_until[1] - 0.0005 == pytest.approx(2 * first)
+    a.on_ack(1, 0.01)                             # a clean ACK after the rest: forgiven
+    a.on_mark(1, 0.02)
+    assert a.rest_until[1] - 0.02 == pytest.approx(first)
+
+
+def test_a_mark_throws_away_the_tokens_of_its_path_only():
+    a = AdaptivePaths(PATHS)
+    for p in (0, 1, 0, 2):
+        a.on_ack(p, 0.0)
+    a.on_mark(0, 0.0)
+    assert list(a.tokens) == [1, 2]
+
+
+def test_a_slow_path_gets_no_tokens_back():
+    a = AdaptivePaths(PATHS, AdaptiveParams(rtt_factor=2))
+    a.on_rtt(0, 0.001)
+    for _ in range(20):
+        a.on_rtt(1, 0.010)
+    a.on_ack(0, 0.0)
+    a.on_ack(1, 0.0)
+    assert list(a.tokens) == [0]
+
+
+def test_a_dead_path_is_never_used_even_with_its_tokens_in_the_buffer():
+    table = PathTable(2, 2)
+    fab = Fabric(AdaptivePaths(PATHS), live=table.live)
+    assert fab.run(500)[3] > 0
+    table.kill(3, fab.t)
+    used: Counter = Counter()
+    token_seen = False
+    for _ in range(3000):
+        used += fab.run(1)
+        token_seen |= 3 in fab.policy.tokens      # its packets in flight were ACKed: tokens came back
+    assert token_seen and used[3] == 0 and set(used) == {0, 1, 2}
+
+
+def test_when_every_live_path_rests_it_still_sends_on_a_live_one():
+    table = PathTable(1, PATHS)
+    table.kill(0, 0.0)
+    a = AdaptivePaths(PATHS)
+    for p in range(PATHS):
+        a.on_mark(p, 0.0)
+    picks = {a.choose(0.0001, table.live) for _ in range(20)}
+    assert picks and 0 not in picks
+
+
+def test_bad_adaptive_parameters_are_one_clear_error():
+    with pytest.raises(TransportError, match="rtt_factor"):
+        AdaptiveParams(rtt_factor=0.5)
+    with pytest.raises(TransportError, match="bad adaptive entropy parameters"):
+        AdaptiveEntropy(1, 2, adaptive={"colour": 1})
+
+
+# ---- the policies as the transport sees them -----------------------------------------
+
+def _flow(planes: int, ports: int, dst: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(dst=dst, hash=0, paths=PathTable(planes, ports))
+
+
+def test_adaptive_entropy_reads_the_transports_feedback_per_flow():
+    pol = AdaptiveEntropy(2, 2, clock=lambda: 1.0)
+    f, g = _flow(2, 2, dst=1), _flow(2, 2, dst=2)
+    pol.on_feedback(f, 3, "ack", 1.0)
+    assert list(pol.of(f).tokens) == [3] and not pol.of(g).tokens
+    assert pol.path(f, 0) == 3
+    pol.on_feedback(f, 3, "ce", 1.0)
+    assert pol.path(f, 1) != 3
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_flowlet_keeps_its_path_on_each_plane_while_packets_follow_closely():
+    clock = Clock()
+    pol = FlowletEntropy(2, 2, clock=clock, flowlet_gap_s=0.001)
+    f = _flow(2, 2)
+    first = [pol.path(f, 0), pol.path(f, 1)]
+    assert [p // 2 for p in first] == [0, 1]                    # one connection per plane
+    for k in range(2, 100):
+        clock.t += 0.0004
+        assert pol.path(f, k) == first[k % 2]
+
+
+def test_a_flowlet_moves_to_its_planes_next_value_after_an_idle_gap():
+    clock = Clock()
+    pol = FlowletEntropy(1, 3, clock=clock, flowlet_gap_s=0.001)
+    f = _flow(1, 3)
+    seen = [pol.path(f, 0)]
+    for k in range(1, 3):
+        clock.t += 0.0011
+        seen.append(pol.path(f, k))
+    assert sorted(seen) == [0, 1, 2]
+    assert pol.summary(f)["flowlets"] == 3
+
+
+def test_a_flowlet_leaves_a_dead_path_at_once():
+    clock = Clock()
+    pol = FlowletEntropy(1, 3, clock=clock, flowlet_gap_s=1.0)
+    f = _flow(1, 3)
+    p = pol.path(f, 0)
+    f.paths.kill(p, 0.0)
+    assert pol.path(f, 1) != p
+
+
+def test_ecmp_deals_packets_over_one_hashed_connection_per_plane():
+    pol = EcmpEntropy(2, 4)
+    f = _flow(2, 4)
+    paths = [pol.path(f, k) for k in range(8)]
+    assert [p // 4 for p in paths] == [0, 1] * 4                # connection k on plane k
+    assert len(set(paths)) == 2                                 # each keeps its hashed entropy value

@@ -1,0 +1,51 @@
+"""The routing comparison's figures (fabric/compare_routing.py), on made-up runs."""
+from __future__ import annotations
+
+import pytest
+
+from hpnlab.fabric import compare_routing as cr
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.experiment import Plan
+
+
+def test_imbalance_is_max_over_mean_of_the_uplinks_bytes():
+    assert cr.imbalance([100, 100, 100, 100]) == 1.0
+    assert cr.imbalance([300, 100, 0, 0]) == 3.0
+    assert cr.imbalance([0, 0]) is None
+
+
+def test_every_leaf_uplink_is_listed_once_by_its_leaf_side_interface():
+    g = graph.build(spec.load("mini-hpn"))
+    ups = cr.uplinks(g)
+    leaves = [n for n in graph.switches(g) if g.nodes[n]["tier"] == 1]
+    assert len(ups) == sum(1 for lf in leaves for n in g.adj[lf] if g.nodes[n]["tier"] == 2)
+    assert all(intf.startswith(leaf + "-") for leaf, intf in ups)
+
+
+def _run(fabric, mode, rep, busbw, time_us=100.0):
+    return {"fabric": fabric, "collective": "all_to_all", "mode": mode, "rep": rep, "busbw_gbs": busbw,
+            "time_us": time_us, "uplink_imbalance": 1.5, "max_reorder": 3, "retransmissions": 2, "wrong": 0,
+            "exactly_once": True}
+
+
+def test_ratios_to_ecmp_are_taken_repetition_by_repetition():
+    runs = [_run("symmetric", "ecmp", 0, 1.0), _run("symmetric", "ecmp", 1, 2.0),
+            _run("symmetric", "adaptive", 0, 1.5), _run("symmetric", "adaptive", 1, 2.0)]
+    rows = {r["mode"]: r for r in cr.summarize(runs)}
+    q = rows["adaptive"]["busbw_ratio_to_ecmp"]
+    assert (q["min"], q["max"], q["mean"]) == (1.0, 1.5, 1.25)      # not mean(busbw) / mean(busbw) = 1.1667
+    assert rows["ecmp"]["busbw_ratio_to_ecmp"]["mean"] == 1.0
+    assert list(rows) == ["ecmp", "adaptive"]
+    assert len(cr.table(cr.summarize(runs))) == 3
+
+
+def test_a_lost_byte_anywhere_shows_in_the_summary():
+    runs = [_run("symmetric", "ecmp", 0, 1.0), dict(_run("symmetric", "spray", 0, 1.0), exactly_once=False)]
+    rows = {r["mode"]: r for r in cr.summarize(runs)}
+    assert rows["ecmp"]["exactly_once"] and not rows["spray"]["exactly_once"]
+
+
+@pytest.mark.parametrize("reps", [0, -1])
+def test_no_repetitions_is_one_clear_error(reps):
+    with pytest.raises(cr.UserError, match="--repeat"):
+        cr.compare(None, Plan(), reps=reps)
