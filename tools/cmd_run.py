@@ -20,7 +20,7 @@ from hpnlab.fabric import experiment, report, spec
 from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
-from .cmd_emulate import DEFAULT_BFD_MS
+from .cmd_emulate import DEFAULT_BFD_MS, add_port_type_arg, port_type_line
 
 DEFAULTS = experiment.RUN_DEFAULTS
 
@@ -37,8 +37,8 @@ def register(sub) -> None:
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
     p.add_argument("--ranks", type=int, default=DEFAULTS.ranks,
-                   help="ranks per job (default 4: one per host NIC; more ranks on a 2-core machine "
-                        "exceed userspace OVS's packet rate)")
+                   help=f"ranks per job (default {DEFAULTS.ranks}, one per host; the emulated rates come from the "
+                        f"measured budget: hpnlab doctor --measure)")
     p.add_argument("--jobs", type=int, default=DEFAULTS.jobs, help="concurrent jobs on disjoint hosts (default 1)")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
@@ -51,6 +51,7 @@ def register(sub) -> None:
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
+    add_port_type_arg(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
@@ -66,11 +67,18 @@ def register(sub) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.fabric import graph as fgraph
+    from hpnlab.fabric import sizing
     from hpnlab.fabric.emulation import Emulation, EmulationError
 
-    scenario = spec.load(args.scenario, spec.parse_overrides(args.overrides))
+    overrides = spec.parse_overrides(args.overrides)
+    scenario = spec.load(args.scenario, overrides)
     plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=args.jobs)
     g = fgraph.build(scenario)
+    sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))   # a rank: one host's ports
+    rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
+    if rates:
+        scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
+        g = fgraph.build(scenario)
     cells = plan.jobs_on(g)                         # every mistake shows before anything is built
     events = None
     if args.timeline:
@@ -80,19 +88,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     say = lambda m: print(m, flush=True)  # noqa: E731
     hosts = fgraph.hosts(g)
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
-        f"{len(cells)} run(s)")
+        f"{len(cells)} run(s); {rates_line}")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
-                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd) as emu:
+                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, port_type=args.port_type) as emu:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
+            say(port_type_line(md))
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events)
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
-                               timings=dict(emu.timings), uname=" ".join(os.uname()))
+                               timings=dict(emu.timings), uname=" ".join(os.uname()),
+                               rates=rates_line)
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1
