@@ -152,7 +152,8 @@ def test_default_rates_for_every_port_sending_fit_the_size_check():
     b = _budget({"system": {4110: [3_000]}}, hops=3)
     g = _g(mtu=4096)
     rates = sizing.default_rates(g, sizing.pps_at(b, "system", 4110) or 0)
-    assert sizing.check_fits(_g(mtu=4096, host_mbps=rates["host_mbps"], max_mbps=rates["max_mbps"]), cpus=2, budget=b)["fits"]
+    g = _g(mtu=4096, host_mbps=rates["host_mbps"], max_mbps=rates["max_mbps"])
+    assert sizing.check_fits(g, cpus=2, budget=b)["fits"]
 
 
 def test_run_rates_keep_a_rate_the_user_set_and_the_preset_when_nothing_was_measured():
