@@ -137,17 +137,34 @@ def record_bringup(nodes: int, up_s: float, path: Path | None = None, keep: int 
 
 
 def nodes_max(budget: dict[str, Any] | None, cpus: int, target_s: float = UP_TARGET_S) -> tuple[int, str]:
-    """(nodes an emulation may have here, where that comes from) (pure): the nodes that come up
-    within ``target_s`` at the slowest seconds-per-node of the recorded bring-ups of at least
-    16 nodes (small runs are dominated by fixed costs), never below the fallback's half."""
+    """(nodes an emulation may have here, where that comes from) (pure). From the recorded
+    bring-ups of at least 16 nodes: a straight line through seconds against nodes (with one
+    size recorded: seconds per node), read at ``target_s``, but never beyond twice the largest
+    run that came up within it (verifying every pair grows faster than the nodes), nor below
+    half the fallback constant."""
     samples = [s for s in (budget or {}).get("bringup", []) if s.get("nodes", 0) >= 16 and s.get("up_s", 0) > 0]
     fallback = NODES_PER_CORE * cpus
     if not samples:
         return fallback, f"constant {NODES_PER_CORE}/core (no bring-up recorded yet)"
-    per_node = max(s["up_s"] / s["nodes"] for s in samples)
-    n = max(fallback // 2, int(target_s / per_node))
-    return n, (f"{target_s:g} s at {per_node:.2f} s per node (slowest of {len(samples)} recorded bring-ups, "
-               f"largest {max(s['nodes'] for s in samples)} nodes)")
+    xs = [float(s["nodes"]) for s in samples]
+    ys = [float(s["up_s"]) for s in samples]
+    slope = 0.0
+    if len(set(xs)) > 1:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    if slope > 0:
+        fixed = my - slope * mx
+        n_fit = (target_s - fixed) / slope
+        how = f"{fixed:.1f} s + {slope:.3f} s per node"
+    else:
+        per_node = max(y / x for x, y in zip(xs, ys, strict=True))
+        n_fit = target_s / per_node
+        how = f"{per_node:.2f} s per node"
+    came_up = [x for x, y in zip(xs, ys, strict=True) if y <= target_s]
+    cap = 2 * int(max(came_up)) if came_up else fallback // 2
+    n = max(fallback // 2, min(int(n_fit), cap))
+    return n, (f"up within {target_s:g} s at {how} from {len(samples)} recorded bring-ups, at most twice the "
+               f"largest that came up ({int(max(came_up)) if came_up else 0} nodes)")
 
 
 def default_rates(g: nx.MultiGraph, pps: float, sending_ports: int | None = None,

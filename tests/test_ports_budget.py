@@ -168,9 +168,13 @@ def test_run_rates_keep_a_rate_the_user_set_and_the_preset_when_nothing_was_meas
 
 def test_the_node_cap_comes_from_recorded_bring_ups_and_the_constant_without_any():
     assert sizing.nodes_max(None, 2)[0] == sizing.NODES_PER_CORE * 2
-    b = _budget({}, bringup=[{"nodes": 28, "up_s": 14.0}, {"nodes": 40, "up_s": 16.0}, {"nodes": 4, "up_s": 9.0}])
-    n, source = sizing.nodes_max(b, 2, target_s=60.0)
-    assert n == 120 and "0.50 s per node" in source       # the slowest of the runs of >= 16 nodes
+    one_size = _budget({}, bringup=[{"nodes": 40, "up_s": 20.0}, {"nodes": 4, "up_s": 9.0}])
+    assert sizing.nodes_max(one_size, 2, target_s=60.0)[0] == 80      # 0.5 s/node gives 120; twice 40 caps it
+    line = _budget({}, bringup=[{"nodes": 20, "up_s": 20.0}, {"nodes": 60, "up_s": 40.0}])
+    n, source = sizing.nodes_max(line, 2, target_s=60.0)
+    assert n == 100 and "10.0 s + 0.500 s per node" in source         # the line read at 60 s, under 2 x 60
+    slow = _budget({}, bringup=[{"nodes": 100, "up_s": 300.0}])
+    assert sizing.nodes_max(slow, 2, target_s=60.0)[0] == sizing.NODES_PER_CORE   # never below half the constant
 
 
 def test_the_budget_is_cached_where_the_environment_says_and_keeps_its_bring_ups(tmp_path):
