@@ -168,11 +168,11 @@ def test_run_rates_keep_a_rate_the_user_set_and_the_preset_when_nothing_was_meas
 
 def test_the_node_cap_comes_from_recorded_bring_ups_and_the_constant_without_any():
     assert sizing.nodes_max(None, 2)[0] == sizing.NODES_PER_CORE * 2
-    one_size = _budget({}, bringup=[{"nodes": 40, "up_s": 20.0}, {"nodes": 4, "up_s": 9.0}])
-    assert sizing.nodes_max(one_size, 2, target_s=60.0)[0] == 80      # 0.5 s/node gives 120; twice 40 caps it
-    line = _budget({}, bringup=[{"nodes": 20, "up_s": 20.0}, {"nodes": 60, "up_s": 40.0}])
+    one_size = _budget({}, bringup=[{"nodes": 60, "up_s": 30.0}, {"nodes": 4, "up_s": 9.0}])
+    assert sizing.nodes_max(one_size, 2, target_s=60.0)[0] == int(sizing.NODES_EXTRAPOLATE * 60)  # not 120
+    line = _budget({}, bringup=[{"nodes": 20, "up_s": 20.0}, {"nodes": 80, "up_s": 50.0}])
     n, source = sizing.nodes_max(line, 2, target_s=60.0)
-    assert n == 100 and "10.0 s + 0.500 s per node" in source         # the line read at 60 s, under 2 x 60
+    assert n == 100 and "10.0 s + 0.500 s per node" in source         # the line read at 60 s
     slow = _budget({}, bringup=[{"nodes": 100, "up_s": 300.0}])
     assert sizing.nodes_max(slow, 2, target_s=60.0)[0] == sizing.NODES_PER_CORE   # never below half the constant
 
