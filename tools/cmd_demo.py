@@ -33,10 +33,13 @@ def cmd_demo(args) -> int:
     t0 = time.monotonic()
     plan = None if args.no_collectives else experiment.RUN_DEFAULTS    # what `hpnlab run` runs
     overrides = spec.parse_overrides(args.overrides)
-    if plan:                    # the rates the measured budget carries for the run's ranks, as `hpnlab run`
+    if plan:                    # the ranks and the rates the measured budget carries for them, as `hpnlab run`
         from hpnlab.fabric import graph as fgraph
         from hpnlab.fabric import sizing
+
+        from .cmd_run import default_ranks
         g = fgraph.build(spec.load(args.scenario, overrides))
+        plan = plan.replace(ranks=default_ranks(g, plan.jobs))
         sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))
         rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
         overrides = spec.deep_merge(overrides, rates)

@@ -36,9 +36,9 @@ def register(sub) -> None:
                    help=f"comma list of {', '.join(col.COLLECTIVES)} (default {','.join(DEFAULTS.collectives)})")
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
-    p.add_argument("--ranks", type=int, default=DEFAULTS.ranks,
-                   help=f"ranks per job (default {DEFAULTS.ranks}, one per host; the emulated rates come from the "
-                        f"measured budget: hpnlab doctor --measure)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help=f"ranks per job (default {DEFAULTS.ranks}, or every host of a smaller fabric; one per host; "
+                        f"the emulated rates come from the measured budget: hpnlab doctor --measure)")
     p.add_argument("--jobs", type=int, default=DEFAULTS.jobs, help="concurrent jobs on disjoint hosts (default 1)")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
@@ -65,6 +65,12 @@ def register(sub) -> None:
                    help="also run the in-place columns (off by default in runs: halves the time)")
 
 
+def default_ranks(g, jobs: int) -> int:
+    """The default ranks per job: ``RUN_DEFAULTS.ranks``, or every host a job gets on a smaller fabric."""
+    from hpnlab.fabric import graph as fgraph
+    return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.fabric import graph as fgraph
     from hpnlab.fabric import sizing
@@ -72,8 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
-    plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=args.jobs)
     g = fgraph.build(scenario)
+    ranks = args.ranks or default_ranks(g, args.jobs)
+    plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=args.jobs)
     sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))   # a rank: one host's ports
     rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
     if rates:
