@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
     g = fgraph.build(scenario)
-    ranks = args.ranks or default_ranks(g, args.jobs)
+    ranks = args.ranks if args.ranks is not None else default_ranks(g, args.jobs)
     plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=args.jobs)
     sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))   # a rank: one host's ports
     rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
