@@ -171,14 +171,15 @@ def nodes_max(budget: dict[str, Any] | None, cpus: int, target_s: float = UP_TAR
 
 
 def default_rates(g: nx.MultiGraph, pps: float, sending_ports: int | None = None,
-                  headroom: float = HEADROOM) -> dict[str, float]:
+                  headroom: float = HEADROOM, mtu: int | None = None) -> dict[str, float]:
     """The emulated rates that use the budget (pure). ``pps`` is what a leaf-spine-leaf chain
     carries (every packet crossing every tier, as the budget was measured); ``sending_ports``
     host ports (default: all) sending at once at ``host_mbps`` use ``headroom`` of it. The
-    other links keep their ratio to the host rate (``max_mbps`` raised with it)."""
+    other links keep their ratio to the host rate (``max_mbps`` raised with it). ``mtu``: the
+    emulated MTU (default the scenario's)."""
     s = g.graph["scenario"]
     ports = sending_ports or host_ports(g)
-    frame_bits = 8 * (s.emulation.mtu + ETH)
+    frame_bits = 8 * ((mtu or s.emulation.mtu) + ETH)
     host_mbps = headroom * pps * frame_bits / max(1, ports) / 1e6
     host_mbps = float(f"{host_mbps:.2g}") if host_mbps < 10 else float(int(host_mbps))
     top = max(d["rate_gbps"] for _, _, d in g.edges(data=True))
@@ -241,22 +242,35 @@ def has_loops(g: nx.MultiGraph) -> bool:
     return parallel or simple.number_of_edges() >= simple.number_of_nodes() - nx.number_connected_components(simple) + 1
 
 
+#: RoCE's usual payload MTU: the emulated MTU a run takes when the budget carries more bytes with it
+ROCE_MTU = 4096
+
+
 def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any] | None,
               cpus: int, sending_ports: int | None = None) -> tuple[dict[str, Any], str]:
     """The emulation overrides that give a run the rates the measured budget carries for its
     ``sending_ports`` host ports (``default_rates``), and a line saying where they come from
-    (pure). Nothing changes when the user set a rate (``emulation.host_mbps``/``max_mbps``) or
-    when nothing was measured (the preset's rates)."""
+    (pure). The MTU is the scenario's, or ``ROCE_MTU`` where the measured budget carries a higher
+    rate with it. Nothing changes when the user set a rate (``emulation.host_mbps``/``max_mbps``)
+    or when nothing was measured (the preset's rates); an MTU the user set is kept."""
     emu = g.graph["scenario"].emulation
     given = overrides.get("emulation", {})
     if "host_mbps" in given or "max_mbps" in given:
         return {}, f"rates as set: host ports {emu.host_mbps:g} Mbit/s"
-    pps, source = pps_budget(budget, cpus, emu.mtu + ETH)
-    if not source.startswith("measured"):
+    ports = sending_ports or host_ports(g)
+    options = []
+    for mtu in [emu.mtu] + ([ROCE_MTU] if "mtu" not in given and emu.mtu < ROCE_MTU else []):
+        pps, source = pps_budget(budget, cpus, mtu + ETH)
+        if not source.startswith("measured") or (mtu != emu.mtu and (max_frame(budget, "system") or 0) < mtu + ETH):
+            continue                  # the RoCE MTU only where frames that large were measured
+        options.append((default_rates(g, pps, ports, mtu=mtu), mtu, pps, source))
+    if not options:
         return {}, (f"rates of the preset: host ports {emu.host_mbps:g} Mbit/s "
                     f"(nothing measured: hpnlab doctor --measure)")
-    ports = sending_ports or host_ports(g)
-    rates = default_rates(g, pps, ports)
-    return ({"emulation": rates}, f"rates from the measured budget: host ports {rates['host_mbps']:g} Mbit/s "
-            f"({ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a leaf-spine-leaf "
-            f"path carries at {emu.mtu + ETH} B frames, {source})")
+    rates, mtu, pps, source = max(options, key=lambda o: (o[0]["host_mbps"], -o[1]))
+    out: dict[str, Any] = dict(rates)
+    if mtu != emu.mtu:
+        out["mtu"] = mtu
+    return ({"emulation": out}, f"rates from the measured budget: host ports {rates['host_mbps']:g} Mbit/s at MTU "
+            f"{mtu} ({ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a "
+            f"leaf-spine-leaf path carries at {mtu + ETH} B frames, {source})")

@@ -166,6 +166,18 @@ def test_run_rates_keep_a_rate_the_user_set_and_the_preset_when_nothing_was_meas
     assert over == {"emulation": sizing.default_rates(g, 9_000, 16)} and "measured" in line
 
 
+def test_run_rates_take_the_roce_mtu_where_the_budget_carries_a_higher_rate_with_it():
+    g = _g()                                                   # MTU 1500
+    more_bytes = _budget({"system": {1514: [9_000], 4110: [6_000]}})
+    over, line = sizing.run_rates(g, {}, more_bytes, 2, sending_ports=16)
+    assert over["emulation"]["mtu"] == sizing.ROCE_MTU and "MTU 4096" in line
+    assert over["emulation"]["host_mbps"] == sizing.default_rates(g, 6_000, 16, mtu=4096)["host_mbps"]
+    fewer_bytes = _budget({"system": {1514: [9_000], 4110: [2_000]}})
+    assert "mtu" not in sizing.run_rates(g, {}, fewer_bytes, 2, sending_ports=16)[0]["emulation"]
+    # an MTU the user set is kept
+    assert "mtu" not in sizing.run_rates(g, {"emulation": {"mtu": 1500}}, more_bytes, 2, 16)[0]["emulation"]
+
+
 def test_the_node_cap_comes_from_recorded_bring_ups_and_the_constant_without_any():
     assert sizing.nodes_max(None, 2)[0] == sizing.NODES_PER_CORE * 2
     one_size = _budget({}, bringup=[{"nodes": 60, "up_s": 30.0}, {"nodes": 4, "up_s": 9.0}])

@@ -2,10 +2,15 @@
 """Benchmark: the userspace datapath's ceiling per switch port type, side by side.
 
 Three userspace (netdev) bridges chained by veth pairs (a leaf-spine-leaf path: every packet
-crosses three switches), a sender namespace at one end and a receiver at the other. For each
+crosses three switches), ``--paths`` parallel paths through them (default 4), each on its own
+switch ports with a sender namespace at one end and a receiver at the other: a fabric spreads
+its packets over many ports, and with 4 KB frames one port's socket buffer, not the switch,
+limits a single path (measured: one path lost packets above ~2.2k packets/s of 4 KB frames while
+mini-hpn carried 7.3k packets/s of them). For each
 port type this OVS and kernel offer (``system`` = AF_PACKET, ``afxdp``, ``afxdp-nonpmd``; AF_XDP
 in generic XDP mode) and each frame size (64 B, the scenario MTU's frame, 4 KB frames), iperf3
-offers UDP as fast as it can for ``--seconds``, ``--repeat`` times, and the run reports, per
+offers UDP at rising rates for ``--seconds`` each (the ceiling: the most delivered without
+loss), ``--repeat`` times, and the run reports, per
 repetition and as median and spread: packets/s and Mbit/s delivered through the chain (counted
 on the receiver's interface), packets/s offered (a sender-limited figure is marked), the share
 of the machine's CPU left idle while the generator runs (what is left for generators) and the
@@ -39,10 +44,11 @@ from typing import Any
 
 PREFIX = "hbp"                        # every name this benchmark creates starts with it
 BRIDGES = ("hbpL", "hbpS", "hbpR")   # leaf, spine, leaf
-SRC_NS, DST_NS = "hbp-src", "hbp-dst"
-SRC_IP, DST_IP = "10.250.0.1", "10.250.0.2"
 ETH, IP_UDP = 14, 28
 FRAME_4K = 4096 + ETH
+#: parallel paths through the three bridges, each on its own ports and with its own generator (set by --paths):
+#: a fabric spreads its packets over many ports, and one port's socket buffer is not the switch's ceiling
+PATHS = [4]
 
 
 def _sh(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -52,63 +58,87 @@ def _sh(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
     return r
 
 
-def _links() -> list[tuple[str, str]]:
-    """(a, b) veth pairs of the chain: src-L, L-S, S-R, R-dst."""
-    return [(f"{PREFIX}s0", f"{PREFIX}L1"), (f"{PREFIX}L2", f"{PREFIX}S1"), (f"{PREFIX}S2", f"{PREFIX}R1"),
-            (f"{PREFIX}R2", f"{PREFIX}d0")]
+def _ns(i: int) -> tuple[str, str]:
+    return f"hbp-s{i}", f"hbp-d{i}"
 
 
-def teardown() -> None:
+def _ips(i: int) -> tuple[str, str]:
+    return f"10.250.{i}.1", f"10.250.{i}.2"
+
+
+def _links(i: int = 0) -> list[tuple[str, str]]:
+    """(a, b) veth pairs of path i: src-L, L-S, S-R, R-dst."""
+    n = f"{PREFIX}{i}"
+    return [(f"{n}s0", f"{n}L1"), (f"{n}L2", f"{n}S1"), (f"{n}S2", f"{n}R1"), (f"{n}R2", f"{n}d0")]
+
+
+def teardown(paths: int = 16) -> None:
     for br in BRIDGES:
         _sh("ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br, check=False)
-    for a, b in _links():       # deleting either end removes the pair; the ends in a namespace go with it
-        _sh("ip", "link", "del", b if a.endswith("s0") else a, check=False)
-    for ns in (SRC_NS, DST_NS):
-        _sh("ip", "netns", "del", ns, check=False)
+    present = {p.name for p in Path("/sys/class/net").iterdir()}
+    for i in range(paths):
+        for a, b in _links(i):    # deleting either end removes the pair; the ends in a namespace go with it
+            end = b if a.endswith("s0") else a
+            if end in present:
+                _sh("ip", "link", "del", end, check=False)
+    netns = _sh("ip", "netns", "list", check=False).stdout.split()
+    for i in range(paths):
+        for ns in _ns(i):
+            if ns in netns:
+                _sh("ip", "netns", "del", ns, check=False)
 
 
 def build(port_type: str, mtu: int, run_id: str) -> None:
-    """The chain with every switch port of ``port_type`` at ``mtu``; raises RuntimeError with OVS's error."""
+    """PATHS[0] paths through the chain, every switch port of ``port_type`` at ``mtu``; raises
+    RuntimeError with OVS's error."""
     from hpnlab.fabric.emulation import ovsdb
     teardown()
-    for ns in (SRC_NS, DST_NS):
-        _sh("ip", "netns", "add", ns)
-    for a, b in _links():
-        _sh("ip", "link", "add", a, "mtu", str(mtu), "type", "veth", "peer", "name", b, "mtu", str(mtu))
-    (s0, _), (_, d0) = _links()[0], _links()[3]
-    for ns, dev, ip in ((SRC_NS, s0, SRC_IP), (DST_NS, d0, DST_IP)):
-        _sh("ip", "link", "set", dev, "netns", ns)
-        _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-        _sh("ip", "-n", ns, "link", "set", dev, "up")
-        _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        # UDP through the userspace datapath needs the sender's checksum computed in software
-        _sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", check=False)
-    ports = {BRIDGES[0]: (_links()[0][1], _links()[1][0]), BRIDGES[1]: (_links()[1][1], _links()[2][0]),
-             BRIDGES[2]: (_links()[2][1], _links()[3][0])}
     args: list[str] = []
-    for br, (p1, p2) in ports.items():
-        for p in (p1, p2):
-            _sh("ip", "link", "set", p, "up")
-            Path(f"/proc/sys/net/ipv6/conf/{p}/disable_ipv6").write_text("1")
+    for br in BRIDGES:
         args += ["--", "add-br", br, "--", "set", "bridge", br, "datapath_type=netdev", "fail_mode=secure",
                  f"external_ids:{ovsdb.OVS_MARK}={run_id}"]
-        for i, p in enumerate((p1, p2), 1):
-            cols = ovsdb.port_type_args(port_type).split() + ([f"mtu_request={mtu}"] if mtu != 1500 else [])
-            args += ["--", "add-port", br, p, "--", "set", "Interface", p, f"ofport_request={i}", *cols]
-    _sh("ovs-vsctl", "--timeout=30", *args)
-    for br in BRIDGES:
-        _sh("ovs-ofctl", "add-flow", br, "in_port=1,actions=output:2")
-        _sh("ovs-ofctl", "add-flow", br, "in_port=2,actions=output:1")
+    cols = ovsdb.port_type_args(port_type).split() + ([f"mtu_request={mtu}"] if mtu != 1500 else [])
+    flows: dict[str, list[str]] = {br: [] for br in BRIDGES}
+    all_ports = []
+    for i in range(PATHS[0]):
+        links = _links(i)
+        for a, b in links:
+            _sh("ip", "link", "add", a, "mtu", str(mtu), "type", "veth", "peer", "name", b, "mtu", str(mtu))
+        (s0, _), (_, d0) = links[0], links[3]
+        for ns, dev, ip in zip(_ns(i), (s0, d0), _ips(i), strict=True):
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "link", "set", dev, "netns", ns)
+            _sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            # UDP through the userspace datapath needs the sender's checksum computed in software
+            _sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", check=False)
+        ports = {BRIDGES[0]: (links[0][1], links[1][0]), BRIDGES[1]: (links[1][1], links[2][0]),
+                 BRIDGES[2]: (links[2][1], links[3][0])}
+        for br, (p1, p2) in ports.items():
+            for j, p in enumerate((p1, p2), 2 * i + 1):
+                _sh("ip", "link", "set", p, "up")
+                Path(f"/proc/sys/net/ipv6/conf/{p}/disable_ipv6").write_text("1")
+                args += ["--", "add-port", br, p, "--", "set", "Interface", p, f"ofport_request={j}", *cols]
+                all_ports.append(p)
+            flows[br] += [f"in_port={2 * i + 1},actions=output:{2 * i + 2}",
+                          f"in_port={2 * i + 2},actions=output:{2 * i + 1}"]
+    _sh("ovs-vsctl", "--timeout=60", *args, timeout=90)
+    for br, fl in flows.items():
+        r = subprocess.run(["ovs-ofctl", "add-flows", br, "-"], input="\n".join(fl) + "\n", text=True,
+                           capture_output=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"flows on {br}: {r.stderr.strip()[:200]}")
     time.sleep(1.0)
-    errors = [_sh("ovs-vsctl", "get", "Interface", p, "error", check=False).stdout.strip()
-              for pp in ports.values() for p in pp]
+    errors = [_sh("ovs-vsctl", "get", "Interface", p, "error", check=False).stdout.strip() for p in all_ports]
     bad = [e for e in errors if e and e != "[]"]
     if bad:
         raise RuntimeError(f"OVS refused the {port_type} port: {bad[0]}")
-    deadline = time.monotonic() + 10
-    while _sh("ip", "netns", "exec", SRC_NS, "ping", "-c1", "-W1", DST_IP, check=False).returncode != 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no ping through the {port_type} chain at MTU {mtu}")
+    for i in range(PATHS[0]):
+        deadline = time.monotonic() + 10
+        while _sh("ip", "netns", "exec", _ns(i)[0], "ping", "-c1", "-W1", _ips(i)[1], check=False).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no ping through the {port_type} chain at MTU {mtu}")
 
 
 def _ns_counter(ns: str, dev: str, what: str) -> int:
@@ -122,25 +152,37 @@ def _cpu() -> tuple[float, float]:
 
 
 def blast(frame: int, seconds: float, rate: str = "0") -> dict[str, float]:
-    """UDP frames of ``frame`` bytes from src to dst for ``seconds`` (iperf3 ``-b rate``, 0: as fast as
-    it can); delivered and offered packets/s, Mbit/s, CPU share left idle, measured on the interfaces."""
-    s0, d0 = _links()[0][0], _links()[3][1]
-    srv = subprocess.Popen(["ip", "netns", "exec", DST_NS, "iperf3", "-s", "-1", "-p", "5299"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """UDP frames of ``frame`` bytes on every path for ``seconds`` (iperf3 ``-b rate`` per path, 0: as
+    fast as it can); delivered and offered packets/s, Mbit/s (all paths), CPU share left idle,
+    counted on the namespaces' interfaces."""
+    k = PATHS[0]
+    ends = [(_ns(i), _links(i)[0][0], _links(i)[3][1]) for i in range(k)]
+    srvs = [subprocess.Popen(["ip", "netns", "exec", ns[1], "iperf3", "-s", "-1", "-p", "5299"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for ns, _, _ in ends]
     try:
         time.sleep(0.4)
-        tx0, rx0 = _ns_counter(SRC_NS, s0, "tx"), _ns_counter(DST_NS, d0, "rx")
+        tx0 = sum(_ns_counter(ns[0], s0, "tx") for ns, s0, _ in ends)
+        rx0 = sum(_ns_counter(ns[1], d0, "rx") for ns, _, d0 in ends)
         c0 = _cpu()
         t0 = time.monotonic()
-        _sh("ip", "netns", "exec", SRC_NS, "iperf3", "-c", DST_IP, "-p", "5299", "-u", "-b", rate,
-            "-l", str(frame - ETH - IP_UDP), "-t", f"{seconds:g}", timeout=seconds + 20, check=False)
+        clients = [subprocess.Popen(["ip", "netns", "exec", _ns(i)[0], "iperf3", "-c", _ips(i)[1], "-p", "5299", "-u",
+                                     "-b", rate, "-l", str(frame - ETH - IP_UDP), "-t", f"{seconds:g}"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(k)]
+        for c in clients:
+            try:
+                c.wait(timeout=seconds + 20)
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait()
         time.sleep(0.3)    # in flight
         dt = time.monotonic() - t0 - 0.3
         c1 = _cpu()
-        tx, rx = _ns_counter(SRC_NS, s0, "tx") - tx0, _ns_counter(DST_NS, d0, "rx") - rx0
+        tx = sum(_ns_counter(ns[0], s0, "tx") for ns, s0, _ in ends) - tx0
+        rx = sum(_ns_counter(ns[1], d0, "rx") for ns, _, d0 in ends) - rx0
     finally:
-        srv.kill()
-        srv.wait()
+        for srv in srvs:
+            srv.kill()
+            srv.wait()
     idle = (c1[1] - c0[1]) / max(1e-9, c1[0] - c0[0])
     return {"pps": rx / dt, "mbps": rx * frame * 8 / dt / 1e6, "offered_pps": tx / dt, "cpu_idle": idle}
 
@@ -148,11 +190,13 @@ def blast(frame: int, seconds: float, rate: str = "0") -> dict[str, float]:
 def tc_check(port_type: str, run_id: str, seconds: float) -> dict[str, Any]:
     """htb 10 Mbit/s on the spine's egress towards the right leaf: does it see and hold the traffic?"""
     build(port_type, 1500, run_id)
-    dev = _links()[2][0]
+    dev = _links(0)[2][0]
+    if PATHS[0] > 1:
+        raise RuntimeError("the tc check runs on one path (PATHS[0] = 1)")
     _sh("tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "1")
     _sh("tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", "10mbit", "ceil",
         "10mbit", "burst", "15000", "cburst", "15000")
-    r = blast(1514, max(2.0, seconds), "50M")
+    r = blast(1514, max(2.0, seconds), f"{50 / PATHS[0]:g}M")
     text = _sh("tc", "-s", "class", "show", "dev", dev).stdout     # " Sent 5105251 bytes 3561 pkt (dropped ..."
     packets = sum(int(line.split()[3]) for line in text.splitlines() if line.strip().startswith("Sent "))
     return {"port_type": port_type, "shaped_mbps": 10.0, "offered_mbps": round(r["offered_pps"] * 1514 * 8 / 1e6, 1),
@@ -194,7 +238,7 @@ def ceiling(frame: int, seconds: float, start: float = LADDER_START) -> dict[str
     most = 0.0
     pps = max(LADDER_START, start)
     while True:
-        r = blast(frame, seconds, str(int(pps * (frame - ETH - IP_UDP) * 8)))
+        r = blast(frame, seconds, str(int(pps / PATHS[0] * (frame - ETH - IP_UDP) * 8)))
         loss = 1 - r["pps"] / max(1.0, r["offered_pps"])
         most = max(most, r["pps"])
         if loss <= LOSS_OK and r["pps"] > best["pps"]:
@@ -242,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtu", type=int, default=1500, help="the scenario MTU (default 1500)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=1.0, help="per offered rate (default 1)")
+    ap.add_argument("--paths", type=int, default=PATHS[0],
+                    help=f"parallel paths through the chain, each with its own ports and generator "
+                         f"(default {PATHS[0]})")
     ap.add_argument("--port-types", default="", help="comma list (default: every type available here)")
     ap.add_argument("--tc-check", action="store_true", help="also check whether tc egress sees AF_XDP's packets")
     ap.add_argument("--save", action="store_true", help="write the result as this machine's measured budget")
@@ -268,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     old_sched = realtime_ovs()
     run_id = f"bench-ports-{os.getpid()}"
     load = os.getloadavg()
-    say(f"bench_ports: leaf-spine-leaf chain (3 userspace bridges), {caps.cpus} cores, load average "
+    say(f"bench_ports: leaf-spine-leaf chain (3 userspace bridges, {args.paths} parallel paths), {caps.cpus} cores, "
+        f"load average "
         f"{load[0]:.2f} {load[1]:.2f}; port types {', '.join(wanted)} (available: {', '.join(available)})")
     try:
+        PATHS[0] = max(1, args.paths)
         ports = measure(wanted, frames, args.repeat, args.seconds, run_id, say)
+        PATHS[0] = 1
         checks = [tc_check(pt, run_id, args.seconds) for pt in wanted] if args.tc_check else []
     finally:
         teardown()
@@ -287,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({'passes' if c['passes_tc_egress'] else 'BYPASSED'})")
     doc = sizing.budget_document(ports, hops=len(BRIDGES), cpus=caps.cpus, load=list(load),
                                  tc_egress={c["port_type"]: c["passes_tc_egress"] for c in checks} or None,
-                                 repeat=args.repeat, seconds=args.seconds)
+                                 repeat=args.repeat, seconds=args.seconds, paths=max(1, args.paths))
     for pt in wanted:
         b = sizing.pps_at(doc, pt, args.mtu + ETH)
         if b:
