@@ -278,8 +278,9 @@ class Plan:
 
 
 #: the matrix `hpnlab run` and `hpnlab demo` run by default
+#: (8 ranks: the measured budget, ``hpnlab.fabric.sizing.run_rates``, carries every host port at once)
 RUN_DEFAULTS = Plan(collectives=("all_reduce", "all_to_all"), transports=("roce", "tcp"),
-                    entropies=("flow", "spray"), sizes=sweep("128K", "1M"), iterations=3, inplace=False)
+                    entropies=("flow", "spray"), sizes=sweep("128K", "1M"), iterations=3, inplace=False, ranks=8)
 
 
 # ---- targets -------------------------------------------------------------------------------

@@ -11,7 +11,12 @@
 * ``bpf`` (bpf syscall + BTF), ``bpffs`` (mounted), ``clang``, ``bpftool``, ``tc_bpf``
   (classifier ``bpf`` available);
 * ``os_ken`` (importable, with version), ``mininet``, ``mnexec``, ``iperf3``, ``ping``,
-  ``ethtool``, ``telnet``; ``cpus``, ``mem_gib``.
+  ``ethtool``, ``telnet``; ``cpus``, ``mem_gib``;
+* ``ovs_iface_types`` (``ovs-vsctl get Open_vSwitch . iface_types``) and ``af_xdp`` (the
+  kernel opens an AF_XDP socket): which switch port types the userspace datapath can use.
+
+``choose_port_type`` (pure) picks the port type of a run from those facts, what the run
+needs (tc egress on switch ports) and the measured budget; ``hpnlab doctor`` shows its choice.
 
 Nothing here needs root except the netlink read of genetlink families, which falls back to
 ``/proc`` and ``/sys`` when it cannot run. ``fix_for(name)`` gives the command that closes
@@ -52,7 +57,20 @@ FIXES = {
     "iperf3": "sudo apt-get install iperf3",
     "ping": "sudo apt-get install iputils-ping",
     "ethtool": "sudo apt-get install ethtool",
+    "afxdp": "Open vSwitch built with AF_XDP (Debian/Ubuntu openvswitch-switch >= 2.13 has it) and a kernel "
+             "with CONFIG_XDP_SOCKETS",
 }
+
+#: switch port types on the userspace datapath: AF_PACKET, AF_XDP with PMD threads, AF_XDP polled
+#: by the main thread (ovs-vswitchd's netdev types ``system``, ``afxdp``, ``afxdp-nonpmd``)
+PORT_TYPES = ("system", "afxdp", "afxdp-nonpmd")
+#: what ``--port-type`` accepts
+PORT_TYPE_CHOICES = ("auto", *PORT_TYPES)
+#: environment variable that forces the port type (``--port-type`` wins over it)
+PORT_TYPE_ENV = "HPNLAB_PORT_TYPE"
+#: why AF_XDP cannot carry a shaped or ECN-marking switch port (measured, tools/bench_ports.py --tc-check)
+AFXDP_TC_BYPASS = ("AF_XDP transmits with a direct transmit (generic XDP mode on veth) that bypasses tc "
+                   "egress: the switch ports' htb shaping and the ECN stage see none of the packets")
 
 
 @dataclass
@@ -78,6 +96,13 @@ class Capabilities:
     iperf3: bool = False
     ping: bool = False
     ethtool: bool = False
+    ovs_iface_types: list[str] = field(default_factory=list)
+    af_xdp: bool = False
+
+    @property
+    def afxdp_types(self) -> list[str]:
+        """The AF_XDP port types this OVS and kernel can use (empty when either lacks it)."""
+        return [t for t in PORT_TYPES if t != "system" and t in self.ovs_iface_types] if self.af_xdp else []
 
     @property
     def netem(self) -> bool:
@@ -109,7 +134,7 @@ class Capabilities:
     def as_dict(self) -> dict:
         out = asdict(self)
         out.update(netem=self.netem, red=self.red, datapath=self.datapath,
-                   ecn_mechanism=self.ecn_mechanism)
+                   ecn_mechanism=self.ecn_mechanism, afxdp_types=self.afxdp_types)
         return out
 
 
@@ -220,6 +245,8 @@ def probe(deep: bool = True) -> Capabilities:
         c.ovs_running = ovsdb.answers()
         if c.ovs_running:
             c.ovs_userspace_tso = ovsdb.userspace_tso()
+            c.ovs_iface_types = ovsdb.iface_types()
+    c.af_xdp = af_xdp_socket()
     c.ovs_kernel_datapath = Path("/sys/module/openvswitch").exists()
     if c.root and deep:
         works = _probe_qdiscs_in_netns(QDISCS)
@@ -240,6 +267,78 @@ def probe(deep: bool = True) -> Capabilities:
     c.ping = shutil.which("ping") is not None
     c.ethtool = shutil.which("ethtool") is not None
     return c
+
+
+def af_xdp_socket() -> bool:
+    """Whether the kernel opens an AF_XDP socket (CONFIG_XDP_SOCKETS; needs CAP_NET_RAW)."""
+    import socket
+    family = getattr(socket, "AF_XDP", 44)
+    try:
+        socket.socket(family, socket.SOCK_RAW, 0).close()
+        return True
+    except OSError:
+        return False
+
+
+def port_type_request(flag: str | None, env: dict[str, str] | None = None) -> str:
+    """The port type asked for: the flag, else ``$HPNLAB_PORT_TYPE``, else 'auto' (pure given env)."""
+    from .errors import UserError
+    value = flag or (env if env is not None else os.environ).get(PORT_TYPE_ENV) or "auto"
+    if value not in PORT_TYPE_CHOICES:
+        where = "--port-type" if flag else PORT_TYPE_ENV
+        raise UserError(f"{where} must be one of {', '.join(PORT_TYPE_CHOICES)}, got {value!r}")
+    return value
+
+
+def choose_port_type(requested: str, datapath: str, afxdp_types: list[str], needs_tc_egress: list[str],
+                     measured: dict[str, float] | None = None,
+                     refused: dict[str, str] | None = None) -> tuple[str, str, list[str]]:
+    """The switch port type of a run (pure): (port type, why, what it will NOT emulate).
+
+    ``requested``: 'auto' or one of ``PORT_TYPES`` (forced). ``afxdp_types``: the AF_XDP types
+    usable here (``Capabilities.afxdp_types``). ``needs_tc_egress``: the run's features that
+    live in tc egress on switch ports (``shaping``, ``ECN marking``); AF_XDP bypasses them, so
+    'auto' keeps ``system`` when any is wanted, and a forced AF_XDP type lists them as not
+    emulated. ``measured``: packets/s each port type carried here (the measured budget);
+    'auto' takes the AF_XDP type that carried more, and ``afxdp-nonpmd`` (no busy-polled
+    core taken from the generators) when nothing was measured. ``refused``: AF_XDP types the
+    measurement found unable to carry this run (type -> why, e.g. its frame size); 'auto'
+    leaves them out and a forced one is refused."""
+    from .errors import UserError
+    refused = refused or {}
+    if requested not in PORT_TYPE_CHOICES:
+        raise UserError(f"port type must be one of {', '.join(PORT_TYPE_CHOICES)}, got {requested!r}")
+    lost = [f"{f} on switch ports: {AFXDP_TC_BYPASS}" for f in needs_tc_egress]
+    if requested == "system":
+        return "system", "forced (AF_PACKET)", []
+    if requested != "auto":
+        if datapath != "user":
+            raise UserError(f"port type {requested} needs the userspace datapath; this run uses the {datapath} one")
+        if requested not in afxdp_types:
+            raise UserError(f"port type {requested} is not available here (Open vSwitch or the kernel lacks "
+                            f"AF_XDP); use --port-type system or auto")
+        if requested in refused:
+            raise UserError(f"port type {requested} cannot carry this run here: {refused[requested]}")
+        return requested, "forced", lost
+    if datapath != "user":
+        return "system", f"the {datapath} datapath forwards in the kernel (AF_XDP is for the userspace one)", []
+    if not afxdp_types:
+        return "system", "Open vSwitch or the kernel lacks AF_XDP, so AF_PACKET", []
+    usable = [t for t in afxdp_types if t not in refused]
+    if not usable:
+        return "system", "AF_XDP cannot carry this run here (" + "; ".join(
+            f"{t}: {refused[t]}" for t in afxdp_types) + ")", []
+    afxdp_types = usable
+    if needs_tc_egress:
+        return "system", (f"AF_XDP is available ({', '.join(afxdp_types)}) but this run needs "
+                          f"{' and '.join(needs_tc_egress)} on switch ports, which AF_XDP bypasses"), []
+    rates = {t: (measured or {}).get(t) for t in afxdp_types}
+    known = {t: r for t, r in rates.items() if r}
+    if known:
+        best = max(known, key=lambda t: known[t])
+        return best, f"AF_XDP, {best} carried the most here ({known[best]:,.0f} packets/s measured)", []
+    best = "afxdp-nonpmd" if "afxdp-nonpmd" in afxdp_types else afxdp_types[0]
+    return best, f"AF_XDP, {best} (nothing measured yet: the type that leaves every core to the generators)", []
 
 
 def _dist_version(dist: str, module: str) -> str | None:

@@ -1,9 +1,23 @@
 """What an emulation of a fabric costs on this machine, and whether it fits (pure: no root, no Mininet).
 
 ``hpnlab doctor`` and the emulation's preflight both ask this; neither needs the harness for it.
+
+The budget is measured, not assumed: ``tools/bench_ports.py --save`` (or ``hpnlab doctor
+--measure``) measures the packets/s a leaf-spine-leaf chain of userspace bridges delivers
+per port type and frame size, with the CPU left for the generators, and writes it to
+``budget.json`` in the cache directory (``cache_dir``); every emulation that comes up with
+every pair verified adds its bring-up time there (``record_bringup``). The size check, the
+node cap and the default emulated rates (``default_rates``) derive from that file; where
+nothing was measured they fall back to the constants below, and every figure says which.
 """
 from __future__ import annotations
 
+import itertools
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -11,15 +25,175 @@ import networkx as nx
 from . import graph as fgraph
 from .errors import UserError
 
-#: userspace OVS on 2 cores forwards about this many packets/s through the whole fabric
-#: (environment note: iperf3 UDP through two switches); scaled with the CPU count.
+#: fallback without a measurement: userspace OVS on 2 cores forwards about this many packets/s
+#: through the whole fabric (environment note: iperf3 UDP through two switches); scaled with the CPU count.
 PPS_PER_CORE = 21_500
-#: Mininet nodes (hosts + switches) per core the emulation accepts.
+#: fallback without a measurement: Mininet nodes (hosts + switches) per core the emulation accepts.
 NODES_PER_CORE = 64
+#: the share of the measured ceiling the default emulated rates use (the rest: generators, bursts, noise)
+HEADROOM = 0.6
+#: an emulation must come up (built, connected, every pair verified) within this many seconds
+UP_TARGET_S = 60.0
+#: where the measured budget lives: ``$HPNLAB_CACHE_DIR``, else /var/cache/hpnlab as root, else ~/.cache/hpnlab
+CACHE_ENV = "HPNLAB_CACHE_DIR"
+BUDGET_FILE = "budget.json"
+#: the node cap reaches at most this many times the largest emulation that came up within UP_TARGET_S
+#: (measured: 56 nodes came up in 21 s here, 104 did not within 150 s: verifying every pair grows faster)
+NODES_EXTRAPOLATE = 1.5
+#: bring-up samples kept (newest last)
+BRINGUP_KEEP = 20
+ETH = 14
 
 
-def estimate(g: nx.MultiGraph, cpus: int) -> dict[str, Any]:
-    """What an emulation of this graph costs here, and whether it fits."""
+# ---- the measured budget: a plain document, read and written here ----------------------------
+
+def cache_dir(env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
+    """Where the measured budget is kept (pure given ``env`` and ``uid``)."""
+    e: Mapping[str, str] = os.environ if env is None else env
+    if e.get(CACHE_ENV):
+        return Path(e[CACHE_ENV])
+    if (os.geteuid() if uid is None else uid) == 0:
+        return Path("/var/cache/hpnlab")
+    return Path(e.get("XDG_CACHE_HOME") or Path(e.get("HOME", "~")).expanduser() / ".cache") / "hpnlab"
+
+
+def budget_path() -> Path:
+    return cache_dir() / BUDGET_FILE
+
+
+def load_budget(path: Path | None = None) -> dict[str, Any] | None:
+    """The measured budget, or None when nothing was measured (or the file is unreadable)."""
+    try:
+        doc = json.loads((path or budget_path()).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def save_budget(doc: dict[str, Any], path: Path | None = None) -> Path:
+    """Write the budget, keeping the bring-up samples already recorded."""
+    path = path or budget_path()
+    old = load_budget(path) or {}
+    doc = {**doc, "bringup": doc.get("bringup") or old.get("bringup", [])}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def budget_document(ports: dict[str, Any], *, hops: int, cpus: int, load: list[float],
+                    tc_egress: dict[str, bool] | None = None, **extra: Any) -> dict[str, Any]:
+    """The budget document from a measurement (pure): per port type, per frame size, the
+    packets/s delivered through a chain of ``hops`` switches at each repetition."""
+    return {"version": 1, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "hops": hops,
+            "cpus": cpus, "load": [round(v, 2) for v in load], "ports": ports, "tc_egress": tc_egress, **extra}
+
+
+def pps_at(budget: dict[str, Any] | None, port_type: str, frame: int) -> float | None:
+    """Packets/s the chain carried without loss for this port type at this frame size (pure): the
+    best repetition (a repetition whose generator was starved of CPU measures the machine's load,
+    not the fabric; ``HEADROOM`` is what the defaults leave for that), linear between the measured
+    frame sizes, the nearest measured one outside them; None when unmeasured."""
+    frames = ((budget or {}).get("ports", {}).get(port_type) or {}).get("frames", {})
+    points = sorted((int(f), max(row["pps"])) for f, row in frames.items() if row.get("pps"))
+    if not points:
+        return None
+    if frame <= points[0][0]:
+        return points[0][1]
+    for (f0, p0), (f1, p1) in itertools.pairwise(points):
+        if f0 <= frame <= f1:
+            return p0 + (p1 - p0) * (frame - f0) / (f1 - f0)
+    return points[-1][1]
+
+
+def max_frame(budget: dict[str, Any] | None, port_type: str) -> int | None:
+    """The largest frame size this port type carried in the measurement (None: unmeasured)."""
+    frames = ((budget or {}).get("ports", {}).get(port_type) or {}).get("frames", {})
+    ok = [int(f) for f, row in frames.items() if row.get("pps")]
+    return max(ok) if ok else None
+
+
+def pps_budget(budget: dict[str, Any] | None, cpus: int, frame: int, port_type: str = "system") -> tuple[float, str]:
+    """(packets/s the fabric carries here at this frame size, where that figure comes from) (pure)."""
+    measured = pps_at(budget, port_type, frame)
+    if measured:
+        when = budget.get("measured_at", "?") if budget else "?"
+        return measured, f"measured {when} ({port_type}, {frame} B frames)"
+    return float(PPS_PER_CORE * cpus), f"constant {PPS_PER_CORE}/core (nothing measured: hpnlab doctor --measure)"
+
+
+def record_bringup(nodes: int, up_s: float, path: Path | None = None, keep: int = BRINGUP_KEEP) -> None:
+    """Add one bring-up sample (an emulation built, connected and verified in ``up_s``)."""
+    path = path or budget_path()
+    doc = load_budget(path) or {"version": 1, "ports": {}}
+    sample = {"nodes": int(nodes), "up_s": round(float(up_s), 2),
+              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    doc["bringup"] = [*doc.get("bringup", []), sample][-keep:]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def nodes_max(budget: dict[str, Any] | None, cpus: int, target_s: float = UP_TARGET_S) -> tuple[int, str]:
+    """(nodes an emulation may have here, where that comes from) (pure). From the recorded
+    bring-ups of at least 16 nodes: a straight line through seconds against nodes (with one
+    size recorded: seconds per node), read at ``target_s``, but never beyond ``NODES_EXTRAPOLATE``
+    times the largest run that came up within it (verifying every pair grows faster than the
+    nodes), nor below half the fallback constant."""
+    samples = [s for s in (budget or {}).get("bringup", []) if s.get("nodes", 0) >= 16 and s.get("up_s", 0) > 0]
+    fallback = NODES_PER_CORE * cpus
+    if not samples:
+        return fallback, f"constant {NODES_PER_CORE}/core (no bring-up recorded yet)"
+    xs = [float(s["nodes"]) for s in samples]
+    ys = [float(s["up_s"]) for s in samples]
+    slope = 0.0
+    if len(set(xs)) > 1:
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    if slope > 0:
+        fixed = my - slope * mx
+        n_fit = (target_s - fixed) / slope
+        how = f"{fixed:.1f} s + {slope:.3f} s per node"
+    else:
+        per_node = max(y / x for x, y in zip(xs, ys, strict=True))
+        n_fit = target_s / per_node
+        how = f"{per_node:.2f} s per node"
+    came_up = [x for x, y in zip(xs, ys, strict=True) if y <= target_s]
+    cap = int(NODES_EXTRAPOLATE * max(came_up)) if came_up else fallback // 2
+    n = max(fallback // 2, min(int(n_fit), cap))
+    return n, (f"up within {target_s:g} s at {how} from {len(samples)} recorded bring-ups, at most "
+               f"{NODES_EXTRAPOLATE:g}x the largest that came up ({int(max(came_up)) if came_up else 0} nodes)")
+
+
+def default_rates(g: nx.MultiGraph, pps: float, sending_ports: int | None = None,
+                  headroom: float = HEADROOM, mtu: int | None = None) -> dict[str, float]:
+    """The emulated rates that use the budget (pure). ``pps`` is what a leaf-spine-leaf chain
+    carries (every packet crossing every tier, as the budget was measured); ``sending_ports``
+    host ports (default: all) sending at once at ``host_mbps`` use ``headroom`` of it. The
+    other links keep their ratio to the host rate (``max_mbps`` raised with it). ``mtu``: the
+    emulated MTU (default the scenario's)."""
+    s = g.graph["scenario"]
+    ports = sending_ports or host_ports(g)
+    frame_bits = 8 * ((mtu or s.emulation.mtu) + ETH)
+    host_mbps = headroom * pps * frame_bits / max(1, ports) / 1e6
+    host_mbps = float(f"{host_mbps:.2g}") if host_mbps < 10 else float(int(host_mbps))
+    top = max(d["rate_gbps"] for _, _, d in g.edges(data=True))
+    return {"host_mbps": host_mbps, "max_mbps": round(host_mbps * top / s.host_rate_gbps, 3)}
+
+
+def host_ports(g: nx.MultiGraph) -> int:
+    return sum(1 for _, _, d in g.edges(data=True) if d["kind"] == "host")
+
+
+def estimate(g: nx.MultiGraph, cpus: int, budget: dict[str, Any] | None = None,
+             port_type: str = "system") -> dict[str, Any]:
+    """What an emulation of this graph costs here, and whether it fits. ``budget``: the
+    measured budget (``load_budget()``; None: the fallback constants)."""
     scenario = g.graph["scenario"]
     hosts = len(fgraph.hosts(g))
     switches = len(fgraph.switches(g))
@@ -28,29 +202,35 @@ def estimate(g: nx.MultiGraph, cpus: int) -> dict[str, Any]:
     frame_bits = 8 * (scenario.emulation.mtu + 14)
     # every host port sending at its emulated rate; each packet crosses at least one switch
     pps_one_hop = host_links * scenario.emulation.host_mbps * 1e6 / frame_bits
-    budget = PPS_PER_CORE * cpus
-    nodes_max = NODES_PER_CORE * cpus
+    pps, pps_source = pps_budget(budget, cpus, scenario.emulation.mtu + ETH, port_type)
+    if budget is not None and pps_source.startswith("measured"):
+        # measured through a chain of `hops` switches: that many switch hops per delivered packet
+        # were forwarded, and a packet entering the fabric costs at least one
+        pps *= int(budget.get("hops", 1))
+    nmax, nodes_source = nodes_max(budget, cpus)
     return {"hosts": hosts, "switches": switches, "links": links, "host_ports": host_links,
-            "interfaces": 2 * links, "nodes": hosts + switches, "nodes_max": nodes_max,
-            "pps_full_load_per_hop": round(pps_one_hop), "pps_budget": budget,
-            "fits": hosts + switches <= nodes_max and pps_one_hop <= budget}
+            "interfaces": 2 * links, "nodes": hosts + switches, "nodes_max": nmax, "nodes_max_source": nodes_source,
+            "pps_full_load_per_hop": round(pps_one_hop), "pps_budget": round(pps), "pps_budget_source": pps_source,
+            "fits": hosts + switches <= nmax and pps_one_hop <= pps}
 
 
-def check_fits(g: nx.MultiGraph, cpus: int) -> dict[str, Any]:
+def check_fits(g: nx.MultiGraph, cpus: int, budget: dict[str, Any] | None = None) -> dict[str, Any]:
     """The estimate, or a one-line UserError saying which limit the scenario passes and by how much."""
-    est = estimate(g, cpus)
+    est = estimate(g, cpus, budget)
     name = g.graph["scenario"].name
     if est["nodes"] > est["nodes_max"]:
         raise UserError(
             f"scenario {name!r} is too large for this machine: {est['hosts']} hosts + "
             f"{est['switches']} switches = {est['nodes']} nodes, {est['links']} links; this {cpus}-core "
-            f"machine takes at most {est['nodes_max']} nodes (pick a mini-/small- preset or fewer hosts)")
+            f"machine takes at most {est['nodes_max']} nodes ({est['nodes_max_source']}; "
+            f"pick a mini-/small- preset or fewer hosts)")
     if est["pps_full_load_per_hop"] > est["pps_budget"]:
         raise UserError(
             f"scenario {name!r} is too fast for this machine: {est['host_ports']} host "
             f"ports at {g.graph['scenario'].emulation.host_mbps:g} Mbit/s need "
             f"{est['pps_full_load_per_hop']} packets/s per switch hop, above the ~{est['pps_budget']} packets/s "
-            f"userspace OVS forwards on {cpus} cores (lower emulation.host_mbps or raise emulation.mtu)")
+            f"userspace OVS forwards on {cpus} cores ({est['pps_budget_source']}; "
+            f"lower emulation.host_mbps or raise emulation.mtu)")
     return est
 
 
@@ -60,3 +240,37 @@ def has_loops(g: nx.MultiGraph) -> bool:
     simple = nx.Graph(sw)
     parallel = any(len(d) > 1 for _, nbrs in sw.adj.items() for d in nbrs.values())
     return parallel or simple.number_of_edges() >= simple.number_of_nodes() - nx.number_connected_components(simple) + 1
+
+
+#: RoCE's usual payload MTU: the emulated MTU a run takes when the budget carries more bytes with it
+ROCE_MTU = 4096
+
+
+def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any] | None,
+              cpus: int, sending_ports: int | None = None) -> tuple[dict[str, Any], str]:
+    """The emulation overrides that give a run the rates the measured budget carries for its
+    ``sending_ports`` host ports (``default_rates``), and a line saying where they come from
+    (pure). The MTU is the scenario's, or ``ROCE_MTU`` where the measured budget carries a higher
+    rate with it. Nothing changes when the user set a rate (``emulation.host_mbps``/``max_mbps``)
+    or when nothing was measured (the preset's rates); an MTU the user set is kept."""
+    emu = g.graph["scenario"].emulation
+    given = overrides.get("emulation", {})
+    if "host_mbps" in given or "max_mbps" in given:
+        return {}, f"rates as set: host ports {emu.host_mbps:g} Mbit/s"
+    ports = sending_ports or host_ports(g)
+    options = []
+    for mtu in [emu.mtu] + ([ROCE_MTU] if "mtu" not in given and emu.mtu < ROCE_MTU else []):
+        pps, source = pps_budget(budget, cpus, mtu + ETH)
+        if not source.startswith("measured") or (mtu != emu.mtu and (max_frame(budget, "system") or 0) < mtu + ETH):
+            continue                  # the RoCE MTU only where frames that large were measured
+        options.append((default_rates(g, pps, ports, mtu=mtu), mtu, pps, source))
+    if not options:
+        return {}, (f"rates of the preset: host ports {emu.host_mbps:g} Mbit/s "
+                    f"(nothing measured: hpnlab doctor --measure)")
+    rates, mtu, pps, source = max(options, key=lambda o: (o[0]["host_mbps"], -o[1]))
+    out: dict[str, Any] = dict(rates)
+    if mtu != emu.mtu:
+        out["mtu"] = mtu
+    return ({"emulation": out}, f"rates from the measured budget: host ports {rates['host_mbps']:g} Mbit/s at MTU "
+            f"{mtu} ({ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a "
+            f"leaf-spine-leaf path carries at {mtu + ETH} B frames, {source})")

@@ -4,6 +4,7 @@ runs by default, on the same fabric), clean shutdown, summary."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -31,7 +32,19 @@ def cmd_demo(args) -> int:
     say = lambda m: print(m, flush=True)  # noqa: E731
     t0 = time.monotonic()
     plan = None if args.no_collectives else experiment.RUN_DEFAULTS    # what `hpnlab run` runs
-    emu = Emulation(args.scenario, overrides=spec.parse_overrides(args.overrides), controller="hpnlab")
+    overrides = spec.parse_overrides(args.overrides)
+    if plan:                    # the ranks and the rates the measured budget carries for them, as `hpnlab run`
+        from hpnlab.fabric import graph as fgraph
+        from hpnlab.fabric import sizing
+
+        from .cmd_run import default_ranks
+        g = fgraph.build(spec.load(args.scenario, overrides))
+        plan = plan.replace(ranks=default_ranks(g, plan.jobs))
+        sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))
+        rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
+        overrides = spec.deep_merge(overrides, rates)
+        say(rates_line)
+    emu = Emulation(args.scenario, overrides=overrides, controller="hpnlab")
     cells = plan.jobs_on(emu.graph) if plan else {}     # every mistake shows before anything is built
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "

@@ -10,6 +10,12 @@ def register(sub) -> None:
                    help="also estimate whether this scenario fits this machine")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--measure", action="store_true",
+                   help="(re)measure this machine's budget first: packets/s per switch port type and frame size "
+                        "(tools/bench_ports.py, ~2 min, root; cached for the size check and the default rates)")
+    p.add_argument("--port-type", default=None, metavar="TYPE",
+                   help="say what this port type (auto|system|afxdp|afxdp-nonpmd; default $HPNLAB_PORT_TYPE or "
+                        "auto) means here")
     p.set_defaults(func=cmd_doctor)
 
 
@@ -28,7 +34,8 @@ def findings(caps) -> list[tuple[str, str, str, str]]:
         else "not running: emulation refuses to start", "ovs_running", True)
     row(caps.ovs_kernel_datapath, "OVS kernel datapath",
         "kernel datapath (fast)" if caps.ovs_kernel_datapath else
-        "no openvswitch module: switches use the userspace datapath (datapath=user, ~43k packets/s on 2 cores)",
+        "no openvswitch module: switches use the userspace datapath (datapath=user; its packet rate is the "
+        "lab's ceiling: see 'switch ports' below)",
         "ovs_kernel_datapath")
     row(caps.ovs_userspace_tso or caps.ovs_kernel_datapath, "TCP offload",
         "userspace TSO on" if caps.ovs_userspace_tso else
@@ -69,19 +76,61 @@ def findings(caps) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def port_type_findings(caps, budget, requested: str, mtu: int) -> list[str]:
+    """What the port type choice is here and why, for a shaped run with ECN (the default) and for
+    one without switch-port tc (--no-ecn and no shaping), with the measured ceilings (pure)."""
+    from hpnlab.fabric import kernel, sizing
+    frame = mtu + sizing.ETH
+    measured = {t: sizing.pps_at(budget, t, frame) or 0.0 for t in caps.afxdp_types}
+    refused = {t: f"it carried frames up to {top} B only" for t in caps.afxdp_types
+               if (top := sizing.max_frame(budget, t)) is not None and top < frame}
+    lines = [f"OVS interface types: {', '.join(caps.ovs_iface_types) or '(unknown)'}; AF_XDP socket: "
+             f"{'yes' if caps.af_xdp else 'no'}"]
+    needs_default = ["shaping"] + (["ECN marking"] if caps.ecn_mechanism else [])
+    for what, needs in (("a default run (shaped, ECN)", needs_default), ("an unshaped run without ECN", [])):
+        try:
+            chosen, why, lost = kernel.choose_port_type(requested, caps.datapath, caps.afxdp_types, needs,
+                                                        measured, refused)
+        except Exception as exc:                       # a forced type that cannot work here
+            lines.append(f"{what}: refused: {exc}")
+            continue
+        lines.append(f"{what}: {chosen} ({why})" + (f"; NOT emulated: {'; '.join(lost)}" if lost else ""))
+    for pt in ["system", *caps.afxdp_types]:
+        pps = sizing.pps_at(budget, pt, frame)
+        if pps:
+            lines.append(f"measured {pt}: {pps:,.0f} packets/s through a leaf-spine-leaf chain at {frame} B frames "
+                         f"({pps * frame * 8 / 1e6:,.0f} Mbit/s)")
+    if budget is None:
+        lines.append(f"nothing measured yet ({sizing.budget_path()}): the budget is the constant "
+                     f"{sizing.PPS_PER_CORE}/core; measure with: hpnlab doctor --measure")
+    else:
+        lines.append(f"measured budget: {sizing.budget_path()} ({budget.get('measured_at', '?')}, load "
+                     f"{' '.join(str(v) for v in budget.get('load', []))})")
+    return lines
+
+
 def cmd_doctor(args) -> int:
     from hpnlab.fabric import graph, kernel, sizing, spec
 
+    if args.measure:
+        from hpnlab.cli import bench_ports
+        bench_ports.main(["--save", "--tc-check"])
     caps = kernel.probe()
     rows = findings(caps)
+    requested = kernel.port_type_request(args.port_type)
+    budget = sizing.load_budget()
     est = None
+    mtu = 1500
     if args.scenario:
-        g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.overrides)))
-        est = sizing.estimate(g, caps.cpus)
+        s = spec.load(args.scenario, spec.parse_overrides(args.overrides))
+        g = graph.build(s)
+        mtu = s.emulation.mtu
+        est = sizing.estimate(g, caps.cpus, budget)
+    ports = port_type_findings(caps, budget, requested, mtu)
     if args.json:
         print(json.dumps({"capabilities": caps.as_dict(),
                           "findings": [dict(zip(("status", "item", "meaning", "fix"), r, strict=True)) for r in rows],
-                          "estimate": est}, indent=1))
+                          "estimate": est, "port_type": ports}, indent=1))
         return 0
     print(f"machine: {caps.cpus} cores, {caps.mem_gib:g} GiB, kernel {caps.kernel}")
     width = max(len(r[1]) for r in rows)
@@ -95,10 +144,12 @@ def cmd_doctor(args) -> int:
         "emulate link delay with netem" if caps.netem else "NOT emulate link delay",
         f"mark ECN with {caps.ecn_mechanism}" if caps.ecn_mechanism else "NOT mark ECN",
     ]))
+    for line in ports:
+        print(f"switch ports: {line}")
     if est:
         verdict = "fits" if est["fits"] else "does NOT fit"
         print(f"{args.scenario}: {est['hosts']} hosts + {est['switches']} switches = {est['nodes']} nodes "
               f"(max {est['nodes_max']}), {est['links']} links, {est['pps_full_load_per_hop']} packets/s per hop "
-              f"at full load (budget ~{est['pps_budget']}): {verdict} on this machine")
+              f"at full load (budget ~{est['pps_budget']}: {est['pps_budget_source']}): {verdict} on this machine")
     fatal = [r for r in rows if r[0] == "FAIL"]
     return 1 if fatal else 0

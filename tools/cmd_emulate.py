@@ -1,6 +1,7 @@
 """`hpnlab emulate`: run a scenario as a live emulated fabric (root, real Open vSwitch)."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -14,6 +15,20 @@ from .argtypes import output_file
 #: port in 30 s at a load average near 6; with it, 10-20 ms held on an idle fabric, but under the
 #: probe's traffic one repetition in five rerouted spuriously; 50 ms never did (README: failures)
 DEFAULT_BFD_MS = 50
+
+
+def add_port_type_arg(p: argparse.ArgumentParser) -> None:
+    """``--port-type`` (shared by `hpnlab emulate` and `hpnlab run`)."""
+    from hpnlab.fabric.kernel import PORT_TYPE_CHOICES, PORT_TYPE_ENV
+    p.add_argument("--port-type", choices=PORT_TYPE_CHOICES, default=None,
+                   help=f"switch port type on the userspace datapath: system (AF_PACKET), afxdp, afxdp-nonpmd "
+                        f"(AF_XDP), or auto (default; ${PORT_TYPE_ENV} too): AF_XDP where it works here and the "
+                        f"run needs no switch-port shaping or ECN (AF_XDP bypasses tc egress)")
+
+
+def port_type_line(md: dict) -> str:
+    pt = md.get("port_type") or {}
+    return f"switch ports: {pt.get('type', 'system')} ({pt.get('why', '')})"
 
 
 def register(sub) -> None:
@@ -39,6 +54,7 @@ def register(sub) -> None:
     p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
                    help="the controller polls port statistics and the ECN stage every N ms (default 200)")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
+    add_port_type_arg(p)
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", type=output_file,
@@ -124,7 +140,8 @@ def cmd_emulate(args) -> int:
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
-                    ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms)
+                    ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
+                    port_type=args.port_type)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
@@ -138,6 +155,7 @@ def cmd_emulate(args) -> int:
             say(f"up in {emu.timings['up_s']:.1f} s (run {md['run_id']}): datapath {md['datapath']}, "
                 f"shaping {md['shaping']}, ECN {md['ecn']}, delay {md['delay']}, "
                 f"controller {args.controller}" + (f" on 127.0.0.1:{emu.ofp_port}" if emu.ofp_port else ""))
+            say(port_type_line(md))
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")

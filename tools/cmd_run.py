@@ -27,7 +27,7 @@ from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
-from .cmd_emulate import DEFAULT_BFD_MS
+from .cmd_emulate import DEFAULT_BFD_MS, add_port_type_arg, port_type_line
 
 DEFAULTS = experiment.RUN_DEFAULTS
 
@@ -43,9 +43,9 @@ def register(sub) -> None:
                    help=f"comma list of {', '.join(col.COLLECTIVES)} (default {','.join(DEFAULTS.collectives)})")
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
-    p.add_argument("--ranks", type=int, default=DEFAULTS.ranks,
-                   help="ranks per job (default 4: one per host NIC; more ranks on a 2-core machine "
-                        "exceed userspace OVS's packet rate)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help=f"ranks per job (default {DEFAULTS.ranks}, or every host of a smaller fabric; one per host; "
+                        f"the emulated rates come from the measured budget: hpnlab doctor --measure)")
     p.add_argument("--jobs", default=str(DEFAULTS.jobs), metavar="N|SPECS",
                    help="concurrent jobs on disjoint hosts: a number of identical jobs (default 1), or different "
                         "jobs as 'COLLECTIVE:key=value,...;...' with keys ranks, size, msg (incast: bytes per "
@@ -79,6 +79,7 @@ def register(sub) -> None:
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
+    add_port_type_arg(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
@@ -92,19 +93,35 @@ def register(sub) -> None:
                    help="also run the in-place columns (off by default in runs: halves the time)")
 
 
+def default_ranks(g, jobs: int) -> int:
+    """The default ranks per job: ``RUN_DEFAULTS.ranks``, or every host a job gets on a smaller fabric."""
+    from hpnlab.fabric import graph as fgraph
+    return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric import graph as fgraph
+    from hpnlab.fabric import sizing
     from hpnlab.fabric.emulation import Emulation, EmulationError
 
-    scenario = spec.load(args.scenario, spec.parse_overrides(args.overrides))
+    overrides = spec.parse_overrides(args.overrides)
+    scenario = spec.load(args.scenario, overrides)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
-    if jobspec.is_count(args.jobs):
-        plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=int(args.jobs))
-    else:
-        plan = plan_from_args(args, placement=args.placement, ranks=args.ranks, jobs=1, job_specs=args.jobs)
-    ecn = ecn_settings.parse(args.ecn) if args.ecn else None
     g = fgraph.build(scenario)
+    counted = jobspec.is_count(args.jobs)
+    ranks = args.ranks if args.ranks is not None else default_ranks(g, int(args.jobs) if counted else 1)
+    if counted:
+        plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=int(args.jobs))
+    else:
+        plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=1, job_specs=args.jobs)
+    ecn = ecn_settings.parse(args.ecn) if args.ecn else None
+    total_ranks = (sum(js.ranks or plan.ranks for js in plan.specs) if plan.specs else plan.ranks * plan.jobs)
+    sending = total_ranks * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))   # a rank: one host's ports
+    rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
+    if rates:
+        scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
+        g = fgraph.build(scenario)
     comparing = None
     if args.compare == "ecn":
         if args.timeline or args.ecn or args.no_ecn:
@@ -126,14 +143,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs = (len(compare.schedule(comparing[0], comparing[1], args.repeat)) if comparing is not None
             else len(cells))
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
-        f"{runs} run(s)")
+        f"{runs} run(s); {rates_line}")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
-                       telemetry_interval_ms=args.telemetry_interval_ms) as emu:
+                       telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type) as emu:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
+            say(port_type_line(md))
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             if args.compare == "routing":
@@ -147,7 +165,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      else ecn.as_dict())
             doc["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario),
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
-                               timings=dict(emu.timings), uname=" ".join(os.uname()))
+                               timings=dict(emu.timings), uname=" ".join(os.uname()),
+                               rates=rates_line)
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1

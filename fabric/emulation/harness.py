@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import graph as fgraph
-from .. import kernel, spec
+from .. import kernel, sizing, spec
 from ..errors import UserError
 from ..mn import FabricTopo, host_interfaces
 from . import nodes, ovsdb, preflight, reachability, walks
@@ -59,7 +59,7 @@ class Emulation:
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
-                 log: Callable[[str], None] | None = _log_default):
+                 log: Callable[[str], None] | None = _log_default, port_type: str | None = None):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
@@ -109,6 +109,10 @@ class Emulation:
         #: run ovs-vswitchd's main thread SCHED_RR while the emulation runs (``_realtime_ovs``;
         #: on by default: without it, healthy paths stall 9-26 ms whenever the machine is busy)
         self.ovs_realtime = ovs_realtime
+        #: switch port type asked for: auto|system|afxdp|afxdp-nonpmd (None: $HPNLAB_PORT_TYPE, else auto);
+        #: the one used is ``metadata["port_type"]["type"]`` once started
+        self.requested_port_type = kernel.port_type_request(port_type)
+        self.port_type = "system"
         self._ovs_sched: tuple[int, int, Any] | None = None
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
@@ -171,6 +175,7 @@ class Emulation:
             self.metadata.update(used)
             for line in warnings:
                 self.log(line)
+            self._choose_port_type()
             if self.controller == "hpnlab":
                 self._start_controller()
             self.timings["controller_s"] = time.monotonic() - t0
@@ -193,6 +198,8 @@ class Emulation:
             if self.verify_branches:
                 self._verify_branches()
             self.timings["up_s"] = time.monotonic() - t0
+            if self.verify and not self.servers:
+                sizing.record_bringup(self.graph.number_of_nodes(), self.timings["up_s"])
             self.state.notes["metadata"] = self.metadata
             self.state.save()
             (self.state.run_dir / "metadata.json").write_text(json.dumps(self.metadata, indent=1, default=str))
@@ -200,6 +207,24 @@ class Emulation:
             self.stop()
             raise
         return self
+
+    def _choose_port_type(self) -> None:
+        """The switch port type (``kernel.choose_port_type``), recorded in the metadata with why."""
+        caps = self._caps
+        needs = (["shaping"] if self.want_shape else []) + (
+            ["ECN marking"] if self.want_ecn and caps.ecn_mechanism is not None else [])
+        budget = sizing.load_budget()
+        frame = self.scenario.emulation.mtu + sizing.ETH
+        measured = {t: sizing.pps_at(budget, t, frame) or 0.0 for t in caps.afxdp_types}
+        refused = {t: f"it carried frames up to {top} B only, this scenario sends {frame} B"
+                   for t in caps.afxdp_types if (top := sizing.max_frame(budget, t)) is not None and top < frame}
+        chosen, why, lost = kernel.choose_port_type(self.requested_port_type, caps.datapath, caps.afxdp_types,
+                                                    needs, measured, refused)
+        self.port_type = chosen
+        self.metadata["port_type"] = {"type": chosen, "requested": self.requested_port_type, "why": why}
+        for line in lost:
+            self.metadata.setdefault("not_emulated", []).append(line)
+            self.log(f"port type {chosen}: {line}")
 
     def _start_controller(self) -> None:
         port: int = self.requested_port or free_port(DEFAULT_OFP_PORT)
@@ -231,7 +256,8 @@ class Emulation:
         setLogLevel("error")
         state = self._st
         cluster = self.servers is not None
-        host_cls, switch_cls = nodes.node_classes(state, self._caps.datapath, self.scenario.emulation.mtu, cluster)
+        host_cls, switch_cls = nodes.node_classes(state, self._caps.datapath, self.scenario.emulation.mtu, cluster,
+                                                  port_type=self.port_type)
         switch_cls.targets = ([nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip)]  # type: ignore[attr-defined]
                               if self.controller == "hpnlab" else [])
         fail_mode = "secure" if self.controller == "hpnlab" else "standalone"

@@ -130,8 +130,10 @@ class ControllerTarget:
         return self.ip
 
 
-def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False) -> tuple[type, type]:
-    """(host class, switch class) for one run (Mininet's cluster classes when ``cluster``)."""
+def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False,
+                 port_type: str = "system") -> tuple[type, type]:
+    """(host class, switch class) for one run (Mininet's cluster classes when ``cluster``);
+    switch ports are of ``port_type`` (``hpnlab.fabric.kernel.PORT_TYPES``)."""
     from mininet.node import Host, OVSSwitch
 
     class HpnlabHost(Host):
@@ -173,7 +175,7 @@ def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False
             opts = super().intfOpts(intf)
             if mtu != 1500:
                 opts += f" mtu_request={mtu}"
-            return opts
+            return opts + ovsdb.port_type_args(port_type)
 
         def start(self, controllers):
             super().start(self.targets)

@@ -41,6 +41,24 @@ def userspace_tso() -> bool:
     return r.returncode == 0 and "true" in r.stdout
 
 
+def iface_types() -> list[str]:
+    """The interface types this ovs-vswitchd supports (``iface_types``: system, afxdp, ...)."""
+    r = _vsctl("get", "Open_vSwitch", ".", "iface_types", timeout=3)
+    return parse_set(r.stdout) if r.returncode == 0 else []
+
+
+def parse_set(text: str) -> list[str]:
+    """An ovs-vsctl set value (``[a, b, "c"]``) as a list of strings (pure)."""
+    inner = text.strip().strip("[]")
+    return [t.strip().strip('"') for t in inner.split(",") if t.strip()]
+
+
+def port_type_args(port_type: str) -> str:
+    """The ``set Interface`` columns of a switch port of this type (pure): nothing for
+    ``system``; AF_XDP in generic XDP mode on veths (they have no native zero-copy)."""
+    return "" if port_type == "system" else f" type={port_type} options:xdp-mode=generic"
+
+
 # ---- the emulation's rows ------------------------------------------------------------------
 
 

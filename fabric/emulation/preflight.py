@@ -14,7 +14,7 @@ from .. import kernel, spec
 from ..errors import UserError
 from ..graph import intf_name
 from ..mn import emulated_delay_us
-from ..sizing import check_fits, has_loops
+from ..sizing import check_fits, has_loops, load_budget
 from . import ovsdb
 from .controller_process import port_free
 
@@ -70,7 +70,7 @@ def check(graph: nx.MultiGraph, controller: str, requested_port: int | None) -> 
     if requested_port is not None and not port_free(requested_port):
         raise UserError(f"OpenFlow port {requested_port} on 127.0.0.1 is taken by another program; "
                         f"pick another with --ofp-port or leave it out to choose a free one")
-    estimate = check_fits(graph, caps.cpus)
+    estimate = check_fits(graph, caps.cpus, load_budget())
     check_names_free(graph)
     return caps, estimate
 
