@@ -661,9 +661,10 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     and every threshold change (``telemetry_of``), and each result its cell's ``telemetry_t``
     (start, end) in seconds on the same clock as the series.
     ``ecn_thresholds`` (emulation only): set every switch egress port's ECN thresholds before
-    the first cell (after ``ecn_policy`` is set, which puts every port back to its start-up thresholds): a preset of ``hpnlab.fabric.ecn_settings`` ("low", "high", "dcqcn",
-    "default", computed from each port's rate), a dict {"kmin": bytes, "kmax": bytes, "pmax":
-    p} or "kmin,kmax,pmax"; ``meta["ecn"]`` records what was set. On an emulation with an ECN
+    the first cell, after ``ecn_policy`` is set (which puts every port back to its start-up
+    thresholds): a preset of ``hpnlab.fabric.ecn_settings`` ("low", "high", "dcqcn", "default",
+    computed from each port's rate), a dict {"kmin": bytes, "kmax": bytes, "pmax": p} or
+    "kmin,kmax,pmax"; ``meta["ecn"]`` records what was set. On an emulation with an ECN
     stage each result's ``switch_ecn`` has the cell's marking, drops and queue samples.
     """
     target = _target(where)

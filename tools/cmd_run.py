@@ -59,7 +59,8 @@ def register(sub) -> None:
                         "(see --workloads, --repeat, --settings); routing: ecmp, flowlet, spray and adaptive "
                         "entropy side by side on the fabric as it is and with one leaf uplink at half rate "
                         "(hpnlab.fabric.compare_routing)")
-    p.add_argument("--repeat", type=int, default=5, help="--compare: repetitions of every cell, interleaved (default 5)")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="--compare: repetitions of every cell, interleaved (default 5)")
     p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
                    help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
