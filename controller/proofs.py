@@ -78,17 +78,18 @@ Bandwidth
 """
 from __future__ import annotations
 
+import importlib
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
 import networkx as nx
 
 from hpnlab.controller import compiler
 from hpnlab.controller.oftable import FabricTables, valley_free_reachable
-from hpnlab.fabric.addressing import ip_int
 
 RULE = "failure-tolerance"
 MAX_HOPS = FabricTables.MAX_HOPS
@@ -117,11 +118,19 @@ class Port(NamedTuple):
 
 def _common(a: tuple, b: tuple) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b):  # noqa: B905 (paths of different lengths)
         if x != y:
             break
         n += 1
     return n
+
+
+def _same_labels(la: tuple, lb: tuple) -> tuple:
+    """((label, equal?), ...) for the labels two objects both carry (labels sorted by name)."""
+    if len(la) == len(lb) and all(x[0] == y[0] for x, y in zip(la, lb, strict=True)):
+        return tuple((x[0], x[1] == y[1]) for x, y in zip(la, lb, strict=True))
+    db = dict(lb)
+    return tuple((n, v == db[n]) for n, v in la if n in db)
 
 
 class SymmetryIndex:
@@ -142,13 +151,23 @@ class SymmetryIndex:
                 ranks[d["tier"], d.get("plane", 0), d.get("campus", 0), d.get("pod")].append((d["index"], n))
         rank = {n: i for members in ranks.values() for i, (_x, n) in enumerate(sorted(members))}
         half = (s.k // 2) if self.fat_tree else 0
+        tier_of = {n: d["tier"] for n, d in node.items()}
+        self.role = {n: d["role"] for n, d in node.items()}
+        adj = g._adj
         for n, d in node.items():
             tier = d["tier"]
             if tier == 0:
                 continue
-            counts = Counter("up" if node[v]["tier"] > tier else "down" if node[v]["tier"] < tier else "side"
-                             for v, keys in g.adj[n].items() for _k in keys)
-            kind = (d["role"], counts["up"], counts["down"], counts["side"])
+            up = down = side = 0
+            for v, keys in adj[n].items():
+                t = tier_of[v]
+                if t > tier:
+                    up += len(keys)
+                elif t < tier:
+                    down += len(keys)
+                else:
+                    side += len(keys)
+            kind = f"{d['role']} {up}/{down}/{side}"     # role, links up/down/sideways
             plane, campus = d.get("plane", 0), d.get("campus", 0)
             labels: tuple = (("plane", plane),)
             if tier == 1:
@@ -156,32 +175,40 @@ class SymmetryIndex:
             elif tier == 2:
                 path = (campus, d["pod"], ("spine", rank[n]))
                 if self.fat_tree:
-                    labels += (("group", rank[n]),)
+                    labels = (("group", rank[n]),) + labels
             else:
                 if self.fat_tree:
                     path = (campus, ("core", d["index"]))
-                    labels += (("group", d["index"] // half),)
+                    labels = (("group", d["index"] // half),) + labels
                 else:
                     path = (campus, ("core", rank[n]))
-                    labels += (("core", rank[n]),)
-            self.obj[n] = Obj(n, repr(kind), path, labels)
-        for u, v, k, d in compiler._edges(g):
-            if d["kind"] != "host":
+                    labels = (("core", rank[n]),) + labels
+            self.obj[n] = Obj(n, kind, path, labels)     # labels sorted by name
+        ix = compiler.index_of(g)
+        self.host_ip: dict[tuple[str, int], int] = {}
+        self._trie: dict = {}       # the ports as a trie on their coordinates, then by plane
+        level_values: list[set] = []
+        for sw in ix.sw.values():
+            if sw.tier != 1:
                 continue
-            host, leaf = (u, v) if node[u]["tier"] == 0 else (v, u)
-            per_leaf = max(1, len(node[leaf].get("rails", (0,))))
-            slot = d["ports"][leaf] - 1
-            intf = d["ports"][host]
-            p = Port(host, intf, d["plane"], d["rail"], leaf, (u, v, k), ip_int(d["ip"]))
-            self.ports.append(p)
-            leaf_obj = self.obj[leaf]
-            self.port_obj[host, intf] = Obj(f"{host}:{intf}", "port",
-                                            leaf_obj.path + (("host", slot // per_leaf), ("rail", slot % per_leaf)),
-                                            (("plane", d["plane"]), ("host", host)))
-        self.ports.sort(key=lambda p: (p.plane, int(p.host[1:]) if p.host[1:].isdigit() else p.host, p.intf))
-        depth = max((len(o.path) for o in self.port_obj.values()), default=0)
-        self._level_values: list[list] = [sorted({o.path[i] for o in self.port_obj.values()}, key=repr)
-                                          for i in range(depth)]
+            rails = node[sw.name].get("rails") or (0,)
+            leaf_path = self.obj[sw.name].path
+            for h in sw.hosts:
+                slot = h.port - 1
+                p = Port(h.host, h.intf, sw.plane, rails[slot % len(rails)], sw.name, h.link, h.ip)
+                self.ports.append(p)
+                self.host_ip[h.host, h.intf] = h.ip
+                path = leaf_path + (("host", slot // len(rails)), ("rail", slot % len(rails)))
+                self.port_obj[h.host, h.intf] = Obj(f"{h.host}:{h.intf}", "port", path,
+                                                    (("host", h.host), ("plane", sw.plane)))
+                t = self._trie
+                for i, x in enumerate(path):
+                    if i == len(level_values):
+                        level_values.append(set())
+                    level_values[i].add(x)
+                    t = t.setdefault(x, {})
+                t[sw.plane] = p
+        self._level_values: list[list] = [sorted(vals, key=repr) for vals in level_values]
         self._planes = sorted({p.plane for p in self.ports})
 
     # -- keys ---------------------------------------------------------------------------------
@@ -190,26 +217,29 @@ class SymmetryIndex:
         """The orbit invariant of a tuple of objects: kinds, pairwise common-prefix lengths,
         and which labels are equal."""
         objs = list(objs)
-        kinds = tuple(o.kind for o in objs)
         rel = []
         for i, a in enumerate(objs):
-            la = dict(a.labels)
-            for b in objs[i + 1:]:
-                lb = dict(b.labels)
-                rel.append((_common(a.path, b.path),
-                            tuple(sorted((n, la[n] == lb[n]) for n in la.keys() & lb.keys()))))
-        return kinds, tuple(rel)
+            for j in range(i + 1, len(objs)):
+                b = objs[j]
+                rel.append((_common(a.path, b.path), _same_labels(a.labels, b.labels)))
+        return tuple(o.kind for o in objs), tuple(rel)
 
     def anchors(self, failure: Failure) -> list[Obj]:
         """The objects a failure fixes: its switches, its links' ends (a host end is its port)."""
         out = [self.obj[s] for s in sorted(failure.failures.switches)]
-        for u, v, k in sorted(failure.failures.links):
-            for n, other in ((u, v), (v, u)):
-                if n in self.obj:
-                    out.append(self.obj[n])
-                else:
-                    intf = self.g.edges[u, v, k]["ports"][n]
-                    out.append(self.port_obj[n, intf])
+        for lid in sorted(failure.failures.links):
+            out += self.link_anchors(lid)
+        return out
+
+    def link_anchors(self, lid: tuple) -> list[Obj]:
+        """A link's two ends (a host end is its NIC port)."""
+        u, v, k = lid
+        out = []
+        for n in (u, v):
+            o = self.obj.get(n)
+            if o is None:
+                o = self.port_obj[n, self.g._adj[u][v][k]["ports"][n]]
+            out.append(o)
         return out
 
     # -- pair classes -------------------------------------------------------------------------
@@ -225,13 +255,17 @@ class SymmetryIndex:
         planes = {dict(o.labels)["plane"] for o in special}
         fresh_plane = next((p for p in self._planes if p not in planes), None)
         planes |= {fresh_plane} if fresh_plane is not None else set()
-        out = []
-        for p in self.ports:
-            if p.plane not in planes:
-                continue
-            path = self.port_obj[p.host, p.intf].path
-            if all(path[i] in wanted[i] for i in range(depth)):
-                out.append(p)
+        out: list[Port] = []
+
+        def descend(t: dict, level: int) -> None:
+            if level == depth:
+                out.extend(t[pl] for pl in sorted(planes) if pl in t)
+                return
+            for x in wanted[level]:
+                sub = t.get(x)
+                if sub is not None:
+                    descend(sub, level + 1)
+        descend(self._trie, 0)
         return out
 
     def pair_classes(self, anchors: list[Obj]) -> dict[tuple, tuple[Port, Port]]:
@@ -287,6 +321,9 @@ class FailureClass:
     members: list[Failure] | None = None    # kept for small graphs (and the tests)
 
 
+_ROLES = ("host", "leaf", "edge", "spine", "agg", "core")
+
+
 def _role(g: nx.MultiGraph, n: str) -> str:
     return g.nodes[n]["role"]
 
@@ -298,11 +335,6 @@ def link_failure(g: nx.MultiGraph, lid: tuple) -> Failure:
 
 def switch_failure(name: str) -> Failure:
     return Failure(f"switch {name}", compiler.Failures(switches=frozenset([name])))
-
-
-def _link_label(g: nx.MultiGraph, lid: tuple) -> str:
-    a, b = sorted((lid[0], lid[1]), key=lambda n: g.nodes[n]["tier"])
-    return f"{_role(g, a)}-{_role(g, b)}"
 
 
 def all_links(g: nx.MultiGraph) -> list[tuple]:
@@ -328,27 +360,28 @@ def failure_classes(g: nx.MultiGraph, *, links: bool = True, switches: bool = Tr
         if c.members is not None and weight:
             c.members.append(f())
 
-    def link_anchors(lid: tuple) -> list[Obj]:
-        return sym.anchors(Failure("", compiler.Failures(frozenset([lid]))))
+    link_anchors = sym.link_anchors
 
     if links or pairs:
         link_keys = {}
         for lid in lids:
-            key = ("link", _link_label(g, lid), sym.key(link_anchors(lid)))
-            link_keys[lid] = key
+            ends = link_anchors(lid)
+            label = "-".join(sorted((sym.role[lid[0]], sym.role[lid[1]]), key=_ROLES.index))
+            key = ("link", label, sym.key(ends))
+            if pairs:
+                link_keys[lid] = key
             if links:
-                add(key, f"link {_link_label(g, lid)}", lambda lid=lid: link_failure(g, lid))
+                add(key, f"link {label}", partial(link_failure, g, lid))
     if switches:
         for n in sym.obj:
-            add(("switch", sym.key([sym.obj[n]])), f"switch {_role(g, n)}", lambda n=n: switch_failure(n))
+            add(("switch", sym.key([sym.obj[n]])), f"switch {_role(g, n)}", partial(switch_failure, n))
     if pairs:
         _pair_classes(g, sym, lids, link_keys, link_anchors, classes, keep_members)
     if plane:
         planes = sorted({d.get("plane", 0) for _n, d in g.nodes(data=True) if d["tier"] > 0})
         for p in planes:
             members = frozenset(n for n, d in g.nodes(data=True) if d["tier"] > 0 and d.get("plane", 0) == p)
-            add(("plane",), "plane", lambda p=p, members=members: Failure(
-                f"plane {p}", compiler.Failures(switches=members)))
+            add(("plane",), "plane", partial(Failure, f"plane {p}", compiler.Failures(switches=members)))
     return sorted(classes.values(), key=lambda c: (c.key[0] != "link", c.key[0] == "pair", c.label, repr(c.key)))
 
 
@@ -409,11 +442,41 @@ class SetWalker:
         self._memo: dict[tuple, tuple] = {}
         self._visits: dict[tuple, tuple[frozenset, int]] = {}   # shared by every walk of this failure
         self._sport_tables: dict[tuple, dict] = {}
-        self._host_ip: dict[tuple[str, int], int] = {}
-        for u, v, k, d in compiler._edges(net.g):
-            if d["kind"] == "host":
-                host = u if net.g.nodes[u]["tier"] == 0 else v
-                self._host_ip[host, d["ports"][host]] = ip_int(d["ip"])
+        self._host_ip = symmetry_of(net.g).host_ip
+        self._conforms: dict[str, bool] = {}
+        self.shared = True      # walks share their results (see _check)
+        self._src_mask = 0
+        self._gen = 0
+        self._in_ports: dict[str, frozenset | None] = {}   # in_port values a switch's tables match
+
+    # What a walk's packet may differ in, at a switch the walker visits, for walks to share
+    # their results: every other field is the same in every walk, set inside the pipeline
+    # (metadata), in the visit's state (in_port) or enumerated (source ports).
+    _SHARED_FIELDS: frozenset = frozenset({"eth_type", "ip_proto", "udp_dst", "metadata", "udp_src", "tcp_src",
+                                           "ipv4_dst"})
+
+    def _check(self, switch: str) -> bool:
+        """Do ``switch``'s tables look at no more of a packet than the shared results key on
+        (the destination, whether it is bounced, the source address's bits in ``_src_mask``)?
+        A switch that looks at more source bits widens the mask (and drops what was shared)."""
+        ok = self._conforms.get(switch)
+        if ok is None:
+            ok = True
+            for k, values, mask in self._spec(switch, 0):
+                if k == "eth_src":
+                    ok &= values is not None and values <= {compiler.BOUNCE_MAC}
+                elif k == "ipv4_src":
+                    ok &= values is None
+                    if mask & ~self._src_mask:
+                        self._src_mask |= mask
+                        self._visits.clear()
+                        self._gen += 1      # results computed under the narrower mask are not kept
+                elif k == "in_port":
+                    self._in_ports[switch] = values if values is not None else None
+                else:
+                    ok &= k in self._SHARED_FIELDS
+            self._conforms[switch] = ok
+        return ok
 
     def _spec(self, switch: str | None, table: int = 0) -> tuple:
         """What the tables ``table``.. of ``switch`` (None: of every switch) can tell apart in a
@@ -436,7 +499,7 @@ class SetWalker:
                                 masks[k] |= v[1]
                             else:
                                 exact[k].add(v)
-            fields = []
+            fields: list[tuple[str, frozenset | None, int]] = []
             for k in sorted(exact.keys() | masks.keys()):
                 if k in masks and k in exact:
                     fields.append((k, None, -1))
@@ -448,7 +511,7 @@ class SetWalker:
         return spec
 
     def _norm(self, spec: tuple, pkt: dict) -> tuple:
-        out = []
+        out: list = []
         for k, values, mask in spec:
             v = pkt.get(k)
             if v is None:
@@ -521,7 +584,7 @@ class SetWalker:
                 outs = set()
                 for sport, e in self._sport_lookup(switch, table, pkt).items():
                     sub = dict(pkt, udp_src=sport)
-                    for out, ch in self._apply(switch, table, e, sub):
+                    for out, ch in self._apply(switch, table, e, sub) or ():
                         outs.add((out, tuple(changes) + ch))
                 result = frozenset(outs)
                 break
@@ -576,8 +639,7 @@ class SetWalker:
         s_ip = self._host_ip[src.host, src.intf]
         pkt0 = {"eth_type": compiler.ETH_IPV4, "eth_src": net.g.edges[src.link]["mac"], "ipv4_src": s_ip,
                 "ipv4_dst": dst.ip, "ip_proto": compiler.PROTO_UDP, "udp_dst": 4791}
-        memo = self._visits
-        spec = self._spec(None)
+        local: dict[tuple, tuple[frozenset, int]] = {}
         on_stack: set = set()
         any_loop = [False]      # a walk that met a cycle keeps its partial results to itself
 
@@ -598,7 +660,19 @@ class SetWalker:
             if state in on_stack:
                 any_loop[0] = True
                 return frozenset(["loop"]), MAX_HOPS + 1
-            mkey = (peer, peer_port, pkt["ipv4_dst"]) + self._norm(spec, pkt)
+            if self.shared and not self._check(peer):
+                self.shared = False
+                self._visits.clear()
+            gen = self._gen
+            if self.shared:
+                memo = self._visits
+                # the port a packet came in by matters only where the tables match it
+                seen = self._in_ports.get(peer, frozenset())
+                in_port = peer_port if seen is None or peer_port in seen else ()
+                mkey: tuple = (peer, in_port, pkt["ipv4_dst"], pkt.get("eth_src") == compiler.BOUNCE_MAC,
+                               pkt["ipv4_src"] & self._src_mask)
+            else:
+                memo, mkey = local, (peer, peer_port) + tuple(sorted(pkt.items()))
             hit = memo.get(mkey)
             if hit is not None:
                 return hit
@@ -614,7 +688,7 @@ class SetWalker:
                 longest = max(longest, n + 1)
             on_stack.discard(state)
             res = (frozenset(outcomes), longest)
-            if not any_loop[0]:
+            if not any_loop[0] and (memo is local or (self.shared and gen == self._gen)):
                 memo[mkey] = res
             return res
 
@@ -665,16 +739,16 @@ def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port
     """Walk ``pairs`` through the tables compiled for ``failure`` (``states`` if given).
     ``exact``: every pair by the interpreter's send_branches instead of the set walker."""
     t0 = time.perf_counter()
-    F = failure.failures
+    fl = failure.failures
     if states is None:
-        states = compiler.compile_fabric(g, F, policy)
-    net = FabricTables(g, dict(states), F)
+        states = compiler.compile_fabric(g, fl, policy)
+    net = FabricTables(g, dict(states), fl)
     walker = SetWalker(net)
     v = Verdict(failure)
     reach: dict[tuple[str, str], bool] = {}
 
     def port_live(p: Port) -> bool:
-        return p.link not in F.links and p.leaf not in F.switches
+        return p.link not in fl.links and p.leaf not in fl.switches
 
     for src, dst in pairs:
         v.pairs += 1
@@ -684,7 +758,7 @@ def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port
             lk = (src.leaf, dst.leaf)
             path = reach.get(lk)  # type: ignore[assignment]
             if path is None:
-                path = reach[lk] = valley_free_reachable(g, F, src.leaf, dst.leaf)
+                path = reach[lk] = valley_free_reachable(g, fl, src.leaf, dst.leaf)
         alive = ends_live and path
         if ends_live and not path:
             v.problems.append(PairProblem("cut", src, dst, "no valley-free path left"))
@@ -710,7 +784,7 @@ def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port
             v.live += 1
             v.delivered += outcomes == {"delivered"}
     costs = costs or Costs(g)
-    v.bisection_loss, v.uplink_loss = costs.loss(F)
+    v.bisection_loss, v.uplink_loss = costs.loss(fl)
     v.seconds = time.perf_counter() - t0
     return v
 
@@ -742,19 +816,19 @@ class Costs:
             self.cuts["long_haul"] = half * (s.campuses - half) * per_pair
         self.bisection = min(self.cuts.values())
 
-    def _links_of(self, F: compiler.Failures) -> set[tuple]:
-        out = set(F.links)
-        for n in F.switches:
+    def _links_of(self, fl: compiler.Failures) -> set[tuple]:
+        out = set(fl.links)
+        for n in fl.switches:
             for v, keys in self.g.adj[n].items():
                 out.update(compiler.link_id(n, v, k) for k in keys)
         return out
 
-    def loss(self, F: compiler.Failures) -> tuple[float, float]:
+    def loss(self, fl: compiler.Failures) -> tuple[float, float]:
         """(share of the bisection lost, share of uplink capacity lost at the worst-hit live switch)."""
         g = self.g
         cuts = dict(self.cuts)
         lost_up: dict[str, float] = defaultdict(float)
-        for u, v, k in self._links_of(F):
+        for u, v, k in self._links_of(fl):
             d = g.edges[u, v, k]
             tu, tv = g.nodes[u]["tier"], g.nodes[v]["tier"]
             rate = d["rate_gbps"]
@@ -768,7 +842,7 @@ class Costs:
                 cuts["hosts"] -= rate / 2
             else:
                 cuts[f"tier{t}"] -= rate / 2
-                if lo not in F.switches:
+                if lo not in fl.switches:
                     lost_up[lo] += rate
         after = min(cuts.values())
         bis = 1 - after / self.bisection if self.bisection else 0.0
@@ -816,7 +890,7 @@ def prove(g: nx.MultiGraph, *, links: bool = True, switches: bool = True, pairs:
     t0 = time.perf_counter()
     sym = symmetry_of(g)
     costs = Costs(g)
-    compile_ = states or (lambda F: compiler.compile_fabric(g, F, policy))
+    compile_ = states or (lambda fl: compiler.compile_fabric(g, fl, policy))
     classes = failure_classes(g, links=links, switches=switches, pairs=pairs, plane=plane,
                               keep_members=True if exhaustive else None)
     every = list(sym.all_pairs()) if exhaustive else None
@@ -861,7 +935,8 @@ def failure_rule(ctx: Any) -> list:
     ctx.limits (the rules file's section for this rule): ``max_bisection_loss`` and
     ``max_uplink_loss`` (shares, 0..1; none: not checked), ``exhaustive`` (bool), ``pairs``
     and ``plane`` (bool, like the flags). ctx.flags: "pairs", "plane"."""
-    from hpnlab.fabric.check import RuleResult
+    # fabric.check defines RuleResult (it calls this rule): imported when the rule runs
+    RuleResult = importlib.import_module("hpnlab.fabric.check").RuleResult  # noqa: N806
     limits: Mapping = ctx.limits or {}
     flags = frozenset(getattr(ctx, "flags", frozenset()))
     max_bis = limits.get("max_bisection_loss")
@@ -869,7 +944,7 @@ def failure_rule(ctx: Any) -> list:
     proof = prove(ctx.graph, pairs="pairs" in flags or bool(limits.get("pairs")),
                   plane="plane" in flags or bool(limits.get("plane")),
                   exhaustive=bool(limits.get("exhaustive")),
-                  states=lambda F: ctx.states(failures=F if F else None))
+                  states=lambda fl: ctx.states(failures=fl if fl else None))
     limit = " / ".join(x for x in (
         "every live pair delivered, no loop, none cut",
         f"bisection loss \u2264 {_pct(max_bis)}" if max_bis is not None else "",
