@@ -78,6 +78,16 @@ class FabricTables:
             self.peer[v, d["ports"][v]] = (u, d["ports"][u], lid)
         self._cut = {self.peer[sp][2] for sp in self.one_sided}    # links one end took down
 
+    def reload(self, states: dict, failures: compiler.Failures | None = None) -> None:
+        """Walk other compiled tables (another failure's compile) over the same graph: keeps only
+        what is read off the graph (ports and peers), forgets every table, group and cache."""
+        self.states = states
+        self._groups = {}
+        self._tables = {}
+        self._entries = {}
+        self._sport_mask = {}
+        self.failures = failures or compiler.Failures()
+
     # ---- liveness -------------------------------------------------------------------
     @property
     def failures(self) -> compiler.Failures:

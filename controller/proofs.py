@@ -735,14 +735,18 @@ class Verdict:
 
 def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port, Port]],
                   states: Mapping | None = None, policy: str = "aggregate", exact: bool = False,
-                  costs: Costs | None = None) -> Verdict:
+                  costs: Costs | None = None, net: FabricTables | None = None) -> Verdict:
     """Walk ``pairs`` through the tables compiled for ``failure`` (``states`` if given).
-    ``exact``: every pair by the interpreter's send_branches instead of the set walker."""
+    ``exact``: every pair by the interpreter's send_branches instead of the set walker.
+    ``net``: an interpreter over ``g`` to reuse (its tables are replaced)."""
     t0 = time.perf_counter()
     fl = failure.failures
     if states is None:
         states = compiler.compile_fabric(g, fl, policy)
-    net = FabricTables(g, dict(states), fl)
+    if net is None:
+        net = FabricTables(g, dict(states), fl)
+    else:
+        net.reload(dict(states), fl)
     walker = SetWalker(net)
     v = Verdict(failure)
     reach: dict[tuple[str, str], bool] = {}
@@ -895,22 +899,24 @@ def prove(g: nx.MultiGraph, *, links: bool = True, switches: bool = True, pairs:
                               keep_members=True if exhaustive else None)
     every = list(sym.all_pairs()) if exhaustive else None
     none = Failure("no failure", compiler.Failures())
+    healthy_states = compile_(None)
+    net = FabricTables(g, dict(healthy_states))
     healthy = prove_failure(g, none, every if every is not None else _reduced_pairs(sym, none),
-                            compile_(None), costs=costs)
+                            healthy_states, costs=costs, net=net)
     out = []
     for c in classes:
         if exhaustive:
             assert c.members is not None and every is not None
             worst = None
             for f in c.members:      # the class's verdict: its first failing member, else its costliest
-                v = prove_failure(g, f, every, compile_(f.failures), costs=costs)
+                v = prove_failure(g, f, every, compile_(f.failures), costs=costs, net=net)
                 if worst is None or (worst.ok and (not v.ok or v.bisection_loss > worst.bisection_loss)):
                     worst = v
             assert worst is not None
             out.append(ClassProof(c, worst, len(every)))
         else:
             ps = _reduced_pairs(sym, c.representative)
-            v = prove_failure(g, c.representative, ps, compile_(c.representative.failures), costs=costs)
+            v = prove_failure(g, c.representative, ps, compile_(c.representative.failures), costs=costs, net=net)
             out.append(ClassProof(c, v, len(ps)))
         if progress:
             progress(f"{c.label}: {'ok' if out[-1].verdict.ok else 'FAILS'} ({out[-1].verdict.seconds:.1f} s)")

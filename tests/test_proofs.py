@@ -169,3 +169,15 @@ def test_failure_rule_gives_one_line_per_class_and_a_summary():
                                                            "switch spine (represents 2)"]
     assert "switch p0s0" in next(r.detail for r in results if r.subject.startswith("switch spine"))
     assert results[-1].subject == "all failures" and not results[-1].ok
+
+
+def test_an_interpreter_reloaded_with_another_failures_tables_walks_like_a_fresh_one():
+    g = fabric("mini-hpn")
+    failed = compiler.Failures(frozenset([compiler.link_id("p0l0", "p0s0")]))
+    net = FabricTables(g, compiler.compile_fabric(g))
+    healthy = [w.hops for _s, _f, w in net.send_branches("h1", "h5", 0)]     # fills the caches
+    net.reload(compiler.compile_fabric(g, failed), failed)
+    fresh = FabricTables(g, compiler.compile_fabric(g, failed), failed)
+    reloaded = [w.hops for _s, _f, w in net.send_branches("h1", "h5", 0)]
+    assert reloaded == [w.hops for _s, _f, w in fresh.send_branches("h1", "h5", 0)]
+    assert reloaded != healthy
