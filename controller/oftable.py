@@ -453,32 +453,56 @@ class FabricTables:
         return lid not in self.failures.links and lid not in self._cut and p["leaf"] not in self.failures.switches
 
 
-def valley_free_reachable(g: nx.MultiGraph, failures: compiler.Failures, src_leaf: str, dst_leaf: str) -> bool:
+def valley_free_reachable(g: nx.MultiGraph, failures: compiler.Failures, src_leaf: str, dst_leaf: str,
+                          cache: dict | None = None) -> bool:
     """Oracle, independent of the compiler: is there a live path that goes only up from
-    ``src_leaf``, then at most one long-haul (same-tier) hop, then only down to ``dst_leaf``?"""
+    ``src_leaf``, then at most one long-haul (same-tier) hop, then only down to ``dst_leaf``?
+
+    ``cache`` (a dict the caller keeps, for many pairs of one graph) keeps each switch's
+    upward and sideways links, and each leaf's closures while ``failures`` stays the same."""
     dead_l, dead_s = failures.links, failures.switches
-    tier = {n: d["tier"] for n, d in g.nodes(data=True)}
     if src_leaf in dead_s or dst_leaf in dead_s:
         return False
+    if cache is None:
+        cache = {}
+    if cache.get("graph") is not g:
+        cache.clear()
+        cache.update(graph=g, links={})
+    if cache.get("failures") != failures:
+        cache.update(failures=failures, closures={})
+    node, adj = g._node, g._adj      # the raw dicts: this runs per pair at 130k scale
+    links, closures = cache["links"], cache["closures"]
 
-    def neighbours(n, want):
-        for v, keys in g.adj[n].items():
-            if v in dead_s or tier[v] == 0:
-                continue
-            if want(tier[n], tier[v]) and any(compiler.link_id(n, v, k) not in dead_l for k in keys):
+    def neighbours(n: str, way: str):
+        """Live switches above ``n`` (way "up") or beside it ("side")."""
+        mine = links.get(n)
+        if mine is None:
+            tn = node[n]["tier"]
+            mine = links[n] = {"up": [], "side": []}
+            for v, keys in adj[n].items():
+                tv = node[v]["tier"]
+                if tv > tn:
+                    mine["up"].append((v, tuple(keys)))
+                elif tv == tn and tv > 0:
+                    mine["side"].append((v, tuple(keys)))
+        for v, keys in mine[way]:
+            if v not in dead_s and any(compiler.link_id(n, v, k) not in dead_l for k in keys):
                 yield v
 
-    def closure(start, want):
-        seen, stack = {start}, [start]
-        while stack:
-            n = stack.pop()
-            for v in neighbours(n, want):
-                if v not in seen:
-                    seen.add(v)
-                    stack.append(v)
+    def up_closure(start: str) -> set:
+        seen = closures.get(start)
+        if seen is None:
+            seen, stack = {start}, [start]
+            while stack:
+                n = stack.pop()
+                for v in neighbours(n, "up"):
+                    if v not in seen:
+                        seen.add(v)
+                        stack.append(v)
+            closures[start] = seen
         return seen
 
-    up = closure(src_leaf, lambda a, b: b > a)
-    up |= {v for n in list(up) for v in neighbours(n, lambda a, b: a == b)}
-    down_to_dst = closure(dst_leaf, lambda a, b: b > a)   # going up from dst = going down to it
+    up = up_closure(src_leaf)
+    up = up | {v for n in up for v in neighbours(n, "side")}
+    down_to_dst = up_closure(dst_leaf)    # going up from dst = going down to it
     return bool(up & down_to_dst)

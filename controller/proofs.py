@@ -750,6 +750,7 @@ def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port
     walker = SetWalker(net)
     v = Verdict(failure)
     reach: dict[tuple[str, str], bool] = {}
+    oracle: dict = {}
 
     def port_live(p: Port) -> bool:
         return p.link not in fl.links and p.leaf not in fl.switches
@@ -762,7 +763,7 @@ def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port
             lk = (src.leaf, dst.leaf)
             path = reach.get(lk)  # type: ignore[assignment]
             if path is None:
-                path = reach[lk] = valley_free_reachable(g, fl, src.leaf, dst.leaf)
+                path = reach[lk] = valley_free_reachable(g, fl, src.leaf, dst.leaf, oracle)
         alive = ends_live and path
         if ends_live and not path:
             v.problems.append(PairProblem("cut", src, dst, "no valley-free path left"))
