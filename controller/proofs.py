@@ -931,7 +931,11 @@ def _pct(x: float) -> str:
 
 
 def figure(v: Verdict) -> str:
-    share = v.delivered / v.live if v.live else 1.0
+    """e.g. "delivered 100.0% / 0 loops / 0 cut / bisection -0.4% / worst uplink -1.7%": the share
+    of the pairs walked whose ports are both up that were delivered on every branch (a cut pair
+    counts as not delivered), loops and cut pairs (pairs walked: one per pair class when reduced)."""
+    up = v.live + v.count("cut")
+    share = v.delivered / up if up else 1.0
     return (f"delivered {_pct(share)} / {v.count('loop')} loops / {v.count('cut')} cut / "
             f"bisection \u2212{100 * v.bisection_loss:.1f}% / worst uplink \u2212{100 * v.uplink_loss:.1f}%")
 
@@ -968,7 +972,7 @@ def failure_rule(ctx: Any) -> list:
         if v.problems:
             detail += f": {v.problems[0]}"
             if len(v.problems) > 1:
-                detail += f" (+{len(v.problems) - 1} more pairs)"
+                detail += f" (+{len(v.problems) - 1} more)"
         results.append(RuleResult(RULE, subject, figure(v), limit, ok, detail))
     how = "every failure, every pair" if proof.exhaustive else "one failure per symmetry class, one pair per pair class"
     results.append(RuleResult(RULE, "all failures", f"{proof.failures - bad:,} of {proof.failures:,} tolerated",
