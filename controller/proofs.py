@@ -66,7 +66,7 @@ Symmetry (why one failure per class and one pair per class are enough)
     Pair classes are found without looking at every pair: replacing a coordinate that no
     special object (the failure's anchors, the source) has at that level by one fresh value
     keeps the key, so the candidates are the ports whose every coordinate is a special value or
-    the fresh one (2 to 16 of alibaba-hpn's 30,720 ports). No sampling is needed: every pair
+    the fresh one (as sources: 2 to 16 of alibaba-hpn's 30,720 ports). No sampling: every pair
     class is walked, at 130k too.
 
     For a graph not built by fabric/graph.py (edited by hand) the argument does not hold: the
