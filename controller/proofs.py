@@ -217,6 +217,10 @@ class SymmetryIndex:
                     t = t.setdefault(x, {})
                 t[sw.plane] = p
         self._level_values: list[list] = [sorted(vals, key=repr) for vals in level_values]
+        by_plane: dict[int, set] = defaultdict(set)
+        for n, o in self.obj.items():
+            by_plane[dict(o.labels)["plane"]].add(n)
+        self.plane_switches = {p: frozenset(members) for p, members in by_plane.items()}
         self._planes = sorted({p.plane for p in self.ports})
 
     # -- keys ---------------------------------------------------------------------------------
@@ -234,7 +238,12 @@ class SymmetryIndex:
 
     def anchors(self, failure: Failure) -> list[Obj]:
         """The objects a failure fixes: its switches, its links' ends (a host end is its port)."""
-        out = [self.obj[s] for s in sorted(failure.failures.switches)]
+        switches = failure.failures.switches
+        whole = [p for p, members in self.plane_switches.items() if members <= switches]
+        # a whole plane down is fixed by the plane alone (one object with its label)
+        out = [Obj(f"plane {p}", "plane", (), (("plane", p),)) for p in whole]
+        covered = frozenset().union(*(self.plane_switches[p] for p in whole))
+        out += [self.obj[s] for s in sorted(switches - covered)]
         for lid in sorted(failure.failures.links):
             out += self.link_anchors(lid)
         return out
