@@ -478,13 +478,15 @@ def valley_free_reachable(g: nx.MultiGraph, failures: compiler.Failures, src_lea
         mine = links.get(n)
         if mine is None:
             tn = node[n]["tier"]
-            mine = links[n] = {"up": [], "side": []}
+            above: list[tuple[str, tuple]] = []
+            beside: list[tuple[str, tuple]] = []
             for v, keys in adj[n].items():
                 tv = node[v]["tier"]
                 if tv > tn:
-                    mine["up"].append((v, tuple(keys)))
+                    above.append((v, tuple(keys)))
                 elif tv == tn and tv > 0:
-                    mine["side"].append((v, tuple(keys)))
+                    beside.append((v, tuple(keys)))
+            mine = links[n] = {"up": above, "side": beside}
         for v, keys in mine[way]:
             if v not in dead_s and any(compiler.link_id(n, v, k) not in dead_l for k in keys):
                 yield v
