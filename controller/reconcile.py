@@ -299,6 +299,31 @@ def _drop_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
         changed.add(key)
 
 
+def unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
+    """Both flow lists without their common head and tail. A compile lays a switch's flows out
+    in one order, what never changes (table 0, the entropy tables, its own hosts) first as
+    the same objects, so those compare in C at the speed of an identity test. A key is in a
+    switch once: an equal entry at the same place on both sides cancels out."""
+    n = min(len(la), len(lb))
+    i, step = 0, 256
+    while i < n:
+        j = min(i + step, n)
+        if la[i:j] != lb[i:j]:
+            while la[i] == lb[i]:
+                i += 1
+            break
+        i = j
+    k = 0
+    while k < n - i:
+        j = min(k + step, n - i)
+        if la[len(la) - j:len(la) - k] != lb[len(lb) - j:len(lb) - k]:
+            while la[len(la) - 1 - k] == lb[len(lb) - 1 - k]:
+                k += 1
+            break
+        k = j
+    return la[i:len(la) - k], lb[i:len(lb) - k]
+
+
 def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable,
                   rebuild_above: float = 0.5) -> tuple[SwitchTable, set | None]:
     """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
@@ -306,10 +331,11 @@ def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: S
     between compiles), and the keys it touched: a superset of the keys whose value changed. When
     the flows to touch (old and new) outnumber ``rebuild_above`` times the new state's flows, the
     table is built anew instead (cheaper) and the keys are None."""
-    old_ids = {id(f) for f in old.flows}
-    new_ids = {id(f) for f in new.flows}
-    gone = [f for f in old.flows if id(f) not in new_ids]
-    came = [f for f in new.flows if id(f) not in old_ids]
+    rest_old, rest_new = unshared(old.flows, new.flows)
+    old_ids = {id(f) for f in rest_old}
+    new_ids = {id(f) for f in rest_new}
+    gone = [f for f in rest_old if id(f) not in new_ids]
+    came = [f for f in rest_new if id(f) not in old_ids]
     if len(gone) + len(came) > rebuild_above * len(new.flows):
         return switch_table(new), None
     out = table.copy()
