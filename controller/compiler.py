@@ -58,8 +58,20 @@ after one link failure the controller changes one route per switch that must avo
 (alibaba-hpn: 120 flow-mods where a fresh entropy table per set took 93,049). Any other
 set gets a fresh entropy table and groups of its own (correct, more messages). A switch
 whose one-port way died keeps its route: its group detours until upstream switches
-converge, so an update never turns a detour into a drop. ``update_messages`` counts the
-messages between two compiles.
+converge, so an update never turns a detour into a drop. The reconciler counts the messages
+(tools/bench_compiler.py and tools/bench_reconcile.py print them).
+
+Recompiling after a failure costs what it changes. A plane's healthy routing is kept (per
+destination leaf its signature -- the distances of the pod's spines to it --, every switch's
+actions, per leaf its action per signature and how many destinations each serves). Failures
+of leaves and leaf-spine links change only the destinations whose live uplinks changed: those
+are routed anew, the spines and cores whose action towards them changed are rebuilt, a leaf
+whose uplinks are intact moves only those destinations between its actions, and every other
+switch keeps its healthy state as the very same value (``_patched_actions``). Failures above
+the spines (spines, cores, spine-core and long-haul links) change the distances towards every
+destination: that plane is routed from scratch. Both give the same states (exceptions are
+kept in the plane's leaf order whatever computed them; tests/test_compiler.py compares them
+for every single failure of the small presets).
 
 Routing: valley-free shortest paths, computed per destination leaf from the live links
 and switches (a failed switch takes its links with it). A packet goes down when the
@@ -1159,7 +1171,10 @@ def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection, rank: M
         return f
 
     new_default = keep(default, hdef)
-    every = {d: keep(exc.get(d, default), hexc.get(d, hdef)) for d in sorted(set(exc) | set(hexc), key=rank.__getitem__)}
+    dests = sorted(set(exc) | set(hexc), key=rank.__getitem__)     # in leaf order, as every exceptions dict
+    every = {d: keep(exc.get(d, default), hexc.get(d, hdef)) for d in dests}
+    if (new_default == hdef or len(dests) == len(rank)) and all(a == hexc.get(d, hdef) for d, a in every.items()):
+        return hacts      # every destination as healthy (its default may have moved): the healthy value
     return new_default, {d: a for d, a in every.items() if a != new_default}
 
 
@@ -1233,8 +1248,13 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 
 
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
-                   switches: Iterable[str] | None = None, fast_failover: bool = True) -> dict[str, SwitchState]:
+                   switches: Iterable[str] | None = None, fast_failover: bool = True,
+                   incremental: bool = True) -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only).
+
+    A plane that failures touch is routed by patching its healthy routing (see
+    ``_patched_actions``); ``incremental=False`` routes it from scratch instead: the same states
+    (tests assert it), for comparisons and benchmarks.
 
     ``fast_failover=False`` is the controller-only baseline: the same tables, but every
     fast-failover group keeps only its primary bucket, so a switch next to a failure drops
@@ -1245,7 +1265,7 @@ def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: s
     was_enabled = gc.isenabled()
     gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
     try:
-        out = _compile(g, failures, policy, switches)
+        out = _compile(g, failures, policy, switches, incremental)
         if not fast_failover:
             ix = index_of(g)
             out = {name: _unprotected(ix, st) for name, st in out.items()}
@@ -1287,7 +1307,7 @@ def _dead_ports(ix: FabricIndex, failures: Failures) -> dict[str, set[int]]:
     return dead
 
 
-def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchState]:
+def _compile(g, failures: Failures, policy: str, switches, incremental: bool = True) -> dict[str, SwitchState]:
     ix = index_of(g)
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
@@ -1299,7 +1319,8 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             continue
         healthy, tree = ix.healthy(plane)
         # the planes are disjoint: a plane no failure touches routes as if nothing failed
-        acts = _patched_actions(ix, plane, failures) if plane in touched else healthy
+        route = _patched_actions if incremental else _plane_actions
+        acts = route(ix, plane, failures) if plane in touched else healthy
         reuse = ix.healthy_states.setdefault(policy, {})
         block_cache: dict = {}
         for sw in sws:
@@ -1318,100 +1339,6 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             if a is healthy[sw.name]:
                 reuse[sw.name] = st
     return out
-
-
-def action_ports(actions: tuple, entropy: Iterable[tuple[tuple, tuple]], groups: Mapping[int, Group]) -> set[int]:
-    """The ports a route's actions send to while every port is live: an output, the first
-    bucket of a group, or for a metadata write every port the entropy entries that match it
-    send to. ``entropy``: the switch's table-2 entries as (match, actions); ``groups``: by id.
-    (For the reconciler's make-before-break order: the next hops of a route.)"""
-    def out(acts: tuple) -> set[int]:
-        ports: set[int] = set()
-        for a in acts:
-            if a[0] == "output":
-                ports.add(a[1])
-            elif a[0] == "group" and a[1] in groups and groups[a[1]].buckets:
-                ports |= out(groups[a[1]].buckets[0][1])
-        return ports
-
-    ports = out(actions)
-    meta = next((a[1] for a in actions if a[0] == "metadata"), None)
-    if meta is not None:
-        best: dict[tuple, tuple[int, tuple]] = {}    # per pattern: the highest-priority entry that matches
-        for match, acts in entropy:
-            m = dict(match).get("metadata")
-            value, mask = m if isinstance(m, tuple) else (m, (1 << 64) - 1)
-            if m is None or meta & mask != value:
-                continue
-            pattern = tuple(kv for kv in match if kv[0] != "metadata")
-            prio = 1 if mask >> 32 else 0
-            if pattern not in best or best[pattern][0] < prio:
-                best[pattern] = (prio, acts)
-        for _prio, acts in best.values():
-            ports |= out(acts)
-    return ports
-
-
-def _unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
-    """Both flow lists without their common head and tail. A compile lays a switch's flows out
-    in one order, what never changes (table 0, the entropy tables, its own hosts) first as
-    the same objects, so those compare in C at the speed of an identity test. A key is in a
-    switch once: an equal entry at the same place on both sides cancels out."""
-    n = min(len(la), len(lb))
-    i, step = 0, 256
-    while i < n:
-        j = min(i + step, n)
-        if la[i:j] != lb[i:j]:
-            while la[i] == lb[i]:
-                i += 1
-            break
-        i = j
-    k = 0
-    while k < n - i:
-        j = min(k + step, n - i)
-        if la[len(la) - j:len(la) - k] != lb[len(lb) - j:len(lb) - k]:
-            while la[len(la) - 1 - k] == lb[len(lb) - 1 - k]:
-                k += 1
-            break
-        k = j
-    return la[i:len(la) - k], lb[i:len(lb) - k]
-
-
-def update_messages(before: Mapping[str, SwitchState], after: Mapping[str, SwitchState]) -> dict:
-    """OpenFlow messages that take the switches from ``before`` to ``after``: {"flow_mods",
-    "group_mods", "switches"} (an add, change or delete of one flow entry or group each; a
-    switch missing on one side is counted from empty)."""
-    flow_mods = group_mods = 0
-    touched = set()
-    for name in set(before) | set(after):
-        a, b = before.get(name), after.get(name)
-        if a is b:
-            continue
-        rest_a, rest_b = _unshared(a.flows if a else (), b.flows if b else ())
-        fa = {f.key(): f for f in rest_a}
-        fb = {f.key(): f for f in rest_b}
-        n = 0
-        for k, f in fb.items():
-            old = fa.get(k)
-            if old is None:
-                n += f.entry_count
-            elif old != f:
-                if (old.hosts is None and f.hosts is None) or old.actions != f.actions:
-                    n += max(f.entry_count, old.entry_count)
-                else:   # the same route block with other hosts: only the hosts that differ
-                    n += len(set(old.hosts or ()) ^ set(f.hosts or ()))
-        n += sum(f.entry_count for k, f in fa.items() if k not in fb)
-        m = 0
-        if a is None or b is None or a.groups is not b.groups:
-            ga = {x.group_id: x for x in a.groups} if a else {}
-            gb = {x.group_id: x for x in b.groups} if b else {}
-            m = sum(1 for i, x in gb.items() if ga.get(i) is not x and ga.get(i) != x)
-            m += sum(1 for i in ga if i not in gb)
-        flow_mods += n
-        group_mods += m
-        if n or m:
-            touched.add(name)
-    return {"flow_mods": flow_mods, "group_mods": group_mods, "switches": len(touched)}
 
 
 # ---- counts ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ downstream first, so a packet that meets an updated switch only meets updated sw
 it. Where a switch sends a is the ports its route for a resolves to: outputs, the entries of
 the table it goes to with the metadata it writes (entropy sets; per pattern of the other
 fields only the highest-priority entry the metadata matches, so that an avoid-one-port entry
-hides its set's entry, as in compiler.action_ports), and for a group its buckets;
+hides its set's entry, see _Forwarding._met), and for a group its buckets;
 of a fast-failover group only the first bucket whose watch port is live counts (the live
 fabric as the reconciler knows it), since that is where the switch sends now: a backup
 bucket is taken only on a failure the controller has not heard of yet, and then the data
@@ -54,9 +54,11 @@ plane, not the update order, protects the traffic. Besides:
 - a switch that starts dropping an address it forwarded (it no longer reaches it) waits for
   the switches that stop sending that address to it: until they have, a detour (a group's
   backup bucket further down) may still deliver through it;
-- a switch installed from empty (back from a failure) goes first, and every other switch's
-  forwarding changes wait for it: a fast-failover group upstream sends to it as soon as its
-  port is live, whatever the update order;
+- a switch installed from empty (back from a failure) goes first, whole, in the step after its
+  wipe (its groups, its entropy entries, then the rest, in the batch order below: its own
+  references need no earlier confirmation), and every other switch's forwarding changes wait
+  for it: a fast-failover group upstream sends to it as soon as its port is live, whatever the
+  update order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
@@ -688,6 +690,9 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     # watch its ports send to it as soon as they are live, and what it forwards meanwhile is
     # nothing. The others' forwarding changes wait until all of its items are confirmed.
     fresh_items = [it for sw in fresh for it in by_switch[sw]]
+    for it in fresh_items:      # all in one step: the batch order puts groups before the flows using them
+        deps.pop(it, None)
+        soft.pop(it, None)
     if fresh_items:
         # waiting for one of them that waits itself (else any) holds these back as long as any is left
         first = next((it for it in fresh_items if it in deps), fresh_items[0])

@@ -3,6 +3,7 @@ installed, the order of its messages, and resynchronisation (no switch, no os-ke
 from __future__ import annotations
 
 import pytest
+from conftest import answer, installed
 
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
@@ -16,30 +17,6 @@ def mini_hpn():
 
 def port(g, a: str, b: str, at: str) -> int:
     return g.edges[a, b, 0]["ports"][at]
-
-
-def answer(rec: reconcile.Reconciler, msgs: list, now: float = 0.0) -> list:
-    """Answer every barrier (and the barriers of what follows) until the reconciler is quiet;
-    return every message it sent on the way."""
-    sent = list(msgs)
-    queue = list(msgs)
-    while queue:
-        m = queue.pop(0)
-        if isinstance(m, reconcile.Barrier):
-            more = rec.handle(reconcile.BarrierReply(m.switch, m.xid), now)
-            sent += more
-            queue += more
-    return sent
-
-
-def installed(g, policy: str = "aggregate") -> reconcile.Reconciler:
-    rec = reconcile.Reconciler(g, policy)
-    msgs = []
-    for sw in graph.switches(g):
-        msgs += rec.handle(reconcile.SwitchUp(sw))
-    answer(rec, msgs)
-    assert rec.settled
-    return rec
 
 
 def test_a_link_counts_down_as_soon_as_one_end_reports_it(mini_hpn):
