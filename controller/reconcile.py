@@ -56,8 +56,7 @@ plane, not the update order, protects the traffic. Besides:
   backup bucket further down) may still deliver through it;
 - a switch installed from empty (back from a failure) goes first, whole, in the step after its
   wipe (its groups, its entropy entries, then the rest, in the batch order below: its own
-  references need no earlier confirmation), and every other switch's forwarding changes wait
-  for it: a fast-failover group upstream sends to it as soon as its port is live, whatever the
+  references need no earlier confirmation), and every other switch's changes wait for it: a fast-failover group upstream sends to it as soon as its port is live, whatever the
   update order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
@@ -694,9 +693,9 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
         deps.pop(it, None)
         soft.pop(it, None)
     if fresh_items:
-        # waiting for one of them that waits itself (else any) holds these back as long as any is left
-        first = next((it for it in fresh_items if it in deps), fresh_items[0])
-        for (sw, _address), its in touching.items():
+        # every other switch's items wait for one of them (they all go in this step): strictly after
+        first = fresh_items[0]
+        for sw, its in by_switch.items():
             if sw not in fresh:
                 for it in its:
                     deps.setdefault(it, set()).add(first)

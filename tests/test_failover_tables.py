@@ -42,6 +42,20 @@ def fabric_links(g) -> list[tuple]:
     return [compiler.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
 
 
+def swept(name: str) -> tuple[list[tuple], list[str]]:
+    """The links and switches whose single failures are checked: every one, except on small-hpn
+    plane 0's only. small-hpn's planes are copies (one generator, the same ports), the compiler
+    protects each plane on its own, and mini-hpn, the same shape with two planes, is swept in
+    both; small-hpn is here for its four-port sets (groups that rotate, avoid entries over three
+    ports), which plane 0 has as much as plane 1, at half the time."""
+    g = fabric(name)
+    links, switches = fabric_links(g), list(graph.switches(g))
+    if name == "small-hpn":
+        links = [lid for lid in links if g.nodes[lid[0]].get("plane", 0) == 0]
+        switches = [sw for sw in switches if g.nodes[sw].get("plane", 0) == 0]
+    return links, switches
+
+
 def failed_planes(g, failures: compiler.Failures) -> list[int]:
     """The planes a failure touches: the planes are disjoint graphs, so every other plane keeps
     its healthy tables and liveness (proved by the healthy case)."""
@@ -80,8 +94,7 @@ def local_only(name: str, failures: compiler.Failures, one_sided: frozenset = fr
 
 @pytest.mark.parametrize("name", SMALL)
 def test_fast_failover_alone_delivers_every_live_pair_under_any_single_link_failure(name):
-    g = fabric(name)
-    for lid in fabric_links(g):
+    for lid in swept(name)[0]:
         failures = compiler.Failures(frozenset([lid]))
         problems, _ = problems_of(local_only(name, failures), failures)
         assert not problems, f"{len(problems)} problems under {lid}, e.g.:\n" + "\n".join(problems[:5])
@@ -95,7 +108,7 @@ def three_tier_spine(g, sw: str) -> bool:
 def test_fast_failover_alone_delivers_every_live_pair_under_any_single_switch_failure(name):
     """Except a spine under cores (see the next test)."""
     g = fabric(name)
-    for sw in graph.switches(g):
+    for sw in swept(name)[1]:
         if three_tier_spine(g, sw) and g.graph["scenario"].kind == "fat-tree":
             continue
         failures = compiler.Failures(switches=frozenset([sw]))

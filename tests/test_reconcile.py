@@ -382,10 +382,11 @@ def test_a_fast_failover_group_whose_live_bucket_stays_goes_at_once(mini_hpn):
     ix = compiler.index_of(mini_hpn)
     to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
     route = _route(mini_hpn, "p0l0")
+    held = {_route(mini_hpn, "p0l2"): (("output", port(mini_hpn, "p0l2", "p0s1", "p0s1")),)}   # not a switch anew
     confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
-                                  "p0s1": {}}
+                                  "p0s1": dict(held)}
     desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0)},
-               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+                                "p0s1": {**held, route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
     ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"])
     assert len(ready) == 2 and left == 0
 
@@ -395,10 +396,11 @@ def test_the_live_bucket_is_read_from_the_link_state(mini_hpn):
     ix = compiler.index_of(mini_hpn)
     to_s0, to_s1 = port(mini_hpn, "p0l1", "p0s0", "p0l1"), port(mini_hpn, "p0l1", "p0s1", "p0l1")
     route = _route(mini_hpn, "p0l0")
+    held = {_route(mini_hpn, "p0l2"): (("output", port(mini_hpn, "p0l2", "p0s1", "p0s1")),)}   # not a switch anew
     confirmed: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s0, to_s1)},
-                                  "p0s1": {}}
+                                  "p0s1": dict(held)}
     desired: dict[str, dict] = {"p0l1": {route: (("group", 1),), reconcile.GroupKey(1): _ff(1, to_s1, to_s0)},
-               "p0s1": {route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
+                                "p0s1": {**held, route: (("output", port(mini_hpn, "p0l0", "p0s1", "p0s1")),)}}
     down = compiler.Failures.of([("p0l1", "p0s0", 0)])
     ready, left, _ = reconcile.plan_step(ix, confirmed, desired, ["p0l1", "p0s1"], down)
     assert len(ready) == 2 and left == 0
