@@ -326,12 +326,14 @@ def unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
 
 
 def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable,
-                  rebuild_above: float = 0.5) -> tuple[SwitchTable, set | None]:
+                  rebuild_above: float = 0.5, in_place: bool = False) -> tuple[SwitchTable, set | None]:
     """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
     flows that are not the same object in both states (the compiler shares unchanged Flow values
     between compiles), and the keys it touched: a superset of the keys whose value changed. When
     the flows to touch (old and new) outnumber ``rebuild_above`` times the new state's flows, the
-    table is built anew instead (cheaper) and the keys are None."""
+    table is built anew instead (cheaper) and the keys are None. ``in_place``: ``table`` itself is
+    changed and returned (no copy of a table of thousands of entries; the caller keeps no other
+    use of it)."""
     rest_old, rest_new = unshared(old.flows, new.flows)
     old_ids = {id(f) for f in rest_old}
     new_ids = {id(f) for f in rest_new}
@@ -339,7 +341,7 @@ def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: S
     came = [f for f in rest_new if id(f) not in old_ids]
     if len(gone) + len(came) > rebuild_above * len(new.flows):
         return switch_table(new), None
-    out = table.copy()
+    out = table if in_place else table.copy()
     changed: set = set()
     for f in gone:
         _drop_flow(out, f, changed)
@@ -1111,9 +1113,15 @@ class Reconciler:
             elif not same_state(self.states.get(sw), new):
                 old, table = self.states.get(sw), self.desired.get(sw)
                 old_index = self._index.pop(sw, None)
+                # a clean switch holds its desired table: what it confirmed is the same content, so
+                # that stands for the previous table (with its index) and the table is patched in place
+                held = self.confirmed.get(sw) if sw not in self.dirty else None
+                in_place = held is not None and held is not table
+                if in_place and old_index is not None:
+                    old_index.table = held
                 keys = None
                 if old is not None and table is not None:
-                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above)
+                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above, in_place)
                 else:
                     self.desired[sw] = switch_table(new)
                 if keys is not None and old_index is not None:
@@ -1121,7 +1129,7 @@ class Reconciler:
                 self._changed_keys.pop(sw, None)
                 self._prev.pop(sw, None)
                 if table is not None and sw not in self.dirty:    # it holds the old desired table
-                    self._prev[sw] = (table, old_index)
+                    self._prev[sw] = (held if in_place else table, old_index)
                     if keys is not None:
                         self._changed_keys[sw] = keys
                 self.states[sw] = new

@@ -409,9 +409,11 @@ def test_the_live_bucket_is_read_from_the_link_state(mini_hpn):
 def test_a_recompiled_switch_whose_state_did_not_change_is_not_diffed(mini_hpn):
     rec = installed(mini_hpn)
     before = {sw: rec.desired[sw] for sw in rec.desired}
+    contents = {sw: dict(table) for sw, table in before.items()}
     rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}))
-    same = [sw for sw in before if sw.startswith("p0") and rec.desired[sw] is before[sw]]
-    changed = [sw for sw in before if rec.desired[sw] != before[sw]]
+    same = [sw for sw in before if sw.startswith("p0") and rec.desired[sw] is before[sw]
+            and rec.desired[sw] == contents[sw]]
+    changed = [sw for sw in before if rec.desired[sw] != contents[sw]]
     assert same and changed
     assert set(changed) == rec.dirty
     assert all(reconcile.switch_table(rec.states[sw]) == before[sw] for sw in same)
