@@ -706,7 +706,7 @@ def _patched_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[st
     act_memo: dict[tuple, tuple] = {}
     layouts: dict[tuple, tuple] = {}
 
-    def act(up_x: tuple, sig: frozenset) -> tuple:
+    def leaf_act(up_x: tuple, sig: frozenset) -> tuple:
         key = (id(up_x), sig)
         a = act_memo.get(key)
         if a is None:
@@ -720,7 +720,7 @@ def _patched_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[st
             changes = {}
             counts: dict | None = None
             for dn, sig in moving.items():
-                was, now = sig_act[old_sig[dn]], act(up_x, sig)
+                was, now = sig_act[old_sig[dn]], leaf_act(up_x, sig)
                 if was != now:
                     if counts is None:
                         counts = dict(h.counts[x.name])
@@ -751,7 +751,7 @@ def _patched_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[st
         counts = {}
         act_of = {}
         for dn, sig in old_sig.items():
-            a = act(up_x, moving.get(dn, sig))
+            a = leaf_act(up_x, moving.get(dn, sig))
             counts[a] = counts.get(a, 0) + 1
             act_of[dn] = a
         default = _pick(counts, DROP) if counts else DROP

@@ -56,8 +56,9 @@ plane, not the update order, protects the traffic. Besides:
   backup bucket further down) may still deliver through it;
 - a switch installed from empty (back from a failure) goes first, whole, in the step after its
   wipe (its groups, its entropy entries, then the rest, in the batch order below: its own
-  references need no earlier confirmation), and every other switch's changes wait for it: a fast-failover group upstream sends to it as soon as its port is live, whatever the
-  update order;
+  references need no earlier confirmation), and every other switch's changes wait for it: a
+  fast-failover group upstream sends to it as soon as its port is live, whatever the update
+  order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
@@ -1117,7 +1118,7 @@ class Reconciler:
                 # that stands for the previous table (with its index) and the table is patched in place
                 held = self.confirmed.get(sw) if sw not in self.dirty else None
                 in_place = held is not None and held is not table
-                if in_place and old_index is not None:
+                if held is not None and in_place and old_index is not None:
                     old_index.table = held
                 keys = None
                 if old is not None and table is not None:
@@ -1129,7 +1130,7 @@ class Reconciler:
                 self._changed_keys.pop(sw, None)
                 self._prev.pop(sw, None)
                 if table is not None and sw not in self.dirty:    # it holds the old desired table
-                    self._prev[sw] = (held if in_place else table, old_index)
+                    self._prev[sw] = (held if held is not None and in_place else table, old_index)
                     if keys is not None:
                         self._changed_keys[sw] = keys
                 self.states[sw] = new
