@@ -12,15 +12,14 @@ Invariants, for each failure below and its repair:
 - a switch that returns is installed whole, strictly before any other switch changes where it
   sends an address (its wipe is the first step, its tables the second).
 
-Coverage, within a time budget (the interpreter walks a few thousand branches a second here,
-and an exhaustive sweep of the five small presets took five minutes):
-- exhaustive on mini-spine-leaf: every fabric link taken down at both ends (one end reports,
-  then the other) and repaired; every link cut with only one end noticing and mended (the
-  lower tier's end for every other link, the upper tier's for the rest, so both sides of each
-  role are covered); every switch failed and repaired;
-- by symmetry on mini-hpn, fat-tree-4, mini-rail and mini-cross-campus, the same for one link
-  per role and position and one switch per tier and position (``representatives``). The
-  argument: the
+Coverage, within a time budget (the interpreter walks some ten thousand branches a second
+here; an exhaustive sweep of the five small presets takes about two minutes):
+- exhaustive on mini-spine-leaf and mini-rail: every fabric link taken down at both ends (one
+  end reports, then the other) and repaired; every link cut with only one end noticing and
+  mended (the lower tier's end for every other link, the upper tier's for the rest, so both
+  sides of each role are covered); every switch failed and repaired;
+- by symmetry on mini-hpn, fat-tree-4 and mini-cross-campus, the same for one link per role
+  and position and one switch per tier and position (``representatives``). The argument: the
   planes are copies (same ports, same generator), so plane 0 stands for all; within a plane the
   compiler sees a link only through the tiers of its ends and the places of its ports in its
   ends' sorted port lists (entropy patterns are dealt round-robin over a set, fast-failover and
@@ -44,8 +43,8 @@ from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph
 
 INTERLEAVINGS = {"switch-by-switch": switch_by_switch, "reverse": reverse_switch_by_switch}
-EXHAUSTIVE = ["mini-spine-leaf"]
-BY_SYMMETRY = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus"]
+EXHAUSTIVE = ["mini-spine-leaf", "mini-rail"]
+BY_SYMMETRY = ["mini-hpn", "fat-tree-4", "mini-cross-campus"]
 
 
 def problems(replay: Replay) -> str:
