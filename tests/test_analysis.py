@@ -1,6 +1,6 @@
 """`topo inspect` numbers against closed-form formulas, including the 130k preset."""
 import pytest
-from conftest import fabric
+from fabrics import fabric
 
 from hpnlab.fabric import analysis, graph, spec
 

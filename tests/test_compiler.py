@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import fabric
+from fabrics import fabric
 
 from hpnlab.controller import compiler
 from hpnlab.fabric import analysis, graph

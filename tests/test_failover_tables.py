@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import fabric, installed, update_messages
+from fabrics import fabric, installed, update_messages
 from oftable import FabricTables, valley_free_reachable
 
 from hpnlab.controller import compiler, reconcile

@@ -3,7 +3,7 @@ installed, the order of its messages, and resynchronisation (no switch, no os-ke
 from __future__ import annotations
 
 import pytest
-from conftest import answer, installed
+from fabrics import answer, installed
 
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec

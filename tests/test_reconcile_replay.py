@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import fabric
+from fabrics import fabric
 from replay import Replay, reverse_switch_by_switch, switch_by_switch
 
 from hpnlab.controller import compiler, reconcile
