@@ -50,7 +50,7 @@ def installed(g, policy: str = "aggregate"):
     return rec
 
 
-def update_messages(rec, *events) -> dict:
+def messages_sent(rec, *events) -> dict:
     """The OpenFlow messages the reconciler sends, to the end of the update, for ``events``:
     {"flow_mods", "group_mods", "switches"} (switches: how many got any)."""
     sent = []

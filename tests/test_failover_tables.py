@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from fabrics import fabric, installed, update_messages
+from fabrics import fabric, installed, messages_sent
 from oftable import FabricTables, valley_free_reachable
 
 from hpnlab.controller import compiler, reconcile
@@ -199,7 +199,7 @@ def test_one_leaf_spine_link_failure_costs_one_route_per_leaf_of_its_plane():
     and no entropy entry changes."""
     g = fabric("small-hpn")
     rec = installed(g)
-    cost = update_messages(rec, *port_status(g, ("p0l0", "p0s0", 0), False))
+    cost = messages_sent(rec, *port_status(g, ("p0l0", "p0s0", 0), False))
     leaves_in_plane = sum(1 for n in graph.switches(g, "leaf") if g.nodes[n]["plane"] == 0)
     assert cost == {"flow_mods": leaves_in_plane, "group_mods": 0, "switches": leaves_in_plane}
     changed = {f.table for n in rec.states for f in set(rec.states[n].flows) - set(healthy("small-hpn")[n].flows)}
@@ -209,8 +209,8 @@ def test_one_leaf_spine_link_failure_costs_one_route_per_leaf_of_its_plane():
 def test_repair_costs_the_same_messages_back():
     g = fabric("small-hpn")
     rec = installed(g)
-    there = update_messages(rec, *port_status(g, ("p0l0", "p0s0", 0), False))
-    back = update_messages(rec, *port_status(g, ("p0l0", "p0s0", 0), True))
+    there = messages_sent(rec, *port_status(g, ("p0l0", "p0s0", 0), False))
+    back = messages_sent(rec, *port_status(g, ("p0l0", "p0s0", 0), True))
     assert back == there
 
 
@@ -250,10 +250,10 @@ def test_the_reconciler_sends_one_message_per_concrete_entry_and_group_that_diff
         if n or m:
             switches.add(name)
     rec = installed(g, policy)
-    update_messages(rec, *[e for lid in failed[:-1] for e in port_status(g, lid, False)])
+    messages_sent(rec, *[e for lid in failed[:-1] for e in port_status(g, lid, False)])
     events = port_status(g, failed[-1], False)
-    assert update_messages(rec, *events) == {"flow_mods": flows, "group_mods": groups, "switches": len(switches)}
-    assert update_messages(rec, *events) == {"flow_mods": 0, "group_mods": 0, "switches": 0}
+    assert messages_sent(rec, *events) == {"flow_mods": flows, "group_mods": groups, "switches": len(switches)}
+    assert messages_sent(rec, *events) == {"flow_mods": 0, "group_mods": 0, "switches": 0}
 
 
 def test_a_route_avoiding_one_port_resolves_to_the_set_without_it():
