@@ -63,8 +63,20 @@ after one link failure the controller changes one route per switch that must avo
 (alibaba-hpn: 120 flow-mods where a fresh entropy table per set took 93,049). Any other
 set gets a fresh entropy table and groups of its own (correct, more messages). A switch
 whose one-port way died keeps its route: its group detours until upstream switches
-converge, so an update never turns a detour into a drop. ``update_messages`` counts the
-messages between two compiles.
+converge, so an update never turns a detour into a drop. The reconciler counts the messages
+(tools/bench_compiler.py and tools/bench_reconcile.py print them).
+
+Recompiling after a failure costs what it changes. A plane's healthy routing is kept (per
+destination leaf its signature -- the distances of the pod's spines to it --, every switch's
+actions, per leaf its action per signature and how many destinations each serves). Failures
+of leaves and leaf-spine links change only the destinations whose live uplinks changed: those
+are routed anew, the spines and cores whose action towards them changed are rebuilt, a leaf
+whose uplinks are intact moves only those destinations between its actions, and every other
+switch keeps its healthy state as the very same value (``_patched_actions``). Failures above
+the spines (spines, cores, spine-core and long-haul links) change the distances towards every
+destination: that plane is routed from scratch. Both give the same states (exceptions are
+kept in the plane's leaf order whatever computed them; tests/test_compiler.py compares them
+for every single failure of the small presets).
 
 Routing: valley-free shortest paths, computed per destination leaf from the live links
 and switches (a failed switch takes its links with it). A packet goes down when the
@@ -96,7 +108,7 @@ import bisect
 import gc
 import socket
 import zlib
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -271,6 +283,7 @@ class FabricIndex:
         self._host_addr: dict[int, tuple[str, str, int]] | None = None
         self.shared: dict = {}       # values shared by switches (groups, bounced-table routes)
         self._healthy: dict[int, tuple[dict, _Tree]] = {}
+        self._routing: dict[int, _Routing] = {}
         self._protection: dict[str, _Protection] = {}
         self.own_flows: dict[str, tuple] = {}
         self.healthy_states: dict[str, dict[str, SwitchState]] = {}    # policy -> switch -> state
@@ -347,8 +360,15 @@ class FabricIndex:
         """The plane's per-switch actions with nothing failed, and its address tree (computed once)."""
         h = self._healthy.get(plane)
         if h is None:
-            h = self._healthy[plane] = (_plane_actions(self, plane, Failures()), _Tree(self, plane))
+            h = self._healthy[plane] = (self.healthy_routing(plane).result, _Tree(self, plane))
         return h
+
+    def healthy_routing(self, plane: int) -> _Routing:
+        """The plane's routing with nothing failed, the base that failures patch (computed once)."""
+        r = self._routing.get(plane)
+        if r is None:
+            r = self._routing[plane] = _routing(self, plane, Failures())
+        return r
 
     def protection(self, sw: _Sw) -> _Protection:
         """What ``sw`` holds whatever fails (computed once, from its plane's healthy actions)."""
@@ -390,123 +410,357 @@ def _plane_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str,
     """{switch: (default action, {destination leaf: action that differs})} for one plane.
 
     An action is the tuple of output ports towards the destination leaf (empty: drop).
-    Sparse because at scale almost every destination gets a switch's default action.
+    Sparse because at scale almost every destination gets a switch's default action. The
+    exceptions are in the plane's leaf order (``_Tree.rank``), whatever computed them, so that
+    equal actions give the same routes in the same order.
     """
-    sws = ix.planes[plane]
-    dead_sw = failures.switches
-    dead_ln = failures.links
+    return _routing(ix, plane, failures).result
 
-    def live(links):
+
+class _View:
+    """The live adjacency of one plane under some failures: per live switch its live (port,
+    neighbour) lists, spines' ports per leaf below, spines' cores above."""
+
+    def __init__(self) -> None:
+        self.sws: list[_Sw] = []
+        self.dead_sw: frozenset = frozenset()
+        self.leaves: list[_Sw] = []
+        self.all_leaves: list[_Sw] = []
+        self.spines: list[_Sw] = []
+        self.cores: list[_Sw] = []
+        self.up: dict[str, list] = {}
+        self.down: dict[str, list] = {}
+        self.lat: dict[str, list] = {}
+        self.down_to: dict[str, dict[str, tuple]] = {}
+        self.pod_spines: dict = {}
+        self.spine_cores: dict[str, frozenset] = {}
+        self.has_cores = False
+        self.leaf_pods: list = []
+
+    @staticmethod
+    def live(links: list, failures: Failures) -> list:
+        dead_ln, dead_sw = failures.links, failures.switches
         return [(p, n) for p, n, lid in links if lid not in dead_ln and n not in dead_sw]
 
-    alive = [s for s in sws if s.name not in dead_sw]
-    leaves = [s for s in alive if s.tier == 1]
-    all_leaves = [s for s in sws if s.tier == 1]
-    spines = [s for s in alive if s.tier == 2]
-    cores = [s for s in alive if s.tier == 3]
-    up = {s.name: live(s.up) for s in alive}
-    down = {s.name: live(s.down) for s in alive}
-    lat = {s.name: live(s.lateral) for s in alive}
-    down_to: dict[str, dict[str, tuple]] = {}
-    for s in spines:
+    @staticmethod
+    def ports_by_leaf(down: list) -> dict[str, tuple]:
         by_leaf: dict[str, list] = {}
-        for p, n in down[s.name]:
+        for p, n in down:
             by_leaf.setdefault(n, []).append(p)
-        down_to[s.name] = {n: tuple(sorted(ps)) for n, ps in by_leaf.items()}
-    pod_spines: dict = {}
-    for s in spines:
-        pod_spines.setdefault(s.pod, []).append(s.name)
-    spine_cores = {s.name: frozenset(n for _, n in up[s.name]) for s in spines}
-    has_cores = bool(cores)
-    leaf_pods = sorted({x.pod for x in leaves if x.pod is not None})
+        return {n: tuple(sorted(ps)) for n, ps in by_leaf.items()}
 
-    full: dict[str, dict[str, tuple]] = {s.name: {} for s in spines + cores}
-    leaf_groups: dict = {pod: {} for pod in leaf_pods}   # pod -> {spine-distance signature: [d, ...]}
-    sig_dist: dict = {}                              # signature -> {spine: distance}
-    memo_sw: dict[tuple, tuple] = {}
-    for d in all_leaves:
+    @classmethod
+    def of(cls, ix: FabricIndex, plane: int, failures: Failures) -> _View:
+        v = cls()
+        live = cls.live
+        v.sws = sws = ix.planes[plane]
+        v.dead_sw = dead_sw = failures.switches
+        alive = [s for s in sws if s.name not in dead_sw]
+        v.leaves = [s for s in alive if s.tier == 1]
+        v.all_leaves = [s for s in sws if s.tier == 1]
+        v.spines = [s for s in alive if s.tier == 2]
+        v.cores = [s for s in alive if s.tier == 3]
+        v.up = {s.name: live(s.up, failures) for s in alive}
+        v.down = {s.name: live(s.down, failures) for s in alive}
+        v.lat = {s.name: live(s.lateral, failures) for s in alive}
+        v.down_to = {s.name: cls.ports_by_leaf(v.down[s.name]) for s in v.spines}
+        for s in v.spines:
+            v.pod_spines.setdefault(s.pod, []).append(s.name)
+        v.spine_cores = {s.name: frozenset(n for _, n in v.up[s.name]) for s in v.spines}
+        v.has_cores = bool(v.cores)
+        v.leaf_pods = sorted({x.pod for x in v.leaves if x.pod is not None})
+        return v
+
+    def patched(self, ix: FabricIndex, failures: Failures, touched: set[str]) -> _View:
+        """This (healthy) view with only leaves failed and leaf-spine links down: the live lists
+        of ``touched`` switches (the failures' ends and neighbours) made anew, the rest shared."""
+        v = _View()
+        v.__dict__.update(self.__dict__)
+        live = _View.live
+        v.dead_sw = failures.switches
+        v.leaves = [s for s in self.leaves if s.name not in failures.switches]
+        v.up, v.down, v.lat, v.down_to = dict(self.up), dict(self.down), dict(self.lat), dict(self.down_to)
+        for name in touched:
+            if name in failures.switches:
+                for m in (v.up, v.down, v.lat, v.down_to):
+                    m.pop(name, None)
+                continue
+            s = ix.sw[name]
+            v.up[name], v.down[name], v.lat[name] = (live(s.up, failures), live(s.down, failures),
+                                                     live(s.lateral, failures))
+            if s.tier == 2:
+                v.down_to[name] = _View.ports_by_leaf(v.down[name])
+        return v
+
+
+class _Routing:
+    """A plane's routing under some failures: ``result`` (see _plane_actions) and, kept for the
+    healthy plane (the base that failures patch): per destination leaf its signature per pod
+    (the distances of the pod's spines to it), every spine's and core's action per destination,
+    (from ``result``), and per leaf its action per signature and how many destinations each
+    action serves."""
+
+    def __init__(self) -> None:
+        self.view = _View()
+        self.result: dict[str, tuple[tuple, dict]] = {}
+        self.dest_sig: dict = {}           # pod -> {destination leaf: signature}
+        self.sig_dist: dict = {}           # signature -> {spine: distance}
+        self.up_key: dict[str, tuple] = {}          # leaf -> its live uplinks (one shared tuple per layout)
+        self.sig_act: dict[str, dict] = {}          # leaf -> {signature: action}
+        self.counts: dict[str, Counter] = {}        # leaf -> {action: destinations}
+        self.rank: dict[str, int] = {}
+
+
+def _towards(v: _View, dn: str, memo: dict) -> tuple[dict, list, list]:
+    """Routing towards one destination leaf: (the spines' distances to it, [(spine, action)],
+    [(core, action)]). Distances: 1 (adjacent), 3 (via a core above it), 4 (via a far core)."""
+    dead_sw, up, spine_cores, cores = v.dead_sw, v.up, v.spine_cores, v.cores
+    spines_above = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
+    cores_above = frozenset(c for s in spines_above for c in spine_cores.get(s, ())) if v.has_cores else frozenset()
+    far_cores = frozenset(c.name for c in cores if c.name not in cores_above
+                          and any(n in cores_above for _, n in v.lat[c.name])) if cores_above else frozenset()
+    dist: dict[str, int] = dict.fromkeys(spines_above, 1)
+    if v.has_cores:
+        for s in v.spines:
+            if s.name not in dist:
+                sc = spine_cores[s.name]
+                if sc & cores_above:
+                    dist[s.name] = 3
+                elif sc & far_cores:
+                    dist[s.name] = 4
+    spine_acts = []
+    for s in v.spines:
+        ds = dist.get(s.name)
+        act: tuple | None
+        if ds == 1:
+            act = v.down_to[s.name].get(dn, DROP)
+        elif ds == 3 or ds == 4:
+            target = cores_above if ds == 3 else far_cores
+            memo_key: tuple = (s.name, target)
+            act = memo.get(memo_key)
+            if act is None:
+                act = memo[memo_key] = tuple(sorted(p for p, n in up[s.name] if n in target))
+        else:
+            act = DROP
+        spine_acts.append((s.name, act))
+    core_acts = []
+    for c in cores:
+        if c.name in cores_above:
+            memo_key = (c.name, "down", spines_above)
+            act = memo.get(memo_key)
+            if act is None:
+                act = memo[memo_key] = tuple(sorted(p for p, n in v.down[c.name] if n in spines_above))
+        elif c.name in far_cores:
+            memo_key = (c.name, "lat", cores_above)
+            act = memo.get(memo_key)
+            if act is None:
+                act = memo[memo_key] = tuple(sorted(p for p, n in v.lat[c.name] if n in cores_above))
+        else:
+            act = DROP
+        core_acts.append((c.name, act))
+    return dist, spine_acts, core_acts
+
+
+def _signature(v: _View, pod, dist: dict) -> frozenset:
+    return frozenset((s, dist[s]) for s in v.pod_spines.get(pod, ()) if s in dist)
+
+
+def _leaf_act(up_x: tuple, dist: Mapping) -> tuple:
+    """A leaf's action towards destinations of one signature: its live uplinks to the nearest spines."""
+    best, ports = None, []
+    for p, s in up_x:
+        ds = dist.get(s)
+        if ds is None:
+            continue
+        if best is None or ds < best:
+            best, ports = ds, [p]
+        elif ds == best:
+            ports.append(p)
+    return tuple(sorted(ports))
+
+
+def _table_value(acts: dict[str, tuple]) -> tuple[tuple, dict]:
+    """A spine's or core's (default, exceptions) from its action per destination (leaf order)."""
+    table_actions = tuple(acts.values())
+    action_counts = Counter(table_actions)
+    default = _pick(action_counts, DROP) if action_counts else DROP
+    return default, {d: a for d, a in acts.items() if a != default}
+
+
+def _leaf_value(name: str, counts: Mapping, act_of: Mapping[str, tuple], rank: Mapping[str, int]) -> tuple[tuple, dict]:
+    """A leaf's (default, exceptions): the most common action by destinations; its own prefix
+    drops (its hosts get /32 routes); exceptions in leaf order. ``act_of``: the action of every
+    destination that may differ from the default."""
+    default = _pick(counts, DROP) if counts else DROP
+    exc = {d: a for d, a in act_of.items() if a != default}
+    if default != DROP:
+        exc[name] = DROP
+    else:
+        exc.pop(name, None)
+    return default, dict(sorted(exc.items(), key=lambda kv: rank[kv[0]]))
+
+
+def _routing(ix: FabricIndex, plane: int, failures: Failures) -> _Routing:
+    """The plane's routing computed from scratch."""
+    r = _Routing()
+    r.view = v = _View.of(ix, plane, failures)
+    r.rank = {s.name: i for i, s in enumerate(v.all_leaves)}
+    full: dict[str, dict[str, tuple]] = {s.name: {} for s in v.spines + v.cores}
+    dest_sig: dict = {pod: {} for pod in v.leaf_pods}
+    groups: dict = {pod: {} for pod in v.leaf_pods}     # pod -> {signature: [destination, ...]}
+    memo: dict[tuple, tuple] = {}
+    canon: dict[frozenset, frozenset] = {}
+    for d in v.all_leaves:
         dn = d.name
-        spines_above = frozenset() if dn in dead_sw else frozenset(n for _, n in up[dn])
-        cores_above = frozenset(c for s in spines_above for c in spine_cores.get(s, ())) if has_cores else frozenset()
-        far_cores = frozenset(c.name for c in cores if c.name not in cores_above
-                              and any(n in cores_above for _, n in lat[c.name])) if cores_above else frozenset()
-        # distance of the spines to d: 1 (adjacent), 3 (via a core above d), 4 (via a far core)
-        dist: dict[str, int] = dict.fromkeys(spines_above, 1)
-        if has_cores:
-            for s in spines:
-                if s.name not in dist:
-                    sc = spine_cores[s.name]
-                    if sc & cores_above:
-                        dist[s.name] = 3
-                    elif sc & far_cores:
-                        dist[s.name] = 4
-        for pod in leaf_pods:
-            sig = frozenset((s, dist[s]) for s in pod_spines.get(pod, ()) if s in dist)
-            sig_dist.setdefault(sig, dist)
-            leaf_groups[pod].setdefault(sig, []).append(dn)
-        for s in spines:
-            ds = dist.get(s.name)
-            act: tuple | None
-            if ds == 1:
-                act = down_to[s.name].get(dn, DROP)
-            elif ds == 3 or ds == 4:
-                target = cores_above if ds == 3 else far_cores
-                memo_key: tuple = (s.name, target)
-                act = memo_sw.get(memo_key)
-                if act is None:
-                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in up[s.name] if n in target))
+        dist, spine_acts, core_acts = _towards(v, dn, memo)
+        for pod in v.leaf_pods:
+            sig = _signature(v, pod, dist)
+            if sig in r.sig_dist:
+                sig = canon[sig]     # one object per signature: later lookups compare by identity
             else:
-                act = DROP
-            full[s.name][dn] = act
-        for c in cores:
-            if c.name in cores_above:
-                memo_key = (c.name, "down", spines_above)
-                act = memo_sw.get(memo_key)
-                if act is None:
-                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in down[c.name] if n in spines_above))
-            elif c.name in far_cores:
-                memo_key = (c.name, "lat", cores_above)
-                act = memo_sw.get(memo_key)
-                if act is None:
-                    act = memo_sw[memo_key] = tuple(sorted(p for p, n in lat[c.name] if n in cores_above))
-            else:
-                act = DROP
-            full[c.name][dn] = act
-
-    result: dict[str, tuple[tuple, dict]] = {}
+                r.sig_dist[sig], canon[sig] = dist, sig
+            dest_sig[pod][dn] = sig
+            groups[pod].setdefault(sig, []).append(dn)
+        for s, act in spine_acts:
+            full[s][dn] = act
+        for c, act in core_acts:
+            full[c][dn] = act
+    r.dest_sig = dest_sig
     shared: dict = {}     # switches with identical tables (e.g. the spines of a pod) share one value
     for name, acts in full.items():
-        table_actions = tuple(acts.values())
-        value = shared.get(table_actions)
+        key = tuple(acts.values())
+        value = shared.get(key)
         if value is None:
-            action_counts = Counter(table_actions)
-            default = _pick(action_counts, DROP) if action_counts else DROP
-            value = shared[table_actions] = (default, {d: a for d, a in acts.items() if a != default})
-        result[name] = value
-    # leaves: one action per signature group, towards the nearest spines on live uplinks
-    for x in leaves:
-        per_group = []
-        counts: Counter = Counter()
-        for sig, dests in leaf_groups[x.pod].items():
-            dist = sig_dist[sig]
-            best, ports = None, []
-            for p, s in up[x.name]:
-                ds = dist.get(s)
-                if ds is None:
-                    continue
-                if best is None or ds < best:
-                    best, ports = ds, [p]
-                elif ds == best:
-                    ports.append(p)
-            act = tuple(sorted(ports))
-            per_group.append((act, dests))
-            counts[act] += len(dests)
+            value = shared[key] = _table_value(acts)
+        r.result[name] = value
+    layouts: dict[tuple, tuple] = {}
+    for x in v.leaves:
+        up_x = tuple(v.up[x.name])
+        up_x = r.up_key[x.name] = layouts.setdefault(up_x, up_x)
+        sig_act = r.sig_act[x.name] = {sig: _leaf_act(up_x, r.sig_dist[sig]) for sig in groups[x.pod]}
+        counts = r.counts[x.name] = Counter()
+        for sig, dests in groups[x.pod].items():
+            counts[sig_act[sig]] += len(dests)
         default = _pick(counts, DROP) if counts else DROP
-        exceptions = {d: act for act, dests in per_group if act != default for d in dests}
-        exceptions[x.name] = DROP     # its own hosts get /32 routes; the rest of its prefix drops
-        if default == DROP:
-            exceptions.pop(x.name)
-        result[x.name] = (default, exceptions)
+        act_of = {d: a for sig, dests in groups[x.pod].items() if (a := sig_act[sig]) != default for d in dests}
+        r.result[x.name] = _leaf_value(x.name, counts, act_of, r.rank)
+    return r
+
+
+def _local(ix: FabricIndex, plane: int, failures: Failures) -> set[str] | None:
+    """The switches whose live links a plane's failures change, when those failures are only
+    leaves and leaf-spine links (what the patch handles); else None."""
+    touched: set[str] = set()
+    for lid in failures.links:
+        if any(n not in ix.sw for n in lid[:2]):
+            continue         # a host's link: no route changes (the host's address is simply not reached)
+        ends = [ix.sw[n] for n in lid[:2] if ix.sw[n].plane == plane]
+        if not ends:
+            continue
+        if len(ends) != 2 or {s.tier for s in ends} != {1, 2}:
+            return None
+        touched.update(s.name for s in ends)
+    for name in failures.switches:
+        s = ix.sw.get(name)
+        if s is None or s.plane != plane:
+            continue
+        if s.tier != 1:
+            return None
+        touched.add(name)
+        touched.update(n for _p, n, _ in s.up)
+    return touched
+
+
+def _patched_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str, tuple[tuple, dict]]:
+    """The same as ``_plane_actions(ix, plane, failures)``, made from the healthy plane's routing:
+    only the destinations whose live uplinks changed are routed anew, only the spines and cores
+    whose action towards them changed are rebuilt, and a leaf whose uplinks are intact moves only
+    those destinations between its actions. Whatever does not change is the healthy value itself
+    (the same object). Falls back to the full computation for failures of spines, cores and
+    links above the spines (they change the distances towards every destination)."""
+    touched = _local(ix, plane, failures)
+    if touched is None:
+        return _plane_actions(ix, plane, failures)
+    h = ix.healthy_routing(plane)
+    if not touched:
+        return h.result
+    v = h.view.patched(ix, failures, touched)
+    dests = [d for d in v.all_leaves if d.name in touched]      # leaf order
+    result = dict(h.result)
+    for name in failures.switches:
+        result.pop(name, None)
+    memo: dict[tuple, tuple] = {}
+    new_sig: dict = {pod: {} for pod in v.leaf_pods}
+    sig_dist = ChainMap({}, h.sig_dist)
+    moved: dict[str, dict[str, tuple]] = {}      # spine/core -> {destination: new action}
+    for d in dests:
+        dist, spine_acts, core_acts = _towards(v, d.name, memo)
+        for pod in v.leaf_pods:
+            sig = _signature(v, pod, dist)
+            if sig not in sig_dist:
+                sig_dist[sig] = dist
+            new_sig[pod][d.name] = sig
+        for s, act in spine_acts + core_acts:
+            default, exc = h.result[s]
+            if exc.get(d.name, default) != act:
+                moved.setdefault(s, {})[d.name] = act
+    for s, changes in moved.items():
+        default, exc = h.result[s]
+        acts = {d.name: changes.get(d.name, exc.get(d.name, default)) for d in v.all_leaves}
+        result[s] = _table_value(acts)
+    act_memo: dict[tuple, tuple] = {}
+    layouts: dict[tuple, tuple] = {}
+
+    def leaf_act(up_x: tuple, sig: frozenset) -> tuple:
+        key = (id(up_x), sig)
+        a = act_memo.get(key)
+        if a is None:
+            a = act_memo[key] = _leaf_act(up_x, sig_dist[sig])
+        return a
+
+    for x in v.leaves:
+        old_sig, moving = h.dest_sig[x.pod], new_sig[x.pod]
+        if x.name not in touched:
+            up_x, sig_act = h.up_key[x.name], h.sig_act[x.name]
+            changes = {}
+            counts: dict | None = None
+            for dn, sig in moving.items():
+                was, now = sig_act[old_sig[dn]], leaf_act(up_x, sig)
+                if was != now:
+                    if counts is None:
+                        counts = dict(h.counts[x.name])
+                    counts[was] -= 1
+                    counts[now] = counts.get(now, 0) + 1
+                    changes[dn] = now
+            if counts is None:
+                continue
+            counts = {a: n for a, n in counts.items() if n > 0}
+            default, exc = h.result[x.name]
+            if (_pick(counts, DROP) if counts else DROP) == default:
+                exc = dict(exc)
+                fresh = False
+                for dn, a in changes.items():
+                    if a != default:
+                        fresh |= dn not in exc
+                        exc[dn] = a
+                    else:
+                        exc.pop(dn, None)
+                if fresh:
+                    exc = dict(sorted(exc.items(), key=lambda kv: h.rank[kv[0]]))
+                result[x.name] = (default, exc)
+                continue
+        else:
+            up_x = tuple(v.up[x.name])
+            up_x = layouts.setdefault(up_x, up_x)    # kept alive: the memo is keyed by its id
+        # a leaf whose uplinks changed (or whose default moved): every destination anew
+        counts = {}
+        act_of = {}
+        for dn, sig in old_sig.items():
+            a = leaf_act(up_x, moving.get(dn, sig))
+            counts[a] = counts.get(a, 0) + 1
+            act_of[dn] = a
+        default = _pick(counts, DROP) if counts else DROP
+        result[x.name] = _leaf_value(x.name, counts, {d: a for d, a in act_of.items() if a != default}, h.rank)
     return result
 
 
@@ -570,10 +824,13 @@ def _compress(tree: _Tree, default: tuple, exceptions: Mapping[str, tuple], forc
             a = exceptions.get(key[1], default)
         else:
             kids = dirty_kids.get(key, {})
-            counts: Counter = Counter(solve(k) for k in kids)
+            counts: dict = {}
+            for k in kids:
+                sub = solve(k)
+                counts[sub] = counts.get(sub, 0) + 1
             clean = len(tree.children[key]) - len(kids)
             if clean:
-                counts[default] += clean
+                counts[default] = counts.get(default, 0) + clean
             a = _pick(counts, default)
         a = forced.get(key, a)
         chosen[key] = a
@@ -946,7 +1203,7 @@ def _fresh(pr: _Protection, ports: tuple, field: tuple[int, int], metas: dict, g
     return (("metadata", meta), ("goto", TABLE_ENTROPY))
 
 
-def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection) -> tuple:
+def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection, rank: Mapping[str, int]) -> tuple:
     """A switch whose one-port way to a destination died keeps that route: its fast-failover
     group detours (the upstream switches stop sending there once they converge), so the
     controller's update never turns a detour into a drop."""
@@ -959,7 +1216,10 @@ def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection) -> tupl
         return f
 
     new_default = keep(default, hdef)
-    every = {d: keep(exc.get(d, default), hexc.get(d, hdef)) for d in set(exc) | set(hexc)}
+    dests = sorted(set(exc) | set(hexc), key=rank.__getitem__)     # in leaf order, as every exceptions dict
+    every = {d: keep(exc.get(d, default), hexc.get(d, hdef)) for d in dests}
+    if (new_default == hdef or len(dests) == len(rank)) and all(a == hexc.get(d, hdef) for d, a in every.items()):
+        return hacts      # every destination as healthy (its default may have moved): the healthy value
     return new_default, {d: a for d, a in every.items() if a != new_default}
 
 
@@ -1033,8 +1293,13 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 
 
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
-                   switches: Iterable[str] | None = None, fast_failover: bool = True) -> dict[str, SwitchState]:
+                   switches: Iterable[str] | None = None, fast_failover: bool = True,
+                   incremental: bool = True) -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only).
+
+    A plane that failures touch is routed by patching its healthy routing (see
+    ``_patched_actions``); ``incremental=False`` routes it from scratch instead: the same states
+    (tests assert it), for comparisons and benchmarks.
 
     ``fast_failover=False`` is the controller-only baseline: the same tables, but every
     fast-failover group keeps only its primary bucket, so a switch next to a failure drops
@@ -1045,7 +1310,7 @@ def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: s
     was_enabled = gc.isenabled()
     gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
     try:
-        out = _compile(g, failures, policy, switches)
+        out = _compile(g, failures, policy, switches, incremental)
         if not fast_failover:
             ix = index_of(g)
             out = {name: _unprotected(ix, st) for name, st in out.items()}
@@ -1087,7 +1352,7 @@ def _dead_ports(ix: FabricIndex, failures: Failures) -> dict[str, set[int]]:
     return dead
 
 
-def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchState]:
+def _compile(g, failures: Failures, policy: str, switches, incremental: bool = True) -> dict[str, SwitchState]:
     ix = index_of(g)
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
@@ -1099,7 +1364,8 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             continue
         healthy, tree = ix.healthy(plane)
         # the planes are disjoint: a plane no failure touches routes as if nothing failed
-        acts = _plane_actions(ix, plane, failures) if plane in touched else healthy
+        route = _patched_actions if incremental else _plane_actions
+        acts = route(ix, plane, failures) if plane in touched else healthy
         reuse = ix.healthy_states.setdefault(policy, {})
         block_cache: dict = {}
         for sw in sws:
@@ -1108,7 +1374,8 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             pr = ix.protection(sw)
             a = acts[sw.name]
             if sw.name in dead and sw.tier >= 2:
-                a = block_cache["keep", sw.name] = _keep_detours(a, healthy[sw.name], dead[sw.name], pr)
+                a = block_cache["keep", sw.name] = _keep_detours(a, healthy[sw.name], dead[sw.name], pr,
+                                                                 ix.healthy_routing(plane).rank)
             st = reuse.get(sw.name)
             if st is not None and (a is healthy[sw.name] or a == healthy[sw.name]):
                 out[sw.name] = st      # what the failure does not change is the healthy value itself
@@ -1117,100 +1384,6 @@ def _compile(g, failures: Failures, policy: str, switches) -> dict[str, SwitchSt
             if a is healthy[sw.name]:
                 reuse[sw.name] = st
     return out
-
-
-def action_ports(actions: tuple, entropy: Iterable[tuple[tuple, tuple]], groups: Mapping[int, Group]) -> set[int]:
-    """The ports a route's actions send to while every port is live: an output, the first
-    bucket of a group, or for a metadata write every port the entropy entries that match it
-    send to. ``entropy``: the switch's table-2 entries as (match, actions); ``groups``: by id.
-    (For the reconciler's make-before-break order: the next hops of a route.)"""
-    def out(acts: tuple) -> set[int]:
-        ports: set[int] = set()
-        for a in acts:
-            if a[0] == "output":
-                ports.add(a[1])
-            elif a[0] == "group" and a[1] in groups and groups[a[1]].buckets:
-                ports |= out(groups[a[1]].buckets[0][1])
-        return ports
-
-    ports = out(actions)
-    meta = next((a[1] for a in actions if a[0] == "metadata"), None)
-    if meta is not None:
-        best: dict[tuple, tuple[int, tuple]] = {}    # per pattern: the highest-priority entry that matches
-        for match, acts in entropy:
-            m = dict(match).get("metadata")
-            value, mask = m if isinstance(m, tuple) else (m, (1 << 64) - 1)
-            if m is None or meta & mask != value:
-                continue
-            pattern = tuple(kv for kv in match if kv[0] != "metadata")
-            prio = 1 if mask >> 32 else 0
-            if pattern not in best or best[pattern][0] < prio:
-                best[pattern] = (prio, acts)
-        for _prio, acts in best.values():
-            ports |= out(acts)
-    return ports
-
-
-def _unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
-    """Both flow lists without their common head and tail. A compile lays a switch's flows out
-    in one order, what never changes (table 0, the entropy tables, its own hosts) first as
-    the same objects, so those compare in C at the speed of an identity test. A key is in a
-    switch once: an equal entry at the same place on both sides cancels out."""
-    n = min(len(la), len(lb))
-    i, step = 0, 256
-    while i < n:
-        j = min(i + step, n)
-        if la[i:j] != lb[i:j]:
-            while la[i] == lb[i]:
-                i += 1
-            break
-        i = j
-    k = 0
-    while k < n - i:
-        j = min(k + step, n - i)
-        if la[len(la) - j:len(la) - k] != lb[len(lb) - j:len(lb) - k]:
-            while la[len(la) - 1 - k] == lb[len(lb) - 1 - k]:
-                k += 1
-            break
-        k = j
-    return la[i:len(la) - k], lb[i:len(lb) - k]
-
-
-def update_messages(before: Mapping[str, SwitchState], after: Mapping[str, SwitchState]) -> dict:
-    """OpenFlow messages that take the switches from ``before`` to ``after``: {"flow_mods",
-    "group_mods", "switches"} (an add, change or delete of one flow entry or group each; a
-    switch missing on one side is counted from empty)."""
-    flow_mods = group_mods = 0
-    touched = set()
-    for name in set(before) | set(after):
-        a, b = before.get(name), after.get(name)
-        if a is b:
-            continue
-        rest_a, rest_b = _unshared(a.flows if a else (), b.flows if b else ())
-        fa = {f.key(): f for f in rest_a}
-        fb = {f.key(): f for f in rest_b}
-        n = 0
-        for k, f in fb.items():
-            old = fa.get(k)
-            if old is None:
-                n += f.entry_count
-            elif old != f:
-                if (old.hosts is None and f.hosts is None) or old.actions != f.actions:
-                    n += max(f.entry_count, old.entry_count)
-                else:   # the same route block with other hosts: only the hosts that differ
-                    n += len(set(old.hosts or ()) ^ set(f.hosts or ()))
-        n += sum(f.entry_count for k, f in fa.items() if k not in fb)
-        m = 0
-        if a is None or b is None or a.groups is not b.groups:
-            ga = {x.group_id: x for x in a.groups} if a else {}
-            gb = {x.group_id: x for x in b.groups} if b else {}
-            m = sum(1 for i, x in gb.items() if ga.get(i) is not x and ga.get(i) != x)
-            m += sum(1 for i in ga if i not in gb)
-        flow_mods += n
-        group_mods += m
-        if n or m:
-            touched.add(name)
-    return {"flow_mods": flow_mods, "group_mods": group_mods, "switches": len(touched)}
 
 
 # ---- counts ---------------------------------------------------------------------------

@@ -46,7 +46,7 @@ downstream first, so a packet that meets an updated switch only meets updated sw
 it. Where a switch sends a is the ports its route for a resolves to: outputs, the entries of
 the table it goes to with the metadata it writes (entropy sets; per pattern of the other
 fields only the highest-priority entry the metadata matches, so that an avoid-one-port entry
-hides its set's entry, as in compiler.action_ports), and for a group its buckets;
+hides its set's entry, see _Forwarding._met), and for a group its buckets;
 of a fast-failover group only the first bucket whose watch port is live counts (the live
 fabric as the reconciler knows it), since that is where the switch sends now: a backup
 bucket is taken only on a failure the controller has not heard of yet, and then the data
@@ -54,9 +54,11 @@ plane, not the update order, protects the traffic. Besides:
 - a switch that starts dropping an address it forwarded (it no longer reaches it) waits for
   the switches that stop sending that address to it: until they have, a detour (a group's
   backup bucket further down) may still deliver through it;
-- a switch installed from empty (back from a failure) goes first, and every other switch's
-  forwarding changes wait for it: a fast-failover group upstream sends to it as soon as its
-  port is live, whatever the update order;
+- a switch installed from empty (back from a failure) goes first, whole, in the step after its
+  wipe (its groups, its entropy entries, then the rest, in the batch order below: its own
+  references need no earlier confirmation), and every other switch's changes wait for it: a
+  fast-failover group upstream sends to it as soon as its port is live, whatever the update
+  order;
 - a flow or group that refers to a group is sent only once that group is confirmed with its
   new buckets (OpenFlow refuses a reference to a missing group);
 - a group is deleted only once no confirmed flow or group refers to it (Open vSwitch deletes
@@ -299,20 +301,48 @@ def _drop_flow(table: SwitchTable, f: compiler.Flow, changed: set) -> None:
         changed.add(key)
 
 
+def unshared(la: tuple, lb: tuple) -> tuple[tuple, tuple]:
+    """Both flow lists without their common head and tail. A compile lays a switch's flows out
+    in one order, what never changes (table 0, the entropy tables, its own hosts) first as
+    the same objects, so those compare in C at the speed of an identity test. A key is in a
+    switch once: an equal entry at the same place on both sides cancels out."""
+    n = min(len(la), len(lb))
+    i, step = 0, 256
+    while i < n:
+        j = min(i + step, n)
+        if la[i:j] != lb[i:j]:
+            while la[i] == lb[i]:
+                i += 1
+            break
+        i = j
+    k = 0
+    while k < n - i:
+        j = min(k + step, n - i)
+        if la[len(la) - j:len(la) - k] != lb[len(lb) - j:len(lb) - k]:
+            while la[len(la) - 1 - k] == lb[len(lb) - 1 - k]:
+                k += 1
+            break
+        k = j
+    return la[i:len(la) - k], lb[i:len(lb) - k]
+
+
 def patched_table(old: compiler.SwitchState, new: compiler.SwitchState, table: SwitchTable,
-                  rebuild_above: float = 0.5) -> tuple[SwitchTable, set | None]:
+                  rebuild_above: float = 0.5, in_place: bool = False) -> tuple[SwitchTable, set | None]:
     """``new`` as a SwitchTable, made from ``table`` (``old`` as a SwitchTable) by touching only the
     flows that are not the same object in both states (the compiler shares unchanged Flow values
     between compiles), and the keys it touched: a superset of the keys whose value changed. When
     the flows to touch (old and new) outnumber ``rebuild_above`` times the new state's flows, the
-    table is built anew instead (cheaper) and the keys are None."""
-    old_ids = {id(f) for f in old.flows}
-    new_ids = {id(f) for f in new.flows}
-    gone = [f for f in old.flows if id(f) not in new_ids]
-    came = [f for f in new.flows if id(f) not in old_ids]
+    table is built anew instead (cheaper) and the keys are None. ``in_place``: ``table`` itself is
+    changed and returned (no copy of a table of thousands of entries; the caller keeps no other
+    use of it)."""
+    rest_old, rest_new = unshared(old.flows, new.flows)
+    old_ids = {id(f) for f in rest_old}
+    new_ids = {id(f) for f in rest_new}
+    gone = [f for f in rest_old if id(f) not in new_ids]
+    came = [f for f in rest_new if id(f) not in old_ids]
     if len(gone) + len(came) > rebuild_above * len(new.flows):
         return switch_table(new), None
-    out = table.copy()
+    out = table if in_place else table.copy()
     changed: set = set()
     for f in gone:
         _drop_flow(out, f, changed)
@@ -662,10 +692,13 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     # watch its ports send to it as soon as they are live, and what it forwards meanwhile is
     # nothing. The others' forwarding changes wait until all of its items are confirmed.
     fresh_items = [it for sw in fresh for it in by_switch[sw]]
+    for it in fresh_items:      # all in one step: the batch order puts groups before the flows using them
+        deps.pop(it, None)
+        soft.pop(it, None)
     if fresh_items:
-        # waiting for one of them that waits itself (else any) holds these back as long as any is left
-        first = next((it for it in fresh_items if it in deps), fresh_items[0])
-        for (sw, _address), its in touching.items():
+        # every other switch's items wait for one of them (they all go in this step): strictly after
+        first = fresh_items[0]
+        for sw, its in by_switch.items():
             if sw not in fresh:
                 for it in its:
                     deps.setdefault(it, set()).add(first)
@@ -1081,9 +1114,15 @@ class Reconciler:
             elif not same_state(self.states.get(sw), new):
                 old, table = self.states.get(sw), self.desired.get(sw)
                 old_index = self._index.pop(sw, None)
+                # a clean switch holds its desired table: what it confirmed is the same content, so
+                # that stands for the previous table (with its index) and the table is patched in place
+                held = self.confirmed.get(sw) if sw not in self.dirty else None
+                in_place = held is not None and held is not table
+                if held is not None and in_place and old_index is not None:
+                    old_index.table = held
                 keys = None
                 if old is not None and table is not None:
-                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above)
+                    self.desired[sw], keys = patched_table(old, new, table, self.rebuild_above, in_place)
                 else:
                     self.desired[sw] = switch_table(new)
                 if keys is not None and old_index is not None:
@@ -1091,7 +1130,7 @@ class Reconciler:
                 self._changed_keys.pop(sw, None)
                 self._prev.pop(sw, None)
                 if table is not None and sw not in self.dirty:    # it holds the old desired table
-                    self._prev[sw] = (table, old_index)
+                    self._prev[sw] = (held if held is not None and in_place else table, old_index)
                     if keys is not None:
                         self._changed_keys[sw] = keys
                 self.states[sw] = new

@@ -46,3 +46,10 @@ def mini_hpn(emulation_ready):
         yield emu
     finally:
         emu.stop()
+
+
+
+# ---- shared helpers of pure tests ----------------------------------------------------------------
+# The cached fabric loader and the reconciler drivers live in tests/fabrics.py (import them with
+# ``from fabrics import fabric``): a conftest cannot be imported by name, since pytest's
+# prepend import mode registers tests/kernel/conftest.py under the same module name "conftest".

@@ -229,10 +229,13 @@ class Replay:
         failures = self.net.failures
         leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in fgraph.hosts(self.g)
                 for p in fgraph.host_ports(self.g, h)}
+        reachable: dict[tuple[str, str], bool] = {}     # per leaf pair (many host pairs share one)
         for pair in self.pairs:
             src, dst, plane, sr, dr = pair
-            connected = (self.net.live(src, plane, sr) and self.net.live(dst, plane, dr)
-                         and valley_free_reachable(self.g, failures, leaf[src, plane, sr], leaf[dst, plane, dr]))
+            leaves = (leaf[src, plane, sr], leaf[dst, plane, dr])
+            if leaves not in reachable:
+                reachable[leaves] = valley_free_reachable(self.g, failures, *leaves)
+            connected = self.net.live(src, plane, sr) and self.net.live(dst, plane, dr) and reachable[leaves]
             for sport in self.sports:
                 result = self.outcome[pair, sport][0]
                 if connected and result != "delivered":

@@ -4,19 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from fabrics import fabric
 
 from hpnlab.controller import compiler
-from hpnlab.fabric import analysis, graph, spec
+from hpnlab.fabric import analysis, graph
 from hpnlab.fabric.errors import UserError
-
-_G: dict = {}
-
-
-def fabric(name, **overrides):
-    key = (name, tuple(sorted(overrides.items())))
-    if key not in _G:
-        _G[key] = graph.build(spec.load(name, overrides))
-    return _G[key]
 
 
 def routes(state):
@@ -224,6 +216,69 @@ def test_unreachable_destination_gets_explicit_drop_where_the_aggregate_would_se
     assert routes(st["p0c0"])[g.nodes["p0l0"]["prefix"]] == ()
 
 
+# ---- a recompile patched from the healthy plane ---------------------------------------------
+
+PATCH_PRESETS = ["mini-hpn", "small-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
+
+
+def single_failures(g) -> list[compiler.Failures]:
+    links = [compiler.link_id(u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] != "host"]
+    return ([compiler.Failures(frozenset([lid])) for lid in links]
+            + [compiler.Failures(switches=frozenset([sw])) for sw in graph.switches(g)])
+
+
+@pytest.mark.parametrize("name", PATCH_PRESETS)
+def test_a_recompile_patched_from_the_healthy_plane_equals_a_full_compile_for_every_single_failure(name):
+    g = fabric(name)
+    for policy in compiler.ROUTING_POLICIES:
+        for failures in single_failures(g):
+            assert compiler.compile_fabric(g, failures, policy) == \
+                compiler.compile_fabric(g, failures, policy, incremental=False), (policy, failures)
+
+
+@pytest.mark.parametrize("failed", [
+    [("p0l0", "p0s0", 0), ("p0l0", "p0s1", 0)],                        # two uplinks of one leaf
+    [("p0l0", "p0s0", 0), ("p0l3", "p0s2", 0)],                        # one uplink each of two leaves
+    [("p0l0", "p0s0", 0), ("p0l1", "p0s0", 0), ("p1l2", "p1s1", 0)],   # one spine, two leaves; two planes
+    [("p0l0", "p0s0", 0), "p0l5"],                                     # a link and a leaf
+    [("p0l0", "p0s0", 0), "p0s1"],                                     # a spine: the full computation
+])
+def test_a_recompile_patched_from_the_healthy_plane_equals_a_full_compile_for_several_failures(failed):
+    g = fabric("small-hpn")
+    failures = compiler.Failures.of([f for f in failed if isinstance(f, tuple)],
+                                    [f for f in failed if isinstance(f, str)])
+    for policy in compiler.ROUTING_POLICIES:
+        assert compiler.compile_fabric(g, failures, policy) == \
+            compiler.compile_fabric(g, failures, policy, incremental=False)
+
+
+def test_a_recompile_at_scale_equals_a_full_compile_on_a_sample_of_failures():
+    """alibaba-hpn, plane 0 (what the reconciler recompiles): the first leaf's uplinks one by one,
+    two leaves' links at once, and the leaf itself."""
+    g = fabric("alibaba-hpn")
+    ix = compiler.index_of(g)
+    plane = [sw.name for sw in ix.planes[0]]
+    leaf = next(sw for sw in ix.planes[0] if sw.tier == 1)
+    other = [sw for sw in ix.planes[0] if sw.tier == 1][-1]
+    samples = [compiler.Failures(frozenset([lid])) for _p, _n, lid in leaf.up[:3]]
+    samples.append(compiler.Failures(frozenset([leaf.up[0][2], other.up[-1][2]])))
+    samples.append(compiler.Failures(switches=frozenset([leaf.name])))
+    for failures in samples:
+        assert compiler.compile_fabric(g, failures, switches=plane) == \
+            compiler.compile_fabric(g, failures, switches=plane, incremental=False)
+
+
+def test_a_leaf_spine_link_failure_rebuilds_only_the_switches_whose_routes_change():
+    """mini-hpn, p0l0-p0s0: every leaf of plane 0 changes (p0l0 avoids the spine, the others route
+    p0l0's prefix around it); both spines keep their healthy state (p0s0 keeps its route: its
+    group detours) as the very same value, and so does plane 1."""
+    g = fabric("mini-hpn")
+    healthy = compiler.compile_fabric(g)
+    failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    kept = {n for n in failed if failed[n] is healthy[n]}
+    assert kept == {n for n in healthy if n.startswith("p1") or n in ("p0s0", "p0s1")}
+
+
 # ---- entropy -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 12, 256])
@@ -298,12 +353,20 @@ def test_route_summary_sums_switches_into_pods():
 
 @pytest.mark.slow
 def test_route_counts_at_130k_equal_the_analysis_formulas():
-    g = graph.build(spec.load("hpn-130k"))
+    """Plane 0's switches: the planes are copies (one generator, the same parameters, the same
+    ports; test_analysis counts every plane's switches) and the compiler compiles each plane on
+    its own, so one plane stands for the four at a quarter of the time."""
+    g = fabric("hpn-130k")
     plan = analysis.route_counts(g)
-    agg = compiler.route_summary(g, "aggregate")
-    assert {sw: r["routes"] - loop_guards(g, sw) for sw, r in agg["switches"].items()} == \
-        {sw: f["aggregated"] for sw, f in plan.items()}
-    assert agg["max_routes_per_switch"] == 512
-    host = compiler.route_summary(g, "host-routes")
-    assert {sw: r["routes"] for sw, r in host["switches"].items()} == {sw: f["host_routes"] for sw, f in plan.items()}
-    assert host["max_routes_per_switch"] == 131_072
+    plane0 = [sw.name for sw in compiler.index_of(g).planes[0]]
+    try:
+        agg = compiler.compile_fabric(g, None, "aggregate", switches=plane0)
+        assert {sw: st.route_count - loop_guards(g, sw) for sw, st in agg.items()} == \
+            {sw: plan[sw]["aggregated"] for sw in plane0}
+        assert max(st.route_count for st in agg.values()) == 512
+        del agg
+        host = compiler.compile_fabric(g, None, "host-routes", switches=plane0)
+        assert {sw: st.route_count for sw, st in host.items()} == {sw: plan[sw]["host_routes"] for sw in plane0}
+        assert max(st.route_count for st in host.values()) == 131_072
+    finally:
+        g.graph.pop("_controller_index", None)     # the compiler's caches: not kept for the session

@@ -12,6 +12,7 @@ import random
 from typing import Any
 
 import pytest
+from fabrics import fabric
 from oftable import FabricTables, valley_free_reachable
 
 from hpnlab.controller import compiler
@@ -19,13 +20,6 @@ from hpnlab.fabric import graph, spec
 
 SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
 WALK_BUDGET = 20_000    # per failure trial on a large preset (cross-campus: 512 branches per pair)
-_GRAPHS: dict = {}
-
-
-def fabric(name: str):
-    if name not in _GRAPHS:
-        _GRAPHS[name] = graph.build(spec.load(name))
-    return _GRAPHS[name]
 
 
 def check_all_pairs(g, failures: compiler.Failures, policy: str) -> tuple[int, int]:

@@ -4,78 +4,25 @@ Two ranks talk through one UDP relay per plane and direction (as in test_transpo
 relay forwards everything except what comes from the *blocked* source addresses (a sending
 socket is one path: one source port of one plane), or everything while ``down``; a failure
 starts when a chosen source has had ``fail_after`` data packets forwarded, and a repair when
-``repair_after_probes`` probes from it were dropped. The relay parses each packet's header and
-logs it, so the tests check causally what the transport did: no data leaves on a path after
-the moment the transport itself logged it dead (the header's send timestamp), no ACK carries
-an echo of data sent after its plane was found dead, and so on. No test asserts a speed.
+``repair_after_probes`` probes from it were dropped (hpnlab.fabric.transport.relay). The
+relay parses each packet's header and logs it, so the tests check causally what the transport
+did: no data leaves on a path after the moment the transport itself logged it dead (the
+header's send timestamp), no ACK carries an echo of data sent after its plane was found dead,
+and so on. No test asserts a speed.
 """
 import errno
 import os
-import select
-import socket
 import threading
 
 from hpnlab.fabric.transport import make
 from hpnlab.fabric.transport.accounting import exactly_once
-from hpnlab.fabric.transport.roce import ACK, DATA, HDR, PROBE
+from hpnlab.fabric.transport.relay import PathRelay
+from hpnlab.fabric.transport.roce import ACK, DATA
 
 # per process; clear of test_transport (17400s), run_local (22000s) and the benchmarks (23000-24999)
 BASE = 25000 + (os.getpid() % 40) * 25
 MSG = 12_000
 US = 1 << 32
-
-
-class PathRelay(threading.Thread):
-    def __init__(self, listen, forward):
-        super().__init__(daemon=True)
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.bind(listen)
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.forward = forward
-        self.blocked: set = set()
-        self.down = False
-        self.whole = False
-        self.watch = None             # (source, fail_after data packets, repair_after_probes)
-        self.watched_data = 0
-        self.dropped_probes = 0
-        self.log: list[tuple] = []     # (source, type, path, psn, ts, dropped)
-        self.stop = False
-
-    def fail(self, source, after: int, repair_after_probes: int | None = None, whole: bool = False) -> None:
-        """Once ``source`` had ``after`` data packets forwarded, drop what it sends (``whole``:
-        drop everything: the plane fails)."""
-        self.watch = (source, after, repair_after_probes)
-        self.whole = whole
-
-    def run(self):
-        while not self.stop:
-            r, _, _ = select.select([self.rx], [], [], 0.05)
-            if not r:
-                continue
-            data, src = self.rx.recvfrom(65536)
-            typ, path, _s, _d, psn, _m, _o, _l, ts = HDR.unpack_from(data)
-            if self.watch is not None and src == self.watch[0]:
-                source, after, _repair = self.watch
-                if typ == DATA and not self.blocked:
-                    self.watched_data += 1
-                    if self.watched_data == after:
-                        self.blocked = {source}
-                        self.down = self.whole
-                elif typ == PROBE and src in self.blocked:
-                    self.dropped_probes += 1
-            dropped = self.down or src in self.blocked
-            if self.watch is not None and self.watch[2] is not None and self.dropped_probes >= self.watch[2]:
-                self.blocked, self.watch = set(), None      # repaired after this probe was dropped
-            self.log.append((src, typ, path, psn, ts, dropped))
-            if not dropped:
-                self.tx.sendto(data, self.forward)
-
-    def close(self):
-        self.stop = True
-        self.join(2)
-        self.rx.close()
-        self.tx.close()
 
 
 def _pair(base, planes=1, ports=4, **opts):

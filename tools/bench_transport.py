@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import select
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +40,8 @@ from hpnlab.fabric import ranks, report
 from hpnlab.fabric.spec import load
 from hpnlab.fabric.transport.accounting import exactly_once, failure_windows
 from hpnlab.fabric.transport.entropy import FlowEntropy, SprayEntropy
-from hpnlab.fabric.transport.roce import DATA, HDR, RoceTransport
+from hpnlab.fabric.transport.relay import PathRelay
+from hpnlab.fabric.transport.roce import RoceTransport
 
 SIZE = 4 << 20
 
@@ -68,55 +67,14 @@ def _spread(xs: list[float], scale: float = 1.0, fmt: str = ".1f") -> str:
 
 # ---- host-side failover ----------------------------------------------------------------------
 
-class _FailRelay(threading.Thread):
-    """Forwards UDP on loopback; once ``source`` had ``after`` data packets through, drops what
-    it sends (``whole``: everything), noting the send timestamp of the first data packet lost."""
-
-    def __init__(self, listen: tuple[str, int], forward: tuple[str, int]):
-        super().__init__(daemon=True)
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.bind(listen)
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.forward = forward
-        self.source: tuple | None = None
-        self.after = 0
-        self.whole = False
-        self.failed = False
-        self.first_lost_ts: int | None = None
-        self.stop = False
-
-    def run(self) -> None:
-        seen = 0
-        while not self.stop:
-            if not select.select([self.rx], [], [], 0.05)[0]:
-                continue
-            data, src = self.rx.recvfrom(65536)
-            typ, ts = data[0], HDR.unpack_from(data)[8]
-            if not self.failed and src == self.source and typ == DATA:
-                seen += 1
-                self.failed = seen > self.after
-            if self.failed and (self.whole or src == self.source):
-                if typ == DATA and self.first_lost_ts is None:
-                    self.first_lost_ts = ts
-                continue
-            self.tx.sendto(data, self.forward)
-
-    def close(self) -> None:
-        self.stop = True
-        self.join(2)
-        self.rx.close()
-        self.tx.close()
-
-
 def failover_once(case: str, port: int, msgs: int = 120, size: int = 12_000) -> dict:
     """One failure under a stream of ``msgs`` messages; the figures of that failure."""
     planes, ports, entropy, fail_path, whole = {
         "spray-port": (1, 4, SprayEntropy.name, 2, False),
         "spray-plane": (2, 2, SprayEntropy.name, 2, True),
         "flow-migrate": (2, 2, FlowEntropy.name, None, False)}[case]
-    fwd = [_FailRelay((f"127.0.{p}.50", port + 1), (f"127.0.{p}.3", port + 1)) for p in range(planes)]
-    back = [_FailRelay((f"127.0.{p}.51", port), (f"127.0.{p}.2", port)) for p in range(planes)]
+    fwd = [PathRelay((f"127.0.{p}.50", port + 1), (f"127.0.{p}.3", port + 1)) for p in range(planes)]
+    back = [PathRelay((f"127.0.{p}.51", port), (f"127.0.{p}.2", port)) for p in range(planes)]
     def endpoint(rank: int, addrs: list[list[str]]) -> RoceTransport:
         return RoceTransport(rank, addrs, base_port=port, ports_per_nic=ports, entropy=entropy,
                              line_rate_bps=100e6, min_rto_s=0.01, max_rto_s=0.05)
@@ -127,7 +85,7 @@ def failover_once(case: str, port: int, msgs: int = 120, size: int = 12_000) -> 
     if fail_path is None:
         fail_path = t0.policy.path(t0.tx[1], 0)
     relay = fwd[fail_path // ports]
-    relay.source, relay.after, relay.whole = t0.tx_socks[fail_path].getsockname(), 25, whole
+    relay.fail(t0.tx_socks[fail_path].getsockname(), 26, whole=whole)     # 25 data packets through
     for r in fwd + back:
         r.start()
     payload = [bytes((i + k) % 251 for k in range(size)) for i in range(msgs)]

@@ -1,0 +1,63 @@
+"""Helpers shared by pure test modules: fabric graphs built once per session, and the pure
+reconciler driven on them (plain functions; import with ``from fabrics import ...``)."""
+from __future__ import annotations
+
+import functools
+
+import networkx as nx
+
+from hpnlab.controller import reconcile
+from hpnlab.fabric import graph, spec
+
+# ---- compiled fabrics: one cached graph per preset, shared by every test module -----------------
+
+@functools.cache
+def _fabric(name: str, overrides: tuple) -> nx.MultiGraph:
+    return graph.build(spec.load(name, dict(overrides)))
+
+
+def fabric(name: str, **overrides) -> nx.MultiGraph:
+    """The fabric graph of a preset (with scenario overrides), built once per test session.
+    Shared: a test must not change it (the compiler caches its index and healthy states on it,
+    which is what makes sharing it fast). Import it with ``from fabrics import fabric``."""
+    return _fabric(name, tuple(sorted(overrides.items())))
+
+
+# ---- the pure reconciler driven to the end (hpnlab.controller.reconcile) ----------------------
+
+def answer(rec, msgs: list, now: float = 0.0) -> list:
+    """Answer every barrier (and the barriers of what follows) until the reconciler is quiet;
+    return every message it sent on the way."""
+    sent = list(msgs)
+    queue = list(msgs)
+    while queue:
+        m = queue.pop(0)
+        if isinstance(m, reconcile.Barrier):
+            more = rec.handle(reconcile.BarrierReply(m.switch, m.xid), now)
+            sent += more
+            queue += more
+    return sent
+
+
+def installed(g, policy: str = "aggregate"):
+    """A reconciler whose switches have all connected and confirmed their healthy state."""
+    rec = reconcile.Reconciler(g, policy)
+    msgs = []
+    for sw in graph.switches(g):
+        msgs += rec.handle(reconcile.SwitchUp(sw))
+    answer(rec, msgs)
+    assert rec.settled
+    return rec
+
+
+def messages_sent(rec, *events) -> dict:
+    """The OpenFlow messages the reconciler sends, to the end of the update, for ``events``:
+    {"flow_mods", "group_mods", "switches"} (switches: how many got any)."""
+    sent = []
+    for event in events:
+        sent += answer(rec, rec.handle(event))
+    assert rec.settled
+    mods = [m for m in sent if isinstance(m, (reconcile.FlowMod, reconcile.GroupMod))]
+    return {"flow_mods": sum(isinstance(m, reconcile.FlowMod) for m in mods),
+            "group_mods": sum(isinstance(m, reconcile.GroupMod) for m in mods),
+            "switches": len({m.switch for m in mods})}
