@@ -2,7 +2,7 @@
 
 Pure: imports only the standard library and the fabric library (no os-ken). The os-ken
 app (controller/app.py) turns the values into OpenFlow 1.3 messages; the table
-interpreter (tests/oftable.py) walks packets through them.
+interpreter (hpnlab.controller.oftable) walks packets through them.
 
 Tables (the same on every switch; OpenFlow 1.3)
     0  classify   ARP -> controller (leaves only: proxy ARP, nothing is ever flooded);

@@ -3,7 +3,7 @@
 No os-ken import (the idea of Faucet's valve/faucet split): ``controller/app.py`` decodes
 os-ken events into the events below, calls :meth:`Reconciler.handle` and encodes the
 messages it returns into OpenFlow 1.3. Tests drive the same object with no switch at all
-and replay its messages through a table interpreter (tests/oftable.py).
+and replay its messages through a table interpreter (hpnlab.controller.oftable).
 
 What it owns
     link state      a fabric link is down when either end reports its port down (one-sided
