@@ -1,29 +1,15 @@
 """Shared fixtures. (Additive: each section belongs to the feature that added it.)"""
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
 import pytest
 
 # ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
 def emulation_missing() -> str | None:
-    """Why emulation tests cannot run here (names the missing feature), or None."""
-    if os.geteuid() != 0:
-        return "needs root (real Open vSwitch and network namespaces)"
-    if shutil.which("ovs-vsctl") is None:
-        return "needs Open vSwitch (openvswitch-switch)"
-    if subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True).returncode != 0:
-        return "needs Open vSwitch running (make ovs)"
-    if shutil.which("mnexec") is None:
-        return "needs mnexec (apt package mininet)"
-    try:
-        import mininet.net  # noqa: F401
-    except ImportError:
-        return "needs the mininet Python package (make venv)"
-    return None
+    """Why emulation tests cannot run here (names the missing feature), or None: the pytest
+    plugin's check (users' tests skip for the same reasons)."""
+    from hpnlab.fabric.pytest_plugin import emulation_missing as missing
+    return missing()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,30 +18,14 @@ from hpnlab.fabric.experiment import Plan
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-POLICIES = '''
-from hpnlab.controller.ecn_policy import EcnPolicy, Thresholds
-
-
-class Eager(EcnPolicy):
-    name = "eager"
-
-    def decide(self, now, ports, current):
-        return {k: Thresholds(0, 3028, 0.1, reason="test: mark on any queue") for k in current}
-
-
-class Quiet(EcnPolicy):
-    name = "quiet"
-
-    def decide(self, now, ports, current):
-        return {k: Thresholds(1 << 30, 1 << 30, 0.1, reason="test: never mark") for k in current}
-'''
+#: the example policies file (Eager, Quiet), as a user writes one
+POLICIES = Path(__file__).resolve().parents[1] / "topologies" / "examples" / "ecn_policies.py"
 
 
 @pytest.fixture(scope="module")
-def emu(emulation_ready, tmp_path_factory):
+def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
-    path = tmp_path_factory.mktemp("ecn") / "test_policies.py"
-    path.write_text(POLICIES)
+    path = POLICIES
     e = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, telemetry_interval_ms=200)
     e.start()
     e.policy_file = path
@@ -110,8 +95,8 @@ def test_thresholds_the_controller_applies_live_change_the_marking_rate_on_a_rea
     assert sum(r["drops"] for t, r in rows if e0 < t <= e1 + 1.2) > 0      # 16 Mbit/s into 10: the buffer drops
     changes = [ln for ln in lines if ln["kind"] == "change" and ln["switch"] == port["switch"]
                and ln["port"] == port["port"]]
-    reasons = [c["reason"] for c in changes if c["reason"].startswith("test:")]
-    assert reasons[-2:] == ["test: mark on any queue", "test: never mark"]
+    reasons = [c["reason"] for c in changes if c["reason"].startswith("example:")]
+    assert reasons[-2:] == ["example: mark on any queue", "example: never mark"]
 
 
 def test_roce_dcqcn_rate_falls_only_when_the_controllers_thresholds_make_marks(emu):

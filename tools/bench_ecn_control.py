@@ -31,27 +31,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-POLICIES = '''
-from hpnlab.controller.ecn_policy import EcnPolicy, Thresholds
-
-
-class Eager(EcnPolicy):
-    name = "eager"
-
-    def decide(self, now, ports, current):
-        return {k: Thresholds(0, 3028, 0.1, reason="bench: mark on any queue") for k in current}
-
-
-class Quiet(EcnPolicy):
-    name = "quiet"
-
-    def decide(self, now, ports, current):
-        return {k: Thresholds(1 << 30, 1 << 30, 0.1, reason="bench: never mark") for k in current}
-'''
+#: the example policies file (Eager, Quiet), as a user writes one
+POLICIES = Path(__file__).resolve().parents[1] / "topologies" / "examples" / "ecn_policies.py"
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -118,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from hpnlab.fabric.emulation import Emulation
     from hpnlab.fabric.experiment import Plan
 
-    policy_file = Path(tempfile.mkdtemp(prefix="hpnlab-bench-ecn-")) / "bench_policies.py"
-    policy_file.write_text(POLICIES)
+    policy_file = POLICIES
     figures: dict = {"interval_ms": args.interval_ms}
     with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, log=None,
                    telemetry_interval_ms=args.interval_ms) as emu:
