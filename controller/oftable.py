@@ -386,30 +386,42 @@ class FabricTables:
             f = self.lookup(switch, table, pkt)
             if f is None:
                 return None, ()
-            goto = None
-            out = None
-            for act in f.actions:
-                if act[0] == "metadata":
-                    pkt["metadata"] = act[1]
-                elif act[0] == "goto":
-                    goto = act[1]
-                elif act[0] == "output":
-                    out = act[1]
-                elif act[0] == "set_field":
-                    pkt[act[1]] = act[2]
-                    changes.append((act[1], act[2]))
-                elif act[0] == "group":
-                    out = self.group_output(switch, act[1])
-                    if out is None:
-                        return None, ()
-                elif act[0] == "controller":
-                    return None, ()
+            out, goto = self.apply_entry(switch, table, f, pkt, changes)
             if out is not None:
                 return out, tuple(changes)
-            if goto is None or goto <= table:
+            if goto is None:
                 return None, ()
             table = goto
         return None, ()
+
+    def apply_entry(self, switch: str, table: int, f: compiler.Flow, pkt: dict,
+                    changes: list) -> tuple[int | None, int | None]:
+        """Apply one entry's actions to ``pkt`` (set-fields also appended to ``changes``):
+        (port, None) when it outputs, (None, table) when the pipeline goes on at a later table,
+        (None, None) when the packet is dropped (no output, a group with no live bucket, a
+        packet-in, or a goto that does not go forward)."""
+        goto = out = None
+        for act in f.actions:
+            if act[0] == "metadata":
+                pkt["metadata"] = act[1]
+            elif act[0] == "goto":
+                goto = act[1]
+            elif act[0] == "output":
+                out = act[1]
+            elif act[0] == "set_field":
+                pkt[act[1]] = act[2]
+                changes.append((act[1], act[2]))
+            elif act[0] == "group":
+                out = self.group_output(switch, act[1])
+                if out is None:
+                    return None, None
+            elif act[0] == "controller":
+                return None, None
+        if out is not None:
+            return out, None
+        if goto is None or goto <= table:
+            return None, None
+        return None, goto
 
     def group_output(self, switch: str, group_id: int) -> int | None:
         """The port a group forwards to now (None: no live bucket, or a bucket that drops)."""

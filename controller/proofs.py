@@ -623,26 +623,10 @@ class SetWalker:
         if f is None:
             return {(None, ())}
         ch = changes if changes is not None else []
-        goto = out = None
-        for act in f.actions:
-            if act[0] == "metadata":
-                pkt["metadata"] = act[1]
-            elif act[0] == "goto":
-                goto = act[1]
-            elif act[0] == "output":
-                out = act[1]
-            elif act[0] == "set_field":
-                pkt[act[1]] = act[2]
-                ch.append((act[1], act[2]))
-            elif act[0] == "group":
-                out = self.net.group_output(switch, act[1])
-                if out is None:
-                    return {(None, ())}
-            elif act[0] == "controller":
-                return {(None, ())}
+        out, goto = self.net.apply_entry(switch, table, f, pkt, ch)
         if out is not None:
             return {(out, tuple(ch))}
-        if goto is None or goto <= table:
+        if goto is None:
             return {(None, ())}
         if changes is None:      # a branch of an entropy table: finish its pipeline on its own
             rest = self.choices(switch, {k: v for k, v in pkt.items() if k != "_goto"}, goto)
