@@ -100,17 +100,23 @@ def route_counts(g: nx.MultiGraph) -> dict[str, dict[str, int]]:
 
 def count_shortest_paths(g: nx.MultiGraph, src: str, dst: str) -> tuple[int, int]:
     """(switch-to-switch links on a shortest path, number of shortest link-level paths)
-    between two switches, walking only switches (hosts do not forward)."""
-    if src == dst:
-        return 0, 1
+    between two switches, walking only switches (hosts do not forward); (-1, 0) unreachable."""
+    return shortest_path_counts(g, src, {dst})[dst]
+
+
+def shortest_path_counts(g: nx.MultiGraph, source: str, targets: set[str]) -> dict[str, tuple[int, int]]:
+    """``count_shortest_paths`` from one switch to many target switches in one breadth-first
+    search (parallel links counted; it stops at the distance of the farthest target)."""
     node, adj = g._node, g._adj
-    dist = {src: 0}
-    sigma = {src: 1}
-    queue = deque([src])
+    dist = {source: 0}
+    sigma = {source: 1}
+    queue = deque([source])
+    left = set(targets) - {source}
+    horizon = None if left else 0      # the distance of the farthest target, once every target is found
     while queue:
         u = queue.popleft()
         du = dist[u]
-        if dst in dist and du >= dist[dst]:
+        if horizon is not None and du >= horizon:
             break
         su = sigma[u]
         for v, keydict in adj[u].items():
@@ -121,11 +127,12 @@ def count_shortest_paths(g: nx.MultiGraph, src: str, dst: str) -> tuple[int, int
                 dist[v] = dv = du + 1
                 sigma[v] = 0
                 queue.append(v)
+                left.discard(v)
+                if not left and horizon is None:
+                    horizon = dv
             if dv == du + 1:
                 sigma[v] += su * len(keydict)
-    if dst not in dist:
-        return -1, 0
-    return dist[dst], sigma[dst]
+    return {t: (dist[t], sigma[t]) if t in dist else (-1, 0) for t in targets}
 
 
 def _host_port_on(g: nx.MultiGraph, leaf: str, *, rail: int | None = None,

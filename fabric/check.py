@@ -62,7 +62,7 @@ import importlib
 import math
 import time
 import xml.etree.ElementTree as ET
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +70,7 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
+from . import analysis
 from . import spec as fspec
 from .errors import UserError, short
 
@@ -363,34 +364,8 @@ def path_counts(ctx: CheckContext) -> dict[str, dict[str, int]]:
 
 def shortest_path_counts(g: nx.MultiGraph, source: str, targets: set[str]) -> dict[str, int]:
     """Shortest link-level paths (parallel links counted) from a switch to each target switch,
-    walking only switches: ``analysis.count_shortest_paths`` for many targets in one search
-    (0 for a target it cannot reach)."""
-    node, adj = g._node, g._adj
-    dist = {source: 0}
-    sigma = {source: 1}
-    queue = deque([source])
-    left = set(targets) - {source}
-    horizon = None          # the distance of the farthest target, once every target is found
-    while queue:
-        u = queue.popleft()
-        du = dist[u]
-        if horizon is not None and du >= horizon:
-            break
-        su = sigma[u]
-        for v, keydict in adj[u].items():
-            dv = dist.get(v)
-            if dv is None:
-                if node[v]["tier"] == 0:
-                    continue
-                dist[v] = dv = du + 1
-                sigma[v] = 0
-                queue.append(v)
-                left.discard(v)
-                if not left and horizon is None:
-                    horizon = dv
-            if dv == du + 1:
-                sigma[v] += su * len(keydict)
-    return {t: sigma.get(t, 0) for t in targets}
+    walking only switches (0 for a target it cannot reach): ``analysis.shortest_path_counts``."""
+    return {t: n for t, (_, n) in analysis.shortest_path_counts(g, source, targets).items()}
 
 
 def rule_path_diversity(ctx: CheckContext) -> list[RuleResult]:
