@@ -33,7 +33,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,30 +61,30 @@ RATIO_METRICS = ("busbw_gbs", "p50_us", "p99_us")
 assert set(STATIC) == set(PRESETS)
 
 
-def parse_workloads(text: str) -> tuple[str, ...]:
-    """``--workloads`` (comma list of incast, allreduce, mix)."""
-    out = []
+def _comma_list(text: str, flag: str, what: str, known: Sequence[str],
+                aliases: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """A comma list of known names (case-insensitive, aliases mapped, duplicates dropped);
+    an unknown name or an empty list is one line naming ``flag``."""
+    out: list[str] = []
     for item in (i.strip().lower() for i in str(text).split(",") if i.strip()):
-        name = _WORKLOAD_ALIASES.get(item, item)
-        if name not in WORKLOADS:
-            raise UserError(f"--workloads: unknown workload {item!r} (known: {', '.join(WORKLOADS)})")
+        name = (aliases or {}).get(item, item)
+        if name not in known:
+            raise UserError(f"{flag}: unknown {what} {item!r} (known: {', '.join(known)})")
         if name not in out:
             out.append(name)
     if not out:
-        raise UserError(f"--workloads: none given (known: {', '.join(WORKLOADS)})")
+        raise UserError(f"{flag}: none given (known: {', '.join(known)})")
     return tuple(out)
+
+
+def parse_workloads(text: str) -> tuple[str, ...]:
+    """``--workloads`` (comma list of incast, allreduce, mix)."""
+    return _comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
 
 
 def parse_settings(text: str) -> tuple[str, ...]:
-    out = []
-    for item in (i.strip().lower() for i in str(text).split(",") if i.strip()):
-        if item not in SETTINGS:
-            raise UserError(f"--settings: unknown ECN setting {item!r} (known: {', '.join(SETTINGS)})")
-        if item not in out:
-            out.append(item)
-    if not out:
-        raise UserError(f"--settings: none given (known: {', '.join(SETTINGS)})")
-    return tuple(out)
+    """``--settings`` (comma list of the ECN settings)."""
+    return _comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
 
 
 def schedule(workloads: Sequence[str], settings: Sequence[str], repeat: int) -> list[tuple[int, str, str]]:
