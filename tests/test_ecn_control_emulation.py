@@ -7,13 +7,13 @@ controller's choice, and the ``roce`` transport's DCQCN rate falls only when mar
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from hpnlab.fabric import experiment
+from hpnlab.fabric.emulation.traffic import udp_overload
 from hpnlab.fabric.experiment import Plan
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
@@ -52,21 +52,7 @@ def _bottleneck(emu, dst="h5"):
 def _overload(emu, seconds=1.5, port=9100) -> tuple[dict, float, float]:
     """h1 and h2 send ECT(0) UDP at 8 Mbit/s each to h5 (its port: 10 Mbit/s): the stage's counters
     of that port over the phase, and the phase's monotonic start and end."""
-    intf = _bottleneck(emu)["intf"]
-    before = emu.ecn.counters(intf)
-    py = sys.executable
-    t0 = time.monotonic()
-    recv = emu.popen("h5", [py, "-m", "hpnlab.fabric.emulation.udp", "recv", emu.ip("h5"), str(port),
-                            "--seconds", str(seconds + 1.5)])
-    assert recv.stdout.readline().strip() == b"listening"
-    senders = [emu.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", emu.ip("h5"), str(port),
-                             "--rate-mbps", "8", "--seconds", str(seconds), "--tos", "2"]) for h in ("h1", "h2")]
-    for s in senders:
-        s.communicate(timeout=seconds + 10)
-    t1 = time.monotonic()
-    recv.communicate(timeout=seconds + 10)
-    after = emu.ecn.counters(intf)
-    return {k: after[k] - before[k] for k in ("packets", "ect", "ce_marked")}, t0, t1
+    return udp_overload(emu, "h5", ("h1", "h2"), _bottleneck(emu)["intf"], seconds=seconds, port=port)
 
 
 def _telemetry(emu) -> list[dict]:

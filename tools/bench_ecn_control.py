@@ -54,21 +54,8 @@ def lines(emu) -> list[dict]:
 
 
 def overload(emu, dst_port: dict, seconds: float, udp_port: int) -> dict:
-    intf = dst_port["intf"]
-    before = emu.ecn.counters(intf)
-    py = sys.executable
-    t0 = time.monotonic()
-    recv = emu.popen("h5", [py, "-m", "hpnlab.fabric.emulation.udp", "recv", emu.ip("h5"), str(udp_port),
-                            "--seconds", str(seconds + 1.5)])
-    recv.stdout.readline()
-    senders = [emu.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", emu.ip("h5"), str(udp_port),
-                             "--rate-mbps", "8", "--seconds", str(seconds), "--tos", "2"]) for h in ("h1", "h2")]
-    for s in senders:
-        s.communicate(timeout=seconds + 10)
-    t1 = time.monotonic()
-    recv.communicate(timeout=seconds + 10)
-    after = emu.ecn.counters(intf)
-    d = {k: after[k] - before[k] for k in ("packets", "ect", "ce_marked")}
+    from hpnlab.fabric.emulation.traffic import udp_overload
+    d, t0, t1 = udp_overload(emu, "h5", ("h1", "h2"), dst_port["intf"], seconds=seconds, port=udp_port)
     time.sleep(0.5)
     rows = [r for ln in lines(emu) if ln["kind"] == "sample" and t0 + 0.3 < ln["t"] <= t1
             for r in ln["ports"] if (r["switch"], r["port"]) == (dst_port["switch"], dst_port["port"])]

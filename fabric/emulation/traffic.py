@@ -1,7 +1,9 @@
-"""Traffic checks on emulated hosts with iperf3 (never Mininet's own iperf helper, which kills by name)."""
+"""Traffic checks on emulated hosts with iperf3 (never Mininet's own iperf helper, which kills by name),
+and an ECT UDP overload of one switch port (``hpnlab.fabric.emulation.udp``)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -51,3 +53,28 @@ def iperf3(emu, src: str, dst: str, *, plane: int = 0, seconds: float = 3.0, udp
             server.wait(timeout=3)
         except Exception:
             server.kill()
+
+
+def udp_overload(emu, dst: str, senders: tuple[str, ...], intf: str, *, seconds: float, port: int,
+                 rate_mbps: float = 8, tos: int = 2) -> tuple[dict[str, int], float, float]:
+    """Every sender sends UDP (``tos`` 2: ECT(0)) at ``rate_mbps`` to ``dst`` for ``seconds``:
+    the ECN stage's counters of switch port ``intf`` over the phase (packets, ect, ce_marked),
+    and the phase's monotonic start and end."""
+    from .harness import EmulationError
+    before = emu.ecn.counters(intf)
+    py = sys.executable
+    t0 = time.monotonic()
+    recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "recv", emu.ip(dst), str(port),
+                           "--seconds", str(seconds + 1.5)])
+    if recv.stdout.readline().strip() != b"listening":
+        recv.communicate(timeout=seconds + 10)
+        raise EmulationError(f"the UDP receiver on {dst} did not start")
+    procs = [emu.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", emu.ip(dst), str(port),
+                           "--rate-mbps", str(rate_mbps), "--seconds", str(seconds), "--tos", str(tos)])
+             for h in senders]
+    for s in procs:
+        s.communicate(timeout=seconds + 10)
+    t1 = time.monotonic()
+    recv.communicate(timeout=seconds + 10)
+    after = emu.ecn.counters(intf)
+    return {k: after[k] - before[k] for k in ("packets", "ect", "ce_marked")}, t0, t1
