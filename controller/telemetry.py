@@ -33,10 +33,12 @@ What each field means (per switch egress port, over the last interval):
 """
 from __future__ import annotations
 
+import json
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -307,6 +309,19 @@ def _bucket(values: list, field: str) -> Any:
     if field in ("kmin", "kmax", "pmax"):
         return vals[-1]             # what was in force at the bucket's end
     return round(sum(vals) / len(vals), 4)
+
+
+def read_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a telemetry file (``--telemetry-out``, JSON lines); a line that does not parse
+    (the one the controller is writing now) is left out."""
+    out = []
+    with open(path) as f:
+        for raw in f:
+            try:
+                out.append(json.loads(raw))
+            except ValueError:
+                continue
+    return out
 
 
 def summarise(lines: Iterable[Mapping[str, Any]], max_points: int = 300) -> dict[str, Any]:

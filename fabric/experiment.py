@@ -623,16 +623,9 @@ def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[
     path = getattr(emu, "telemetry_file", None)
     if path is None or not Path(path).is_file():
         return None
-    from hpnlab.controller.telemetry import summarise
-    lines = []
-    with open(path) as f:
-        for raw in f:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue            # the line the controller is writing now
-            if line.get("kind") in ("header", "policy") or t0 <= float(line.get("t", t0)) <= t1:
-                lines.append(line)
+    from hpnlab.controller.telemetry import read_lines, summarise
+    lines = [line for line in read_lines(path)
+             if line.get("kind") in ("header", "policy") or t0 <= float(line.get("t", t0)) <= t1]
     return summarise(lines, max_points)
 
 

@@ -44,13 +44,8 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def lines(emu) -> list[dict]:
-    out = []
-    for raw in emu.telemetry_file.read_text().splitlines():
-        try:
-            out.append(json.loads(raw))
-        except ValueError:
-            pass
-    return out
+    from hpnlab.controller.telemetry import read_lines
+    return read_lines(emu.telemetry_file)
 
 
 def overload(emu, dst_port: dict, seconds: float, udp_port: int) -> dict:
