@@ -246,6 +246,13 @@ def has_loops(g: nx.MultiGraph) -> bool:
 ROCE_MTU = 4096
 
 
+def rates_for_ranks(g: nx.MultiGraph, overrides: dict[str, Any], ranks: int) -> tuple[dict[str, Any], str]:
+    """``run_rates`` for a run of ``ranks`` ranks in all (a rank: one host's ports), from this
+    machine's measured budget (``load_budget``) and CPU count: what `hpnlab run` and the demo use."""
+    sending = ranks * host_ports(g) // max(1, len(fgraph.hosts(g)))
+    return run_rates(g, overrides, load_budget(), os.cpu_count() or 1, sending)
+
+
 def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any] | None,
               cpus: int, sending_ports: int | None = None) -> tuple[dict[str, Any], str]:
     """The emulation overrides that give a run the rates the measured budget carries for its

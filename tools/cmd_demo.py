@@ -4,7 +4,6 @@ runs by default, on the same fabric), clean shutdown, summary."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -40,8 +39,7 @@ def cmd_demo(args) -> int:
         from .cmd_run import default_ranks
         g = fgraph.build(spec.load(args.scenario, overrides))
         plan = plan.replace(ranks=default_ranks(g, plan.jobs))
-        sending = plan.ranks * plan.jobs * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))
-        rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
+        rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)
         overrides = spec.deep_merge(overrides, rates)
         say(rates_line)
     emu = Emulation(args.scenario, overrides=overrides, controller="hpnlab")

@@ -118,8 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=1, job_specs=args.jobs)
     ecn = ecn_settings.parse(args.ecn) if args.ecn else None
     total_ranks = (sum(js.ranks or plan.ranks for js in plan.specs) if plan.specs else plan.ranks * plan.jobs)
-    sending = total_ranks * sizing.host_ports(g) // max(1, len(fgraph.hosts(g)))   # a rank: one host's ports
-    rates, rates_line = sizing.run_rates(g, overrides, sizing.load_budget(), os.cpu_count() or 1, sending)
+    rates, rates_line = sizing.rates_for_ranks(g, overrides, total_ranks)
     if rates:
         scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
         g = fgraph.build(scenario)
