@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import networkx as nx
 
@@ -53,6 +54,54 @@ class Walk:
     delivered_to: tuple | None = None   # (host, interface number)
 
 
+def _field_of(f: compiler.Flow, k: str) -> tuple | None:
+    """(mask or None for the whole value, value) of the entry's match on field ``k``; None when it
+    does not match on ``k`` plainly (the host-set match on ipv4_dst is not a plain value)."""
+    if f.hosts is not None and k == "ipv4_dst":
+        return None
+    for kk, v in f.match:
+        if kk == k:
+            return (v[1], v[0]) if isinstance(v, tuple) else (None, v)
+    return None
+
+
+def _bucket(grp: list, depth: int) -> tuple:
+    """(field, mask, {value: node}, entries without it): ``grp`` split by the field (under one mask)
+    that leaves the fewest entries to check, each bucket split again while ``depth`` lasts."""
+    if depth == 0 or len(grp) < 8:
+        return (None, None, {}, grp)
+    values: dict[tuple, dict] = {}
+    for f in grp:
+        for k, _v in f.match:
+            got = _field_of(f, k)
+            if got is not None:
+                values.setdefault((k, got[0]), {}).setdefault(got[1], []).append(f)
+    if not values:
+        return (None, None, {}, grp)
+
+    def cost(fm: tuple) -> float:
+        covered = sum(len(b) for b in values[fm].values())
+        return len(grp) - covered + covered / len(values[fm])
+
+    best = min(values, key=lambda fm: (cost(fm), fm[0]))
+    if cost(best) >= len(grp):
+        return (None, None, {}, grp)
+    field_, mask = best
+    inside = {id(f) for b in values[best].values() for f in b}
+    rest = [f for f in grp if id(f) not in inside]
+    return (field_, mask, {val: _bucket(b, depth - 1) for val, b in values[best].items()}, rest)
+
+
+def _candidates(node: tuple, pkt: dict) -> list:
+    """The entries of an index node that ``pkt`` could match."""
+    field_, mask, buckets, rest = node
+    if field_ is None:
+        return rest
+    have = pkt.get(field_)
+    hit = buckets.get(have if mask is None else have & mask) if have is not None else None
+    return _candidates(hit, pkt) + rest if hit is not None else rest
+
+
 class FabricTables:
     MAX_HOPS = 16
 
@@ -69,6 +118,11 @@ class FabricTables:
         self._entries: dict[str, dict[tuple, compiler.Flow]] = {}     # switches whose tables were replaced
         self._pipeline_cache: dict[tuple, tuple[int | None, tuple]] = {}
         self._sport_mask: dict[str, int] = {}
+        # per switch: {table: ((field, mask or None for the whole value), ...)} and the lookups
+        # already made, keyed by the packet's fields as that table can see them
+        self._table_fields: dict[str, dict[int, tuple]] = {}
+        self._lookup_cache: dict[str, dict[tuple, compiler.Flow | None]] = {}
+        self._table_index: dict[str, dict[int, list]] = {}
         self._host_port_cache: dict[str, list] = {}
         # (node, port) -> (peer node, peer port, link id)
         self.peer: dict[tuple, tuple] = {}
@@ -86,6 +140,9 @@ class FabricTables:
         self._tables = {}
         self._entries = {}
         self._sport_mask = {}
+        self._table_fields = {}
+        self._table_index = {}
+        self._lookup_cache = {}
         self.failures = failures or compiler.Failures()
 
     # ---- liveness -------------------------------------------------------------------
@@ -132,11 +189,38 @@ class FabricTables:
                 entries.sort(key=lambda f: -f.priority)
             self._tables[switch] = t
             self._sport_mask[switch] = mask
+            self._table_fields[switch] = {table: self._fields_seen(entries) for table, entries in t.items()}
+            self._table_index[switch] = {table: self._index(entries) for table, entries in t.items()}
+            self._lookup_cache[switch] = {}
         return t
+
+    @staticmethod
+    def _fields_seen(entries: list) -> tuple:
+        """((field, mask), ...): the bits of each field that some entry of a table looks at (mask
+        None: the whole value). Two packets that agree on these bits match the same entries."""
+        seen: dict[str, int | None] = {}
+        for f in entries:
+            for k, v in f.match:
+                if isinstance(v, tuple) and not (f.hosts is not None and k == "ipv4_dst"):
+                    if k not in seen or seen[k] is not None:
+                        seen[k] = (seen.get(k) or 0) | v[1]
+                else:
+                    seen[k] = None
+        return tuple(sorted(seen.items()))
+
+    @staticmethod
+    def _index(entries: list) -> list[tuple]:
+        """A table's entries (highest priority first) as [(priority, node)]: per priority, a tree
+        that buckets the entries by the value of one field (under one mask), bucket by bucket
+        again by another, so that a packet meets only the entries of its buckets (``_candidates``)."""
+        return [(prio, _bucket(list(same), 3)) for prio, same in groupby(entries, key=lambda f: f.priority)]
 
     # ---- replay: tables changed message by message -------------------------------------------
     def _changed(self, switch: str) -> None:
         self._tables.pop(switch, None)
+        self._table_fields.pop(switch, None)
+        self._table_index.pop(switch, None)
+        self._lookup_cache.pop(switch, None)
         self._pipeline_cache = {k: v for k, v in self._pipeline_cache.items() if k[0] != switch}
 
     def load(self, switch: str, entries: dict | None = None, groups: Iterable[compiler.Group] | None = None) -> None:
@@ -257,16 +341,29 @@ class FabricTables:
         return True
 
     def lookup(self, switch: str, table: int, pkt: dict) -> compiler.Flow | None:
+        """The entry of ``table`` that ``pkt`` hits (None: a table miss). Remembered per switch
+        and table on the bits of the packet that the table's entries look at."""
+        self.tables(switch)
+        key = (table,) + tuple(None if (have := pkt.get(k)) is None else have if m is None else have & m
+                               for k, m in self._table_fields[switch].get(table, ()))
+        cache = self._lookup_cache[switch]
+        if key in cache:
+            return cache[key]
+        best = cache[key] = self._scan(switch, table, pkt)
+        return best
+
+    def _scan(self, switch: str, table: int, pkt: dict) -> compiler.Flow | None:
         best = None
-        for f in self.tables(switch).get(table, ()):
-            if best is not None and f.priority < best.priority:
+        for _prio, node in self._table_index[switch].get(table, ()):
+            if best is not None:        # found at a higher priority
                 break
-            if self._matches(f, pkt):
-                if best is None:
-                    best = f
-                elif f.actions != best.actions:
-                    raise Ambiguous(f"{switch} table {table}: {compiler.describe_flow(best)} and "
-                                    f"{compiler.describe_flow(f)} both match {pkt}")
+            for f in _candidates(node, pkt):
+                if self._matches(f, pkt):
+                    if best is None:
+                        best = f
+                    elif f.actions != best.actions:
+                        raise Ambiguous(f"{switch} table {table}: {compiler.describe_flow(best)} and "
+                                        f"{compiler.describe_flow(f)} both match {pkt}")
         return best
 
     # ---- walking ----------------------------------------------------------------------
