@@ -15,6 +15,9 @@ both launchers work the same way:
     HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
+    HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
+    HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
+    HPNLAB_DISCOVERY_S   seconds of LLDP after the last switch connected before deciding (default 2)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -32,8 +35,10 @@ ids, malformed or unexpected packet-ins) is logged and ignored.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import struct
 import time
 from typing import Any, ClassVar
 
@@ -41,7 +46,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, reconcile, telemetry
+from . import compiler, reconcile, telemetry, wiring
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -51,6 +56,7 @@ from .ofp import (
     ether_types,
     ethernet,
     hub,
+    lldp,
     ofp_event,
     ofproto_v1_3,
     packet,
@@ -58,6 +64,9 @@ from .ofp import (
 )
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
+LLDP_COOKIE = 0x68706E6C6C647000   # the LLDP rule (not the reconciler's: its read-back skips it)
+PRIO_LLDP = 65535
+LLDP_TTL_S = 120
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
@@ -82,7 +91,10 @@ def _config() -> dict:
             "telemetry_out": os.environ.get("HPNLAB_TELEMETRY_OUT") or None,
             "ecn_actuator": os.environ.get("HPNLAB_ECN_ACTUATOR", "auto"),
             "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
-            "run_id": os.environ.get("HPNLAB_RUN") or None}
+            "run_id": os.environ.get("HPNLAB_RUN") or None,
+            "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
+            "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
+            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 2.0)}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -259,6 +271,40 @@ def decode_port_stats(body) -> list[telemetry.OfPortStats]:
                                   st.rx_packets, st.rx_dropped) for st in body]
 
 
+# ---- LLDP (discovery, controller/wiring.py) ------------------------------------------------------
+
+def lldp_frame(dpid: int, port: int, src_mac: str) -> bytes:
+    """The LLDP frame sent out of ``port`` of ``dpid``: chassis id ``dpid:<16 hex digits>`` (locally
+    assigned, as Ryu's topology app sends it), port id the OpenFlow port number (4 bytes)."""
+    tlvs = (lldp.ChassisID(subtype=lldp.ChassisID.SUB_LOCALLY_ASSIGNED, chassis_id=b"dpid:%016x" % dpid),
+            lldp.PortID(subtype=lldp.PortID.SUB_PORT_COMPONENT, port_id=struct.pack("!I", port)),
+            lldp.TTL(ttl=LLDP_TTL_S), lldp.End())
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=lldp.LLDP_MAC_NEAREST_BRIDGE, src=src_mac,
+                                       ethertype=ether_types.ETH_TYPE_LLDP))
+    pkt.add_protocol(lldp.lldp(tlvs))
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def parse_lldp(data: bytes) -> tuple[int, int] | None:
+    """(datapath id, port) of one of our LLDP frames; None for anything else (another sender's LLDP)."""
+    pkt = packet.Packet(bytes(data))
+    frame = pkt.get_protocol(lldp.lldp)
+    if frame is None or len(frame.tlvs) < 2:
+        return None
+    chassis, port = frame.tlvs[0], frame.tlvs[1]
+    chassis_id = getattr(chassis, "chassis_id", b"")
+    port_id = getattr(port, "port_id", b"")
+    if not chassis_id.startswith(b"dpid:") or len(port_id) != 4:
+        return None
+    return int(chassis_id[5:], 16), struct.unpack("!I", port_id)[0]
+
+
+def is_lldp(data: bytes) -> bool:
+    return len(data) >= 14 and struct.unpack("!H", data[12:14])[0] == ether_types.ETH_TYPE_LLDP
+
+
 def fast_failover_supported(ofp, features) -> bool:
     """Does a group features reply (its body) list the fast-failover group type?"""
     return bool(features.types & (1 << ofp.OFPGT_FF))
@@ -298,6 +344,7 @@ class HpnController(BaseApp):
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
         self.ecn = self._ecn_loop(cfg)
+        self._wiring_init(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
@@ -344,6 +391,7 @@ class HpnController(BaseApp):
     def _tick_loop(self) -> None:
         while True:
             hub.sleep(TICK_S)
+            self._wiring_tick()
             self.handle(reconcile.Tick())
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -355,6 +403,8 @@ class HpnController(BaseApp):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
+            if isinstance(msg, reconcile.WipeTables) and self.wiring_enabled:
+                self._lldp_rule(dp)          # the wipe took it too
         self._update_metrics()
 
     def _update_metrics(self) -> None:
@@ -381,6 +431,173 @@ class HpnController(BaseApp):
             groups = sum(reconcile.GroupKey(g.group_id) in table for g in state.groups) if state else 0
             m.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
+    # ---- discovery and the wiring gate (controller/wiring.py decides) -----------------------------
+    # A switch that connects gets the LLDP rule and sends LLDP out of every port; it is handed to
+    # the reconciler (SwitchUp: routes installed) only once the wiring is decided and only if its
+    # plane may be installed. Ports the decision holds down are reported down to the reconciler.
+    def _wiring_init(self, cfg: dict) -> None:
+        if cfg["on_miswire"] not in (*wiring.MODES, "off"):
+            raise RuntimeError(f"HPNLAB_ON_MISWIRE={cfg['on_miswire']!r}: one of {', '.join(wiring.MODES)}, off")
+        self.on_miswire = cfg["on_miswire"]
+        self.wiring_enabled = self.on_miswire != "off"    # off: no LLDP, every switch installed at once
+        self.wiring_out = cfg["wiring_out"]
+        self.discovery_s = cfg["discovery_s"]
+        self.observed: dict[wiring.Port, tuple[wiring.Port, float]] = {}   # rx port -> (tx port, when)
+        self.port_info: dict[str, dict[int, tuple[str, bool]]] = {}         # switch -> port -> (hw addr, up)
+        self.wiring_report: wiring.Report | None = None
+        self.wiring_decision: wiring.Decision | None = None
+        self.released: set[str] = set()       # switches handed to the reconciler
+        self._last_connect = time.monotonic()
+        self._last_lldp = 0.0
+        self.wiring_gauges = None
+        if self.metrics:
+            from prometheus_client import Gauge
+            r = self.metrics.registry
+            self.wiring_gauges = {
+                "findings": Gauge("hpnlab_wiring_findings", "Wiring check findings by kind (LLDP against the "
+                                  "scenario)", ["kind"], registry=r),
+                "blocked": Gauge("hpnlab_wiring_planes_blocked", "Planes not installed because of miswiring",
+                                 registry=r),
+                "held": Gauge("hpnlab_wiring_ports_held_down", "Ports held down (routed around) by the wiring "
+                              "check", registry=r),
+                "ok": Gauge("hpnlab_wiring_links_ok", "Expected links seen by LLDP as planned", registry=r)}
+
+    def _gate_connected(self, name: str, dp) -> None:
+        """A switch connected: the LLDP rule; its routes once the wiring allows its plane."""
+        self._last_connect = time.monotonic()
+        if not self.wiring_enabled:
+            self._release(name)
+            return
+        self._lldp_rule(dp)
+        if self.wiring_decision is not None and self._plane_allowed(name):
+            self._release(name)
+
+    def _gate_disconnected(self, name: str) -> None:
+        self.released.discard(name)
+        self.port_info.pop(name, None)
+        self.handle(reconcile.SwitchDown(name))
+
+    def _plane_allowed(self, name: str) -> bool:
+        return self.wiring_decision is not None and self.index.sw[name].plane in self.wiring_decision.planes
+
+    def _release(self, name: str) -> None:
+        """Hand a connected switch to the reconciler: it installs the switch's state."""
+        if name in self.released or name not in self.datapaths:
+            return
+        self.released.add(name)
+        ports = {p: up for p, (_mac, up) in self.port_info.get(name, {}).items()}
+        self.handle(reconcile.SwitchUp(name, self._wiring_filter(name, ports) if ports else None))
+
+    def _port_seen(self, name: str, desc, up: bool) -> None:
+        self.port_info.setdefault(name, {})[desc.port_no] = (desc.hw_addr, up)
+
+    def _wiring_filter(self, name: str, ports: dict) -> dict:
+        """Port states for the reconciler: a port the wiring decision holds down counts as down."""
+        held = self.wiring_decision.held_down if self.wiring_decision is not None else frozenset()
+        return {p: up and (name, p) not in held for p, up in ports.items()}
+
+    def _lldp_rule(self, dp) -> None:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
+                                             [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+        dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=LLDP_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
+                                      priority=PRIO_LLDP, match=parser.OFPMatch(eth_type=ether_types.ETH_TYPE_LLDP),
+                                      instructions=inst, buffer_id=ofp.OFP_NO_BUFFER))
+
+    def _send_lldp(self, name: str | None = None) -> None:
+        """LLDP out of every port of one switch (every connected switch when None)."""
+        if not self.wiring_enabled:
+            return
+        for sw in [name] if name else list(self.datapaths):
+            dp = self.datapaths.get(sw)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            for port, (mac, _up) in sorted(self.port_info.get(sw, {}).items()):
+                if port >= ofp.OFPP_MAX:
+                    continue
+                dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                                                actions=[parser.OFPActionOutput(port)],
+                                                data=lldp_frame(dp.id, port, mac)))
+        self._last_lldp = time.monotonic()
+
+    def _lldp_in(self, name: str, in_port: int | None, data: bytes) -> str:
+        sender = parse_lldp(data)
+        if sender is None or in_port is None:
+            return "ignored"
+        dpid, port = sender
+        tx = (self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}", port)
+        rx = (name, in_port)
+        first = rx not in self.observed or self.observed[rx][0] != tx
+        self.observed[rx] = (tx, time.monotonic())
+        if first:
+            LOG.debug("LLDP: %s port %d hears %s port %d", name, in_port, *tx)
+            if self.wiring_decision is None and self._discovery_complete():
+                self._decide_wiring()
+        return "lldp"
+
+    def _discovery_complete(self) -> bool:
+        """Every switch connected, and every expected link heard from both ends as planned."""
+        if len(self.datapaths) < len(self.index.sw):
+            return False
+        heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
+        return all(heard.get(a) == b for a, b in wiring.expected_links(self.graph).items())
+
+    def _wiring_tick(self) -> None:
+        """Every tick: LLDP again (every second until decided, then every 5 s), stale observations
+        dropped; decide once discovery is complete or settled; afterwards, report changes."""
+        if not self.wiring_enabled:
+            return
+        now = time.monotonic()
+        if self.datapaths and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
+            self._send_lldp()
+        stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
+        for rx in stale:
+            del self.observed[rx]
+        if self.wiring_decision is not None or (
+                self.datapaths and (self._discovery_complete() or now - self._last_connect >= self.discovery_s)):
+            self._decide_wiring()
+
+    def _decide_wiring(self) -> None:
+        """The report and the decision; on a change: log, metrics, file, and the ports and planes it
+        changes (a port no longer held down is given back its real state)."""
+        heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
+        report = wiring.compare(self.graph, heard)
+        decision = wiring.decide(self.graph, report, self.on_miswire)
+        first = self.wiring_decision is None
+        if not first and report == self.wiring_report and decision == self.wiring_decision:
+            return
+        old_held = self.wiring_decision.held_down if self.wiring_decision else frozenset()
+        self.wiring_report, self.wiring_decision = report, decision
+        LOG.info("wiring: %d of %d expected links as planned, %s; on miswire %s: installing plane(s) %s%s",
+                 report.links_ok, report.links_expected,
+                 ", ".join(f"{n} {k}" for k, n in report.counts().items()), self.on_miswire,
+                 ", ".join(map(str, decision.planes)) or "none",
+                 f", {len(decision.held_down)} port(s) held down" if decision.held_down else "")
+        for line in report.lines():
+            LOG.warning("wiring: %s", line)
+        if self.wiring_gauges:
+            for kind, n in report.counts().items():
+                self.wiring_gauges["findings"].labels(kind).set(n)
+            self.wiring_gauges["blocked"].set(len(decision.blocked_planes))
+            self.wiring_gauges["held"].set(len(decision.held_down))
+            self.wiring_gauges["ok"].set(report.links_ok)
+        if self.wiring_out:
+            tmp = self.wiring_out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(wiring.report_dict(report, decision), f, indent=1)
+            os.replace(tmp, self.wiring_out)
+        for sw, port in sorted(old_held ^ decision.held_down):
+            info = self.port_info.get(sw, {}).get(port)     # a port never reported counts as up (reconcile)
+            self.handle(reconcile.PortStatus(sw, self._wiring_filter(sw, {port: info[1] if info else True})))
+        self._release_planes(decision.planes)
+
+    def _release_planes(self, planes: tuple[int, ...]) -> None:
+        """Hand the switches of ``planes`` to the reconciler."""
+        for name in sorted(self.datapaths):
+            if self.index.sw[name].plane in planes:
+                self._release(name)
+
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)
 
@@ -400,7 +617,7 @@ class HpnController(BaseApp):
             LOG.info("%s reconnected: replacing its old connection", name)
         LOG.info("%s (dpid %016x) connected", name, dp.id)
         self.datapaths[name] = dp
-        self.handle(reconcile.SwitchUp(name))
+        self._gate_connected(name, dp)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
         dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
@@ -415,6 +632,7 @@ class HpnController(BaseApp):
             return
         LOG.warning("%s (dpid %016x) disconnected", name, getattr(dp, "id", 0) or 0)
         del self.datapaths[name]
+        self._gate_disconnected(name)
         self.handle(reconcile.SwitchDown(name))
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
@@ -427,7 +645,10 @@ class HpnController(BaseApp):
         ofp = dp.ofproto
         up = msg.reason != ofp.OFPPR_DELETE and port_is_up(ofp, msg.desc)
         LOG.info("%s port %d %s", name, msg.desc.port_no, "up" if up else "down")
-        self.handle(reconcile.PortStatus(name, {msg.desc.port_no: up}))
+        self._port_seen(name, msg.desc, up)
+        self.handle(reconcile.PortStatus(name, self._wiring_filter(name, {msg.desc.port_no: up})))
+        if up:
+            self._send_lldp(name)      # who is on the other end now
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_port_desc(self, ev):
@@ -435,7 +656,11 @@ class HpnController(BaseApp):
         name = self._name(dp)
         if name is None:
             return
-        self.handle(reconcile.PortStatus(name, {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}))
+        ports = {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}
+        for d in ev.msg.body:
+            self._port_seen(name, d, ports[d.port_no])
+        self.handle(reconcile.PortStatus(name, self._wiring_filter(name, ports)))
+        self._send_lldp(name)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_barrier_reply(self, ev):
@@ -499,6 +724,8 @@ class HpnController(BaseApp):
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"
         in_port = msg.match.get("in_port")
+        if is_lldp(bytes(msg.data)):
+            return self._lldp_in(name, in_port, bytes(msg.data))
         if in_port is None or not self.index.is_host_port(name, in_port):
             LOG.warning("%s: packet-in on port %s which is not a host port, ignored", name, in_port)
             return "ignored"
