@@ -68,6 +68,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "installed; miswired and missing cables are routed around), planes (only the planes "
                         "that check out are installed) or off (no LLDP: every switch is installed as it connects)")
     p.add_argument("--wiring-out", metavar="FILE", help="write the wiring report (JSON) to FILE")
+    p.add_argument("--deployment", metavar="FILE|auto",
+                   help="deployment file mapping the scenario's switches to real dpids and port numbers "
+                        "(controller/deployment.py); auto: run on the scenario's numbers and write the map LLDP "
+                        "discovered to --deployment-out (default: $HPNLAB_DEPLOYMENT)")
+    p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
+                   help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
     p.add_argument("--discovery-s", type=float, default=2.0, metavar="S",
                    help="LLDP discovery: decide the wiring S seconds after the last switch connected, unless every "
                         "expected link was heard as planned before (default 2)")
@@ -101,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {args.telemetry_interval_ms:g}")
     if args.ecn_policy != "static" and args.telemetry_interval_ms == 0:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
+    if args.deployment is None:
+        args.deployment = os.environ.get("HPNLAB_DEPLOYMENT") or None
+    if args.deployment and args.deployment != "auto":
+        from . import deployment
+        deployment.load(graph.build(scenario), args.deployment)      # every mistake, one line each, now
+    if args.deployment == "auto" and args.on_miswire == "off":
+        raise UserError("--deployment auto needs LLDP discovery: not with --on-miswire off")
     if args.discovery_s < 0:
         raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
     if args.wiring_out and not Path(args.wiring_out).resolve().parent.is_dir():
@@ -131,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_ON_MISWIRE"] = args.on_miswire
     os.environ["HPNLAB_WIRING_OUT"] = str(Path(args.wiring_out).resolve()) if args.wiring_out else ""
     os.environ["HPNLAB_DISCOVERY_S"] = f"{args.discovery_s:g}"
+    os.environ["HPNLAB_DEPLOYMENT"] = str(Path(args.deployment).resolve()) if args.deployment and \
+        args.deployment != "auto" else (args.deployment or "")
+    os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

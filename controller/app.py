@@ -18,6 +18,8 @@ both launchers work the same way:
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
     HPNLAB_DISCOVERY_S   seconds of LLDP after the last switch connected before deciding (default 2)
+    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
+                         on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -46,7 +48,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, reconcile, telemetry, wiring
+from . import compiler, deployment, reconcile, telemetry, wiring
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -94,7 +96,9 @@ def _config() -> dict:
             "run_id": os.environ.get("HPNLAB_RUN") or None,
             "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
             "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
-            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 2.0)}
+            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 2.0),
+            "deployment": os.environ.get("HPNLAB_DEPLOYMENT") or None,
+            "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml"}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -326,7 +330,7 @@ class HpnController(BaseApp):
         cfg = _config()
         self.policy = cfg["policy"]
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
-        self.graph = fgraph.build(self.scenario)
+        self.graph = self._deployed_graph(fgraph.build(self.scenario), cfg)
         self.index = compiler.index_of(self.graph)
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"])
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
@@ -348,6 +352,16 @@ class HpnController(BaseApp):
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
+
+    def _deployed_graph(self, g, cfg: dict):
+        """The scenario's graph on the deployment file's dpids and ports (controller/deployment.py)."""
+        self.deployment_auto = cfg["deployment"] == "auto"
+        self.deployment_out = cfg["deployment_out"]
+        if not cfg["deployment"] or self.deployment_auto:
+            return g
+        out = deployment.apply(g, deployment.load(g, cfg["deployment"]))
+        LOG.info("deployment %s: %d switches on their own dpids and ports", cfg["deployment"], len(fgraph.switches(g)))
+        return out
 
     def start(self):
         thread = super().start()
@@ -447,6 +461,9 @@ class HpnController(BaseApp):
         self.wiring_report: wiring.Report | None = None
         self.wiring_decision: wiring.Decision | None = None
         self.released: set[str] = set()       # switches handed to the reconciler
+        self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
+        self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
+        self._deployment_written: dict | None = None
         self._last_connect = time.monotonic()
         self._last_lldp = 0.0
         self.wiring_gauges = None
@@ -508,8 +525,9 @@ class HpnController(BaseApp):
         """LLDP out of every port of one switch (every connected switch when None)."""
         if not self.wiring_enabled:
             return
-        for sw in [name] if name else list(self.datapaths):
-            dp = self.datapaths.get(sw)
+        strangers = {f"dpid:{dpid:016x}": dp for dpid, dp in self.strangers.items()}
+        for sw in [name] if name else list(self.datapaths) + list(strangers):
+            dp = self.datapaths.get(sw) or strangers.get(sw)
             if dp is None:
                 continue
             ofp, parser = dp.ofproto, dp.ofproto_parser
@@ -526,6 +544,9 @@ class HpnController(BaseApp):
         if sender is None or in_port is None:
             return "ignored"
         dpid, port = sender
+        rx_dp = self.datapaths.get(name) or self.strangers.get(int(name[5:], 16) if name.startswith("dpid:") else -1)
+        if rx_dp is not None:
+            self.heard_dpids[rx_dp.id, in_port] = (dpid, port)
         tx = (self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}", port)
         rx = (name, in_port)
         first = rx not in self.observed or self.observed[rx][0] != tx
@@ -591,6 +612,39 @@ class HpnController(BaseApp):
             info = self.port_info.get(sw, {}).get(port)     # a port never reported counts as up (reconcile)
             self.handle(reconcile.PortStatus(sw, self._wiring_filter(sw, {port: info[1] if info else True})))
         self._release_planes(decision.planes)
+        if self.deployment_auto:
+            self._write_discovered_deployment()
+
+    def _stranger_connected(self, dp) -> None:
+        """--deployment auto: a datapath id the scenario does not derive; heard by LLDP, never installed."""
+        LOG.info("datapath %016x connected: not a derived dpid, discovering it by LLDP (--deployment auto)", dp.id)
+        self.strangers[dp.id] = dp
+        self._last_connect = time.monotonic()
+        self._lldp_rule(dp)
+        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+
+    def _write_discovered_deployment(self) -> None:
+        """--deployment auto: the map LLDP discovered (controller/deployment.from_discovery), written once
+        it has the scenario's shape and again whenever it changes."""
+        from hpnlab.fabric.errors import UserError
+        try:
+            dpids, maps = deployment.from_discovery(self.graph, self.heard_dpids)
+        except UserError as exc:
+            LOG.warning("deployment auto: %s", exc)
+            return
+        found = {"dpids": dpids, "maps": maps}
+        if found == self._deployment_written:
+            return
+        self._deployment_written = found
+        text = deployment.dump(self.graph, dpids, maps)
+        tmp = self.deployment_out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.deployment_out)
+        foreign = sorted(n for n, d in dpids.items() if d != self.graph.nodes[n]["dpid"])
+        LOG.info("deployment auto: wrote %s (%d switches%s)", self.deployment_out, len(dpids),
+                 f"; {len(foreign)} on foreign dpids: restart with --deployment {self.deployment_out} to install them"
+                 if foreign else "")
 
     def _release_planes(self, planes: tuple[int, ...]) -> None:
         """Hand the switches of ``planes`` to the reconciler."""
@@ -606,6 +660,9 @@ class HpnController(BaseApp):
     def on_features(self, ev):
         dp = ev.msg.datapath
         name = self._name(dp)
+        if name is None and self.deployment_auto and self.wiring_enabled:
+            self._stranger_connected(dp)
+            return
         if name is None:
             LOG.warning("switch with unknown datapath id %016x connected: not in scenario %s, ignored",
                         dp.id, self.scenario.name)
@@ -655,6 +712,10 @@ class HpnController(BaseApp):
         dp = ev.msg.datapath
         name = self._name(dp)
         if name is None:
+            if dp.id in self.strangers:
+                for d in ev.msg.body:
+                    self._port_seen(f"dpid:{dp.id:016x}", d, port_is_up(dp.ofproto, d))
+                self._send_lldp(f"dpid:{dp.id:016x}")
             return
         ports = {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}
         for d in ev.msg.body:
@@ -720,6 +781,8 @@ class HpnController(BaseApp):
     def _packet_in(self, msg) -> str:
         dp = msg.datapath
         name = self.index.by_dpid.get(dp.id)
+        if name is None and dp.id in self.strangers and is_lldp(bytes(msg.data)):
+            return self._lldp_in(f"dpid:{dp.id:016x}", msg.match.get("in_port"), bytes(msg.data))
         if name is None:
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"
