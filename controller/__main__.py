@@ -72,6 +72,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="deployment file mapping the scenario's switches to real dpids and port numbers "
                         "(controller/deployment.py); auto: run on the scenario's numbers and write the map LLDP "
                         "discovered to --deployment-out (default: $HPNLAB_DEPLOYMENT)")
+    p.add_argument("--rollout", choices=("all", "staged"), default="all",
+                   help="all (default): every plane at once; staged: one plane at a time, each verified by probes "
+                        "through the plane before the next, rolled back when a probe fails (controller/rollout.py)")
+    p.add_argument("--rollout-out", metavar="FILE", help="write the staged rollout's stages and results (JSON) to FILE")
     p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
                    help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
     p.add_argument("--discovery-s", type=float, default=2.0, metavar="S",
@@ -114,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         deployment.load(graph.build(scenario), args.deployment)      # every mistake, one line each, now
     if args.deployment == "auto" and args.on_miswire == "off":
         raise UserError("--deployment auto needs LLDP discovery: not with --on-miswire off")
+    if args.rollout == "staged" and args.on_miswire == "off":
+        raise UserError("--rollout staged needs LLDP discovery: not with --on-miswire off")
+    if args.rollout_out and not Path(args.rollout_out).resolve().parent.is_dir():
+        raise UserError(f"--rollout-out {args.rollout_out}: its directory does not exist")
     if args.discovery_s < 0:
         raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
     if args.wiring_out and not Path(args.wiring_out).resolve().parent.is_dir():
@@ -147,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_DEPLOYMENT"] = str(Path(args.deployment).resolve()) if args.deployment and \
         args.deployment != "auto" else (args.deployment or "")
     os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
+    os.environ["HPNLAB_ROLLOUT"] = args.rollout
+    os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

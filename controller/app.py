@@ -20,6 +20,9 @@ both launchers work the same way:
     HPNLAB_DISCOVERY_S   seconds of LLDP after the last switch connected before deciding (default 2)
     HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
                          on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
+    HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
+                         (controller/rollout.py; default all)
+    HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -48,7 +51,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, deployment, reconcile, telemetry, wiring
+from . import compiler, deployment, reconcile, rollout, telemetry, wiring
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -58,17 +61,22 @@ from .ofp import (
     ether_types,
     ethernet,
     hub,
+    ipv4,
     lldp,
     ofp_event,
     ofproto_v1_3,
     packet,
     set_ev_cls,
+    udp,
 )
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
 LLDP_COOKIE = 0x68706E6C6C647000   # the LLDP rule (not the reconciler's: its read-back skips it)
 PRIO_LLDP = 65535
 LLDP_TTL_S = 120
+PROBE_COOKIE = 0x68706E6C70726F00  # the staged rollout's temporary probe-catching rules
+PRIO_PROBE = 65534
+PROBE_WAIT_S = 1.0                 # a stage's probes have this long to arrive (twice: missing ones are resent)
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
@@ -98,7 +106,9 @@ def _config() -> dict:
             "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
             "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 2.0),
             "deployment": os.environ.get("HPNLAB_DEPLOYMENT") or None,
-            "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml"}
+            "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
+            "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
+            "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -305,6 +315,17 @@ def parse_lldp(data: bytes) -> tuple[int, int] | None:
     return int(chassis_id[5:], 16), struct.unpack("!I", port_id)[0]
 
 
+def probe_frame(p: rollout.Probe) -> bytes:
+    """A staged rollout's probe: UDP from the source host to the destination host, to PROBE_UDP_PORT."""
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=p.dst_mac, src=p.src_mac, ethertype=ether_types.ETH_TYPE_IP))
+    pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=17, ttl=64))
+    pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_UDP_PORT))
+    pkt.add_protocol(p.payload)
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
 def is_lldp(data: bytes) -> bool:
     return len(data) >= 14 and struct.unpack("!H", data[12:14])[0] == ether_types.ETH_TYPE_LLDP
 
@@ -349,6 +370,7 @@ class HpnController(BaseApp):
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
         self.ecn = self._ecn_loop(cfg)
         self._wiring_init(cfg)
+        self._rollout_init(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
@@ -407,6 +429,7 @@ class HpnController(BaseApp):
             hub.sleep(TICK_S)
             self._wiring_tick()
             self.handle(reconcile.Tick())
+            self._rollout_poll()
 
     # ---- plumbing ------------------------------------------------------------------------
     def handle(self, event: reconcile.Event) -> None:
@@ -420,6 +443,8 @@ class HpnController(BaseApp):
             if isinstance(msg, reconcile.WipeTables) and self.wiring_enabled:
                 self._lldp_rule(dp)          # the wipe took it too
         self._update_metrics()
+        if isinstance(event, reconcile.BarrierReply):
+            self._rollout_poll()
 
     def _update_metrics(self) -> None:
         if not self.metrics:
@@ -495,7 +520,10 @@ class HpnController(BaseApp):
         self.handle(reconcile.SwitchDown(name))
 
     def _plane_allowed(self, name: str) -> bool:
-        return self.wiring_decision is not None and self.index.sw[name].plane in self.wiring_decision.planes
+        plane = self.index.sw[name].plane
+        if self.rollout is not None and plane not in self.rollout.allowed():
+            return False
+        return self.wiring_decision is not None and plane in self.wiring_decision.planes
 
     def _release(self, name: str) -> None:
         """Hand a connected switch to the reconciler: it installs the switch's state."""
@@ -647,10 +675,179 @@ class HpnController(BaseApp):
                  if foreign else "")
 
     def _release_planes(self, planes: tuple[int, ...]) -> None:
-        """Hand the switches of ``planes`` to the reconciler."""
+        """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
+        if self.rollout_mode == "staged" and self.rollout is None:
+            self.rollout = rollout.Rollout.of(planes)
+            LOG.info("staged rollout: plane(s) %s, one at a time", ", ".join(map(str, self.rollout.planes)) or "none")
+            self._write_rollout()
         for name in sorted(self.datapaths):
-            if self.index.sw[name].plane in planes:
+            if self.index.sw[name].plane in planes and self._plane_allowed(name):
                 self._release(name)
+
+    # ---- staged rollout (controller/rollout.py decides) ----------------------------------------
+    def _rollout_init(self, cfg: dict) -> None:
+        if cfg["rollout"] not in rollout.MODES:
+            raise RuntimeError(f"HPNLAB_ROLLOUT={cfg['rollout']!r}: one of {', '.join(rollout.MODES)}")
+        if cfg["rollout"] == "staged" and not self.wiring_enabled:
+            raise RuntimeError("a staged rollout needs the wiring gate (not HPNLAB_ON_MISWIRE=off)")
+        self.rollout_mode = cfg["rollout"]
+        self.rollout_out = cfg["rollout_out"]
+        self.rollout: rollout.Rollout | None = None
+        self._probes: list[rollout.Probe] = []
+        self._arrivals: dict[int, str] = {}
+        self._probe_sent_at = 0.0
+        self._probe_resent = False
+        self._catch_at = 0.0
+        self._rollout_busy = False
+
+    def _rollout_poll(self) -> None:
+        """Move the staged rollout on: probe a stage once its switches hold their state, judge it once
+        its probes arrived or their time is up, roll it back when it failed."""
+        r = self.rollout
+        if r is None or r.phase == "done" or self._rollout_busy:
+            return
+        self._rollout_busy = True
+        try:
+            self._rollout_step(r)
+        finally:
+            self._rollout_busy = False
+
+    def _rollout_step(self, r: rollout.Rollout) -> None:
+        plane = r.current
+        if plane is None:
+            return
+        now = time.monotonic()
+        names = [sw.name for sw in self.index.planes[plane]]
+        rec = self.reconciler
+        if r.phase == "install":
+            installed = [n for n in names if n in self.released]
+            if not installed or any(rec.pending.get(n) or rec.confirmed.get(n) != rec.desired.get(n)
+                                    for n in installed):
+                return
+            self._probe_catchers(plane, add=True)
+            self._catch_at = now
+            r.phase = "catch"
+        if r.phase == "catch":
+            if now - self._catch_at < 0.3:      # the catching rules in place first (other switches)
+                return
+            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane))
+            self._arrivals = {}
+            self._send_probes(self._probes)
+            self._probe_sent_at, self._probe_resent = now, False
+            r.phase = "probe"
+            return
+        if r.phase == "probe":
+            done = all(p.probe_id in self._arrivals for p in self._probes)
+            if not done and now - self._probe_sent_at < PROBE_WAIT_S:
+                return
+            if not done and not self._probe_resent:
+                self._send_probes([p for p in self._probes if p.probe_id not in self._arrivals])
+                self._probe_sent_at, self._probe_resent = now, True
+                return
+            result = rollout.evaluate(plane, self._probes, self._arrivals)
+            self._probe_catchers(plane, add=False)
+            r.finish(result)
+            if result.ok:
+                LOG.info("staged rollout: plane %d passed (%d of %d probes arrived)", plane, result.arrived,
+                         result.sent)
+            else:
+                LOG.error("staged rollout: plane %d failed (%d of %d probes arrived, %d at a wrong leaf): "
+                          "rolling it back", plane, result.arrived, result.sent, len(result.misdelivered))
+                self._roll_back(names)
+            if self.rollout_gauges:
+                self.rollout_gauges.labels("passed").set(len(r.passed))
+                self.rollout_gauges.labels("rolled_back").set(len(r.rolled_back))
+            self._write_rollout()
+            if self.wiring_decision is not None:
+                self._release_planes(self.wiring_decision.planes)
+
+    @property
+    def rollout_gauges(self):
+        if not self.metrics:
+            return None
+        gauge = getattr(self.metrics, "_rollout_planes", None)
+        if gauge is None:
+            from prometheus_client import Gauge
+            gauge = Gauge("hpnlab_rollout_planes", "Staged rollout: planes passed or rolled back", ["state"],
+                          registry=self.metrics.registry)
+            self.metrics._rollout_planes = gauge
+        return gauge
+
+    def _delivered_fn(self, plane: int):
+        """Does the compiled state deliver a probe (src host -> dst ip, sport)? Walked with the table
+        interpreter over the reconciler's desired state (the routes the wiring check left out are not probed)."""
+        from .oftable import FabricTables
+        net = FabricTables(self.graph, self.reconciler.states, self.reconciler.failures)
+
+        def delivered(src: str, dst: str, _dst_ip: str, sport: int) -> bool:
+            return net.send(src, dst, plane=plane, sport=sport).result == "delivered"
+        return delivered
+
+    def _probe_catchers(self, plane: int, add: bool) -> None:
+        """The table-0 rules that send probes arriving at a leaf's uplinks to the controller (or their removal)."""
+        for leaf, ports in rollout.catch_points(self.graph, plane).items():
+            dp = self.datapaths.get(leaf)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            if not add:
+                dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, cookie_mask=ALL_COOKIE_BITS,
+                                              table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
+                                              out_group=ofp.OFPG_ANY, match=parser.OFPMatch()))
+                continue
+            inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+            for port in ports:
+                match = parser.OFPMatch(in_port=port, eth_type=ether_types.ETH_TYPE_IP, ip_proto=17,
+                                        udp_dst=rollout.PROBE_UDP_PORT)
+                dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
+                                              priority=PRIO_PROBE, match=match, instructions=inst,
+                                              buffer_id=ofp.OFP_NO_BUFFER))
+
+    def _send_probes(self, probes: list[rollout.Probe]) -> None:
+        for p in probes:
+            dp = self.datapaths.get(p.src_leaf)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=p.in_port,
+                                            actions=[parser.OFPActionOutput(ofp.OFPP_TABLE)], data=probe_frame(p)))
+
+    def _probe_in(self, name: str, data: bytes) -> str | None:
+        """A probe caught at a leaf: recorded (None: not a probe)."""
+        pkt = packet.Packet(data)
+        seg = pkt.get_protocol(udp.udp)
+        if seg is None or seg.dst_port != rollout.PROBE_UDP_PORT:
+            return None
+        payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
+        pid = rollout.probe_id_of(bytes(payload))
+        if pid is None:
+            return None
+        self._arrivals.setdefault(pid, name)
+        if self.rollout is not None and self.rollout.phase == "probe" and \
+                all(p.probe_id in self._arrivals for p in self._probes):
+            self._rollout_poll()
+        return "probe"
+
+    def _roll_back(self, names: list[str]) -> None:
+        """Take a plane's switches from the reconciler (failed: no other plane changes) and wipe them."""
+        for name in names:
+            if name not in self.released:
+                continue
+            self.released.discard(name)
+            self.handle(reconcile.SwitchDown(name))
+            dp = self.datapaths.get(name)
+            if dp is not None:
+                for ofmsg in encode(dp, reconcile.WipeTables(name)):
+                    dp.send_msg(ofmsg)
+                self._lldp_rule(dp)
+
+    def _write_rollout(self) -> None:
+        if self.rollout_out and self.rollout is not None:
+            tmp = self.rollout_out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.rollout.as_dict(), f, indent=1)
+            os.replace(tmp, self.rollout_out)
 
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)
@@ -789,6 +986,10 @@ class HpnController(BaseApp):
         in_port = msg.match.get("in_port")
         if is_lldp(bytes(msg.data)):
             return self._lldp_in(name, in_port, bytes(msg.data))
+        if self.rollout is not None and not self.index.is_host_port(name, in_port or 0):
+            caught = self._probe_in(name, bytes(msg.data))
+            if caught is not None:
+                return caught
         if in_port is None or not self.index.is_host_port(name, in_port):
             LOG.warning("%s: packet-in on port %s which is not a host port, ignored", name, in_port)
             return "ignored"

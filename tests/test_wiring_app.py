@@ -74,15 +74,21 @@ class Fabric:
                         far = self.peer.get((name, m.actions[0].port))
                         if far is not None:
                             moved = True
-                            fdp = self.dps[far[0]]
-                            msg = parser.OFPPacketIn(fdp, buffer_id=ofp.OFP_NO_BUFFER, total_len=len(m.data),
-                                                     reason=ofp.OFPR_ACTION, table_id=0, cookie=0,
-                                                     match=parser.OFPMatch(in_port=far[1]), data=bytes(m.data))
-                            self.app.on_packet_in(ofp_event.EventOFPPacketIn(msg))
-                    else:
+                            self.packet_in(far[0], far[1], bytes(m.data))
+                    elif not self.carry(name, m):
                         self.installed[name].append(m)
             if not moved:
                 return
+
+    def packet_in(self, name: str, port: int, data: bytes) -> None:
+        dp = self.dps[name]
+        msg = parser.OFPPacketIn(dp, buffer_id=ofp.OFP_NO_BUFFER, total_len=len(data), reason=ofp.OFPR_ACTION,
+                                 table_id=0, cookie=0, match=parser.OFPMatch(in_port=port), data=data)
+        self.app.on_packet_in(ofp_event.EventOFPPacketIn(msg))
+
+    def carry(self, name: str, msg) -> bool:
+        """Other packet-outs a subclass carries (True: carried)."""
+        return False
 
     def settle(self) -> None:
         for name, dp in self.dps.items():

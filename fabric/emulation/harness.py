@@ -64,7 +64,8 @@ class Emulation:
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
-                 rewire: Rewire | None = None, wiring_timeout: float = 30.0):
+                 rewire: Rewire | None = None, wiring_timeout: float = 30.0,
+                 on_built: Callable[[Emulation], None] | None = None):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
@@ -128,6 +129,9 @@ class Emulation:
         #: how long to wait for the controller's wiring report once every switch is connected
         self.wiring_timeout = wiring_timeout
         self.wiring_file: Path | None = None
+        self.rollout_file: Path | None = None
+        #: called once the network is built, before the switches are installed (tests: break something first)
+        self.on_built = on_built
         self.caps: kernel.Capabilities | None = None
         self.net: Any = None
         self.state: RunState | None = None
@@ -193,6 +197,8 @@ class Emulation:
             self.timings["controller_s"] = time.monotonic() - t0
             self._build()
             self.timings["built_s"] = time.monotonic() - t0
+            if self.on_built is not None:
+                self.on_built(self)
             if self.ovs_realtime and self.metadata.get("datapath") == "user":
                 self._realtime_ovs()     # only the userspace datapath forwards in that thread
             if self.bfd_ms:
@@ -396,6 +402,9 @@ class Emulation:
         with the deployment file that maps the scenario onto them."""
         self.wiring_file = self._st.run_dir / "wiring.json"
         args = ["--wiring-out", str(self.wiring_file)]
+        if self.staged:
+            self.rollout_file = self._st.run_dir / "rollout.json"
+            args += ["--rollout-out", str(self.rollout_file)]
         foreign = self.rewire.dpid_base is not None or self.rewire.port_offset
         if foreign and "--deployment" not in self.controller_args:
             path = self._st.run_dir / "deployment.yaml"
@@ -403,6 +412,13 @@ class Emulation:
             self.metadata["deployment"] = str(path)
             args += ["--deployment", str(path)]
         return args
+
+    @property
+    def staged(self) -> bool:
+        """Is the controller asked for a staged rollout (``controller_args``: --rollout staged)?"""
+        args = self.controller_args
+        return any((a == "--rollout" and args[i + 1:i + 2] == ["staged"]) or a == "--rollout=staged"
+                   for i, a in enumerate(args))
 
     def _read_wiring(self) -> None:
         """The controller's wiring report (controller/wiring.py) into the metadata, once it has
@@ -422,6 +438,28 @@ class Emulation:
         self.metadata["wiring"] = report
         for finding in report.get("findings", []):
             self.log(f"wiring: {finding['line']}")
+        if self.rollout_file is not None:
+            self.metadata["rollout"] = self._wait_rollout(deadline + self.wiring_timeout)
+            for plane in self.metadata["rollout"]["rolled_back"]:
+                self.log(f"staged rollout: plane {plane} failed its probes and was rolled back")
+
+    def _wait_rollout(self, deadline: float) -> dict:
+        """The staged rollout's results once every stage is done."""
+        assert self.rollout_file is not None
+        while True:
+            try:
+                status = json.loads(self.rollout_file.read_text())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("done"):
+                return status
+            if self.controller_proc and self.controller_proc.poll() is not None:
+                raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "
+                                     f"log: {self.metadata.get('controller_log')}")
+            if time.monotonic() > deadline:
+                raise EmulationError(f"the staged rollout did not finish in time (log: "
+                                     f"{self.metadata.get('controller_log')})")
+            time.sleep(0.1)
 
     def _verify(self, rounds: int = 3) -> None:
         """Every host-port pair on every plane must answer; pairs that fail are retried (ARP
