@@ -78,9 +78,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--rollout-out", metavar="FILE", help="write the staged rollout's stages and results (JSON) to FILE")
     p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
                    help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
-    p.add_argument("--discovery-s", type=float, default=2.0, metavar="S",
-                   help="LLDP discovery: decide the wiring S seconds after the last switch connected, unless every "
-                        "expected link was heard as planned before (default 2)")
+    p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
+                   help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
+                        "seconds, or as soon as every expected link was heard as planned (default 3)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 

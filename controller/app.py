@@ -17,7 +17,7 @@ both launchers work the same way:
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
-    HPNLAB_DISCOVERY_S   seconds of LLDP after the last switch connected before deciding (default 2)
+    HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
     HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
                          on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
@@ -104,7 +104,7 @@ def _config() -> dict:
             "run_id": os.environ.get("HPNLAB_RUN") or None,
             "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
             "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
-            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 2.0),
+            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 3.0),
             "deployment": os.environ.get("HPNLAB_DEPLOYMENT") or None,
             "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
@@ -489,7 +489,7 @@ class HpnController(BaseApp):
         self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
         self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
         self._deployment_written: dict | None = None
-        self._last_connect = time.monotonic()
+        self._last_connect = time.monotonic()    # the last time discovery learnt something (switch, port, link)
         self._last_lldp = 0.0
         self.wiring_gauges = None
         if self.metrics:
@@ -534,6 +534,8 @@ class HpnController(BaseApp):
         self.handle(reconcile.SwitchUp(name, self._wiring_filter(name, ports) if ports else None))
 
     def _port_seen(self, name: str, desc, up: bool) -> None:
+        if desc.port_no not in self.port_info.get(name, {}):
+            self._last_connect = time.monotonic()      # something new to hear from: discovery goes on
         self.port_info.setdefault(name, {})[desc.port_no] = (desc.hw_addr, up)
 
     def _wiring_filter(self, name: str, ports: dict) -> dict:
@@ -580,6 +582,7 @@ class HpnController(BaseApp):
         first = rx not in self.observed or self.observed[rx][0] != tx
         self.observed[rx] = (tx, time.monotonic())
         if first:
+            self._last_connect = time.monotonic()          # still learning: the deadline moves on
             LOG.debug("LLDP: %s port %d hears %s port %d", name, in_port, *tx)
             if self.wiring_decision is None and self._discovery_complete():
                 self._decide_wiring()
