@@ -483,9 +483,11 @@ class HpnController(BaseApp):
         self.discovery_s = cfg["discovery_s"]
         self.observed: dict[wiring.Port, tuple[wiring.Port, float]] = {}   # rx port -> (tx port, when)
         self.port_info: dict[str, dict[int, tuple[str, bool]]] = {}         # switch -> port -> (hw addr, up)
+        self.expected_links = wiring.expected_links(self.graph)
         self.wiring_report: wiring.Report | None = None
         self.wiring_decision: wiring.Decision | None = None
         self.released: set[str] = set()       # switches handed to the reconciler
+        self.rollout_state: rollout.Rollout | None = None     # --rollout staged (set by _release_planes)
         self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
         self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
         self._deployment_written: dict | None = None
@@ -521,7 +523,7 @@ class HpnController(BaseApp):
 
     def _plane_allowed(self, name: str) -> bool:
         plane = self.index.sw[name].plane
-        if self.rollout is not None and plane not in self.rollout.allowed():
+        if self.rollout_state is not None and plane not in self.rollout_state.allowed():
             return False
         return self.wiring_decision is not None and plane in self.wiring_decision.planes
 
@@ -593,7 +595,7 @@ class HpnController(BaseApp):
         if len(self.datapaths) < len(self.index.sw):
             return False
         heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
-        return all(heard.get(a) == b for a, b in wiring.expected_links(self.graph).items())
+        return all(heard.get(a) == b for a, b in self.expected_links.items())
 
     def _wiring_tick(self) -> None:
         """Every tick: LLDP again (every second until decided, then every 5 s), stale observations
@@ -679,9 +681,10 @@ class HpnController(BaseApp):
 
     def _release_planes(self, planes: tuple[int, ...]) -> None:
         """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
-        if self.rollout_mode == "staged" and self.rollout is None:
-            self.rollout = rollout.Rollout.of(planes)
-            LOG.info("staged rollout: plane(s) %s, one at a time", ", ".join(map(str, self.rollout.planes)) or "none")
+        if self.rollout_mode == "staged" and self.rollout_state is None:
+            self.rollout_state = rollout.Rollout.of(planes)
+            LOG.info("staged rollout: plane(s) %s, one at a time",
+                     ", ".join(map(str, self.rollout_state.planes)) or "none")
             self._write_rollout()
         for name in sorted(self.datapaths):
             if self.index.sw[name].plane in planes and self._plane_allowed(name):
@@ -695,18 +698,18 @@ class HpnController(BaseApp):
             raise RuntimeError("a staged rollout needs the wiring gate (not HPNLAB_ON_MISWIRE=off)")
         self.rollout_mode = cfg["rollout"]
         self.rollout_out = cfg["rollout_out"]
-        self.rollout: rollout.Rollout | None = None
         self._probes: list[rollout.Probe] = []
         self._arrivals: dict[int, str] = {}
         self._probe_sent_at = 0.0
         self._probe_resent = False
         self._catch_at = 0.0
         self._rollout_busy = False
+        self._rollout_gauge: Any = None
 
     def _rollout_poll(self) -> None:
         """Move the staged rollout on: probe a stage once its switches hold their state, judge it once
         its probes arrived or their time is up, roll it back when it failed."""
-        r = self.rollout
+        r = self.rollout_state
         if r is None or r.phase == "done" or self._rollout_busy:
             return
         self._rollout_busy = True
@@ -765,16 +768,14 @@ class HpnController(BaseApp):
                 self._release_planes(self.wiring_decision.planes)
 
     @property
-    def rollout_gauges(self):
+    def rollout_gauges(self) -> Any:
         if not self.metrics:
             return None
-        gauge = getattr(self.metrics, "_rollout_planes", None)
-        if gauge is None:
+        if self._rollout_gauge is None:
             from prometheus_client import Gauge
-            gauge = Gauge("hpnlab_rollout_planes", "Staged rollout: planes passed or rolled back", ["state"],
-                          registry=self.metrics.registry)
-            self.metrics._rollout_planes = gauge
-        return gauge
+            self._rollout_gauge = Gauge("hpnlab_rollout_planes", "Staged rollout: planes passed or rolled back",
+                                        ["state"], registry=self.metrics.registry)
+        return self._rollout_gauge
 
     def _delivered_fn(self, plane: int):
         """Does the compiled state deliver a probe (src host -> dst ip, sport)? Walked with the table
@@ -827,7 +828,7 @@ class HpnController(BaseApp):
         if pid is None:
             return None
         self._arrivals.setdefault(pid, name)
-        if self.rollout is not None and self.rollout.phase == "probe" and \
+        if self.rollout_state is not None and self.rollout_state.phase == "probe" and \
                 all(p.probe_id in self._arrivals for p in self._probes):
             self._rollout_poll()
         return "probe"
@@ -846,10 +847,10 @@ class HpnController(BaseApp):
                 self._lldp_rule(dp)
 
     def _write_rollout(self) -> None:
-        if self.rollout_out and self.rollout is not None:
+        if self.rollout_out and self.rollout_state is not None:
             tmp = self.rollout_out + ".tmp"
             with open(tmp, "w") as f:
-                json.dump(self.rollout.as_dict(), f, indent=1)
+                json.dump(self.rollout_state.as_dict(), f, indent=1)
             os.replace(tmp, self.rollout_out)
 
     def _name(self, dp) -> str | None:
@@ -989,7 +990,7 @@ class HpnController(BaseApp):
         in_port = msg.match.get("in_port")
         if is_lldp(bytes(msg.data)):
             return self._lldp_in(name, in_port, bytes(msg.data))
-        if self.rollout is not None and not self.index.is_host_port(name, in_port or 0):
+        if self.rollout_state is not None and not self.index.is_host_port(name, in_port or 0):
             caught = self._probe_in(name, bytes(msg.data))
             if caught is not None:
                 return caught

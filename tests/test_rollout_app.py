@@ -46,14 +46,14 @@ class ProbedFabric(Fabric):
 def run(app, net, rounds: int = 20) -> None:
     """Let the rollout's waits pass, round after round, until every stage is done."""
     for _ in range(rounds):
-        if app.rollout.phase == "done":
+        if app.rollout_state.phase == "done":
             return
         app._catch_at -= 1
         app._probe_sent_at -= 2 * ctl_wait()
         app._rollout_poll()
         net.deliver()
         net.settle()
-    raise AssertionError(f"the rollout did not finish: {app.rollout}")
+    raise AssertionError(f"the rollout did not finish: {app.rollout_state}")
 
 
 def ctl_wait() -> float:
@@ -69,7 +69,7 @@ def test_only_the_first_plane_is_installed_until_it_passes(make_app, tmp_path): 
     app = staged(make_app, tmp_path)
     net = ProbedFabric(app, scenario())
     net.connect()
-    assert app.rollout.planes == [0, 1] and app.rollout.current == 0
+    assert app.rollout_state.planes == [0, 1] and app.rollout_state.current == 0
     assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p0")}
 
 
@@ -79,7 +79,7 @@ def test_a_healthy_fabric_passes_every_stage(make_app, tmp_path):  # noqa: F811
     net.connect()
     net.settle()
     run(app, net)
-    assert app.rollout.passed == [0, 1] and app.rollout.rolled_back == []
+    assert app.rollout_state.passed == [0, 1] and app.rollout_state.rolled_back == []
     assert app.released == set(net.dps) and app.reconciler.settled
     report = json.loads((tmp_path / "rollout.json").read_text())
     assert report["done"] and all(s["ok"] and s["probes"] == s["arrived"] == 96 for s in report["stages"])
@@ -92,7 +92,7 @@ def test_a_plane_whose_probes_are_lost_is_rolled_back_and_the_others_stay(make_a
     net.connect()
     net.settle()
     run(app, net)
-    assert app.rollout.passed == [0] and app.rollout.rolled_back == [1]
+    assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
     plane1 = {n for n in net.dps if n.startswith("p1")}
     assert app.released == set(net.dps) - plane1
     assert app.reconciler.failed_switches == plane1 and not (app.reconciler.failures.switches - plane1)
