@@ -184,3 +184,20 @@ def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
     right.deliver()
     app._decide_wiring()
     assert app.wiring_report.clean and app.reconciler.down_ports == set()
+
+
+def test_deployment_auto_hears_foreign_switches_and_writes_the_file_they_need(make_app, tmp_path):
+    from hpnlab.controller import deployment
+    out = tmp_path / "discovered.yaml"
+    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out))
+    foreign = Rewire(dpid_base=0xAB00000000000000, port_offset=100)
+    net = Fabric(app, physical(scenario(), foreign))
+    net.connect()
+    app._decide_wiring()
+    net.deliver()
+    assert len(app.strangers) == 12 and app.released == set()
+    assert sum(wipes(m) for m in net.installed.values()) == 0      # nothing installed on them
+    data = deployment.load(scenario(), out)                          # a file with no mistake
+    assert {deployment.parse_dpid(e["dpid"]) for e in data["switches"].values()} == {
+        0xAB00000000000000 + i for i in range(12)}
+    assert all(p > 100 for e in data["switches"].values() for p in e["ports"].values() if p > 4)
