@@ -1,7 +1,7 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
 [--policy aggregate|host-routes] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
-[--ecn-actuator auto|emulated|file:PATH|none]``.
+[--ecn-actuator auto|emulated|file:PATH|none] [--on-miswire refuse|planes] [--wiring-out FILE]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
 os-ken configuration, monkey-patch with eventlet, load and instantiate the app, and
@@ -63,6 +63,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="where thresholds go: emulated (the emulation's ECN stage), file:PATH (a per-port settings "
                         "file for real switches), none (dry run), auto (default: emulated once a stage exists)")
     p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
+    p.add_argument("--on-miswire", choices=("refuse", "planes", "off"), default="refuse",
+                   help="what a miswiring found by LLDP stops: refuse (default: nothing a miswiring would break is "
+                        "installed; miswired and missing cables are routed around), planes (only the planes "
+                        "that check out are installed) or off (no LLDP: every switch is installed as it connects)")
+    p.add_argument("--wiring-out", metavar="FILE", help="write the wiring report (JSON) to FILE")
+    p.add_argument("--deployment", metavar="FILE|auto",
+                   help="deployment file mapping the scenario's switches to real dpids and port numbers "
+                        "(controller/deployment.py); auto: run on the scenario's numbers and write the map LLDP "
+                        "discovered to --deployment-out (default: $HPNLAB_DEPLOYMENT)")
+    p.add_argument("--rollout", choices=("all", "staged"), default="all",
+                   help="all (default): every plane at once; staged: one plane at a time, each verified by probes "
+                        "through the plane before the next, rolled back when a probe fails (controller/rollout.py)")
+    p.add_argument("--rollout-out", metavar="FILE", help="write the staged rollout's stages and results (JSON) to FILE")
+    p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
+                   help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
+    p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
+                   help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
+                        "seconds, or as soon as every expected link was heard as planned (default 3)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -93,6 +111,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {args.telemetry_interval_ms:g}")
     if args.ecn_policy != "static" and args.telemetry_interval_ms == 0:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
+    if args.deployment is None:
+        args.deployment = os.environ.get("HPNLAB_DEPLOYMENT") or None
+    if args.deployment and args.deployment != "auto":
+        from . import deployment
+        deployment.load(graph.build(scenario), args.deployment)      # every mistake, one line each, now
+    if args.deployment == "auto" and args.on_miswire == "off":
+        raise UserError("--deployment auto needs LLDP discovery: not with --on-miswire off")
+    if args.rollout == "staged" and args.on_miswire == "off":
+        raise UserError("--rollout staged needs LLDP discovery: not with --on-miswire off")
+    if args.rollout_out and not Path(args.rollout_out).resolve().parent.is_dir():
+        raise UserError(f"--rollout-out {args.rollout_out}: its directory does not exist")
+    if args.discovery_s < 0:
+        raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
+    if args.wiring_out and not Path(args.wiring_out).resolve().parent.is_dir():
+        raise UserError(f"--wiring-out {args.wiring_out}: its directory does not exist")
     if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
         raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
     _check_port(args.listen, args.ofp_port, "ofp port")
@@ -116,6 +149,14 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_TELEMETRY_OUT"] = str(Path(args.telemetry_out).resolve()) if args.telemetry_out else ""
     os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
     os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
+    os.environ["HPNLAB_ON_MISWIRE"] = args.on_miswire
+    os.environ["HPNLAB_WIRING_OUT"] = str(Path(args.wiring_out).resolve()) if args.wiring_out else ""
+    os.environ["HPNLAB_DISCOVERY_S"] = f"{args.discovery_s:g}"
+    os.environ["HPNLAB_DEPLOYMENT"] = str(Path(args.deployment).resolve()) if args.deployment and \
+        args.deployment != "auto" else (args.deployment or "")
+    os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
+    os.environ["HPNLAB_ROLLOUT"] = args.rollout
+    os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -15,6 +15,14 @@ both launchers work the same way:
     HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
+    HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
+    HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
+    HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
+    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
+                         on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
+    HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
+                         (controller/rollout.py; default all)
+    HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -32,8 +40,10 @@ ids, malformed or unexpected packet-ins) is logged and ignored.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
+import struct
 import time
 from typing import Any, ClassVar
 
@@ -41,7 +51,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, reconcile, telemetry
+from . import compiler, deployment, reconcile, rollout, telemetry, wiring
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -51,13 +61,22 @@ from .ofp import (
     ether_types,
     ethernet,
     hub,
+    ipv4,
+    lldp,
     ofp_event,
     ofproto_v1_3,
     packet,
     set_ev_cls,
+    udp,
 )
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
+LLDP_COOKIE = 0x68706E6C6C647000   # the LLDP rule (not the reconciler's: its read-back skips it)
+PRIO_LLDP = 65535
+LLDP_TTL_S = 120
+PROBE_COOKIE = 0x68706E6C70726F00  # the staged rollout's temporary probe-catching rules
+PRIO_PROBE = 65534
+PROBE_WAIT_S = 1.0                 # a stage's probes have this long to arrive (twice: missing ones are resent)
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
@@ -82,7 +101,14 @@ def _config() -> dict:
             "telemetry_out": os.environ.get("HPNLAB_TELEMETRY_OUT") or None,
             "ecn_actuator": os.environ.get("HPNLAB_ECN_ACTUATOR", "auto"),
             "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
-            "run_id": os.environ.get("HPNLAB_RUN") or None}
+            "run_id": os.environ.get("HPNLAB_RUN") or None,
+            "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
+            "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
+            "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 3.0),
+            "deployment": os.environ.get("HPNLAB_DEPLOYMENT") or None,
+            "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
+            "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
+            "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -259,6 +285,51 @@ def decode_port_stats(body) -> list[telemetry.OfPortStats]:
                                   st.rx_packets, st.rx_dropped) for st in body]
 
 
+# ---- LLDP (discovery, controller/wiring.py) ------------------------------------------------------
+
+def lldp_frame(dpid: int, port: int, src_mac: str) -> bytes:
+    """The LLDP frame sent out of ``port`` of ``dpid``: chassis id ``dpid:<16 hex digits>`` (locally
+    assigned, as Ryu's topology app sends it), port id the OpenFlow port number (4 bytes)."""
+    tlvs = (lldp.ChassisID(subtype=lldp.ChassisID.SUB_LOCALLY_ASSIGNED, chassis_id=b"dpid:%016x" % dpid),
+            lldp.PortID(subtype=lldp.PortID.SUB_PORT_COMPONENT, port_id=struct.pack("!I", port)),
+            lldp.TTL(ttl=LLDP_TTL_S), lldp.End())
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=lldp.LLDP_MAC_NEAREST_BRIDGE, src=src_mac,
+                                       ethertype=ether_types.ETH_TYPE_LLDP))
+    pkt.add_protocol(lldp.lldp(tlvs))
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def parse_lldp(data: bytes) -> tuple[int, int] | None:
+    """(datapath id, port) of one of our LLDP frames; None for anything else (another sender's LLDP)."""
+    pkt = packet.Packet(bytes(data))
+    frame = pkt.get_protocol(lldp.lldp)
+    if frame is None or len(frame.tlvs) < 2:
+        return None
+    chassis, port = frame.tlvs[0], frame.tlvs[1]
+    chassis_id = getattr(chassis, "chassis_id", b"")
+    port_id = getattr(port, "port_id", b"")
+    if not chassis_id.startswith(b"dpid:") or len(port_id) != 4:
+        return None
+    return int(chassis_id[5:], 16), struct.unpack("!I", port_id)[0]
+
+
+def probe_frame(p: rollout.Probe) -> bytes:
+    """A staged rollout's probe: UDP from the source host to the destination host, to PROBE_UDP_PORT."""
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst=p.dst_mac, src=p.src_mac, ethertype=ether_types.ETH_TYPE_IP))
+    pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=17, ttl=64))
+    pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_UDP_PORT))
+    pkt.add_protocol(p.payload)
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def is_lldp(data: bytes) -> bool:
+    return len(data) >= 14 and struct.unpack("!H", data[12:14])[0] == ether_types.ETH_TYPE_LLDP
+
+
 def fast_failover_supported(ofp, features) -> bool:
     """Does a group features reply (its body) list the fast-failover group type?"""
     return bool(features.types & (1 << ofp.OFPGT_FF))
@@ -280,7 +351,7 @@ class HpnController(BaseApp):
         cfg = _config()
         self.policy = cfg["policy"]
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
-        self.graph = fgraph.build(self.scenario)
+        self.graph = self._deployed_graph(fgraph.build(self.scenario), cfg)
         self.index = compiler.index_of(self.graph)
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"])
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
@@ -298,9 +369,21 @@ class HpnController(BaseApp):
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
         self.ecn = self._ecn_loop(cfg)
+        self._wiring_init(cfg)
+        self._rollout_init(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
+
+    def _deployed_graph(self, g, cfg: dict):
+        """The scenario's graph on the deployment file's dpids and ports (controller/deployment.py)."""
+        self.deployment_auto = cfg["deployment"] == "auto"
+        self.deployment_out = cfg["deployment_out"]
+        if not cfg["deployment"] or self.deployment_auto:
+            return g
+        out = deployment.apply(g, deployment.load(g, cfg["deployment"]))
+        LOG.info("deployment %s: %d switches on their own dpids and ports", cfg["deployment"], len(fgraph.switches(g)))
+        return out
 
     def start(self):
         thread = super().start()
@@ -344,7 +427,9 @@ class HpnController(BaseApp):
     def _tick_loop(self) -> None:
         while True:
             hub.sleep(TICK_S)
+            self._wiring_tick()
             self.handle(reconcile.Tick())
+            self._rollout_poll()
 
     # ---- plumbing ------------------------------------------------------------------------
     def handle(self, event: reconcile.Event) -> None:
@@ -355,7 +440,11 @@ class HpnController(BaseApp):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
+            if isinstance(msg, reconcile.WipeTables) and self.wiring_enabled:
+                self._lldp_rule(dp)          # the wipe took it too
         self._update_metrics()
+        if isinstance(event, reconcile.BarrierReply):
+            self._rollout_poll()
 
     def _update_metrics(self) -> None:
         if not self.metrics:
@@ -381,6 +470,389 @@ class HpnController(BaseApp):
             groups = sum(reconcile.GroupKey(g.group_id) in table for g in state.groups) if state else 0
             m.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
+    # ---- discovery and the wiring gate (controller/wiring.py decides) -----------------------------
+    # A switch that connects gets the LLDP rule and sends LLDP out of every port; it is handed to
+    # the reconciler (SwitchUp: routes installed) only once the wiring is decided and only if its
+    # plane may be installed. Ports the decision holds down are reported down to the reconciler.
+    def _wiring_init(self, cfg: dict) -> None:
+        if cfg["on_miswire"] not in (*wiring.MODES, "off"):
+            raise RuntimeError(f"HPNLAB_ON_MISWIRE={cfg['on_miswire']!r}: one of {', '.join(wiring.MODES)}, off")
+        self.on_miswire = cfg["on_miswire"]
+        self.wiring_enabled = self.on_miswire != "off"    # off: no LLDP, every switch installed at once
+        self.wiring_out = cfg["wiring_out"]
+        self.discovery_s = cfg["discovery_s"]
+        self.observed: dict[wiring.Port, tuple[wiring.Port, float]] = {}   # rx port -> (tx port, when)
+        self.port_info: dict[str, dict[int, tuple[str, bool]]] = {}         # switch -> port -> (hw addr, up)
+        self.expected_links = wiring.expected_links(self.graph)
+        self.wiring_report: wiring.Report | None = None
+        self.wiring_decision: wiring.Decision | None = None
+        self.released: set[str] = set()       # switches handed to the reconciler
+        self.rollout_state: rollout.Rollout | None = None     # --rollout staged (set by _release_planes)
+        self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
+        self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
+        self._deployment_written: dict | None = None
+        self._last_connect = time.monotonic()    # the last time discovery learnt something (switch, port, link)
+        self._last_lldp = 0.0
+        self.wiring_gauges = None
+        if self.metrics:
+            from prometheus_client import Gauge
+            r = self.metrics.registry
+            self.wiring_gauges = {
+                "findings": Gauge("hpnlab_wiring_findings", "Wiring check findings by kind (LLDP against the "
+                                  "scenario)", ["kind"], registry=r),
+                "blocked": Gauge("hpnlab_wiring_planes_blocked", "Planes not installed because of miswiring",
+                                 registry=r),
+                "held": Gauge("hpnlab_wiring_ports_held_down", "Ports held down (routed around) by the wiring "
+                              "check", registry=r),
+                "ok": Gauge("hpnlab_wiring_links_ok", "Expected links seen by LLDP as planned", registry=r)}
+
+    def _gate_connected(self, name: str, dp) -> None:
+        """A switch connected: the LLDP rule; its routes once the wiring allows its plane."""
+        self._last_connect = time.monotonic()
+        if not self.wiring_enabled:
+            self._release(name)
+            return
+        self._lldp_rule(dp)
+        if self.wiring_decision is not None and self._plane_allowed(name):
+            self._release(name)
+
+    def _gate_disconnected(self, name: str) -> None:
+        self.released.discard(name)
+        self.port_info.pop(name, None)
+        self.handle(reconcile.SwitchDown(name))
+
+    def _plane_allowed(self, name: str) -> bool:
+        plane = self.index.sw[name].plane
+        if self.rollout_state is not None and plane not in self.rollout_state.allowed():
+            return False
+        return self.wiring_decision is not None and plane in self.wiring_decision.planes
+
+    def _release(self, name: str) -> None:
+        """Hand a connected switch to the reconciler: it installs the switch's state."""
+        if name in self.released or name not in self.datapaths:
+            return
+        self.released.add(name)
+        ports = {p: up for p, (_mac, up) in self.port_info.get(name, {}).items()}
+        self.handle(reconcile.SwitchUp(name, self._wiring_filter(name, ports) if ports else None))
+
+    def _port_seen(self, name: str, desc, up: bool) -> None:
+        if desc.port_no not in self.port_info.get(name, {}):
+            self._last_connect = time.monotonic()      # something new to hear from: discovery goes on
+        self.port_info.setdefault(name, {})[desc.port_no] = (desc.hw_addr, up)
+
+    def _wiring_filter(self, name: str, ports: dict) -> dict:
+        """Port states for the reconciler: a port the wiring decision holds down counts as down."""
+        held = self.wiring_decision.held_down if self.wiring_decision is not None else frozenset()
+        return {p: up and (name, p) not in held for p, up in ports.items()}
+
+    def _lldp_rule(self, dp) -> None:
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS,
+                                             [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+        dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=LLDP_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
+                                      priority=PRIO_LLDP, match=parser.OFPMatch(eth_type=ether_types.ETH_TYPE_LLDP),
+                                      instructions=inst, buffer_id=ofp.OFP_NO_BUFFER))
+
+    def _send_lldp(self, name: str | None = None) -> None:
+        """LLDP out of every port of one switch (every connected switch when None)."""
+        if not self.wiring_enabled:
+            return
+        strangers = {f"dpid:{dpid:016x}": dp for dpid, dp in self.strangers.items()}
+        for sw in [name] if name else list(self.datapaths) + list(strangers):
+            dp = self.datapaths.get(sw) or strangers.get(sw)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            for port, (mac, _up) in sorted(self.port_info.get(sw, {}).items()):
+                if port >= ofp.OFPP_MAX:
+                    continue
+                dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
+                                                actions=[parser.OFPActionOutput(port)],
+                                                data=lldp_frame(dp.id, port, mac)))
+        self._last_lldp = time.monotonic()
+
+    def _lldp_in(self, name: str, in_port: int | None, data: bytes) -> str:
+        sender = parse_lldp(data)
+        if sender is None or in_port is None:
+            return "ignored"
+        dpid, port = sender
+        rx_dp = self.datapaths.get(name) or self.strangers.get(int(name[5:], 16) if name.startswith("dpid:") else -1)
+        if rx_dp is not None:
+            self.heard_dpids[rx_dp.id, in_port] = (dpid, port)
+        tx = (self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}", port)
+        rx = (name, in_port)
+        first = rx not in self.observed or self.observed[rx][0] != tx
+        self.observed[rx] = (tx, time.monotonic())
+        if first:
+            self._last_connect = time.monotonic()          # still learning: the deadline moves on
+            LOG.debug("LLDP: %s port %d hears %s port %d", name, in_port, *tx)
+            if self.wiring_decision is None and self._discovery_complete():
+                self._decide_wiring()
+        return "lldp"
+
+    def _discovery_complete(self) -> bool:
+        """Every switch connected, and every expected link heard from both ends as planned."""
+        if len(self.datapaths) < len(self.index.sw):
+            return False
+        heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
+        return all(heard.get(a) == b for a, b in self.expected_links.items())
+
+    def _wiring_tick(self) -> None:
+        """Every tick: LLDP again (every second until decided, then every 5 s), stale observations
+        dropped; decide once discovery is complete or settled; afterwards, report changes."""
+        if not self.wiring_enabled:
+            return
+        now = time.monotonic()
+        if self.datapaths and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
+            self._send_lldp()
+        stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
+        for rx in stale:
+            del self.observed[rx]
+        if self.wiring_decision is not None or (
+                self.datapaths and (self._discovery_complete() or now - self._last_connect >= self.discovery_s)):
+            self._decide_wiring()
+
+    def _decide_wiring(self) -> None:
+        """The report and the decision; on a change: log, metrics, file, and the ports and planes it
+        changes (a port no longer held down is given back its real state)."""
+        heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
+        report = wiring.compare(self.graph, heard)
+        decision = wiring.decide(self.graph, report, self.on_miswire)
+        first = self.wiring_decision is None
+        if not first and report == self.wiring_report and decision == self.wiring_decision:
+            return
+        old_held = self.wiring_decision.held_down if self.wiring_decision else frozenset()
+        self.wiring_report, self.wiring_decision = report, decision
+        LOG.info("wiring: %d of %d expected links as planned, %s; on miswire %s: installing plane(s) %s%s",
+                 report.links_ok, report.links_expected,
+                 ", ".join(f"{n} {k}" for k, n in report.counts().items()), self.on_miswire,
+                 ", ".join(map(str, decision.planes)) or "none",
+                 f", {len(decision.held_down)} port(s) held down" if decision.held_down else "")
+        for line in report.lines():
+            LOG.warning("wiring: %s", line)
+        if self.wiring_gauges:
+            for kind, n in report.counts().items():
+                self.wiring_gauges["findings"].labels(kind).set(n)
+            self.wiring_gauges["blocked"].set(len(decision.blocked_planes))
+            self.wiring_gauges["held"].set(len(decision.held_down))
+            self.wiring_gauges["ok"].set(report.links_ok)
+        if self.wiring_out:
+            tmp = self.wiring_out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(wiring.report_dict(report, decision), f, indent=1)
+            os.replace(tmp, self.wiring_out)
+        for sw, port in sorted(old_held ^ decision.held_down):
+            info = self.port_info.get(sw, {}).get(port)     # a port never reported counts as up (reconcile)
+            self.handle(reconcile.PortStatus(sw, self._wiring_filter(sw, {port: info[1] if info else True})))
+        self._release_planes(decision.planes)
+        if self.deployment_auto:
+            self._write_discovered_deployment()
+
+    def _stranger_connected(self, dp) -> None:
+        """--deployment auto: a datapath id the scenario does not derive; heard by LLDP, never installed."""
+        LOG.info("datapath %016x connected: not a derived dpid, discovering it by LLDP (--deployment auto)", dp.id)
+        self.strangers[dp.id] = dp
+        self._last_connect = time.monotonic()
+        self._lldp_rule(dp)
+        dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+
+    def _write_discovered_deployment(self) -> None:
+        """--deployment auto: the map LLDP discovered (controller/deployment.from_discovery), written once
+        it has the scenario's shape and again whenever it changes."""
+        from hpnlab.fabric.errors import UserError
+        try:
+            dpids, maps = deployment.from_discovery(self.graph, self.heard_dpids)
+        except UserError as exc:
+            LOG.warning("deployment auto: %s", exc)
+            return
+        found = {"dpids": dpids, "maps": maps}
+        if found == self._deployment_written:
+            return
+        self._deployment_written = found
+        text = deployment.dump(self.graph, dpids, maps)
+        tmp = self.deployment_out + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, self.deployment_out)
+        foreign = sorted(n for n, d in dpids.items() if d != self.graph.nodes[n]["dpid"])
+        LOG.info("deployment auto: wrote %s (%d switches%s)", self.deployment_out, len(dpids),
+                 f"; {len(foreign)} on foreign dpids: restart with --deployment {self.deployment_out} to install them"
+                 if foreign else "")
+
+    def _release_planes(self, planes: tuple[int, ...]) -> None:
+        """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
+        if self.rollout_mode == "staged" and self.rollout_state is None:
+            self.rollout_state = rollout.Rollout.of(planes)
+            LOG.info("staged rollout: plane(s) %s, one at a time",
+                     ", ".join(map(str, self.rollout_state.planes)) or "none")
+            self._write_rollout()
+        for name in sorted(self.datapaths):
+            if self.index.sw[name].plane in planes and self._plane_allowed(name):
+                self._release(name)
+
+    # ---- staged rollout (controller/rollout.py decides) ----------------------------------------
+    def _rollout_init(self, cfg: dict) -> None:
+        if cfg["rollout"] not in rollout.MODES:
+            raise RuntimeError(f"HPNLAB_ROLLOUT={cfg['rollout']!r}: one of {', '.join(rollout.MODES)}")
+        if cfg["rollout"] == "staged" and not self.wiring_enabled:
+            raise RuntimeError("a staged rollout needs the wiring gate (not HPNLAB_ON_MISWIRE=off)")
+        self.rollout_mode = cfg["rollout"]
+        self.rollout_out = cfg["rollout_out"]
+        self._probes: list[rollout.Probe] = []
+        self._arrivals: dict[int, str] = {}
+        self._probe_sent_at = 0.0
+        self._probe_resent = False
+        self._catch_at = 0.0
+        self._rollout_busy = False
+        self._rollout_gauge: Any = None
+
+    def _rollout_poll(self) -> None:
+        """Move the staged rollout on: probe a stage once its switches hold their state, judge it once
+        its probes arrived or their time is up, roll it back when it failed."""
+        r = self.rollout_state
+        if r is None or r.phase == "done" or self._rollout_busy:
+            return
+        self._rollout_busy = True
+        try:
+            self._rollout_step(r)
+        finally:
+            self._rollout_busy = False
+
+    def _rollout_step(self, r: rollout.Rollout) -> None:
+        plane = r.current
+        if plane is None:
+            return
+        now = time.monotonic()
+        names = [sw.name for sw in self.index.planes[plane]]
+        rec = self.reconciler
+        if r.phase == "install":
+            installed = [n for n in names if n in self.released]
+            if not installed or any(rec.pending.get(n) or rec.confirmed.get(n) != rec.desired.get(n)
+                                    for n in installed):
+                return
+            self._probe_catchers(plane, add=True)
+            self._catch_at = now
+            r.phase = "catch"
+        if r.phase == "catch":
+            if now - self._catch_at < 0.3:      # the catching rules in place first (other switches)
+                return
+            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane))
+            self._arrivals = {}
+            self._send_probes(self._probes)
+            self._probe_sent_at, self._probe_resent = now, False
+            r.phase = "probe"
+            return
+        if r.phase == "probe":
+            done = all(p.probe_id in self._arrivals for p in self._probes)
+            if not done and now - self._probe_sent_at < PROBE_WAIT_S:
+                return
+            if not done and not self._probe_resent:
+                self._send_probes([p for p in self._probes if p.probe_id not in self._arrivals])
+                self._probe_sent_at, self._probe_resent = now, True
+                return
+            result = rollout.evaluate(plane, self._probes, self._arrivals)
+            self._probe_catchers(plane, add=False)
+            r.finish(result)
+            if result.ok:
+                LOG.info("staged rollout: plane %d passed (%d of %d probes arrived)", plane, result.arrived,
+                         result.sent)
+            else:
+                LOG.error("staged rollout: plane %d failed (%d of %d probes arrived, %d at a wrong leaf): "
+                          "rolling it back", plane, result.arrived, result.sent, len(result.misdelivered))
+                self._roll_back(names)
+            if self.rollout_gauges:
+                self.rollout_gauges.labels("passed").set(len(r.passed))
+                self.rollout_gauges.labels("rolled_back").set(len(r.rolled_back))
+            self._write_rollout()
+            if self.wiring_decision is not None:
+                self._release_planes(self.wiring_decision.planes)
+
+    @property
+    def rollout_gauges(self) -> Any:
+        if not self.metrics:
+            return None
+        if self._rollout_gauge is None:
+            from prometheus_client import Gauge
+            self._rollout_gauge = Gauge("hpnlab_rollout_planes", "Staged rollout: planes passed or rolled back",
+                                        ["state"], registry=self.metrics.registry)
+        return self._rollout_gauge
+
+    def _delivered_fn(self, plane: int):
+        """Does the compiled state deliver a probe (src host -> dst ip, sport)? Walked with the table
+        interpreter over the reconciler's desired state (the routes the wiring check left out are not probed)."""
+        from .oftable import FabricTables
+        net = FabricTables(self.graph, self.reconciler.states, self.reconciler.failures)
+
+        def delivered(src: str, dst: str, _dst_ip: str, sport: int) -> bool:
+            return net.send(src, dst, plane=plane, sport=sport).result == "delivered"
+        return delivered
+
+    def _probe_catchers(self, plane: int, add: bool) -> None:
+        """The table-0 rules that send probes arriving at a leaf's uplinks to the controller (or their removal)."""
+        for leaf, ports in rollout.catch_points(self.graph, plane).items():
+            dp = self.datapaths.get(leaf)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            if not add:
+                dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, cookie_mask=ALL_COOKIE_BITS,
+                                              table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
+                                              out_group=ofp.OFPG_ANY, match=parser.OFPMatch()))
+                continue
+            inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
+                parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
+            for port in ports:
+                match = parser.OFPMatch(in_port=port, eth_type=ether_types.ETH_TYPE_IP, ip_proto=17,
+                                        udp_dst=rollout.PROBE_UDP_PORT)
+                dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
+                                              priority=PRIO_PROBE, match=match, instructions=inst,
+                                              buffer_id=ofp.OFP_NO_BUFFER))
+
+    def _send_probes(self, probes: list[rollout.Probe]) -> None:
+        for p in probes:
+            dp = self.datapaths.get(p.src_leaf)
+            if dp is None:
+                continue
+            ofp, parser = dp.ofproto, dp.ofproto_parser
+            dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=p.in_port,
+                                            actions=[parser.OFPActionOutput(ofp.OFPP_TABLE)], data=probe_frame(p)))
+
+    def _probe_in(self, name: str, data: bytes) -> str | None:
+        """A probe caught at a leaf: recorded (None: not a probe)."""
+        pkt = packet.Packet(data)
+        seg = pkt.get_protocol(udp.udp)
+        if seg is None or seg.dst_port != rollout.PROBE_UDP_PORT:
+            return None
+        payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
+        pid = rollout.probe_id_of(bytes(payload))
+        if pid is None:
+            return None
+        self._arrivals.setdefault(pid, name)
+        if self.rollout_state is not None and self.rollout_state.phase == "probe" and \
+                all(p.probe_id in self._arrivals for p in self._probes):
+            self._rollout_poll()
+        return "probe"
+
+    def _roll_back(self, names: list[str]) -> None:
+        """Take a plane's switches from the reconciler (failed: no other plane changes) and wipe them."""
+        for name in names:
+            if name not in self.released:
+                continue
+            self.released.discard(name)
+            self.handle(reconcile.SwitchDown(name))
+            dp = self.datapaths.get(name)
+            if dp is not None:
+                for ofmsg in encode(dp, reconcile.WipeTables(name)):
+                    dp.send_msg(ofmsg)
+                self._lldp_rule(dp)
+
+    def _write_rollout(self) -> None:
+        if self.rollout_out and self.rollout_state is not None:
+            tmp = self.rollout_out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.rollout_state.as_dict(), f, indent=1)
+            os.replace(tmp, self.rollout_out)
+
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)
 
@@ -389,6 +861,9 @@ class HpnController(BaseApp):
     def on_features(self, ev):
         dp = ev.msg.datapath
         name = self._name(dp)
+        if name is None and self.deployment_auto and self.wiring_enabled:
+            self._stranger_connected(dp)
+            return
         if name is None:
             LOG.warning("switch with unknown datapath id %016x connected: not in scenario %s, ignored",
                         dp.id, self.scenario.name)
@@ -400,7 +875,7 @@ class HpnController(BaseApp):
             LOG.info("%s reconnected: replacing its old connection", name)
         LOG.info("%s (dpid %016x) connected", name, dp.id)
         self.datapaths[name] = dp
-        self.handle(reconcile.SwitchUp(name))
+        self._gate_connected(name, dp)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
         dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
@@ -415,6 +890,7 @@ class HpnController(BaseApp):
             return
         LOG.warning("%s (dpid %016x) disconnected", name, getattr(dp, "id", 0) or 0)
         del self.datapaths[name]
+        self._gate_disconnected(name)
         self.handle(reconcile.SwitchDown(name))
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
@@ -427,15 +903,26 @@ class HpnController(BaseApp):
         ofp = dp.ofproto
         up = msg.reason != ofp.OFPPR_DELETE and port_is_up(ofp, msg.desc)
         LOG.info("%s port %d %s", name, msg.desc.port_no, "up" if up else "down")
-        self.handle(reconcile.PortStatus(name, {msg.desc.port_no: up}))
+        self._port_seen(name, msg.desc, up)
+        self.handle(reconcile.PortStatus(name, self._wiring_filter(name, {msg.desc.port_no: up})))
+        if up:
+            self._send_lldp(name)      # who is on the other end now
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_port_desc(self, ev):
         dp = ev.msg.datapath
         name = self._name(dp)
         if name is None:
+            if dp.id in self.strangers:
+                for d in ev.msg.body:
+                    self._port_seen(f"dpid:{dp.id:016x}", d, port_is_up(dp.ofproto, d))
+                self._send_lldp(f"dpid:{dp.id:016x}")
             return
-        self.handle(reconcile.PortStatus(name, {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}))
+        ports = {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}
+        for d in ev.msg.body:
+            self._port_seen(name, d, ports[d.port_no])
+        self.handle(reconcile.PortStatus(name, self._wiring_filter(name, ports)))
+        self._send_lldp(name)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_barrier_reply(self, ev):
@@ -495,10 +982,18 @@ class HpnController(BaseApp):
     def _packet_in(self, msg) -> str:
         dp = msg.datapath
         name = self.index.by_dpid.get(dp.id)
+        if name is None and dp.id in self.strangers and is_lldp(bytes(msg.data)):
+            return self._lldp_in(f"dpid:{dp.id:016x}", msg.match.get("in_port"), bytes(msg.data))
         if name is None:
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"
         in_port = msg.match.get("in_port")
+        if is_lldp(bytes(msg.data)):
+            return self._lldp_in(name, in_port, bytes(msg.data))
+        if self.rollout_state is not None and not self.index.is_host_port(name, in_port or 0):
+            caught = self._probe_in(name, bytes(msg.data))
+            if caught is not None:
+                return caught
         if in_port is None or not self.index.is_host_port(name, in_port):
             LOG.warning("%s: packet-in on port %s which is not a host port, ignored", name, in_port)
             return "ignored"

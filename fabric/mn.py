@@ -77,8 +77,9 @@ def link_options(g: nx.MultiGraph, u: str, v: str, data: dict) -> dict[str, Any]
     if g.nodes[v]["tier"] == 0 and g.nodes[u]["tier"] > 0:
         u, v = v, u
     p1, p2 = data["ports"][u], data["ports"][v]
+    ofports = data.get("ofports", data["ports"])    # emulation.rewire: foreign OpenFlow port numbers
     opts: dict[str, Any] = {
-        "port1": p1, "port2": p2,
+        "port1": ofports[u], "port2": ofports[v],
         "bw": emulated_mbps(s, data["rate_gbps"]),
         "kind": data["kind"],
     }

@@ -51,6 +51,7 @@ def app(monkeypatch):
     monkeypatch.setenv("HPNLAB_POLICY", "aggregate")
     monkeypatch.delenv("HPNLAB_SET", raising=False)
     monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
+    monkeypatch.setenv("HPNLAB_ON_MISWIRE", "off")      # installs as switches connect (the gate: test_wiring_app.py)
     from hpnlab.controller.app import HpnController
     return HpnController()
 

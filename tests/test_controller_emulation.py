@@ -29,7 +29,9 @@ def ofctl(*args: str) -> str:
 
 
 def flow_lines(bridge: str) -> list[str]:
-    return [line for line in ofctl("dump-flows", bridge).splitlines() if "cookie=" in line]
+    """The controller's routing flows (its cookie; not the LLDP rule of discovery)."""
+    return [line for line in ofctl("dump-flows", bridge, "cookie=0x68706e6c61620000/-1").splitlines()
+            if "cookie=" in line]
 
 
 def installed_counts(emu) -> dict[str, int]:

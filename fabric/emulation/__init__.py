@@ -25,6 +25,10 @@ Python API (stable; tools and tests build on it)::
         # Emulation(..., bfd_ms=50): BFD on every fabric port (a failed session: port not live)
         # Emulation(..., ovs_realtime=False): leave ovs-vswitchd's scheduling alone (default: its
         # main thread runs SCHED_RR for the run; it forwards every packet on the userspace datapath)
+        # Emulation(..., rewire=Rewire(swap=[...], drop=[...], dpid_base=..., port_offset=...)): cabled
+        # differently from the scenario, or on foreign dpids/ofports (emulation/rewire.py); the
+        # controller's wiring report is emu.metadata["wiring"], a staged rollout's emu.metadata["rollout"]
+        # Emulation(..., on_built=fn): fn(emu) once the network exists, before the switches are installed
         emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
         emu.switch_ports()           # every switch egress port with its emulated rate

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .. import graph as fgraph
 from .. import kernel, sizing, spec
 from ..errors import UserError
@@ -34,6 +36,8 @@ from .controller_process import (
 from .faults import Faults
 from .nodes import PLACEMENTS
 from .preflight import CONTROLLERS
+from .rewire import Rewire, physical
+from .rewire import deployment as rewire_deployment
 from .signals import Unwind
 from .state import ENV_MARK, Lock, RunState
 
@@ -59,7 +63,9 @@ class Emulation:
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
-                 log: Callable[[str], None] | None = _log_default, port_type: str | None = None):
+                 log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
+                 rewire: Rewire | None = None, wiring_timeout: float = 30.0,
+                 on_built: Callable[[Emulation], None] | None = None):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if isinstance(scenario, spec.Scenario):
@@ -116,6 +122,16 @@ class Emulation:
         self._ovs_sched: tuple[int, int, Any] | None = None
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
+        #: cabled differently from the scenario on purpose (tests: emulation/rewire.py); the controller
+        #: gets the scenario (and a deployment file when the numbers are foreign), Mininet the physical graph
+        self.rewire = rewire or Rewire()
+        self.physical = physical(self.graph, self.rewire) if self.rewire else self.graph
+        #: how long to wait for the controller's wiring report once every switch is connected
+        self.wiring_timeout = wiring_timeout
+        self.wiring_file: Path | None = None
+        self.rollout_file: Path | None = None
+        #: called once the network is built, before the switches are installed (tests: break something first)
+        self.on_built = on_built
         self.caps: kernel.Capabilities | None = None
         self.net: Any = None
         self.state: RunState | None = None
@@ -181,6 +197,8 @@ class Emulation:
             self.timings["controller_s"] = time.monotonic() - t0
             self._build()
             self.timings["built_s"] = time.monotonic() - t0
+            if self.on_built is not None:
+                self.on_built(self)
             if self.ovs_realtime and self.metadata.get("datapath") == "user":
                 self._realtime_ovs()     # only the userspace datapath forwards in that thread
             if self.bfd_ms:
@@ -192,6 +210,7 @@ class Emulation:
                 self.metadata["ecn_defaults"] = self.ecn.defaults_description()
             if self.controller == "hpnlab":
                 self._wait_connected()
+                self._read_wiring()
             self.timings["connected_s"] = time.monotonic() - t0
             if self.verify:
                 self._verify()
@@ -234,6 +253,7 @@ class Emulation:
         self.telemetry_file = self._st.run_dir / "telemetry.jsonl"
         self._ecn_control = self._st.run_dir / "ecn-policy.json"
         args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
+        args += self._wiring_args()
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 args + self.controller_args)
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
@@ -264,7 +284,8 @@ class Emulation:
         # recorded before anything exists: bridges (and their userspace tap), veth names
         state.add_bridges(fgraph.switches(self.graph))
         state.add_interfaces(preflight.planned_root_interfaces(self.graph))
-        common = dict(topo=FabricTopo(self.graph), switch=lambda name, **p: switch_cls(name, failMode=fail_mode, **p),
+        common = dict(topo=FabricTopo(self.physical),
+                      switch=lambda name, **p: switch_cls(name, failMode=fail_mode, **p),
                       host=host_cls, controller=None, autoSetMacs=False, autoStaticArp=False,
                       build=False, waitConnected=False, cleanup=False)
         if cluster:
@@ -375,6 +396,70 @@ class Emulation:
                 raise EmulationError(f"{len(missing)} of {len(want)} switches did not connect to the controller "
                                      f"within {self.connect_timeout:g} s: {', '.join(missing[:6])}")
             time.sleep(0.2)
+
+    def _wiring_args(self) -> list[str]:
+        """The controller's wiring report goes to the run directory; foreign numbers (``rewire``) come
+        with the deployment file that maps the scenario onto them."""
+        self.wiring_file = self._st.run_dir / "wiring.json"
+        args = ["--wiring-out", str(self.wiring_file)]
+        if self.staged:
+            self.rollout_file = self._st.run_dir / "rollout.json"
+            args += ["--rollout-out", str(self.rollout_file)]
+        foreign = self.rewire.dpid_base is not None or self.rewire.port_offset
+        if foreign and "--deployment" not in self.controller_args:
+            path = self._st.run_dir / "deployment.yaml"
+            path.write_text(yaml.safe_dump(rewire_deployment(self.graph, self.rewire), sort_keys=False))
+            self.metadata["deployment"] = str(path)
+            args += ["--deployment", str(path)]
+        return args
+
+    @property
+    def staged(self) -> bool:
+        """Is the controller asked for a staged rollout (``controller_args``: --rollout staged)?"""
+        args = self.controller_args
+        return any((a == "--rollout" and args[i + 1:i + 2] == ["staged"]) or a == "--rollout=staged"
+                   for i, a in enumerate(args))
+
+    def _read_wiring(self) -> None:
+        """The controller's wiring report (controller/wiring.py) into the metadata, once it has
+        decided (it installs nothing before); its findings are logged, one line each."""
+        if self.wiring_file is None:
+            return
+        deadline = time.monotonic() + self.wiring_timeout
+        while not self.wiring_file.exists():
+            if self.controller_proc and self.controller_proc.poll() is not None:
+                raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "
+                                     f"log: {self.metadata.get('controller_log')}")
+            if time.monotonic() > deadline:
+                raise EmulationError(f"the controller wrote no wiring report within {self.wiring_timeout:g} s "
+                                     f"(log: {self.metadata.get('controller_log')})")
+            time.sleep(0.1)
+        report = json.loads(self.wiring_file.read_text())
+        self.metadata["wiring"] = report
+        for finding in report.get("findings", []):
+            self.log(f"wiring: {finding['line']}")
+        if self.rollout_file is not None:
+            self.metadata["rollout"] = self._wait_rollout(deadline + self.wiring_timeout)
+            for plane in self.metadata["rollout"]["rolled_back"]:
+                self.log(f"staged rollout: plane {plane} failed its probes and was rolled back")
+
+    def _wait_rollout(self, deadline: float) -> dict:
+        """The staged rollout's results once every stage is done."""
+        assert self.rollout_file is not None
+        while True:
+            try:
+                status = json.loads(self.rollout_file.read_text())
+            except (OSError, ValueError):
+                status = {}
+            if status.get("done"):
+                return status
+            if self.controller_proc and self.controller_proc.poll() is not None:
+                raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "
+                                     f"log: {self.metadata.get('controller_log')}")
+            if time.monotonic() > deadline:
+                raise EmulationError(f"the staged rollout did not finish in time (log: "
+                                     f"{self.metadata.get('controller_log')})")
+            time.sleep(0.1)
 
     def _verify(self, rounds: int = 3) -> None:
         """Every host-port pair on every plane must answer; pairs that fail are retried (ARP

@@ -1,0 +1,131 @@
+"""The deployment file (controller/deployment.py): real dpids and port numbers for the scenario's
+switches, checked with one line per mistake, applied to the graph, or filled from discovery."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hpnlab.controller import compiler, deployment, wiring
+from hpnlab.fabric import graph as fgraph
+from hpnlab.fabric import spec
+from hpnlab.fabric.emulation.rewire import Rewire, physical
+from hpnlab.fabric.emulation.rewire import deployment as rewire_deployment
+from hpnlab.fabric.errors import UserError
+
+FOREIGN = Rewire(dpid_base=0xAB00000000000000, port_offset=100)
+
+
+@pytest.fixture(scope="module")
+def g():
+    return fgraph.build(spec.load("mini-hpn"))
+
+
+@pytest.fixture
+def good(g) -> dict:
+    return yaml.safe_load(yaml.safe_dump(rewire_deployment(g, FOREIGN)))    # as read back from a file
+
+
+def mistakes(g, data) -> list[str]:
+    return deployment.validate(g, data, "d.yaml")[2]
+
+
+def test_a_complete_file_has_no_mistake(g, good):
+    assert mistakes(g, good) == []
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["switches"].__setitem__("p9l9", {"dpid": 7}), "switch p9l9 is not a switch of scenario mini-hpn"),
+    (lambda d: d["switches"].pop("p0s1"), "switch p0s1 of scenario mini-hpn is missing"),
+    (lambda d: d["switches"]["p0l1"].__setitem__("dpid", d["switches"]["p0l0"]["dpid"]), "is already p0l0's"),
+    (lambda d: d["switches"]["p0l1"].__setitem__("dpid", "not-a-dpid"), "is not a datapath id"),
+    (lambda d: d["switches"]["p0l1"].__setitem__("dpid", 0), "is not a datapath id"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(6, 105), "OpenFlow port 105 is used twice"),
+    (lambda d: d["switches"]["p0l0"]["ports"].pop(6), "port 6 (to p0s1) is missing from its ports"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(9, 109), "port 9 is not a port scenario mini-hpn uses"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(5, -1), "is not an OpenFlow port number"),
+    (lambda d: d["switches"]["p0l0"].__setitem__("speed", 1), "unknown key 'speed'"),
+    (lambda d: d.__setitem__("scenario", "fat-tree-4"), "written for scenario 'fat-tree-4'"),
+])
+def test_each_mistake_is_one_line_naming_it(g, good, edit, needle):
+    edit(good)
+    found = mistakes(g, good)
+    assert len(found) == 1 and needle in found[0], found
+    assert found[0].startswith("d.yaml: ")
+
+
+def test_several_mistakes_give_one_line_each(g, good):
+    good["switches"].pop("p0s1")
+    good["switches"]["p0l0"]["ports"].pop(6)
+    assert len(mistakes(g, good)) == 2
+
+
+def test_load_raises_a_user_error_with_every_mistake(g, good, tmp_path):
+    good["switches"].pop("p0s1")
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(good))
+    with pytest.raises(UserError, match="p0s1 of scenario mini-hpn is missing"):
+        deployment.load(g, path)
+    path.write_text("switches: [")
+    with pytest.raises(UserError, match="is not YAML"):
+        deployment.load(g, path)
+    with pytest.raises(UserError, match=r"deployment file .*nope\.yaml"):
+        deployment.load(g, tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("text, value", [("0xab", 0xAB), ("00:00:00:00:00:00:00:ab", 0xAB), ("171", 171),
+                                         ("00000000000000ab", 0xAB)])
+def test_dpids_are_read_as_switches_print_them(text, value):
+    assert deployment.parse_dpid(text) == value
+
+
+def test_a_switch_without_ports_keeps_the_scenarios_numbers(g, good):
+    del good["switches"]["p1s1"]["ports"]
+    out = deployment.apply(g, good)
+    assert out.edges["p1s1", "p1l2", 0]["ports"] == {"p1s1": 3, "p1l2": 106}
+
+
+def test_applied_the_compiler_uses_the_real_dpids_and_ports(g, good):
+    out = deployment.apply(g, good)
+    states = compiler.compile_fabric(out)
+    assert states["p0l0"].dpid == int(good["switches"]["p0l0"]["dpid"], 16)
+    outputs = {a[1] for f in states["p0l0"].flows for a in f.actions if a[0] == "output"}
+    outputs |= {a[1] for grp in states["p0l0"].groups for _w, acts in grp.buckets for a in acts if a[0] == "output"}
+    assert outputs and all(p > 100 for p in outputs)
+    assert compiler.index_of(out).is_host_port("p0l0", 101)
+    assert wiring.compare(out, wiring.heard(physical(g, FOREIGN))).clean      # LLDP hears the real numbers
+
+
+def test_the_scenarios_graph_is_left_as_it_was(g, good):
+    deployment.apply(g, good)
+    assert g.edges["p0s0", "p0l0", 0]["ports"] == {"p0l0": 5, "p0s0": 1}
+
+
+def heard_by_dpid(cabling) -> dict:
+    return {(cabling.nodes[rx[0]]["dpid"], rx[1]): (cabling.nodes[tx[0]]["dpid"], tx[1])
+            for rx, tx in wiring.heard(cabling).items()}
+
+
+def test_discovery_fills_the_map_of_foreign_ports_on_derived_dpids(g):
+    dpids, maps = deployment.from_discovery(g, heard_by_dpid(physical(g, Rewire(port_offset=100))))
+    assert dpids == {n: d["dpid"] for n, d in g.nodes(data=True) if d["tier"] > 0}
+    assert maps["p0l0"] == {1: 1, 2: 2, 3: 3, 4: 4, 5: 105, 6: 106}     # host ports cannot be heard
+    assert maps["p0s1"] == {1: 101, 2: 102, 3: 103, 4: 104}
+
+
+def test_discovery_matches_foreign_dpids_by_the_shape_of_the_wiring(g):
+    """Symmetric switches may swap names (any leaf of a plane is as good as another): what counts is
+    that the file written makes LLDP's observations, named through it, check out cable for cable."""
+    heard = heard_by_dpid(physical(g, FOREIGN))
+    dpids, maps = deployment.from_discovery(g, heard)
+    assert set(dpids.values()) == {0xAB00000000000000 + i for i in range(12)}
+    out = deployment.apply(g, yaml.safe_load(deployment.dump(g, dpids, maps)))
+    by_dpid = compiler.index_of(out).by_dpid
+    named = {(by_dpid[rx[0]], rx[1]): (by_dpid[tx[0]], tx[1]) for rx, tx in heard.items()}
+    report = wiring.compare(out, named)
+    assert report.clean and report.links_ok == 16
+
+
+def test_discovery_of_a_wiring_of_another_shape_is_one_line(g):
+    heard = heard_by_dpid(physical(g, Rewire(drop=[("p0l2", "p0s0")])))
+    with pytest.raises(UserError, match="does not have the shape of scenario mini-hpn"):
+        deployment.from_discovery(g, heard)

@@ -1,0 +1,103 @@
+"""The staged rollout in the os-ken app, on fake datapaths: each plane installed alone, its probes
+(packet-outs at the source leaf) walked through the installed tables with the table interpreter over
+a cabling with a broken link, caught at the destination leaf as packet-ins; a plane whose probes do
+not all arrive is rolled back."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("os_ken")
+
+from os_ken.lib.packet import packet
+from os_ken.ofproto import ofproto_v1_3 as ofp
+from os_ken.ofproto import ofproto_v1_3_parser as parser
+from test_wiring_app import Fabric, make_app, scenario, wipes  # noqa: F401  (make_app is a fixture)
+
+from hpnlab.controller import rollout
+from hpnlab.controller.oftable import FabricTables
+
+BROKEN = frozenset({("p1s0", 1)})       # p1s0's cable to p1l0 carries nothing, and neither end notices
+
+
+class ProbedFabric(Fabric):
+    def __init__(self, app, cabling, broken=frozenset()):
+        super().__init__(app, cabling)
+        self.broken = broken
+        self.probes_carried = 0
+
+    def carry(self, name: str, msg) -> bool:
+        if not (isinstance(msg, parser.OFPPacketOut) and msg.actions[0].port == ofp.OFPP_TABLE):
+            return False
+        payload = packet.Packet(bytes(msg.data)).protocols[-1]
+        probe = {p.probe_id: p for p in self.app._probes}[rollout.probe_id_of(bytes(payload))]
+        assert (probe.src_leaf, probe.in_port) == (name, msg.in_port)
+        rec = self.app.reconciler
+        net = FabricTables(self.cabling, rec.states, rec.failures, one_sided=self.broken)
+        walk = net.send(probe.src_host, probe.dst_host, plane=probe.plane, sport=probe.sport)
+        self.probes_carried += 1
+        at_leaf = [(sw, port) for sw, port, _out in walk.hops if sw == probe.dst_leaf]
+        if walk.result == "delivered" and at_leaf:
+            self.packet_in(probe.dst_leaf, at_leaf[0][1], bytes(msg.data))
+        return True
+
+
+def run(app, net, rounds: int = 20) -> None:
+    """Let the rollout's waits pass, round after round, until every stage is done."""
+    for _ in range(rounds):
+        if app.rollout_state.phase == "done":
+            return
+        app._catch_at -= 1
+        app._probe_sent_at -= 2 * ctl_wait()
+        app._rollout_poll()
+        net.deliver()
+        net.settle()
+    raise AssertionError(f"the rollout did not finish: {app.rollout_state}")
+
+
+def ctl_wait() -> float:
+    from hpnlab.controller import app as ctlapp
+    return ctlapp.PROBE_WAIT_S
+
+
+def staged(make_app, tmp_path):  # noqa: F811
+    return make_app("refuse", HPNLAB_ROLLOUT="staged", HPNLAB_ROLLOUT_OUT=str(tmp_path / "rollout.json"))
+
+
+def test_only_the_first_plane_is_installed_until_it_passes(make_app, tmp_path):  # noqa: F811
+    app = staged(make_app, tmp_path)
+    net = ProbedFabric(app, scenario())
+    net.connect()
+    assert app.rollout_state.planes == [0, 1] and app.rollout_state.current == 0
+    assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p0")}
+
+
+def test_a_healthy_fabric_passes_every_stage(make_app, tmp_path):  # noqa: F811
+    app = staged(make_app, tmp_path)
+    net = ProbedFabric(app, scenario())
+    net.connect()
+    net.settle()
+    run(app, net)
+    assert app.rollout_state.passed == [0, 1] and app.rollout_state.rolled_back == []
+    assert app.released == set(net.dps) and app.reconciler.settled
+    report = json.loads((tmp_path / "rollout.json").read_text())
+    assert report["done"] and all(s["ok"] and s["probes"] == s["arrived"] == 96 for s in report["stages"])
+    assert net.probes_carried == 2 * 96
+
+
+def test_a_plane_whose_probes_are_lost_is_rolled_back_and_the_others_stay(make_app, tmp_path):  # noqa: F811
+    app = staged(make_app, tmp_path)
+    net = ProbedFabric(app, scenario(), broken=BROKEN)
+    net.connect()
+    net.settle()
+    run(app, net)
+    assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
+    plane1 = {n for n in net.dps if n.startswith("p1")}
+    assert app.released == set(net.dps) - plane1
+    assert app.reconciler.failed_switches == plane1 and not (app.reconciler.failures.switches - plane1)
+    rec = app.reconciler
+    assert all(rec.confirmed[n] == rec.desired[n] for n in set(net.dps) - plane1)   # plane 0 kept its tables
+    report = json.loads((tmp_path / "rollout.json").read_text())
+    failed = report["stages"][1]
+    assert not failed["ok"] and 0 < failed["arrived"] < failed["probes"]

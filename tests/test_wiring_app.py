@@ -1,0 +1,203 @@
+"""The wiring gate in the os-ken app, on fake datapaths (no root, no switch): LLDP goes out of every
+port, the frames are delivered back as packet-ins where a cabling (hpnlab.fabric.emulation.rewire)
+puts the peer port, and the app installs only what the wiring decision allows."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("os_ken")
+
+from os_ken.controller import ofp_event
+from os_ken.ofproto import ofproto_v1_3 as ofp
+from os_ken.ofproto import ofproto_v1_3_parser as parser
+from test_controller_app import FakeDatapath, answer_barriers
+
+from hpnlab.controller import app as ctlapp
+from hpnlab.fabric import graph, spec
+from hpnlab.fabric.emulation.rewire import Rewire, physical
+
+SWAP = (("p0l0", "p0s0"), ("p0l1", "p0s1"))
+DROP = ("p0l2", "p0s0")
+
+
+@pytest.fixture
+def make_app(monkeypatch, tmp_path):
+    def make(mode: str = "refuse", **env: str):
+        monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
+        monkeypatch.delenv("HPNLAB_SET", raising=False)
+        monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
+        monkeypatch.setenv("HPNLAB_ON_MISWIRE", mode)
+        monkeypatch.setenv("HPNLAB_WIRING_OUT", str(tmp_path / "wiring.json"))
+        monkeypatch.setenv("HPNLAB_DISCOVERY_S", "3600")     # decided by completeness or by the test
+        monkeypatch.setenv("HPNLAB_TELEMETRY_MS", "0")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        return ctlapp.HpnController()
+    return make
+
+
+class Fabric:
+    """Fake datapaths cabled as a graph says: LLDP packet-outs come back as packet-ins at the peer."""
+
+    def __init__(self, app, cabling):
+        self.app, self.cabling = app, cabling
+        self.dps = {n: FakeDatapath(d["dpid"]) for n, d in cabling.nodes(data=True) if d["tier"] > 0}
+        self.peer: dict = {}
+        self.ports: dict = {n: set() for n in self.dps}
+        for u, v, d in cabling.edges(data=True):
+            ports = d.get("ofports", d["ports"])
+            for a, b in ((u, v), (v, u)):
+                if a in self.dps:
+                    self.ports[a].add(ports[a])
+                    if b in self.dps:
+                        self.peer[a, ports[a]] = (b, ports[b])
+        self.installed: dict = {n: [] for n in self.dps}
+
+    def connect(self) -> None:
+        for name, dp in self.dps.items():
+            self.app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+            body = [parser.OFPPort(port_no=p, hw_addr=f"02:00:00:00:{len(name):02x}:{p:02x}", name=b"x", config=0,
+                                   state=ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0, peer=0, curr_speed=0,
+                                   max_speed=0) for p in sorted(self.ports[name])]
+            self.app.on_port_desc(ofp_event.EventOFPPortDescStatsReply(parser.OFPPortDescStatsReply(dp, body=body)))
+        self.deliver()
+
+    def deliver(self) -> None:
+        """Carry LLDP frames across the cables until none is left; keep everything else."""
+        while True:
+            moved = False
+            for name, dp in self.dps.items():
+                for m in dp.take():
+                    if isinstance(m, parser.OFPPacketOut) and ctlapp.is_lldp(bytes(m.data)):
+                        far = self.peer.get((name, m.actions[0].port))
+                        if far is not None:
+                            moved = True
+                            self.packet_in(far[0], far[1], bytes(m.data))
+                    elif not self.carry(name, m):
+                        self.installed[name].append(m)
+            if not moved:
+                return
+
+    def packet_in(self, name: str, port: int, data: bytes) -> None:
+        dp = self.dps[name]
+        msg = parser.OFPPacketIn(dp, buffer_id=ofp.OFP_NO_BUFFER, total_len=len(data), reason=ofp.OFPR_ACTION,
+                                 table_id=0, cookie=0, match=parser.OFPMatch(in_port=port), data=data)
+        self.app.on_packet_in(ofp_event.EventOFPPacketIn(msg))
+
+    def carry(self, name: str, msg) -> bool:
+        """Other packet-outs a subclass carries (True: carried)."""
+        return False
+
+    def settle(self) -> None:
+        for name, dp in self.dps.items():
+            dp.sent = self.installed[name]
+            self.installed[name] = []
+        answer_barriers(self.app, self.dps)
+
+
+def scenario():
+    return graph.build(spec.load("mini-hpn"))
+
+
+def wipes(msgs) -> int:
+    return sum(isinstance(m, parser.OFPFlowMod) and m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL
+               for m in msgs)
+
+
+def test_every_port_sends_lldp_and_a_table0_rule_sends_lldp_back(make_app):
+    app = make_app()
+    dp = FakeDatapath(scenario().nodes["p0l0"]["dpid"])
+    app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+    rule = [m for m in dp.take() if isinstance(m, parser.OFPFlowMod)]
+    assert [(m.table_id, m.priority, dict(m.match.items())) for m in rule] == [(0, 65535, {"eth_type": 0x88CC})]
+    body = [parser.OFPPort(port_no=p, hw_addr="02:00:00:00:00:01", name=b"x", config=0, state=ofp.OFPPS_LIVE,
+                           curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0) for p in (1, 5, 6)]
+    app.on_port_desc(ofp_event.EventOFPPortDescStatsReply(parser.OFPPortDescStatsReply(dp, body=body)))
+    outs = [m for m in dp.take() if isinstance(m, parser.OFPPacketOut)]
+    assert sorted(m.actions[0].port for m in outs) == [1, 5, 6]
+    assert {ctlapp.parse_lldp(m.data) for m in outs} == {(dp.id, 1), (dp.id, 5), (dp.id, 6)}
+
+
+def test_nothing_is_installed_before_the_wiring_is_decided(make_app):
+    app = make_app()
+    net = Fabric(app, physical(scenario(), Rewire(drop=[DROP])))    # never complete: waits for the deadline
+    net.connect()
+    assert app.wiring_decision is None
+    assert sum(wipes(m) for m in net.installed.values()) == 0
+
+
+def test_a_fabric_cabled_as_planned_is_installed_as_soon_as_every_link_is_heard(make_app, tmp_path):
+    app = make_app()
+    net = Fabric(app, scenario())
+    net.connect()
+    assert app.wiring_decision is not None and app.wiring_report.clean
+    assert all(wipes(m) == 1 for m in net.installed.values())
+    net.settle()
+    assert app.reconciler.settled and app.reconciler.down_ports == set()
+    report = json.loads((tmp_path / "wiring.json").read_text())
+    assert report["counts"] == {"missing": 0, "miswired": 0, "unexpected": 0} and report["links_ok"] == 16
+
+
+def test_refuse_installs_every_switch_and_holds_the_miswired_ports_down(make_app, tmp_path):
+    app = make_app("refuse")
+    net = Fabric(app, physical(scenario(), Rewire(swap=[SWAP], drop=[DROP])))
+    net.connect()
+    app._decide_wiring()       # the discovery deadline
+    net.deliver()
+    assert app.wiring_report.counts() == {"missing": 2, "miswired": 4, "unexpected": 0}
+    assert all(wipes(m) == 1 for m in net.installed.values())
+    held = {("p0l0", 5), ("p0s0", 1), ("p0l1", 6), ("p0s1", 2), ("p0l2", 5), ("p0s0", 3)}
+    assert app.reconciler.down_ports == held
+    net.settle()
+    assert app.reconciler.settled
+    lines = [f["line"] for f in json.loads((tmp_path / "wiring.json").read_text())["findings"]]
+    assert len(lines) == 6 and sum("swapped" in line for line in lines) == 4
+
+
+def test_planes_installs_only_the_plane_that_checks_out(make_app):
+    app = make_app("planes")
+    net = Fabric(app, physical(scenario(), Rewire(swap=[SWAP])))
+    net.connect()
+    app._decide_wiring()
+    net.deliver()
+    assert app.wiring_decision.planes == (1,)
+    assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p1")}
+    assert app.released == {n for n in net.dps if n.startswith("p1")}
+
+
+def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
+    app = make_app("refuse")
+    wrong = Fabric(app, physical(scenario(), Rewire(drop=[DROP])))
+    wrong.connect()
+    app._decide_wiring()
+    assert app.reconciler.down_ports == {("p0l2", 5), ("p0s0", 3)}
+    right = Fabric(app, scenario())       # the same switches, now cabled as planned
+    right.dps = wrong.dps
+    right.installed = wrong.installed
+    for name, port in (("p0l2", 5), ("p0s0", 3)):     # the cable is plugged in: both ports come up
+        dp = right.dps[name]
+        desc = parser.OFPPort(port_no=port, hw_addr="02:00:00:00:00:01", name=b"x", config=0, state=ofp.OFPPS_LIVE,
+                              curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
+        app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dp, reason=ofp.OFPPR_ADD, desc=desc)))
+    right.deliver()
+    app._decide_wiring()
+    assert app.wiring_report.clean and app.reconciler.down_ports == set()
+
+
+def test_deployment_auto_hears_foreign_switches_and_writes_the_file_they_need(make_app, tmp_path):
+    from hpnlab.controller import deployment
+    out = tmp_path / "discovered.yaml"
+    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out))
+    foreign = Rewire(dpid_base=0xAB00000000000000, port_offset=100)
+    net = Fabric(app, physical(scenario(), foreign))
+    net.connect()
+    app._decide_wiring()
+    net.deliver()
+    assert len(app.strangers) == 12 and app.released == set()
+    assert sum(wipes(m) for m in net.installed.values()) == 0      # nothing installed on them
+    data = deployment.load(scenario(), out)                          # a file with no mistake
+    assert {deployment.parse_dpid(e["dpid"]) for e in data["switches"].values()} == {
+        0xAB00000000000000 + i for i in range(12)}
+    assert all(p > 100 for e in data["switches"].values() for p in e["ports"].values() if p > 4)
