@@ -319,25 +319,14 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
         return {"missing": f"the model has no {MODE_ROUTING[mode][0]!r} routing yet (has {', '.join(model.ROUTINGS)})"}
     s = g_emulated.graph["scenario"]
     qps = connections_per_pair(mode, s.planes)
-    net = model.Network(g_emulated)
-    job = model.Job(ranks=[tuple(r) for r in ranks])   # type: ignore[misc]
-    rnd = random.Random(seed)
     name = col.canonical(collective)
-    total = 0.0
-    cache: dict[tuple, float] = {}
-    stalled = 0
     steps = schedule_steps(name, len(ranks), size_bytes, perm)
-    for pairs, nbytes in steps:
-        key = (tuple(pairs), nbytes)
-        if key not in cache:
-            r = model.run_step(net, job, pairs, nbytes, routing, qps, rnd, switch_latency_us)
-            cache[key] = r.time_s
-            stalled += r.stalled
-        total += cache[key]
+    run = run_schedule(g_emulated, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us)
+    total = run["time_s"]
     algbw = size_bytes / total / 1e9 if total > 0 and not math.isinf(total) else 0.0
-    out: dict[str, Any] = {"routing": routing, "qps": qps, "steps": len(steps), "distinct_steps": len(cache),
+    out: dict[str, Any] = {"routing": routing, "qps": qps, "steps": len(steps), "distinct_steps": run["distinct_steps"],
                            "time_us": total * 1e6, "busbw_gbs": algbw * col.busbw_factor(name, len(ranks)),
-                           "stalled_connections": stalled, "own": None}
+                           "stalled_connections": run["stalled"], "own": None}
     hosts = [h for h, _ in ranks]
     if (name in model.MODEL_COLLECTIVES and s.rails == 1 and len(set(hosts)) == len(hosts) and perm is None
             and name != "permutation"):
@@ -346,3 +335,27 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
                                    switch_latency_us=switch_latency_us)
         out["own"] = {"time_us": own.time_s * 1e6, "busbw_gbs": own.busbw_gbs, "steps": own.steps_total}
     return out
+
+
+def run_schedule(g: nx.MultiGraph, ranks: Sequence[tuple[str, int]],
+                 steps: Sequence[tuple[Sequence[tuple[int, int]], float]], routing: str, qps: int, *,
+                 seed: int = 1, switch_latency_us: float = 1.0) -> dict[str, Any]:
+    """The model on a given schedule: synchronous steps, each (rank pairs sending at once, bytes
+    per pair), run with ``model.run_step`` (a step repeated exactly is computed once) and summed.
+    {"time_s", "step_times_s" (per step), "distinct_steps", "stalled"}."""
+    from . import model
+
+    net = model.Network(g)
+    job = model.Job(ranks=[(str(h), int(r)) for h, r in ranks])
+    rnd = random.Random(seed)
+    cache: dict[tuple, float] = {}
+    stalled = 0
+    times = []
+    for pairs, nbytes in steps:
+        key = (tuple(pairs), nbytes)
+        if key not in cache:
+            r = model.run_step(net, job, list(pairs), nbytes, routing, qps, rnd, switch_latency_us)
+            cache[key] = r.time_s
+            stalled += r.stalled
+        times.append(cache[key])
+    return {"time_s": float(sum(times)), "step_times_s": times, "distinct_steps": len(cache), "stalled": stalled}
