@@ -166,3 +166,55 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             print(line)
     say(f"wrote {path}")
     return 0
+
+
+# ---- `hpnlab model SCENARIO --study NAME` (registered by cmd_model) ---------------------------------
+
+def add_study_args(p: argparse.ArgumentParser) -> None:
+    from hpnlab.fabric import model_studies
+
+    p.add_argument("--study", choices=model_studies.STUDIES,
+                   help="a study, a table and a plot, JSON first (hpnlab.fabric.model_studies): routing modes as the "
+                        "job grows, planes 1/2/4/8, route counts, failure impact, cross-campus")
+    p.add_argument("--study-out", metavar="DIR", help="--study: where study-NAME.json and .png go (default results/)")
+    p.add_argument("--study-max-ranks", type=int, default=None,
+                   help="--study routing: stop the job sizes at this many ranks (default: the scenario's)")
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """One study on the scenario: JSON, then the table, then the plot."""
+    from hpnlab.fabric import model_studies as ms
+
+    from .cmd_model import _parse_detect, detection_from
+    from .cmd_topo import load_scenario
+
+    scenario = load_scenario(args)
+    size = col.parse_size(args.minbytes)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    routings = [r.strip() for r in args.routing.split(",") if r.strip()] if args.routing != "ecmp,spray" else None
+    if args.study == "routing":
+        doc = ms.study_routing(scenario, size_bytes=size, routings=routings, max_steps=min(args.max_steps, 4),
+                               qps=args.qps, seed=args.seed, max_ranks=args.study_max_ranks, say=say)
+    elif args.study == "planes":
+        doc = ms.study_planes(scenario)
+    elif args.study == "routes":
+        names = {scenario.name}
+        extra = [spec.load(n) for n in ("mini-hpn", "small-hpn", "alibaba-hpn") if n not in names]
+        doc = ms.study_routes([*extra, scenario])
+    elif args.study == "failures":
+        detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
+        doc = ms.study_failures(scenario, size_bytes=size, detect_ms=detect, routings=routings, hosts=args.hosts,
+                                qps=args.qps, seed=args.seed)
+    else:
+        doc = ms.study_cross_campus(scenario, size_bytes=size, qps=args.qps, seed=args.seed)
+    out = Path(args.study_out) if args.study_out else Path("results")
+    path = report.write_json(doc, out / f"study-{args.study}.json")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=1, default=report.jsonable)
+        print()
+    else:
+        for line in ms.table(doc):
+            print(line)
+    png = ms.plot(doc, str(out / f"study-{args.study}.png"))
+    say(f"wrote {path} and {png}")
+    return 0
