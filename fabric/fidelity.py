@@ -35,7 +35,8 @@ share of the gap it accounts for, and only causes that push the gap the way it g
                   loaded beyond its cores during the run (load average)
     collisions    per-flow hashing put connections on the same links in one world and not
                   the other (the model hashes at random; the switches hash the transport's
-                  entropy values): the uplink byte imbalance the emulation measured
+                  entropy values): the busiest leaf uplink over the mean, from the emulated
+                  uplinks' byte counters and from the model's first step, on the slower side
 """
 from __future__ import annotations
 
@@ -261,9 +262,13 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
                 f"once) takes {model['time_us'] / 1e3:.1f} ms: the emulation is {t_emu * 1e3:.1f} ms",
                 min(abs(t_own - t_mod), abs(gap)))
     imb = ev.get("uplink_imbalance")
-    if imb is not None and imb > 1 + TOLERANCE and emulated.get("entropy") in ("flow", "ecmp", "flowlet"):
-        add("collisions", f"per-flow hashing loaded the busiest leaf uplink {imb:.2f}x the mean in the emulation "
-            f"(the model hashes its own way until it forwards over the compiler's tables)", None)
+    m_imb = model.get("uplink_imbalance")
+    # the side whose hashing loaded its busiest leaf uplink more must be the slower one
+    if imb is not None and m_imb is not None and abs(imb - m_imb) > TOLERANCE * min(imb, m_imb) \
+            and (imb - m_imb) * gap > 0:
+        add("collisions", f"the busiest leaf uplink carried {imb:.2f}x the mean in the emulation and "
+            f"{m_imb:.2f}x in the model: the switches hash the transport's entropy values one way, the model "
+            f"hashes its own way until it forwards over the compiler's tables", None)
     if not causes:
         causes.append({"cause": "unexplained",
                        "evidence": f"the emulation took {t_emu * 1e3:.1f} ms and the model {t_mod * 1e3:.1f} ms; "
@@ -281,7 +286,7 @@ def _pct(x: float | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The side-by-side table, then one line per cause under each row beyond the tolerance."""
-    head = (f"{'collective':<12} {'mode':<9} {'ranks':>5} {'size(B)':>9}  {'busbw emu':>10} {'model':>10} "
+    head = (f"{'collective':<12} {'mode':<9} {'ranks':>5} {'size(B)':>9}  {'busbw emu/s':>10} {'model/s':>10} "
             f"{'err':>7}  {'time emu(ms)':>12} {'model':>9} {'err':>7}  {'model own(ms)':>13}")
     out = [head, "-" * len(head)]
     for r in rows:
@@ -295,7 +300,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         out.append(f"{r['collective']:<12} {r['mode'] or '-':<9} {r['nranks']:>5} {r['size_bytes']:>9}  "
                    f"{e['busbw_gbs'] * 1e3:>8.3f}MB {m['busbw_gbs'] * 1e3:>8.3f}MB {_pct(r['error']['busbw']):>7}  "
                    f"{e['time_us'] / 1e3:>12.1f} {m['time_us'] / 1e3:>9.1f} {_pct(r['error']['time']):>7}  "
-                   f"{(own['time_us'] / 1e3) if own else float('nan'):>13.1f}")
+                   + (f"{own['time_us'] / 1e3:>13.1f}" if own else f"{'-':>13}"))
         for c in r["causes"]:
             share = "" if c["share"] is None else f" (~{c['share']:.0%} of the gap)"
             out.append(f"    why: {c['cause']}{share}: {c['evidence']}")
@@ -323,10 +328,11 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
     steps = schedule_steps(name, len(ranks), size_bytes, perm)
     run = run_schedule(g_emulated, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us)
     total = run["time_s"]
+    imbalance = first_step_uplink_imbalance(g_emulated, ranks, steps, routing, qps, seed=seed) if steps else None
     algbw = size_bytes / total / 1e9 if total > 0 and not math.isinf(total) else 0.0
     out: dict[str, Any] = {"routing": routing, "qps": qps, "steps": len(steps), "distinct_steps": run["distinct_steps"],
                            "time_us": total * 1e6, "busbw_gbs": algbw * col.busbw_factor(name, len(ranks)),
-                           "stalled_connections": run["stalled"], "own": None}
+                           "stalled_connections": run["stalled"], "own": None, "uplink_imbalance": imbalance}
     hosts = [h for h, _ in ranks]
     if (name in model.MODEL_COLLECTIVES and s.rails == 1 and len(set(hosts)) == len(hosts) and perm is None
             and name != "permutation"):
@@ -359,3 +365,28 @@ def run_schedule(g: nx.MultiGraph, ranks: Sequence[tuple[str, int]],
             stalled += r.stalled
         times.append(cache[key])
     return {"time_s": float(sum(times)), "step_times_s": times, "distinct_steps": len(cache), "stalled": stalled}
+
+
+def first_step_uplink_imbalance(g: nx.MultiGraph, ranks: Sequence[tuple[str, int]],
+                                steps: Sequence[tuple[Sequence[tuple[int, int]], float]], routing: str, qps: int, *,
+                                seed: int = 1) -> float | None:
+    """max / mean of the bytes the model puts on the leaf uplinks of the ranks' leaves in the first
+    step (the leaves the ranks' NIC ports sit on, every uplink of theirs counted, idle ones too):
+    the figure the emulation measures from the uplinks' byte counters. The first step is routed
+    with the same random stream ``run_schedule`` gave it (a fresh ``Random(seed)``)."""
+    from . import model
+    from .compare_routing import imbalance
+
+    net = model.Network(g)
+    job = model.Job(ranks=[(str(h), int(r)) for h, r in ranks])
+    pairs, nbytes = steps[0]
+    routed = model.route_step(net, job, list(pairs), nbytes, routing, qps, random.Random(seed))
+    bits = routed.weight * routed.size_bits[routed.flow_idx]
+    load: dict[int, float] = {}
+    for link, b in zip(routed.link_idx.tolist(), bits.tolist(), strict=True):
+        load[link] = load.get(link, 0.0) + b
+    planes = g.graph["scenario"].planes
+    leaves = {net.host_port[(h, i)][0] for h, rail in job.ranks for i in range(rail * planes, (rail + 1) * planes)}
+    per_uplink = [load.get(link, 0.0) for link in range(net.n_links)
+                  if net.link_ends(link)[0] in leaves and g.nodes[net.link_ends(link)[1]]["tier"] == 2]
+    return imbalance([int(b) for b in per_uplink]) if per_uplink else None

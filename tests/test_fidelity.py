@@ -148,6 +148,26 @@ def test_no_measured_cause_says_unexplained_with_the_gap():
     assert cause["cause"] == "unexplained" and "2.0 ms" in cause["evidence"]
 
 
+def test_the_side_whose_hashing_loads_an_uplink_more_is_explained_as_collisions():
+    emu = _emulated(1000.0, uplink_imbalance=1.0)
+    model_side = {**_model(2000.0), "uplink_imbalance": 2.0}      # the model's hash collided, it is slower
+    assert "collisions" in [c["cause"] for c in fidelity.compare(emu, model_side)["causes"]]
+    model_side = {**_model(500.0), "uplink_imbalance": 2.0}       # ... but it is faster: not the cause
+    assert "collisions" not in [c["cause"] for c in fidelity.compare(emu, model_side)["causes"]]
+
+
+def test_the_models_uplink_imbalance_counts_every_uplink_of_the_ranks_leaves(mini):
+    # two ranks under different leaves, one connection: all its bytes on one uplink of the
+    # source leaf, none on the other uplinks of the two leaves in both planes: max / mean = their count
+    hosts = ["h1", "h5"]
+    ge = fidelity.emulated_graph(mini, hosts)
+    steps = [([(0, 1)], 1e6)]
+    imb = fidelity.first_step_uplink_imbalance(ge, [(h, 0) for h in hosts], steps, "ecmp", 1)
+    leaves = {p["leaf"] for h in hosts for p in graph.host_ports(mini, h)}
+    uplinks = sum(1 for u, v, d in mini.edges(data=True) if d["kind"] == "fabric" and ({u, v} & leaves))
+    assert imb == pytest.approx(uplinks)
+
+
 def test_the_table_prints_both_sides_and_the_reasons():
     rows = [fidelity.compare(_emulated(2000.0, retransmissions=400, switch_drops=3), _model(1000.0))]
     text = "\n".join(fidelity.table(rows))

@@ -89,7 +89,8 @@ def _emulate(args: argparse.Namespace, modes: tuple[str, ...], say) -> dict[str,
                     hosts = list(jobs[0].labels or [])
                     rail_of = {p["ip"]: p["rail"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
                     ranks = [[h, rail_of[a[0]]] for h, a in zip(hosts, jobs[0].addrs, strict=True)]
-                    leaves = {p["leaf"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
+                    leaves = {p["leaf"] for h, rail in ranks for p in fgraph.host_ports(emu.graph, h)
+                              if p["rail"] == rail}
                     ups = [i for lf, i in ups_all if lf in leaves]
                     before = compare_routing.read_tx_bytes(ups)
                     doc = experiment.run(cell, emu, progress=False)
