@@ -286,7 +286,7 @@ def _pct(x: float | None) -> str:
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """The side-by-side table, then one line per cause under each row beyond the tolerance."""
-    head = (f"{'collective':<12} {'mode':<9} {'ranks':>5} {'size(B)':>9}  {'busbw emu/s':>10} {'model/s':>10} "
+    head = (f"{'collective':<12} {'mode':<9} {'ranks':>5} {'size(B)':>9}  {'busbw emu':>10} {'model':>10} "
             f"{'err':>7}  {'time emu(ms)':>12} {'model':>9} {'err':>7}  {'model own(ms)':>13}")
     out = [head, "-" * len(head)]
     for r in rows:
@@ -294,11 +294,11 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         own = r.get("model_own")
         if m is None:
             out.append(f"{r['collective']:<12} {r['mode'] or '-':<9} {r['nranks']:>5} {r['size_bytes']:>9}  "
-                       f"{e['busbw_gbs'] * 1e3:>8.3f}MB {'-':>10} {'':>7}  {e['time_us'] / 1e3:>12.1f} {'-':>9}"
+                       f"{e['busbw_gbs'] * 1e3:>10.3f} {'-':>10} {'':>7}  {e['time_us'] / 1e3:>12.1f} {'-':>9}"
                        f"   model: {r.get('model_missing')}")
             continue
         out.append(f"{r['collective']:<12} {r['mode'] or '-':<9} {r['nranks']:>5} {r['size_bytes']:>9}  "
-                   f"{e['busbw_gbs'] * 1e3:>8.3f}MB {m['busbw_gbs'] * 1e3:>8.3f}MB {_pct(r['error']['busbw']):>7}  "
+                   f"{e['busbw_gbs'] * 1e3:>10.3f} {m['busbw_gbs'] * 1e3:>10.3f} {_pct(r['error']['busbw']):>7}  "
                    f"{e['time_us'] / 1e3:>12.1f} {m['time_us'] / 1e3:>9.1f} {_pct(r['error']['time']):>7}  "
                    + (f"{own['time_us'] / 1e3:>13.1f}" if own else f"{'-':>13}"))
         for c in r["causes"]:
