@@ -87,7 +87,7 @@ def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] 
     net = model.Network(g)
     ranks_total = len(graph.hosts(g)) * s.rails
     grid = rank_grid(min(ranks_total, max_ranks or ranks_total), s.rails)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in grid:
         for coll in collectives:
             for routing in have:
@@ -100,8 +100,8 @@ def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] 
                 say(f"  {n:>7} ranks {coll:<10} {routing:<6} {r.efficiency:.3f} of line "
                     f"({time.monotonic() - t:.1f} s)")
     notes = [f"{s.name}: {ranks_total:,} ranks at most, random placement, {qps} QPs per pair, {size_bytes} B"]
-    sampled = sorted({(r["ranks"], r["steps_modelled"], r["steps_distinct"]) for r in rows
-                      if r["steps_modelled"] < r["steps_distinct"]})
+    sampled: list[tuple[int, int, int]] = sorted({(int(r["ranks"]), int(r["steps_modelled"]), int(r["steps_distinct"]))
+                                                  for r in rows if r["steps_modelled"] < r["steps_distinct"]})
     if sampled:
         notes.append("all-to-all sampled: " + ", ".join(f"{m} of {d:,} steps at {n:,} ranks" for n, m, d in sampled))
     if missing:

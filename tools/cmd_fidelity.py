@@ -162,7 +162,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     else:
         s = emulated["scenario"]
         print(f"# hpnlab fidelity: {s['name']}, {emulated['plan']['ranks']} ranks "
-              f"({emulated['plan']['placement']}), {emulated['rates']}; busbw in MB/s (1e6 B/s), times in ms, the model at the emulated rates")
+              f"({emulated['plan']['placement']}), {emulated['rates']}; busbw in MB/s (1e6 B/s), times in ms, "
+              f"the model at the emulated rates")
         for line in fidelity.table(rows):
             print(line)
     say(f"wrote {path}")
