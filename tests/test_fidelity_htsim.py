@@ -25,7 +25,7 @@ def test_each_step_after_the_first_starts_on_a_barrier_counting_the_previous_ste
     cm = bench_htsim.connection_matrix(3, bench_htsim.all_to_all_steps(3, 10))
     lines = cm.splitlines()
     assert lines[:3] == ["Nodes 3", "Connections 6", "Triggers 1"]
-    assert lines[3] == "0->1 id 1 start 0 size 10 recv_done_trigger 1"
+    assert lines[3] == "0->1 id 1 start 0 size 10 send_done_trigger 1"
     assert lines[6] == "0->2 id 4 trigger 1 size 10"
     assert lines[-1] == "trigger id 1 barrier count 3"
 

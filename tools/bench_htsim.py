@@ -49,6 +49,7 @@ MODES: dict[str, tuple[list[str], tuple[str, int]]] = {
     "oblivious": (["-load_balancing_algo", "oblivious", "-paths", "64"], ("spray", 1)),
 }
 FINITE_ENTROPY = {"oblivious": 64}
+END_US = 10_000_000
 FINISHED = re.compile(r"finished at ([0-9.eE+-]+)")
 SUMMARY = re.compile(r"New: (\d+) Rtx: (\d+)")
 
@@ -77,7 +78,8 @@ def all_to_all_steps(n: int, nbytes: int) -> list[tuple[list[tuple[int, int]], f
 
 def connection_matrix(n: int, steps: list[tuple[list[tuple[int, int]], float]]) -> str:
     """An htsim connection matrix: step 0 starts at 0; step s + 1 starts when every flow of step
-    s has been received (a barrier trigger counting them)."""
+    s has completed at its sender, every byte acknowledged (a barrier trigger counting them;
+    htsim's UEC sink never fires a recv_done_trigger)."""
     lines = []
     triggers = []
     fid = 0
@@ -85,7 +87,7 @@ def connection_matrix(n: int, steps: list[tuple[list[tuple[int, int]], float]]) 
         for src, dst in pairs:
             fid += 1
             start = "start 0" if s == 0 else f"trigger {s}"
-            done = f" recv_done_trigger {s + 1}" if s + 1 < len(steps) else ""
+            done = f" send_done_trigger {s + 1}" if s + 1 < len(steps) else ""
             lines.append(f"{src}->{dst} id {fid} {start} size {int(nbytes)}{done}")
         if s + 1 < len(steps):
             triggers.append(f"trigger id {s + 1} barrier count {len(pairs)}")
@@ -98,8 +100,9 @@ def connection_matrix(n: int, steps: list[tuple[list[tuple[int, int]], float]]) 
 def run_htsim(binary: str, n: int, cm: str, flags: list[str], timeout_s: float, workdir: Path) -> dict[str, Any]:
     path = workdir / "case.cm"
     path.write_text(cm)
+    # -end: htsim stops at 1 ms of simulated time by default; give it room (it ends when the flows do)
     cmd = [binary, "-tm", str(path), "-nodes", str(n), "-tiers", "3", "-linkspeed", str(int(LINK_GBPS * 1000)),
-           *flags]
+           "-end", str(END_US), *flags]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=workdir)
     wall = time.monotonic() - t0
@@ -180,8 +183,11 @@ def main() -> int:
             for mode in args.modes.split(","):
                 h = run_htsim(args.htsim, n, cm, MODES[mode][0], args.timeout, Path(tmp))
                 m = run_model(g, steps, mode, args.seed, args.model_max_steps)
+                # the corrections see the traffic as htsim sends it: per-flow for ecmp, sprayed otherwise
+                # (the model runs 64 oblivious values as 64 hashed connections, still sprayed traffic)
                 run = {"case": case, "mode": mode, "hosts": n, "k": k, "bytes": nbytes, "steps": len(steps),
-                       "routing": m["routing"], "qps": m["qps"], "peer_s": h["makespan_s"], "model_s": m["time_s"],
+                       "routing": "ecmp" if mode == "ecmp" else "spray", "model_routing": m["routing"],
+                       "qps": m["qps"], "peer_s": h["makespan_s"], "model_s": m["time_s"],
                        "model_step_times_s": m["step_times_s"], "retx_fraction": h["retx_fraction"],
                        "model_steps_modelled": m["steps_modelled"], "htsim": h, "model_wall_s": m["wall_s"],
                        "load": load()}
