@@ -79,7 +79,13 @@ def rank_grid(max_ranks: int, rails: int, start: int = 64, factor: int = 8) -> l
 
 def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] | None = None,
                   collectives: Sequence[str] = ("all_to_all", "all_reduce"), max_steps: int = 4,
-                  qps: int = 4, seed: int = 1, max_ranks: int | None = None, say: Say | None = None) -> dict[str, Any]:
+                  qps: int = 4, seed: int = 1, max_ranks: int | None = None, a2a_pair_bytes: int = 1 << 20,
+                  a2a_max_ranks: int | None = 32768, say: Say | None = None) -> dict[str, Any]:
+    """``size_bytes`` per all-reduce; the all-to-all moves ``a2a_pair_bytes`` per rank pair (its
+    buffer grows with the job, as an expert-parallel token exchange does: a fixed buffer would
+    leave a few KB per pair at 100k ranks and time only latency), up to ``a2a_max_ranks``
+    (the model routes every connection of a sampled step: minutes beyond that on 2 cores).
+    Sprayed routings use one connection per pair (the model splits it evenly: more add nothing)."""
     t0 = time.monotonic()
     say = say or (lambda _m: None)
     have, missing = _routings(routings)
@@ -88,25 +94,41 @@ def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] 
     ranks_total = len(graph.hosts(g)) * s.rails
     grid = rank_grid(min(ranks_total, max_ranks or ranks_total), s.rails)
     rows: list[dict[str, Any]] = []
+    skipped = []
     for n in grid:
         for coll in collectives:
+            if coll == "all_to_all" and a2a_max_ranks and n > a2a_max_ranks:
+                skipped.append(n)
+                continue
+            nbytes = a2a_pair_bytes * n if coll == "all_to_all" else size_bytes
             for routing in have:
                 t = time.monotonic()
-                r = model.run_collective(g, coll, size_bytes, routing=routing, hosts=n // s.rails,
-                                         placement="random", qps=qps, seed=seed, max_steps=max_steps, network=net)
+                r = model.run_collective(g, coll, nbytes, routing=routing, hosts=n // s.rails,
+                                         placement="random", qps=1 if routing in model_sprayed() else qps,
+                                         seed=seed, max_steps=max_steps, network=net)
                 rows.append({"ranks": r.ranks, "collective": coll, "routing": routing, "efficiency": r.efficiency,
-                             "busbw_gbs": r.busbw_gbs, "time_s": r.time_s, "steps_modelled": r.steps_modelled,
-                             "steps_distinct": r.steps_distinct, "wall_s": round(time.monotonic() - t, 2)})
+                             "busbw_gbs": r.busbw_gbs, "time_s": r.time_s, "size_bytes": nbytes,
+                             "steps_modelled": r.steps_modelled, "steps_distinct": r.steps_distinct,
+                             "wall_s": round(time.monotonic() - t, 2)})
                 say(f"  {n:>7} ranks {coll:<10} {routing:<6} {r.efficiency:.3f} of line "
                     f"({time.monotonic() - t:.1f} s)")
-    notes = [f"{s.name}: {ranks_total:,} ranks at most, random placement, {qps} QPs per pair, {size_bytes} B"]
+    notes = [f"{s.name}: {ranks_total:,} ranks at most, random placement, {qps} QPs per pair (per-flow routings), "
+             f"all-reduce {size_bytes} B, all-to-all {a2a_pair_bytes} B per pair"]
     sampled: list[tuple[int, int, int]] = sorted({(int(r["ranks"]), int(r["steps_modelled"]), int(r["steps_distinct"]))
                                                   for r in rows if r["steps_modelled"] < r["steps_distinct"]})
     if sampled:
         notes.append("all-to-all sampled: " + ", ".join(f"{m} of {d:,} steps at {n:,} ranks" for n, m, d in sampled))
+    if skipped:
+        notes.append(f"all-to-all not run at {', '.join(f'{n:,}' for n in skipped)} ranks (above {a2a_max_ranks:,}: "
+                     f"model time)")
     if missing:
         notes.append(f"not in the model yet: {', '.join(missing)}")
     return _doc("routing", s.name, rows, notes, t0, missing_routings=missing)
+
+
+def model_sprayed() -> tuple[str, ...]:
+    """The model's routings that split a connection evenly (one connection is as good as many)."""
+    return tuple(r for r in model.ROUTINGS if r in ("spray", "adaptive"))
 
 
 # ---- planes -----------------------------------------------------------------------------------------
