@@ -5,7 +5,8 @@ run``'s machinery at the emulated rates, one cell per collective and mode) and i
 model at the same rates with the same ranks and the generators' schedule; prints busbw and
 completion time side by side with the relative error, per mode, and where they differ by more
 than 10% why (``hpnlab.fabric.fidelity``). JSON first (``fidelity.json`` under ``--out``),
-then the table. ``--from FILE`` compares an earlier ``fidelity.json`` again without emulating.
+then the table. ``--from FILE`` compares an earlier ``fidelity.json`` again without emulating (the model side and
+the explanations recomputed, written beside it as ``fidelity-recomputed.json``).
 """
 from __future__ import annotations
 
@@ -155,7 +156,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
                     "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
                     "tolerance": fidelity.TOLERANCE},
            "emulated": emulated, "rows": rows}
-    path = report.write_json(doc, out / "fidelity.json")
+    # a recomputation keeps the emulated run's own file
+    path = report.write_json(doc, out / ("fidelity-recomputed.json" if args.from_file else "fidelity.json"))
     if args.json:
         json.dump(rows, sys.stdout, indent=1, default=report.jsonable)
         print()
