@@ -161,6 +161,8 @@ def main() -> int:
                     help="all-to-all: the model times this many evenly spaced steps for all (0: every step)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per htsim run")
     ap.add_argument("--fit", action="store_true", help="fit the corrections' constants on these runs")
+    ap.add_argument("--corrections", metavar="FILE",
+                    help="apply the corrections fitted by an earlier run (its --json file) instead of fitting")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     args = ap.parse_args()
     if not args.htsim:
@@ -197,7 +199,12 @@ def main() -> int:
                       f"{h['retx_fraction']:.2%}; {load()}", flush=True)
     source = (f"fitted by tools/bench_htsim.py --fit on {n} hosts (k={k}), permutation {args.perm_bytes} B, "
               f"all-to-all {args.a2a_bytes} B per pair, htsim defaults (NSCC, 12 us base RTT)")
-    corr = model_corrections.fit(runs, 12.0, source) if args.fit else model_corrections.HTSIM_100G
+    if args.corrections:
+        corr = model_corrections.Corrections(**json.loads(Path(args.corrections).read_text())["corrections"])
+    elif args.fit:
+        corr = model_corrections.fit(runs, 12.0, source)
+    else:
+        corr = model_corrections.HTSIM_100G
     for r in runs:
         corrected = model_corrections.correct_steps(r["model_step_times_s"], r["routing"], corr)
         r["model_corrected_s"] = corrected
