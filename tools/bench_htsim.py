@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,7 @@ def main() -> int:
     ap.add_argument("--perm-bytes", type=int, default=4_000_000, help="permutation: bytes per flow")
     ap.add_argument("--a2a-bytes", type=int, default=256_000, help="all-to-all: bytes per pair and step")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", type=int, default=1, help="permutation: repeat over this many seeds, both sides")
     ap.add_argument("--model-max-steps", type=int, default=16,
                     help="all-to-all: the model times this many evenly spaced steps for all (0: every step)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per htsim run")
@@ -180,23 +182,33 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hpnlab-htsim-") as tmp:
         for case in args.cases.split(","):
             nbytes = args.perm_bytes if case == "permutation" else args.a2a_bytes
-            steps = permutation_steps(n, nbytes, args.seed) if case == "permutation" else all_to_all_steps(n, nbytes)
-            cm = connection_matrix(n, steps)
+            # the permutation is repeated over seeds (a new derangement, new hashes on both sides);
+            # the all-to-all's 127 steps average the hashing out themselves
+            seeds = range(args.seed, args.seed + (args.seeds if case == "permutation" else 1))
             for mode in args.modes.split(","):
-                h = run_htsim(args.htsim, n, cm, MODES[mode][0], args.timeout, Path(tmp))
-                m = run_model(g, steps, mode, args.seed, args.model_max_steps)
+                per_seed = []
+                for seed in seeds:
+                    steps = permutation_steps(n, nbytes, seed) if case == "permutation" else all_to_all_steps(n, nbytes)
+                    h = run_htsim(args.htsim, n, connection_matrix(n, steps), [*MODES[mode][0], "-seed", str(seed)],
+                                  args.timeout, Path(tmp))
+                    m = run_model(g, steps, mode, seed, args.model_max_steps)
+                    per_seed.append((h, m))
+                    print(f"# {case} {mode} seed {seed}: htsim {h['makespan_s'] * 1e6:.1f} us ({h['wall_s']:.1f} s "
+                          f"wall), model {m['time_s'] * 1e6:.1f} us ({m['wall_s']:.2f} s wall), retx "
+                          f"{h['retx_fraction']:.2%}; {load()}", flush=True)
+                hs, ms = [p[0] for p in per_seed], [p[1] for p in per_seed]
                 # the corrections see the traffic as htsim sends it: per-flow for ecmp, sprayed otherwise
                 # (the model runs 64 oblivious values as 64 hashed connections, still sprayed traffic)
-                run = {"case": case, "mode": mode, "hosts": n, "k": k, "bytes": nbytes, "steps": len(steps),
-                       "routing": "ecmp" if mode == "ecmp" else "spray", "model_routing": m["routing"],
-                       "qps": m["qps"], "peer_s": h["makespan_s"], "model_s": m["time_s"],
-                       "model_step_times_s": m["step_times_s"], "retx_fraction": h["retx_fraction"],
-                       "model_steps_modelled": m["steps_modelled"], "htsim": h, "model_wall_s": m["wall_s"],
-                       "load": load()}
-                runs.append(run)
-                print(f"# {case} {mode}: htsim {h['makespan_s'] * 1e6:.1f} us ({h['wall_s']:.1f} s wall), "
-                      f"model {m['time_s'] * 1e6:.1f} us ({m['wall_s']:.2f} s wall), retx "
-                      f"{h['retx_fraction']:.2%}; {load()}", flush=True)
+                runs.append({"case": case, "mode": mode, "hosts": n, "k": k, "bytes": nbytes, "steps": len(steps),
+                             "seeds": len(per_seed), "routing": "ecmp" if mode == "ecmp" else "spray",
+                             "model_routing": ms[0]["routing"], "qps": ms[0]["qps"],
+                             "peer_s": statistics.mean(x["makespan_s"] for x in hs),
+                             "model_s": statistics.mean(x["time_s"] for x in ms),
+                             "model_step_times_s": [statistics.mean(ts) for ts in zip(*(x["step_times_s"] for x in ms),
+                                                                                        strict=True)],
+                             "retx_fraction": statistics.mean(x["retx_fraction"] for x in hs),
+                             "model_steps_modelled": ms[0]["steps_modelled"], "htsim": hs,
+                             "model_wall_s": sum(x["wall_s"] for x in ms), "load": load()})
     source = (f"fitted by tools/bench_htsim.py --fit on {n} hosts (k={k}), permutation {args.perm_bytes} B, "
               f"all-to-all {args.a2a_bytes} B per pair, htsim defaults (NSCC, 12 us base RTT)")
     if args.corrections:
@@ -222,7 +234,7 @@ def main() -> int:
     for r in runs:
         print(f"{r['case']:<12} {r['mode']:<10} {r['peer_efficiency']:>7.3f} {r['model_efficiency']:>7.3f} "
               f"{r['error']:>+7.1%} {r['corrected_efficiency']:>9.3f} {r['error_corrected']:>+7.1%} "
-              f"{r['retx_fraction']:>6.2%} {r['htsim']['wall_s']:>8.1f} {r['model_wall_s']:>8.2f}")
+              f"{r['retx_fraction']:>6.2%} {sum(x['wall_s'] for x in r['htsim']):>8.1f} {r['model_wall_s']:>8.2f}")
     print(f"# corrections: {json.dumps(corr.as_dict())}")
     print(f"# {load()}")
     return 0
