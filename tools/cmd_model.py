@@ -39,6 +39,8 @@ def register(sub) -> None:
                         "measured on the emulated fabric) instead of --detect-ms")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON results")
+    from .cmd_fidelity import add_study_args
+    add_study_args(p)
     p.set_defaults(func=cmd_model)
 
 
@@ -79,6 +81,9 @@ def _stalled(count: int, pairs: list) -> str:
 
 
 def cmd_model(args) -> int:
+    if args.study:
+        from .cmd_fidelity import cmd_study
+        return cmd_study(args)
     scenario = load_scenario(args)
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
     for r in routings:

@@ -16,7 +16,8 @@ from typing import NoReturn
 from hpnlab.fabric.errors import UserError, one_line
 
 # Order is the order `hpnlab --help` lists them in.
-COMMANDS = ["topo", "check", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo"]
+COMMANDS = ["topo", "check", "model", "fidelity", "doctor", "emulate", "clean", "controller", "run", "collective",
+            "demo"]
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,174 @@
+"""Fidelity (hpnlab.fabric.fidelity): the model against the emulator, pure parts."""
+from __future__ import annotations
+
+import pytest
+
+from hpnlab.fabric import collectives as col
+from hpnlab.fabric import fidelity, graph, model, spec
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.mn import emulated_mbps
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return graph.build(spec.load("mini-hpn"))
+
+
+def _emulated(time_us: float, *, collective: str = "all_to_all", size: int = 1 << 20, **evidence) -> dict:
+    ev = {"packets": 1000, "retransmissions": 0, "timeouts": 0, "max_flow_timeouts": 0, "rate_cuts": 0,
+          "switch_drops": 0, "min_rto_s": 0.01, "srtt_us_mean": None, "cpu_max_rank_share": 0.2,
+          "load_average": None, "cpus": 2, "uplink_imbalance": None}
+    ev.update(evidence)
+    return {"size_bytes": size, "busbw_gbs": size / time_us / 1e3, "time_us": time_us, "line_rate_bps": 20e6,
+            "nranks": 4, "collective": collective, "entropy": "spray", "wrong": 0, "evidence": ev}
+
+
+def _model(time_us: float, own_us: float | None = None, steps: int = 1) -> dict:
+    return {"time_us": time_us, "busbw_gbs": (1 << 20) / time_us / 1e3, "steps": steps,
+            "own": {"time_us": own_us, "busbw_gbs": 1.0, "steps": 3} if own_us else None}
+
+
+def test_flow_mode_maps_to_the_models_per_flow_routing_under_either_name():
+    assert fidelity.model_routing("flow", ("ecmp", "spray")) == "ecmp"
+    assert fidelity.model_routing("ecmp", ("flow", "flowlet")) == "flow"
+    assert fidelity.model_routing("spray", ("ecmp", "spray")) == "spray"
+
+
+def test_a_mode_the_model_lacks_is_reported_missing_never_substituted():
+    assert fidelity.model_routing("flowlet", ("ecmp", "spray")) is None
+    assert fidelity.model_routing("adaptive", ("ecmp", "spray")) is None
+
+
+def test_unknown_mode_is_one_user_error():
+    with pytest.raises(UserError, match="unknown mode"):
+        fidelity.model_routing("warp", ("ecmp",))
+
+
+def test_emulated_graph_runs_every_link_at_its_emulated_rate_and_puts_the_ranks_hosts_first(mini):
+    s = mini.graph["scenario"]
+    ge = fidelity.emulated_graph(mini, ["h9", "h2"])
+    for u, v, k, d in mini.edges(keys=True, data=True):
+        assert ge.edges[u, v, k]["rate_gbps"] == emulated_mbps(s, d["rate_gbps"]) / 1e3
+    assert [n for n in ge.nodes if ge.nodes[n]["tier"] == 0][:2] == ["h9", "h2"]
+    assert ge.number_of_edges() == mini.number_of_edges()
+
+
+def test_the_generators_all_to_all_is_one_step_with_every_pair_at_once():
+    [(pairs, nbytes)] = fidelity.schedule_steps("all_to_all", 4, 1 << 20)
+    assert sorted(pairs) == [(a, b) for a in range(4) for b in range(4) if a != b]
+    assert nbytes == (1 << 20) // 4
+
+
+def test_the_generators_ring_all_reduce_has_two_n_minus_one_steps():
+    steps = fidelity.schedule_steps("all_reduce", 4, 1 << 20)
+    assert len(steps) == len(col.build("all_reduce", 4, 1 << 20).steps) == 6
+    assert all(sorted(p) == [(0, 1), (1, 2), (2, 3), (3, 0)] for p, _ in steps)
+
+
+def test_model_ring_on_the_emulated_non_blocking_fabric_reaches_the_emulated_line_rate(mini):
+    # 4 ranks on 4 leaves (cross-rail); sprayed over both planes, each step's chunk crosses
+    # the NIC's host ports at once: time = steps x chunk / NIC rate (path delays are microseconds)
+    hosts = ["h1", "h5", "h9", "h13"]
+    ge = fidelity.emulated_graph(mini, hosts)
+    size = 1 << 20
+    out = fidelity.run_model(ge, [(h, 0) for h in hosts], "spray", "all_reduce", size, switch_latency_us=0.0)
+    s = mini.graph["scenario"]
+    nic_bps = s.planes * emulated_mbps(s, s.host_rate_gbps) * 1e6
+    chunk = size / 4
+    expected_s = 6 * chunk * 8 / nic_bps
+    assert out["time_us"] == pytest.approx(expected_s * 1e6, rel=0.02)
+    assert out["busbw_gbs"] == pytest.approx(nic_bps / 8e9, rel=0.02)
+
+
+def test_model_own_schedule_is_reported_beside_the_generators(mini):
+    hosts = ["h1", "h5", "h9", "h13"]
+    ge = fidelity.emulated_graph(mini, hosts)
+    out = fidelity.run_model(ge, [(h, 0) for h in hosts], "spray", "all_to_all", 1 << 20)
+    assert out["steps"] == 1
+    assert out["own"]["steps"] == 3            # pairwise exchange: n - 1 steps
+
+
+def test_a_mode_without_a_model_routing_gives_a_row_without_model_figures(mini):
+    missing = [m for m in fidelity.MODE_ROUTING if fidelity.model_routing(m, model.ROUTINGS) is None]
+    if not missing:
+        pytest.skip("the model has every routing")
+    hosts = ["h1", "h5"]
+    out = fidelity.run_model(fidelity.emulated_graph(mini, hosts), [(h, 0) for h in hosts], missing[0],
+                             "all_reduce", 1 << 16)
+    row = fidelity.compare(_emulated(1000.0), out)
+    assert row["model"] is None and "no" in row["model_missing"]
+
+
+def test_relative_error_is_model_minus_emulated_over_emulated():
+    assert fidelity.rel_error(90.0, 100.0) == pytest.approx(-0.1)
+    assert fidelity.rel_error(1.0, 0.0) is None
+    assert fidelity.rel_error(float("inf"), 1.0) is None
+
+
+def test_within_tolerance_a_row_carries_no_explanation():
+    row = fidelity.compare(_emulated(1000.0), _model(950.0))
+    assert row["within_tolerance"] and row["causes"] == []
+
+
+def test_loss_on_a_fan_in_step_explains_an_optimistic_model():
+    emu = _emulated(2000.0, packets=1000, retransmissions=400, switch_drops=300)
+    [cause, *_] = fidelity.compare(emu, _model(1000.0))["causes"]
+    assert cause["cause"] == "incast_loss"
+    assert "400 of 1000" in cause["evidence"]
+
+
+def test_loss_never_explains_a_model_slower_than_the_emulation():
+    emu = _emulated(1000.0, packets=1000, retransmissions=400, switch_drops=300)
+    causes = fidelity.compare(emu, _model(2000.0))["causes"]
+    assert all(c["cause"] != "incast_loss" for c in causes)
+
+
+def test_timeouts_account_for_their_minimum_rto_share_of_the_gap():
+    emu = _emulated(100_000.0, timeouts=3, max_flow_timeouts=2, min_rto_s=0.01)
+    causes = {c["cause"]: c for c in fidelity.compare(emu, _model(60_000.0))["causes"]}
+    assert causes["timer_ticks"]["share"] == pytest.approx(2 * 0.01 / 0.04)
+
+
+def test_a_pairwise_model_schedule_explains_a_pessimistic_model():
+    # the emulation (concurrent) is faster than the model's pairwise own schedule and slower
+    # than the model on the generators' concurrent schedule: the schedule is the cause
+    emu = _emulated(1500.0)
+    causes = fidelity.compare(emu, _model(1000.0, own_us=2000.0))["causes"]
+    assert causes[0]["cause"] == "schedule"
+
+
+def test_a_saturated_generator_core_is_named():
+    emu = _emulated(3000.0, cpu_max_rank_share=0.97)
+    causes = [c["cause"] for c in fidelity.compare(emu, _model(1000.0))["causes"]]
+    assert "cpu" in causes
+
+
+def test_no_measured_cause_says_unexplained_with_the_gap():
+    [cause] = fidelity.compare(_emulated(3000.0), _model(1000.0))["causes"]
+    assert cause["cause"] == "unexplained" and "2.0 ms" in cause["evidence"]
+
+
+def test_the_side_whose_hashing_loads_an_uplink_more_is_explained_as_collisions():
+    emu = _emulated(1000.0, uplink_imbalance=1.0)
+    model_side = {**_model(2000.0), "uplink_imbalance": 2.0}      # the model's hash collided, it is slower
+    assert "collisions" in [c["cause"] for c in fidelity.compare(emu, model_side)["causes"]]
+    model_side = {**_model(500.0), "uplink_imbalance": 2.0}       # ... but it is faster: not the cause
+    assert "collisions" not in [c["cause"] for c in fidelity.compare(emu, model_side)["causes"]]
+
+
+def test_the_models_uplink_imbalance_counts_every_uplink_of_the_ranks_leaves(mini):
+    # two ranks under different leaves, one connection: all its bytes on one uplink of the
+    # source leaf, none on the other uplinks of the two leaves in both planes: max / mean = their count
+    hosts = ["h1", "h5"]
+    ge = fidelity.emulated_graph(mini, hosts)
+    steps = [([(0, 1)], 1e6)]
+    imb = fidelity.first_step_uplink_imbalance(ge, [(h, 0) for h in hosts], steps, "ecmp", 1)
+    leaves = {p["leaf"] for h in hosts for p in graph.host_ports(mini, h)}
+    uplinks = sum(1 for u, v, d in mini.edges(data=True) if d["kind"] == "fabric" and ({u, v} & leaves))
+    assert imb == pytest.approx(uplinks)
+
+
+def test_the_table_prints_both_sides_and_the_reasons():
+    rows = [fidelity.compare(_emulated(2000.0, retransmissions=400, switch_drops=3), _model(1000.0))]
+    text = "\n".join(fidelity.table(rows))
+    assert "2.0" in text and "1.0" in text and "+100.0%" in text and "why: incast_loss" in text

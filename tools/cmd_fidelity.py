@@ -1,0 +1,224 @@
+"""`hpnlab fidelity`: the flow model against the emulator, side by side (root, emulates).
+
+Runs the same small scenario, placement, collective and entropy mode in emulation (``hpnlab
+run``'s machinery at the emulated rates, one cell per collective and mode) and in the flow
+model at the same rates with the same ranks and the generators' schedule; prints busbw and
+completion time side by side with the relative error, per mode, and where they differ by more
+than 10% why (``hpnlab.fabric.fidelity``). JSON first (``fidelity.json`` under ``--out``),
+then the table. ``--from FILE`` compares an earlier ``fidelity.json`` again without emulating (the model side and
+the explanations recomputed, written beside it as ``fidelity-recomputed.json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpnlab.fabric import collectives as col
+from hpnlab.fabric import fidelity, report, spec
+from hpnlab.fabric.errors import UserError
+
+from .cmd_collective import default_out, int_in
+
+DEFAULT_MODES = "flow,ecmp,flowlet,spray,adaptive"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fidelity", help="the flow model against the emulator, side by side (root)",
+                       description=__doc__)
+    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
+                   help="preset or YAML file (default mini-hpn)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set emulation.host_mbps=5")
+    p.add_argument("--collective", default="all_reduce,all_to_all", help="comma list (default all_reduce,all_to_all)")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help=f"the transport's entropy modes, each mapped to the model's routing (default {DEFAULT_MODES})")
+    p.add_argument("--ranks", type=int_in(2, 64), default=4, help="ranks, one per host (default 4)")
+    p.add_argument("--placement", default="cross-rail", help="where the ranks sit (default cross-rail)")
+    p.add_argument("-b", "--size", default="1M", help="bytes per collective (default 1M)")
+    p.add_argument("-n", "--iters", type=int_in(1, 1000), default=3, help="timed iterations (default 3)")
+    p.add_argument("-w", "--warmup_iters", type=int_in(0, 1000), default=1, help="warm-up iterations (default 1)")
+    p.add_argument("--out", metavar="DIR", help="results directory (default results/fidelity-...)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="compare the emulated runs of an earlier fidelity.json again (no emulation)")
+    p.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    p.set_defaults(func=cmd_fidelity)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    for m in modes:
+        if m not in fidelity.MODE_ROUTING:
+            raise UserError(f"--modes: unknown {m!r} (known: {', '.join(fidelity.MODE_ROUTING)})")
+    if not modes:
+        raise UserError("--modes: none given")
+    return modes
+
+
+def _emulate(args: argparse.Namespace, modes: tuple[str, ...], say) -> dict[str, Any]:
+    """Every (collective, mode) cell on one emulated fabric; per cell its result, its hosts and
+    the leaf uplinks' byte counts."""
+    from hpnlab.fabric import compare_routing, experiment, sizing
+    from hpnlab.fabric import graph as fgraph
+    from hpnlab.fabric.emulation import Emulation, EmulationError
+
+    overrides = spec.parse_overrides(args.overrides)
+    scenario = spec.load(args.scenario, overrides)
+    g = fgraph.build(scenario)
+    rates, rates_line = sizing.rates_for_ranks(g, overrides, args.ranks)
+    if rates:
+        overrides = spec.deep_merge(overrides, rates)
+        scenario = spec.load(args.scenario, overrides)
+        g = fgraph.build(scenario)
+    plan = experiment.Plan(collectives=args.collective, transports="roce", entropies=modes, sizes=(args.size,),
+                           iterations=args.iters, warmup=args.warmup_iters, inplace=False,
+                           placement=args.placement, ranks=args.ranks)
+    plan.jobs_on(g)                                  # every mistake shows before anything is built
+    say(f"emulating {scenario.name} ({rates_line})")
+    cells = []
+    try:
+        with Emulation(scenario) as emu:
+            ups_all = compare_routing.uplinks(emu.graph)
+            for coll in plan.collectives:
+                for mode in modes:
+                    cell = plan.replace(collectives=coll, entropies=mode)
+                    [jobs] = cell.jobs_on(emu.graph).values()
+                    hosts = list(jobs[0].labels or [])
+                    rail_of = {p["ip"]: p["rail"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
+                    ranks = [[h, rail_of[a[0]]] for h, a in zip(hosts, jobs[0].addrs, strict=True)]
+                    leaves = {p["leaf"] for h, rail in ranks for p in fgraph.host_ports(emu.graph, h)
+                              if p["rail"] == rail}
+                    ups = [i for lf, i in ups_all if lf in leaves]
+                    before = compare_routing.read_tx_bytes(ups)
+                    doc = experiment.run(cell, emu, progress=False)
+                    after = compare_routing.read_tx_bytes(ups)
+                    [res] = doc["results"]
+                    delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
+                    cells.append({"result": res, "hosts": hosts, "ranks": ranks, "perm": jobs[0].perm,
+                                  "planes_per_rank": len(jobs[0].addrs[0]),
+                                  "uplink_imbalance": compare_routing.imbalance(delta),
+                                  "load_average": doc["meta"]["load_average"]["after"]})
+                    say(f"  emulated {coll} {mode}: busbw {res['rows'][-1]['oop']['busbw_gbs'] * 1e3:.3f} MB/s")
+    except EmulationError as exc:
+        raise UserError(f"emulation failed: {exc}") from None
+    return {"scenario": spec.to_dict(scenario), "overrides": overrides, "rates": rates_line, "cells": cells,
+            "plan": {"collectives": list(plan.collectives), "modes": list(modes), "ranks": args.ranks,
+                     "placement": args.placement, "size": args.size, "iters": args.iters}}
+
+
+def compare_cells(emulated: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model for every emulated cell, and the comparison rows (pure given the cells)."""
+    from hpnlab.fabric import graph as fgraph
+
+    scenario = spec.from_dict(emulated["scenario"])
+    g = fgraph.build(scenario)
+    rows = []
+    for cell in emulated["cells"]:
+        res = cell["result"]
+        hosts = cell["hosts"]
+        ge = fidelity.emulated_graph(g, hosts)
+        ranks = [(h, int(rail)) for h, rail in cell["ranks"]]
+        emu_fig = fidelity.emulated_figures(res, load_average=cell.get("load_average"), cpus=os.cpu_count(),
+                                            uplink_imbalance=cell.get("uplink_imbalance"))
+        if cell.get("planes_per_rank", scenario.planes) != scenario.planes:
+            model: dict[str, Any] = {"missing": "the model gives every rank a port on every plane; this placement "
+                                                "uses fewer"}
+        else:
+            model = fidelity.run_model(ge, ranks, res["entropy"], res["collective"], emu_fig["size_bytes"],
+                                       perm=cell.get("perm"))
+        rows.append(fidelity.compare(emu_fig, model))
+    return rows
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.monotonic()
+    if args.from_file:
+        try:
+            doc = json.loads(Path(args.from_file).read_text())
+            emulated = doc["emulated"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"--from {args.from_file}: not a fidelity.json ({type(exc).__name__})") from None
+        out = Path(args.from_file).parent
+    else:
+        modes = _modes(args.modes)
+        for c in args.collective.split(","):
+            col.canonical(c)
+        emulated = _emulate(args, modes, say)
+        out = Path(args.out) if args.out else default_out("fidelity")
+    t_emu = time.monotonic() - t0
+    rows = compare_cells(emulated)
+    doc = {"meta": {"command": " ".join(sys.argv), "emulated_s": round(t_emu, 1),
+                    "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
+                    "tolerance": fidelity.TOLERANCE},
+           "emulated": emulated, "rows": rows}
+    # a recomputation keeps the emulated run's own file
+    path = report.write_json(doc, out / ("fidelity-recomputed.json" if args.from_file else "fidelity.json"))
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1, default=report.jsonable)
+        print()
+    else:
+        s = emulated["scenario"]
+        print(f"# hpnlab fidelity: {s['name']}, {emulated['plan']['ranks']} ranks "
+              f"({emulated['plan']['placement']}), {emulated['rates']}; busbw in MB/s (1e6 B/s), times in ms, "
+              f"the model at the emulated rates")
+        for line in fidelity.table(rows):
+            print(line)
+    say(f"wrote {path}")
+    return 0
+
+
+# ---- `hpnlab model SCENARIO --study NAME` (registered by cmd_model) ---------------------------------
+
+def add_study_args(p: argparse.ArgumentParser) -> None:
+    from hpnlab.fabric import model_studies
+
+    p.add_argument("--study", choices=model_studies.STUDIES,
+                   help="a study, a table and a plot, JSON first (hpnlab.fabric.model_studies): routing modes as the "
+                        "job grows, planes 1/2/4/8, route counts, failure impact, cross-campus")
+    p.add_argument("--study-out", metavar="DIR", help="--study: where study-NAME.json and .png go (default results/)")
+    p.add_argument("--study-max-ranks", type=int, default=None,
+                   help="--study routing: stop the job sizes at this many ranks (default: the scenario's)")
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    """One study on the scenario: JSON, then the table, then the plot."""
+    from hpnlab.fabric import model_studies as ms
+
+    from .cmd_model import _parse_detect, detection_from
+    from .cmd_topo import load_scenario
+
+    scenario = load_scenario(args)
+    size = col.parse_size(args.minbytes)
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    routings = [r.strip() for r in args.routing.split(",") if r.strip()] if args.routing != "ecmp,spray" else None
+    if args.study == "routing":
+        doc = ms.study_routing(scenario, size_bytes=size, routings=routings, max_steps=min(args.max_steps, 4),
+                               qps=args.qps, seed=args.seed, max_ranks=args.study_max_ranks, say=say)
+    elif args.study == "planes":
+        doc = ms.study_planes(scenario)
+    elif args.study == "routes":
+        names = {scenario.name}
+        extra = [spec.load(n) for n in ("mini-hpn", "small-hpn", "alibaba-hpn") if n not in names]
+        doc = ms.study_routes([*extra, scenario])
+    elif args.study == "failures":
+        detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
+        doc = ms.study_failures(scenario, size_bytes=size, detect_ms=detect, routings=routings, hosts=args.hosts,
+                                qps=args.qps, seed=args.seed)
+    else:
+        doc = ms.study_cross_campus(scenario, size_bytes=size, qps=args.qps, seed=args.seed)
+    out = Path(args.study_out) if args.study_out else Path("results")
+    path = report.write_json(doc, out / f"study-{args.study}.json")
+    if args.json:
+        json.dump(doc, sys.stdout, indent=1, default=report.jsonable)
+        print()
+    else:
+        for line in ms.table(doc):
+            print(line)
+    png = ms.plot(doc, str(out / f"study-{args.study}.png"))
+    say(f"wrote {path} and {png}")
+    return 0
