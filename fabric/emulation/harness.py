@@ -30,6 +30,8 @@ from .controller_process import (
     ecn_args,
     free_port,
     request_policy,
+    tls_args,
+    tls_files,
 )
 from .faults import Faults
 from .nodes import PLACEMENTS
@@ -59,9 +61,14 @@ class Emulation:
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
-                 log: Callable[[str], None] | None = _log_default, port_type: str | None = None):
+                 log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
+                 controller_tls: str | Path | None = None):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
+        if controller_tls and controller != "hpnlab":
+            raise UserError("--controller-tls needs the hpnlab controller (it is the one listening with TLS)")
+        #: OpenFlow over TLS: the files of a TLS directory (tools/make_test_ca.sh), or None (plain TCP)
+        self.tls = tls_files(controller_tls) if controller_tls else None
         if isinstance(scenario, spec.Scenario):
             self.scenario = scenario if not overrides else spec.from_dict(
                 spec.deep_merge(spec.to_dict(scenario), overrides), scenario.source)
@@ -234,6 +241,9 @@ class Emulation:
         self.telemetry_file = self._st.run_dir / "telemetry.jsonl"
         self._ecn_control = self._st.run_dir / "ecn-policy.json"
         args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
+        if self.tls is not None:
+            args += tls_args(self.tls)
+            self._switch_tls()
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 args + self.controller_args)
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
@@ -248,6 +258,18 @@ class Emulation:
         except ControllerError as exc:
             raise EmulationError(str(exc)) from None
 
+    def _switch_tls(self) -> None:
+        """Open vSwitch's key, certificate and CA for ``ssl:`` controllers. The setting is machine-wide
+        (one SSL row per ovsdb): the one in force is written into the run's state first, and put back
+        at teardown (``state.teardown``, also after a crash by `hpnlab clean`)."""
+        assert self.tls is not None
+        self._st.notes["ovs_ssl"] = {"previous": ovsdb.get_ssl()}
+        self._st.save()
+        error = ovsdb.set_ssl(self.tls["switch_key"], self.tls["switch_cert"], self.tls["ca"])
+        if error:
+            raise EmulationError(f"Open vSwitch would not take the TLS files: {error}")
+        self.metadata["controller_tls"] = {"ca": self.tls["ca"], "switch_cert": self.tls["switch_cert"]}
+
     def _build(self) -> None:
         from mininet.link import Link
         from mininet.log import setLogLevel
@@ -258,8 +280,9 @@ class Emulation:
         cluster = self.servers is not None
         host_cls, switch_cls = nodes.node_classes(state, self._caps.datapath, self.scenario.emulation.mtu, cluster,
                                                   port_type=self.port_type)
-        switch_cls.targets = ([nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip)]  # type: ignore[attr-defined]
-                              if self.controller == "hpnlab" else [])
+        protocol = "ssl" if self.tls is not None else "tcp"
+        target = nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip, protocol)
+        switch_cls.targets = [target] if self.controller == "hpnlab" else []  # type: ignore[attr-defined]
         fail_mode = "secure" if self.controller == "hpnlab" else "standalone"
         # recorded before anything exists: bridges (and their userspace tap), veth names
         state.add_bridges(fgraph.switches(self.graph))
