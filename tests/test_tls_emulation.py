@@ -25,6 +25,7 @@ from hpnlab.fabric.emulation.controller_process import free_port, tls_args, tls_
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
 ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"segments_per_pod": 2, "hosts_per_segment": 2, "spines_per_plane": 1}   # mini-hpn cut to 6 switches
 
 
 def make_ca(directory: Path, name: str) -> Path:
@@ -57,8 +58,8 @@ def test_switches_connect_over_tls_with_the_test_cas_certificates_and_get_their_
 
     ca = make_ca(tmp_path / "ca", "hpnlab trusted")
     before = ovsdb.get_ssl()
-    emu = Emulation("mini-hpn", controller="hpnlab", ecn=False, shape=False, verify=False, lock_wait_s=300,
-                    telemetry_interval_ms=0, controller_tls=ca, log=None)
+    emu = Emulation("mini-hpn", overrides=SMALL, controller="hpnlab", ecn=False, shape=False, verify=False,
+                    lock_wait_s=300, telemetry_interval_ms=0, controller_tls=ca, log=None)
     try:
         emu.start()
         switches = fgraph.switches(emu.graph)
