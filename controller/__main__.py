@@ -34,7 +34,7 @@ from pathlib import Path
 
 from hpnlab.fabric.errors import UserError
 
-from . import config, tls
+from . import config, logs, tls
 from .compiler import ROUTING_POLICIES
 
 
@@ -74,6 +74,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     group.add_argument("--ssl-ca", metavar="FILE",
                      help="CA certificate(s) (PEM): only switches presenting a certificate it signed may connect")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="auto",
+                   help="text (time, level, logger; on stderr) or journal (one line per event on stdout, led by its "
+                        "syslog priority, <6>...: what journald stores as the entry's priority); auto (default): "
+                        "journal when systemd connects the output to the journal ($JOURNAL_STREAM), else text")
     return p
 
 
@@ -141,8 +145,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
     os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_format, args.verbose)
     if not args.verbose:
         for noisy in ("os_ken.base.app_manager", "os_ken.controller.controller", "os_ken.lib.hub"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -199,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(config.resolve(parser, args))
     except UserError as exc:
-        print(f"hpnlab: {exc}", file=sys.stderr)
+        journal = logs.choose("auto", os.environ) == "journal"        # under systemd: an error-priority entry
+        print(f"{'<3>' if journal else ''}hpnlab: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

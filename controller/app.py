@@ -381,6 +381,7 @@ class HpnController(BaseApp):
             m.flow_mods.labels(command).inc(counters[command] - self._counted[command])
         self._counted = dict(counters)
         m.switches_connected.set(len(self.datapaths))
+        m.healthy.set(1 if self._health()[0] == 200 else 0)
         if rec.convergences:
             m.convergence.set(rec.convergences[-1])
         for name in self.index.sw:

@@ -81,6 +81,8 @@ class Metrics:
         self.packet_ins = Counter("hpnlab_packet_ins", "Packet-ins by outcome", ["outcome"], registry=r)
         self.unknown_switches = Counter("hpnlab_unknown_switch_connects",
                                         "Connections from datapath ids not in the scenario", registry=r)
+        self.healthy = Gauge("hpnlab_healthy", "1 when /health answers 200 (every switch connected, telemetry "
+                             "fresh), else 0", registry=r)
 
         # ---- fabric telemetry and dynamic ECN (controller/telemetry.py, controller/ecn_loop.py) ----
         labels = ["switch", "port", "peer"]
