@@ -46,7 +46,7 @@ def _recording(base: type) -> type:
     if base not in _recording_classes:
         def __call__(self, parser, namespace, values, option_string=None):  # noqa: N807 - argparse's protocol
             if self.option_strings or values is not self.default:
-                given = getattr(namespace, GIVEN_ATTR, set())
+                given: set[str] = getattr(namespace, GIVEN_ATTR, set())
                 given.add(self.dest)
                 setattr(namespace, GIVEN_ATTR, given)
             return base.__call__(self, parser, namespace, values, option_string)
@@ -101,7 +101,7 @@ def _scalar(key: str, action: argparse.Action, value: Any) -> Any:
         converted = value
     else:                                   # the flag's own converter takes the text the command line would give
         try:
-            converted = kind(value if isinstance(value, str) else str(value))
+            converted = kind(value if isinstance(value, str) else str(value))   # type: ignore[operator]
         except (argparse.ArgumentTypeError, ValueError, TypeError) as exc:
             raise UserError(f"{key}: {exc or 'not a valid value'} (as {_flag(action)})") from None
     if action.choices is not None and converted not in action.choices:

@@ -104,6 +104,6 @@ def green_server(hub: Any) -> None:
     module has the same names; only the OpenFlow server's reference is replaced."""
     if getattr(hub, "HUB_TYPE", None) != "eventlet":
         return
-    from eventlet.green import ssl as green_ssl
+    from eventlet.green import ssl as green_ssl  # type: ignore[import-untyped]
     from os_ken.controller import controller
     controller.ssl = green_ssl

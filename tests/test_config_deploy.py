@@ -32,7 +32,7 @@ def example_args():
 
 def unit() -> configparser.ConfigParser:
     c = configparser.ConfigParser(interpolation=None, strict=True)
-    c.optionxform = str          # systemd's keys are case-sensitive
+    c.optionxform = str  # type: ignore[assignment,method-assign]   # systemd's keys are case-sensitive
     c.read_string(UNIT.read_text())
     return c
 

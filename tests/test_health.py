@@ -5,6 +5,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -13,9 +14,9 @@ from hpnlab.controller.metrics import STALE_INTERVALS, STALE_MIN_S, Metrics, hea
 SWITCHES = ["p0l0", "p0l1", "p0s0", "p1l0"]
 
 
-def check(**changes):
-    inputs = dict(uptime_s=60.0, expected=SWITCHES, connected=SWITCHES, last_recompile_unix=1.7e9,
-                  last_recompile_age_s=30.0, telemetry_interval_s=0.2, telemetry_age_s=0.1)
+def check(**changes: Any) -> tuple[int, dict[str, Any]]:
+    inputs: dict[str, Any] = dict(uptime_s=60.0, expected=SWITCHES, connected=SWITCHES, last_recompile_unix=1.7e9,
+                                  last_recompile_age_s=30.0, telemetry_interval_s=0.2, telemetry_age_s=0.1)
     inputs.update(changes)
     return health(**inputs)
 

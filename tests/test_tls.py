@@ -59,7 +59,7 @@ def test_the_three_files_make_os_ken_listen_with_tls_on_the_same_port(ca):
 
 @pytest.mark.parametrize("missing", ["key", "cert", "ca"])
 def test_tls_without_one_of_the_three_files_is_one_line_naming_it(ca, missing):
-    given = {"key": str(ca / "controller-key.pem"), "cert": str(ca / "controller-cert.pem"),
+    given: dict[str, str | None] = {"key": str(ca / "controller-key.pem"), "cert": str(ca / "controller-cert.pem"),
              "ca": str(ca / "ca-cert.pem")}
     given[missing] = None
     with pytest.raises(UserError, match=f"missing --ssl-{missing}"):
