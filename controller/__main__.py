@@ -34,13 +34,18 @@ from pathlib import Path
 
 from hpnlab.fabric.errors import UserError
 
+from . import config, logs, tls
 from .compiler import ROUTING_POLICIES
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="python -m hpnlab.controller",
                                           description="hpnlab's OpenFlow 1.3 controller (os-ken).")
-    p.add_argument("scenario", help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file")
+    p.add_argument("scenario", nargs="?", default=None,
+                   help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file (or 'scenario:' in --config)")
+    p.add_argument("--config", metavar="FILE.yaml",
+                   help="settings file: its keys are these flags' names (ofp_port, metrics_port, tls: {key, cert, "
+                        "ca}, set: {field: value}, ...); flags given here win over it (controller/config.py)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field (repeatable)")
     p.add_argument("--ofp-port", type=int, default=6653, help="OpenFlow TCP port (default 6653)")
@@ -81,7 +86,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned (default 3)")
+    group = p.add_argument_group("OpenFlow over TLS (all three together; tools/make_test_ca.sh makes a test set)")
+    group.add_argument("--ssl-key", metavar="FILE", help="the controller's private key (PEM)")
+    group.add_argument("--ssl-cert", metavar="FILE", help="the controller's certificate (PEM)")
+    group.add_argument("--ssl-ca", metavar="FILE",
+                     help="CA certificate(s) (PEM): only switches presenting a certificate it signed may connect")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--log-format", choices=logs.FORMATS, default="auto",
+                   help="text (time, level, logger; on stderr) or journal (one line per event on stdout, led by its "
+                        "syslog priority, <6>...: what journald stores as the entry's priority); auto (default): "
+                        "journal when systemd connects the output to the journal ($JOURNAL_STREAM), else text")
     return p
 
 
@@ -98,8 +112,21 @@ def _check_port(addr: str, port: int, what: str) -> None:
                             ) from None
 
 
+def _listening(addr: str, port: int) -> bool:
+    """Something listens on addr:port (a bind there fails), found without connecting to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((addr, port))
+        except OSError:
+            return True
+    return False
+
+
 def run(args: argparse.Namespace) -> int:
     from hpnlab.fabric import graph, spec
+
+    if not args.scenario:
+        raise UserError("no scenario: give SCENARIO (a preset name or a YAML file) or 'scenario:' in --config FILE")
 
     # Validate everything the user gave before starting anything (one-line errors).
     scenario = spec.load(args.scenario, spec.parse_overrides(args.set))
@@ -128,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--wiring-out {args.wiring_out}: its directory does not exist")
     if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
         raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
+    tls_files = tls.from_flags(args.ssl_key, args.ssl_cert, args.ssl_ca)
     _check_port(args.listen, args.ofp_port, "ofp port")
     if args.metrics_port:
         if args.metrics_port == args.ofp_port:
@@ -158,8 +186,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_ROLLOUT"] = args.rollout
     os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_format, args.verbose)
     if not args.verbose:
         for noisy in ("os_ken.base.app_manager", "os_ken.controller.controller", "os_ken.lib.hub"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -169,8 +196,10 @@ def run(args: argparse.Namespace) -> int:
         hub.patch(thread=True)
     from os_ken import cfg
     from os_ken.base.app_manager import AppManager  # imports the controller: registers --ofp-*
-    cfg.CONF(args=["--ofp-tcp-listen-port", str(args.ofp_port), "--ofp-listen-host", args.listen],
-             project="os_ken", default_config_files=[])
+    cfg.CONF(args=tls.os_ken_args(tls_files, args.listen, args.ofp_port), project="os_ken", default_config_files=[])
+    if tls_files is not None:
+        tls.green_server(hub)
+        logging.getLogger("os_ken.lib.hub").addFilter(tls.HandshakeFilter())
 
     mgr = AppManager.get_instance()
     mgr.load_apps(["hpnlab.controller.app", "os_ken.controller.ofp_handler"])
@@ -180,6 +209,11 @@ def run(args: argparse.Namespace) -> int:
     def announce():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            if tls_files is not None:     # a plain connection would be a failed handshake in the log
+                if _listening(args.listen, args.ofp_port):
+                    break
+                hub.sleep(0.05)
+                continue
             try:
                 with socket.create_connection((args.listen, args.ofp_port), timeout=1):
                     break
@@ -190,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
             return
         metrics = f", metrics http://{args.listen}:{args.metrics_port}/metrics" if args.metrics_port else ""
         print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, ECN policy {args.ecn_policy}, "
-              f"OpenFlow 1.3 on "
+              f"OpenFlow 1.3{' over TLS' if tls_files else ''} on "
               f"{args.listen}:{args.ofp_port}{metrics}", flush=True)
 
     services.append(hub.spawn(announce))
@@ -204,11 +238,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = config.record_given(build_parser())
+    args = parser.parse_args(argv)
     try:
-        return run(args)
+        return run(config.resolve(parser, args))
     except UserError as exc:
-        print(f"hpnlab: {exc}", file=sys.stderr)
+        journal = logs.choose("auto", os.environ) == "journal"        # under systemd: an error-priority entry
+        print(f"{'<3>' if journal else ''}hpnlab: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -356,6 +356,9 @@ class HpnController(BaseApp):
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"])
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
+        self.started = time.monotonic()
+        self._recompiled_at = (time.time(), self.started)   # (wall, monotonic) of the last compile, for /health
+        self._telemetry_at: float | None = None             # monotonic time of the last telemetry sample with data
         self.metrics = None
         self.metrics_served = bool(cfg["metrics_port"])
         try:
@@ -365,6 +368,7 @@ class HpnController(BaseApp):
             LOG.warning("prometheus_client is not installed: no metrics endpoint")
         if self.metrics:
             self.metrics.switches_expected.set(len(self.index.sw))
+            self.metrics.health_source = self._health
             if cfg["metrics_port"]:
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
@@ -410,7 +414,10 @@ class HpnController(BaseApp):
         assert self.ecn is not None
         while True:
             now = time.monotonic()
-            for msg in self.ecn.tick(now, list(self.datapaths)):
+            requests = self.ecn.tick(now, list(self.datapaths))
+            if self.ecn.last:
+                self._telemetry_at = now
+            for msg in requests:
                 dp = self.datapaths.get(msg.switch)
                 if dp is not None:
                     for ofmsg in encode(dp, msg):
@@ -452,6 +459,7 @@ class HpnController(BaseApp):
         rec, m = self.reconciler, self.metrics
         counters = rec.counters
         if counters["recompiles"] != self._counted["recompiles"]:
+            self._recompiled_at = (time.time(), time.monotonic())
             m.deaggregated.set(rec.deaggregated())
             m.failed_links.set(len(rec.failures.links))
             m.failed_switches.set(len(rec.failures.switches))
@@ -462,6 +470,7 @@ class HpnController(BaseApp):
             m.flow_mods.labels(command).inc(counters[command] - self._counted[command])
         self._counted = dict(counters)
         m.switches_connected.set(len(self.datapaths))
+        m.healthy.set(1 if self._health()[0] == 200 else 0)
         if rec.convergences:
             m.convergence.set(rec.convergences[-1])
         for name in self.index.sw:
@@ -852,6 +861,15 @@ class HpnController(BaseApp):
             with open(tmp, "w") as f:
                 json.dump(self.rollout_state.as_dict(), f, indent=1)
             os.replace(tmp, self.rollout_out)
+    def _health(self) -> tuple[int, dict]:
+        """/health's answer (``metrics.health`` decides)."""
+        from .metrics import health
+        now = time.monotonic()
+        wall, at = self._recompiled_at
+        return health(uptime_s=now - self.started, expected=list(self.index.sw), connected=list(self.datapaths),
+                      last_recompile_unix=round(wall, 3), last_recompile_age_s=now - at,
+                      telemetry_interval_s=self.ecn.telemetry.interval_s if self.ecn is not None else 0.0,
+                      telemetry_age_s=None if self._telemetry_at is None else now - self._telemetry_at)
 
     def _name(self, dp) -> str | None:
         return self.index.by_dpid.get(dp.id)

@@ -1,9 +1,62 @@
-"""Prometheus metrics of the controller (served on 127.0.0.1, as Faucet does)."""
+"""Prometheus metrics of the controller (served on 127.0.0.1, as Faucet does), and beside them
+``/health`` (also ``/healthz``): JSON saying whether the controller is doing its job, HTTP 200
+when it is and 503 when it is not (``health`` decides, pure), for a load balancer, a systemd
+watchdog script or a monitoring probe."""
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+
+HEALTH_PATHS = ("/health", "/healthz")
+#: telemetry counts as stale when its last sample is older than this many intervals (or STALE_MIN_S)
+STALE_INTERVALS = 5
+STALE_MIN_S = 2.0
+MISSING_SHOWN = 8     # switch names listed in a health answer's problem line
+
+
+def health(*, uptime_s: float, expected: Sequence[str], connected: Sequence[str], last_recompile_unix: float | None,
+           last_recompile_age_s: float | None, telemetry_interval_s: float, telemetry_age_s: float | None,
+           ) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, JSON body) of a health check, from plain values (pure).
+
+    Healthy (200) when every switch of the scenario is connected and, with telemetry on, its last
+    sample is fresh: at most ``STALE_INTERVALS`` intervals (and ``STALE_MIN_S``) old; before the
+    first sample, only once the controller has been up that long. Anything else is 503, each
+    reason one line in ``problems``."""
+    problems = []
+    missing = sorted(set(expected) - set(connected))
+    if missing:
+        shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+        problems.append(f"{len(missing)} of {len(expected)} switches not connected: {shown}")
+    tel: dict[str, Any] = {"enabled": telemetry_interval_s > 0}
+    if telemetry_interval_s > 0:
+        limit = max(STALE_INTERVALS * telemetry_interval_s, STALE_MIN_S)
+        tel.update(interval_s=telemetry_interval_s, age_s=_round(telemetry_age_s), stale_after_s=limit)
+        if telemetry_age_s is None:
+            if uptime_s > limit:
+                problems.append(f"no telemetry sample in {uptime_s:.1f} s")
+        elif telemetry_age_s > limit:
+            problems.append(f"telemetry is {telemetry_age_s:.1f} s old (stale after {limit:g} s)")
+    body = {"status": "unhealthy" if problems else "ok", "up": True, "uptime_s": _round(uptime_s),
+            "switches": {"connected": len(set(connected) & set(expected)), "expected": len(expected),
+                         "missing": missing},
+            "last_recompile": {"unix": last_recompile_unix, "age_s": _round(last_recompile_age_s)},
+            "telemetry": tel, "problems": problems}
+    return (503 if problems else 200), body
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 class Metrics:
@@ -28,6 +81,8 @@ class Metrics:
         self.packet_ins = Counter("hpnlab_packet_ins", "Packet-ins by outcome", ["outcome"], registry=r)
         self.unknown_switches = Counter("hpnlab_unknown_switch_connects",
                                         "Connections from datapath ids not in the scenario", registry=r)
+        self.healthy = Gauge("hpnlab_healthy", "1 when /health answers 200 (every switch connected, telemetry "
+                             "fresh), else 0", registry=r)
 
         # ---- fabric telemetry and dynamic ECN (controller/telemetry.py, controller/ecn_loop.py) ----
         labels = ["switch", "port", "peer"]
@@ -55,6 +110,8 @@ class Metrics:
         self.telemetry_cpu = Counter("hpnlab_telemetry_cpu_seconds",
                                      "CPU seconds the controller spent on telemetry and the ECN policy", registry=r)
         self._ecn_seen = (0, 0.0)
+        #: () -> (HTTP status, JSON body) for /health (the app sets it; ``health`` decides)
+        self.health_source: Callable[[], tuple[int, dict[str, Any]]] | None = None
 
     def update_ports(self, loop: Any) -> None:
         """Per-port gauges from an ``ecn_loop.EcnLoop``'s last sample and thresholds in force."""
@@ -81,13 +138,31 @@ class Metrics:
         if loop.telemetry.intervals:
             self.telemetry_interval.set(loop.telemetry.intervals[-1])
 
+    def wsgi_app(self) -> Callable:
+        """/health and /healthz (``health_source``'s answer), everything else Prometheus's."""
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            if environ.get("PATH_INFO") in HEALTH_PATHS:
+                if self.health_source is None:
+                    status, body = 503, {"status": "unknown", "up": True, "problems": ["no health source"]}
+                else:
+                    status, body = self.health_source()
+                data = (json.dumps(body, sort_keys=True) + "\n").encode()
+                start_response(f"{status} {'OK' if status == 200 else 'Service Unavailable'}",
+                               [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+                return [data]
+            return metrics_app(environ, start_response)
+        return app
+
     def serve(self, port: int, addr: str = "127.0.0.1", hub=None) -> None:
-        """Serve /metrics. Under an eventlet hub, as a green WSGI server of the hub (the
-        prometheus_client thread would block the whole process in a real select());
-        otherwise on prometheus_client's own thread."""
+        """Serve /metrics and /health. Under an eventlet hub, as a green WSGI server of the hub
+        (a server thread would block the whole process in a real select()); otherwise on a
+        thread of its own."""
         wsgi_server = getattr(hub, "WSGIServer", None) if hub is not None else None
         if wsgi_server is not None:
-            server = wsgi_server((addr, port), make_wsgi_app(self.registry))
+            server = wsgi_server((addr, port), self.wsgi_app())
             hub.spawn(server.serve_forever)
         else:
-            start_http_server(port, addr=addr, registry=self.registry)
+            httpd = make_server(addr, port, self.wsgi_app(), handler_class=_QuietHandler)
+            threading.Thread(target=httpd.serve_forever, name="hpnlab-metrics", daemon=True).start()

@@ -4,6 +4,8 @@
                       [--policy aggregate|host-routes] [--metrics-port N]
         runs the os-ken app in this process (the same as `python -m hpnlab.controller ...`);
         prints a line containing "ready" once switches can connect.
+    hpnlab controller --config FILE.yaml [flags...]
+        the same, settings from FILE (keys: the flags' names; flags given win), see controller/config.py
     hpnlab controller SCENARIO --show SWITCH [--fail A-B ...] [--policy ...]
         prints the flows the compiler gives SWITCH (with links A-B failed), no switch needed.
 """
@@ -16,6 +18,7 @@ from hpnlab.fabric.errors import UserError
 
 
 def register(sub) -> None:
+    from hpnlab.controller import config
     from hpnlab.controller.__main__ import build_parser
 
     p = sub.add_parser("controller", help="run the OpenFlow 1.3 controller (os-ken) or show its compiled flows",
@@ -25,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--fail", action="append", default=[], metavar="A-B",
                    help="with --show: treat the link(s) between switches/hosts A and B as failed (repeatable)")
     p.set_defaults(func=cmd_controller)
+    config.record_given(p)      # which flags the command line gave: they win over --config's
 
 
 def _show(args) -> int:
@@ -57,18 +61,21 @@ def _show(args) -> int:
 
 
 def cmd_controller(args) -> int:
+    from hpnlab.controller import config
+    from hpnlab.controller.__main__ import build_parser
+
+    flags = build_parser()                   # the controller's own flags (not --show, --fail)
+    config.resolve(flags, args)
+    if not args.scenario:
+        raise UserError("no scenario: give SCENARIO (a preset name or a YAML file) or 'scenario:' in --config FILE")
     if args.show:
         return _show(args)
     if args.fail:
         raise UserError("--fail only goes with --show (a running controller learns failures from the switches)")
     # Run the launcher in a fresh interpreter (it must monkey-patch the standard library with
-    # eventlet before anything else is imported): same pid, same output, same exit code.
-    argv = [sys.executable, "-m", "hpnlab.controller", args.scenario, "--ofp-port", str(args.ofp_port),
-            "--listen", args.listen, "--policy", args.policy, "--metrics-port", str(args.metrics_port)]
-    for item in args.set:
-        argv += ["--set", item]
-    if args.verbose:
-        argv.append("-v")
+    # eventlet before anything else is imported): same pid, same output, same exit code. Every
+    # controller flag given (on the command line or in --config) is passed on.
+    argv = [sys.executable, "-m", "hpnlab.controller", *config.to_argv(flags, args)]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)

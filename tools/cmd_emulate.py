@@ -88,6 +88,9 @@ def register(sub) -> None:
                    help="cluster placement: plane (each plane's switches on one server, default), or Mininet's")
     p.add_argument("--controller-ip", default="127.0.0.1",
                    help="address the controller listens on and switches dial (a routable one with --servers)")
+    p.add_argument("--controller-tls", metavar="DIR",
+                   help="OpenFlow over TLS with the files tools/make_test_ca.sh writes into DIR (Open vSwitch's "
+                        "machine-wide SSL setting is replaced for the run and put back after)")
     p.set_defaults(func=cmd_emulate)
 
 
@@ -141,7 +144,7 @@ def cmd_emulate(args) -> int:
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
-                    port_type=args.port_type)
+                    port_type=args.port_type, controller_tls=args.controller_tls)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built

@@ -80,6 +80,8 @@ def register(sub) -> None:
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
+    p.add_argument("--controller-tls", metavar="DIR",
+                   help="OpenFlow over TLS with the files tools/make_test_ca.sh writes into DIR (as `hpnlab emulate`)")
     add_port_type_arg(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
@@ -147,7 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
-                       telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type) as emu:
+                       telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
+                       controller_tls=args.controller_tls) as emu:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")

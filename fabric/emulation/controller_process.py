@@ -13,8 +13,32 @@ from pathlib import Path
 import yaml
 
 from .. import spec
+from ..errors import UserError
 
 DEFAULT_OFP_PORT = 6653
+
+#: a TLS directory's files, as tools/make_test_ca.sh writes them: what the controller and the
+#: switches (Open vSwitch's ``set-ssl``) each present, and the CA both trust
+TLS_FILES = {"ca": "ca-cert.pem", "controller_key": "controller-key.pem", "controller_cert": "controller-cert.pem",
+             "switch_key": "switch-key.pem", "switch_cert": "switch-cert.pem"}
+
+
+def tls_files(directory: str | Path) -> dict[str, str]:
+    """The TLS directory's files by role (``TLS_FILES``), as absolute paths; UserError (one line)
+    when the directory or one of them is missing."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise UserError(f"TLS directory {directory}: no such directory (make a test one: tools/make_test_ca.sh DIR)")
+    missing = [name for name in TLS_FILES.values() if not (d / name).is_file()]
+    if missing:
+        raise UserError(f"TLS directory {directory} lacks {', '.join(missing)} "
+                        f"(tools/make_test_ca.sh DIR writes the whole set)")
+    return {role: str((d / name).resolve()) for role, name in TLS_FILES.items()}
+
+
+def tls_args(files: dict[str, str]) -> list[str]:
+    """The controller's TLS flags for a TLS directory's files (controller/__main__.py)."""
+    return ["--ssl-key", files["controller_key"], "--ssl-cert", files["controller_cert"], "--ssl-ca", files["ca"]]
 
 
 class ControllerError(RuntimeError):

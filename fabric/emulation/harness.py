@@ -32,6 +32,8 @@ from .controller_process import (
     ecn_args,
     free_port,
     request_policy,
+    tls_args,
+    tls_files,
 )
 from .faults import Faults
 from .nodes import PLACEMENTS
@@ -65,9 +67,14 @@ class Emulation:
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
                  rewire: Rewire | None = None, wiring_timeout: float = 30.0,
-                 on_built: Callable[[Emulation], None] | None = None):
+                 on_built: Callable[[Emulation], None] | None = None,
+                 controller_tls: str | Path | None = None):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
+        if controller_tls and controller != "hpnlab":
+            raise UserError("--controller-tls needs the hpnlab controller (it is the one listening with TLS)")
+        #: OpenFlow over TLS: the files of a TLS directory (tools/make_test_ca.sh), or None (plain TCP)
+        self.tls = tls_files(controller_tls) if controller_tls else None
         if isinstance(scenario, spec.Scenario):
             self.scenario = scenario if not overrides else spec.from_dict(
                 spec.deep_merge(spec.to_dict(scenario), overrides), scenario.source)
@@ -254,6 +261,9 @@ class Emulation:
         self._ecn_control = self._st.run_dir / "ecn-policy.json"
         args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
         args += self._wiring_args()
+        if self.tls is not None:
+            args += tls_args(self.tls)
+            self._switch_tls()
         ctl = ControllerProcess(self.scenario, self._st.run_dir, port, self.controller_ip, self.policy,
                                 args + self.controller_args)
         self.metadata["controller_cmd"] = " ".join(ctl.cmd)
@@ -268,6 +278,18 @@ class Emulation:
         except ControllerError as exc:
             raise EmulationError(str(exc)) from None
 
+    def _switch_tls(self) -> None:
+        """Open vSwitch's key, certificate and CA for ``ssl:`` controllers. The setting is machine-wide
+        (one SSL row per ovsdb): the one in force is written into the run's state first, and put back
+        at teardown (``state.teardown``, also after a crash by `hpnlab clean`)."""
+        assert self.tls is not None
+        self._st.notes["ovs_ssl"] = {"previous": ovsdb.get_ssl()}
+        self._st.save()
+        error = ovsdb.set_ssl(self.tls["switch_key"], self.tls["switch_cert"], self.tls["ca"])
+        if error:
+            raise EmulationError(f"Open vSwitch would not take the TLS files: {error}")
+        self.metadata["controller_tls"] = {"ca": self.tls["ca"], "switch_cert": self.tls["switch_cert"]}
+
     def _build(self) -> None:
         from mininet.link import Link
         from mininet.log import setLogLevel
@@ -278,8 +300,9 @@ class Emulation:
         cluster = self.servers is not None
         host_cls, switch_cls = nodes.node_classes(state, self._caps.datapath, self.scenario.emulation.mtu, cluster,
                                                   port_type=self.port_type)
-        switch_cls.targets = ([nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip)]  # type: ignore[attr-defined]
-                              if self.controller == "hpnlab" else [])
+        protocol = "ssl" if self.tls is not None else "tcp"
+        target = nodes.ControllerTarget(self.ofp_port or DEFAULT_OFP_PORT, self.controller_ip, protocol)
+        switch_cls.targets = [target] if self.controller == "hpnlab" else []  # type: ignore[attr-defined]
         fail_mode = "secure" if self.controller == "hpnlab" else "standalone"
         # recorded before anything exists: bridges (and their userspace tap), veth names
         state.add_bridges(fgraph.switches(self.graph))

@@ -123,8 +123,8 @@ def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, n
 class ControllerTarget:
     """What OVSSwitch.start needs to know about a controller."""
 
-    def __init__(self, port: int, ip: str = "127.0.0.1"):
-        self.name, self.protocol, self.port, self.ip = "c0", "tcp", port, ip
+    def __init__(self, port: int, ip: str = "127.0.0.1", protocol: str = "tcp"):
+        self.name, self.protocol, self.port, self.ip = "c0", protocol, port, ip
 
     def IP(self) -> str:  # noqa: N802 - Mininet's name
         return self.ip

@@ -226,3 +226,45 @@ def parse_port_states(text: str) -> dict[str, set[str]]:
         elif name is not None and s.startswith("state:"):
             out[name] = set(s.split(":", 1)[1].split()) - {"0"}
     return out
+
+
+# ---- OpenFlow over TLS: the SSL row is one per Open vSwitch instance (machine-wide) -------------
+
+SSL_FIELDS = ("private_key", "certificate", "ca_cert", "bootstrap_ca_cert")
+
+
+def parse_ssl(text: str) -> dict[str, Any] | None:
+    """``ovs-vsctl get-ssl``'s answer as plain values (pure): None when no SSL is configured."""
+    names = {"Private key": "private_key", "Certificate": "certificate", "CA Certificate": "ca_cert",
+             "Bootstrap": "bootstrap_ca_cert"}
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if sep and label.strip() in names:
+            out[names[label.strip()]] = value.strip()
+    if not out.get("private_key"):
+        return None
+    out["bootstrap_ca_cert"] = out.get("bootstrap_ca_cert", "false") == "true"
+    return out
+
+
+def get_ssl() -> dict[str, Any] | None:
+    """The SSL settings Open vSwitch has now (key, certificate, CA, bootstrap), or None."""
+    r = _vsctl("get-ssl")
+    return parse_ssl(r.stdout) if r.returncode == 0 else None
+
+
+def set_ssl(key: str, cert: str, ca: str, bootstrap: bool = False) -> str | None:
+    """Make Open vSwitch use these files for every ``ssl:`` connection; an error line, or None."""
+    r = _vsctl(*(["--bootstrap"] if bootstrap else []), "set-ssl", key, cert, ca, timeout=10)
+    return None if r.returncode == 0 else (r.stderr.strip() or f"ovs-vsctl set-ssl exited {r.returncode}")
+
+
+def restore_ssl(previous: dict[str, Any] | None) -> str | None:
+    """Put back the SSL settings ``get_ssl`` read (None: there were none, so remove them). The SSL
+    row's other columns (``ssl_protocols``, ``ssl_ciphers``, ``external_ids``) are not kept."""
+    if previous is None:
+        r = _vsctl("del-ssl", timeout=10)
+        return None if r.returncode == 0 else (r.stderr.strip() or f"ovs-vsctl del-ssl exited {r.returncode}")
+    return set_ssl(previous["private_key"], previous["certificate"], previous["ca_cert"],
+                   bool(previous.get("bootstrap_ca_cert")))

@@ -350,6 +350,11 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
             removed["dirs"] += 1
         except OSError:
             pass
+    # 6. Open vSwitch's SSL settings (machine-wide) the run replaced for ``ssl:`` controllers: put back
+    if "ovs_ssl" in state.notes:
+        error = ovsdb.restore_ssl(state.notes["ovs_ssl"].get("previous"))
+        if error:
+            log(f"could not restore Open vSwitch's SSL settings: {error}")
     state.path.unlink(missing_ok=True)
     return removed
 
