@@ -54,10 +54,14 @@ field counts the same).
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import pickle
 import random
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import networkx as nx
@@ -102,47 +106,87 @@ class Network:
     forwarding over them (:class:`.model_forwarding.Forwarding`)."""
 
     def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES):
+        from hpnlab.controller import compiler  # the model reads the compiler (no import cycle)
         self.g = g
         self.s = g.graph["scenario"]
         node = g._node
         sw_names = sorted(n for n, d in node.items() if d["tier"] > 0)
         sw_index = {n: i for i, n in enumerate(sw_names)}
         failed = {_norm(*f) for f in (failed or set())}
-        m = g.number_of_edges()
-        cap = np.empty(2 * m)
-        delay = np.empty(2 * m)
-        head = np.full(2 * m, -1, dtype=np.int64)
-        link_of: dict[tuple[str, int], int] = {}
-        self.host_port: dict[tuple[str, int], tuple[str, int, int]] = {}   # (host, intf) -> leaf, up id, down id
+        edges = list(g.edges(keys=True, data=True))      # edge j: directed links 2j (u -> v), 2j + 1
+        m = len(edges)
+        us = [e[0] for e in edges]
+        vs = [e[1] for e in edges]
+        ds = [e[3] for e in edges]
+        rate = np.fromiter((d["rate_gbps"] for d in ds), float, m)
+        self.delay_us = self.delay_all = np.repeat(np.fromiter((d["delay_us"] for d in ds), float, m), 2)
+        pu = np.fromiter((d["ports"][u] for u, d in zip(us, ds, strict=True)), np.int64, m)
+        pv = np.fromiter((d["ports"][v] for v, d in zip(vs, ds, strict=True)), np.int64, m)
+        iu = np.fromiter((sw_index.get(u, -1) for u in us), np.int64, m)
+        iv = np.fromiter((sw_index.get(v, -1) for v in vs), np.int64, m)
         self.failed_ids: set[int] = set()
-        self.edge_of: list[tuple[str, str, int]] = []
-        for j, (u, v, k, d) in enumerate(g.edges(keys=True, data=True)):
-            i = 2 * j
-            dead = (u, v, k) in failed or (v, u, k) in failed
-            cap[i] = cap[i + 1] = 0.0 if dead else d["rate_gbps"]
-            delay[i] = delay[i + 1] = d["delay_us"]
-            if dead:
-                self.failed_ids.update((i, i + 1))
-            pu, pv = d["ports"][u], d["ports"][v]
-            link_of[u, pu] = i
-            link_of[v, pv] = i + 1
-            head[i] = sw_index.get(v, -1)
-            head[i + 1] = sw_index.get(u, -1)
-            if node[u]["tier"] == 0:
-                self.host_port[u, pu] = (v, i, i + 1)
-            elif node[v]["tier"] == 0:
-                self.host_port[v, pv] = (u, i + 1, i)
-            self.edge_of.append((u, v, k))
-        self.cap = self.cap_all = cap
-        self.delay_us = self.delay_all = delay
+        if failed:
+            for j, (u, v, k, _d) in enumerate(edges):
+                if _norm(u, v, k) in failed:
+                    rate[j] = 0.0
+                    self.failed_ids.update((2 * j, 2 * j + 1))
+        self.cap = self.cap_all = np.repeat(rate, 2)
         self.n_links = 2 * m
-        self.link_of = link_of
-        from hpnlab.controller import compiler  # the model reads the compiler (no import cycle)
+        head = np.empty(2 * m, dtype=np.int64)
+        head[0::2], head[1::2] = iv, iu
+        j2 = 2 * np.arange(m)
+        port_link = np.full((len(sw_names), int(max(pu.max(), pv.max())) + 1), -1, dtype=np.int64)
+        on_u, on_v = iu >= 0, iv >= 0
+        port_link[iu[on_u], pu[on_u]] = j2[on_u]
+        port_link[iv[on_v], pv[on_v]] = j2[on_v] + 1
+        self.port_link = port_link
+        self.sw_index = sw_index
+        # hosts (in graph order, as make_job lists them) and per host and interface: leaf index,
+        # up link (host -> leaf), down link
+        self.hosts = [n for n, d in node.items() if d["tier"] == 0]
+        self.host_index = {h: i for i, h in enumerate(self.hosts)}
         emap = compiler.entropy_map(g)
         self.entropy_values = max(1, min(entropy_values, emap.path_count()))
-        self.fwd = Forwarding(g, link_of, head, failed, sports=[emap.low_bits(k) for k in range(self.entropy_values)])
+        self.fwd = Forwarding(g, port_link, head, failed,
+                              sports=[emap.low_bits(k) for k in range(self.entropy_values)])
         assert self.fwd.switches == sw_names
+        n_intf = int(max(pu[~on_u].max(initial=0), pv[~on_v].max(initial=0))) + 1
+        self.host_leaf = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        self.host_up = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        self.host_down = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        li, hi = self.fwd.leaf_index, self.host_index
+        for side, far, ports, own in ((us, vs, pu, ~on_u), (vs, us, pv, ~on_v)):
+            js = np.flatnonzero(own)
+            h = np.fromiter((hi[side[j]] for j in js.tolist()), np.int64, len(js))
+            lf = np.fromiter((li[far[j]] for j in js.tolist()), np.int64, len(js))
+            first = side is us                  # the host is u: 2j leaves it, 2j + 1 comes in
+            self.host_leaf[h, ports[js]] = lf
+            self.host_up[h, ports[js]] = 2 * js + (0 if first else 1)
+            self.host_down[h, ports[js]] = 2 * js + (1 if first else 0)
         self._rank_tables: dict[int, tuple] = {}
+
+    def __getstate__(self) -> dict:
+        """What a cached model network keeps: arrays and names, not the graph or the compiler's index."""
+        state = dict(self.__dict__)
+        state.pop("g", None)
+        state.pop("_edge_of", None)
+        state["_rank_tables"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.g = None
+
+    def link_at(self, switch: str, port: int) -> int:
+        """The directed link id out of ``switch`` by ``port``."""
+        return int(self.port_link[self.sw_index[switch], port])
+
+    @property
+    def edge_of(self) -> list[tuple[str, str, int]]:
+        got = getattr(self, "_edge_of", None)
+        if got is None:
+            got = self._edge_of = list(self.g.edges(keys=True))
+        return got
 
     def link_ends(self, link_id: int) -> tuple[str, str]:
         """(tail, head) of a directed link id."""
@@ -160,53 +204,103 @@ class Network:
         if got is not None and got[0] is job:
             return got[1]
         planes = self.s.planes
-        n = job.n
-        leaf = np.empty((n, planes), dtype=np.int64)
-        up = np.empty((n, planes), dtype=np.int64)
-        down = np.empty((n, planes), dtype=np.int64)
-        host_ids: dict[str, int] = {}
-        host = np.empty(n, dtype=np.int64)
-        li = self.fwd.leaf_index
-        hp = self.host_port
-        for r, (h, rail) in enumerate(job.ranks):
-            host[r] = host_ids.setdefault(h, len(host_ids))
-            for p in range(planes):
-                lf, u, d = hp[h, rail * planes + p]
-                leaf[r, p], up[r, p], down[r, p] = li[lf], u, d
-        out = (leaf, up, down, host)
+        hi = self.host_index
+        host = np.fromiter((hi[h] for h, _ in job.ranks), np.int64, job.n)
+        rail = np.fromiter((r for _, r in job.ranks), np.int64, job.n)
+        intf = rail[:, None] * planes + np.arange(planes)[None, :]
+        out = (self.host_leaf[host[:, None], intf], self.host_up[host[:, None], intf],
+               self.host_down[host[:, None], intf], host)
         self._rank_tables = {key: (job, out)}
         return out
+
+
+_CODE = ("model.py", "model_forwarding.py", "graph.py", "spec.py", "addressing.py")
+
+
+def _fingerprint(scenario: Any, entropy_values: int) -> str:
+    """A cache key: the scenario's value and the source of every module the network is made by."""
+    h = hashlib.sha256(repr(scenario).encode())
+    h.update(str(entropy_values).encode())
+    here = Path(__file__).resolve().parent
+    for name in _CODE:
+        h.update((here / name).read_bytes())
+    from hpnlab.controller import compiler
+    h.update(Path(compiler.__file__).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    """Where model networks are cached: $HPNLAB_CACHE, else ~/.cache/hpnlab."""
+    return Path(os.environ.get("HPNLAB_CACHE") or Path.home() / ".cache" / "hpnlab")
+
+
+def cached_network(scenario: Any, *, entropy_values: int = ENTROPY_VALUES) -> tuple[Network, bool]:
+    """The healthy fabric's model network, from the cache when an earlier run built it for the
+    same scenario and code (building the graph and the compiler's routes is most of a 130k run's
+    time), else built and cached. (network, whether it came from the cache). Its ``g`` is None
+    when cached: run_collective and make_job take the network instead."""
+    from . import graph as fgraph
+    path = cache_dir() / f"model-{scenario.name}-{_fingerprint(scenario, entropy_values)}.pickle"
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh), True
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+        pass
+    net = Network(fgraph.build(scenario), entropy_values=entropy_values)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(net, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(path)
+    except OSError:
+        pass          # a read-only home: no cache, same results
+    return net, False
 
 
 # ---- max-min fair rates ---------------------------------------------------------------
 
 def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, cap: np.ndarray,
                   n_flows: int) -> np.ndarray:
-    """Max-min fair rates by progressive filling. Flow f puts weight w on link l for every
-    entry (f, l, w): the link carries sum(w * rate_f) <= cap_l. Flows with no entries get inf."""
-    rates = np.zeros(n_flows)
-    active = np.ones(n_flows, dtype=bool)
-    has_links = np.bincount(flow_idx, minlength=n_flows) > 0
-    rates[~has_links] = np.inf
-    active &= has_links
+    """Max-min fair rates. Flow f puts weight w on link l for every entry (f, l, w): the link
+    carries sum(w * rate_f) <= cap_l. Flows with no entries get inf.
+
+    Progressive filling, many bottlenecks per round: a link's *share* is the rate at which it
+    saturates if all its unfrozen flows rise together (residual / their weights). A link whose
+    share is the least among the links its flows cross is a local bottleneck: freezing its
+    flows elsewhere first could only raise the other links' shares, so progressive filling
+    freezes them at exactly that share. Every round freezes the flows of every local bottleneck
+    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands)."""
+    rates = np.full(n_flows, np.inf)
+    if not len(flow_idx):
+        return rates
+    order = np.argsort(flow_idx, kind="stable")
+    f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
     residual = cap.astype(float).copy()
     n_links = len(cap)
-    for _ in range(10 * n_flows + 10):
-        if not active.any():
+    for _ in range(n_flows + 1):
+        if not len(f):
             break
-        w_active = weight * active[flow_idx]
-        load = np.bincount(link_idx, weights=w_active, minlength=n_links)
+        load = np.bincount(lk, weights=w, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(load > 1e-15, residual / load, np.inf)
-        inc = share.min()
-        if not np.isfinite(inc):
+            share = np.where(load > 0, np.maximum(residual, 0.0) / load, np.inf)
+        e_share = share[lk]
+        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow (in flow order)
+        owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
+        lmin = np.full(n_links, np.inf)
+        np.minimum.at(lmin, lk, fmin[owner])
+        bottleneck = share <= lmin * (1 + 1e-12)
+        hit = np.zeros(len(starts), dtype=bool)
+        hit[owner[bottleneck[lk] & (w > 0)]] = True
+        if not hit.any():
             break
-        inc = max(inc, 0.0)
-        rates[active] += inc
-        residual -= inc * load
-        saturated = share <= inc * (1 + 1e-9) + 1e-12
-        hit = saturated[link_idx] & (w_active > 0)
-        active[np.unique(flow_idx[hit])] = False
+        ids = f[starts]
+        rates[ids[hit]] = fmin[hit]
+        frozen = hit[owner]
+        residual -= np.bincount(lk[frozen], weights=w[frozen] * fmin[owner[frozen]], minlength=n_links)
+        keep = ~frozen
+        f, lk, w = f[keep], lk[keep], w[keep]
     return rates
 
 
@@ -269,9 +363,17 @@ class Job:
         return len(self.ranks)
 
 
-def make_job(g: nx.MultiGraph, hosts: int | list[str] | None, placement: str, seed: int) -> Job:
-    s = g.graph["scenario"]
-    names = [n for n, d in g._node.items() if d["tier"] == 0]
+def make_job(g: nx.MultiGraph | None, hosts: int | list[str] | None, placement: str, seed: int,
+             network: Network | None = None) -> Job:
+    """The job's ranks: ``hosts`` (a count, or the host names), placed ``packed`` or ``random``.
+    ``g`` may be None when ``network`` (a cached one) is given."""
+    if g is not None:
+        s = g.graph["scenario"]
+        names = [n for n, d in g._node.items() if d["tier"] == 0]
+    elif network is not None:
+        s, names = network.s, network.hosts
+    else:
+        raise ValueError("make_job needs the fabric graph or its model network")
     if isinstance(hosts, list):
         unknown = [h for h in hosts if h not in set(names)]
         if unknown or len(hosts) < 2:
@@ -631,18 +733,23 @@ def _checked(routing: str, qps: int, size_bytes: int, collective: str) -> tuple[
     return routing, collective
 
 
-def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: str = "flow",
+def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *, routing: str = "flow",
                    hosts: int | list[str] | None = None, placement: str = "packed", qps: int = 4, seed: int = 1,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
                    network: Network | None = None, watch: AbstractSet[int] = frozenset(),
-                   exact_pairs: int = EXACT_PAIRS, job: Job | None = None) -> ModelResult:
+                   exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
+                   entropy_values: int = ENTROPY_VALUES) -> ModelResult:
     """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
     distinct steps computed where a collective repeats one (flowlet salts, broadcast);
     ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated)."""
     routing, collective = _checked(routing, qps, size_bytes, collective)
-    s = g.graph["scenario"]
-    net = network or Network(g, failed)
-    job = job or make_job(g, hosts, placement, seed)
+    if network is None:
+        if g is None:
+            raise ValueError("run_collective needs the fabric graph or its model network")
+        network = Network(g, failed, entropy_values=entropy_values)
+    net = network
+    s = net.s
+    job = job or make_job(g, hosts, placement, seed, network=net)
     distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
                      routing=routing, exact_pairs=exact_pairs)
     results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, seed, switch_latency_us, watch,
@@ -810,7 +917,7 @@ def failure_impact(g: nx.MultiGraph, collective: str, size_bytes: int, failed: s
     failed fabric. Connections those routes cannot carry are reported (``stalled_after_repair``);
     the collective then never completes (inf)."""
     detect_ms = FAILOVER_DEFAULT_MS if detect_ms is None else detect_ms
-    watch = Network(g, failed).failed_ids
+    watch = Network(g, failed, entropy_values=kw.get("entropy_values", ENTROPY_VALUES)).failed_ids
     healthy = run_collective(g, collective, size_bytes, watch=watch, **kw)
     after = run_collective(g, collective, size_bytes, failed=failed, **kw)
     hit = healthy.detail["connections_on_watched_links"]

@@ -37,12 +37,14 @@ MAX_HOPS = 8          # leaf, spine, core, far core, spine, leaf: 5 links; room 
 class Forwarding:
     """Per switch and destination leaf, the compiler's next-hop choice for every entropy value.
 
-    ``link_of``: (switch, port) -> directed link id of the model's :class:`Network`;
-    ``head``: directed link id -> index of the switch (or -1: a host) it leads to.
-    ``sports``: the source ports whose choices are tabulated (columns ``v`` of the tables).
+    ``port_link[s, port]``: the directed link id (of the model's :class:`Network`) out of switch
+    ``s`` (index in sorted switch names) by that port; ``head``: directed link id -> index of
+    the switch it leads to (-1: a host). ``sports``: the source ports whose choices are
+    tabulated (the columns of the tables). ``converged=False``: the healthy routes with the
+    failed ports dead (what the fast-failover groups alone do before the controller's update).
     """
 
-    def __init__(self, g: nx.MultiGraph, link_of: dict[tuple[str, int], int], head_switch: np.ndarray,
+    def __init__(self, g: nx.MultiGraph, port_link: np.ndarray, head_switch: np.ndarray,
                  failed: set | None = None, sports: list[int] | None = None, converged: bool = True):
         from hpnlab.controller import compiler as cc  # the model reads the compiler (no cycle at import)
         self.g = g
@@ -54,12 +56,13 @@ class Forwarding:
         self.sports = list(sports)
         nv = len(self.sports)
         self.switches = sorted(ix.sw)
-        self.sw_index = {s: i for i, s in enumerate(self.switches)}
+        self.sw_index = sw_index = {s: i for i, s in enumerate(self.switches)}
         leaves = [s for s in self.switches if ix.sw[s].tier == 1]
         self.leaves = leaves
-        self.leaf_index = {s: i for i, s in enumerate(leaves)}
-        self.leaf_sw = np.array([self.sw_index[s] for s in leaves], dtype=np.int64)
+        self.leaf_index = leaf_index = {s: i for i, s in enumerate(leaves)}
+        self.leaf_sw = np.array([sw_index[s] for s in leaves], dtype=np.int64)
         self.head = head_switch
+        self.port_link = port_link
         dead_ports = cc._dead_ports(ix, self.failures) if self.failures else {}
         self.dead_ports = dead_ports
         acts = cc.switch_actions(g, self.failures) if converged else cc.switch_actions(g, None)
@@ -70,27 +73,39 @@ class Forwarding:
         choice_rows: list[list[int]] = []
         plane_leaves: dict[int, list[int]] = {}
         for name in leaves:
-            plane_leaves.setdefault(ix.sw[name].plane, []).append(self.leaf_index[name])
+            plane_leaves.setdefault(ix.sw[name].plane, []).append(leaf_index[name])
         plane_cols = {p: np.array(v, dtype=np.int64) for p, v in plane_leaves.items()}
+        one_s: list[int] = []          # one-port ways of live ports, assigned at once below
+        one_d: list[int] = []
+        one_p: list[int] = []
         for name, (default, exceptions) in acts.items():
             sw = ix.sw[name]
             cols = plane_cols.get(sw.plane)
             if cols is None:
                 continue
-            si = self.sw_index[name]
+            si = sw_index[name]
+            dead = dead_ports.get(name, set())
             memo: dict[tuple, tuple[int, int]] = {}
-            s0, m0 = self._encode(cc, sw, default, dead_ports.get(name, set()), link_of, memo, choice_rows)
+            s0, m0 = self._encode(cc, sw, si, default, dead, memo, choice_rows)
             self.single[si, cols] = s0
             self.multi[si, cols] = m0
             for dn, ports in exceptions.items():
-                d = self.leaf_index[dn]
-                self.single[si, d], self.multi[si, d] = self._encode(cc, sw, ports, dead_ports.get(name, set()),
-                                                                     link_of, memo, choice_rows)
+                if len(ports) == 1 and ports[0] not in dead:
+                    one_s.append(si)
+                    one_d.append(leaf_index[dn])
+                    one_p.append(ports[0])
+                    continue
+                d = leaf_index[dn]
+                self.single[si, d], self.multi[si, d] = self._encode(cc, sw, si, ports, dead, memo, choice_rows)
+        if one_s:
+            si_a, d_a = np.array(one_s), np.array(one_d)
+            self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
+            self.multi[si_a, d_a] = -1
         self.choice = np.array(choice_rows, dtype=np.int64).reshape(len(choice_rows), nv)
 
-    # -- the compiler's selection, one set and one source port at a time -------------------------
+    # -- the compiler's selection, one set at a time -------------------------------------------------
 
-    def _encode(self, cc: Any, sw: Any, ports: tuple, dead: set, link_of: dict, memo: dict,
+    def _encode(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set, memo: dict,
                 choice_rows: list) -> tuple[int, int]:
         """(one-port link, row of the choice table) of a next-hop set at ``sw`` (-1: none)."""
         got = memo.get(ports)
@@ -98,22 +113,18 @@ class Forwarding:
             if not ports:
                 got = (-1, -1)
             elif len(ports) == 1:
-                got = (self._single_link(cc, sw, ports[0], dead, link_of), -1)
+                # a dead one-port way's detour group bounces packets through another switch,
+                # which the model does not follow: no path
+                got = (-1 if ports[0] in dead else int(self.port_link[si, ports[0]]), -1)
             else:
-                choice_rows.append([self._choose(cc, sw, ports, sp, dead, link_of) for sp in self.sports])
+                choice_rows.append(self._choose(cc, sw, si, ports, dead))
                 got = (-1, len(choice_rows) - 1)
             memo[ports] = got
         return got
 
-    def _single_link(self, cc: Any, sw: Any, port: int, dead: set, link_of: dict) -> int:
-        """A one-port way: out of that port while it is live (a dead one's detour group bounces
-        packets through another switch, which the model does not follow: no path, -1)."""
-        if port in dead:
-            return -1
-        return link_of[sw.name, port]
-
-    def _choose(self, cc: Any, sw: Any, ports: tuple, sport: int, dead: set, link_of: dict) -> int:
-        """The directed link a switch's entropy table and fast-failover group send ``sport`` to."""
+    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> list[int]:
+        """Per tabulated source port, the directed link a switch's entropy table and
+        fast-failover group send it to (-1: every bucket dead)."""
         ix = self.ix
         pr = ix.protection(sw)
         enc = pr.encode(ports)
@@ -126,16 +137,27 @@ class Forwarding:
                 gone = (meta >> 32) - 1
         off, bits = cc._field(ix, sw, full)
         n = len(full)
-        i = (sport >> off) & ((1 << bits) - 1)
-        j = i % n
-        if gone is not None and j == gone:       # port gone's patterns dealt over the others in turn
-            others = list(range(gone + 1, n)) + list(range(gone))
-            j = others[((i - gone) // n) % (n - 1)]
-        for t in range(min(n, 1 + cc.FF_BACKUPS)):    # the fast-failover group [j, j+1, ...]
-            p = full[(j + t) % n]
-            if p not in dead:
-                return link_of[sw.name, p]
-        return -1
+        out = []
+        for sport in self.sports:
+            i = (sport >> off) & ((1 << bits) - 1)
+            j = i % n
+            if gone is not None and j == gone:   # port gone's patterns dealt over the others in turn
+                others = list(range(gone + 1, n)) + list(range(gone))
+                j = others[((i - gone) // n) % (n - 1)]
+            link = -1
+            for t in range(min(n, 1 + cc.FF_BACKUPS)):    # the fast-failover group [j, j+1, ...]
+                p = full[(j + t) % n]
+                if p not in dead:
+                    link = int(self.port_link[si, p])
+                    break
+            out.append(link)
+        return out
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("g", "ix", "emap", "failures", "dead_ports"):
+            state.pop(k, None)
+        return state
 
     # -- paths -------------------------------------------------------------------------------------
 

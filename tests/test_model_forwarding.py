@@ -46,7 +46,7 @@ def compare(g, failed: set, pairs, sports: list[int]) -> int:
     failures = compiler.Failures.of(failed)
     tables = FabricTables(g, compiler.compile_fabric(g, failures), failures)
     net = model.Network(g, failed)
-    fwd = model.Forwarding(g, net.link_of, net.fwd.head, failed, sports=sports)
+    fwd = model.Forwarding(g, net.port_link, net.fwd.head, failed, sports=sports)
     checked = 0
     for src, dst, plane, sleaf, dleaf, srail, drail in pairs:
         for sport in sports:
@@ -56,7 +56,7 @@ def compare(g, failed: set, pairs, sports: list[int]) -> int:
                 assert path is None, (failed, src, dst, plane, sport, walk.where, path)
             else:
                 # the interpreter's hops: (switch, in port, out port); all but the last leave a switch
-                links = [net.link_of[sw, out] for sw, _in, out in walk.hops[:-1]]
+                links = [net.link_at(sw, out) for sw, _in, out in walk.hops[:-1]]
                 assert path == links, (failed, src, dst, plane, sport, walk.hops, path)
             checked += 1
     return checked

@@ -34,6 +34,9 @@ def register(sub) -> None:
     p.add_argument("--exact-pairs", type=int, default=model.EXACT_PAIRS,
                    help=f"all-to-all: rank pairs modelled exactly up to this many, sampled above "
                         f"(the sampling error is printed), default {model.EXACT_PAIRS}")
+    p.add_argument("--entropy-values", type=int, default=model.ENTROPY_VALUES,
+                   help=f"entropy values (source ports) per plane a NIC uses, as the RoCE transport's ports_per_nic "
+                        f"(capped at the entropy map's path count), default {model.ENTROPY_VALUES}")
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=DEFAULT_DETECT,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
@@ -95,11 +98,20 @@ def cmd_model(args) -> int:
     if hi < lo:
         raise UserError(f"-e {args.maxbytes} is below -b {args.minbytes}")
     sizes = sweep(lo, hi, args.stepfactor)
+    if args.entropy_values < 1:
+        raise UserError(f"--entropy-values must be at least 1, got {args.entropy_values}")
     t0 = time.perf_counter()
-    g = graph.build(scenario)
-    failed = model.random_fabric_links(g, args.fail_links, args.seed) if args.fail_links else None
-    net = model.Network(g, failed)
-    print(f"# {scenario.name}: fabric built and indexed in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    failed = None
+    if args.fail_links:
+        g = graph.build(scenario)
+        failed = model.random_fabric_links(g, args.fail_links, args.seed)
+        net = model.Network(g, failed, entropy_values=args.entropy_values)
+        how = "built and indexed"
+    else:              # the healthy fabric: the model network is cached between runs
+        net, cached = model.cached_network(scenario, entropy_values=args.entropy_values)
+        g = net.g
+        how = f"loaded from the cache {model.cache_dir()}" if cached else "built, indexed and cached"
+    print(f"# {scenario.name}: fabric {how} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps,
               exact_pairs=args.exact_pairs)
     results = []
@@ -110,7 +122,8 @@ def cmd_model(args) -> int:
     if failed:
         detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
-                                           routing=r, **kw) for r in routings}
+                                           routing=r, entropy_values=args.entropy_values, **kw)
+                   for r in routings}
     if args.json:
         json.dump({"scenario": scenario.name, "results": [r.as_dict() for r in results],
                    "failure": failure}, sys.stdout, indent=2, default=float)
