@@ -31,7 +31,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-MAX_HOPS = 8          # leaf, spine, core, far core, spine, leaf: 5 links; room for more tiers
+MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
 
 
 class Forwarding:

@@ -143,3 +143,27 @@ def test_max_min_rates_equal_textbook_progressive_filling(seed):
     cap = rng.choice([10.0, 40.0, 100.0], size=n_links)
     args = (np.array(f), np.array(lk), np.array(w), cap, n_flows)
     assert model.max_min_rates(*args) == pytest.approx(progressive_filling(*args), rel=1e-9)
+
+
+# ---- several jobs at once ------------------------------------------------------------------------
+
+def test_jobs_on_separate_hosts_of_a_non_blocking_fabric_do_not_slow_each_other():
+    g = fabric("mini-hpn")
+    hosts = graph.hosts(g)
+    a = model.JobSpec("all_reduce", 1 << 24, hosts[:8], routing="spray")
+    b = model.JobSpec("all_to_all", 1 << 24, hosts[8:], routing="spray")
+    together = model.run_jobs(g, [a, b], switch_latency_us=0.0)
+    alone = [model.run_jobs(g, [x], switch_latency_us=0.0)[0] for x in (a, b)]
+    assert [r.time_s for r in together] == pytest.approx([r.time_s for r in alone], rel=1e-9)
+
+
+def test_background_traffic_on_the_same_nics_halves_a_jobs_rate():
+    """Two hosts exchange S each way; a background job doing the same on the same NICs takes half
+    of every host link: the job's step takes twice as long."""
+    g = fabric("mini-hpn")
+    pair = graph.hosts(g)[:2]
+    job = model.JobSpec("permutation", 1 << 24, pair, routing="spray")
+    noise = model.JobSpec("permutation", 1 << 24, pair, routing="spray", background=True)
+    (alone,) = model.run_jobs(g, [job], switch_latency_us=0.0)
+    (shared,) = model.run_jobs(g, [job, noise], switch_latency_us=0.0)
+    assert shared.time_s == pytest.approx(2 * alone.time_s, rel=1e-9)
