@@ -474,14 +474,14 @@ def steps(collective: str, job: Job, size_bytes: int, *, max_steps: int, seed: i
         src = np.arange(n)
         if pairs <= exact_pairs:
             off = np.arange(1, n)
-            s = np.repeat(src, n - 1)
-            d = (s + np.tile(off, n)) % n
-            return [Step(1, s, d, np.full(len(s), per_pair))]
+            a2a_src = np.repeat(src, n - 1)
+            a2a_dst = (a2a_src + np.tile(off, n)) % n
+            return [Step(1, a2a_src, a2a_dst, np.full(len(a2a_src), per_pair))]
         m = max(1, exact_pairs // n)              # sampled peer offsets: every rank sends to m peers
         offs = np.sort(np.random.default_rng(seed).choice(np.arange(1, n), size=min(m, n - 1), replace=False))
-        s = np.repeat(src, len(offs))
-        d = (s + np.tile(offs, n)) % n
-        return [Step(1, s, d, np.full(len(s), per_pair), scale=(n - 1) / len(offs))]
+        a2a_src = np.repeat(src, len(offs))
+        a2a_dst = (a2a_src + np.tile(offs, n)) % n
+        return [Step(1, a2a_src, a2a_dst, np.full(len(a2a_src), per_pair), scale=(n - 1) / len(offs))]
     if collective == "permutation":
         perm = np.array(random_perm(n, seed))
         return [Step(1, np.arange(n), perm, np.full(n, float(size_bytes)))]

@@ -96,10 +96,10 @@ def schedule_steps(collective: str, n: int, size: int, seed: int) -> Counter:
 
 
 def model_steps(collective: str, job: model.Job, size: int, seed: int) -> Counter:
-    out: Counter = Counter()
+    out: Counter[tuple] = Counter()
     for st in model.steps(collective, job, size, max_steps=10_000, seed=seed, rails=1, routing="flow"):
         key = tuple(sorted(zip(st.src.tolist(), st.dst.tolist(), st.nbytes.tolist(), strict=True)))
-        out[key] += st.multiplicity
+        out[key] += int(st.multiplicity)
     return out
 
 
