@@ -77,7 +77,7 @@ ROUTINGS = ("flow", "flowlet", "spray", "adaptive")
 ROUTING_ALIASES = {"ecmp": "flow"}
 RING_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "broadcast")
 ENTROPY_VALUES = 8          # the RoCE transport's ports_per_nic default
-EXACT_PAIRS = 1 << 21       # all-to-all: pairs modelled exactly up to this many, sampled above
+EXACT_PAIRS = 1 << 18       # all-to-all: pairs modelled exactly up to this many, sampled above
 
 #: Detection + convergence time per failover mode (ms), used when no failover benchmark's JSON
 #: (tools/bench_failover.py --json) is given: ``local`` the switches' fast-failover groups
@@ -659,11 +659,12 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
 
 def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
              rnd: random.Random | int = 0, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset(),
-             salt: int = 0, scale: float = 1.0) -> StepResult:
+             salt: int = 0, scale: float = 1.0, rates: bool = True) -> StepResult:
     """Model one step (:func:`route_step`, then the drain time; ``adaptive``: max-min sub-flow
     rates). A stalled connection is never dropped from the timing silently: the step then never
     completes (``time_s`` inf). ``scale`` > 1: the pairs are a sample, each standing for
-    ``scale`` pairs (their bytes are scaled for the link loads; rates are per real connection)."""
+    ``scale`` pairs (their bytes are scaled for the link loads; rates are per real connection).
+    ``rates=False``: the time only (no max-min per-connection rates, which cost the most)."""
     r = route_step(net, job, pairs, bytes_per_pair, routing, qps, rnd, switch_latency_us, watch, salt)
     flows = len(r.size_bits)
     k = r.per_flow_connections
@@ -673,17 +674,21 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
                           r.stalled_pairs, bytes=moved, sampled=scale)
     if r.conn is None:
         finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
-        rates = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, flows)
         span = float(finish.max())
+        if not rates:
+            return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
+                              flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
+                              sampled=scale)
+        conn_rates = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, flows)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
         sub = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, len(r.conn))
-        rates = np.bincount(r.conn, weights=sub, minlength=flows)
-        span = float((r.size_bits / np.maximum(rates * 1e9, 1e-30)).max())
-    rates = np.repeat(rates / k, k) if k > 1 else rates
+        conn_rates = np.bincount(r.conn, weights=sub, minlength=flows)
+        span = float((r.size_bits / np.maximum(conn_rates * 1e9, 1e-30)).max())
+    conn_rates = np.repeat(conn_rates / k, k) if k > 1 else conn_rates
     time_s = math.inf if r.stalled else span + r.latency_us * 1e-6
     return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
-                      rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()),
-                      stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=rates, sampled=scale)
+                      rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
+                      stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale)
 
 
 # ---- the collective ---------------------------------------------------------------------
@@ -757,7 +762,7 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
     error = 0.0
     if distinct and distinct[0].scale > 1:     # a sampled all-to-all: the error from independent samples
         more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, seed + k, switch_latency_us, watch,
-                         scale=x.scale)
+                         scale=x.scale, rates=routing == "adaptive")
                 for k in (1, 2, 3)
                 for x in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed + k, rails=s.rails,
                                routing=routing, exact_pairs=exact_pairs)]
