@@ -135,7 +135,7 @@ class Network:
         head = np.empty(2 * m, dtype=np.int64)
         head[0::2], head[1::2] = iv, iu
         j2 = 2 * np.arange(m)
-        port_link = np.full((len(sw_names), int(max(pu.max(), pv.max())) + 1), -1, dtype=np.int64)
+        port_link = np.full((len(sw_names), int(max(pu.max(), pv.max())) + 1), -1, dtype=np.int32)
         on_u, on_v = iu >= 0, iv >= 0
         port_link[iu[on_u], pu[on_u]] = j2[on_u]
         port_link[iv[on_v], pv[on_v]] = j2[on_v] + 1
@@ -569,7 +569,7 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray
     mid, ok = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
     mid, ok = mid[inv], ok[inv]
     u, d = up[a, plane], down[b, plane]
-    links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int64)
+    links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
     links[:, 0] = u
     links[:, 1:MAX_HOPS + 1] = mid
     hops = (mid >= 0).sum(axis=1)

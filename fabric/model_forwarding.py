@@ -68,8 +68,8 @@ class Forwarding:
         acts = cc.switch_actions(g, self.failures) if converged else cc.switch_actions(g, None)
         n_sw, n_leaf = len(self.switches), len(leaves)
         # single[s, d]: directed link of a one-port way (-1: none); multi[s, d]: row of the choice table
-        self.single = np.full((n_sw, n_leaf), -1, dtype=np.int64)
-        self.multi = np.full((n_sw, n_leaf), -1, dtype=np.int64)
+        self.single = np.full((n_sw, n_leaf), -1, dtype=np.int32)
+        self.multi = np.full((n_sw, n_leaf), -1, dtype=np.int32)
         choice_rows: list[list[int]] = []
         plane_leaves: dict[int, list[int]] = {}
         for name in leaves:
@@ -101,7 +101,7 @@ class Forwarding:
             si_a, d_a = np.array(one_s), np.array(one_d)
             self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
             self.multi[si_a, d_a] = -1
-        self.choice = np.array(choice_rows, dtype=np.int64).reshape(len(choice_rows), nv)
+        self.choice = np.array(choice_rows, dtype=np.int32).reshape(len(choice_rows), nv)
 
     # -- the compiler's selection, one set at a time -------------------------------------------------
 
@@ -165,7 +165,7 @@ class Forwarding:
         """Directed link ids from leaf to leaf (leaf indices), for entropy column ``value``:
         (links (m, MAX_HOPS), -1 padded; ok (m,) bool: the walk reached its leaf)."""
         m = len(src_leaf)
-        links = np.full((m, MAX_HOPS), -1, dtype=np.int64)
+        links = np.full((m, MAX_HOPS), -1, dtype=np.int32)
         cur = self.leaf_sw[src_leaf]
         target = self.leaf_sw[dst_leaf]
         going = cur != target
