@@ -1386,6 +1386,31 @@ def _compile(g, failures: Failures, policy: str, switches, incremental: bool = T
     return out
 
 
+def switch_actions(g: nx.MultiGraph, failures: Failures | None = None) -> dict[str, tuple[tuple, dict]]:
+    """{live switch: (default next-hop set, {destination leaf: set that differs})}: the actions
+    ``compile_fabric`` encodes as routes (the same choices as its ``_compile``: the patched plane
+    routing, and a switch's kept detours for a dead one-port way). A pure accessor for the flow
+    model (hpnlab.fabric.model_forwarding), which forwards over exactly these."""
+    failures = failures or Failures()
+    ix = index_of(g)
+    dead = _dead_ports(ix, failures) if failures else {}
+    touched = {ix.sw[n].plane for lid in failures.links for n in lid[:2] if n in ix.sw}
+    touched |= {ix.sw[n].plane for n in failures.switches if n in ix.sw}
+    out: dict[str, tuple[tuple, dict]] = {}
+    for plane, sws in sorted(ix.planes.items()):
+        healthy, _tree = ix.healthy(plane)
+        acts = _patched_actions(ix, plane, failures) if plane in touched else healthy
+        for sw in sws:
+            if sw.name in failures.switches:
+                continue
+            a = acts[sw.name]
+            if sw.name in dead and sw.tier >= 2:
+                a = _keep_detours(a, healthy[sw.name], dead[sw.name], ix.protection(sw),
+                                  ix.healthy_routing(plane).rank)
+            out[sw.name] = a
+    return out
+
+
 # ---- counts ---------------------------------------------------------------------------
 
 def minimum_routes(g: nx.MultiGraph) -> dict[str, int]:

@@ -1,332 +1,306 @@
 """Flow-level model: collective time and bandwidth on a fabric at full scale (130k ranks).
 
 The emulator answers questions at tens of Mbit/s on one machine; this model answers the same
-questions at real rates and real scale, from the same scenario and fabric graph.
+questions at real rates and real scale, from the same scenario, fabric graph and controller.
 
 Model
     * Ranks: one per NIC (host, rail). A rank's NIC has one port per plane.
-    * Traffic: a collective is a sequence of *steps*; in a step every rank sends to its
-      peer(s) at once (ring: to the next rank; all-to-all, pairwise exchange: to rank + k;
-      permutation: one elephant flow per rank; incast: all ranks to one). Each rank pair
-      uses ``qps`` connections (queue pairs), as NCCL and RDMA NICs do.
-    * Routing, per connection:
-        ``ecmp``  the connection hashes onto one plane (one NIC port) and, at every switch
-                  with several equal-cost next hops, onto one of them (per-flow hashing).
-        ``spray`` per-packet spraying (host-side adaptive routing): the connection is split
-                  evenly over every plane and every equal-cost next hop. A plane's spread is
-                  modelled exactly by bundles: a leaf's uplinks, the links into a leaf from
-                  all spines, a pod's core links and the long-haul links between two
-                  campuses each act as one link of their summed capacity.
-    * Time: every directed link drains the bytes routed over it at its capacity; a flow
-      ends when the busiest link on its path has drained, a step when its last flow has
-      (:func:`drain_times`, vectorised: seconds at 130k). The exact fluid alternative —
-      max-min fair rates re-shared each time flows complete (:func:`flow_times`) — is kept
-      for small fabrics, and the tests check the two agree there.
+    * Forwarding: the controller compiler's, read as data (:mod:`.model_forwarding`): the
+      next-hop sets its routes encode (longest prefix, de-aggregated after failures), and
+      each switch's masked-bit selection of the UDP source port (the entropy map), with the
+      fast-failover groups. A path is named by (source rank, destination rank, plane,
+      entropy value): entropy value k is the source port the RoCE transport binds for it
+      (``EntropyMap.low_bits(k)``, k < ``entropy_values`` = min(8, the map's path count) per
+      plane, as ``ports_per_nic`` does). tests/test_model_forwarding.py proves the paths equal
+      the table interpreter's walks of the compiled tables, with and without failures.
+    * Entropy policies (``routing``), per rank pair with ``qps`` connections:
+        ``flow``     (alias ``ecmp``) each connection on one path, hashed from (pair,
+                     connection): per-flow ECMP; the same path for every step of the job.
+        ``flowlet``  as ``flow``, but a connection takes a new path at each step (a step's
+                     burst starts after an idle gap longer than the flowlet gap; inside a
+                     bulk step there is no such gap, so it keeps its path for the step).
+        ``spray``    every packet the next path in rotation over every plane and entropy
+                     value: the pair's bytes split evenly over its live paths.
+        ``adaptive`` a fluid approximation of REPS-like host-side adaptive routing: every
+                     live path is its own sub-flow and the sub-flows share the links max-min
+                     fairly (load moves off congested paths onto free ones); the pair's rate
+                     is the sum, its time its bytes over that rate (rates held for the step).
+      A connection whose hashed path is dead takes the next live one in rotation (the
+      transport's migration to the next entropy value); a pair with no live path on any plane
+      is never dropped silently: counted (``stalled_connections``), listed (``stalled_pairs``),
+      and the collective never completes (``time_s`` inf, busbw 0).
+    * Time: every directed link drains the bytes routed over it at its capacity; a flow ends
+      when the busiest link on its path has drained, a step when its last flow has
+      (:func:`drain_times`, vectorised). Per-connection rates are max-min fair
+      (:func:`max_min_rates`); the exact fluid makespan (:func:`flow_times`, max-min re-shared
+      as flows end) is kept for small fabrics (tools/bench_model.py measures the gap).
     * Latency: per step, the longest path's propagation delay (links' ``delay_us``) plus
       ``switch_latency_us`` per switch traversed.
-    * Failures: failed links carry nothing. After convergence, routes are the controller
-      compiler's: valley-free shortest paths per destination leaf over the live links
-      (:meth:`Network.ecmp_path`), so a switch hashes only over next hops that still reach
-      the destination, and a connection hashes only over the planes on which it has a path
-      (both host links up, the leaves joined). Before convergence, the connections hashed
-      onto a failed link stall for the detection + convergence time (see :func:`failure_impact`).
-      Sprayed connections use the same planes; a bundle's capacity is its live links'.
-    * Stalls: a connection with no path on any plane is never dropped silently: the result
-      counts it (``stalled_connections``), lists its rank pair (``stalled_pairs``), and the
-      collective never completes (``time_s`` is inf, busbw 0). Valley paths (down to a third
-      leaf and up again) are not routed, as the compiler does not route them.
+    * Collectives: the eight of :mod:`.collectives`, with the schedules the generators run
+      (:func:`steps`; tests/test_model.py checks them against ``collectives.build``): ring
+      collectives per rail (NCCL's rail-aligned rings), halving-doubling, the pipelined
+      broadcast chain, all-to-all as ONE step with every rank sending to every peer at once
+      (sampled above ``exact_pairs`` pairs: a random subset of peer offsets, scaled, with the
+      sampling error stated), incast, and a random derangement for permutation.
+    * Failures: failed links carry nothing; after convergence the routes are the compiler's
+      for the failed fabric. Before it, the connections on a failed link stall for the
+      failover mode's detection + convergence time (:data:`FAILOVER_DEFAULT_MS`,
+      :func:`failure_impact`).
 
 Not modelled: congestion control dynamics (DCQCN), PFC, buffers, packet reordering cost,
-intra-host (NVLink) transfers, NIC processing; a step's flows start together.
+intra-host (NVLink) transfers, NIC processing; a step's flows start together. Switch mode
+``weighted`` is not offered: the compiler installs no weights yet (every pattern of a set's
+field counts the same).
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import pickle
 import random
-from collections import defaultdict
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any
 
 import networkx as nx
 import numpy as np
 
-from .collectives import busbw_factor, canonical
+from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
+from .model_forwarding import MAX_HOPS, Forwarding
 
-MODEL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "permutation", "incast")
-ROUTINGS = ("ecmp", "spray")
-RING_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                     "incast", "permutation")
+ROUTINGS = ("flow", "flowlet", "spray", "adaptive")
+ROUTING_ALIASES = {"ecmp": "flow"}
+RING_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "broadcast")
+ENTROPY_VALUES = 8          # the RoCE transport's ports_per_nic default
+EXACT_PAIRS = 1 << 18       # all-to-all: pairs modelled exactly up to this many, sampled above
+
+#: Detection + convergence time per failover mode (ms), used when no failover benchmark's JSON
+#: (tools/bench_failover.py --json) is given: ``local`` the switches' fast-failover groups
+#: (DPFR-style local repair, milliseconds, China Mobile's report), ``local+host`` the host-side
+#: dead-path rule of the transport on top (tens of ms: its timers), ``controller`` route
+#: convergence through the controller (seconds, as the field reports for control planes).
+FAILOVER_DEFAULT_MS = {"local": 1.0, "local+host": 50.0, "controller": 2000.0}
+
+
+def routing_name(routing: str) -> str:
+    r = ROUTING_ALIASES.get(routing, routing)
+    if r not in ROUTINGS:
+        raise UserError(f"routing must be one of {', '.join(ROUTINGS)} (or ecmp = flow), got {routing!r}")
+    return r
 
 
 # ---- the network as directed links ----------------------------------------------------
 
-class _Dest(NamedTuple):
-    """A destination leaf's routing class: leaves with equal sets route alike."""
-    id: int
-    adjacent: frozenset     # spines with a live link down to the leaf
-    above: frozenset        # cores with a live link down to one of those spines
-    far: frozenset          # other cores with a live long-haul link to a core above
-    pod: tuple              # (campus, pod) of the leaf
+def _norm(u, v, k=0):
+    return (u, v, k) if u <= v else (v, u, k)
 
 
 class Network:
-    """Directed links of a fabric graph with capacities (Gbit/s) and next-hop tables."""
+    """Directed links of a fabric graph (ids 2j and 2j + 1: the two directions of edge j), their
+    capacities (Gbit/s; 0 when failed) and delays, the hosts' ports, and the compiler's
+    forwarding over them (:class:`.model_forwarding.Forwarding`)."""
 
-    def __init__(self, g: nx.MultiGraph, failed: set[tuple[str, str, int]] | None = None):
+    def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES):
+        from hpnlab.controller import compiler  # the model reads the compiler (no import cycle)
         self.g = g
         self.s = g.graph["scenario"]
         node = g._node
-        caps: list[float] = []
-        delays: list[float] = []
+        sw_names = sorted(n for n, d in node.items() if d["tier"] > 0)
+        sw_index = {n: i for i, n in enumerate(sw_names)}
+        failed = {_norm(*f) for f in (failed or set())}
+        edges = list(g.edges(keys=True, data=True))      # edge j: directed links 2j (u -> v), 2j + 1
+        m = len(edges)
+        us = [e[0] for e in edges]
+        vs = [e[1] for e in edges]
+        ds = [e[3] for e in edges]
+        rate = np.fromiter((d["rate_gbps"] for d in ds), float, m)
+        self.delay_us = self.delay_all = np.repeat(np.fromiter((d["delay_us"] for d in ds), float, m), 2)
+        pu = np.fromiter((d["ports"][u] for u, d in zip(us, ds, strict=True)), np.int64, m)
+        pv = np.fromiter((d["ports"][v] for v, d in zip(vs, ds, strict=True)), np.int64, m)
+        iu = np.fromiter((sw_index.get(u, -1) for u in us), np.int64, m)
+        iv = np.fromiter((sw_index.get(v, -1) for v in vs), np.int64, m)
         self.failed_ids: set[int] = set()
-        failed = {self._norm(*f) for f in (failed or set())}
-        # next hops: switch -> list of (directed link id, neighbour)
-        self.up: dict[str, list[tuple[int, str]]] = defaultdict(list)
-        # spine -> leaf -> link ids; core -> (campus, pod) -> link ids
-        self.down: dict[str, dict[Any, list[int]]] = defaultdict(lambda: defaultdict(list))
-        self.peer: dict[str, dict[int, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
-        self.host_port: dict[tuple[str, int], tuple[str, int, int]] = {}   # (host, intf) -> leaf, up id, down id
-        self.leaf_spines: dict[str, set[str]] = defaultdict(set)   # leaf -> spines with a live link to it
-        self._dest_cache: dict[str, _Dest] = {}
-        self._dest_intern: dict[tuple, _Dest] = {}
-        self._spine_cores_cache: dict[str, frozenset] = {}
-        self._hops_cache: dict[tuple[str, int], list[tuple[int, str]]] = {}
-        # spray bundles: name -> capacity; each directed link belongs to at most one bundle
-        self.bundle_cap: dict[tuple, float] = defaultdict(float)
-        bundle_member: dict[int, tuple] = {}
-        lid = 0
-        for u, v, k, d in g.edges(keys=True, data=True):
-            dead = self._norm(u, v, k) in failed
-            cap = 0.0 if dead else d["rate_gbps"]
-            ids = []
-            for _direction in ((u, v), (v, u)):
-                caps.append(cap)
-                delays.append(d["delay_us"])
-                if dead:
-                    self.failed_ids.add(lid)
-                ids.append(lid)
-                lid += 1
-            for (a, b), i in zip(((u, v), (v, u)), ids, strict=True):
-                ta, tb = node[a]["tier"], node[b]["tier"]
-                if ta == 0:
-                    leaf_down = ids[1] if i == ids[0] else ids[0]
-                    self.host_port[(a, d["ports"][a])] = (b, i, leaf_down)
-                elif tb == 0:
-                    continue
-                elif tb > ta:
-                    bundle_member[i] = self._up_bundle(a)
-                    self.bundle_cap[bundle_member[i]] += cap
-                    if not dead:
-                        self.up[a].append((i, b))
-                elif tb < ta:
-                    key = b if tb == 1 else (node[b]["campus"], node[b]["pod"])
-                    bundle_member[i] = self._down_bundle(a, b)
-                    self.bundle_cap[bundle_member[i]] += cap
-                    if not dead:
-                        self.down[a][key].append(i)
-                        if tb == 1:
-                            self.leaf_spines[b].add(a)
-                else:
-                    bundle_member[i] = ("lh", node[a]["plane"], node[a]["campus"], node[b]["campus"])
-                    self.bundle_cap[bundle_member[i]] += cap
-                    if not dead:
-                        self.peer[a][node[b]["campus"]].append((i, b))
-        self.bundle_of: dict[int, int] = {}
-        self.cap = np.array(caps)
-        bundle_delay: dict[tuple, float] = defaultdict(float)
-        for i, name in bundle_member.items():
-            bundle_delay[name] = max(bundle_delay[name], delays[i])
-        self.delay_us = np.array(delays)
-        self.n_links = lid
-        self.bundle_ids = {name: self.n_links + j for j, name in enumerate(self.bundle_cap)}
-        for i, name in bundle_member.items():
-            self.bundle_of[i] = self.bundle_ids[name]
-        self.cap_all = np.concatenate([self.cap, np.array(list(self.bundle_cap.values()))])
-        # a bundle's delay is its slowest member's: sprayed paths pay it like any link
-        self.delay_all = np.concatenate([self.delay_us, np.array([bundle_delay[n] for n in self.bundle_cap])])
+        if failed:
+            for j, (u, v, k, _d) in enumerate(edges):
+                if _norm(u, v, k) in failed:
+                    rate[j] = 0.0
+                    self.failed_ids.update((2 * j, 2 * j + 1))
+        self.cap = self.cap_all = np.repeat(rate, 2)
+        self.n_links = 2 * m
+        head = np.empty(2 * m, dtype=np.int64)
+        head[0::2], head[1::2] = iv, iu
+        j2 = 2 * np.arange(m)
+        port_link = np.full((len(sw_names), int(max(pu.max(), pv.max())) + 1), -1, dtype=np.int32)
+        on_u, on_v = iu >= 0, iv >= 0
+        port_link[iu[on_u], pu[on_u]] = j2[on_u]
+        port_link[iv[on_v], pv[on_v]] = j2[on_v] + 1
+        self.port_link = port_link
+        self.sw_index = sw_index
+        # hosts (in graph order, as make_job lists them) and per host and interface: leaf index,
+        # up link (host -> leaf), down link
+        self.hosts = [n for n, d in node.items() if d["tier"] == 0]
+        self.host_index = {h: i for i, h in enumerate(self.hosts)}
+        emap = compiler.entropy_map(g)
+        self.entropy_values = max(1, min(entropy_values, emap.path_count()))
+        self.fwd = Forwarding(g, port_link, head, failed,
+                              sports=[emap.low_bits(k) for k in range(self.entropy_values)])
+        assert self.fwd.switches == sw_names
+        n_intf = int(max(pu[~on_u].max(initial=0), pv[~on_v].max(initial=0))) + 1
+        self.host_leaf = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        self.host_up = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        self.host_down = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
+        li, hi = self.fwd.leaf_index, self.host_index
+        for side, far, ports, own in ((us, vs, pu, ~on_u), (vs, us, pv, ~on_v)):
+            js = np.flatnonzero(own)
+            h = np.fromiter((hi[side[j]] for j in js.tolist()), np.int64, len(js))
+            lf = np.fromiter((li[far[j]] for j in js.tolist()), np.int64, len(js))
+            first = side is us                  # the host is u: 2j leaves it, 2j + 1 comes in
+            self.host_leaf[h, ports[js]] = lf
+            self.host_up[h, ports[js]] = 2 * js + (0 if first else 1)
+            self.host_down[h, ports[js]] = 2 * js + (1 if first else 0)
+        self._rank_tables: dict[int, tuple] = {}
 
-    @staticmethod
-    def _norm(u, v, k=0):
-        return (u, v, k) if u <= v else (v, u, k)
+    def __getstate__(self) -> dict:
+        """What a cached model network keeps: arrays and names, not the graph or the compiler's index."""
+        state = dict(self.__dict__)
+        state.pop("g", None)
+        state.pop("_edge_of", None)
+        state["_rank_tables"] = {}
+        return state
 
-    def _up_bundle(self, a: str) -> tuple:
-        d = self.g._node[a]
-        if d["tier"] == 1:
-            return ("leaf-up", a)
-        return ("pod-up", d["plane"], d["campus"], d["pod"])   # spine -> core links of a pod
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.g = None
 
-    def _down_bundle(self, a: str, b: str) -> tuple:
-        db = self.g._node[b]
-        if db["tier"] == 1:
-            return ("leaf-down", b)
-        return ("pod-down", db["plane"], db["campus"], db["pod"])
-
-    # -- paths -----------------------------------------------------------------------
-    # Routing after convergence is the controller compiler's rule (hpnlab.controller.compiler):
-    # valley-free shortest paths per destination leaf, from the live links. For a
-    # destination leaf d:
-    #   adjacent spines  the spines with a live link down to d                  (distance 1)
-    #   cores above      the cores with a live link down to an adjacent spine   (distance 2)
-    #   far cores        other cores with a live long-haul link to a core above (distance 3)
-    # and a spine that is not adjacent is at distance 3 (a live uplink to a core above) or
-    # 4 (to a far core). Every switch hashes over the next hops at the least distance, so
-    # every hop lowers the distance: no loops, and a switch is never offered a next hop
-    # that cannot reach d (the model used to send a connection up to a spine that had lost
-    # its link to d, and counted it as stalled although the fabric still connected it).
-
-    def _dest(self, dst_leaf: str) -> _Dest:
-        """What a destination leaf's routes depend on (cached per leaf, interned by value)."""
-        r = self._dest_cache.get(dst_leaf)
-        if r is None:
-            a2 = frozenset(self.leaf_spines.get(dst_leaf, ()))
-            a3 = frozenset(c for s in a2 for c in self._spine_cores(s))
-            a3l = frozenset(c for c3 in a3 for peers in self.peer[c3].values() for _, c in peers
-                            if c not in a3)
-            node = self.g._node[dst_leaf]
-            key = (a2, a3, a3l, node["campus"], node["pod"])
-            r = self._dest_intern.get(key)
-            if r is None:
-                r = self._dest_intern[key] = _Dest(len(self._dest_intern), a2, a3, a3l,
-                                                   (node["campus"], node["pod"]))
-            self._dest_cache[dst_leaf] = r
-        return r
-
-    def _spine_cores(self, spine: str) -> frozenset:
-        cores = self._spine_cores_cache.get(spine)
-        if cores is None:
-            cores = self._spine_cores_cache[spine] = frozenset(c for _, c in self.up.get(spine, ()))
-        return cores
-
-    def _spine_distance(self, spine: str, r: _Dest) -> int | None:
-        if spine in r.adjacent:
-            return 1
-        cores = self._spine_cores(spine)
-        if not cores.isdisjoint(r.above):
-            return 3
-        if not cores.isdisjoint(r.far):
-            return 4
-        return None
-
-    def _next_hops(self, switch: str, r: _Dest) -> list[tuple[int, str]]:
-        """(directed link id, neighbour) pairs ``switch`` hashes over towards ``r``'s leaf,
-        for a leaf, a spine not adjacent to it, or a core (memoised per destination class)."""
-        key = (switch, r.id)
-        hops = self._hops_cache.get(key)
-        if hops is not None:
-            return hops
-        tier = self.g._node[switch]["tier"]
-        hops = []
-        if tier == 1:
-            best = None
-            for i, spine in self.up.get(switch, ()):
-                dist = self._spine_distance(spine, r)
-                if dist is None:
-                    continue
-                if best is None or dist < best:
-                    best, hops = dist, [(i, spine)]
-                elif dist == best:
-                    hops.append((i, spine))
-        elif tier == 2:
-            cores = self._spine_cores(switch)
-            target = r.above if not cores.isdisjoint(r.above) else r.far
-            hops = [(i, c) for i, c in self.up.get(switch, ()) if c in target]
-        elif switch in r.above:
-            heads = self._heads
-            hops = [(i, heads[i]) for i in self.down[switch].get(r.pod, ()) if heads[i] in r.adjacent]
-        elif switch in r.far:
-            hops = [(i, c) for peers in self.peer[switch].values() for i, c in peers if c in r.above]
-        self._hops_cache[key] = hops
-        return hops
-
-    def leaf_reaches(self, src_leaf: str, dst_leaf: str) -> bool:
-        """Whether the converged routes lead from one leaf to another (same plane)."""
-        return src_leaf == dst_leaf or bool(self._next_hops(src_leaf, self._dest(dst_leaf)))
-
-    def ecmp_path(self, src_leaf: str, dst_leaf: str, rnd: random.Random) -> list[int] | None:
-        """Directed link ids from leaf to leaf, hashing at every choice; None if the source leaf
-        has no route to the destination (a dead end further on is a bug, and raises)."""
-        if src_leaf == dst_leaf:
-            return []
-        r = self._dest(dst_leaf)
-        path: list[int] = []
-        cur = src_leaf
-        for _ in range(6):          # leaf, spine, core, far core, spine: at most 5 hops up to d
-            if cur in r.adjacent:
-                downs = self.down[cur][dst_leaf]
-                path.append(downs[rnd.randrange(len(downs))])
-                return path
-            hops = self._next_hops(cur, r)
-            if not hops:
-                if cur == src_leaf:
-                    return None
-                raise AssertionError(f"routing bug: {src_leaf} -> {dst_leaf} dead-ends at {cur}")
-            i, cur = hops[rnd.randrange(len(hops))]
-            path.append(i)
-        raise AssertionError(f"no path from {src_leaf} to {dst_leaf} within 6 hops: a routing loop")
-
-    def link_ends(self, link_id: int) -> tuple[str, str]:
-        """(tail, head) of a directed link id (ids 2j and 2j + 1 are the two directions of a link)."""
-        heads = self._heads
-        return heads[link_id ^ 1], heads[link_id]
+    def link_at(self, switch: str, port: int) -> int:
+        """The directed link id out of ``switch`` by ``port``."""
+        return int(self.port_link[self.sw_index[switch], port])
 
     @property
-    def _heads(self) -> list[str]:
-        heads = getattr(self, "_heads_cache", None)
-        if heads is None:
-            heads = [""] * self.n_links
-            i = 0
-            for u, v in self.g.edges():
-                heads[i], heads[i + 1] = v, u
-                i += 2
-            self._heads_cache = heads
-        return heads
+    def edge_of(self) -> list[tuple[str, str, int]]:
+        got = getattr(self, "_edge_of", None)
+        if got is None:
+            got = self._edge_of = list(self.g.edges(keys=True))
+        return got
 
-    def spray_path(self, src_leaf: str, dst_leaf: str) -> list[int]:
-        """Bundle ids a sprayed packet stream crosses from leaf to leaf."""
-        if src_leaf == dst_leaf:
-            return []
-        node = self.g._node
-        a, b = node[src_leaf], node[dst_leaf]
-        ids = [self.bundle_ids[("leaf-up", src_leaf)]]
-        if (a["campus"], a["pod"]) != (b["campus"], b["pod"]):
-            ids.append(self.bundle_ids[("pod-up", a["plane"], a["campus"], a["pod"])])
-            if a["campus"] != b["campus"]:
-                ids.append(self.bundle_ids[("lh", a["plane"], a["campus"], b["campus"])])
-            ids.append(self.bundle_ids[("pod-down", b["plane"], b["campus"], b["pod"])])
-        ids.append(self.bundle_ids[("leaf-down", dst_leaf)])
-        return ids
+    def link_ends(self, link_id: int) -> tuple[str, str]:
+        """(tail, head) of a directed link id."""
+        u, v, _k = self.edge_of[link_id // 2]
+        return (u, v) if link_id % 2 == 0 else (v, u)
+
+    def leaf_reaches(self, src_leaf: str, dst_leaf: str) -> bool:
+        """Whether the compiled routes lead from one leaf to another (same plane)."""
+        return src_leaf == dst_leaf or self.fwd.reaches(src_leaf, dst_leaf)
+
+    def rank_table(self, job: Job) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per rank and plane: leaf index, host up link, host down link; per rank: host id."""
+        key = id(job)
+        got = self._rank_tables.get(key)
+        if got is not None and got[0] is job:
+            return got[1]
+        planes = self.s.planes
+        hi = self.host_index
+        host = np.fromiter((hi[h] for h, _ in job.ranks), np.int64, job.n)
+        rail = np.fromiter((r for _, r in job.ranks), np.int64, job.n)
+        intf = rail[:, None] * planes + np.arange(planes)[None, :]
+        out = (self.host_leaf[host[:, None], intf], self.host_up[host[:, None], intf],
+               self.host_down[host[:, None], intf], host)
+        self._rank_tables = {key: (job, out)}
+        return out
+
+
+_CODE = ("model.py", "model_forwarding.py", "graph.py", "spec.py", "addressing.py")
+
+
+def _fingerprint(scenario: Any, entropy_values: int) -> str:
+    """A cache key: the scenario's value and the source of every module the network is made by."""
+    h = hashlib.sha256(repr(scenario).encode())
+    h.update(str(entropy_values).encode())
+    here = Path(__file__).resolve().parent
+    for name in _CODE:
+        h.update((here / name).read_bytes())
+    from hpnlab.controller import compiler
+    h.update(Path(compiler.__file__).read_bytes())
+    return h.hexdigest()[:20]
+
+
+def cache_dir() -> Path:
+    """Where model networks are cached: $HPNLAB_CACHE, else ~/.cache/hpnlab."""
+    return Path(os.environ.get("HPNLAB_CACHE") or Path.home() / ".cache" / "hpnlab")
+
+
+def cached_network(scenario: Any, *, entropy_values: int = ENTROPY_VALUES) -> tuple[Network, bool]:
+    """The healthy fabric's model network, from the cache when an earlier run built it for the
+    same scenario and code (building the graph and the compiler's routes is most of a 130k run's
+    time), else built and cached. (network, whether it came from the cache). Its ``g`` is None
+    when cached: run_collective and make_job take the network instead."""
+    from . import graph as fgraph
+    path = cache_dir() / f"model-{scenario.name}-{_fingerprint(scenario, entropy_values)}.pickle"
+    try:
+        with open(path, "rb") as fh:
+            return pickle.load(fh), True
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+        pass
+    net = Network(fgraph.build(scenario), entropy_values=entropy_values)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            pickle.dump(net, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        tmp.replace(path)
+    except OSError:
+        pass          # a read-only home: no cache, same results
+    return net, False
 
 
 # ---- max-min fair rates ---------------------------------------------------------------
 
 def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, cap: np.ndarray,
                   n_flows: int) -> np.ndarray:
-    """Max-min fair rates by progressive filling. Flow f puts weight w on link l for every
-    entry (f, l, w): the link carries sum(w * rate_f) <= cap_l. Flows with no entries get inf."""
-    rates = np.zeros(n_flows)
-    active = np.ones(n_flows, dtype=bool)
-    has_links = np.bincount(flow_idx, minlength=n_flows) > 0
-    rates[~has_links] = np.inf
-    active &= has_links
+    """Max-min fair rates. Flow f puts weight w on link l for every entry (f, l, w): the link
+    carries sum(w * rate_f) <= cap_l. Flows with no entries get inf.
+
+    Progressive filling, many bottlenecks per round: a link's *share* is the rate at which it
+    saturates if all its unfrozen flows rise together (residual / their weights). A link whose
+    share is the least among the links its flows cross is a local bottleneck: freezing its
+    flows elsewhere first could only raise the other links' shares, so progressive filling
+    freezes them at exactly that share. Every round freezes the flows of every local bottleneck
+    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands)."""
+    rates = np.full(n_flows, np.inf)
+    if not len(flow_idx):
+        return rates
+    order = np.argsort(flow_idx, kind="stable")
+    f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
     residual = cap.astype(float).copy()
     n_links = len(cap)
-    for _ in range(10 * n_flows + 10):
-        if not active.any():
+    for _ in range(n_flows + 1):
+        if not len(f):
             break
-        w_active = weight * active[flow_idx]
-        load = np.bincount(link_idx, weights=w_active, minlength=n_links)
+        load = np.bincount(lk, weights=w, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(load > 1e-15, residual / load, np.inf)
-        inc = share.min()
-        if not np.isfinite(inc):
+            share = np.where(load > 0, np.maximum(residual, 0.0) / load, np.inf)
+        e_share = share[lk]
+        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow (in flow order)
+        owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
+        lmin = np.full(n_links, np.inf)
+        np.minimum.at(lmin, lk, fmin[owner])
+        bottleneck = share <= lmin * (1 + 1e-12)
+        hit = np.zeros(len(starts), dtype=bool)
+        hit[owner[bottleneck[lk] & (w > 0)]] = True
+        if not hit.any():
             break
-        inc = max(inc, 0.0)
-        rates[active] += inc
-        residual -= inc * load
-        saturated = share <= inc * (1 + 1e-9) + 1e-12
-        hit = saturated[link_idx] & (w_active > 0)
-        active[np.unique(flow_idx[hit])] = False
+        ids = f[starts]
+        rates[ids[hit]] = fmin[hit]
+        frozen = hit[owner]
+        residual -= np.bincount(lk[frozen], weights=w[frozen] * fmin[owner[frozen]], minlength=n_links)
+        keep = ~frozen
+        f, lk, w = f[keep], lk[keep], w[keep]
     return rates
 
 
@@ -389,9 +363,22 @@ class Job:
         return len(self.ranks)
 
 
-def make_job(g: nx.MultiGraph, hosts: int | None, placement: str, seed: int) -> Job:
-    s = g.graph["scenario"]
-    names = [n for n, d in g._node.items() if d["tier"] == 0]
+def make_job(g: nx.MultiGraph | None, hosts: int | list[str] | None, placement: str, seed: int,
+             network: Network | None = None) -> Job:
+    """The job's ranks: ``hosts`` (a count, or the host names), placed ``packed`` or ``random``.
+    ``g`` may be None when ``network`` (a cached one) is given."""
+    if g is not None:
+        s = g.graph["scenario"]
+        names = [n for n, d in g._node.items() if d["tier"] == 0]
+    elif network is not None:
+        s, names = network.s, network.hosts
+    else:
+        raise ValueError("make_job needs the fabric graph or its model network")
+    if isinstance(hosts, list):
+        unknown = [h for h in hosts if h not in set(names)]
+        if unknown or len(hosts) < 2:
+            raise UserError(f"a job needs at least 2 hosts of {s.name}; unknown: {', '.join(unknown[:3]) or 'none'}")
+        return Job(ranks=[(h, r) for r in range(s.rails) for h in hosts])
     if hosts is not None:
         if not 2 <= hosts <= len(names):
             raise UserError(f"--hosts must be between 2 and {len(names)} for {s.name}, got {hosts}")
@@ -407,51 +394,129 @@ def make_job(g: nx.MultiGraph, hosts: int | None, placement: str, seed: int) -> 
     return Job(ranks=[(h, r) for r in range(s.rails) for h in chosen])
 
 
-def steps(collective: str, job: Job, size_bytes: int, *, max_steps: int, seed: int, rails: int):
-    """Yield (multiplicity, [(src rank, dst rank)], bytes per pair) for each distinct step.
+@dataclass
+class Step:
+    """``multiplicity`` identical steps: ``src[i]`` sends ``nbytes[i]`` to ``dst[i]``, all at once.
+    ``salt`` varies a flowlet's hash from step to step; ``scale`` > 1: a sample of a larger step
+    (each pair stands for ``scale`` pairs: all-to-all above ``exact_pairs``)."""
+    multiplicity: float
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    salt: int = 0
+    scale: float = 1.0
 
-    Ring collectives run one ring per rail (NCCL's rail-aligned rings), all rails at once:
-    each ring has H = hosts ranks; an all-reduce of S bytes moves S/H per step for 2(H-1)
-    steps, all-gather and reduce-scatter (S = the whole array) S/H for H-1 steps.
-    All-to-all (pairwise exchange: rank i sends to i+k at step k) and the others span all
-    ranks; pairs on the same host use NVLink and are left out of the network.
-    """
+
+def _ring_next(n: int, rails: int) -> tuple[np.ndarray, int]:
+    per = n // rails
+    i = np.arange(n)
+    return (i // per) * per + (i % per + 1) % per, per
+
+
+def steps(collective: str, job: Job, size_bytes: int, *, max_steps: int, seed: int, rails: int,
+          routing: str = "flow", exact_pairs: int = EXACT_PAIRS) -> list[Step]:
+    """The distinct steps of a collective, as the generators run it (:mod:`.collectives`).
+
+    Ring collectives (all-reduce, all-gather, reduce-scatter, the broadcast chain,
+    halving-doubling) run one schedule per rail over that rail's H ranks, all rails at once.
+    all-reduce 2(H-1) steps of S/H; all-gather, reduce-scatter H-1 of S/H (S = the whole
+    array); halving-doubling 2 log2 H steps with partners r xor d and S/2, S/4 ... then back;
+    broadcast: S in 4(H-1) pieces down the chain from rank 0, piece c crossing link i at step
+    c + i (pieces + H - 2 steps, every one modelled up to ``max_steps`` of them, else the
+    full-chain step stands for each: an upper bound for the ramp steps). all-to-all: ONE step,
+    every rank sends S/n to every other rank at once. incast: every rank S/n to rank 0.
+    permutation: S from r to perm[r] (``collectives.random_perm(n, seed)``).
+    With per-step hashing (``flowlet``) repeated steps get up to ``max_steps`` different salts."""
     n = job.n
-    per_rail = n // rails
+    salts = max(1, max_steps) if routing == "flowlet" else 1
+
+    def repeated(count: int, src, dst, nbytes) -> list[Step]:
+        k = max(1, min(count, salts))
+        return [Step(count / k, src, dst, np.full(len(src), float(nbytes)), salt=s) for s in range(k)]
+
     if collective in RING_COLLECTIVES:
-        ring_next = [(i // per_rail) * per_rail + (i % per_rail + 1) % per_rail for i in range(n)]
-        count = 2 * (per_rail - 1) if collective == "all_reduce" else per_rail - 1
-        yield count, list(enumerate(ring_next)), size_bytes / per_rail
-    elif collective == "all_to_all":
-        distances = list(range(1, n))
-        if len(distances) > max_steps:
-            idx = np.linspace(0, len(distances) - 1, max_steps).round().astype(int)
-            picked = [distances[i] for i in sorted(set(idx))]
-        else:
-            picked = distances
-        mult = (n - 1) / len(picked)
-        for k in picked:
-            yield mult, [(i, (i + k) % n) for i in range(n)], size_bytes / n
-    elif collective == "permutation":
-        perm = list(range(n))
-        rnd = random.Random(seed)
-        while True:
-            rnd.shuffle(perm)
-            if all(perm[i] != i for i in range(n)):
-                break
-        yield 1, [(i, perm[i]) for i in range(n)], size_bytes
-    elif collective == "incast":
-        yield 1, [(i, 0) for i in range(1, n)], size_bytes / n
-    else:
-        raise UserError(f"the model runs {', '.join(MODEL_COLLECTIVES)}; got {collective!r}")
+        nxt, per = _ring_next(n, rails)
+        src = np.arange(n)
+        if collective == "all_reduce":
+            return repeated(2 * (per - 1), src, nxt, size_bytes / per)
+        if collective in ("all_gather", "reduce_scatter"):
+            return repeated(per - 1, src, nxt, size_bytes / per)
+        if collective == "all_reduce_hd":
+            if per & (per - 1):
+                raise UserError(f"halving-doubling all-reduce needs a power-of-two number of ranks per rail, got {per}")
+            k = per.bit_length() - 1
+            base = (src // per) * per
+            out = []
+            for j in range(k):                    # recursive halving: d = H/2 ... 1, S/2 ... S/H
+                d = per >> (j + 1)
+                out.append(Step(1, src, base + ((src - base) ^ d), np.full(n, size_bytes / (2 << j)), salt=j))
+            for j in range(k):                    # recursive doubling: d = 1 ... H/2, S/H ... S/2
+                d = 1 << j
+                out.append(Step(1, src, base + ((src - base) ^ d), np.full(n, size_bytes / (per >> j)),
+                                salt=k + j))
+            return out
+        # broadcast: chain ring[i] -> ring[i+1] from rank 0 of each rail, 4(H-1) pieces
+        pieces = 4 * (per - 1)
+        total = pieces + per - 2
+        pos = src % per
+        chain = pos < per - 1
+        piece = size_bytes / pieces
+        if total <= max_steps:
+            out = []
+            for s in range(total):
+                active = chain & (s - pos >= 0) & (s - pos < pieces)
+                out.append(Step(1, src[active], nxt[active], np.full(int(active.sum()), piece), salt=s))
+            return out
+        return repeated(total, src[chain], nxt[chain], piece)
+    if collective == "all_to_all":
+        per_pair = size_bytes / n
+        pairs = n * (n - 1)
+        src = np.arange(n)
+        if pairs <= exact_pairs:
+            off = np.arange(1, n)
+            a2a_src = np.repeat(src, n - 1)
+            a2a_dst = (a2a_src + np.tile(off, n)) % n
+            return [Step(1, a2a_src, a2a_dst, np.full(len(a2a_src), per_pair))]
+        m = max(1, exact_pairs // n)              # sampled peer offsets: every rank sends to m peers
+        offs = np.sort(np.random.default_rng(seed).choice(np.arange(1, n), size=min(m, n - 1), replace=False))
+        a2a_src = np.repeat(src, len(offs))
+        a2a_dst = (a2a_src + np.tile(offs, n)) % n
+        return [Step(1, a2a_src, a2a_dst, np.full(len(a2a_src), per_pair), scale=(n - 1) / len(offs))]
+    if collective == "permutation":
+        perm = np.array(random_perm(n, seed))
+        return [Step(1, np.arange(n), perm, np.full(n, float(size_bytes)))]
+    if collective == "incast":
+        src = np.arange(1, n)
+        return [Step(1, src, np.zeros(n - 1, dtype=np.int64), np.full(n - 1, size_bytes / n))]
+    raise UserError(f"the model runs {', '.join(MODEL_COLLECTIVES)}; got {collective!r}")
 
 
 def ranks_in_collective(collective: str, job: Job, rails: int) -> int:
-    """n for the busbw factor: ranks of one rail ring for ring collectives, else all ranks."""
+    """n for the busbw factor: ranks of one rail's schedule for ring collectives, else all ranks."""
     return job.n // rails if collective in RING_COLLECTIVES else job.n
 
 
 # ---- one step on the network -----------------------------------------------------------
+
+_M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a well-spread 64-bit hash of each element (a switch's or NIC's
+    flow hash stand-in; vectorised)."""
+    x = x.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x = x + _M3
+        x = (x ^ (x >> np.uint64(30))) * _M1
+        x = (x ^ (x >> np.uint64(27))) * _M2
+        return x ^ (x >> np.uint64(31))
+
+
+def flow_hash(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, salt: int, seed: int) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return _mix(_mix(src.astype(np.uint64) * np.uint64(0x100000001) + dst.astype(np.uint64))
+                    ^ (conn.astype(np.uint64) * _M3) ^ np.uint64((salt << 20) ^ seed))
+
 
 @dataclass
 class StepResult:
@@ -460,130 +525,170 @@ class StepResult:
     flows: int                   # connections routed
     stalled: int                 # connections with no path on any plane
     hit: int
-    rate_gbps_min: float
+    rate_gbps_min: float         # per connection, max-min fair
     rate_gbps_mean: float
     stalled_pairs: list[tuple[int, int]] = field(default_factory=list)   # (src rank, dst rank)
-
-
-def _rank_ports(net: Network, rank: tuple[str, int]) -> list[tuple[str, int, int]]:
-    host, rail = rank
-    planes = net.s.planes
-    return [net.host_port[(host, rail * planes + p)] for p in range(planes)]
-
-
-def usable_planes(net: Network, src_ports, dst_ports) -> list[int]:
-    """Planes on which a connection between two NICs has a path after convergence: both
-    host links up and the source leaf's routes reach the destination leaf."""
-    cap = net.cap
-    return [p for p, ((sleaf, s_up, _), (dleaf, _, d_down)) in enumerate(zip(src_ports, dst_ports, strict=True))
-            if cap[s_up] > 0 and cap[d_down] > 0 and net.leaf_reaches(sleaf, dleaf)]
-
-
-def _ecmp_links(net: Network, sp, dp, rnd: random.Random) -> list[int] | None:
-    """One connection's directed links: hashed onto a plane, then onto a next hop at every
-    switch. A plane without a path is left out of the hash (its routes were withdrawn), so
-    the plane is uniform over the usable ones: take the hashed plane if usable, else pick
-    among the other usable ones."""
-    p = rnd.randrange(len(sp))
-    (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-    mid = net.ecmp_path(sleaf, dleaf, rnd) if net.cap[s_up] > 0 and net.cap[d_down] > 0 else None
-    if mid is None:
-        rest = [q for q in usable_planes(net, sp, dp) if q != p]
-        if not rest:
-            return None
-        p = rest[rnd.randrange(len(rest))]
-        (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-        mid = net.ecmp_path(sleaf, dleaf, rnd)
-        assert mid is not None, "usable_planes and ecmp_path disagree"
-    return [s_up, *mid, d_down]
+    multiplicity: float = 1.0    # how many steps of the collective this one stands for
+    bytes: float = 0.0           # bytes this step moves (every pair, sampled steps scaled)
+    rates_gbps: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per connection, max-min
+    sampled: float = 1.0         # > 1: a sample, each modelled pair standing for this many
 
 
 @dataclass
 class RoutedStep:
-    """A step's connections on the network: entries (flow, link, weight) grouped by flow."""
+    """A step's flows on the network: entries (flow, link, weight) grouped by flow. A flow is
+    a connection (``flow``, ``flowlet``), a rank pair's sprayed bytes (``spray``) or one path
+    of a pair (``adaptive``: ``conn`` maps it to its pair)."""
     flow_idx: np.ndarray
     link_idx: np.ndarray
     weight: np.ndarray
-    size_bits: np.ndarray      # per routed connection
+    size_bits: np.ndarray      # per flow
     latency_us: float          # the longest path's
     stalled: int
     stalled_pairs: list[tuple[int, int]]
     hit: int
+    conn: np.ndarray | None = None
+    per_flow_connections: int = 1   # connections one flow stands for (spray, adaptive: qps)
 
 
-def route_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str, qps: int,
-               rnd: random.Random, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset()) -> RoutedStep:
-    """Route one step's connections. ``watch``: directed link ids whose failure is being
-    studied; ``hit`` counts the connections whose path (or, sprayed, whose bundles) include
-    one. A connection with no path on any plane is counted and its pair listed."""
-    f_idx: list[int] = []
-    l_idx: list[int] = []
-    w: list[float] = []
-    sizes: list[float] = []
-    lat = 0.0
-    stalled = 0
-    stalled_pairs: list[tuple[int, int]] = []
+def _pair_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(pairs, tuple) and len(pairs) == 2 and isinstance(pairs[0], np.ndarray):
+        return pairs[0].astype(np.int64), pairs[1].astype(np.int64)
+    arr = np.array(list(pairs), dtype=np.int64).reshape(-1, 2)
+    return arr[:, 0], arr[:, 1]
+
+
+def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray, np.ndarray]:
+    """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
+    ``plane`` with entropy column ``value``): (links (m, MAX_HOPS + 2), -1 padded; live (m,))."""
+    sl, dl = leaf[a, plane], leaf[b, plane]
+    key = (sl * len(net.fwd.leaves) + dl) * net.entropy_values + value
+    uniq, inv = np.unique(key, return_inverse=True)
+    v = uniq % net.entropy_values
+    pair = uniq // net.entropy_values
+    mid, ok = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
+    mid, ok = mid[inv], ok[inv]
+    u, d = up[a, plane], down[b, plane]
+    links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
+    links[:, 0] = u
+    links[:, 1:MAX_HOPS + 1] = mid
+    hops = (mid >= 0).sum(axis=1)
+    links[np.arange(len(a)), hops + 1] = d
+    live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
+    return links, live
+
+
+def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows, cols = np.nonzero(links >= 0)
+    return owner[rows], links[rows, cols], weight[rows]
+
+
+def _latency_us(net: Network, links: np.ndarray, switch_latency_us: float) -> float:
+    if not len(links):
+        return 0.0
+    valid = links >= 0
+    delay = np.where(valid, net.delay_us[np.maximum(links, 0)], 0.0).sum(axis=1)
+    return float((delay + (valid.sum(axis=1) - 1) * switch_latency_us).max())
+
+
+def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
+               rnd: random.Random | int = 0, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset(),
+               salt: int = 0) -> RoutedStep:
+    """Route one step's connections (see the module docstring for the entropy policies).
+    ``watch``: directed link ids whose failure is being studied; ``hit`` counts the connections
+    with a path over one of them. A pair with no live path on any plane is counted and listed."""
+    routing = routing_name(routing)
+    seed = rnd.getrandbits(32) if isinstance(rnd, random.Random) else int(rnd)
+    src, dst = _pair_arrays(pairs)
+    nbytes = np.broadcast_to(np.asarray(bytes_per_pair, dtype=float), src.shape).astype(float)
+    leaf, up, down, host = net.rank_table(job)
+    keep = host[src] != host[dst]                 # same host: NVLink, not the network
+    src, dst, nbytes = src[keep], dst[keep], nbytes[keep]
+    planes, nv = net.s.planes, net.entropy_values
+    n_paths = planes * nv
+    watch_arr = np.fromiter(watch, dtype=np.int64) if watch else None
+    if routing in ("flow", "flowlet"):
+        a, b = np.repeat(src, qps), np.repeat(dst, qps)
+        conn = np.tile(np.arange(qps), len(src))
+        size = np.repeat(nbytes, qps) * 8 / qps
+        idx = (flow_hash(a, b, conn, salt if routing == "flowlet" else 0, seed) % np.uint64(n_paths)).astype(np.int64)
+        links, live = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv)
+        for t in range(1, n_paths):               # a dead path: the next live one in rotation
+            bad = np.flatnonzero(~live)
+            if not len(bad):
+                break
+            j = (idx[bad] + t) % n_paths
+            lk, lv = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv)
+            links[bad], live[bad] = lk, lv
+        dead = ~live
+        stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
+        links, size = links[live], size[live]
+        hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
+        f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
+        return RoutedStep(f, lk, w, size, _latency_us(net, links, switch_latency_us), int(dead.sum()),
+                          stalled_pairs, hit)
+    # spray / adaptive: every (plane, entropy value) path of each pair
+    m = len(src)
+    a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
+    j = np.tile(np.arange(n_paths), m)
+    links, live = _paths(net, leaf, up, down, a, b, j // nv, j % nv)
+    per_pair = live.reshape(m, n_paths).sum(axis=1)
+    dead_pair = per_pair == 0
+    stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(src[dead_pair], dst[dead_pair], strict=True)})
+    pair_idx = np.repeat(np.arange(m), n_paths)
+    ok_pair = ~dead_pair
+    renum = np.cumsum(ok_pair) - 1               # live pairs renumbered 0..
+    sel = live & ok_pair[pair_idx]
+    links, owner = links[sel], renum[pair_idx[sel]]
     hit = 0
-    flow = 0
-    watched_bundles = {net.bundle_of[i] for i in watch if i in net.bundle_of}
-    for src, dst in pairs:
-        if job.ranks[src][0] == job.ranks[dst][0]:
-            continue  # same host: NVLink, not the network
-        sp = _rank_ports(net, job.ranks[src])
-        dp = _rank_ports(net, job.ranks[dst])
-        if routing == "spray":
-            planes = usable_planes(net, sp, dp)
-            if not planes:
-                stalled += qps
-                stalled_pairs.append((src, dst))
-                continue
-        for _ in range(qps):
-            if routing == "ecmp":
-                links = _ecmp_links(net, sp, dp, rnd)
-                if links is None:
-                    stalled += 1
-                    if not stalled_pairs or stalled_pairs[-1] != (src, dst):
-                        stalled_pairs.append((src, dst))
-                    continue
-                hit += bool(watch) and not watch.isdisjoint(links)
-                f_idx.extend([flow] * len(links))
-                l_idx.extend(links)
-                w.extend([1.0] * len(links))
-                hops = len(links) - 1
-                lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
-            else:
-                for p in planes:
-                    (sleaf, s_up, _), (dleaf, _, d_down) = sp[p], dp[p]
-                    mid = net.spray_path(sleaf, dleaf)
-                    links = [s_up, *mid, d_down]
-                    if watched_bundles and not watched_bundles.isdisjoint(mid):
-                        hit += 1
-                    f_idx.extend([flow] * len(links))
-                    l_idx.extend(links)
-                    w.extend([1.0 / len(planes)] * len(links))
-                    hops = len(links) - 1
-                    lat = max(lat, float(net.delay_all[links].sum()) + hops * switch_latency_us)
-            sizes.append(bytes_per_pair * 8 / qps)
-            flow += 1
-    return RoutedStep(np.array(f_idx, dtype=int), np.array(l_idx, dtype=int), np.array(w, dtype=float),
-                      np.array(sizes, dtype=float), lat, stalled, stalled_pairs, hit)
+    if watch_arr is not None:
+        on = np.isin(links, watch_arr).any(axis=1)
+        hit = int(np.unique(owner[on]).size) * qps
+    lat = _latency_us(net, links, switch_latency_us)
+    size_pair = nbytes[ok_pair] * 8
+    if routing == "spray":
+        w = 1.0 / per_pair[ok_pair][owner]
+        f, lk, ww = _entries(links, owner, w)
+        return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
+                          per_flow_connections=qps)
+    sub = np.arange(len(links))
+    f, lk, ww = _entries(links, sub, np.ones(len(links)))
+    return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, conn=owner,
+                      per_flow_connections=qps)
 
 
-def run_step(net: Network, job: Job, pairs, bytes_per_pair: float, routing: str, qps: int,
-             rnd: random.Random, switch_latency_us: float, watch: AbstractSet[int] = frozenset()) -> StepResult:
-    """Model one step (:func:`route_step`, then :func:`drain_times`). A stalled connection is
-    never dropped from the timing silently: the step then never completes (``time_s`` inf)."""
-    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, rnd, switch_latency_us, watch)
+def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
+             rnd: random.Random | int = 0, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset(),
+             salt: int = 0, scale: float = 1.0, rates: bool = True) -> StepResult:
+    """Model one step (:func:`route_step`, then the drain time; ``adaptive``: max-min sub-flow
+    rates). A stalled connection is never dropped from the timing silently: the step then never
+    completes (``time_s`` inf). ``scale`` > 1: the pairs are a sample, each standing for
+    ``scale`` pairs (their bytes are scaled for the link loads; rates are per real connection).
+    ``rates=False``: the time only (no max-min per-connection rates, which cost the most)."""
+    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, rnd, switch_latency_us, watch, salt)
     flows = len(r.size_bits)
+    k = r.per_flow_connections
+    moved = float(r.size_bits.sum()) / 8 * scale
     if flows == 0:
         return StepResult(math.inf if r.stalled else 0.0, 0.0, 0, r.stalled, r.hit, math.inf, math.inf,
-                          r.stalled_pairs)
-    finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap_all, r.size_bits)
-    rates = r.size_bits / np.maximum(finish, 1e-30) / 1e9
-    time_s = math.inf if r.stalled else float(finish.max()) + r.latency_us * 1e-6
-    return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows, stalled=r.stalled, hit=r.hit,
-                      rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()),
-                      stalled_pairs=r.stalled_pairs)
+                          r.stalled_pairs, bytes=moved, sampled=scale)
+    if r.conn is None:
+        finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
+        span = float(finish.max())
+        if not rates:
+            return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
+                              flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
+                              sampled=scale)
+        conn_rates = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, flows)
+    else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
+        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, len(r.conn))
+        conn_rates = np.bincount(r.conn, weights=sub, minlength=flows)
+        span = float((r.size_bits / np.maximum(conn_rates * 1e9, 1e-30)).max())
+    conn_rates = np.repeat(conn_rates / k, k) if k > 1 else conn_rates
+    time_s = math.inf if r.stalled else span + r.latency_us * 1e-6
+    return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
+                      rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
+                      stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale)
 
 
 # ---- the collective ---------------------------------------------------------------------
@@ -601,19 +706,28 @@ class ModelResult:
     efficiency: float          # busbw as a fraction of the NIC's line rate
     stalled_connections: int  # connections with no path (summed over the modelled steps); then time_s is inf
     steps_modelled: int        # distinct steps computed
-    steps_distinct: int        # distinct steps the collective has (all-to-all: n-1; rings: 1)
+    steps_distinct: int        # distinct steps the collective has
     steps_total: float
     detail: dict[str, Any] = field(default_factory=dict)
     stalled_pairs: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
     """Rank pairs ((host, rail) -> (host, rail)) with a stalled connection, each listed once."""
+    steps: list[StepResult] = field(default_factory=list)
+    """Every distinct step modelled, with its multiplicity, bytes, time and per-connection rates."""
+    rate_gbps_mean: float = 0.0     # per connection, max-min, over every step (weighted by multiplicity)
+    rate_gbps_min: float = 0.0      # the lowest connection rate of any step
+    sampling_error: float = 0.0     # relative standard error of time_s when a step is sampled (else 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values (JSON): per-connection rate arrays summarised as min / mean / max."""
+        out = {k: v for k, v in self.__dict__.items() if k != "steps"}
+        out["steps"] = [{k: v for k, v in s.__dict__.items() if k != "rates_gbps"}
+                        | {"rates_gbps_max": float(s.rates_gbps.max()) if len(s.rates_gbps) else 0.0}
+                        for s in self.steps]
+        return out
 
 
-def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: str = "ecmp",
-                   hosts: int | None = None, placement: str = "packed", qps: int = 4, seed: int = 1,
-                   failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
-                   network: Network | None = None, watch: AbstractSet[int] = frozenset()) -> ModelResult:
-    if routing not in ROUTINGS:
-        raise UserError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+def _checked(routing: str, qps: int, size_bytes: int, collective: str) -> tuple[str, str]:
+    routing = routing_name(routing)
     if qps < 1:
         raise UserError(f"--qps must be at least 1, got {qps}")
     if size_bytes <= 0:
@@ -621,41 +735,175 @@ def run_collective(g: nx.MultiGraph, collective: str, size_bytes: int, *, routin
     collective = canonical(collective)
     if collective not in MODEL_COLLECTIVES:
         raise UserError(f"the model runs {', '.join(MODEL_COLLECTIVES)}; got {collective!r}")
-    s = g.graph["scenario"]
-    net = network or Network(g, failed)
-    job = make_job(g, hosts, placement, seed)
-    rnd = random.Random(seed)
-    total = 0.0
-    n_steps = 0.0
-    modelled = 0
-    stalled = 0
-    hits = 0
+    return routing, collective
+
+
+def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *, routing: str = "flow",
+                   hosts: int | list[str] | None = None, placement: str = "packed", qps: int = 4, seed: int = 1,
+                   failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
+                   network: Network | None = None, watch: AbstractSet[int] = frozenset(),
+                   exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
+                   entropy_values: int = ENTROPY_VALUES) -> ModelResult:
+    """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
+    distinct steps computed where a collective repeats one (flowlet salts, broadcast);
+    ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated)."""
+    routing, collective = _checked(routing, qps, size_bytes, collective)
+    if network is None:
+        if g is None:
+            raise ValueError("run_collective needs the fabric graph or its model network")
+        network = Network(g, failed, entropy_values=entropy_values)
+    net = network
+    s = net.s
+    job = job or make_job(g, hosts, placement, seed, network=net)
+    distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
+                     routing=routing, exact_pairs=exact_pairs)
+    results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, seed, switch_latency_us, watch,
+                        salt=st.salt, scale=st.scale) for st in distinct]
+    error = 0.0
+    if distinct and distinct[0].scale > 1:     # a sampled all-to-all: the error from independent samples
+        more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, seed + k, switch_latency_us, watch,
+                         scale=x.scale, rates=routing == "adaptive")
+                for k in (1, 2, 3)
+                for x in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed + k, rails=s.rails,
+                               routing=routing, exact_pairs=exact_pairs)]
+        times = np.array([r.time_s for r in results + more])
+        error = float(times.std(ddof=1) / math.sqrt(len(times)) / times.mean()) if np.isfinite(times).all() else 0.0
+    total = sum(st.multiplicity * r.time_s for st, r in zip(distinct, results, strict=True))
+    for st, r in zip(distinct, results, strict=True):
+        r.multiplicity = st.multiplicity
+    n_steps = sum(st.multiplicity for st in distinct)
+    stalled = sum(r.stalled for r in results)
+    hits = results[0].hit if results else 0      # a failure at the start hits the first step's connections
     stalled_pairs: dict[tuple, None] = {}
-    details = []
-    for mult, pairs, nbytes in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed,
-                                     rails=s.rails):
-        r = run_step(net, job, pairs, nbytes, routing, qps, rnd, switch_latency_us, watch)
-        hits += r.hit
-        total += mult * r.time_s
-        n_steps += mult
-        modelled += 1
-        stalled += r.stalled
+    for r in results:
         for a, b in r.stalled_pairs:
             stalled_pairs[job.ranks[a], job.ranks[b]] = None
-        details.append({"multiplicity": mult, "time_us": r.time_s * 1e6, "latency_us": r.latency_s * 1e6,
-                        "flows": r.flows, "rate_gbps_min": r.rate_gbps_min, "rate_gbps_mean": r.rate_gbps_mean})
     n = ranks_in_collective(collective, job, s.rails)
     algbw = size_bytes / total / 1e9 if total > 0 else math.inf     # 0 when a connection stalled
     busbw = algbw * busbw_factor(collective, n)
     nic_gbps = s.planes * s.host_rate_gbps     # one NIC: a port in every plane
     line = nic_gbps / 8                        # GB/s
+    routed = [r for r in results if r.flows]
+    weights = np.array([r.multiplicity * r.flows for r in routed])
+    mean = float(np.dot(weights, [r.rate_gbps_mean for r in routed]) / weights.sum()) if routed else 0.0
+    details = [{"multiplicity": r.multiplicity, "time_us": r.time_s * 1e6, "latency_us": r.latency_s * 1e6,
+                "flows": r.flows, "rate_gbps_min": r.rate_gbps_min, "rate_gbps_mean": r.rate_gbps_mean}
+               for r in results]
     return ModelResult(collective=collective, routing=routing, ranks=job.n, size_bytes=size_bytes, time_s=total,
                        algbw_gbs=algbw, busbw_gbs=busbw, nic_gbps=nic_gbps, efficiency=busbw / line,
-                       stalled_connections=stalled, steps_modelled=modelled,
-                       steps_distinct=job.n - 1 if collective == "all_to_all" else 1, steps_total=n_steps,
+                       stalled_connections=stalled, steps_modelled=len(results),
+                       steps_distinct=len(distinct), steps_total=n_steps,
                        detail={"steps": details[:4], "qps": qps, "placement": placement,
-                               "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits},
-                       stalled_pairs=list(stalled_pairs))
+                               "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits,
+                               "entropy_values": net.entropy_values},
+                       stalled_pairs=list(stalled_pairs), steps=results, rate_gbps_mean=mean,
+                       rate_gbps_min=min((r.rate_gbps_min for r in routed), default=0.0), sampling_error=error)
+
+
+@dataclass
+class JobSpec:
+    """One job of several sharing the fabric: a collective on a set of hosts, with its routing.
+    ``background``: elephant flows that run for the whole of every other job's steps."""
+    collective: str
+    size_bytes: int
+    hosts: list[str]
+    routing: str = "flow"
+    qps: int = 4
+    background: bool = False
+
+
+def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: set | None = None,
+             max_steps: int = 16, switch_latency_us: float = 1.0, network: Network | None = None,
+             exact_pairs: int = EXACT_PAIRS) -> list[ModelResult]:
+    """Several jobs at once, each with its own ranks, collective and routing, plus background
+    traffic. Each step of a job is modelled with the first (steady) step of every other job
+    and every background job on the fabric at the same time (jobs of different lengths
+    overlap in their steady state: an approximation that is exact for jobs whose steps all
+    look alike, the ring and single-step collectives). A job's links are shared max-min with
+    the others; its time is its own steps' makespans (the others' flows are not timed)."""
+    net = network or Network(g, failed)
+    s = g.graph["scenario"]
+    if not jobs:
+        raise UserError("run_jobs needs at least one job")
+    specs = []
+    ranks: list[tuple[str, int]] = []
+    for spec in jobs:
+        routing, collective = _checked(spec.routing, spec.qps, spec.size_bytes, spec.collective)
+        job = make_job(g, list(spec.hosts), "packed", seed)
+        st = steps(collective, job, spec.size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
+                   routing=routing, exact_pairs=exact_pairs)
+        specs.append((spec, routing, collective, job, st, len(ranks)))
+        ranks += job.ranks
+    union = Job(ranks=ranks)
+    out = []
+    for i, (spec, routing, collective, job, st, base) in enumerate(specs):
+        if spec.background:
+            continue
+        results = []
+        for x in st:
+            parts = [(x, routing, spec.qps, base, True)]
+            for k, (o, o_routing, _c, _j, o_steps, o_base) in enumerate(specs):
+                if k != i:
+                    parts.append((o_steps[0], o_routing, o.qps, o_base, False))
+            results.append(_shared_step(net, union, parts, seed, switch_latency_us))
+        total = sum(x.multiplicity * r.time_s for x, r in zip(st, results, strict=True))
+        for x, r in zip(st, results, strict=True):
+            r.multiplicity = x.multiplicity
+        n = ranks_in_collective(collective, job, s.rails)
+        algbw = spec.size_bytes / total / 1e9 if total > 0 else math.inf
+        busbw = algbw * busbw_factor(collective, n)
+        nic_gbps = s.planes * s.host_rate_gbps
+        routed = [r for r in results if r.flows]
+        weights = np.array([r.multiplicity * r.flows for r in routed])
+        mean = float(np.dot(weights, [r.rate_gbps_mean for r in routed]) / weights.sum()) if routed else 0.0
+        out.append(ModelResult(collective=collective, routing=routing, ranks=job.n, size_bytes=spec.size_bytes,
+                               time_s=total, algbw_gbs=algbw, busbw_gbs=busbw, nic_gbps=nic_gbps,
+                               efficiency=busbw / (nic_gbps / 8), stalled_connections=sum(r.stalled for r in results),
+                               steps_modelled=len(results), steps_distinct=len(st),
+                               steps_total=sum(x.multiplicity for x in st),
+                               detail={"job": i, "hosts": len(spec.hosts), "qps": spec.qps,
+                                       "shared_with": len(specs) - 1},
+                               steps=results, rate_gbps_mean=mean,
+                               rate_gbps_min=min((r.rate_gbps_min for r in routed), default=0.0)))
+    return out
+
+
+def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latency_us: float) -> StepResult:
+    """One step of several jobs' flows on the network at once; timed for the flows marked ``mine``."""
+    routed = []
+    for x, routing, qps, base, mine in parts:
+        r = route_step(net, union, (x.src + base, x.dst + base), x.nbytes, routing, qps, seed, switch_latency_us,
+                       salt=x.salt)
+        routed.append((r, mine, x.scale))
+    f_all, l_all, w_all, sizes, owner_mine = [], [], [], [], []
+    offset = 0
+    lat = 0.0
+    stalled, stalled_pairs = 0, []
+    for r, mine, scale in routed:
+        n = len(r.size_bits) if r.conn is None else len(r.conn)
+        f_all.append(r.flow_idx + offset)
+        l_all.append(r.link_idx)
+        w_all.append(r.weight * scale)
+        if r.conn is None:
+            sizes.append(r.size_bits * scale)
+        else:                         # adaptive sub-flows: the pair's bytes split over its paths evenly
+            per = np.bincount(r.conn)
+            sizes.append(r.size_bits[r.conn] / per[r.conn] * scale)
+        owner_mine.append(np.full(n, mine))
+        offset += n
+        if mine:
+            lat, stalled, stalled_pairs = r.latency_us, r.stalled, r.stalled_pairs
+    f, lk, w = np.concatenate(f_all), np.concatenate(l_all), np.concatenate(w_all)
+    size, mine_mask = np.concatenate(sizes), np.concatenate(owner_mine)
+    finish = drain_times(f, lk, w, net.cap, size)
+    rates = max_min_rates(f, lk, w, net.cap, offset)[mine_mask]
+    flows = int(mine_mask.sum())
+    if flows == 0:
+        return StepResult(math.inf if stalled else 0.0, 0.0, 0, stalled, 0, math.inf, math.inf, stalled_pairs)
+    time_s = math.inf if stalled else float(finish[mine_mask].max()) + lat * 1e-6
+    return StepResult(time_s=time_s, latency_s=lat * 1e-6, flows=flows, stalled=stalled, hit=0,
+                      rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()),
+                      stalled_pairs=stalled_pairs, bytes=float(size[mine_mask].sum()) / 8, rates_gbps=rates)
 
 
 def random_fabric_links(g: nx.MultiGraph, count: int, seed: int) -> set[tuple[str, str, int]]:
@@ -666,13 +914,15 @@ def random_fabric_links(g: nx.MultiGraph, count: int, seed: int) -> set[tuple[st
 
 
 def failure_impact(g: nx.MultiGraph, collective: str, size_bytes: int, failed: set, *,
-                   detect_ms: dict[str, float], **kw) -> dict[str, Any]:
-    """Collective time with links failing at its start, for several detection + convergence
-    times: if any connection's path crosses a failed link, the synchronous collective stalls
-    until the failure is handled, then runs on the repaired routing (failed links removed).
-    Connections the repaired routing cannot carry are reported (``stalled_after_repair``);
+                   detect_ms: dict[str, float] | None = None, **kw) -> dict[str, Any]:
+    """Collective time with links failing at its start, per failover mode (``detect_ms``: mode ->
+    detection + convergence ms; default :data:`FAILOVER_DEFAULT_MS`, or a failover benchmark's
+    measured loss windows): if any connection's path crosses a failed link, the synchronous
+    collective stalls until the failure is handled, then runs on the compiler's routes for the
+    failed fabric. Connections those routes cannot carry are reported (``stalled_after_repair``);
     the collective then never completes (inf)."""
-    watch = Network(g, failed).failed_ids
+    detect_ms = FAILOVER_DEFAULT_MS if detect_ms is None else detect_ms
+    watch = Network(g, failed, entropy_values=kw.get("entropy_values", ENTROPY_VALUES)).failed_ids
     healthy = run_collective(g, collective, size_bytes, watch=watch, **kw)
     after = run_collective(g, collective, size_bytes, failed=failed, **kw)
     hit = healthy.detail["connections_on_watched_links"]

@@ -138,9 +138,9 @@ def test_drain_time_never_exceeds_the_exact_fluid_makespan():
     g = fabric("mini-hpn")
     net = model.Network(g)
     job = model.make_job(g, None, "random", seed=3)
-    (_, pairs, nbytes), = model.steps("permutation", job, 1 << 20, max_steps=4, seed=3, rails=1)
-    r = model.route_step(net, job, pairs, nbytes, "ecmp", 1, random.Random(3))
-    args = (r.flow_idx, r.link_idx, r.weight, net.cap_all, r.size_bits)
+    (step,) = model.steps("permutation", job, 1 << 20, max_steps=4, seed=3, rails=1)
+    r = model.route_step(net, job, (step.src, step.dst), step.nbytes, "flow", 1, 3)
+    args = (r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits)
     exact = model.flow_times(*args, group=0.0).max()
     estimate = model.drain_times(*args).max()
     assert estimate <= exact * (1 + 1e-12)     # a bound, up to the rounding of the fluid simulation's sums
@@ -229,7 +229,7 @@ def test_losing_half_a_leafs_uplinks_doubles_a_permutation_that_needs_them_all(r
     after = model.run_step(model.Network(g, failed), job, pairs, SIZE, routing, 4, random.Random(1), 0.0)
     assert after.stalled == 0
     assert after.time_s == pytest.approx(2 * one_flow, **EXACT)
-    if routing == "spray":       # perfect spreading: the healthy fabric runs at the ports' rate
+    if routing in ("spray", "adaptive"):    # every path used: the healthy fabric runs at the ports' rate
         healthy = model.run_step(model.Network(g), job, pairs, SIZE, routing, 4, random.Random(1), 0.0)
         assert healthy.time_s == pytest.approx(one_flow, **EXACT)
 
@@ -249,7 +249,7 @@ def test_a_failure_the_collective_does_not_need_costs_only_the_detection_time(ro
     assert out["healthy_s"] == pytest.approx(2 * (hosts - 1) * step, **EXACT)
     assert out["after_repair_s"] == pytest.approx(out["healthy_s"], **EXACT)
     crossing = 2 * qps        # the connections of h2 -> h3 and h4 -> h1 on rail 0
-    if routing == "spray":    # every sprayed connection through p0l0 uses the failed link
+    if routing in ("spray", "adaptive"):    # every sprayed connection through p0l0 uses the failed link
         assert out["connections_hit"] == crossing
     else:                     # a hashed one only if it was hashed onto it
         assert 0 <= out["connections_hit"] <= crossing
@@ -290,7 +290,11 @@ def test_leaf_reachability_equals_connectivity_of_the_graph_under_every_single_l
     assert checked == len(fabric_links(g)) * sum(len(v) ** 2 for v in planes.values())
 
 
-@pytest.mark.parametrize("routing", model.ROUTINGS)
+# flowlet takes flow's paths, adaptive spray's: the two path sets cover every policy's
+PATH_SETS = ("flow", "spray")
+
+
+@pytest.mark.parametrize("routing", PATH_SETS)
 @pytest.mark.parametrize("name", ["mini-hpn", "small-hpn"])
 def test_no_connection_stalls_under_any_single_link_failure(name, routing):
     """Every rank pair (all-to-all, every step) under every single fabric-link failure: the
@@ -308,10 +312,9 @@ def test_no_connection_stalls_under_any_single_link_failure(name, routing):
 
 
 @pytest.mark.parametrize("name", ["mini-hpn", "mini-cross-campus", "fat-tree-4"])
-def test_every_ecmp_path_runs_over_live_links_from_leaf_to_leaf_without_revisiting_a_switch(name):
+def test_every_path_runs_over_live_links_from_leaf_to_leaf_without_revisiting_a_switch(name):
     g = fabric(name)
     planes = leaves_by_plane(g)
-    rnd = random.Random(7)
     for link in fabric_links(g):
         net = model.Network(g, {link})
         dead = net.failed_ids
@@ -320,8 +323,8 @@ def test_every_ecmp_path_runs_over_live_links_from_leaf_to_leaf_without_revisiti
                 for b in leaves:
                     if a == b or not net.leaf_reaches(a, b):
                         continue
-                    for _ in range(8):               # several hash outcomes per pair
-                        path = net.ecmp_path(a, b, rnd)
+                    for sport in net.fwd.sports:         # every entropy value the transport uses
+                        path = net.fwd.leaf_path(a, b, sport)
                         assert path is not None
                         hops = [net.link_ends(i) for i in path]
                         assert not dead.intersection(path), (link, a, b, hops)
@@ -424,4 +427,4 @@ def test_bad_model_arguments_raise_one_line_errors(kwargs, match):
 
 def test_unknown_collective_is_refused():
     with pytest.raises(UserError):
-        model.run_collective(fabric("mini-hpn"), "broadcast", 1 << 20)
+        model.run_collective(fabric("mini-hpn"), "gossip", 1 << 20)

@@ -1,4 +1,4 @@
-"""`hpnlab model`: the flow-level model at full scale (ECMP vs spray side by side, failures)."""
+"""`hpnlab model`: the flow-level model at full scale (entropy policies side by side, failures)."""
 from __future__ import annotations
 
 import json
@@ -11,11 +11,11 @@ from hpnlab.fabric.errors import UserError
 
 from .cmd_topo import add_scenario_args, load_scenario
 
-DEFAULT_DETECT = "dpfr=1,host-adaptive=50,control-plane=2000"
+DEFAULT_DETECT = ",".join(f"{k}={v:g}" for k, v in model.FAILOVER_DEFAULT_MS.items())
 
 
 def register(sub) -> None:
-    p = sub.add_parser("model", help="flow-level model of a collective at full scale (ECMP vs spray, failures)",
+    p = sub.add_parser("model", help="flow-level model of a collective at full scale (entropy policies, failures)",
                        description=model.__doc__.split("\n\n")[0])
     add_scenario_args(p)
     p.add_argument("-c", "--collective", default="all_to_all",
@@ -23,13 +23,20 @@ def register(sub) -> None:
     p.add_argument("-b", "--minbytes", default="64M", help="smallest size per rank (nccl-tests -b), default 64M")
     p.add_argument("-e", "--maxbytes", default=None, help="largest size (nccl-tests -e), default = -b")
     p.add_argument("-f", "--stepfactor", type=float, default=4.0, help="size multiplication factor (-f), default 4")
-    p.add_argument("--routing", default="ecmp,spray", help="ecmp, spray or both (default ecmp,spray)")
+    p.add_argument("--routing", default="flow,spray",
+                   help=f"comma list of {', '.join(model.ROUTINGS)} (ecmp = flow); default flow,spray")
     p.add_argument("--hosts", type=int, default=None, help="hosts in the job (default: all)")
     p.add_argument("--placement", choices=("packed", "random"), default="random",
                    help="job placement: first hosts in order, or a random set in random ring order (default)")
     p.add_argument("--qps", type=int, default=4, help="connections (queue pairs) per rank pair, default 4")
     p.add_argument("--max-steps", type=int, default=16,
-                   help="all-to-all: distinct steps modelled (evenly sampled), default 16")
+                   help="flowlet and broadcast: distinct steps modelled, default 16")
+    p.add_argument("--exact-pairs", type=int, default=model.EXACT_PAIRS,
+                   help=f"all-to-all: rank pairs modelled exactly up to this many, sampled above "
+                        f"(the sampling error is printed), default {model.EXACT_PAIRS}")
+    p.add_argument("--entropy-values", type=int, default=model.ENTROPY_VALUES,
+                   help=f"entropy values (source ports) per plane a NIC uses, as the RoCE transport's ports_per_nic "
+                        f"(capped at the entropy map's path count), default {model.ENTROPY_VALUES}")
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=DEFAULT_DETECT,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
@@ -86,20 +93,32 @@ def cmd_model(args) -> int:
         return cmd_study(args)
     scenario = load_scenario(args)
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
-    for r in routings:
-        if r not in model.ROUTINGS:
-            raise UserError(f"--routing: unknown {r!r} (choose from {', '.join(model.ROUTINGS)})")
+    try:
+        routings = [model.routing_name(r) for r in routings]
+    except UserError:
+        raise UserError(f"--routing: choose from {', '.join(model.ROUTINGS)} (ecmp = flow), "
+                        f"got {args.routing!r}") from None
     lo = parse_size(args.minbytes)
     hi = parse_size(args.maxbytes) if args.maxbytes else lo
     if hi < lo:
         raise UserError(f"-e {args.maxbytes} is below -b {args.minbytes}")
     sizes = sweep(lo, hi, args.stepfactor)
+    if args.entropy_values < 1:
+        raise UserError(f"--entropy-values must be at least 1, got {args.entropy_values}")
     t0 = time.perf_counter()
-    g = graph.build(scenario)
-    failed = model.random_fabric_links(g, args.fail_links, args.seed) if args.fail_links else None
-    net = model.Network(g, failed)
-    print(f"# {scenario.name}: fabric built and indexed in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps)
+    failed = None
+    if args.fail_links:
+        g = graph.build(scenario)
+        failed = model.random_fabric_links(g, args.fail_links, args.seed)
+        net = model.Network(g, failed, entropy_values=args.entropy_values)
+        how = "built and indexed"
+    else:              # the healthy fabric: the model network is cached between runs
+        net, cached = model.cached_network(scenario, entropy_values=args.entropy_values)
+        g = net.g
+        how = f"loaded from the cache {model.cache_dir()}" if cached else "built, indexed and cached"
+    print(f"# {scenario.name}: fabric {how} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps,
+              exact_pairs=args.exact_pairs)
     results = []
     for size in sizes:
         for routing in routings:
@@ -108,9 +127,10 @@ def cmd_model(args) -> int:
     if failed:
         detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
-                                           routing=r, **kw) for r in routings}
+                                           routing=r, entropy_values=args.entropy_values, **kw)
+                   for r in routings}
     if args.json:
-        json.dump({"scenario": scenario.name, "results": [r.__dict__ for r in results],
+        json.dump({"scenario": scenario.name, "results": [r.as_dict() for r in results],
                    "failure": failure}, sys.stdout, indent=2, default=float)
         print()
         return 0
@@ -120,21 +140,25 @@ def cmd_model(args) -> int:
           f"NIC {first.nic_gbps:g} Gbit/s ({scenario.planes} planes x {scenario.host_rate_gbps:g}G)")
     print(f"# {'size (B)':>12} {'routing':>8} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} "
           f"{'of line':>8} {'conn. Gbit/s mean/min':>22}")
-    for r in results:
-        step = r.detail["steps"][0]
+    for r in results:      # connection rates: max-min, over every step modelled
         print(f"  {r.size_bytes:>12} {r.routing:>8} {r.time_s * 1e6:>12.1f} {r.algbw_gbs:>13.2f} "
               f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} "
-              f"{step['rate_gbps_mean']:>13.1f} / {step['rate_gbps_min']:<6.1f}")
+              f"{r.rate_gbps_mean:>13.1f} / {r.rate_gbps_min:<6.1f}")
     for r in results:
         if r.stalled_connections:
             print(f"# {r.routing}, {r.size_bytes} B: {_stalled(r.stalled_connections, r.stalled_pairs)}")
-    if len(routings) == 2:
+    if len(routings) > 1 and routings[0] == "flow":
         for size in sizes:
             pair = {r.routing: r for r in results if r.size_bytes == size}
-            print(f"# {size} B: spray / ecmp busbw = {pair['spray'].busbw_gbs / pair['ecmp'].busbw_gbs:.2f}x")
-    if first.steps_modelled < first.steps_distinct:
-        print(f"# {first.steps_modelled} of {first.steps_distinct} distinct steps modelled (evenly sampled; "
-              f"raise --max-steps for more)")
+            base = pair["flow"].busbw_gbs
+            ratios = ", ".join(f"{k} / flow {v.busbw_gbs / base:.2f}x"
+                               for k, v in pair.items() if k != "flow" and base)
+            print(f"# {size} B busbw: {ratios}")
+    for r in results:
+        if r.steps and r.steps[0].sampled > 1:
+            print(f"# {r.routing}, {r.size_bytes} B: all-to-all sampled, each modelled pair standing for "
+                  f"{r.steps[0].sampled:.0f}; relative standard error of the time {r.sampling_error:.2%} "
+                  f"(4 independent samples)")
     if failure:
         print(f"# {args.fail_links} leaf-spine link(s) failed at the start of the collective "
               f"({sizes[-1]} B):")

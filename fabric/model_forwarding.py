@@ -1,0 +1,202 @@
+"""The flow model's forwarding: the controller compiler's routes and entropy selection as arrays.
+
+One source of truth. The model does not route by itself: it reads, per plane, the next-hop
+sets the compiler installs (``hpnlab.controller.compiler.switch_actions``: valley-free
+shortest paths over the live links, the same per-destination-leaf actions that the
+aggregated longest-prefix routes encode, with de-aggregation after failures and the
+detours a switch keeps for a dead one-port way), and how each switch's entropy table
+sends a UDP source port to one port of a set:
+
+* a set's role (leaf-up, spine-up, core-across, core-down, spine-down) reads its bit
+  field of the controller's entropy map (``compiler.entropy_map``); pattern ``i`` of that
+  field goes to port ``i mod n`` of the set (ports sorted);
+* a set the compiler encodes as "a healthy set without port j" (after a failure, the
+  route writes the healthy set's metadata with "avoid j") sends port j's patterns round
+  robin over the set's other ports (``compiler.avoid_flows``);
+* every choice goes through a fast-failover group [chosen port, the next 3 of the set]:
+  the first live one forwards.
+
+The transport's entropy values (``EntropyMap.low_bits(k)``, k = 0, 1, ...: what the RoCE
+transport binds its source ports to) are the columns of a choice table per next-hop set;
+a path is then a few array lookups per hop, vectorised over every flow of a step. The
+scalar :meth:`Forwarding.leaf_path` answers the same for one source port, which is what
+tests/test_model_forwarding.py compares with the table interpreter (controller/oftable.py)
+walking the compiled tables, for every host pair and every entropy pattern, with and
+without failures.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
+
+
+class Forwarding:
+    """Per switch and destination leaf, the compiler's next-hop choice for every entropy value.
+
+    ``port_link[s, port]``: the directed link id (of the model's :class:`Network`) out of switch
+    ``s`` (index in sorted switch names) by that port; ``head``: directed link id -> index of
+    the switch it leads to (-1: a host). ``sports``: the source ports whose choices are
+    tabulated (the columns of the tables). ``converged=False``: the healthy routes with the
+    failed ports dead (what the fast-failover groups alone do before the controller's update).
+    """
+
+    def __init__(self, g: nx.MultiGraph, port_link: np.ndarray, head_switch: np.ndarray,
+                 failed: set | None = None, sports: list[int] | None = None, converged: bool = True):
+        from hpnlab.controller import compiler as cc  # the model reads the compiler (no cycle at import)
+        self.g = g
+        self.ix = ix = cc.index_of(g)
+        self.emap = cc.entropy_map(g)
+        self.failures = cc.Failures.of(failed or ())
+        if sports is None:
+            sports = [self.emap.low_bits(k) for k in range(self.emap.path_count())]
+        self.sports = list(sports)
+        nv = len(self.sports)
+        self.switches = sorted(ix.sw)
+        self.sw_index = sw_index = {s: i for i, s in enumerate(self.switches)}
+        leaves = [s for s in self.switches if ix.sw[s].tier == 1]
+        self.leaves = leaves
+        self.leaf_index = leaf_index = {s: i for i, s in enumerate(leaves)}
+        self.leaf_sw = np.array([sw_index[s] for s in leaves], dtype=np.int64)
+        self.head = head_switch
+        self.port_link = port_link
+        dead_ports = cc._dead_ports(ix, self.failures) if self.failures else {}
+        self.dead_ports = dead_ports
+        acts = cc.switch_actions(g, self.failures) if converged else cc.switch_actions(g, None)
+        n_sw, n_leaf = len(self.switches), len(leaves)
+        # single[s, d]: directed link of a one-port way (-1: none); multi[s, d]: row of the choice table
+        self.single = np.full((n_sw, n_leaf), -1, dtype=np.int32)
+        self.multi = np.full((n_sw, n_leaf), -1, dtype=np.int32)
+        choice_rows: list[list[int]] = []
+        plane_leaves: dict[int, list[int]] = {}
+        for name in leaves:
+            plane_leaves.setdefault(ix.sw[name].plane, []).append(leaf_index[name])
+        plane_cols = {p: np.array(v, dtype=np.int64) for p, v in plane_leaves.items()}
+        one_s: list[int] = []          # one-port ways of live ports, assigned at once below
+        one_d: list[int] = []
+        one_p: list[int] = []
+        for name, (default, exceptions) in acts.items():
+            sw = ix.sw[name]
+            cols = plane_cols.get(sw.plane)
+            if cols is None:
+                continue
+            si = sw_index[name]
+            dead = dead_ports.get(name, set())
+            memo: dict[tuple, tuple[int, int]] = {}
+            s0, m0 = self._encode(cc, sw, si, default, dead, memo, choice_rows)
+            self.single[si, cols] = s0
+            self.multi[si, cols] = m0
+            for dn, ports in exceptions.items():
+                if len(ports) == 1 and ports[0] not in dead:
+                    one_s.append(si)
+                    one_d.append(leaf_index[dn])
+                    one_p.append(ports[0])
+                    continue
+                d = leaf_index[dn]
+                self.single[si, d], self.multi[si, d] = self._encode(cc, sw, si, ports, dead, memo, choice_rows)
+        if one_s:
+            si_a, d_a = np.array(one_s), np.array(one_d)
+            self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
+            self.multi[si_a, d_a] = -1
+        self.choice = np.array(choice_rows, dtype=np.int32).reshape(len(choice_rows), nv)
+
+    # -- the compiler's selection, one set at a time -------------------------------------------------
+
+    def _encode(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set, memo: dict,
+                choice_rows: list) -> tuple[int, int]:
+        """(one-port link, row of the choice table) of a next-hop set at ``sw`` (-1: none)."""
+        got = memo.get(ports)
+        if got is None:
+            if not ports:
+                got = (-1, -1)
+            elif len(ports) == 1:
+                # a dead one-port way's detour group bounces packets through another switch,
+                # which the model does not follow: no path
+                got = (-1 if ports[0] in dead else int(self.port_link[si, ports[0]]), -1)
+            else:
+                choice_rows.append(self._choose(cc, sw, si, ports, dead))
+                got = (-1, len(choice_rows) - 1)
+            memo[ports] = got
+        return got
+
+    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> list[int]:
+        """Per tabulated source port, the directed link a switch's entropy table and
+        fast-failover group send it to (-1: every bucket dead)."""
+        ix = self.ix
+        pr = ix.protection(sw)
+        enc = pr.encode(ports)
+        full, gone = ports, None
+        if enc is not None and enc and enc[0][0] == "metadata":
+            meta = enc[0][1]
+            if meta >> 32:                       # "the healthy set ``full`` without its port ``gone``"
+                base = meta & cc.FULL
+                full = next(p for p, m in pr.metas.items() if m == base)
+                gone = (meta >> 32) - 1
+        off, bits = cc._field(ix, sw, full)
+        n = len(full)
+        out = []
+        for sport in self.sports:
+            i = (sport >> off) & ((1 << bits) - 1)
+            j = i % n
+            if gone is not None and j == gone:   # port gone's patterns dealt over the others in turn
+                others = list(range(gone + 1, n)) + list(range(gone))
+                j = others[((i - gone) // n) % (n - 1)]
+            link = -1
+            for t in range(min(n, 1 + cc.FF_BACKUPS)):    # the fast-failover group [j, j+1, ...]
+                p = full[(j + t) % n]
+                if p not in dead:
+                    link = int(self.port_link[si, p])
+                    break
+            out.append(link)
+        return out
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("g", "ix", "emap", "failures", "dead_ports"):
+            state.pop(k, None)
+        return state
+
+    # -- paths -------------------------------------------------------------------------------------
+
+    def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Directed link ids from leaf to leaf (leaf indices), for entropy column ``value``:
+        (links (m, MAX_HOPS), -1 padded; ok (m,) bool: the walk reached its leaf)."""
+        m = len(src_leaf)
+        links = np.full((m, MAX_HOPS), -1, dtype=np.int32)
+        cur = self.leaf_sw[src_leaf]
+        target = self.leaf_sw[dst_leaf]
+        going = cur != target
+        ok = ~going
+        for h in range(MAX_HOPS):
+            idx = np.flatnonzero(going)
+            if not len(idx):
+                break
+            c, d = cur[idx], dst_leaf[idx]
+            lk = self.single[c, d]
+            row = self.multi[c, d]
+            has_row = row >= 0
+            if has_row.any():
+                lk = lk.copy()
+                lk[has_row] = self.choice[row[has_row], value[idx[has_row]]]
+            dead_end = lk < 0
+            links[idx, h] = lk
+            nxt = np.where(dead_end, -1, self.head[np.maximum(lk, 0)])
+            cur[idx] = nxt
+            arrived = nxt == target[idx]
+            ok[idx[arrived]] = True
+            going[idx[arrived | dead_end]] = False
+            links[idx[dead_end], :] = -1
+        return links, ok
+
+    def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
+        """One source port's directed links from leaf to leaf (None: no path), for the tests."""
+        col = self.sports.index(sport)
+        links, ok = self.walk(np.array([self.leaf_index[src_leaf]]), np.array([self.leaf_index[dst_leaf]]),
+                              np.array([col]))
+        return [int(x) for x in links[0] if x >= 0] if ok[0] else None
+
+    def reaches(self, src_leaf: str, dst_leaf: str) -> bool:
+        return self.leaf_path(src_leaf, dst_leaf, self.sports[0]) is not None
