@@ -13,6 +13,9 @@ PYTEST     := $(VENV)/bin/pytest
 APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps \
               python3-venv python3-dev clang llvm libbpf-dev bpftool make
 PIP_EXTRAS := emulation,controller,report,test,lint
+# The pure tests run in this many pytest-xdist workers (0: in one process); the emulation
+# tests always run one at a time (they share Open vSwitch and the machine's packet budget).
+PURE_JOBS  ?= 2
 DEMO_SCENARIO ?= mini-hpn
 
 .PHONY: all install apt venv ovs demo test test-unit test-emulation test-kernel lint bench clean-venv help
@@ -59,12 +62,12 @@ demo: install
 # Pure tests first (fast, no root), then the emulation tests (root, real OVS),
 # then the full-kernel lane (a stock Debian kernel under qemu).
 test: install
-	$(PYTEST) -m "not emulation and not controller and not kernel" -q
+	$(PYTEST) -m "not emulation and not controller and not kernel" -q -n $(PURE_JOBS)
 	$(PYTEST) -m "(emulation or controller) and not kernel" -q
 	$(MAKE) --no-print-directory test-kernel
 
 test-unit: venv
-	$(PYTEST) -m "not emulation and not controller and not kernel" -q
+	$(PYTEST) -m "not emulation and not controller and not kernel" -q -n $(PURE_JOBS)
 
 test-emulation: install
 	$(PYTEST) -m "(emulation or controller) and not kernel" -q
