@@ -16,7 +16,7 @@ from typing import NoReturn
 from hpnlab.fabric.errors import UserError, one_line
 
 # Order is the order `hpnlab --help` lists them in.
-COMMANDS = ["topo", "check", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo"]
+COMMANDS = ["topo", "check", "model", "doctor", "emulate", "clean", "controller", "run", "collective", "demo", "web"]
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -49,6 +49,7 @@ def observe_faults(faults: Any, on_fault: Callable[[dict[str, Any]], None]) -> C
 
         def wrapped(*args: Any, **kwargs: Any) -> float:
             applied = original(*args, **kwargs)
+            rec: dict[str, Any]
             if action.startswith("switch"):
                 rec = {"action": action, "target": [args[0] if args else kwargs["name"]], "key": None, "side": None}
             else:

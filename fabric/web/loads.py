@@ -2,9 +2,10 @@
 
 ``hpnlab model`` reports a collective's time and busbw, not where its traffic went. This adds
 the smallest export that the view needs: for each modelled step, the utilisation of every link
-direction at the step's start (the max-min fair rates of its connections, ``model.max_min_rates``,
-summed per directed link over the link's capacity), summed per aggregated group link when the
-fabric is drawn aggregated (then: the group's load over the group's capacity). It uses the
+direction over the step: the bits the model routes over it, drained at its capacity, as a share
+of the step's time (the model's step time is the busiest link's drain time, ``model.drain_times``,
+so the busiest link shows 1.0); per aggregated group link when the fabric is drawn aggregated
+(then: the group's bits over the group's capacity). It uses the
 model's own routing (``model.route_step``) and steps (``model.steps``), so the loads are those the
 model's times come from; a sprayed connection's share of a bundle is spread over the bundle's
 links by capacity.
@@ -16,7 +17,6 @@ replays: ``{"scenario", "model": the ModelResult fields, "loads": {"collective",
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from collections import defaultdict
 from typing import Any
@@ -56,30 +56,24 @@ def _direction_groups(g: nx.MultiGraph, lay: dict[str, Any]) -> tuple[np.ndarray
     return np.array(out_idx, dtype=int), np.array(out_dir, dtype=int), ids, cap
 
 
-def step_loads(net: model.Network, routed: model.RoutedStep) -> np.ndarray:
-    """Gbit/s on every directed link of ``net`` at the step's start (max-min fair rates)."""
-    n_flows = len(routed.size_bits)
-    out = np.zeros(net.n_links)
-    if n_flows == 0:
-        return out
-    rates = model.max_min_rates(routed.flow_idx, routed.link_idx, routed.weight, net.cap_all, n_flows)
-    rates = np.where(np.isfinite(rates), rates, 0.0)
-    load = np.bincount(routed.link_idx, weights=routed.weight * rates[routed.flow_idx], minlength=len(net.cap_all))
-    out += load[:net.n_links]
+def step_bits(net: model.Network, routed: model.RoutedStep) -> np.ndarray:
+    """Bits routed over every directed link of ``net`` in one step (what ``model.drain_times``
+    drains); a bundle's (sprayed) bits are spread over its links by capacity."""
+    load = np.bincount(routed.link_idx, weights=routed.weight * routed.size_bits[routed.flow_idx],
+                       minlength=len(net.cap_all)) if len(routed.size_bits) else np.zeros(len(net.cap_all))
+    out = load[:net.n_links].copy()
     if len(load) > net.n_links and net.bundle_of:
         members: dict[int, list[int]] = defaultdict(list)
         for link, bundle in net.bundle_of.items():
             members[bundle].append(link)
         for bundle, links in members.items():
-            if load[bundle] <= 0:
-                continue
             caps = net.cap[links]
-            total = caps.sum()
-            if total > 0:
-                out[links] += load[bundle] * caps / total
+            if load[bundle] > 0 and caps.sum() > 0:
+                out[links] += load[bundle] * caps / caps.sum()
     return out
 
 
+@view._no_gc
 def model_loads(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: str = "ecmp",
                 hosts: int | None = None, placement: str = "packed", qps: int = 4, seed: int = 1,
                 failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
@@ -99,12 +93,18 @@ def model_loads(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: 
     for mult, pairs, nbytes in model.steps(canonical(collective), job, size_bytes, max_steps=max_steps,
                                            seed=seed, rails=s.rails):
         routed = model.route_step(net, job, pairs, nbytes, routing, qps, rnd, switch_latency_us)
-        gbps = step_loads(net, routed)
+        bits = step_bits(net, routed)
         per = np.zeros((len(ids), 2))
-        np.add.at(per, (idx, direction), gbps)
-        util = np.divide(per, cap[:, None], out=np.zeros_like(per), where=cap[:, None] > 0)
-        r = model.run_step(net, job, pairs, nbytes, routing, qps, random.Random(seed), switch_latency_us)
-        steps.append({"multiplicity": mult, "time_us": r.time_s * 1e6 if math.isfinite(r.time_s) else None,
+        np.add.at(per, (idx, direction), bits)
+        # the model's step time: the busiest link's drain time; a link's utilisation is its share of it
+        drain = np.divide(bits, net.cap * 1e9, out=np.zeros_like(bits), where=net.cap > 0)
+        makespan = float(drain.max()) if len(drain) else 0.0
+        util = (np.divide(per, cap[:, None] * 1e9 * makespan, out=np.zeros_like(per), where=cap[:, None] > 0)
+                if makespan > 0 else np.zeros_like(per))
+        stalled = routed.stalled > 0
+        steps.append({"multiplicity": mult,
+                      "time_us": None if stalled else (makespan * 1e6 + routed.latency_us),
+                      "stalled": routed.stalled,
                       "links": {ids[i]: [round(float(util[i, 0]), 4), round(float(util[i, 1]), 4)]
                                 for i in np.flatnonzero(per.sum(axis=1) > 0)}})
     res = dataclasses.asdict(result)

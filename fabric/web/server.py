@@ -124,7 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: WebServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:   # noqa: A002 (http.server's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, body: bytes, ctype: str, status: int = 200) -> None:
@@ -138,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _json(self, value: Any, status: int = 200) -> None:
         self._send(json.dumps(value, separators=(",", ":")).encode(), "application/json", status)
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         url = urlparse(self.path)
         src = self.server.source
         path = url.path
@@ -186,7 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _may_inject(self) -> bool:
         return self.server.allow_remote or is_loopback(self.client_address[0])
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if urlparse(self.path).path != "/inject":
             self._send(b"not found", "text/plain", HTTPStatus.NOT_FOUND)
             return
@@ -216,7 +216,8 @@ class WebServer(ThreadingHTTPServer):
         try:
             super().__init__((addr, port), _Handler)
         except OSError as exc:
-            raise UserError(f"--web: cannot listen on {addr}:{port} ({exc.strerror}); choose another ADDR:PORT") from None
+            raise UserError(f"--web: cannot listen on {addr}:{port} ({exc.strerror}); "
+                            "choose another ADDR:PORT") from None
         self.source = source
         self.allow_remote = allow_remote
         self.period_s = period_s
@@ -232,7 +233,8 @@ class WebServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        host = host.decode() if isinstance(host, bytes) else str(host)
+        return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
     def start(self) -> WebServer:
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True,

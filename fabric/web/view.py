@@ -27,15 +27,19 @@ and a still of any moment is this function's output.
 """
 from __future__ import annotations
 
+import gc
+import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import networkx as nx
 
+P = ParamSpec("P")
+R = TypeVar("R")
 #: above this many links the layout is aggregated by plane, pod and tier
 MAX_LINKS = 4000
 #: groups per (plane, pod, tier) in an aggregated layout
@@ -112,6 +116,23 @@ def layout(g: nx.MultiGraph, max_links: int = MAX_LINKS, bins: int = DEFAULT_BIN
     return detailed_layout(g)
 
 
+def _no_gc(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run without the cyclic garbage collector: at 130k scale the graph holds millions of dicts, which
+    every collection would rescan (as ``graph.build`` does; nothing here makes cycles)."""
+    import functools
+
+    @functools.wraps(fn)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return run
+
+
 def _emulated_mbps(g: nx.MultiGraph, rate_gbps: float) -> float | None:
     s = g.graph.get("scenario")
     if s is None or getattr(s, "emulation", None) is None:
@@ -157,6 +178,7 @@ def group_of(d: Mapping[str, Any], name: str, index_in_tier: int, count_in_tier:
     return f"p{_plane(d)}/{where}/{TIER_NAMES[d['tier']]}/{b}"
 
 
+@_no_gc
 def groups(g: nx.MultiGraph, bins: int = DEFAULT_BINS) -> dict[str, str]:
     """Node name -> its aggregated group id (hosts: one entry per host, in plane 0's groups)."""
     by: dict[tuple, list[tuple[str, dict]]] = defaultdict(list)
@@ -171,6 +193,7 @@ def groups(g: nx.MultiGraph, bins: int = DEFAULT_BINS) -> dict[str, str]:
     return out
 
 
+@_no_gc
 def aggregated_layout(g: nx.MultiGraph, bins: int = DEFAULT_BINS) -> dict[str, Any]:
     """The fabric by plane, pod and tier: nodes are groups of switches (or hosts), links are the sum
     of the links between two groups (``members``: how many; ``rate_gbps``: their total)."""
@@ -191,20 +214,24 @@ def aggregated_layout(g: nx.MultiGraph, bins: int = DEFAULT_BINS) -> dict[str, A
         else:
             node_rows[e["plane"]][e["tier"]].append((gid, e))
     panels, nodes, width, height = _panels(node_rows)
+    acc: dict[tuple, list] = defaultdict(lambda: [0, 0.0])
+    for u, v, d in g.edges(data=True):        # a million links at 130k: keep this loop lean
+        tally = acc[of[u], of[v], d["kind"], d.get("plane")]
+        tally[0] += 1
+        tally[1] += d["rate_gbps"]
     agg: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for u, v, d in g.edges(data=True):
-        gu, gv = of[u], of[v]
+    for (gu, gv, kind, host_plane), (members, rate) in acc.items():
         a, b = sorted((gu, gv), key=lambda x: (info[x]["tier"], x))
-        plane = _plane(d) if d["kind"] == "host" else info[b]["plane"]
-        e = agg.get((a, b, plane))
-        if e is None:
+        plane = int(host_plane) if kind == "host" and host_plane is not None else info[b]["plane"]
+        link = agg.get((a, b, plane))
+        if link is None:
             ea = f"{a}@{plane}" if info[a]["tier"] == 0 else a
             eb = f"{b}@{plane}" if info[b]["tier"] == 0 else b
-            e = agg[a, b, plane] = {"id": f"{a}-{b}/{plane}", "a": a, "b": b, "key": plane, "ea": ea, "eb": eb,
-                                    "kind": d["kind"], "plane": plane, "rail": None,
-                                    "long_haul": d["kind"] == "long-haul", "rate_gbps": 0.0, "members": 0}
-        e["rate_gbps"] += d["rate_gbps"]
-        e["members"] += 1
+            link = agg[a, b, plane] = {"id": f"{a}-{b}/{plane}", "a": a, "b": b, "key": plane, "ea": ea, "eb": eb,
+                                    "kind": kind, "plane": plane, "rail": None,
+                                    "long_haul": kind == "long-haul", "rate_gbps": 0.0, "members": 0}
+        link["rate_gbps"] += rate
+        link["members"] += members
     return {"scenario": g.graph.get("name") or "", "aggregated": True, "bins": bins, "width": width,
             "height": height, "panels": panels, "nodes": nodes, "links": list(agg.values()),
             "counts": {"switches": sum(1 for _, d in g.nodes(data=True) if d["tier"] > 0),
@@ -315,7 +342,7 @@ def util_colour(util: float | None, state: str = "up") -> str:
     if util is None or util <= 0.005:
         return IDLE
     u = min(max(util, 0.0), 1.0)
-    for (x0, c0), (x1, c1) in zip(SCALE, SCALE[1:], strict=False):
+    for (x0, c0), (x1, c1) in itertools.pairwise(SCALE):
         if u <= x1:
             f = (u - x0) / (x1 - x0) if x1 > x0 else 1.0
             return "#" + "".join(f"{round(a + (b - a) * f):02x}" for a, b in zip(c0, c1, strict=True))
@@ -465,7 +492,7 @@ def replay_frames(lay: Mapping[str, Any], doc: Mapping[str, Any], step_s: float 
     meta = doc.get("meta") or {}
     end = max([float(meta.get("wall_s") or 0.0)] + [t for t, _ in samples] + [r["t"] for r in records])
     frames = []
-    n = int(math.floor(end / step_s)) + 1
+    n = math.floor(end / step_s) + 1
     si = ri = 0
     current: list[dict[str, Any]] = []
     st = Failures()
