@@ -5,6 +5,8 @@ const state = { layout: null, mode: null, idle: "#c7c7c7", frame: null, frames: 
                 links: {}, received: [], inject: false };
 window.hpnlabStats = { frames: 0, rate: 0, lastT: null, applied: 0 };
 
+// a moment: seconds, or microseconds for a model run's steps
+function fmtT(t) { return t > 0 && t < 0.01 ? `${(t * 1e6).toFixed(2)} µs` : `${t.toFixed(2)} s`; }
 function fmt(v, unit) { return v === null || v === undefined ? "—" : (Math.round(v * 100) / 100) + (unit || ""); }
 
 function applyFrame(fr) {
@@ -27,7 +29,7 @@ function applyFrame(fr) {
   }
   const down = new Set(fr.switches_down || []);
   for (const [id, shape] of Object.entries(state.nodes)) shape.classList.toggle("down", down.has(id));
-  $("clock").textContent = `t = ${fr.t.toFixed(1)} s`;
+  $("clock").textContent = `t = ${fmtT(fr.t)}`;
   const c = fr.collective || {};
   $("collective").textContent = Object.keys(c).length ? Object.entries(c).map(([k, v]) => `${k}: ${typeof v === "number" ? fmt(v) : v}`).join("\n") : "—";
   const k = fr.controller || {};
@@ -121,7 +123,7 @@ async function exportPng() { download(stillName("png"), await pngDataUrl()); }
 
 function showAt(i) {
   const fr = state.frames[i]; if (!fr) return;
-  $("scrubber").value = i; $("scrubt").textContent = `${fr.t.toFixed(2)} s / ${state.frames[state.frames.length - 1].t.toFixed(2)} s`;
+  $("scrubber").value = i; $("scrubt").textContent = `${fmtT(fr.t)} / ${fmtT(state.frames[state.frames.length - 1].t)}`;
   applyFrame(fr);
 }
 // the frame at time t: the last at or before it (as view.frame_at)
