@@ -11,7 +11,7 @@ HPNLAB     := $(VENV)/bin/hpnlab
 PYTEST     := $(VENV)/bin/pytest
 # apt packages the project uses at run time and in its tests.
 APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps \
-              python3-venv python3-dev clang llvm libbpf-dev bpftool make
+              python3-venv python3-dev clang llvm libbpf-dev bpftool make chromium
 PIP_EXTRAS := emulation,controller,report,test,lint
 DEMO_SCENARIO ?= mini-hpn
 

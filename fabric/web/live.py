@@ -128,6 +128,8 @@ class LiveSource(Source):
         self._stop = threading.Event()
         self._slow_at = 0.0
         self.frames_made = 0
+        self.cpu_s = 0.0                                # CPU seconds of the frame loop (its thread)
+        self.error: str | None = None                   # the last error of the frame loop
         self._undo = observe_faults(emu.faults, self.on_fault) if hasattr(emu, "faults") else (lambda: None)
         self._thread = threading.Thread(target=self._loop, daemon=True, name="hpnlab-web-live")
 
@@ -211,10 +213,15 @@ class LiveSource(Source):
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
-            if started - self._slow_at >= 1.0:
-                self._slow_at = started
-                self._slow()
-            self.publish(self.make_frame())
+            cpu = time.thread_time()
+            try:
+                if started - self._slow_at >= 1.0:
+                    self._slow_at = started
+                    self._slow()
+                self.publish(self.make_frame())
+            except Exception as exc:          # one bad reading must not end the view: say it, go on
+                self.error = f"{type(exc).__name__}: {exc}"
+            self.cpu_s += time.thread_time() - cpu
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - started)))
 
     def start(self) -> LiveSource:

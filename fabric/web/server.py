@@ -9,6 +9,7 @@ Endpoints:
   of now (live), the same picture the page shows;
 - ``GET /events``: Server-Sent Events, one frame (JSON) per ``period_s`` (default 0.5 s);
 - ``GET /frames.json``: every frame of a replay (the page's scrubber);
+- ``GET /stats.json``: frames made and sent, and the CPU seconds the view's threads spent on them;
 - ``POST /inject`` (live only): a fault as a timeline event (``{"action": "link_down", "link":
   ["p0l0", "p0s0"], "key": 0, "side": ...}`` or ``{"action": "switch_down", "switch": "p0s1"}``; or
   ``{"action": "repair", "link"|"switch": ...}``), validated by ``timeline.parse`` and applied by
@@ -160,6 +161,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(src.frames())
         elif path == "/events":
             self._events()
+        elif path == "/stats.json":
+            self._json(self.server.stats())
         else:
             self._send(b"not found", "text/plain", HTTPStatus.NOT_FOUND)
 
@@ -175,11 +178,13 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             while not self.server.stopping.is_set():
                 seq, fr = src.wait(seq, timeout=max(1.0, 2 * self.server.period_s))
+                cpu = time.thread_time()
                 if fr is None:
                     self.wfile.write(b": waiting\n\n")
                 else:
                     self.wfile.write(b"data: " + json.dumps(fr, separators=(",", ":")).encode() + b"\n\n")
                 self.wfile.flush()
+                self.server.count_sent(time.thread_time() - cpu)
         except (BrokenPipeError, ConnectionResetError, OSError):
             return
 
@@ -224,6 +229,21 @@ class WebServer(ThreadingHTTPServer):
         self.stopping = threading.Event()
         self._svg: bytes | None = None
         self._thread: threading.Thread | None = None
+        self._stats_lock = threading.Lock()
+        self.sent = 0
+        self.send_cpu_s = 0.0
+
+    def count_sent(self, cpu_s: float) -> None:
+        with self._stats_lock:
+            self.sent += 1
+            self.send_cpu_s += cpu_s
+
+    def stats(self) -> dict[str, Any]:
+        """Frames made and sent and the CPU seconds they took (the frame loop's and the streams' threads)."""
+        src = self.source
+        return {"frames_made": getattr(src, "frames_made", 0), "frame_cpu_s": round(getattr(src, "cpu_s", 0.0), 4),
+                "frames_sent": self.sent, "send_cpu_s": round(self.send_cpu_s, 4), "monotonic": time.monotonic(),
+                "error": getattr(src, "error", None)}
 
     def fabric_svg(self) -> bytes:
         if self._svg is None:
