@@ -403,7 +403,7 @@ def frame(lay: Mapping[str, Any], t: float, loads: Mapping[str, Mapping[str, Map
         if gray:
             entry["gray_side"] = gray
         links[lid] = entry
-    return {"t": round(float(t), 3), "links": links, "switches_down": sorted(st.switches),
+    return {"t": round(float(t), 9), "links": links, "switches_down": sorted(st.switches),
             "collective": dict(collective or {}), "controller": dict(controller or {}), "events": list(events)}
 
 
