@@ -230,7 +230,8 @@ class LiveSource(Source):
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._undo()
 
 
