@@ -247,3 +247,23 @@ def test_replay_server_serves_the_page_the_frames_and_a_still_and_refuses_inject
         assert err.value.code == 400
     finally:
         srv.stop()
+
+
+def test_hpnlab_web_replay_writes_the_still_of_a_moment(tmp_path, lay, capsys):
+    from pathlib import Path
+
+    from hpnlab.cli.main import main
+    stored = Path(__file__).parent / "data" / "web-replay-run.json"
+    out = tmp_path / "t2.svg"
+    assert main(["web", "replay", str(stored), "--still", str(out), "--at", "2"]) == 0
+    frames = view.replay_frames(lay, json.loads(stored.read_text()))
+    assert out.read_text() == view.svg(lay, view.frame_at(frames, 2.0))
+
+
+def test_hpnlab_web_replay_of_a_file_with_nothing_to_replay_is_one_line(tmp_path, capsys):
+    from hpnlab.cli.main import main
+    empty = tmp_path / "empty.json"
+    empty.write_text('{"meta": {"scenario": "mini-hpn"}}')
+    assert main(["web", "replay", str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing to replay" in err

@@ -91,6 +91,8 @@ def cmd_replay(args) -> int:
                         f"the view of {g.graph.get('name')} is not")
     if args.step <= 0:
         raise UserError("--step must be > 0")
+    if not (doc.get("telemetry") or "loads" in doc or view.timeline_records(doc)):
+        raise UserError(f"{args.results}: nothing to replay (no telemetry, failure records or model loads in it)")
     frames = view.replay_frames(lay, doc, args.step)
     if args.still:
         fr = view.frame_at(frames, args.at if args.at is not None else frames[-1]["t"])
