@@ -199,8 +199,9 @@ def test_model_loads_are_per_step_utilisations_of_real_links(mini, lay):
     ids = {lk["id"] for lk in lay["links"]}
     for s in steps:
         assert set(s["links"]) <= ids
-        assert all(0 <= u <= 1.0 + 1e-6 for pair in s["links"].values() for u in pair)
-        assert max(u for pair in s["links"].values() for u in pair) == pytest.approx(1.0)   # max-min: a bottleneck
+        assert all(0 <= x <= 1.0 + 1e-6 for u in s["links"].values() for x in u)
+        assert max(x for u in s["links"].values() for x in u) == pytest.approx(1.0)   # the busiest link
+        assert all(u[2:] == u[:2] for u in s["links"].values())     # drawn link by link: a link is its own peak
     frames = view.replay_frames(lay, doc)
     assert len(frames) == 3 and frames[1]["t"] == pytest.approx(steps[0]["time_us"] * 1e-6, abs=1e-3)
 
@@ -267,3 +268,14 @@ def test_hpnlab_web_replay_of_a_file_with_nothing_to_replay_is_one_line(tmp_path
     assert main(["web", "replay", str(empty)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nothing to replay" in err
+
+
+def test_aggregated_model_loads_show_a_groups_mean_and_its_busiest_link(mini):
+    from hpnlab.fabric.web import loads
+    agg = view.aggregated_layout(mini, bins=1)
+    doc = loads.model_loads(mini, "all_to_all", 1 << 20, max_steps=2, lay=agg)
+    ids = {lk["id"] for lk in agg["links"]}
+    for s in doc["loads"]["steps"]:
+        assert set(s["links"]) <= ids
+        assert all(u[2] >= u[0] - 1e-9 and u[3] >= u[1] - 1e-9 for u in s["links"].values())
+    assert max(u[2] for s in doc["loads"]["steps"] for u in s["links"].values()) == pytest.approx(1.0)

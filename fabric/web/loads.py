@@ -12,7 +12,8 @@ links by capacity.
 
 The document (:func:`model_loads`) is what ``hpnlab web model`` writes and ``hpnlab web replay``
 replays: ``{"scenario", "model": the ModelResult fields, "loads": {"collective", "routing",
-"busbw_gbs", "aggregated", "steps": [{"time_us", "multiplicity", "links": {link id: [ab, ba]}}]}}``.
+"busbw_gbs", "aggregated", "steps": [{"time_us", "multiplicity", "links": {link id: [ab, ba, peak ab,
+peak ba]}}]}}``: utilisation of the (group) link each way, and of its busiest member link.
 """
 from __future__ import annotations
 
@@ -101,11 +102,17 @@ def model_loads(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: 
         makespan = float(drain.max()) if len(drain) else 0.0
         util = (np.divide(per, cap[:, None] * 1e9 * makespan, out=np.zeros_like(per), where=cap[:, None] > 0)
                 if makespan > 0 else np.zeros_like(per))
+        # the busiest single link of each group link and direction (ECMP collisions hide in a group's mean)
+        link_util = np.divide(drain, makespan, out=np.zeros_like(drain), where=np.full_like(drain, makespan > 0,
+                                                                                            dtype=bool))
+        peak = np.zeros((len(ids), 2))
+        np.maximum.at(peak, (idx, direction), link_util)
         stalled = routed.stalled > 0
         steps.append({"multiplicity": mult,
                       "time_us": None if stalled else (makespan * 1e6 + routed.latency_us),
                       "stalled": routed.stalled,
-                      "links": {ids[i]: [round(float(util[i, 0]), 4), round(float(util[i, 1]), 4)]
+                      "links": {ids[i]: [round(float(util[i, 0]), 4), round(float(util[i, 1]), 4),
+                                         round(float(peak[i, 0]), 4), round(float(peak[i, 1]), 4)]
                                 for i in np.flatnonzero(per.sum(axis=1) > 0)}})
     res = dataclasses.asdict(result)
     res["stalled_pairs"] = len(res["stalled_pairs"])

@@ -519,13 +519,15 @@ def _event_line(r: Mapping[str, Any]) -> dict[str, Any]:
 
 def model_frames(lay: Mapping[str, Any], doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Frames of a model run: one per modelled step, at the step's start, each link (or group
-    link) coloured by the step's utilisation (``loads.steps[i].links``: link id -> [ab, ba])."""
+    link) coloured by the step's utilisation (``loads.steps[i].links``: link id -> [ab, ba, peak ab, peak ba]; the
+    peak, its busiest member link's, shows on hover)."""
     loads = doc["loads"]
     frames = []
     t = 0.0
     for i, step in enumerate(loads["steps"]):
-        per = {lid: {"ab": {"util": ab, "mbps": None}, "ba": {"util": ba, "mbps": None}}
-               for lid, (ab, ba) in step["links"].items()}
+        per = {lid: {"ab": {"util": u[0], "mbps": None, "peak": u[2] if len(u) > 2 else u[0]},
+                     "ba": {"util": u[1], "mbps": None, "peak": u[3] if len(u) > 3 else u[1]}}
+               for lid, u in step["links"].items()}
         collective = {"collective": loads.get("collective"), "routing": loads.get("routing"),
                       "step": i + 1, "steps": len(loads["steps"]), "busbw_gbs": loads.get("busbw_gbs"),
                       "step_time_us": step.get("time_us")}

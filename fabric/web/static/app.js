@@ -65,7 +65,8 @@ function linkText(lid) {
   for (const [d, from, to] of [["ab", lk.a, lk.b], ["ba", lk.b, lk.a]]) {
     const v = e ? e[d] : {};
     lines.push(`${from} → ${to}: ${fmt((v.util || 0) * 100, "%")}, ${fmt(v.mbps, " Mbit/s")}, CE ${fmt(v.ce_pps, "/s")}` +
-               ` (${fmt((v.ce_fraction || 0) * 100, "%")}), drops ${fmt(v.drops)}, queue ${fmt(v.queue_bytes, " B")}`);
+               ` (${fmt((v.ce_fraction || 0) * 100, "%")}), drops ${fmt(v.drops)}, queue ${fmt(v.queue_bytes, " B")}` +
+               (v.peak !== undefined ? `, busiest member link ${fmt(v.peak * 100, "%")}` : ""));
   }
   return lines.join("\n");
 }
