@@ -11,7 +11,7 @@ HPNLAB     := $(VENV)/bin/hpnlab
 PYTEST     := $(VENV)/bin/pytest
 # apt packages the project uses at run time and in its tests.
 APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps \
-              python3-venv python3-dev clang llvm libbpf-dev bpftool make
+              python3-venv python3-dev clang llvm libbpf-dev bpftool make chromium
 PIP_EXTRAS := emulation,controller,report,test,lint
 # The pure tests run in this many pytest-xdist workers (0: in one process); the emulation
 # tests always run one at a time (they share Open vSwitch and the machine's packet budget).

@@ -10,6 +10,7 @@ from hpnlab.fabric import spec
 from hpnlab.fabric.errors import UserError
 
 from .argtypes import output_file
+from .cmd_web import add_web_args, open_web, web_controller_args
 
 #: ``--bfd`` without a value (ms). Without ovs-vswitchd real-time, 20 ms flapped about once per
 #: port in 30 s at a load average near 6; with it, 10-20 ms held on an idle fabric, but under the
@@ -91,6 +92,7 @@ def register(sub) -> None:
     p.add_argument("--controller-tls", metavar="DIR",
                    help="OpenFlow over TLS with the files tools/make_test_ca.sh writes into DIR (Open vSwitch's "
                         "machine-wide SSL setting is replaced for the run and put back after)")
+    add_web_args(p)
     p.set_defaults(func=cmd_emulate)
 
 
@@ -137,6 +139,7 @@ def cmd_emulate(args) -> int:
     from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric.experiment import telemetry_of
     policy_class(args.ecn_policy)          # a wrong policy name: one line before anything is built
+    web_args, metrics_port = web_controller_args(args)
     emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
                     policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
                     verify_branches=args.verify_branches,
@@ -144,7 +147,7 @@ def cmd_emulate(args) -> int:
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
-                    port_type=args.port_type, controller_tls=args.controller_tls)
+                    port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
@@ -153,7 +156,7 @@ def cmd_emulate(args) -> int:
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
     records = []
     try:
-        with emu:
+        with emu, open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata
             say(f"up in {emu.timings['up_s']:.1f} s (run {md['run_id']}): datapath {md['datapath']}, "
                 f"shaping {md['shaping']}, ECN {md['ecn']}, delay {md['delay']}, "
@@ -188,7 +191,8 @@ def cmd_emulate(args) -> int:
                     say("stopping")
             if args.json:
                 with open(args.json, "w") as f:
-                    json.dump({"metadata": md, "timings": emu.timings, "timeline": records,
+                    json.dump({"metadata": md, "timings": emu.timings,
+                           "timeline": records + (web.records if web is not None else []),
                                "failover": probed, "telemetry": telemetry_of(emu, 0.0, float("inf"))},
                               f, indent=1, default=str)
         say(f"stopped; removed {emu.metadata.get('removed', {})}")

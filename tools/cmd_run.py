@@ -28,6 +28,7 @@ from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
 from .cmd_emulate import DEFAULT_BFD_MS, add_port_type_arg, port_type_line
+from .cmd_web import add_web_args, open_web, web_controller_args
 
 DEFAULTS = experiment.RUN_DEFAULTS
 
@@ -83,6 +84,7 @@ def register(sub) -> None:
     p.add_argument("--controller-tls", metavar="DIR",
                    help="OpenFlow over TLS with the files tools/make_test_ca.sh writes into DIR (as `hpnlab emulate`)")
     add_port_type_arg(p)
+    add_web_args(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
@@ -146,11 +148,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             else len(cells))
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
         f"{runs} run(s); {rates_line}")
+    web_args, metrics_port = web_controller_args(args)
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
                        telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
-                       controller_tls=args.controller_tls) as emu:
+                       controller_tls=args.controller_tls, controller_args=web_args) as emu, \
+                open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
@@ -162,7 +166,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if comparing is not None:
                 doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
             else:
-                doc = experiment.run(plan, emu, progress=not args.quiet, say=say, timeline=events,
+                doc = experiment.run(plan, emu, progress=web.source.progress if web else not args.quiet,
+                                     say=say, timeline=events,
                                      ecn_policy=args.ecn_policy,
                                      ecn_thresholds=ecn if not isinstance(ecn, ecn_settings.Thresholds)
                                      else ecn.as_dict())
@@ -170,6 +175,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                kernel=emu.caps.as_dict() if emu.caps else None, emulation=dict(md),
                                timings=dict(emu.timings), uname=" ".join(os.uname()),
                                rates=rates_line)
+            if web is not None and web.records:
+                doc["web_events"] = web.records      # failures injected from the page, as timeline records
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1

@@ -17,7 +17,7 @@ from hpnlab.fabric.errors import UserError, one_line
 
 # Order is the order `hpnlab --help` lists them in.
 COMMANDS = ["topo", "check", "model", "fidelity", "doctor", "emulate", "clean", "controller", "run", "collective",
-            "demo"]
+            "demo", "web"]
 
 
 class OneLineParser(argparse.ArgumentParser):
