@@ -15,6 +15,7 @@ both launchers work the same way:
     HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
+    HPNLAB_DRY_RUN       1: read every switch's flows and groups and change nothing (controller/dryrun.py)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -58,7 +59,6 @@ from .ofp import (
 )
 
 COOKIE = 0x68706E6C61620000  # "hpnlab" in the top bytes: the flows this app owns
-ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
 GROUP_KINDS = ("ff", "indirect", "all", "select")
@@ -82,7 +82,8 @@ def _config() -> dict:
             "telemetry_out": os.environ.get("HPNLAB_TELEMETRY_OUT") or None,
             "ecn_actuator": os.environ.get("HPNLAB_ECN_ACTUATOR", "auto"),
             "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
-            "run_id": os.environ.get("HPNLAB_RUN") or None}
+            "run_id": os.environ.get("HPNLAB_RUN") or None,
+            "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1"}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -170,7 +171,7 @@ def encode(dp, msg: reconcile.Message | telemetry.PortStatsRequest) -> list:
         out = parser.OFPBarrierRequest(dp)
     elif isinstance(msg, reconcile.FlowStatsRequest):
         out = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
-                                         COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
+                                         COOKIE, 0, parser.OFPMatch())     # cookie mask 0: every flow
     elif isinstance(msg, reconcile.GroupDescRequest):
         out = parser.OFPGroupDescStatsRequest(dp, 0)
     elif isinstance(msg, telemetry.PortStatsRequest):
@@ -228,11 +229,13 @@ def decode_actions(ofp, parser, instructions) -> tuple:
 
 
 def decode_flow_stats(dp, body) -> tuple:
-    """The controller's flows (its cookie) of a flow stats reply, as reconciler entries."""
+    """Every flow of a flow stats reply, as reconciler entries (every flow of a fabric switch counts
+    as the controller's: one it did not make is not desired, and is deleted; see reconcile's
+    docstring)."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
     return tuple(reconcile.FlowEntry(st.table_id, st.priority, decode_match(st.match),
                              decode_actions(ofp, parser, st.instructions))
-                 for st in body if st.cookie == COOKIE)
+                 for st in body)
 
 
 def decode_group_desc(dp, body) -> tuple:
@@ -297,14 +300,17 @@ class HpnController(BaseApp):
             if cfg["metrics_port"]:
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
-        self.ecn = self._ecn_loop(cfg)
+        #: dry run: switches are read back and nothing else is sent (see _dry_run_sends, dry_run_report)
+        self.dry_run = cfg["dry_run"]
+        self.ecn = None if self.dry_run else self._ecn_loop(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
 
     def start(self):
         thread = super().start()
-        self.threads.append(hub.spawn(self._tick_loop))
+        if not self.dry_run:         # a dry run answers no barrier: no timeouts, no resyncs
+            self.threads.append(hub.spawn(self._tick_loop))
         if self.ecn is not None:
             self.threads.append(hub.spawn(self._telemetry_loop))
         return thread
@@ -351,11 +357,26 @@ class HpnController(BaseApp):
         """Give the reconciler one event and send what it answers."""
         for msg in self.reconciler.handle(event, time.monotonic()):
             dp = self.datapaths.get(msg.switch)
-            if dp is None:
+            if dp is None or (self.dry_run and not self._dry_run_sends(msg)):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
         self._update_metrics()
+
+    # ---- dry run -------------------------------------------------------------------------
+    @staticmethod
+    def _dry_run_sends(msg: reconcile.Message) -> bool:
+        """In a dry run only the questions of what a switch holds go out: no flow, group or barrier."""
+        return isinstance(msg, (reconcile.FlowStatsRequest, reconcile.GroupDescRequest))
+
+    def dry_run_report(self, final: bool = False) -> dict | None:
+        """What the controller would change on each switch that has been read back (see
+        controller/dryrun.py); None until every expected switch has answered, unless ``final``."""
+        from . import dryrun
+        held = {sw: self.reconciler.confirmed[sw] for sw in self.index.sw if sw in self.reconciler.confirmed}
+        if not final and len(held) < len(self.index.sw):
+            return None
+        return dryrun.report(self.scenario.name, self.index.sw, held, self.reconciler.desired)
 
     def _update_metrics(self) -> None:
         if not self.metrics:
@@ -400,8 +421,10 @@ class HpnController(BaseApp):
             LOG.info("%s reconnected: replacing its old connection", name)
         LOG.info("%s (dpid %016x) connected", name, dp.id)
         self.datapaths[name] = dp
-        self.handle(reconcile.SwitchUp(name))
+        # its ports first: the switch answers in order, so their state is known before what it holds
+        # has been read back and compared (a link found down changes what is desired)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+        self.handle(reconcile.SwitchUp(name))
         dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -484,6 +507,8 @@ class HpnController(BaseApp):
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):
+        if self.dry_run:
+            return
         try:
             outcome = self._packet_in(ev.msg)
         except Exception as exc:  # a malformed packet must never stop the app
