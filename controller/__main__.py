@@ -1,7 +1,7 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
 [--policy aggregate|host-routes] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
-[--ecn-actuator auto|emulated|file:PATH|none]``.
+[--ecn-actuator auto|emulated|file:PATH|none] [--dry-run [--json] [--dry-run-timeout S]]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
 os-ken configuration, monkey-patch with eventlet, load and instantiate the app, and
@@ -63,6 +63,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="where thresholds go: emulated (the emulation's ECN stage), file:PATH (a per-port settings "
                         "file for real switches), none (dry run), auto (default: emulated once a stage exists)")
     p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
+    p.add_argument("--dry-run", action="store_true",
+                   help="connect, read every switch's flows and groups, print what would be added, modified and "
+                        "deleted per switch, change nothing, and exit once every switch has answered")
+    p.add_argument("--dry-run-timeout", type=float, default=30.0, metavar="S",
+                   help="with --dry-run: give up after S seconds and name the switches that did not answer "
+                        "(default 30; exit code 1)")
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the changes as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -93,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {args.telemetry_interval_ms:g}")
     if args.ecn_policy != "static" and args.telemetry_interval_ms == 0:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
+    if args.dry_run_timeout <= 0:
+        raise UserError(f"--dry-run-timeout must be > 0 seconds, got {args.dry_run_timeout:g}")
+    if args.json and not args.dry_run:
+        raise UserError("--json only goes with --dry-run")
     if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
         raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
     _check_port(args.listen, args.ofp_port, "ofp port")
@@ -116,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_TELEMETRY_OUT"] = str(Path(args.telemetry_out).resolve()) if args.telemetry_out else ""
     os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
     os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
+    os.environ["HPNLAB_DRY_RUN"] = "1" if args.dry_run else ""
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -148,18 +160,47 @@ def run(args: argparse.Namespace) -> int:
             print("hpnlab controller: OpenFlow port never opened", file=sys.stderr, flush=True)
             return
         metrics = f", metrics http://{args.listen}:{args.metrics_port}/metrics" if args.metrics_port else ""
-        print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, ECN policy {args.ecn_policy}, "
-              f"OpenFlow 1.3 on "
-              f"{args.listen}:{args.ofp_port}{metrics}", flush=True)
+        print(f"hpnlab controller ready{' (dry run)' if args.dry_run else ''}: {scenario.name}, policy "
+              f"{args.policy}, ECN policy {args.ecn_policy}, OpenFlow 1.3 on "
+              f"{args.listen}:{args.ofp_port}{metrics}", file=sys.stderr if args.dry_run else sys.stdout, flush=True)
 
     services.append(hub.spawn(announce))
+    result = {"code": 0}
+    if args.dry_run:
+        app = next(a for a in mgr.applications.values() if hasattr(a, "dry_run_report"))
+        services.append(hub.spawn(_dry_run_wait, app, args, services, result))
     try:
         hub.joinall(services)
     except KeyboardInterrupt:
         pass
     finally:
         mgr.close()
-    return 0
+    return result["code"]
+
+
+def _dry_run_wait(app, args: argparse.Namespace, services: list, result: dict) -> None:
+    """Until every switch has been read back (or the timeout), then print the dry run and stop."""
+    import json
+
+    from os_ken.lib import hub
+
+    from . import dryrun
+    deadline = time.monotonic() + args.dry_run_timeout
+    rep = None
+    while rep is None and time.monotonic() < deadline:
+        hub.sleep(0.1)
+        rep = app.dry_run_report()
+    if rep is None:
+        rep = app.dry_run_report(final=True)
+        result["code"] = 1
+    print(json.dumps(rep, indent=1) if args.json else dryrun.format_table(rep), flush=True)
+    if rep["missing"]:
+        print(f"hpnlab: dry run: no answer within {args.dry_run_timeout:g} s from {', '.join(rep['missing'])}",
+              file=sys.stderr, flush=True)
+    current = hub.getcurrent() if hasattr(hub, "getcurrent") else None
+    for thread in services:
+        if thread is not current:
+            hub.kill(thread)
 
 
 def main(argv: list[str] | None = None) -> int:

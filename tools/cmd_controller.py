@@ -4,6 +4,9 @@
                       [--policy aggregate|host-routes] [--metrics-port N]
         runs the os-ken app in this process (the same as `python -m hpnlab.controller ...`);
         prints a line containing "ready" once switches can connect.
+    hpnlab controller SCENARIO --dry-run [--json] [--dry-run-timeout S]
+        connects, reads every switch's flows and groups and prints what it would add, modify and
+        delete per switch; changes nothing; exits once every switch has answered (1 on timeout).
     hpnlab controller SCENARIO --show SWITCH [--fail A-B ...] [--policy ...]
         prints the flows the compiler gives SWITCH (with links A-B failed), no switch needed.
 """
@@ -67,6 +70,8 @@ def cmd_controller(args) -> int:
             "--listen", args.listen, "--policy", args.policy, "--metrics-port", str(args.metrics_port)]
     for item in args.set:
         argv += ["--set", item]
+    if args.dry_run:
+        argv += ["--dry-run", "--dry-run-timeout", f"{args.dry_run_timeout:g}"] + (["--json"] if args.json else [])
     if args.verbose:
         argv.append("-v")
     sys.stdout.flush()
