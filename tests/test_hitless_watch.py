@@ -1,0 +1,92 @@
+"""A dead controller is noticed (its pid polled) and answered as the user chose; the timeline can kill
+and restart it (pure: real short-lived processes, no root, no switch)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+from fabrics import fabric
+
+from hpnlab.fabric import experiment
+from hpnlab.fabric.emulation import timeline
+from hpnlab.fabric.emulation.controller_process import ControllerWatch, check_on_controller_loss
+from hpnlab.fabric.errors import UserError
+
+
+def exiting(code: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({code})"])
+
+
+def test_a_controller_that_dies_is_reported_once_with_its_exit_code():
+    ctl = SimpleNamespace(proc=exiting(3))
+    seen: list[int] = []
+    done = threading.Event()
+    watch = ControllerWatch(ctl, lambda code: (seen.append(code), done.set()), interval_s=0.02).start()
+    try:
+        assert done.wait(10)
+        done.clear()
+        assert not done.wait(0.2)            # the same dead process is not reported again
+    finally:
+        watch.stop()
+    assert seen == [3] and watch.losses == 1
+
+
+def test_a_restarted_controller_is_watched_anew():
+    ctl = SimpleNamespace(proc=exiting(1))
+    seen: list[int] = []
+    second = threading.Event()
+
+    def on_loss(code: int) -> None:
+        seen.append(code)
+        if len(seen) == 1:
+            ctl.proc = exiting(9)          # what a restart does: a new process in its place
+        else:
+            second.set()
+
+    watch = ControllerWatch(ctl, on_loss, interval_s=0.02).start()
+    try:
+        assert second.wait(10)
+    finally:
+        watch.stop()
+    assert seen == [1, 9]
+
+
+def test_a_live_controller_is_not_reported():
+    ctl = SimpleNamespace(proc=subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+    seen: list[int] = []
+    watch = ControllerWatch(ctl, seen.append, interval_s=0.02).start()
+    try:
+        threading.Event().wait(0.2)
+    finally:
+        watch.stop()
+        ctl.proc.kill()
+        ctl.proc.wait()
+    assert seen == []
+
+
+@pytest.mark.parametrize("choice", ["restart", "stop", "continue"])
+def test_the_three_answers_to_a_controller_loss_are_accepted(choice):
+    assert check_on_controller_loss(choice) == choice
+
+
+def test_another_answer_is_one_line():
+    with pytest.raises(UserError, match="--on-controller-loss 'reboot': one of restart, stop, continue"):
+        check_on_controller_loss("reboot")
+
+
+def test_a_timeline_kills_and_restarts_the_controller_and_counts_the_kill_as_a_failure():
+    g = fabric("mini-hpn")
+    events = timeline.parse([{"at": 0.5, "action": "controller_kill"},
+                             {"at": 1.5, "action": "controller_restart"}], g)
+    assert [(e.action, e.target) for e in events] == [("controller_kill", ("controller",)),
+                                                       ("controller_restart", ("controller",))]
+    assert experiment.left_failed(events) == []
+    assert experiment.left_failed(events[:1]) == ["controller_kill controller"]
+
+
+def test_a_controller_event_naming_a_switch_is_one_line():
+    with pytest.raises(UserError, match="controller_kill takes no 'switch'"):
+        timeline.parse([{"at": 0.5, "action": "controller_kill", "switch": "p0l0"}], fabric("mini-hpn"))
