@@ -65,7 +65,8 @@ def test_a_gratuitous_arp_or_a_reply_goes_to_the_controller():
     net = FabricTables(g, compiler.compile_fabric(g))
     (_h, asker), (_p, peer) = plane_ports(g, 0)[:2]
     reply = dict(arp_request(asker, peer["ip"]), arp_op=compiler.ARP_REPLY, in_port=asker["leaf_port"])
-    assert net.lookup(asker["leaf"], compiler.TABLE_CLASSIFY, reply).actions == (("controller",),)
+    flow = net.lookup(asker["leaf"], compiler.TABLE_CLASSIFY, reply)
+    assert flow is not None and flow.actions == (("controller",),)
 
 
 def test_responders_are_on_leaves_only_and_never_change_with_failures():

@@ -17,6 +17,7 @@ def reconnect(rec: reconcile.Reconciler, sw: str, held: dict) -> list:
     """``sw`` connects and reports that it holds ``held`` (a SwitchTable, split into flow stats
     in two parts and group descriptions): every message sent up to the end of the update."""
     flows_req, groups_req = rec.handle(reconcile.SwitchUp(sw))
+    assert isinstance(flows_req, reconcile.FlowStatsRequest) and isinstance(groups_req, reconcile.GroupDescRequest)
     flows = [reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in held.items() if not reconcile.is_group(k)]
     groups = tuple(g for k, g in held.items() if reconcile.is_group(k))
     assert rec.handle(reconcile.FlowStatsReply(sw, flows_req.xid, tuple(flows[:2]), more=True)) == []

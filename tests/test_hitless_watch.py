@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from types import SimpleNamespace
 
 import pytest
 from fabrics import fabric
@@ -16,15 +15,27 @@ from hpnlab.fabric.emulation.controller_process import ControllerWatch, check_on
 from hpnlab.fabric.errors import UserError
 
 
+class Ctl:
+    """A controller process as the watch sees it."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc: subprocess.Popen | None = proc
+
+
 def exiting(code: int) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({code})"])
 
 
 def test_a_controller_that_dies_is_reported_once_with_its_exit_code():
-    ctl = SimpleNamespace(proc=exiting(3))
+    ctl = Ctl(exiting(3))
     seen: list[int] = []
     done = threading.Event()
-    watch = ControllerWatch(ctl, lambda code: (seen.append(code), done.set()), interval_s=0.02).start()
+
+    def on_loss(code: int) -> None:
+        seen.append(code)
+        done.set()
+
+    watch = ControllerWatch(ctl, on_loss, interval_s=0.02).start()
     try:
         assert done.wait(10)
         done.clear()
@@ -35,7 +46,7 @@ def test_a_controller_that_dies_is_reported_once_with_its_exit_code():
 
 
 def test_a_restarted_controller_is_watched_anew():
-    ctl = SimpleNamespace(proc=exiting(1))
+    ctl = Ctl(exiting(1))
     seen: list[int] = []
     second = threading.Event()
 
@@ -55,15 +66,16 @@ def test_a_restarted_controller_is_watched_anew():
 
 
 def test_a_live_controller_is_not_reported():
-    ctl = SimpleNamespace(proc=subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ctl = Ctl(live)
     seen: list[int] = []
     watch = ControllerWatch(ctl, seen.append, interval_s=0.02).start()
     try:
         threading.Event().wait(0.2)
     finally:
         watch.stop()
-        ctl.proc.kill()
-        ctl.proc.wait()
+        live.kill()
+        live.wait()
     assert seen == []
 
 

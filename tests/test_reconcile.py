@@ -69,6 +69,7 @@ def test_a_switch_that_connects_is_asked_what_it_holds_before_anything_else(mini
 def connect_empty(rec: reconcile.Reconciler, sw: str, now: float = 0.0) -> list:
     """``sw`` connects and reports that it holds nothing: what the reconciler sends then."""
     flows, groups = rec.handle(reconcile.SwitchUp(sw), now)
+    assert isinstance(flows, reconcile.FlowStatsRequest) and isinstance(groups, reconcile.GroupDescRequest)
     assert rec.handle(reconcile.FlowStatsReply(sw, flows.xid), now) == []
     return rec.handle(reconcile.GroupDescReply(sw, groups.xid), now)
 

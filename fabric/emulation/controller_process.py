@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -163,12 +164,17 @@ def check_on_controller_loss(choice: str) -> str:
     return choice
 
 
+class Watched(Protocol):
+    """What a watch follows: the controller's current process (replaced on a restart)."""
+    proc: subprocess.Popen | None
+
+
 class ControllerWatch:
     """Polls a controller process every ``interval_s`` and calls ``on_loss(exit_code)`` once each time
     it is found dead (a thread; ``stop()`` before ending the controller on purpose). ``on_loss`` may
     start a new process (the watch then follows ``ctl.proc``, whatever object it is now)."""
 
-    def __init__(self, ctl: ControllerProcess, on_loss: Callable[[int], None], interval_s: float = 0.2):
+    def __init__(self, ctl: Watched, on_loss: Callable[[int], None], interval_s: float = 0.2):
         self.ctl = ctl
         self.on_loss = on_loss
         self.interval_s = interval_s
