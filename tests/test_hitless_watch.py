@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from fabrics import fabric
@@ -102,3 +103,38 @@ def test_a_timeline_kills_and_restarts_the_controller_and_counts_the_kill_as_a_f
 def test_a_controller_event_naming_a_switch_is_one_line():
     with pytest.raises(UserError, match="controller_kill takes no 'switch'"):
         timeline.parse([{"at": 0.5, "action": "controller_kill", "switch": "p0l0"}], fabric("mini-hpn"))
+
+
+def watched_emulation(choice: str, proc: subprocess.Popen, said: list[str]):
+    """An Emulation (not started: no root needed) whose controller is ``proc``, watched."""
+    from hpnlab.fabric.emulation import Emulation
+    emu = Emulation("mini-hpn", on_controller_loss=choice, log=said.append)
+    emu._ctl = Ctl(proc)  # type: ignore[assignment]
+    emu._watch_controller()
+    return emu
+
+
+def test_a_run_asked_to_stop_on_controller_loss_stops_with_one_line():
+    from hpnlab.fabric.emulation import ControllerLost
+    said: list[str] = []
+    emu = watched_emulation("stop", exiting(5), said)
+    try:
+        with pytest.raises(ControllerLost, match=r"the controller \(pid \d+\) exited with code 5: stopping the run"):
+            threading.Event().wait(10)
+    finally:
+        emu._unwatch_controller()
+    assert len(said) == 1 and "--on-controller-loss stop" in said[0]
+    assert [loss["action"] for loss in emu.controller_losses] == ["stop"]
+
+
+def test_a_run_asked_to_continue_says_so_once_and_goes_on():
+    said: list[str] = []
+    emu = watched_emulation("continue", exiting(0), said)
+    try:
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+    finally:
+        emu._unwatch_controller()
+    assert len(said) == 1 and "continuing without it" in said[0]
