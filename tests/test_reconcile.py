@@ -278,7 +278,7 @@ def drive(rec: reconcile.Reconciler, msgs: list, log: list) -> None:
     """Answer barriers one by one until quiet; log (message, copy of the confirmed table of its switch
     when it was sent, the desired table then) for every message."""
     def entry(m):
-        return m, dict(rec.confirmed.get(m.switch, {})), rec.desired.get(m.switch, {})
+        return m, dict(rec.confirmed.get(m.switch, {})), dict(rec.desired.get(m.switch, {}))  # copies
 
     queue = list(msgs)
     log += [entry(m) for m in msgs]
