@@ -109,7 +109,7 @@ def watched_emulation(choice: str, proc: subprocess.Popen, said: list[str]):
     """An Emulation (not started: no root needed) whose controller is ``proc``, watched."""
     from hpnlab.fabric.emulation import Emulation
     emu = Emulation("mini-hpn", on_controller_loss=choice, log=said.append)
-    emu._ctl = Ctl(proc)  # type: ignore[assignment]
+    emu._ctl = Ctl(proc)
     emu._watch_controller()
     return emu
 
