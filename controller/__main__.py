@@ -1,7 +1,8 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
 [--policy aggregate|host-routes] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
-[--ecn-actuator auto|emulated|file:PATH|none] [--on-miswire refuse|planes] [--wiring-out FILE]``.
+[--ecn-actuator auto|emulated|file:PATH|none] [--on-miswire refuse|planes] [--wiring-out FILE]
+[--dry-run [--json] [--dry-run-timeout S]]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
 os-ken configuration, monkey-patch with eventlet, load and instantiate the app, and
@@ -91,6 +92,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     group.add_argument("--ssl-cert", metavar="FILE", help="the controller's certificate (PEM)")
     group.add_argument("--ssl-ca", metavar="FILE",
                      help="CA certificate(s) (PEM): only switches presenting a certificate it signed may connect")
+    p.add_argument("--dry-run", action="store_true",
+                   help="connect, read every switch's flows and groups, print what would be added, modified and "
+                        "deleted per switch, change nothing, and exit once every switch has answered")
+    p.add_argument("--dry-run-timeout", type=float, default=30.0, metavar="S",
+                   help="with --dry-run: give up after S seconds and name the switches that did not answer "
+                        "(default 30; exit code 1)")
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the changes as JSON")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--log-format", choices=logs.FORMATS, default="auto",
                    help="text (time, level, logger; on stderr) or journal (one line per event on stdout, led by its "
@@ -153,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
     if args.wiring_out and not Path(args.wiring_out).resolve().parent.is_dir():
         raise UserError(f"--wiring-out {args.wiring_out}: its directory does not exist")
+    if args.dry_run_timeout <= 0:
+        raise UserError(f"--dry-run-timeout must be > 0 seconds, got {args.dry_run_timeout:g}")
+    if args.json and not args.dry_run:
+        raise UserError("--json only goes with --dry-run")
     if args.telemetry_out and not Path(args.telemetry_out).resolve().parent.is_dir():
         raise UserError(f"--telemetry-out {args.telemetry_out}: its directory does not exist")
     tls_files = tls.from_flags(args.ssl_key, args.ssl_cert, args.ssl_ca)
@@ -185,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
     os.environ["HPNLAB_ROLLOUT"] = args.rollout
     os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
+    os.environ["HPNLAB_DRY_RUN"] = "1" if args.dry_run else ""
 
     logs.configure(args.log_format, args.verbose)
     if not args.verbose:
@@ -223,18 +236,47 @@ def run(args: argparse.Namespace) -> int:
             print("hpnlab controller: OpenFlow port never opened", file=sys.stderr, flush=True)
             return
         metrics = f", metrics http://{args.listen}:{args.metrics_port}/metrics" if args.metrics_port else ""
-        print(f"hpnlab controller ready: {scenario.name}, policy {args.policy}, ECN policy {args.ecn_policy}, "
-              f"OpenFlow 1.3{' over TLS' if tls_files else ''} on "
-              f"{args.listen}:{args.ofp_port}{metrics}", flush=True)
+        print(f"hpnlab controller ready{' (dry run)' if args.dry_run else ''}: {scenario.name}, policy "
+              f"{args.policy}, ECN policy {args.ecn_policy}, OpenFlow 1.3{' over TLS' if tls_files else ''} on "
+              f"{args.listen}:{args.ofp_port}{metrics}", file=sys.stderr if args.dry_run else sys.stdout, flush=True)
 
     services.append(hub.spawn(announce))
+    result = {"code": 0}
+    if args.dry_run:
+        app = next(a for a in mgr.applications.values() if hasattr(a, "dry_run_report"))
+        services.append(hub.spawn(_dry_run_wait, app, args, services, result))
     try:
         hub.joinall(services)
     except KeyboardInterrupt:
         pass
     finally:
         mgr.close()
-    return 0
+    return result["code"]
+
+
+def _dry_run_wait(app, args: argparse.Namespace, services: list, result: dict) -> None:
+    """Until every switch has been read back (or the timeout), then print the dry run and stop."""
+    import json
+
+    from os_ken.lib import hub
+
+    from . import dryrun
+    deadline = time.monotonic() + args.dry_run_timeout
+    rep = None
+    while rep is None and time.monotonic() < deadline:
+        hub.sleep(0.1)
+        rep = app.dry_run_report()
+    if rep is None:
+        rep = app.dry_run_report(final=True)
+        result["code"] = 1
+    print(json.dumps(rep, indent=1) if args.json else dryrun.format_table(rep), flush=True)
+    if rep["missing"]:
+        print(f"hpnlab: dry run: no answer within {args.dry_run_timeout:g} s from {', '.join(rep['missing'])}",
+              file=sys.stderr, flush=True)
+    current = hub.getcurrent() if hasattr(hub, "getcurrent") else None
+    for thread in services:
+        if thread is not current:
+            hub.kill(thread)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ both launchers work the same way:
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
+    HPNLAB_DRY_RUN       1: read every switch's flows and groups and change nothing (controller/dryrun.py)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -78,6 +79,7 @@ PROBE_COOKIE = 0x68706E6C70726F00  # the staged rollout's temporary probe-catchi
 PRIO_PROBE = 65534
 PROBE_WAIT_S = 1.0                 # a stage's probes have this long to arrive (twice: missing ones are resent)
 ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
+OUT_OF_BAND_COOKIES = frozenset({LLDP_COOKIE, PROBE_COOKIE})   # not the reconciler's: left out of read-backs
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
 GROUP_KINDS = ("ff", "indirect", "all", "select")
@@ -108,7 +110,8 @@ def _config() -> dict:
             "deployment": os.environ.get("HPNLAB_DEPLOYMENT") or None,
             "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
-            "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None}
+            "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None,
+            "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1"}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -196,7 +199,7 @@ def encode(dp, msg: reconcile.Message | telemetry.PortStatsRequest) -> list:
         out = parser.OFPBarrierRequest(dp)
     elif isinstance(msg, reconcile.FlowStatsRequest):
         out = parser.OFPFlowStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY,
-                                         COOKIE, ALL_COOKIE_BITS, parser.OFPMatch())
+                                         COOKIE, 0, parser.OFPMatch())     # cookie mask 0: every flow
     elif isinstance(msg, reconcile.GroupDescRequest):
         out = parser.OFPGroupDescStatsRequest(dp, 0)
     elif isinstance(msg, telemetry.PortStatsRequest):
@@ -254,11 +257,14 @@ def decode_actions(ofp, parser, instructions) -> tuple:
 
 
 def decode_flow_stats(dp, body) -> tuple:
-    """The controller's flows (its cookie) of a flow stats reply, as reconciler entries."""
+    """Every flow of a flow stats reply, as reconciler entries (every flow of a fabric switch counts
+    as the controller's: one it did not make is not desired, and is deleted; see reconcile's
+    docstring) -- but the app's own out-of-band rules (LLDP, rollout probes), which the app keeps
+    itself under their own cookies."""
     ofp, parser = dp.ofproto, dp.ofproto_parser
     return tuple(reconcile.FlowEntry(st.table_id, st.priority, decode_match(st.match),
                              decode_actions(ofp, parser, st.instructions))
-                 for st in body if st.cookie == COOKIE)
+                 for st in body if st.cookie not in OUT_OF_BAND_COOKIES)
 
 
 def decode_group_desc(dp, body) -> tuple:
@@ -372,8 +378,12 @@ class HpnController(BaseApp):
             if cfg["metrics_port"]:
                 self.metrics.serve(cfg["metrics_port"], cfg["metrics_addr"], hub)
                 LOG.info("metrics on http://%s:%d/metrics", cfg["metrics_addr"], cfg["metrics_port"])
-        self.ecn = self._ecn_loop(cfg)
+        #: dry run: switches are read back and nothing else is sent (see _dry_run_sends, dry_run_report)
+        self.dry_run = cfg["dry_run"]
+        self.ecn = None if self.dry_run else self._ecn_loop(cfg)
         self._wiring_init(cfg)
+        if self.dry_run:        # no LLDP rule, no gate: the switches are only read back
+            self.wiring_enabled = False
         self._rollout_init(cfg)
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
@@ -391,7 +401,8 @@ class HpnController(BaseApp):
 
     def start(self):
         thread = super().start()
-        self.threads.append(hub.spawn(self._tick_loop))
+        if not self.dry_run:         # a dry run answers no barrier: no timeouts, no resyncs
+            self.threads.append(hub.spawn(self._tick_loop))
         if self.ecn is not None:
             self.threads.append(hub.spawn(self._telemetry_loop))
         return thread
@@ -443,7 +454,7 @@ class HpnController(BaseApp):
         """Give the reconciler one event and send what it answers."""
         for msg in self.reconciler.handle(event, time.monotonic()):
             dp = self.datapaths.get(msg.switch)
-            if dp is None:
+            if dp is None or (self.dry_run and not self._dry_run_sends(msg)):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
@@ -452,6 +463,21 @@ class HpnController(BaseApp):
         self._update_metrics()
         if isinstance(event, reconcile.BarrierReply):
             self._rollout_poll()
+
+    # ---- dry run -------------------------------------------------------------------------
+    @staticmethod
+    def _dry_run_sends(msg: reconcile.Message) -> bool:
+        """In a dry run only the questions of what a switch holds go out: no flow, group or barrier."""
+        return isinstance(msg, (reconcile.FlowStatsRequest, reconcile.GroupDescRequest))
+
+    def dry_run_report(self, final: bool = False) -> dict | None:
+        """What the controller would change on each switch that has been read back (see
+        controller/dryrun.py); None until every expected switch has answered, unless ``final``."""
+        from . import dryrun
+        held = {sw: self.reconciler.confirmed[sw] for sw in self.index.sw if sw in self.reconciler.confirmed}
+        if not final and len(held) < len(self.index.sw):
+            return None
+        return dryrun.report(self.scenario.name, self.index.sw, held, self.reconciler.desired)
 
     def _update_metrics(self) -> None:
         if not self.metrics:
@@ -893,8 +919,10 @@ class HpnController(BaseApp):
             LOG.info("%s reconnected: replacing its old connection", name)
         LOG.info("%s (dpid %016x) connected", name, dp.id)
         self.datapaths[name] = dp
-        self._gate_connected(name, dp)
+        # its ports first: the switch answers in order, so their state is known before what it holds
+        # has been read back and compared (a link found down changes what is desired)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+        self._gate_connected(name, dp)
         dp.send_msg(dp.ofproto_parser.OFPGroupFeaturesStatsRequest(dp, 0))
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -989,6 +1017,8 @@ class HpnController(BaseApp):
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def on_packet_in(self, ev):
+        if self.dry_run:
+            return
         try:
             outcome = self._packet_in(ev.msg)
         except Exception as exc:  # a malformed packet must never stop the app

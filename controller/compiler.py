@@ -5,7 +5,9 @@ app (controller/app.py) turns the values into OpenFlow 1.3 messages; the table
 interpreter (hpnlab.controller.oftable) walks packets through them.
 
 Tables (the same on every switch; OpenFlow 1.3)
-    0  classify   ARP -> controller (leaves only: proxy ARP, nothing is ever flooded);
+    0  classify   ARP -> controller (leaves only: proxy ARP, nothing is ever flooded); above it,
+                  ARP responder flows answer a host's request for any host of its plane in
+                  the switch (see ``arp_responders``), so ARP works while the controller is away;
                   IPv4 -> table 1; everything else misses and is dropped. Detours (see
                   "Fast failover"): a *bounced* packet (Ethernet source BOUNCE_MAC) goes to
                   table 3 on spines and cores and is dropped on a leaf unless it is for the
@@ -133,6 +135,12 @@ FULL = 0xFFFFFFFF
 FF_BACKUPS = 3          # backup buckets of a next-hop set's fast-failover groups
 DETOURS = 3             # detour buckets of a one-port choice's fast-failover group
 BOUNCE_MAC = "0e:00:00:00:00:01"    # Ethernet source of a bounced packet (locally administered)
+OFPP_IN_PORT = 0xFFFFFFF8           # OpenFlow's reserved port: back out of the port the packet came in on
+ARP_REQUEST, ARP_REPLY = 1, 2
+PRIO_ARP_RESPONDER = PRIO_ARP + 1
+#: a leaf gets ARP responder flows (one per host port and peer of its plane) only up to this many;
+#: above it (planes of thousands of hosts) ARP is answered by the controller alone
+ARP_RESPONDER_MAX_FLOWS = 4096
 
 
 class Flow(NamedTuple):
@@ -988,6 +996,44 @@ _MARKED_TO_BOUNCED = Flow(TABLE_CLASSIFY, PRIO_MARKED, (("eth_type", ETH_IPV4), 
 _MARKED_DROP = Flow(TABLE_CLASSIFY, PRIO_MARKED_DROP, (("eth_type", ETH_IPV4), ("eth_src", BOUNCE_MAC)), ())
 
 
+def arp_responders(ix: FabricIndex, leaf: str) -> tuple[Flow, ...]:
+    """The ARP responder flows of a leaf (table 0, above the ARP-to-controller entry): for each of
+    its host ports and each other host address of its plane, a request from that port for that
+    address (in_port, arp_op 1, arp_tpa) is turned into the reply in the switch -- Ethernet and ARP
+    addresses set from the address plan (the target's MAC, which ``arp_answer`` gives too), arp_op
+    2 -- and sent back out of the port it came in on (OpenFlow 1.3 set-field only: no move action
+    is needed since the requester behind each port is known). Anything else (a gratuitous ARP, an
+    address of no host) still goes to the controller. None when the leaf would need more than
+    ``ARP_RESPONDER_MAX_FLOWS`` (planes of thousands of hosts). Built once per graph."""
+    cache = ix.shared.setdefault("arp_responders", {})
+    flows = cache.get(leaf)
+    if flows is not None:
+        return flows
+    sw = ix.sw[leaf]
+    plane_hosts = cache.get(("plane", sw.plane))
+    if plane_hosts is None:      # counted once per plane (130k hosts a plane at full scale)
+        plane_hosts = cache["plane", sw.plane] = sum(len(other.hosts) for other in ix.planes[sw.plane])
+    if len(sw.hosts) * max(plane_hosts - 1, 0) > ARP_RESPONDER_MAX_FLOWS:
+        cache[leaf] = ()
+        return ()
+    peers = [h for other in ix.planes[sw.plane] if other.tier == 1 for h in other.hosts]
+    out = []
+    for asker in sw.hosts:
+        asker_ip = ip_str(asker.ip)
+        for target in peers:
+            if target.ip == asker.ip:
+                continue
+            target_ip = ip_str(target.ip)
+            match = (("arp_op", ARP_REQUEST), ("arp_tpa", target_ip), ("eth_type", ETH_ARP), ("in_port", asker.port))
+            actions = (("set_field", "eth_dst", asker.mac), ("set_field", "eth_src", target.mac),
+                       ("set_field", "arp_op", ARP_REPLY), ("set_field", "arp_sha", target.mac),
+                       ("set_field", "arp_spa", target_ip), ("set_field", "arp_tha", asker.mac),
+                       ("set_field", "arp_tpa", asker_ip), ("output", OFPP_IN_PORT))
+            out.append(Flow(TABLE_CLASSIFY, PRIO_ARP_RESPONDER, match, actions))
+    cache[leaf] = flows = tuple(out)
+    return flows
+
+
 def _route_match(prefix: tuple[int, int]) -> tuple:
     net, length = prefix
     if length == 32:
@@ -1229,6 +1275,8 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
     if own is None:
         own = ix.own_flows[sw.name] = _own_flow(ix, sw)
     flows: list[Flow] = list(own)
+    if sw.tier == 1:       # its own (the protection below is shared by leaves alike)
+        flows.extend(arp_responders(ix, sw.name))
     flows.extend(pr.flows)
     fresh_metas: dict = {}
     fresh_groups: dict = {}

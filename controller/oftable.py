@@ -3,7 +3,8 @@
 It walks a packet through the compiled tables of every switch it reaches, hop by hop
 across the fabric graph, with no switch running: table lookup (highest priority wins;
 two different matching entries at the same priority are an error, as the outcome would
-be undefined on a real switch), write-metadata, set-field, goto-table, output, and groups
+be undefined on a real switch), write-metadata, set-field, goto-table, output (to a port, or
+back out of the port it came in on: ``compiler.OFPP_IN_PORT``, as ARP responder flows do), and groups
 (``SwitchState.groups``): a fast-failover ("ff") group forwards by its first bucket whose
 watch port is live, "indirect" by its only bucket. A failed link or switch swallows the
 packet. The walk ends delivered (at a host interface), dropped (table miss or a drop
@@ -52,6 +53,7 @@ class Walk:
     where: str
     hops: list = field(default_factory=list)
     delivered_to: tuple | None = None   # (host, interface number)
+    packet: dict = field(default_factory=dict)   # the header as it arrived (delivered walks)
 
 
 def _field_of(f: compiler.Flow, k: str) -> tuple | None:
@@ -443,8 +445,10 @@ class FabricTables:
                 return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
             if self.g.nodes[peer]["tier"] == 0:
                 ip = next((p["ip"] for p in self._host_ports(peer) if p["intf"] == peer_port), None)
-                if ip is not None and ip_int(ip) == pkt.get("ipv4_dst"):
-                    return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port))
+                arp = pkt.get("eth_type") == compiler.ETH_ARP
+                to = ip_int(pkt.get("arp_tpa", "0.0.0.0")) if arp else pkt.get("ipv4_dst")
+                if ip is not None and ip_int(ip) == to:
+                    return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port), dict(pkt))
                 return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
             if not self.has_state(peer):
                 return Walk("dropped", f"{peer}: no state (switch failed)", hops)
@@ -471,7 +475,7 @@ class FabricTables:
         tables = self.tables(switch)
         sport = pkt.get("udp_src", pkt.get("tcp_src", 0)) & self._sport_mask[switch]
         key = (switch, pkt.get("in_port"), pkt.get("eth_src"), pkt.get("ipv4_dst"), pkt.get("ipv4_src"),
-               pkt.get("ip_proto"), "udp_src" in pkt, sport)
+               pkt.get("ip_proto"), "udp_src" in pkt, sport, pkt.get("eth_type"), pkt.get("arp_op"), pkt.get("arp_tpa"))
         if key not in self._pipeline_cache:
             self._pipeline_cache[key] = self._run_pipeline(switch, tables, pkt)
         return self._pipeline_cache[key]
@@ -504,7 +508,7 @@ class FabricTables:
             elif act[0] == "goto":
                 goto = act[1]
             elif act[0] == "output":
-                out = act[1]
+                out = pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else act[1]
             elif act[0] == "set_field":
                 pkt[act[1]] = act[2]
                 changes.append((act[1], act[2]))

@@ -20,17 +20,19 @@ What it owns
                     diffed; when most of a switch changed, its table is built anew.
     what is installed
                     ``confirmed[switch]`` holds only what the switch has confirmed: changes
-                    count once the barrier sent after them is answered. An OpenFlow error,
-                    or a barrier not answered within ``confirm_timeout_s``, resynchronises
-                    the switch: its flows (flow stats, our cookie only) and its groups (group
-                    descriptions) are read back, ``confirmed`` becomes what it reports, and the
-                    difference is sent again.
-    which groups are ours
-                    every group on a fabric switch. OpenFlow 1.3 groups carry no cookie, so
-                    they cannot be told apart by owner; a switch is wiped (every flow and
-                    every group) when it connects and from then on only this controller
-                    writes it, so whatever group a switch reports is one we made (or one it
-                    kept by mistake, which the resync then deletes).
+                    count once the barrier sent after them is answered. A switch that
+                    connects is read back first: its flows (flow stats, every table, every
+                    cookie) and its groups (group descriptions); ``confirmed`` becomes what it
+                    holds and only the difference is sent (a controller that restarts, or a
+                    switch that reconnects with its tables kept by fail mode secure, changes
+                    nothing that is already right: no flow or group is deleted and re-added).
+                    An OpenFlow error, or a barrier not answered within ``confirm_timeout_s``,
+                    resynchronises the switch the same way.
+    which flows and groups are ours
+                    every flow and every group on a fabric switch. OpenFlow 1.3 groups carry no
+                    cookie, so they cannot be told apart by owner; a fabric switch is this
+                    controller's alone, so whatever it reports that is not desired (a stale
+                    entry of an earlier state, an entry someone added by hand) is deleted.
     the order       make-before-break, per switch and across switches (see ``plan``).
 
 A switch's tables are one dict (:data:`SwitchTable`): a flow entry under its
@@ -54,8 +56,8 @@ plane, not the update order, protects the traffic. Besides:
 - a switch that starts dropping an address it forwarded (it no longer reaches it) waits for
   the switches that stop sending that address to it: until they have, a detour (a group's
   backup bucket further down) may still deliver through it;
-- a switch installed from empty (back from a failure) goes first, whole, in the step after its
-  wipe (its groups, its entropy entries, then the rest, in the batch order below: its own
+- a switch installed from empty (back from a failure, read back with no route) goes first, whole,
+  in the step after its read-back (its groups, its entropy entries, then the rest, in the batch order below: its own
   references need no earlier confirmation), and every other switch's changes wait for it: a
   fast-failover group upstream sends to it as soon as its port is live, whatever the update
   order;
@@ -117,7 +119,8 @@ def is_group(key: tuple) -> bool:
 
 @dataclass(frozen=True)
 class SwitchUp:
-    """A switch connected (or reconnected): it is wiped and gets its whole state. ``ports``
+    """A switch connected (or reconnected): what it holds is read back (flow stats and group
+    descriptions) and it gets the difference to its desired state. ``ports``
     (port -> up), when known; otherwise its ports keep their last known state until a
     PortStatus with its port descriptions arrives."""
     switch: str
@@ -227,7 +230,9 @@ class GroupMod:
 
 @dataclass(frozen=True)
 class WipeTables:
-    """Delete every flow of every table and every group (sent when a switch connects)."""
+    """Delete every flow of every table and every group. The reconciler no longer sends it (a
+    connecting switch is read back instead, see :class:`SwitchUp`); the app and the table
+    interpreter still understand it, for tools that want an empty switch."""
     switch: str
 
 
@@ -239,7 +244,7 @@ class Barrier:
 
 @dataclass(frozen=True)
 class FlowStatsRequest:
-    """Ask for every flow that carries the controller's cookie, in every table."""
+    """Ask for every flow of every table (whatever its cookie: every flow of a fabric switch is ours)."""
     switch: str
     xid: int
 
@@ -869,7 +874,6 @@ class _Pending:
     xid: int
     sent_at: float
     changes: list = field(default_factory=list)     # (key, value | None)
-    wipe: bool = False
 
 
 @dataclass
@@ -922,7 +926,7 @@ class Reconciler:
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
-        self.counters = {"recompiles": 0, "resyncs": 0, "errors": 0, "steps": 0, "cycles": 0,
+        self.counters = {"recompiles": 0, "resyncs": 0, "reads": 0, "errors": 0, "steps": 0, "cycles": 0,
                          "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0, "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
         # CPU seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
@@ -988,15 +992,13 @@ class Reconciler:
             return []
         self.connected.add(sw)
         self._forget(sw)
-        self.dirty.add(sw)       # before the recompile: its tables are about to be wiped
         self.failed_switches.discard(sw)
         if ports is not None:
             self._port_status(sw, ports)      # recompiles
         else:
             self._recompile()
-        xid = self._next_xid()
-        self.pending[sw] = [_Pending(xid, now, wipe=True)]
-        return [WipeTables(sw), Barrier(sw, xid)]
+        self.counters["reads"] += 1
+        return self._read_held(sw, now)
 
     def _switch_down(self, sw: str) -> None:
         if sw not in self.connected:
@@ -1032,8 +1034,6 @@ class Reconciler:
         table = self.confirmed.setdefault(sw, {})
         while queue:     # a switch answers barriers in order: everything before this one is done
             p = queue.pop(0)
-            if p.wipe:
-                table.clear()
             for key, value in p.changes:
                 if value is None:
                     table.pop(key, None)
@@ -1045,6 +1045,11 @@ class Reconciler:
     def _resync(self, sw: str, now: float) -> list[Message]:
         self.counters["resyncs"] += 1
         self._forget(sw)
+        return self._read_held(sw, now)
+
+    def _read_held(self, sw: str, now: float) -> list[Message]:
+        """Ask what ``sw`` holds (its flows and its groups); until both answers are complete it has
+        confirmed nothing and no step starts (see :meth:`_read_back`)."""
         self.dirty.add(sw)       # what it holds is unknown until it is read back
         flow_xid, group_xid = self._next_xid(), self._next_xid()
         self.resyncing[sw] = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})

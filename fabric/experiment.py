@@ -579,7 +579,7 @@ def _target(where: Any) -> Any:
 
 #: timeline actions that break something, and the action that repairs each
 _REPAIRS = {"link_down": "link_up", "link_down_one_side": "link_up", "link_drop": "link_restore",
-            "switch_down": "switch_up"}
+            "switch_down": "switch_up", "controller_kill": "controller_restart"}
 
 
 def left_failed(events: list[Any]) -> list[str]:

@@ -27,15 +27,21 @@ def fabric(name: str, **overrides) -> nx.MultiGraph:
 
 def answer(rec, msgs: list, now: float = 0.0) -> list:
     """Answer every barrier (and the barriers of what follows) until the reconciler is quiet;
-    return every message it sent on the way."""
+    return every message it sent on the way. A switch asked what it holds (it connected, or is
+    resynchronised) answers that it holds nothing: a fresh switch."""
     sent = list(msgs)
     queue = list(msgs)
     while queue:
         m = queue.pop(0)
+        more = []
         if isinstance(m, reconcile.Barrier):
             more = rec.handle(reconcile.BarrierReply(m.switch, m.xid), now)
-            sent += more
-            queue += more
+        elif isinstance(m, reconcile.FlowStatsRequest):
+            more = rec.handle(reconcile.FlowStatsReply(m.switch, m.xid), now)
+        elif isinstance(m, reconcile.GroupDescRequest):
+            more = rec.handle(reconcile.GroupDescReply(m.switch, m.xid), now)
+        sent += more
+        queue += more
     return sent
 
 

@@ -84,7 +84,8 @@ def test_leaf_bounces_what_a_spine_sends_it_for_someone_else_up_another_spine_ma
     g = fabric("mini-hpn")
     st = compiler.compile_fabric(g)["p0l0"]
     bounce = {dict(f.match)["in_port"]: f.actions for f in st.flows
-              if f.table == compiler.TABLE_CLASSIFY and "in_port" in dict(f.match)}
+              if f.table == compiler.TABLE_CLASSIFY and "in_port" in dict(f.match)
+              and dict(f.match)["eth_type"] == compiler.ETH_IPV4}
     assert set(bounce) == set(uplink_ports(g, "p0l0"))
     for port, actions in bounce.items():
         assert actions[0] == ("set_field", "eth_src", compiler.BOUNCE_MAC)

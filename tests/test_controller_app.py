@@ -68,7 +68,8 @@ def features(app, dp) -> list:
 
 def answer_barriers(app, dps: dict) -> list:
     """Answer every barrier request sent so far, and the ones those answers cause, until none is left;
-    return every other message sent meanwhile."""
+    a request for the flows or groups a switch holds is answered with none (a fresh switch); return
+    every other message sent meanwhile."""
     other: list = []
     while True:
         pending = [(dp, m) for dp in dps.values() for m in dp.take()]
@@ -79,8 +80,24 @@ def answer_barriers(app, dps: dict) -> list:
                 reply = parser.OFPBarrierReply(dp)
                 reply.set_xid(m.xid)
                 app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+            elif isinstance(m, parser.OFPFlowStatsRequest):
+                answer_flow_stats(app, dp, m, [])
+            elif isinstance(m, parser.OFPGroupDescStatsRequest):
+                answer_group_desc(app, dp, m, [])
             else:
                 other.append((dp, m))
+
+
+def answer_flow_stats(app, dp, request, body: list) -> None:
+    reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=body)
+    reply.set_xid(request.xid)
+    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
+
+
+def answer_group_desc(app, dp, request, body: list) -> None:
+    reply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=body)
+    reply.set_xid(request.xid)
+    app.on_group_desc(ofp_event.EventOFPGroupDescStatsReply(reply))
 
 
 def connect_all(app) -> dict:
@@ -96,18 +113,16 @@ def flow_mods(msgs) -> list:
     return [m for m in msgs if isinstance(m, parser.OFPFlowMod)]
 
 
-def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirmation(app):
+def test_switch_features_read_what_the_switch_holds_then_its_flows_follow(app):
     dp = FakeDatapath(dpids()["p0l0"])
     sent = features(app, dp)
     kinds = [type(m).__name__ for m in sent]
-    assert kinds == ["OFPFlowMod", "OFPGroupMod", "OFPBarrierRequest", "OFPPortDescStatsRequest",
+    assert kinds == ["OFPPortDescStatsRequest", "OFPFlowStatsRequest", "OFPGroupDescStatsRequest",
                      "OFPGroupFeaturesStatsRequest"]
-    wipe = sent[0]
-    assert wipe.command == ofp.OFPFC_DELETE and wipe.table_id == ofp.OFPTT_ALL
-    assert sent[1].command == ofp.OFPGC_DELETE and sent[1].group_id == ofp.OFPG_ALL
-    reply = parser.OFPBarrierReply(dp)
-    reply.set_xid(sent[2].xid)
-    app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+    assert sent[1].table_id == ofp.OFPTT_ALL and sent[1].cookie_mask == 0     # every flow, whoever made it
+    answer_flow_stats(app, dp, sent[1], [])
+    assert dp.take() == []
+    answer_group_desc(app, dp, sent[2], [])
     install = dp.take()
     assert install and isinstance(install[-1], parser.OFPBarrierRequest)
     dp.sent = install
@@ -123,9 +138,8 @@ def test_switch_features_wipe_the_switch_then_its_flows_follow_the_wipe_confirma
 def test_flows_count_as_installed_only_once_the_switch_answers_the_barrier(app):
     dp = FakeDatapath(dpids()["p0l0"])
     first = features(app, dp)
-    reply = parser.OFPBarrierReply(dp)
-    reply.set_xid(first[2].xid)
-    app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+    answer_flow_stats(app, dp, first[1], [])
+    answer_group_desc(app, dp, first[2], [])
     sent = dp.take()
     assert flow_mods(sent)
     assert app.reconciler.confirmed["p0l0"] == {}
@@ -346,6 +360,10 @@ def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(app
                 reply = parser.OFPBarrierReply(dp)
                 reply.set_xid(m.xid)
                 app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
+            elif isinstance(m, parser.OFPFlowStatsRequest):
+                answer_flow_stats(app, dp, m, [])
+            elif isinstance(m, parser.OFPGroupDescStatsRequest):
+                answer_group_desc(app, dp, m, [])
     assert app.reconciler.settled
     groups_added = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD]
     sends_to_group = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPFlowMod) and any(

@@ -60,17 +60,23 @@ def test_a_link_failure_recompiles_only_its_plane(mini_hpn):
     assert all(rec.states[sw] is st for sw, st in plane1.items())
 
 
-def test_a_switch_that_connects_is_wiped_before_anything_else(mini_hpn):
+def test_a_switch_that_connects_is_asked_what_it_holds_before_anything_else(mini_hpn):
     rec = reconcile.Reconciler(mini_hpn)
     msgs = rec.handle(reconcile.SwitchUp("p0l0"))
-    assert [type(m) for m in msgs] == [reconcile.WipeTables, reconcile.Barrier]
+    assert [type(m) for m in msgs] == [reconcile.FlowStatsRequest, reconcile.GroupDescRequest]
+
+
+def connect_empty(rec: reconcile.Reconciler, sw: str, now: float = 0.0) -> list:
+    """``sw`` connects and reports that it holds nothing: what the reconciler sends then."""
+    flows, groups = rec.handle(reconcile.SwitchUp(sw), now)
+    assert isinstance(flows, reconcile.FlowStatsRequest) and isinstance(groups, reconcile.GroupDescRequest)
+    assert rec.handle(reconcile.FlowStatsReply(sw, flows.xid), now) == []
+    return rec.handle(reconcile.GroupDescReply(sw, groups.xid), now)
 
 
 def test_flows_count_as_installed_only_once_their_barrier_is_answered(mini_hpn):
     rec = reconcile.Reconciler(mini_hpn)
-    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"))
-    assert isinstance(barrier, reconcile.Barrier)
-    install = rec.handle(reconcile.BarrierReply("p0l0", barrier.xid))
+    install = connect_empty(rec, "p0l0")
     assert any(isinstance(m, reconcile.FlowMod) for m in install)
     assert rec.confirmed["p0l0"] == {}
     answer(rec, install)
@@ -79,9 +85,7 @@ def test_flows_count_as_installed_only_once_their_barrier_is_answered(mini_hpn):
 
 def test_an_unknown_barrier_reply_confirms_nothing(mini_hpn):
     rec = reconcile.Reconciler(mini_hpn)
-    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"))
-    assert isinstance(barrier, reconcile.Barrier)
-    install = rec.handle(reconcile.BarrierReply("p0l0", barrier.xid))
+    install = connect_empty(rec, "p0l0")
     rec.handle(reconcile.BarrierReply("p0l0", 123456))
     assert rec.confirmed["p0l0"] == {} and install
 
@@ -186,7 +190,7 @@ def test_an_error_resynchronises_the_switch_from_its_flow_stats(mini_hpn):
 
 def test_a_confirmation_that_does_not_arrive_in_time_resynchronises_the_switch(mini_hpn):
     rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
-    (_wipe, barrier) = rec.handle(reconcile.SwitchUp("p0l0"), now=10.0)
+    barrier = connect_empty(rec, "p0l0", now=10.0)[-1]
     assert isinstance(barrier, reconcile.Barrier)
     assert rec.handle(reconcile.Tick(), now=11.0) == []
     request, groups = rec.handle(reconcile.Tick(), now=12.5)
@@ -274,16 +278,21 @@ def drive(rec: reconcile.Reconciler, msgs: list, log: list) -> None:
     """Answer barriers one by one until quiet; log (message, copy of the confirmed table of its switch
     when it was sent, the desired table then) for every message."""
     def entry(m):
-        return m, dict(rec.confirmed.get(m.switch, {})), rec.desired.get(m.switch, {})
+        return m, dict(rec.confirmed.get(m.switch, {})), dict(rec.desired.get(m.switch, {}))  # copies
 
     queue = list(msgs)
     log += [entry(m) for m in msgs]
     while queue:
         m = queue.pop(0)
+        more = []
         if isinstance(m, reconcile.Barrier):
             more = rec.handle(reconcile.BarrierReply(m.switch, m.xid))
-            log += [entry(x) for x in more]
-            queue += more
+        elif isinstance(m, reconcile.FlowStatsRequest):        # a fresh switch: it holds nothing
+            more = rec.handle(reconcile.FlowStatsReply(m.switch, m.xid))
+        elif isinstance(m, reconcile.GroupDescRequest):
+            more = rec.handle(reconcile.GroupDescReply(m.switch, m.xid))
+        log += [entry(x) for x in more]
+        queue += more
 
 
 def fail_and_repair(rec: reconcile.Reconciler, g, a: str, b: str) -> list:

@@ -10,7 +10,7 @@ Invariants, for each failure below and its repair:
 - at the end every pair the live fabric connects is delivered on every branch, and the
   reconciler's confirmed state is exactly what the switches hold;
 - a switch that returns is installed whole, strictly before any other switch changes where it
-  sends an address (its wipe is the first step, its tables the second).
+  sends an address (reading what it holds is the first step, its tables the second).
 
 Coverage, within a time budget (the interpreter walks some ten thousand branches a second
 here; an exhaustive sweep of the five small presets takes about two minutes):
@@ -146,11 +146,12 @@ class OneSided(Replay):
 
 
 def returning_switch_goes_first(replay: Replay, sw: str, since: int) -> None:
-    """Of the messages sent since ``since``: the returning switch's wipe is the whole first step,
-    its tables all go before any other switch's route or group changes."""
+    """Of the messages sent since ``since``: reading back what the returning switch holds (nothing)
+    is the whole first step, its tables all go before any other switch's route or group changes."""
     sent = replay.sent[since:]
     mods = [(i, m) for i, m in enumerate(sent) if isinstance(m, (reconcile.FlowMod, reconcile.GroupMod))]
-    assert isinstance(sent[0], reconcile.WipeTables) and sent[0].switch == sw
+    assert isinstance(sent[0], reconcile.FlowStatsRequest) and sent[0].switch == sw
+    assert isinstance(sent[1], reconcile.GroupDescRequest) and sent[1].switch == sw
     own = [i for i, m in mods if m.switch == sw]
     assert own, f"{sw} got no tables"
     others = [i for i, m in mods if m.switch != sw

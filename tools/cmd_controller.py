@@ -6,6 +6,9 @@
         prints a line containing "ready" once switches can connect.
     hpnlab controller --config FILE.yaml [flags...]
         the same, settings from FILE (keys: the flags' names; flags given win), see controller/config.py
+    hpnlab controller SCENARIO --dry-run [--json] [--dry-run-timeout S]
+        connects, reads every switch's flows and groups and prints what it would add, modify and
+        delete per switch; changes nothing; exits once every switch has answered (1 on timeout).
     hpnlab controller SCENARIO --show SWITCH [--fail A-B ...] [--policy ...]
         prints the flows the compiler gives SWITCH (with links A-B failed), no switch needed.
 """

@@ -7,6 +7,7 @@ import sys
 import time
 
 from hpnlab.fabric import spec
+from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.errors import UserError
 
 from .argtypes import output_file
@@ -87,6 +88,10 @@ def register(sub) -> None:
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")
     p.add_argument("--placement", default="plane", choices=("plane", "switch-bin", "round-robin", "random"),
                    help="cluster placement: plane (each plane's switches on one server, default), or Mininet's")
+    p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default="continue",
+                   help="when the controller process dies: say so and continue (default: the switches keep their "
+                        "tables, fail mode secure, and answer ARP themselves), restart it (it reads the switches "
+                        "back and changes only what differs), or stop")
     p.add_argument("--controller-ip", default="127.0.0.1",
                    help="address the controller listens on and switches dial (a routable one with --servers)")
     p.add_argument("--controller-tls", metavar="DIR",
@@ -147,7 +152,8 @@ def cmd_emulate(args) -> int:
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
-                    port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args)
+                    port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
+                    on_controller_loss=args.on_controller_loss)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from hpnlab.fabric import collectives as col
 from hpnlab.fabric import compare, ecn_settings, experiment, jobspec, report, spec
+from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.placement import PLACEMENTS
 
@@ -73,6 +74,10 @@ def register(sub) -> None:
                    help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
     p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
                    help="the controller polls port statistics and the ECN stage every N ms (default 200)")
+    p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default="restart",
+                   help="when the controller process dies during the run: restart it (default: it reads the switches "
+                        "back and changes only what differs; traffic keeps flowing meanwhile), stop the run, or "
+                        "say so and continue without it")
     p.add_argument("--no-fast-failover", action="store_true",
                    help="no local protection (fast-failover groups keep only their primary bucket): "
                         "the controller-only baseline")
@@ -153,7 +158,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
                        telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
-                       controller_tls=args.controller_tls, controller_args=web_args) as emu, \
+                       controller_tls=args.controller_tls, controller_args=web_args,
+                       on_controller_loss=args.on_controller_loss) as emu, \
                 open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "

@@ -30,6 +30,9 @@ Python API (stable; tools and tests build on it)::
         # controller's wiring report is emu.metadata["wiring"], a staged rollout's emu.metadata["rollout"]
         # Emulation(..., on_built=fn): fn(emu) once the network exists, before the switches are installed
         emu.run_timeline("failures.yaml")   # see hpnlab.fabric.emulation.timeline
+        emu.kill_controller(); emu.restart_controller()   # a crash, and the controller back (switches reconnect)
+        # Emulation(..., on_controller_loss="restart"|"stop"|"continue"): a dead controller is noticed
+        # (pid polled), said in one line, and restarted, the run stopped (ControllerLost), or neither
         emu.ecn                      # EcnStage: .set_thresholds(...), .counters(...) (see .ecn)
         emu.switch_ports()           # every switch egress port with its emulated rate
         emu.connected_switches()     # bridge -> connected to the controller (from ovsdb)
@@ -94,11 +97,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CONTROLLERS", "Emulation", "EmulationError", "Lock", "RunState", "clean"]
+__all__ = ["CONTROLLERS", "ControllerLost", "Emulation", "EmulationError", "Lock", "RunState", "clean"]
 
 # Loaded on first use (PEP 562), so that a light module of this package (``ovsdb``, ``reachability``,
 # ``shaping``) never pulls the harness in: ``hpnlab doctor`` and the kernel probe stay light.
 _WHERE = {"CONTROLLERS": ".preflight", "Emulation": ".harness", "EmulationError": ".harness",
+          "ControllerLost": ".harness",
           "Lock": ".state", "RunState": ".state", "clean": ".state"}
 
 

@@ -1,14 +1,19 @@
 """The controller as a process: started in its own process group, ready when it prints
-``ready``, stopped by its pid (never by name)."""
+``ready``, stopped by its pid (never by name); watched, so that its loss is noticed
+(:class:`ControllerWatch`) and answered as the user chose (:data:`ON_CONTROLLER_LOSS`)."""
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -16,6 +21,10 @@ from .. import spec
 from ..errors import UserError
 
 DEFAULT_OFP_PORT = 6653
+#: what a run does when its controller process dies: restart it (the switches keep their tables in
+#: fail mode secure, and the restarted controller reads them back and changes only what differs),
+#: stop the run, or say so and continue without it
+ON_CONTROLLER_LOSS = ("restart", "stop", "continue")
 
 #: a TLS directory's files, as tools/make_test_ca.sh writes them: what the controller and the
 #: switches (Open vSwitch's ``set-ssl``) each present, and the CA both trust
@@ -120,24 +129,48 @@ class ControllerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> subprocess.Popen:
-        """Start it in its own session (process group = its pid); the caller records the pid."""
+        """Start it in its own session (process group = its pid); the caller records the pid. A
+        restart appends to the same log (``wait_ready`` reads only what the new process wrote)."""
         self.scenario_file.write_text(yaml.safe_dump(spec.to_dict(self.scenario), sort_keys=False))
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        with open(self.log_file, "wb") as out:
+        self._log_from = self.log_file.stat().st_size if self.log_file.exists() else 0
+        with open(self.log_file, "ab") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True, cwd=root, env=env)
+        try:      # started from a real-time thread (a timeline's), it would inherit SCHED_FIFO
+            os.sched_setscheduler(self.proc.pid, os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, AttributeError):
+            pass
         return self.proc
 
     def exited(self) -> int | None:
         """Its exit code once it has exited, else None."""
         return None if self.proc is None else self.proc.poll()
 
+    def kill(self, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> int | None:
+        """End it (its process group, by its pid) and reap it; its exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ControllerError(f"the controller (pid {self.proc.pid}) did not end within {timeout_s:g} s") from None
+
+    def _log_text(self) -> str:
+        with open(self.log_file, "rb") as f:
+            f.seek(getattr(self, "_log_from", 0))
+            return f.read().decode(errors="replace")
+
     def wait_ready(self, timeout_s: float) -> None:
         """Until the log says ``ready``; ControllerError when it exits or the time is up."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            text = self.log_file.read_text(errors="replace")
+            text = self._log_text()
             if "ready" in text:
                 return
             if self.exited() is not None:
@@ -145,3 +178,54 @@ class ControllerProcess:
                 raise ControllerError(f"the controller exited (code {self.exited()}): " + " | ".join(tail))
             time.sleep(0.05)
         raise ControllerError(f"the controller did not print 'ready' within {timeout_s:g} s (log: {self.log_file})")
+
+
+def check_on_controller_loss(choice: str) -> str:
+    """``choice`` when it is one of :data:`ON_CONTROLLER_LOSS`, else a one-line UserError."""
+    if choice not in ON_CONTROLLER_LOSS:
+        from ..errors import UserError
+        raise UserError(f"--on-controller-loss {choice!r}: one of {', '.join(ON_CONTROLLER_LOSS)}")
+    return choice
+
+
+class Watched(Protocol):
+    """What a watch follows: the controller's current process (replaced on a restart)."""
+    proc: subprocess.Popen | None
+
+
+class ControllerWatch:
+    """Polls a controller process every ``interval_s`` and calls ``on_loss(exit_code)`` once each time
+    it is found dead (a thread; ``stop()`` before ending the controller on purpose). ``on_loss`` may
+    start a new process (the watch then follows ``ctl.proc``, whatever object it is now)."""
+
+    def __init__(self, ctl: Watched, on_loss: Callable[[int], None], interval_s: float = 0.2):
+        self.ctl = ctl
+        self.on_loss = on_loss
+        self.interval_s = interval_s
+        self.losses = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpnlab-controller-watch", daemon=True)
+
+    def start(self) -> ControllerWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        seen = None
+        while not self._stop.wait(self.interval_s):
+            proc = self.ctl.proc
+            if proc is None or proc is seen:
+                continue
+            code = proc.poll()
+            if code is not None:
+                seen = proc          # this process is reported once; a restarted one is watched anew
+                self.losses += 1
+                try:
+                    self.on_loss(code)
+                except Exception as exc:     # the watch must survive what the answer does
+                    print(f"hpnlab: answering the controller's loss failed: {exc}", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +31,8 @@ from .controller_process import (
     DEFAULT_OFP_PORT,
     ControllerError,
     ControllerProcess,
+    ControllerWatch,
+    check_on_controller_loss,
     ecn_args,
     free_port,
     request_policy,
@@ -43,11 +47,15 @@ from .rewire import deployment as rewire_deployment
 from .signals import Unwind
 from .state import ENV_MARK, Lock, RunState
 
-__all__ = ["Emulation", "EmulationError"]
+__all__ = ["ControllerLost", "Emulation", "EmulationError"]
 
 
 class EmulationError(RuntimeError):
     """The emulation could not be brought up as asked (switches not connecting, hosts unreachable)."""
+
+
+class ControllerLost(EmulationError):
+    """The controller process died and the run was asked to stop then (``on_controller_loss="stop"``)."""
 
 
 def _log_default(msg: str) -> None:
@@ -68,7 +76,7 @@ class Emulation:
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
                  rewire: Rewire | None = None, wiring_timeout: float = 30.0,
                  on_built: Callable[[Emulation], None] | None = None,
-                 controller_tls: str | Path | None = None):
+                 controller_tls: str | Path | None = None, on_controller_loss: str = "continue"):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if controller_tls and controller != "hpnlab":
@@ -102,6 +110,15 @@ class Emulation:
         self.placement = placement
         self.controller_ip = controller_ip
         self.controller_args = list(controller_args)
+        #: when the controller process dies: "restart" it, "stop" the run (ControllerLost in the thread
+        #: that started the run), or say so and "continue" (the switches keep forwarding: fail mode secure)
+        self.on_controller_loss = check_on_controller_loss(on_controller_loss)
+        #: one entry per loss noticed: {"at", "code", "action", "restart_s"}
+        self.controller_losses: list[dict[str, Any]] = []
+        self._ctl: ControllerProcess | None = None
+        self._watch: ControllerWatch | None = None
+        self._lost_line = ""
+        self._old_usr1: Any = None
         #: local protection (the controller's fast-failover groups); False: the controller-only baseline
         self.fast_failover = fast_failover
         if not fast_failover:
@@ -218,6 +235,7 @@ class Emulation:
             if self.controller == "hpnlab":
                 self._wait_connected()
                 self._read_wiring()
+                self._watch_controller()
             self.timings["connected_s"] = time.monotonic() - t0
             if self.verify:
                 self._verify()
@@ -271,6 +289,7 @@ class Emulation:
         self.metadata["telemetry_interval_ms"] = self.telemetry_interval_ms
         self.metadata["fast_failover"] = self.fast_failover
         self.metadata["controller_log"] = str(ctl.log_file)
+        self._ctl = ctl
         self.controller_proc = ctl.start()
         self._st.add_pid(self.controller_proc.pid, "controller", group=True)
         try:
@@ -289,6 +308,77 @@ class Emulation:
         if error:
             raise EmulationError(f"Open vSwitch would not take the TLS files: {error}")
         self.metadata["controller_tls"] = {"ca": self.tls["ca"], "switch_cert": self.tls["switch_cert"]}
+    # -- the controller process: loss, kill, restart ----------------------------------------
+    def _watch_controller(self) -> None:
+        """From now on a dead controller is noticed (its pid polled) and answered as chosen."""
+        if self._ctl is None:
+            return
+        if threading.current_thread() is threading.main_thread():
+            self._old_usr1 = signal.signal(signal.SIGUSR1, self._raise_controller_lost)
+        self.metadata["on_controller_loss"] = self.on_controller_loss
+        self._watch = ControllerWatch(self._ctl, self._controller_lost).start()
+
+    def _raise_controller_lost(self, _signum: int, _frame: Any) -> None:
+        raise ControllerLost(self._lost_line)
+
+    def _controller_lost(self, code: int) -> None:
+        """The watch found the controller dead: one line, then restart, stop or continue."""
+        pid = self._ctl.proc.pid if self._ctl and self._ctl.proc else 0
+        action = self.on_controller_loss
+        what = {"restart": "restarting it", "stop": "stopping the run",
+                "continue": "continuing without it (the switches keep their tables: fail mode secure)"}[action]
+        self._lost_line = (f"the controller (pid {pid}) exited with code {code}: {what} "
+                           f"(--on-controller-loss {action}; log: {self.metadata.get('controller_log')})")
+        self.log(self._lost_line)
+        loss: dict[str, Any] = {"at": time.time(), "code": code, "action": action}
+        self.controller_losses.append(loss)
+        if action == "restart":
+            loss["restart_s"] = self.restart_controller(watch=False)
+        elif action == "stop":
+            if self._old_usr1 is not None:
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
+            else:
+                import _thread
+                _thread.interrupt_main()
+
+    def kill_controller(self, sig: int = signal.SIGKILL) -> int | None:
+        """End the controller process as a crash would (SIGKILL by default); its exit code. The watch
+        notices and answers it as chosen (``on_controller_loss``)."""
+        if self._ctl is None:
+            raise UserError("this run has no hpnlab controller to kill")
+        return self._ctl.kill(sig)
+
+    def restart_controller(self, watch: bool = True) -> float:
+        """Start the controller again (same port and arguments; a dead one first ended) and wait until
+        every switch has connected to it; the seconds that took."""
+        if self._ctl is None:
+            raise UserError("this run has no hpnlab controller to restart")
+        t0 = time.monotonic()
+        if self._ctl.exited() is None:
+            if self._watch is not None and watch:
+                self._watch.stop()
+            self._ctl.kill()
+        self.controller_proc = self._ctl.start()
+        self._st.add_pid(self.controller_proc.pid, "controller", group=True)
+        try:
+            self._ctl.wait_ready(self.ready_timeout)
+        except ControllerError as exc:
+            raise EmulationError(str(exc)) from None
+        self._wait_connected()
+        if watch and (self._watch is None or self._watch._stop.is_set()):
+            self._watch = ControllerWatch(self._ctl, self._controller_lost).start()
+        return time.monotonic() - t0
+
+    def _unwatch_controller(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        if self._old_usr1 is not None:
+            try:
+                signal.signal(signal.SIGUSR1, self._old_usr1)
+            except (ValueError, TypeError):
+                pass
+            self._old_usr1 = None
 
     def _build(self) -> None:
         from mininet.link import Link
@@ -640,6 +730,7 @@ class Emulation:
         self._stopped = True
         from .state import teardown
         try:
+            self._unwatch_controller()       # ending the controller below is no loss
             self._restore_ovs()
             self.faults.close()
             if self.ecn is not None:

@@ -13,6 +13,8 @@ File format (YAML or JSON)::
       - {at: 5.5, action: link_up,   link: [p0l0, p0s0]}
       - {at: 6.0, action: link_drop, link: [p0l0, p0s0], side: p0l0}  # gray: p0l0 -> p0s0 drops all
       - {at: 7.0, action: link_restore, link: [p0l0, p0s0], side: p0l0}
+      - {at: 8.0, action: controller_kill}      # the controller process dies (SIGKILL)
+      - {at: 9.0, action: controller_restart}   # started again; returns once every switch is back
 
 A bare list of events is accepted too. ``load()`` validates everything against the
 fabric graph first (unknown action, node or link, negative or unsorted time: one line).
@@ -22,7 +24,9 @@ carrier loss, OVS sends PortStatus to the controller); a switch goes down by doi
 every link of it. ``link_down_one_side`` sets only ``side``'s interface down (with veth the
 peer loses carrier too: see ``faults``); ``link_drop`` is a gray failure: the link stays up
 and everything ``side`` sends on it is dropped (a tc egress drop filter) until
-``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``.
+``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``. ``controller_kill`` ends the
+controller process as a crash would; what the run does then is its ``on_controller_loss``
+(restart it, stop, or continue); ``controller_restart`` starts it again.
 
 ``run()`` sleeps on the monotonic clock until each event's time, applies it, and records
 the offset at which the change was in place (``applied_s``), its wall clock time (``wall``;
@@ -46,7 +50,8 @@ import yaml
 
 from ..errors import UserError
 
-ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore")
+ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore",
+           "controller_kill", "controller_restart")
 #: actions that act on one end of a link (``side``)
 SIDED = ("link_down_one_side", "link_drop", "link_restore")
 #: an event is in place within this many seconds of its scheduled time
@@ -109,6 +114,11 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
                 raise UserError(f"{where}: 'side' must be {u} or {v}, got {side!r}")
             if action in SIDED:
                 side = u if side is None else str(side)
+        elif action.startswith("controller"):
+            extra = set(item) & {"link", "switch", "key", "side"}
+            if extra:
+                raise UserError(f"{where}: {action} takes no {sorted(extra)[0]!r}")
+            target, side = ("controller",), None
         else:
             if "side" in item:
                 raise UserError(f"{where}: 'side' applies to link actions only")
@@ -149,6 +159,10 @@ def apply(emu, event: Event) -> None:
         emu.link_restore(*event.target, key=event.key, side=event.side)
     elif event.action == "switch_down":
         emu.switch_down(event.target[0])
+    elif event.action == "controller_kill":
+        emu.kill_controller()
+    elif event.action == "controller_restart":
+        emu.restart_controller()
     else:
         emu.switch_up(event.target[0])
 
