@@ -70,15 +70,22 @@ def test_without_a_file_the_defaults_stand():
 
 def test_flags_another_module_adds_to_the_parser_are_keys_with_no_change(tmp_path):
     p = build_parser()
-    p.add_argument("--deployment", metavar="FILE")
-    p.add_argument("--on-miswire", choices=("refuse", "planes"), default="refuse")
-    p.add_argument("--rollout", choices=("all", "plane"), default="all")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--site-map", metavar="FILE")
+    p.add_argument("--on-trouble", choices=("refuse", "planes"), default="refuse")
+    p.add_argument("--stages", choices=("all", "plane"), default="all")
+    p.add_argument("--rehearse", action="store_true")
     config.record_given(p)
-    args = resolved("scenario: mini-hpn\ndeployment: /etc/hpnlab/site.yaml\non_miswire: planes\nrollout: plane\n"
-                    "dry_run: true\n", [], tmp_path, p)
-    assert (args.deployment, args.on_miswire, args.rollout, args.dry_run) == (
+    args = resolved("scenario: mini-hpn\nsite_map: /etc/hpnlab/site.yaml\non_trouble: planes\nstages: plane\n"
+                    "rehearse: true\n", [], tmp_path, p)
+    assert (args.site_map, args.on_trouble, args.stages, args.rehearse) == (
         "/etc/hpnlab/site.yaml", "planes", "plane", True)
+
+
+def test_the_flags_of_the_wiring_check_rollout_and_dry_run_are_config_keys(tmp_path):
+    args = resolved("scenario: mini-hpn\ndeployment: /etc/hpnlab/site.yaml\non_miswire: planes\nrollout: staged\n"
+                    "dry_run: true\n", [], tmp_path, build_parser())
+    assert (args.deployment, args.on_miswire, args.rollout, args.dry_run) == (
+        "/etc/hpnlab/site.yaml", "planes", "staged", True)
 
 
 @pytest.mark.parametrize(("doc", "needle"), [
