@@ -285,6 +285,7 @@ class Emulation:
                 host_cls, switch_cls, link_cls = self.remote.classes(host_cls, switch_cls)
                 common["host"] = host_cls
                 common["switch"] = lambda name, **p: switch_cls(name, failMode=fail_mode, **p)
+                common["precheck"] = False   # Mininet's asks for sudo; Remote.start has reached every server
                 self.metadata["cluster"]["remote"] = self.remote.describe()
             net = mncluster.MininetCluster(servers=servers, placement=nodes.placers(self.graph)[self.placement],
                                            link=link_cls, **common)
