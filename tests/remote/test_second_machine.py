@@ -86,8 +86,10 @@ def test_shaping_and_red_ecn_are_on_the_second_machines_switch_ports(two):
 
 
 def test_an_all_reduce_across_both_machines_delivers_every_byte(two):
+    # timeout_s: a rank waits this long for a silent peer; a rank on the guest takes longer than
+    # the default 15 s just to start its Python under qemu's software emulation
     plan = Plan(collectives="all_reduce", transports="roce", entropies="flow", ranks=8, placement="cross-rail",
-                sizes="64K", iterations=2)
+                sizes="64K", iterations=2, timeout_s=120)
     [res] = experiment.run(plan, two, progress=False)["results"]
     assert {server_of(two, h) for h in res["hosts"]} == {"localhost", SECOND}
     [row] = res["rows"]

@@ -63,6 +63,7 @@ serve_as_second_machine() {
     # the project for processes started over ssh (no PYTHONPATH there): a .pth in the venv
     echo /hpnlab/pylib > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hpnlab-lane.pth"
     ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key || finish 126 "ssh-keygen"
+    sed -i 's/^root:![^:]*:/root:*:/' /etc/shadow      # a locked root is refused even with a key (UsePAM no)
     mkdir -p -m 700 /root/.ssh /run/sshd
     cp "$OUT/ssh/id.pub" /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys
     cat > /etc/ssh/sshd_config.d/hpnlab-lane.conf <<CONF
