@@ -190,9 +190,9 @@ def teardown_script(run_id: str, interfaces: Iterable[str]) -> str:
     mark = f"{ENV_MARK}={run_id}"
     intfs = " ".join(shlex.quote(i) for i in interfaces)
     return f"""n=0
-for d in /proc/[0-9]*; do
-  p=${{d#/proc/}}; [ "$p" = $$ ] && continue
-  grep -qzx {shlex.quote(mark)} $d/environ 2>/dev/null && kill -9 $p 2>/dev/null && n=$((n+1))
+for f in $(grep -lzx {shlex.quote(mark)} /proc/[0-9]*/environ 2>/dev/null); do
+  p=${{f#/proc/}}; p=${{p%/environ}}; [ "$p" = $$ ] && continue
+  kill -9 $p 2>/dev/null && n=$((n+1))
 done
 echo "removed processes $n"
 n=0
