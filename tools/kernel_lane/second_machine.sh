@@ -56,7 +56,7 @@ QPID=""
 cleanup() {
     touch "$OUT/stop" 2>/dev/null
     if [ -n "$QPID" ]; then
-        for _ in $(seq 30); do kill -0 "$QPID" 2>/dev/null || break; sleep 1; done
+        for _ in $(seq 10); do kill -0 "$QPID" 2>/dev/null || break; sleep 1; done
         kill "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null
     fi
     ip link del "$TAP" 2>/dev/null
