@@ -6,17 +6,27 @@
 #   sudo make -f mk/kernel.mk test-kernel KERNEL_TESTS=tests/kernel/test_x.py
 #   sudo make -f mk/kernel.mk kernel-image        build/refresh the cached guest only
 #   HPNLAB_KERNEL_LANE=skip make test             skip the lane, saying so
+#   sudo make -f mk/kernel.mk test-second-machine the second machine only (tests/remote)
+#
+# The lane's second part (issue 16): the same guest booted as a server on a private link
+# (tools/kernel_lane/second_machine.sh), and tests/remote run on this machine against it.
 #
 # The kernel, initramfs and root image are cached machine-wide in
 # $(HPNLAB_KERNEL_LANE_CACHE) (default /var/cache/hpnlab/kernel-lane), keyed by the
 # kernel version, tools/kernel_lane/packages.txt and setup.cfg's requirements.
 
 KERNEL_TESTS ?= tests/kernel
+REMOTE_TESTS ?= tests/remote
 
-.PHONY: test-kernel kernel-image
+.PHONY: test-kernel test-second-machine kernel-image
 
+# both parts run; the target fails if either failed
 test-kernel:
-	@tools/kernel_lane/run.sh $(KERNEL_TESTS)
+	@rc=0; tools/kernel_lane/run.sh $(KERNEL_TESTS) || rc=1; \
+	tools/kernel_lane/second_machine.sh $(REMOTE_TESTS) || rc=1; exit $$rc
+
+test-second-machine:
+	@tools/kernel_lane/second_machine.sh $(REMOTE_TESTS)
 
 kernel-image:
 	@tools/kernel_lane/build.sh >/dev/null

@@ -162,6 +162,7 @@ class Emulation:
         self.ofp_port: int | None = None
         self.controller_proc: subprocess.Popen | None = None
         self.ecn: Any = None  # hpnlab.fabric.emulation.ecn.EcnStage once started
+        self.remote: Any = None  # hpnlab.fabric.emulation.remote.Remote when servers other than localhost are used
         self.metadata: dict[str, Any] = {"scenario": self.scenario.name, "controller": controller}
         self.timings: dict[str, float] = {}
         self.faults = Faults(self.graph, lambda host, line: self.host(host).cmd(line), self._is_local,
@@ -407,15 +408,21 @@ class Emulation:
             for d in (ssh_dir.parent, ssh_dir):   # MininetCluster runs mkdir -p on it
                 if not d.exists():
                     state.add_empty_dir(str(d))
-            net = mncluster.MininetCluster(servers=self.servers, placement=nodes.placers(self.graph)[self.placement],
-                                           link=mncluster.RemoteLink, **common)
-            remote = sorted(set(self.servers or ()) - {"localhost"})
+            link_cls: type = mncluster.RemoteLink
+            servers = self.servers or ["localhost"]
             self.metadata["cluster"] = {"servers": self.servers, "placement": self.placement}
-            if remote:
-                line = (f"nodes on {', '.join(remote)}: no htb shaping or ECN stage on their switch ports, and "
-                        f"'hpnlab clean' here cannot remove what a killed run left there (run it on each server)")
-                self.metadata.setdefault("not_emulated", []).append(line)
-                self.log(line)
+            remote_servers = sorted(set(servers) - {"localhost"})
+            if remote_servers:   # other machines, for real (hpnlab.fabric.emulation.remote)
+                from . import remote
+                where = remote.place(common["topo"], self.graph, servers, self.placement)
+                self.remote = remote.Remote.start(state, remote_servers, remote.planned(self.graph, where), self.log)
+                host_cls, switch_cls, link_cls = self.remote.classes(host_cls, switch_cls)
+                common["host"] = host_cls
+                common["switch"] = lambda name, **p: switch_cls(name, failMode=fail_mode, **p)
+                common["precheck"] = False   # Mininet's asks for sudo; Remote.start has reached every server
+                self.metadata["cluster"]["remote"] = self.remote.describe()
+            net = mncluster.MininetCluster(servers=servers, placement=nodes.placers(self.graph)[self.placement],
+                                           link=link_cls, **common)
         else:
             net = Mininet(link=Link, **common)
         self.net = net
@@ -427,6 +434,10 @@ class Emulation:
             net.start()
             nodes.configure_switch_ports([p for p in self.switch_ports() if p["local"]], self.scenario.emulation.mtu,
                                          self.want_shape, self._caps.netem, state.run_dir)
+            if self.remote is not None:
+                far = [dict(p, server=self.net.get(p["switch"]).server) for p in self.switch_ports() if not p["local"]]
+                self.metadata["cluster"]["remote_ports"] = self.remote.configure_ports(
+                    far, self.scenario.emulation.mtu, self.want_shape, self.want_ecn)
         except nodes.NodeError as exc:
             raise EmulationError(str(exc)) from None
 
@@ -495,6 +506,8 @@ class Emulation:
         switches = fgraph.switches(self.graph)
         if self.inactivity_probe_ms is not None:
             ovsdb.set_inactivity_probe(switches, self.inactivity_probe_ms)
+            if self.remote is not None:
+                self.remote.set_inactivity_probe(self.inactivity_probe_ms)
         deadline = time.monotonic() + self.connect_timeout
         want = set(switches)
         while True:
@@ -636,8 +649,9 @@ class Emulation:
         return getattr(self.net.get(node), "server", "localhost") == "localhost"
 
     def connected_switches(self) -> dict[str, bool]:
-        """Bridge name -> is_connected to its controller, read from ovsdb."""
-        return ovsdb.connected(fgraph.switches(self.graph))
+        """Bridge name -> is_connected to its controller, read from ovsdb (each server's own)."""
+        local = ovsdb.connected(fgraph.switches(self.graph))
+        return local if self.remote is None else {**local, **self.remote.connected()}
 
     # -- reachability walks -----------------------------------------------------------------
     def ping_all(self, pairs: list[tuple[str, str, str, str]] | None = None, timeout_s: float = 2.0,

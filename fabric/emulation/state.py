@@ -12,6 +12,8 @@ Everything an emulation creates on the machine is written into its state file
 ``dirs``         run directories (logs, compiled objects)
 ``scheduling``   processes of the machine whose scheduling policy the run changed (ovs-vswitchd's
                  main thread on the userspace datapath), with the policy to restore
+``remote``       per cluster server: the ssh command that reaches it, the bridges and the
+                 interfaces the run makes there (``hpnlab.fabric.emulation.remote`` cleans them)
 
 Every child process also inherits ``HPNLAB_RUN=<run id>`` in its environment, so a
 process started in the instant between creation and recording is still found.
@@ -144,6 +146,7 @@ class RunState:
     dirs: list[str] = field(default_factory=list)
     empty_dirs: list[str] = field(default_factory=list)
     scheduling: list[dict[str, Any]] = field(default_factory=list)
+    remote: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -205,6 +208,11 @@ class RunState:
         self.scheduling.append({"pid": pid, "start": _pid_start(pid), "policy": policy, "priority": priority})
         self.save()
 
+    def add_remote(self, server: str, ssh: list[str], bridges: list[str], interfaces: list[str]) -> None:
+        """Record a cluster server before the run makes anything there (``remote.teardown`` reads it)."""
+        self.remote[server] = {"ssh": list(ssh), "bridges": list(bridges), "interfaces": list(interfaces)}
+        self.save()
+
     def owner_alive(self) -> bool:
         return pid_alive(self.owner_pid, self.owner_start)
 
@@ -212,6 +220,7 @@ class RunState:
     def load(cls, path: Path) -> RunState:
         data = json.loads(path.read_text())
         data.setdefault("empty_dirs", [])
+        data.setdefault("remote", {})
         return cls(**data)
 
 
@@ -311,6 +320,11 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
     for pid, start, _ in victims:
         while pid_alive(pid, start) and time.monotonic() < deadline + 2:
             time.sleep(0.01)
+    # 1b. what the run made on other servers (processes, bridges, interfaces there)
+    if state.remote:
+        from .remote import teardown as remote_teardown
+        for kind, n in remote_teardown(state, log).items():
+            removed[f"remote_{kind}"] = removed.get(f"remote_{kind}", 0) + n
     # 2. OVS bridges: those listed, and any marked with this run id
     marked = ovsdb.marked_bridges()
     bridges = [b for b in state.bridges if b not in marked or marked[b] == state.run_id]

@@ -155,6 +155,8 @@ rm -f "$ROOT/lib/modules/$KVER/build" "$ROOT/lib/modules/$KVER/source"
 rm -rf "$ROOT"/var/cache/apt/archives/*.deb "$ROOT"/var/lib/apt/lists/* "$ROOT/tmp/requirements.txt" "$ROOT/tmp/host-ca.crt" \
        "$ROOT"/usr/share/doc/* "$ROOT"/usr/share/man/* "$ROOT"/usr/share/locale/*
 rm -f "$ROOT/usr/sbin/policy-rc.d"
+# No ssh host key in the cached image: the guest makes its own at every boot (second machine).
+rm -f "$ROOT"/etc/ssh/ssh_host_*
 echo "hpnlab-kernel-lane" > "$ROOT/etc/hostname"
 echo "$KEY" > "$ROOT/etc/hpnlab-lane-image"
 

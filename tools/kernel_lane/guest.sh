@@ -42,7 +42,55 @@ echo "127.0.1.1 hpnlab-kernel-lane" >> /etc/hosts
 ip link set lo up
 say "guest up (kernel $(uname -r), image $(cat /etc/hpnlab-lane-image 2>/dev/null))"
 
-# Settings from the host (written before boot): LANE_TIMEOUT_S, LANE_TEST_TIMEOUT_S, LANE_PYTEST_ARGS.
+# The second machine (LANE_MODE=server, tools/kernel_lane/second_machine.sh): the guest
+# is a server the host's emulation places switches and hosts on. One virtio NIC joined to
+# the host's tap (LANE_GUEST_CIDR, a /30: nothing but the host is reachable, there is no
+# route beyond it), an sshd that takes only the run's key ($OUT/ssh/id.pub) with a host key
+# made at this boot (its public half goes to $OUT/ssh/host_key.pub for the host's
+# known_hosts), and the host's /run/hpnlab (9p tag hpnrun) at the same path, so the run
+# directory's scripts are seen here. It serves until the host writes $OUT/stop or the
+# lane's time limit passes.
+serve_as_second_machine() {
+    modprobe virtio_net; modprobe tun
+    local i=0 dev=""
+    while [ -z "$dev" ] && [ $i -lt 50 ]; do
+        dev=$(ls /sys/class/net | grep -v '^lo$\|^ovs-system$' | head -1); [ -z "$dev" ] && sleep 0.1; i=$((i+1))
+    done
+    [ -n "$dev" ] || finish 126 "no network device"
+    ip addr add "$LANE_GUEST_CIDR" dev "$dev" && ip link set "$dev" up || finish 126 "cannot configure $dev"
+    mkdir -p /run/hpnlab
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 hpnrun /run/hpnlab || finish 126 "9p hpnrun"
+    # the project for processes started over ssh (no PYTHONPATH there): a .pth in the venv
+    echo /hpnlab/pylib > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hpnlab-lane.pth"
+    ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key || finish 126 "ssh-keygen"
+    sed -i 's/^root:![^:]*:/root:*:/' /etc/shadow      # a locked root is refused even with a key (UsePAM no)
+    mkdir -p -m 700 /root/.ssh /run/sshd
+    cp "$OUT/ssh/id.pub" /root/.ssh/authorized_keys && chmod 600 /root/.ssh/authorized_keys
+    cat > /etc/ssh/sshd_config.d/hpnlab-lane.conf <<CONF
+ListenAddress ${LANE_GUEST_CIDR%/*}
+HostKey /etc/ssh/ssh_host_ed25519_key
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+UseDNS no
+PermitTunnel yes
+MaxStartups 200
+MaxSessions 200
+SetEnv PATH=$PATH
+CONF
+    /usr/sbin/sshd -E "$OUT/sshd.log" || finish 126 "sshd did not start"
+    cp /etc/ssh/ssh_host_ed25519_key.pub "$OUT/ssh/host_key.pub"
+    say "second machine up: $dev ${LANE_GUEST_CIDR}, sshd, Open vSwitch $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)"
+    touch "$OUT/ready"
+    local end=$(( $(cut -d. -f1 /proc/uptime) + LANE_TIMEOUT_S ))
+    while [ ! -f "$OUT/stop" ] && [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do sleep 1; done
+    [ -f "$OUT/stop" ] || finish 124 "the host did not stop the second machine within ${LANE_TIMEOUT_S}s"
+    finish 0 "second machine stopped by the host (guest time $(cut -d' ' -f1 /proc/uptime)s)"
+}
+
+# Settings from the host (written before boot): LANE_TIMEOUT_S, LANE_TEST_TIMEOUT_S, LANE_PYTEST_ARGS,
+# LANE_MODE (tests | server) and LANE_GUEST_CIDR (server).
 LANE_TIMEOUT_S=900 LANE_TEST_TIMEOUT_S=420 LANE_PYTEST_ARGS="tests/kernel"
 [ -f "$OUT/lane.env" ] && . "$OUT/lane.env"
 
@@ -64,6 +112,7 @@ printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab.cli "$@"\n' > /usr
 chmod 755 /usr/local/bin/hpnlab
 
 cd "$SRC" || finish 126 "no checkout"
+[ "${LANE_MODE:-tests}" = server ] && serve_as_second_machine   # does not return
 say "pytest start (limit ${LANE_TIMEOUT_S}s, ${LANE_TEST_TIMEOUT_S}s per test): $LANE_PYTEST_ARGS"
 # shellcheck disable=SC2086
 timeout -k 15 "$LANE_TIMEOUT_S" python -m pytest -p no:cacheprovider -m kernel -v -rA --durations=15 \
