@@ -522,6 +522,7 @@ class HpnController(BaseApp):
         self.wiring_report: wiring.Report | None = None
         self.wiring_decision: wiring.Decision | None = None
         self.released: set[str] = set()       # switches handed to the reconciler
+        self._lldp_checks: dict[tuple[int, int], bool] = {}   # (dpid, xid) of a question for the LLDP rule: found
         self.rollout_state: rollout.Rollout | None = None     # --rollout staged (set by _release_planes)
         self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
         self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
@@ -547,9 +548,33 @@ class HpnController(BaseApp):
         if not self.wiring_enabled:
             self._release(name)
             return
-        self._lldp_rule(dp)
+        self._lldp_rule_unless_held(dp)
         if self.wiring_decision is not None and self._plane_allowed(name):
             self._release(name)
+
+    def _lldp_rule_unless_held(self, dp) -> None:
+        """Ask the switch for its LLDP rule and add the rule only if it is missing (``_lldp_held``
+        answers): a controller that restarts re-adds nothing the switch still holds."""
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        req = parser.OFPFlowStatsRequest(dp, 0, 0, ofp.OFPP_ANY, ofp.OFPG_ANY, LLDP_COOKIE, ALL_COOKIE_BITS,
+                                         parser.OFPMatch())
+        dp.send_msg(req)      # sets req.xid
+        self._lldp_checks[dp.id, req.xid] = False
+
+    def _lldp_held(self, msg) -> bool:
+        """A reply to ``_lldp_rule_unless_held``'s question (True: consumed here)."""
+        dp = msg.datapath
+        key = (dp.id, msg.xid)
+        if key not in self._lldp_checks:
+            return False
+        held = self._lldp_checks[key] or any(st.cookie == LLDP_COOKIE for st in msg.body)
+        if msg.flags & dp.ofproto.OFPMPF_REPLY_MORE:
+            self._lldp_checks[key] = held
+            return True
+        del self._lldp_checks[key]
+        if not held:
+            self._lldp_rule(dp)
+        return True
 
     def _gate_disconnected(self, name: str) -> None:
         self.released.discard(name)
@@ -1010,6 +1035,8 @@ class HpnController(BaseApp):
     def _stats_reply(self, msg, reply, decode) -> None:
         """One part of a multipart reply from a known switch, decoded, to the reconciler."""
         dp = msg.datapath
+        if reply is reconcile.FlowStatsReply and self._lldp_held(msg):
+            return
         name = self._name(dp)
         if name is not None:
             more = bool(msg.flags & dp.ofproto.OFPMPF_REPLY_MORE)

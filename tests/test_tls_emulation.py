@@ -39,8 +39,9 @@ def vsctl(*args: str) -> subprocess.CompletedProcess:
 
 
 def flow_count(bridge: str) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge], capture_output=True, text=True,
-                         timeout=10).stdout
+    # the controller's routing flows (its cookie): not the LLDP rule of discovery
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "cookie=0x68706e6c61620000/-1"],
+                         capture_output=True, text=True, timeout=10).stdout
     return sum("cookie=" in line for line in out.splitlines())
 
 

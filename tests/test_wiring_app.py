@@ -111,6 +111,13 @@ def test_every_port_sends_lldp_and_a_table0_rule_sends_lldp_back(make_app):
     app = make_app()
     dp = FakeDatapath(scenario().nodes["p0l0"]["dpid"])
     app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+    first = dp.take()
+    ask = [m for m in first if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == ctlapp.LLDP_COOKIE]
+    assert len(ask) == 1                           # is the LLDP rule there already? (none: a fresh switch)
+    assert [m for m in first if isinstance(m, parser.OFPFlowMod)] == []     # no rule before the answer
+    reply = parser.OFPFlowStatsReply(dp, body=[])
+    reply.xid, reply.flags = ask[0].xid, 0
+    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
     rule = [m for m in dp.take() if isinstance(m, parser.OFPFlowMod)]
     assert [(m.table_id, m.priority, dict(m.match.items())) for m in rule] == [(0, 65535, {"eth_type": 0x88CC})]
     body = [parser.OFPPort(port_no=p, hw_addr="02:00:00:00:00:01", name=b"x", config=0, state=ofp.OFPPS_LIVE,
@@ -202,3 +209,18 @@ def test_deployment_auto_hears_foreign_switches_and_writes_the_file_they_need(ma
     assert {deployment.parse_dpid(e["dpid"]) for e in data["switches"].values()} == {
         0xAB00000000000000 + i for i in range(12)}
     assert all(p > 100 for e in data["switches"].values() for p in e["ports"].values() if p > 4)
+
+
+def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app):
+    """A restarted controller re-adds nothing the switch holds (an add would reset the rule)."""
+    app = make_app()
+    dp = FakeDatapath(scenario().nodes["p0l0"]["dpid"])
+    app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
+    ask = next(m for m in dp.take() if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == ctlapp.LLDP_COOKIE)
+    held = parser.OFPFlowStats(table_id=0, duration_sec=5, duration_nsec=0, priority=65535, idle_timeout=0,
+                               hard_timeout=0, flags=0, cookie=ctlapp.LLDP_COOKIE, packet_count=0, byte_count=0,
+                               match=parser.OFPMatch(eth_type=0x88CC), instructions=[])
+    reply = parser.OFPFlowStatsReply(dp, body=[held])
+    reply.xid, reply.flags = ask.xid, 0
+    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
+    assert [m for m in dp.take() if isinstance(m, parser.OFPFlowMod)] == []
