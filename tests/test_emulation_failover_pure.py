@@ -119,3 +119,35 @@ def test_the_probe_refuses_a_link_that_is_not_leaf_spine(g):
         failover.endpoints(g, ("p0l0", "p1s0"))
     with pytest.raises(UserError, match="unknown failure kind"):
         failover.Probe(kind="meteor").check()
+
+
+OVS_LOG = """\
+2026-12-01T01:02:05.340Z|01620|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_ECHO_REQUEST (OF1.3) (xid=0x0)
+2026-12-01T01:02:05.347Z|01627|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 5(p0l0-eth5): addr:ce:11:7f:84:e0:d4
+2026-12-01T01:02:05.348Z|01631|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 1(p0s0-eth1): addr:aa:da:3d:90:1c:52
+2026-12-01T01:02:06.335Z|01633|vconn|DBG|unix#52: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 5(p0l0-eth5): addr:ce:11:7f:84:e0:d4
+"""
+
+
+def _utc(stamp: str) -> float:
+    return datetime.fromisoformat(stamp + "+00:00").timestamp()
+
+
+def test_port_status_sends_are_read_from_ovs_vswitchds_own_log_in_utc():
+    assert failover.port_status_sent(OVS_LOG, "p0l0-eth5") == [_utc("2026-12-01T01:02:05.347"),
+                                                               _utc("2026-12-01T01:02:06.335")]
+    assert failover.port_status_sent(OVS_LOG, "p0l0-eth1") == []
+
+
+def test_stages_place_the_fault_the_port_status_and_delivery_after_the_fault_began():
+    t0 = _utc("2026-12-01T01:02:05.337")
+    records = [{"start_wall": t0, "wall": t0 + 0.002}, {"start_wall": t0 + 0.9, "wall": t0 + 0.901}]
+    event = {"delivering_again_ms": 31.5, "max_gap_unaffected_ms": 18.0}
+    st = failover.stages(records, event, OVS_LOG, {"p0l0": "p0l0-eth5", "p0s0": "p0s0-eth1"})
+    assert st["applied_ms"] == pytest.approx(2.0)
+    assert st["port_status_p0l0_ms"] == pytest.approx(10.0)     # the repair's PortStatus is after the window
+    assert st["port_status_p0s0_ms"] == pytest.approx(11.0)
+    assert st["delivering_again_ms"] == 31.5 and st["stall_unaffected_ms"] == 18.0
