@@ -151,3 +151,26 @@ def test_stages_place_the_fault_the_port_status_and_delivery_after_the_fault_beg
     assert st["port_status_p0l0_ms"] == pytest.approx(10.0)     # the repair's PortStatus is after the window
     assert st["port_status_p0s0_ms"] == pytest.approx(11.0)
     assert st["delivering_again_ms"] == 31.5 and st["stall_unaffected_ms"] == 18.0
+
+
+class _Proc:
+    pid = 4242
+
+    def poll(self):
+        return None
+
+
+def test_the_controller_is_frozen_and_thawed_by_timeline_events_and_never_left_frozen(g, monkeypatch):
+    from hpnlab.fabric.emulation import timeline
+    sent = []
+    monkeypatch.setattr(timeline.os, "killpg", lambda pid, sig: sent.append((pid, sig)))
+    emu = type("Emu", (), {"graph": g, "controller_proc": _Proc()})()
+    records = timeline.run(emu, [{"at": 0, "action": "controller_freeze"}])
+    assert [r["action"] for r in records] == ["controller_freeze"]
+    assert sent == [(4242, timeline.signal.SIGSTOP), (4242, timeline.signal.SIGCONT)]
+
+
+def test_a_controller_event_names_no_link():
+    g = graph.build(spec.load("mini-hpn"))
+    with pytest.raises(UserError, match="controller_freeze takes no 'link'"):
+        load_timeline([{"at": 1, "action": "controller_freeze", "link": "p0l0-p0s0"}], g)

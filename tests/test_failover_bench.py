@@ -30,6 +30,21 @@ def test_every_failure_kind_is_a_valid_timeline_that_repairs_what_it_breaks(kind
     assert experiment.left_failed(events[:1]) and experiment.left_failed(events) == []
 
 
+def test_local_protection_alone_freezes_the_controller_around_the_failure_and_its_repair():
+    g = graph.build(spec.load("mini-hpn"))
+    t = bench_failover.targets(g, sorted(graph.hosts(g)))
+    events = timeline.load({"events": bench_failover.timeline("link", t, 1.0, 0.5, remote=False)}, g)
+    assert [(e.at, e.action) for e in events] == [
+        (1.0 - bench_failover.FREEZE_LEAD_S, "controller_freeze"), (1.0, "link_down"), (1.5, "link_up"),
+        (1.5 + bench_failover.THAW_AFTER_S, "controller_thaw")]
+    assert experiment.left_failed(events) == []
+
+
+def test_every_mode_but_local_protection_alone_lets_the_controller_notify_upstream():
+    assert [m for m, cfg in bench_failover.MODES.items() if not cfg["remote"]] == ["local"]
+    assert bench_failover.MODES["local+remote"]["fast_failover"] and bench_failover.MODES["local"]["fast_failover"]
+
+
 def test_the_model_takes_each_modes_median_link_loss_window(tmp_path):
     runs = {"controller": {"link": [{"loss_window_ms": v} for v in (90, 70, 110)]},
             "local": {"link": [{"loss_window_ms": v} for v in (4, 2, None, 3)], "gray": [{"loss_window_ms": 9}]}}

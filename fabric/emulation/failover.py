@@ -58,7 +58,7 @@ class Probe:
     size: int = 64
     freeze_controller: bool = False
     #: also read when ovs-vswitchd sent its PortStatus, from its own log (vconn at debug level meanwhile)
-    stages: bool = False
+    stages: bool = True
 
     def check(self) -> None:
         if self.kind not in KINDS:

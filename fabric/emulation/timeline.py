@@ -13,6 +13,8 @@ File format (YAML or JSON)::
       - {at: 5.5, action: link_up,   link: [p0l0, p0s0]}
       - {at: 6.0, action: link_drop, link: [p0l0, p0s0], side: p0l0}  # gray: p0l0 -> p0s0 drops all
       - {at: 7.0, action: link_restore, link: [p0l0, p0s0], side: p0l0}
+      - {at: 7.8, action: controller_freeze}     # the controller stops (SIGSTOP): only the switches act
+      - {at: 9.0, action: controller_thaw}       # it continues and handles what it missed
 
 A bare list of events is accepted too. ``load()`` validates everything against the
 fabric graph first (unknown action, node or link, negative or unsorted time: one line).
@@ -23,6 +25,9 @@ every link of it. ``link_down_one_side`` sets only ``side``'s interface down (wi
 peer loses carrier too: see ``faults``); ``link_drop`` is a gray failure: the link stays up
 and everything ``side`` sends on it is dropped (a tc egress drop filter) until
 ``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``.
+``controller_freeze`` stops the controller process (SIGSTOP to its process group) until
+``controller_thaw``: what the switches do alone (local protection without the controller's
+update); a timeline that ends frozen thaws it when it ends.
 
 ``run()`` sleeps on the monotonic clock until each event's time, applies it, and records
 the offset at which the change was in place (``applied_s``), its wall clock time (``wall``;
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +52,10 @@ import yaml
 
 from ..errors import UserError
 
-ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore")
+ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore",
+           "controller_freeze", "controller_thaw")
+#: actions on the controller process (no link or switch)
+CONTROLLER_ACTIONS = ("controller_freeze", "controller_thaw")
 #: actions that act on one end of a link (``side``)
 SIDED = ("link_down_one_side", "link_drop", "link_restore")
 #: an event is in place within this many seconds of its scheduled time
@@ -89,6 +98,12 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
         if action not in ACTIONS:
             raise UserError(f"{where}: action must be one of {', '.join(ACTIONS)}, got {action!r}")
         key = item.get("key")
+        if action in CONTROLLER_ACTIONS:
+            extra = set(item) - {"at", "action"}
+            if extra:
+                raise UserError(f"{where}: {action} takes no {sorted(extra)[0]!r}")
+            events.append(Event(float(at), action, ()))
+            continue
         if action.startswith("link"):
             link = item.get("link")
             if isinstance(link, str):
@@ -149,8 +164,17 @@ def apply(emu, event: Event) -> None:
         emu.link_restore(*event.target, key=event.key, side=event.side)
     elif event.action == "switch_down":
         emu.switch_down(event.target[0])
+    elif event.action in CONTROLLER_ACTIONS:
+        signal_controller(emu, signal.SIGSTOP if event.action == "controller_freeze" else signal.SIGCONT)
     else:
         emu.switch_up(event.target[0])
+
+
+def signal_controller(emu, sig: int) -> None:
+    """Stop or continue the emulation's controller process (its process group); nothing without one."""
+    proc = getattr(emu, "controller_proc", None)
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, sig)
 
 
 def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
@@ -164,6 +188,8 @@ def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
         return _run(emu, events, log, stop)
     finally:
         restore()
+        if any(e.action == "controller_freeze" for e in events):
+            signal_controller(emu, signal.SIGCONT)      # never leave it frozen
 
 
 def _realtime():
