@@ -697,7 +697,8 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 pair[1] = TableIndex(new_table)
             if not pair[0].routes and pair[1].routes:
                 fresh.add(sw)
-            _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
+            live_here = live(sw)     # one memo of the switch's ports for both tables
+            _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here), _Forwarding(pair[1], live_here),
                                 route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops,
                                 left, drops)
     # A switch installed anew (back from a failure: no route yet) goes first: fast-failover groups that
