@@ -65,7 +65,8 @@ def _result(t0: float) -> dict:
     timeline_records = [{"action": "controller_freeze", "wall": t0 - 0.2},
                         {"action": "link_down", "start_wall": t0, "wall": t0 + 0.002},
                         {"action": "link_up", "start_wall": t0 + 1.0, "wall": t0 + 1.002}]
-    flows = [{"src": "h1", "dst": "h2", "gaps": [[t0 - 0.004, t0 + 0.030, 1, 9, True], [t0 - 3, t0 - 2.9, 0, 1, 0]]},
+    flows = [{"src": "h1", "dst": "h2", "gaps": [[t0 - 0.004, t0 + 0.030, 1, 9, True], [t0 - 3, t0 - 2.9, 0, 1, 0],
+                                                [t0 + 0.1, t0 + 0.3, 20, 21, False]]},
              {"src": "h2", "dst": "h1", "gaps": []}]
     return {"timeline": timeline_records, "flows": flows}
 
@@ -74,7 +75,7 @@ def test_the_plot_places_gaps_detection_update_and_repair_after_the_failure():
     t0 = 1_800_000_000.0
     d = bench_failover.plot_data(_result(t0), [(t0 + 0.050, 40.0)], remote=True)
     assert d["repair_s"] == pytest.approx(1.0, abs=1e-6)
-    # the gap three seconds before is left out
+    # the gap three seconds before is left out, and so is the idle one (no message in flight)
     assert d["flows"][0]["gaps"] == [[pytest.approx(-0.004, abs=1e-6), pytest.approx(0.030, abs=1e-6)]]
     assert d["delivering_again_s"] == pytest.approx(0.030, abs=1e-6)
     assert d["controller_update_s"] == (pytest.approx(0.010, abs=1e-6), pytest.approx(0.050, abs=1e-6))

@@ -131,7 +131,8 @@ def converged_ms(emu, since: int) -> tuple[list[tuple[float, float]], int]:
 
 def plot_data(res: dict, conv: list[tuple[float, float]], remote: bool) -> dict | None:
     """What a run's timeline plot shows (pure), in seconds after the failure began: per flow its
-    arrival gaps of 2 ms or more (the transport keeps the 32 largest), the repair, when the first
+    arrival gaps of 2 ms or more while it had a message in flight (the transport keeps the 32
+    largest), the repair, when the first
     hurt flow delivered again (local failover or the controller's update, whichever came first),
     and the controller's update: from its PortStatus (detection) to every switch's confirmation."""
     records = res.get("timeline") or []
@@ -143,7 +144,8 @@ def plot_data(res: dict, conv: list[tuple[float, float]], remote: bool) -> dict 
                if r["action"] in ("link_up", "switch_up", "link_restore")]
     out: dict = {"repair_s": (repairs[0] - t0) if repairs else None, "flows": []}
     for f in res.get("flows", []):
-        gaps = [[a - t0, b - t0] for a, b, *_rest in f.get("gaps", []) if b >= t0 - 0.5]
+        # only gaps while the flow had a message in flight (an idle flow receives nothing either)
+        gaps = [[g[0] - t0, g[1] - t0] for g in f.get("gaps", []) if g[1] >= t0 - 0.5 and (len(g) < 5 or g[4])]
         out["flows"].append({"name": f"{f.get('src')}->{f.get('dst')}", "gaps": sorted(gaps)})
     after = [b for f in out["flows"] for a, b in f["gaps"] if a <= 0.0 <= b]
     out["delivering_again_s"] = min(after) if after else None
@@ -180,7 +182,7 @@ def plot(kind: str, runs: dict[str, list[dict]], path: str) -> None:
         ax.set_yticks(range(len(d["flows"])), [f["name"] for f in d["flows"]], fontsize=6)
         ax.set_title(f"{mode}: loss window {runs[mode][0].get('loss_window_ms') or 0:.1f} ms", fontsize=9)
         ax.legend(fontsize=6, loc="upper right")
-    axes[-1, 0].set_xlabel("ms after the failure (bars: arrival gaps of 2 ms or more per flow)")
+    axes[-1, 0].set_xlabel("ms after the failure (bars: a flow's arrival gaps of 2 ms or more, a message in flight)")
     axes[-1, 0].set_xlim(-100, 1000 * max((runs[m][0]["plot"].get("repair_s") or 1.0) for m in modes) + 200)
     fig.suptitle(f"failover on mini-hpn: {kind}", fontsize=10)
     fig.tight_layout()
