@@ -538,11 +538,16 @@ class _Forwarding:
                 group = self.index.groups.get(act[1])
                 if group is None:
                     continue
-                buckets = tuple(group.buckets)
-                if group.kind == "ff":
-                    buckets = tuple(b for b in buckets if b[0] is None or self.live(b[0]))[:1]
-                for _watch, bucket_actions in buckets:
-                    self._walk(bucket_actions, meta, ports, groups, depth + 1)
+                ff = group.kind == "ff"
+                for watch, bucket_actions in group.buckets:
+                    if ff and watch is not None and not self.live(watch):
+                        continue
+                    if depth < _MAX_DEPTH and len(bucket_actions) == 1 and bucket_actions[0][0] == "output":
+                        ports.add(bucket_actions[0][1])      # the usual bucket: one output
+                    else:
+                        self._walk(bucket_actions, meta, ports, groups, depth + 1)
+                    if ff:
+                        break          # of a fast-failover group only the first live bucket
             elif kind == "goto":
                 for entry in self._met(act[1], meta):
                     self._walk(entry, meta, ports, groups, depth + 1)
@@ -559,7 +564,7 @@ class _Forwarding:
         best: dict[tuple, tuple[int, Actions]] = {}
         for entries in matched:
             for key, entry in entries.items():
-                pattern = tuple(kv for kv in key[2] if kv[0] != "metadata")
+                pattern = tuple([kv for kv in key[2] if kv[0] != "metadata"])
                 found = best.get(pattern)
                 if found is None or found[0] < key[1]:
                     best[pattern] = (key[1], entry)
@@ -610,12 +615,19 @@ def live_ports(ix: compiler.FabricIndex, failures: compiler.Failures | None) -> 
     failures = failures or compiler.Failures()
 
     def of_switch(sw: str) -> Callable[[int], bool]:
+        known: dict[int, bool] = {}      # a switch has few ports and a plan asks about them often
+
         def live(port: int) -> bool:
-            lid = ix.link_at(sw, port)
-            if lid is None:
-                return True
-            peer = lid[1] if lid[0] == sw else lid[0]
-            return lid not in failures.links and peer not in failures.switches
+            found = known.get(port)
+            if found is None:
+                lid = ix.link_at(sw, port)
+                if lid is None:
+                    found = True
+                else:
+                    peer = lid[1] if lid[0] == sw else lid[0]
+                    found = lid not in failures.links and peer not in failures.switches
+                known[port] = found
+            return found
         return live
     return of_switch
 
@@ -690,7 +702,8 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 pair[1] = TableIndex(new_table)
             if not pair[0].routes and pair[1].routes:
                 fresh.add(sw)
-            _forwarding_changes(ix, sw, _Forwarding(pair[0], live(sw)), _Forwarding(pair[1], live(sw)),
+            live_here = live(sw)     # one memo of the switch's ports for both tables
+            _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here), _Forwarding(pair[1], live_here),
                                 route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops,
                                 left, drops)
     # A switch installed anew (back from a failure: no route yet) goes first: fast-failover groups that
@@ -804,26 +817,48 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
         gids = set(group_items)
         prefixes += old.prefixes_via(gids) + new.prefixes_via(gids)
     peers_of: dict[frozenset[int], frozenset[str]] = {}
+    # Every address that meets the same old and new entry changes the same way: decided once per
+    # such pair (the addresses of one route share it), then written per address.
+    decided: dict[tuple, tuple[list[Item], frozenset[str], bool, frozenset[str]] | None] = {}
     for address in _covered(plane_addresses, prefixes):
         old_key, old_actions = old.lookup(address)
         new_key, new_actions = new.lookup(address)
-        old_ports, old_groups = old.resolve(old_actions)
-        new_ports, new_groups = new.resolve(new_actions)
-        if old_key == new_key and old_actions == new_actions and old_ports == new_ports:
+        pair = (old_key, old_actions, new_key, new_actions)
+        if pair in decided:
+            change = decided[pair]
+        else:
+            change = decided[pair] = _change(ix, sw, old, new, pair, route_items, group_items, peers_of)
+        if change is None:
             continue
-        its = [route_items[k] for k in {old_key, new_key} if k is not None and k in route_items]
-        its += [group_items[g] for g in old_groups | new_groups if g in group_items]
-        if not its:
-            continue
+        its, peers, dropped, gone = change
         touching[sw, address] = its
-        peers = _peers(ix, sw, new_ports, peers_of)
         next_hops[sw, address] = peers
-        if old_ports and not new_ports:
+        if dropped:
             drops.add((sw, address))
-        if old_ports - new_ports:
-            gone = _peers(ix, sw, old_ports, peers_of) - peers
-            if gone:
-                left[sw, address] = gone
+        if gone:
+            left[sw, address] = gone
+
+
+def _change(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding, pair: tuple,
+            route_items: Mapping[tuple, Item], group_items: Mapping[int, Item],
+            peers_of: dict[frozenset[int], frozenset[str]]
+            ) -> tuple[list[Item], frozenset[str], bool, frozenset[str]] | None:
+    """How an address that meets ``pair`` (old entry key and actions, new key and actions) changes at
+    ``sw``: (the items responsible, the new next hops, whether it now drops what it forwarded, the
+    next hops it stops using), or None when its forwarding does not change or no item changes it."""
+    old_key, old_actions, new_key, new_actions = pair
+    old_ports, old_groups = old.resolve(old_actions)
+    new_ports, new_groups = new.resolve(new_actions)
+    if old_key == new_key and old_actions == new_actions and old_ports == new_ports:
+        return None
+    its = [route_items[k] for k in {old_key, new_key} if k is not None and k in route_items]
+    if group_items:
+        its += [group_items[g] for g in old_groups | new_groups if g in group_items]
+    if not its:
+        return None
+    peers = _peers(ix, sw, new_ports, peers_of)
+    gone = _peers(ix, sw, old_ports, peers_of) - peers if old_ports - new_ports else frozenset()
+    return its, peers, bool(old_ports and not new_ports), gone
 
 
 def _peers(ix: compiler.FabricIndex, sw: str, ports: frozenset[int],

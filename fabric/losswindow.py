@@ -75,6 +75,7 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
         res["loss_gaps"] = len(i)
         res["loss_window_ms"] = float(arr[i[-1] + 1] - arr[i[0]]) / 1e6
         res["loss_window_start_ms"] = float(arr[i[0]] - t0_ns) / 1e6
+        res["loss_window_end_ms"] = float(arr[i[-1] + 1] - t0_ns) / 1e6
     end = min(t1_ns, t0_ns + horizon_ns)
     overlap = (middle >= t0_ns - slack_ns) & (middle < end - slack_ns)
     if overlap.any():
@@ -124,6 +125,8 @@ def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> di
     widest = max(healthy, key=lambda r: r["max_gap_ms"], default=None)
     return {"affected": affected, "lost": int(sum(per[f]["lost"] for f in affected)),
             "loss_window_ms": max(windows) if windows else 0.0,
+            # when the last affected flow delivered again, ms after the event (the repair's end)
+            "delivering_again_ms": max((per[f]["loss_window_end_ms"] for f in affected), default=None),
             "loss_window_median_ms": float(np.median(windows)) if windows else 0.0,
             "max_gap_ms": max((r["max_gap_ms"] for r in per.values()), default=0.0),
             "stalled": stalled,

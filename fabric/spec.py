@@ -74,6 +74,24 @@ class Emulation:
 
 
 @dataclass(frozen=True)
+class Bfd:
+    """BFD on the fabric's switch-to-switch ports in the emulation (Open vSwitch ``bfd:*``): a port
+    whose session fails stops being live, for the controller and for fast-failover groups; what
+    finds one-sided and gray failures. A session is declared down after ``mult`` intervals
+    without a packet (RFC 5880)."""
+    enabled: bool = False
+    min_tx_ms: int = 50           # the shortest interval at which a port sends (its offer)
+    min_rx_ms: int = 50           # the shortest interval at which it wants to receive
+    mult: int = 3                 # detect multiplier
+
+    @property
+    def detect_ms(self) -> int:
+        """How long a session waits without a packet before it is down: the slower of the two
+        intervals (both ends use the same settings here) times the multiplier."""
+        return max(self.min_tx_ms, self.min_rx_ms) * self.mult
+
+
+@dataclass(frozen=True)
 class SwitchTables:
     """Table sizes of the scenario's switch model, held against the compiled policy by
     ``hpnlab check`` (route-budget, flow-budget). None: not stated."""
@@ -114,6 +132,7 @@ class Scenario:
     long_haul: LongHaul | None = None
     emulation: Emulation = field(default_factory=Emulation)
     switch_tables: SwitchTables | None = None
+    bfd: Bfd = field(default_factory=Bfd)
     source: str | None = None
 
     # ---- derived numbers -------------------------------------------------
@@ -235,6 +254,8 @@ SCENARIO_FIELDS: dict[str, Rule] = {
     "long_haul": Rule("block", "links between campuses (required when campuses > 1)", nullable=True),
     "emulation": Rule("block", "how the scenario is scaled down to run on one machine", nullable=True),
     "switch_tables": Rule("block", "table sizes of the switch model (checked by 'hpnlab check')", nullable=True),
+    "bfd": Rule("block", "BFD on the emulated fabric's switch-to-switch ports (finds one-sided and gray failures)",
+                nullable=True),
 }
 LONG_HAUL_FIELDS: dict[str, Rule] = {
     "distance_km": Rule("number", "one-way fibre length (5 us/km)", 0.0, MAX_QUANTITY, positive=True),
@@ -255,10 +276,21 @@ SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "flows": Rule("int", "flow entries a switch holds, every table (null: not stated)", 1, MAX_COUNT * 1000,
                   nullable=True),
 }
+#: Open vSwitch's limits on BFD intervals (vswitch.xml: bfd:min_rx and bfd:min_tx, at least 1 ms) and the
+#: RFC 5880 multiplier (8 bits); the longest interval is a practical bound (a minute)
+BFD_MAX_MS = 60_000
+BFD_FIELDS: dict[str, Rule] = {
+    "enabled": Rule("bool", "run BFD on every switch-to-switch port of the emulation"),
+    "min_tx_ms": _count("shortest interval at which a port sends BFD packets (ms)", maximum=BFD_MAX_MS),
+    "min_rx_ms": _count("shortest interval at which a port wants BFD packets (ms)", maximum=BFD_MAX_MS),
+    "mult": _count("intervals without a packet before the session is down (detect multiplier)", maximum=255,
+                   why_max="an 8-bit field of the BFD packet"),
+}
 _BLOCKS: dict[str, tuple[type, dict[str, Rule]]] = {"long_haul": (LongHaul, LONG_HAUL_FIELDS),
                                                     "emulation": (Emulation, EMULATION_FIELDS),
-                                                    "switch_tables": (SwitchTables, SWITCH_TABLES_FIELDS)}
-_Block = TypeVar("_Block", LongHaul, Emulation, SwitchTables)
+                                                    "switch_tables": (SwitchTables, SWITCH_TABLES_FIELDS),
+                                                    "bfd": (Bfd, BFD_FIELDS)}
+_Block = TypeVar("_Block", LongHaul, Emulation, SwitchTables, Bfd)
 KINDS = ("hpn", "fat-tree")
 
 
@@ -386,6 +418,8 @@ def _from_dict(data: Mapping[str, Any], source: str | None) -> Scenario:
             kwargs[key] = _sub(Emulation, value, key) or Emulation()
         elif key == "switch_tables":
             kwargs[key] = _sub(SwitchTables, value, key)
+        elif key == "bfd":
+            kwargs[key] = _sub(Bfd, value, key) or Bfd()
         else:
             kwargs[key] = _check_value(value, key, SCENARIO_FIELDS[key])
     if "name" not in kwargs:

@@ -119,3 +119,58 @@ def test_the_probe_refuses_a_link_that_is_not_leaf_spine(g):
         failover.endpoints(g, ("p0l0", "p1s0"))
     with pytest.raises(UserError, match="unknown failure kind"):
         failover.Probe(kind="meteor").check()
+
+
+OVS_LOG = """\
+2026-12-01T01:02:05.340Z|01620|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_ECHO_REQUEST (OF1.3) (xid=0x0)
+2026-12-01T01:02:05.347Z|01627|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 5(p0l0-eth5): addr:ce:11:7f:84:e0:d4
+2026-12-01T01:02:05.348Z|01631|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 1(p0s0-eth1): addr:aa:da:3d:90:1c:52
+2026-12-01T01:02:06.335Z|01633|vconn|DBG|unix#52: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
+MOD: 5(p0l0-eth5): addr:ce:11:7f:84:e0:d4
+"""
+
+
+def _utc(stamp: str) -> float:
+    return datetime.fromisoformat(stamp + "+00:00").timestamp()
+
+
+def test_port_status_sends_are_read_from_ovs_vswitchds_own_log_in_utc():
+    assert failover.port_status_sent(OVS_LOG, "p0l0-eth5") == [_utc("2026-12-01T01:02:05.347"),
+                                                               _utc("2026-12-01T01:02:06.335")]
+    assert failover.port_status_sent(OVS_LOG, "p0l0-eth1") == []
+
+
+def test_stages_place_the_fault_the_port_status_and_delivery_after_the_fault_began():
+    t0 = _utc("2026-12-01T01:02:05.337")
+    records = [{"start_wall": t0, "wall": t0 + 0.002}, {"start_wall": t0 + 0.9, "wall": t0 + 0.901}]
+    event = {"delivering_again_ms": 31.5, "max_gap_unaffected_ms": 18.0}
+    st = failover.stages(records, event, OVS_LOG, {"p0l0": "p0l0-eth5", "p0s0": "p0s0-eth1"})
+    assert st["applied_ms"] == pytest.approx(2.0)
+    assert st["port_status_p0l0_ms"] == pytest.approx(10.0)     # the repair's PortStatus is after the window
+    assert st["port_status_p0s0_ms"] == pytest.approx(11.0)
+    assert st["delivering_again_ms"] == 31.5 and st["stall_unaffected_ms"] == 18.0
+
+
+class _Proc:
+    pid = 4242
+
+    def poll(self):
+        return None
+
+
+def test_the_controller_is_frozen_and_thawed_by_timeline_events_and_never_left_frozen(g, monkeypatch):
+    from hpnlab.fabric.emulation import timeline
+    sent = []
+    monkeypatch.setattr(timeline.os, "killpg", lambda pid, sig: sent.append((pid, sig)))
+    emu = type("Emu", (), {"graph": g, "controller_proc": _Proc()})()
+    records = timeline.run(emu, [{"at": 0, "action": "controller_freeze"}])
+    assert [r["action"] for r in records] == ["controller_freeze"]
+    assert sent == [(4242, timeline.signal.SIGSTOP), (4242, timeline.signal.SIGCONT)]
+
+
+def test_a_controller_event_names_no_link():
+    g = graph.build(spec.load("mini-hpn"))
+    with pytest.raises(UserError, match="controller_freeze takes no 'link'"):
+        load_timeline([{"at": 1, "action": "controller_freeze", "link": "p0l0-p0s0"}], g)

@@ -149,3 +149,13 @@ def test_doctor_sizes_a_scenario_without_loading_the_harness_or_mininet():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert '"fits": true' in out
     assert out.strip().splitlines()[-1] == "LOADED []"
+
+
+def test_the_emulation_takes_bfd_from_the_scenario_unless_an_interval_is_given():
+    from hpnlab.fabric.emulation import Emulation
+    on = {"bfd": {"enabled": True, "min_tx_ms": 10, "min_rx_ms": 30, "mult": 5}}
+    emu = Emulation("mini-hpn", overrides=on, log=None)
+    assert (emu.bfd_tx_ms, emu.bfd_ms, emu.bfd_mult) == (10, 30, 5)
+    emu = Emulation("mini-hpn", overrides=on, bfd_ms=50, log=None)
+    assert (emu.bfd_tx_ms, emu.bfd_ms, emu.bfd_mult) == (50, 50, 3)
+    assert Emulation("mini-hpn", log=None).bfd_ms == 0

@@ -30,6 +30,21 @@ def test_every_failure_kind_is_a_valid_timeline_that_repairs_what_it_breaks(kind
     assert experiment.left_failed(events[:1]) and experiment.left_failed(events) == []
 
 
+def test_local_protection_alone_freezes_the_controller_around_the_failure_and_its_repair():
+    g = graph.build(spec.load("mini-hpn"))
+    t = bench_failover.targets(g, sorted(graph.hosts(g)))
+    events = timeline.load({"events": bench_failover.timeline("link", t, 1.0, 0.5, remote=False)}, g)
+    assert [(e.at, e.action) for e in events] == [
+        (1.0 - bench_failover.FREEZE_LEAD_S, "controller_freeze"), (1.0, "link_down"), (1.5, "link_up"),
+        (1.5 + bench_failover.THAW_AFTER_S, "controller_thaw")]
+    assert experiment.left_failed(events) == []
+
+
+def test_every_mode_but_local_protection_alone_lets_the_controller_notify_upstream():
+    assert [m for m, cfg in bench_failover.MODES.items() if not cfg["remote"]] == ["local"]
+    assert bench_failover.MODES["local+remote"]["fast_failover"] and bench_failover.MODES["local"]["fast_failover"]
+
+
 def test_the_model_takes_each_modes_median_link_loss_window(tmp_path):
     runs = {"controller": {"link": [{"loss_window_ms": v} for v in (90, 70, 110)]},
             "local": {"link": [{"loss_window_ms": v} for v in (4, 2, None, 3)], "gray": [{"loss_window_ms": 9}]}}
@@ -44,3 +59,38 @@ def test_a_file_that_is_not_a_failover_benchmark_is_one_line(tmp_path, text):
     path.write_text(text)
     with pytest.raises(UserError, match="--detect-from"):
         detection_from(str(path))
+
+
+def _result(t0: float) -> dict:
+    timeline_records = [{"action": "controller_freeze", "wall": t0 - 0.2},
+                        {"action": "link_down", "start_wall": t0, "wall": t0 + 0.002},
+                        {"action": "link_up", "start_wall": t0 + 1.0, "wall": t0 + 1.002}]
+    flows = [{"src": "h1", "dst": "h2", "gaps": [[t0 - 0.004, t0 + 0.030, 1, 9, True], [t0 - 3, t0 - 2.9, 0, 1, 0],
+                                                [t0 + 0.1, t0 + 0.3, 20, 21, False]]},
+             {"src": "h2", "dst": "h1", "gaps": []}]
+    return {"timeline": timeline_records, "flows": flows}
+
+
+def test_the_plot_places_gaps_detection_update_and_repair_after_the_failure():
+    t0 = 1_800_000_000.0
+    d = bench_failover.plot_data(_result(t0), [(t0 + 0.050, 40.0)], remote=True)
+    assert d["repair_s"] == pytest.approx(1.0, abs=1e-6)
+    # the gap three seconds before is left out, and so is the idle one (no message in flight)
+    assert d["flows"][0]["gaps"] == [[pytest.approx(-0.004, abs=1e-6), pytest.approx(0.030, abs=1e-6)]]
+    assert d["delivering_again_s"] == pytest.approx(0.030, abs=1e-6)
+    assert d["controller_update_s"] == (pytest.approx(0.010, abs=1e-6), pytest.approx(0.050, abs=1e-6))
+    assert bench_failover.plot_data(_result(t0), [(t0 + 0.050, 40.0)], remote=False)["controller_update_s"] is None
+
+
+def test_convergences_are_read_with_their_log_times():
+    text = "2026-12-01 01:02:03,250 INFO hpnlab.controller.reconcile: converged in 12.5 ms after x (4 switch(es))\n"
+    [(done, ms)] = bench_failover.convergences(text)
+    assert ms == 12.5 and done % 1 == pytest.approx(0.25)
+
+
+def test_the_comparison_writes_one_plot_per_failure_kind(tmp_path):
+    t0 = 1_800_000_000.0
+    shown = bench_failover.plot_data(_result(t0), [(t0 + 0.05, 40.0)], remote=True)
+    path = tmp_path / "failover-link.png"
+    bench_failover.plot("link", {"local": [{"plot": shown, "loss_window_ms": 34.0}], "controller": []}, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"

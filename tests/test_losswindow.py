@@ -109,3 +109,15 @@ def test_spread_gives_median_quartiles_and_range():
     s = losswindow.spread([5.0, 1.0, 3.0, None, 9.0, 7.0])
     assert s == {"n": 5, "median": 5.0, "min": 1.0, "q1": 3.0, "q3": 7.0, "max": 9.0}
     assert losswindow.spread([]) == {"n": 0}
+
+
+def test_delivering_again_is_when_the_last_affected_flow_received_its_first_packet_after_the_loss():
+    arrivals = _merge(_flow(0, missing=range(300, 320)), _flow(1, missing=range(300, 340)), _flow(2))
+    ev = losswindow.analyse(arrivals, _events(300, 800))["events"][0]
+    # flow 1's packet 340 arrived at 340.5 ms, 40.5 ms after the event
+    assert ev["delivering_again_ms"] == pytest.approx(40.5)
+
+
+def test_no_affected_flow_means_no_time_of_delivering_again():
+    ev = losswindow.analyse(_merge(_flow(0), _flow(1)), _events(300, 800))["events"][0]
+    assert ev["delivering_again_ms"] is None

@@ -218,3 +218,26 @@ def test_the_fields_command_lists_every_field_with_its_range():
     for name in spec.SCENARIO_FIELDS:
         assert f"\n{name} " in "\n" + result.stdout
     assert "planes" in result.stdout and "<= 256" in result.stdout and "HPNLAB_MAX_LINKS" in result.stdout
+
+
+def test_bfd_is_off_unless_the_scenario_turns_it_on():
+    assert spec.load("mini-hpn").bfd == spec.Bfd(enabled=False)
+
+
+def test_bfd_fields_are_set_with_dotted_overrides_and_give_the_detection_time():
+    s = spec.load("mini-hpn", spec.parse_overrides(["bfd.enabled=true", "bfd.min_tx_ms=10", "bfd.min_rx_ms=20"]))
+    assert (s.bfd.enabled, s.bfd.min_tx_ms, s.bfd.min_rx_ms, s.bfd.mult) == (True, 10, 20, 3)
+    assert s.bfd.detect_ms == 60
+
+
+@pytest.mark.parametrize("override, message", [
+    ("bfd.min_tx_ms=0", "bfd.min_tx_ms: must be at least 1, got 0"),
+    ("bfd.min_rx_ms=2.5", "bfd.min_rx_ms: must be a whole number"),
+    ("bfd.mult=256", "bfd.mult: must be at most 255"),
+    ("bfd.enabled=yes please", "bfd.enabled: must be true or false"),
+    ("bfd.interval_ms=5", "bfd.interval_ms: unknown field"),
+])
+def test_a_wrong_bfd_field_is_one_line(override, message):
+    with pytest.raises(spec.ScenarioError, match=message) as err:
+        spec.load("mini-hpn", spec.parse_overrides([override]))
+    assert "\n" not in str(err.value)

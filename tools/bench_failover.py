@@ -5,12 +5,21 @@ One invocation, on the emulated mini-hpn (real OVS, the controller process, BFD 
 port), runs an all-reduce over the ``roce`` transport (sprayed entropy, 4 ranks across leaves)
 through a failure timeline, for each failover mode and each kind of failure, repeated:
 
-modes   ``controller``  no local protection (fast-failover groups keep only their primary
-                        bucket) and no host-side failover: the switches wait for the
-                        controller's update, the transport for its retransmission timer;
-        ``local``       + the switches' fast-failover groups (DPFR-style local repair; the
-                        controller's per-route update follows as the remote notification);
-        ``local+host``  + the transport's dead-path rule, plane avoidance and migration.
+modes   ``controller``    no local protection (fast-failover groups keep only their primary
+                          bucket) and no host-side failover: the switches wait for the
+                          controller's update, the transport for its retransmission timer;
+        ``local``         the switches' fast-failover groups alone (DPFR-style local repair):
+                          the controller is stopped (SIGSTOP, timeline ``controller_freeze``)
+                          from 0.2 s before the failure until 0.3 s after the repair, so nothing
+                          upstream learns of it;
+        ``local+remote``  + the remote notification: the switch next to the failure sends its
+                          PortStatus (an OpenFlow asynchronous message, in band on its
+                          controller connection) and the controller pushes only the affected
+                          routes to the switches upstream (their convergence is the
+                          controller's "converged in X ms": PortStatus to every switch's
+                          barrier reply). Open vSwitch has no switch-to-switch notification;
+                          this controller-relayed update is the honest equivalent here;
+        ``local+remote+host``  + the transport's dead-path rule, plane avoidance and migration.
 kinds   ``link``        a leaf-spine link under rank 0's leaf, both ends down (carrier loss);
         ``one-side``    the same link, the leaf's end only (the spine sees carrier loss on veth);
         ``gray``        the same link keeps carrier but the spine's end drops everything it
@@ -38,14 +47,20 @@ import re
 import statistics
 import sys
 import time
+from datetime import datetime
 from typing import Any
 
 from hpnlab.fabric import experiment, report
 
-MODES = {"controller": {"fast_failover": False, "host_failover": False},
-         "local": {"fast_failover": True, "host_failover": False},
-         "local+host": {"fast_failover": True, "host_failover": True}}
+MODES = {"controller": {"fast_failover": False, "host_failover": False, "remote": True},
+         "local": {"fast_failover": True, "host_failover": False, "remote": False},
+         "local+remote": {"fast_failover": True, "host_failover": False, "remote": True},
+         "local+remote+host": {"fast_failover": True, "host_failover": True, "remote": True}}
+#: the controller stops this long before the failure and continues this long after the repair (mode local)
+FREEZE_LEAD_S, THAW_AFTER_S = 0.2, 0.3
 KINDS = ("link", "one-side", "gray", "spine", "nic")
+#: timeline actions that fail something
+FAILURES = ("link_down", "link_down_one_side", "link_drop", "switch_down")
 BFD_MS = 50
 
 
@@ -63,7 +78,16 @@ def targets(g, hosts: list[str]) -> dict[str, Any]:
     return {"host": host, "leaf": leaf, "spine": spine}
 
 
-def timeline(kind: str, t: dict, at: float, hold: float) -> list[dict]:
+def timeline(kind: str, t: dict, at: float, hold: float, remote: bool = True) -> list[dict]:
+    """The failure and its repair; without ``remote`` the controller is frozen around both."""
+    events = _failure(kind, t, at, hold)
+    if remote:
+        return events
+    return ([{"at": max(0.0, at - FREEZE_LEAD_S), "action": "controller_freeze"}] + events
+            + [{"at": at + hold + THAW_AFTER_S, "action": "controller_thaw"}])
+
+
+def _failure(kind: str, t: dict, at: float, hold: float) -> list[dict]:
     link, back = [t["leaf"], t["spine"]], at + hold
     if kind == "link":
         return [{"at": at, "action": "link_down", "link": link}, {"at": back, "action": "link_up", "link": link}]
@@ -80,8 +104,21 @@ def timeline(kind: str, t: dict, at: float, hold: float) -> list[dict]:
     return [{"at": at, "action": "link_down", "link": nic}, {"at": back, "action": "link_up", "link": nic}]
 
 
-def converged_ms(emu, since: int) -> tuple[list[float], int]:
-    """The controller's "converged in X ms" lines written after byte ``since`` of its log."""
+_CONVERGED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*converged in ([0-9.]+) ms", re.M)
+
+
+def convergences(text: str) -> list[tuple[float, float]]:
+    """(wall time the update was complete, its duration in ms) of every "converged in X ms" line of
+    the controller's log (logging's asctime: local time, milliseconds; pure)."""
+    out = []
+    for stamp, ms in _CONVERGED.findall(text):
+        done = datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        out.append((done, float(ms)))
+    return out
+
+
+def converged_ms(emu, since: int) -> tuple[list[tuple[float, float]], int]:
+    """The controller's convergences (``convergences``) logged after byte ``since`` of its log."""
     try:
         with open(emu.metadata["controller_log"], "rb") as fh:
             fh.seek(since)
@@ -89,21 +126,85 @@ def converged_ms(emu, since: int) -> tuple[list[float], int]:
             end = fh.tell()
     except (OSError, KeyError):
         return [], since
-    return [float(m) for m in re.findall(r"converged in ([0-9.]+) ms", text)], end
+    return convergences(text), end
 
 
-def one_run(emu, p: experiment.Plan, events: list | None) -> dict:
+def plot_data(res: dict, conv: list[tuple[float, float]], remote: bool) -> dict | None:
+    """What a run's timeline plot shows (pure), in seconds after the failure began: per flow its
+    arrival gaps of 2 ms or more while it had a message in flight (the transport keeps the 32
+    largest), the repair, when the first
+    hurt flow delivered again (local failover or the controller's update, whichever came first),
+    and the controller's update: from its PortStatus (detection) to every switch's confirmation."""
+    records = res.get("timeline") or []
+    fails = [r for r in records if r["action"] in FAILURES]
+    if not fails:
+        return None
+    t0 = fails[0].get("start_wall", fails[0]["wall"])
+    repairs = [r.get("start_wall", r["wall"]) for r in records
+               if r["action"] in ("link_up", "switch_up", "link_restore")]
+    out: dict = {"repair_s": (repairs[0] - t0) if repairs else None, "flows": []}
+    for f in res.get("flows", []):
+        # only gaps while the flow had a message in flight (an idle flow receives nothing either)
+        gaps = [[g[0] - t0, g[1] - t0] for g in f.get("gaps", []) if g[1] >= t0 - 0.5 and (len(g) < 5 or g[4])]
+        out["flows"].append({"name": f"{f.get('src')}->{f.get('dst')}", "gaps": sorted(gaps)})
+    after = [b for f in out["flows"] for a, b in f["gaps"] if a <= 0.0 <= b]
+    out["delivering_again_s"] = min(after) if after else None
+    update = next(((done - ms / 1000 - t0, done - t0) for done, ms in conv if done >= t0), None) if remote else None
+    out["controller_update_s"] = update
+    return out
+
+
+def plot(kind: str, runs: dict[str, list[dict]], path: str) -> None:
+    """One figure per failure kind: a row per mode (its first repetition), a line per flow with its
+    arrival gaps as bars; the failure, detection, delivering again, controller update and repair
+    marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m, reps in runs.items() if reps and reps[0].get("plot")]
+    if not modes:
+        return
+    fig, axes = plt.subplots(len(modes), 1, figsize=(9, 1.2 + 1.6 * len(modes)), squeeze=False, sharex=True)
+    for ax, mode in zip(axes[:, 0], modes, strict=True):
+        d = runs[mode][0]["plot"]
+        for i, f in enumerate(d["flows"]):
+            ax.broken_barh([(a * 1e3, (b - a) * 1e3) for a, b in f["gaps"]], (i - 0.35, 0.7), color="tab:gray")
+        ax.axvline(0, color="tab:red", label="failure")
+        if d.get("controller_update_s"):
+            start, end = d["controller_update_s"]
+            ax.axvline(start * 1e3, color="tab:orange", ls="--", label="detection (controller's PortStatus)")
+            ax.axvline(end * 1e3, color="tab:orange", label="controller update confirmed")
+        if d.get("delivering_again_s") is not None:
+            ax.axvline(d["delivering_again_s"] * 1e3, color="tab:green", label="first hurt flow delivers again")
+        if d.get("repair_s") is not None:
+            ax.axvline(d["repair_s"] * 1e3, color="tab:blue", label="repair")
+        ax.set_yticks(range(len(d["flows"])), [f["name"] for f in d["flows"]], fontsize=6)
+        ax.set_title(f"{mode}: loss window {runs[mode][0].get('loss_window_ms') or 0:.1f} ms", fontsize=9)
+        ax.legend(fontsize=6, loc="upper right")
+    axes[-1, 0].set_xlabel("ms after the failure (bars: a flow's arrival gaps of 2 ms or more, a message in flight)")
+    axes[-1, 0].set_xlim(-100, 1000 * max((runs[m][0]["plot"].get("repair_s") or 1.0) for m in modes) + 200)
+    fig.suptitle(f"failover on mini-hpn: {kind}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def one_run(emu, p: experiment.Plan, events: list | None, remote: bool = True) -> dict:
     load = os.getloadavg()[0]
     _, mark = converged_ms(emu, 0)
     doc = experiment.run(p, emu, progress=False, timeline=events)
     conv, _ = converged_ms(emu, mark)
     [res] = doc["results"]
+    shown = plot_data(res, conv, remote) if events else None
     fails = [f for f in res.get("failover", []) if not f["event"].startswith(("link_up", "switch_up"))]
     f = fails[0] if fails else {}
     return {"busbw": report.largest_fraction(res), "wrong": report.wrong_total(doc["results"]), "load": load,
             "loss_window_ms": f.get("loss_window_ms_max"), "stall_ms": f.get("stall_ms_max"),
             "flows_hurt": f.get("flows_hurt"), "flows": f.get("flows"), "packets_resent": f.get("packets_lost"),
-            "exactly_once": f.get("exactly_once"), "convergence_ms": conv[0] if conv else None}
+            "exactly_once": f.get("exactly_once"),
+            # frozen through the failure, the controller's later update is no remote convergence
+            "convergence_ms": conv[0][1] if conv and remote else None, "plot": shown}
 
 
 def spread(vals: list[float]) -> str:
@@ -151,10 +252,10 @@ def main(argv: list[str] | None = None) -> int:
             baseline[mode] = [one_run(emu, pl, None) for _ in range(2)]
             say(f"{mode}: without failure busbw/line {spread([r['busbw'] * 1e3 for r in baseline[mode]])} (x1e-3)")
             for kind in kinds:
-                events = tl.load({"events": timeline(kind, t, args.fail_at, args.hold)}, emu.graph)
+                events = tl.load({"events": timeline(kind, t, args.fail_at, args.hold, cfg["remote"])}, emu.graph)
                 reps = rows.setdefault(mode, {}).setdefault(kind, [])
                 for _ in range(args.repeat):
-                    reps.append(one_run(emu, pl, events))
+                    reps.append(one_run(emu, pl, events, cfg["remote"]))
                     wrong += reps[-1]["wrong"]
                     time.sleep(0.5 if kind != "gray" else 2.5)   # BFD sessions come back 1-2 s after a repair
                 say(f"  {kind:<9} loss window ms {spread([r['loss_window_ms'] for r in reps])}  "
@@ -163,14 +264,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"exactly once {sum(bool(r['exactly_once']) for r in reps)}/{len(reps)}")
     say(f"\nfailover on mini-hpn: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
         f"{args.repeat} repetitions, median [min-max]; {time.monotonic() - t0:.0f} s")
-    say(f"{'kind':<9} {'mode':<11} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
+    say(f"{'kind':<9} {'mode':<18} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
         f"{'re-sent':>8} {'slowdown':>9} {'once':>5} {'load':>5}")
     for kind in kinds:
         for mode in modes:
             reps = rows[mode][kind]
             base = statistics.median(r["busbw"] for r in baseline[mode])
             slow = statistics.median(base / r["busbw"] for r in reps if r["busbw"]) if base else float("nan")
-            say(f"{kind:<9} {mode:<11} {spread([r['loss_window_ms'] for r in reps]):>22} "
+            say(f"{kind:<9} {mode:<18} {spread([r['loss_window_ms'] for r in reps]):>22} "
                 f"{spread([r['stall_ms'] for r in reps]):>22} "
                 f"{spread([r['convergence_ms'] for r in reps]):>22} "
                 f"{statistics.median(r['flows_hurt'] or 0 for r in reps):>6.0f} "
@@ -188,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"modes": MODES, "kinds": kinds, "bfd_ms": BFD_MS, "baseline": baseline, "runs": rows,
                        "cpus": os.cpu_count()}, fh, indent=1)
         say(f"wrote {args.json}")
+        for kind in kinds:
+            png = os.path.join(os.path.dirname(os.path.abspath(args.json)), f"failover-{kind}.png")
+            plot(kind, {mode: rows[mode][kind] for mode in modes}, png)
+            say(f"wrote {png}")
     if wrong:
         say(f"{wrong} wrong elements")
     return 1 if wrong else 0

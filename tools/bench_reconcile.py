@@ -15,7 +15,8 @@ machine may be busy):
     compare   finding the switches whose compiled state changed (identity first, then the tuples)
               and making their desired tables and indexes (patched from the previous ones)
     diff      diffing only those switches against what they confirmed
-    plan      ordering the first step (downstream first, groups, entropy; see reconcile.plan)
+    plan      ordering the first step (downstream first, groups, entropy; see reconcile.plan);
+              with ``--plan-before REV``, beside it the plan of that revision on the same inputs
 and the messages each update sends, by kind, counted on what the reconciler sends. Side by side,
 in the same run: the same with the full recompile of the plane (compile_fabric(...,
 incremental=False), what the reconciler did before the patch).
@@ -24,10 +25,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
+from pathlib import Path
+from types import ModuleType
 
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
@@ -58,6 +65,60 @@ def installed(g, policy: str = "aggregate", plane: int | None = None,
 
 def _plane_only(compile_fn, only: list[str], g, failures=None, policy: str = "aggregate", switches=None, **kw):
     return compile_fn(g, failures, policy, switches=only if switches is None else switches, **kw)
+
+
+def reconcile_of(rev: str) -> ModuleType:
+    """controller/reconcile.py of git revision ``rev`` of this checkout, loaded under another name
+    (its plan is measured on the same inputs as today's: same signature)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:controller/reconcile.py"],
+                              capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"bench_reconcile: cannot read controller/reconcile.py at {rev!r} with git: {e}") from None
+    path = Path(tempfile.mkdtemp()) / "reconcile_before.py"
+    path.write_text(text.replace("from . import compiler", "from hpnlab.controller import compiler"))
+    spec_ = importlib.util.spec_from_file_location("reconcile_before", path)
+    assert spec_ is not None and spec_.loader is not None
+    module = importlib.util.module_from_spec(spec_)
+    sys.modules["reconcile_before"] = module
+    spec_.loader.exec_module(module)
+    return module
+
+
+class PlanRecorder:
+    """Wraps reconcile.plan while in use and keeps the arguments of its first call."""
+
+    def __init__(self) -> None:
+        self.args: tuple | None = None
+        self._plan = reconcile.plan
+
+    def __enter__(self) -> PlanRecorder:
+        def recording(*args):
+            if self.args is None:
+                self.args = args
+            return self._plan(*args)
+        reconcile.plan = recording
+        return self
+
+    def __exit__(self, *exc) -> None:
+        reconcile.plan = self._plan
+
+
+def plan_cpu(module: ModuleType, args: tuple) -> float:
+    """CPU seconds of ``module.plan`` on recorded arguments (ix, confirmed, desired, items, failures,
+    indexes); its items and table indexes are made with that module's classes first (not timed)."""
+    ix, confirmed, desired, items, failures, _indexes = args
+    def key(k):
+        return module.GroupKey(*k) if reconcile.is_group(k) else k
+    mine = [module.Item(it.switch, key(it.key), it.actions) for it in items]
+    indexes = {}
+    for sw in {it.switch for it in items}:
+        indexes[sw] = [module.TableIndex(confirmed.get(sw, {})), module.TableIndex(desired.get(sw, {}))]
+    module._plane_addresses(ix)
+    c = time.process_time()
+    module.plan(ix, confirmed, desired, mine, failures, indexes)
+    return time.process_time() - c
 
 
 def kind(m) -> str:
@@ -102,16 +163,20 @@ def mods(counts: Counter) -> str:
     return f"{sum(m.values()):,} messages ({', '.join(f'{k} {v:,}' for k, v in m.items())})"
 
 
-def measure(rec: reconcile.Reconciler, leaf: str, port: int, repeat: int) -> dict:
+def measure(rec: reconcile.Reconciler, leaf: str, port: int, repeat: int, before: ModuleType | None = None) -> dict:
     """Per event ("failure", "recovery"): CPU seconds per part over the repetitions, and the
-    messages of the last repetition."""
-    out: dict = {ev: {"compile": [], "compare": [], "diff": [], "core": [], "plan": [], "event": []}
-                 for ev in ("failure", "recovery")}
+    messages of the last repetition; with ``before`` (an older reconcile module) also its plan's CPU
+    seconds on the same first step (``plan_before``)."""
+    out: dict = {ev: {"compile": [], "compare": [], "diff": [], "core": [], "plan": [], "event": [],
+                      "plan_before": []} for ev in ("failure", "recovery")}
     for _ in range(repeat):
         for ev, up in (("failure", False), ("recovery", True)):
             c = time.process_time()
-            first = rec.handle(reconcile.PortStatus(leaf, {port: up}))
+            with PlanRecorder() as recorded:
+                first = rec.handle(reconcile.PortStatus(leaf, {port: up}))
             took = time.process_time() - c
+            if before is not None and recorded.args is not None:
+                out[ev]["plan_before"].append(plan_cpu(before, recorded.args))
             t = dict(rec.timings)
             row = out[ev]
             row["compile"].append(t["compile_s"])
@@ -124,7 +189,8 @@ def measure(rec: reconcile.Reconciler, leaf: str, port: int, repeat: int) -> dic
     return out
 
 
-def bench(name: str, policy: str, target_s: float, repeat: int, full: bool) -> bool:
+def bench(name: str, policy: str, target_s: float, repeat: int, full: bool, before: ModuleType | None = None,
+          before_rev: str = "") -> bool:
     g = graph.build(spec.load(name))
     leaf, spine, port = first_leaf_spine_link(g)
     plane = g.nodes[leaf].get("plane", 0)
@@ -142,7 +208,7 @@ def bench(name: str, policy: str, target_s: float, repeat: int, full: bool) -> b
                   f"{sum(len(t) for t in rec.desired.values()):,} flows and groups (set up in {t_init:.1f} s); "
                   f"{leaf}-{spine} fails and recovers, {leaf} reports it; {repeat} repetitions, "
                   f"CPU ms median [min-max]")
-        results[label] = measure(rec, leaf, port, repeat)
+        results[label] = measure(rec, leaf, port, repeat, before if label == "patched" else None)
         del rec
     print(f"  {'':9} {'event':9} {'compile':>22} {'compare':>22} {'diff':>22} {'recompile + diff':>22}")
     for label, res in results.items():
@@ -158,6 +224,9 @@ def bench(name: str, policy: str, target_s: float, repeat: int, full: bool) -> b
         for ev, row in res.items():
             print(f"  {label:9} {ev:9} update: {row['steps']} steps, {mods(row['messages'])}; "
                   f"first step's plan {spread(row['plan'])} ms, whole event {spread(row['event'])} ms")
+            if row["plan_before"]:
+                print(f"  {'':9} {ev:9} the same plan with reconcile.py of {before_rev}: "
+                      f"{spread(row['plan_before'])} ms")
     print(f"  goal: recompile + diff under {1000 * target_s:.0f} ms (median): {'met' if ok else 'NOT MET'}")
     return ok
 
@@ -170,11 +239,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-full", dest="full", action="store_false",
                     help="skip the side-by-side full recompile")
+    ap.add_argument("--plan-before", metavar="REV",
+                    help="also time reconcile.plan of this git revision on the same first step (e.g. 6d1b126, "
+                         "before plan decided once per route instead of once per address)")
     args = ap.parse_args()
+    before = reconcile_of(args.plan_before) if args.plan_before else None
     print(LOAD_NOTE.format(os.getloadavg()[0], os.cpu_count()))
     ok = True
     for name in args.presets:
-        ok &= bench(name, args.policy, args.target_ms / 1000, args.repeat, args.full)
+        ok &= bench(name, args.policy, args.target_ms / 1000, args.repeat, args.full, before, args.plan_before or "")
     return 0 if ok else 1
 
 

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,8 @@ class Probe:
     after_s: float = 1.0
     size: int = 64
     freeze_controller: bool = False
+    #: also read when ovs-vswitchd sent its PortStatus, from its own log (vconn at debug level meanwhile)
+    stages: bool = True
 
     def check(self) -> None:
         if self.kind not in KINDS:
@@ -166,6 +168,71 @@ def detection_ms(texts: dict[str, str], intfs: dict[str, str], fail_wall: float,
     return out
 
 
+OVS_LOG = "/var/log/openvswitch/ovs-vswitchd.log"
+_OVS_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z\|")
+
+
+def port_status_sent(text: str, intf: str) -> list[float]:
+    """Wall times (UTC stamps of ovs-vswitchd's own log, ms resolution) at which ovs-vswitchd
+    sent a PortStatus about ``intf`` to any OpenFlow connection (vconn at debug level; pure)."""
+    out = []
+    for line in text.splitlines():
+        m = _OVS_STAMP.match(line)
+        if m and "sent (Success): OFPT_PORT_STATUS" in line and f"({intf})" in line:
+            out.append(datetime.fromisoformat(m.group(1)).replace(tzinfo=timezone.utc).timestamp())
+    return out
+
+
+def stages(records: list[dict[str, Any]], event: dict[str, Any], ovs_log: str | None,
+           intfs: dict[str, str]) -> dict[str, Any]:
+    """Where the loss window's time goes, ms after the fault began (pure): the fault in place
+    (the netlink calls returned), ovs-vswitchd sending its PortStatus per switch (its own log:
+    it noticed the carrier and updated the port's liveness, which the fast-failover buckets
+    read), and the last affected flow delivering again (receiver); beside them the largest gap
+    on flows that never crossed the link (a stall of the whole datapath)."""
+    t0 = records[0]["start_wall"]
+    out: dict[str, Any] = {"applied_ms": round((records[0]["wall"] - t0) * 1000, 3),
+                           "delivering_again_ms": event.get("delivering_again_ms"),
+                           "stall_unaffected_ms": event.get("max_gap_unaffected_ms")}
+    if ovs_log is not None:
+        end = records[1]["start_wall"] if len(records) > 1 else float("inf")
+        for sw, intf in intfs.items():
+            hits = [t for t in port_status_sent(ovs_log, intf) if t0 - 0.002 <= t < end]
+            out[f"port_status_{sw}_ms"] = round((min(hits) - t0) * 1000, 1) if hits else None
+    return out
+
+
+class VconnDebug:
+    """ovs-vswitchd's vconn module at debug level in its log file between ``begin`` and ``end``
+    (every OpenFlow message it sends, stamped by its own clock), then back to the level it had."""
+
+    def __init__(self) -> None:
+        self.old = "info"
+        self.start = 0
+
+    def begin(self) -> VconnDebug:
+        r = subprocess.run(["ovs-appctl", "vlog/list"], capture_output=True, text=True)
+        row = next((ln.split() for ln in r.stdout.splitlines() if ln.split()[:1] == ["vconn"]), [])
+        self.old = row[3].lower() if len(row) >= 4 else "info"
+        try:
+            self.start = os.path.getsize(OVS_LOG)
+        except OSError:
+            self.start = 0
+        subprocess.run(["ovs-appctl", "vlog/set", "vconn:file:dbg"], capture_output=True)
+        return self
+
+    def end(self) -> None:
+        subprocess.run(["ovs-appctl", "vlog/set", f"vconn:file:{self.old}"], capture_output=True)
+
+    def text(self) -> str | None:
+        try:
+            with open(OVS_LOG, errors="replace") as fh:
+                fh.seek(self.start)
+                return fh.read()
+        except OSError:
+            return None
+
+
 def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, Any]:
     """One repetition; returns the loss-window analysis of its two events plus detection times."""
     probe.check()
@@ -191,6 +258,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
                            str(probe.flows), "--pps", str(probe.pps), "--seconds", f"{seconds:.3f}", "--src", sip,
                            "--size", str(probe.size)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     frozen = False
+    vconn = VconnDebug().begin() if probe.stages else None
     try:
         if probe.kind in ("tc-idle", "none"):
             target: Any = TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
@@ -211,6 +279,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
         send_out, _ = send.communicate(timeout=seconds + 30)
         recv.communicate(timeout=seconds + 30)
     finally:
+        if vconn is not None:
+            vconn.end()
         if frozen:
             os.killpg(emu.controller_proc.pid, signal.SIGCONT)
         for m in mons.values():
@@ -226,6 +296,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s))
     texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
     result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
+    result["stages"] = stages(records, result["events"][0], vconn.text() if vconn else None, intfs)
     result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine],
                   src=src, dst=dst, sent=sent.get("sent"),
                   timeline=records, controller_frozen=frozen)
@@ -235,7 +306,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     log(f"{probe.kind} #{rep}: loss window {e0['loss_window_ms']:.1f} ms on {len(e0['affected'])}/"
         f"{result['flows']} flows, {e0['lost']} lost, largest gap on the others "
         f"{e0['max_gap_unaffected_ms']:.1f} ms ({len(e0['stalled'])} stalled), detection "
-        f"{result['detection_ms']}")
+        f"{result['detection_ms']}" + (f", stages {result['stages']}" if probe.stages else ""))
     return result
 
 

@@ -133,9 +133,14 @@ class Emulation:
         self._ecn_control: Path | None = None
         if bfd_ms < 0 or not 1 <= bfd_mult <= 255:
             raise UserError(f"BFD interval must be >= 0 ms (0: off) and its multiplier 1-255, got {bfd_ms}, {bfd_mult}")
-        #: BFD on every switch-to-switch interface (min_rx = min_tx = bfd_ms; 0: off)
+        #: BFD on every switch-to-switch interface (min_rx = min_tx = bfd_ms; 0: off); without
+        #: ``bfd_ms``, the scenario's ``bfd`` block (its own min_tx, min_rx and multiplier)
         self.bfd_ms = int(bfd_ms)
         self.bfd_mult = int(bfd_mult)
+        self.bfd_tx_ms = self.bfd_ms
+        if not bfd_ms and self.scenario.bfd.enabled:
+            self.bfd_ms, self.bfd_tx_ms = self.scenario.bfd.min_rx_ms, self.scenario.bfd.min_tx_ms
+            self.bfd_mult = self.scenario.bfd.mult
         #: run ovs-vswitchd's main thread SCHED_RR while the emulation runs (``_realtime_ovs``;
         #: on by default: without it, healthy paths stall 9-26 ms whenever the machine is busy)
         self.ovs_realtime = ovs_realtime
@@ -486,10 +491,10 @@ class Emulation:
         """BFD on every fabric interface; wait until every session forwards (until then OVS
         reports the port not live and the controller routes around it)."""
         names = self.fabric_interfaces()
-        err = ovsdb.set_bfd(names, self.bfd_ms, self.bfd_ms, self.bfd_mult)
+        err = ovsdb.set_bfd(names, self.bfd_ms, self.bfd_tx_ms, self.bfd_mult)
         if err:
             raise EmulationError(f"enabling BFD failed: {err}")
-        self.metadata["bfd"] = {"min_rx_ms": self.bfd_ms, "min_tx_ms": self.bfd_ms, "mult": self.bfd_mult,
+        self.metadata["bfd"] = {"min_rx_ms": self.bfd_ms, "min_tx_ms": self.bfd_tx_ms, "mult": self.bfd_mult,
                                 "interfaces": len(names)}
         deadline = time.monotonic() + timeout_s
         while True:

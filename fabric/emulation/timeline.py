@@ -15,6 +15,8 @@ File format (YAML or JSON)::
       - {at: 7.0, action: link_restore, link: [p0l0, p0s0], side: p0l0}
       - {at: 8.0, action: controller_kill}      # the controller process dies (SIGKILL)
       - {at: 9.0, action: controller_restart}   # started again; returns once every switch is back
+      - {at: 7.8, action: controller_freeze}     # the controller stops (SIGSTOP): only the switches act
+      - {at: 9.0, action: controller_thaw}       # it continues and handles what it missed
 
 A bare list of events is accepted too. ``load()`` validates everything against the
 fabric graph first (unknown action, node or link, negative or unsorted time: one line).
@@ -27,6 +29,9 @@ and everything ``side`` sends on it is dropped (a tc egress drop filter) until
 ``link_restore``; only BFD notices it. ``side`` defaults to the first node of ``link``. ``controller_kill`` ends the
 controller process as a crash would; what the run does then is its ``on_controller_loss``
 (restart it, stop, or continue); ``controller_restart`` starts it again.
+``controller_freeze`` stops the controller process (SIGSTOP to its process group) until
+``controller_thaw``: what the switches do alone (local protection without the controller's
+update); a timeline that ends frozen thaws it when it ends.
 
 ``run()`` sleeps on the monotonic clock until each event's time, applies it, and records
 the offset at which the change was in place (``applied_s``), its wall clock time (``wall``;
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -51,7 +57,9 @@ import yaml
 from ..errors import UserError
 
 ACTIONS = ("link_down", "link_up", "switch_down", "switch_up", "link_down_one_side", "link_drop", "link_restore",
-           "controller_kill", "controller_restart")
+           "controller_kill", "controller_restart", "controller_freeze", "controller_thaw")
+#: actions that pause the controller process (no link or switch)
+CONTROLLER_ACTIONS = ("controller_freeze", "controller_thaw")
 #: actions that act on one end of a link (``side``)
 SIDED = ("link_down_one_side", "link_drop", "link_restore")
 #: an event is in place within this many seconds of its scheduled time
@@ -94,6 +102,12 @@ def parse(data: Any, graph, source: str = "timeline") -> list[Event]:
         if action not in ACTIONS:
             raise UserError(f"{where}: action must be one of {', '.join(ACTIONS)}, got {action!r}")
         key = item.get("key")
+        if action in CONTROLLER_ACTIONS:
+            extra = set(item) - {"at", "action"}
+            if extra:
+                raise UserError(f"{where}: {action} takes no {sorted(extra)[0]!r}")
+            events.append(Event(float(at), action, ()))
+            continue
         if action.startswith("link"):
             link = item.get("link")
             if isinstance(link, str):
@@ -163,8 +177,17 @@ def apply(emu, event: Event) -> None:
         emu.kill_controller()
     elif event.action == "controller_restart":
         emu.restart_controller()
+    elif event.action in CONTROLLER_ACTIONS:
+        signal_controller(emu, signal.SIGSTOP if event.action == "controller_freeze" else signal.SIGCONT)
     else:
         emu.switch_up(event.target[0])
+
+
+def signal_controller(emu, sig: int) -> None:
+    """Stop or continue the emulation's controller process (its process group); nothing without one."""
+    proc = getattr(emu, "controller_proc", None)
+    if proc is not None and proc.poll() is None:
+        os.killpg(proc.pid, sig)
 
 
 def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
@@ -178,6 +201,8 @@ def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
         return _run(emu, events, log, stop)
     finally:
         restore()
+        if any(e.action == "controller_freeze" for e in events):
+            signal_controller(emu, signal.SIGCONT)      # never leave it frozen
 
 
 def _realtime():
