@@ -268,9 +268,13 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
     # the side whose hashing loaded its busiest leaf uplink more must be the slower one
     if imb is not None and m_imb is not None and abs(imb - m_imb) > TOLERANCE * min(imb, m_imb) \
             and (imb - m_imb) * gap > 0:
+        sprayed = emulated.get("entropy") in ("spray", "adaptive")
+        how = ("the model spreads a pair's bytes over every live path (spray: evenly, adaptive: max-min), the "
+               "transport's packets took its entropy values unevenly" if sprayed
+               else "the model gives each connection its entropy value by its own hash, the transport by its own "
+                    "source ports")
         add("collisions", f"the busiest leaf uplink carried {imb:.2f}x the mean in the emulation and "
-            f"{m_imb:.2f}x in the model: both forward over the compiler's tables, but the model gives each "
-            f"connection its entropy value by its own hash, the transport by its own source ports", None)
+            f"{m_imb:.2f}x in the model: both forward over the compiler's tables, but {how}", None)
     if not causes:
         causes.append({"cause": "unexplained",
                        "evidence": f"the emulation took {t_emu * 1e3:.1f} ms and the model {t_mod * 1e3:.1f} ms; "
