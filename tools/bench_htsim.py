@@ -146,6 +146,27 @@ def run_model(net: model.Network, steps, mode: str, seed: int, max_steps: int = 
     return out
 
 
+def earlier_htsim_runs(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """(case, mode) -> an earlier run of this benchmark (its --json), htsim's figures per seed under "htsim"."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {(r["case"], r["mode"]): r for r in doc["runs"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--htsim-from {path}: not a bench_htsim --json file ({type(exc).__name__})") from None
+
+
+def reused_run(runs: dict[tuple[str, str], dict[str, Any]], case: str, mode: str, hosts: int, nbytes: int,
+               seed_index: int, path: str) -> dict[str, Any]:
+    """htsim's figures for one case, mode and seed from an earlier run; the same workload or a clear error."""
+    r = runs.get((case, mode))
+    if r is None or r["hosts"] != hosts or r["bytes"] != nbytes:
+        raise SystemExit(f"--htsim-from {path}: no {case} {mode} run on {hosts} hosts with {nbytes} B")
+    per_seed = r["htsim"] if isinstance(r["htsim"], list) else [r["htsim"]]     # older files: one seed, a dict
+    if seed_index >= len(per_seed):
+        raise SystemExit(f"--htsim-from {path}: {case} {mode} has {len(per_seed)} seed(s)")
+    return per_seed[seed_index]
+
+
 def efficiency(case: str, n: int, nbytes: int, seconds: float, steps: int) -> float:
     """Goodput per host over the line rate: permutation, bytes / makespan; all-to-all, the bytes
     every host sends ((n - 1) x per pair) over the time (nccl-tests' busbw / line)."""
@@ -173,12 +194,16 @@ def main() -> int:
     ap.add_argument("--corrections", metavar="FILE",
                     help="apply the corrections fitted by an earlier run (its --json file) instead of fitting")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument("--htsim-from", metavar="FILE",
+                    help="reuse htsim's runs of an earlier --json file (same hosts, cases, modes, bytes and seeds) "
+                         "and run only the model: htsim is the slow side, and its figures do not depend on the model")
     args = ap.parse_args()
-    if not args.htsim:
+    reused = earlier_htsim_runs(args.htsim_from) if args.htsim_from else None
+    if reused is None and not args.htsim:
         print("bench_htsim: skipped: no htsim binary given (--htsim PATH or $HTSIM; build htsim_uec from "
               "github.com/ultraethernet/uet-htsim yourself)")
         return 0
-    if not os.access(args.htsim, os.X_OK):
+    if reused is None and not os.access(args.htsim, os.X_OK):
         print(f"bench_htsim: skipped: {args.htsim} is not an executable file")
         return 0
     n = args.hosts
@@ -201,8 +226,11 @@ def main() -> int:
                 per_seed = []
                 for seed in seeds:
                     steps = permutation_steps(n, nbytes, seed) if case == "permutation" else all_to_all_steps(n, nbytes)
-                    h = run_htsim(args.htsim, n, connection_matrix(n, steps), [*MODES[mode][0], "-seed", str(seed)],
-                                  args.timeout, Path(tmp))
+                    if reused is not None:
+                        h = reused_run(reused, case, mode, n, nbytes, seed - args.seed, args.htsim_from)
+                    else:
+                        h = run_htsim(args.htsim, n, connection_matrix(n, steps),
+                                      [*MODES[mode][0], "-seed", str(seed)], args.timeout, Path(tmp))
                     m = run_model(net, steps, mode, seed, args.model_max_steps)
                     per_seed.append((h, m))
                     print(f"# {case} {mode} seed {seed}: htsim {h['makespan_s'] * 1e6:.1f} us ({h['wall_s']:.1f} s "
