@@ -46,7 +46,8 @@ ALL_ROUTINGS = ("ecmp", "flowlet", "spray", "adaptive")
 BAIDU_ROUTES_PER_POD = 4000
 #: compile the tables (rather than count by arithmetic) up to this many switches
 COMPILE_MAX_SWITCHES = 400
-DEFAULT_DETECT_MS = {"dpfr": 1.0, "host-adaptive": 50.0, "control-plane": 2000.0}
+#: the failover modes' detection + convergence times without a benchmark's JSON: the model's own defaults
+DEFAULT_DETECT_MS = dict(model.FAILOVER_DEFAULT_MS)
 
 Say = Callable[[str], None]
 
