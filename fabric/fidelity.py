@@ -12,14 +12,15 @@ The two sides
                 same order, running **the generators' schedule**: the steps of
                 ``collectives.build`` for the same collective and rank count, each step's
                 transfers at once (:func:`schedule_steps`; the all-to-all is one step with
-                every pair at once, as the generators send it). Beside it, where the model
-                can place the ranks, the model's own schedule (``model.run_collective``: an
-                all-to-all as n-1 pairwise steps) is reported as ``model_own``.
+                every pair at once, as the generators send it), with ``model.run_steps``.
+                Beside it, where the model can place the ranks, the model's own schedule
+                (``model.run_collective``) is reported as ``model_own``: the same steps (the
+                model runs the generators' schedules), a cross-check.
 
 Modes: the roce transport's entropy modes and the model's routing for each (:data:`MODE_ROUTING`):
 ``flow`` and ``ecmp`` (per-flow hashing: one connection per pair, or one per plane),
-``flowlet``, ``spray`` and ``adaptive``. A mode whose routing the model does not have yet is
-reported as such (``model: null`` with the reason), never substituted.
+``flowlet``, ``spray`` and ``adaptive`` (the model has all of them; a mode whose routing a model
+lacks would be reported as such, ``model: null`` with the reason, never substituted).
 
 Errors: relative, ``(model - emulated) / emulated``, for busbw and for completion time.
 Where either exceeds :data:`TOLERANCE` (10%), :func:`explain` says why from what the
@@ -34,18 +35,19 @@ share of the gap it accounts for, and only causes that push the gap the way it g
     cpu           a generator rank near a full core (its measured CPU share), or the machine
                   loaded beyond its cores during the run (load average)
     collisions    per-flow hashing put connections on the same links in one world and not
-                  the other (the model hashes at random; the switches hash the transport's
-                  entropy values): the busiest leaf uplink over the mean, from the emulated
+                  the other (both forward over the compiler's tables, but the model gives each
+                  connection its entropy value by its own hash where the transport binds its
+                  own source ports): the busiest leaf uplink over the mean, from the emulated
                   uplinks' byte counters and from the model's first step, on the slower side
 """
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from . import collectives as col
 from .errors import UserError
@@ -266,9 +268,13 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
     # the side whose hashing loaded its busiest leaf uplink more must be the slower one
     if imb is not None and m_imb is not None and abs(imb - m_imb) > TOLERANCE * min(imb, m_imb) \
             and (imb - m_imb) * gap > 0:
+        sprayed = emulated.get("entropy") in ("spray", "adaptive")
+        how = ("the model spreads a pair's bytes over every live path (spray: evenly, adaptive: max-min), the "
+               "transport's packets took its entropy values unevenly" if sprayed
+               else "the model gives each connection its entropy value by its own hash, the transport by its own "
+                    "source ports")
         add("collisions", f"the busiest leaf uplink carried {imb:.2f}x the mean in the emulation and "
-            f"{m_imb:.2f}x in the model: the switches hash the transport's entropy values one way, the model "
-            f"hashes its own way until it forwards over the compiler's tables", None)
+            f"{m_imb:.2f}x in the model: both forward over the compiler's tables, but {how}", None)
     if not causes:
         causes.append({"cause": "unexplained",
                        "evidence": f"the emulation took {t_emu * 1e3:.1f} ms and the model {t_mod * 1e3:.1f} ms; "
@@ -314,9 +320,11 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
               switch_latency_us: float = EMULATED_SWITCH_LATENCY_US) -> dict[str, Any]:
     """The model on the emulated-rate graph (:func:`emulated_graph`) for these ranks ((host,
     rail) in rank order) in one mode: the generators' schedule step by step
-    (``model.run_step`` per distinct step, synchronous steps summed), and, where the model can
-    place the same ranks itself, its own schedule (``model.run_collective``) as ``own``.
-    {"missing": reason} when the model has no routing for the mode."""
+    (``model.run_steps``, synchronous steps summed), and, where the model can place the same
+    ranks itself, its own schedule (``model.run_collective``, ``model.steps``) as ``own``: the
+    same steps since the model runs the generators' schedules, so a difference between the two
+    is a finding (the ``schedule`` cause). {"missing": reason} when the model has no routing
+    for the mode."""
     from . import model
 
     routing = model_routing(mode, model.ROUTINGS)
@@ -326,67 +334,61 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
     qps = connections_per_pair(mode, s.planes)
     name = col.canonical(collective)
     steps = schedule_steps(name, len(ranks), size_bytes, perm)
-    run = run_schedule(g_emulated, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us)
+    net = model.Network(g_emulated)
+    run = run_schedule(net, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us)
     total = run["time_s"]
-    imbalance = first_step_uplink_imbalance(g_emulated, ranks, steps, routing, qps, seed=seed) if steps else None
+    imbalance = first_step_uplink_imbalance(net, ranks, steps, routing, qps, seed=seed) if steps else None
     algbw = size_bytes / total / 1e9 if total > 0 and not math.isinf(total) else 0.0
-    out: dict[str, Any] = {"routing": routing, "qps": qps, "steps": len(steps), "distinct_steps": run["distinct_steps"],
-                           "time_us": total * 1e6, "busbw_gbs": algbw * col.busbw_factor(name, len(ranks)),
-                           "stalled_connections": run["stalled"], "own": None, "uplink_imbalance": imbalance}
+    out: dict[str, Any] = {"routing": routing, "qps": qps, "steps": len(steps), "time_us": total * 1e6,
+                           "busbw_gbs": algbw * col.busbw_factor(name, len(ranks)),
+                           "stalled_connections": run["stalled"], "stalled_pairs": run["stalled_pairs"],
+                           "own": None, "uplink_imbalance": imbalance, "entropy_values": net.entropy_values}
     hosts = [h for h, _ in ranks]
     if (name in model.MODEL_COLLECTIVES and s.rails == 1 and len(set(hosts)) == len(hosts) and perm is None
             and name != "permutation"):
-        own = model.run_collective(g_emulated, name, size_bytes, routing=routing, hosts=len(ranks),
+        own = model.run_collective(None, name, size_bytes, routing=routing, hosts=len(ranks),
                                    placement="packed", qps=qps, seed=seed, max_steps=len(ranks),
-                                   switch_latency_us=switch_latency_us)
+                                   switch_latency_us=switch_latency_us, network=net,
+                                   job=model.Job(ranks=[(str(h), int(r)) for h, r in ranks]))
         out["own"] = {"time_us": own.time_s * 1e6, "busbw_gbs": own.busbw_gbs, "steps": own.steps_total}
     return out
 
 
-def run_schedule(g: nx.MultiGraph, ranks: Sequence[tuple[str, int]],
+def run_schedule(g: Any, ranks: Sequence[tuple[str, int]],
                  steps: Sequence[tuple[Sequence[tuple[int, int]], float]], routing: str, qps: int, *,
-                 seed: int = 1, switch_latency_us: float = 1.0) -> dict[str, Any]:
+                 seed: int = 1, switch_latency_us: float = 1.0, entropy_values: int | None = None) -> dict[str, Any]:
     """The model on a given schedule: synchronous steps, each (rank pairs sending at once, bytes
-    per pair), run with ``model.run_step`` (a step repeated exactly is computed once) and summed.
-    {"time_s", "step_times_s" (per step), "distinct_steps", "stalled"}."""
+    per pair), run with ``model.run_steps`` (``g``: the fabric graph or a ``model.Network``;
+    ``entropy_values``: the transport's, default the model's) and summed. {"time_s",
+    "step_times_s" and "latencies_s" (per step), "stalled" (the most connections without a path
+    in one step), "stalled_pairs" (rank pairs that had none, once each)}."""
     from . import model
 
-    net = model.Network(g)
-    job = model.Job(ranks=[(str(h), int(r)) for h, r in ranks])
-    rnd = random.Random(seed)
-    cache: dict[tuple, float] = {}
-    stalled = 0
-    times = []
-    for pairs, nbytes in steps:
-        key = (tuple(pairs), nbytes)
-        if key not in cache:
-            r = model.run_step(net, job, list(pairs), nbytes, routing, qps, rnd, switch_latency_us)
-            cache[key] = r.time_s
-            stalled += r.stalled
-        times.append(cache[key])
-    return {"time_s": float(sum(times)), "step_times_s": times, "distinct_steps": len(cache), "stalled": stalled}
+    results = model.run_steps(g, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us,
+                              entropy_values=entropy_values or model.ENTROPY_VALUES)
+    times = [r.time_s for r in results]
+    pairs = sorted({p for r in results for p in r.stalled_pairs})
+    return {"time_s": float(sum(times)), "step_times_s": times, "latencies_s": [r.latency_s for r in results],
+            "stalled": max((r.stalled for r in results), default=0), "stalled_pairs": pairs}
 
 
-def first_step_uplink_imbalance(g: nx.MultiGraph, ranks: Sequence[tuple[str, int]],
+def first_step_uplink_imbalance(g: Any, ranks: Sequence[tuple[str, int]],
                                 steps: Sequence[tuple[Sequence[tuple[int, int]], float]], routing: str, qps: int, *,
                                 seed: int = 1) -> float | None:
     """max / mean of the bytes the model puts on the leaf uplinks of the ranks' leaves in the first
     step (the leaves the ranks' NIC ports sit on, every uplink of theirs counted, idle ones too):
-    the figure the emulation measures from the uplinks' byte counters. The first step is routed
-    with the same random stream ``run_schedule`` gave it (a fresh ``Random(seed)``)."""
+    the figure the emulation measures from the uplinks' byte counters. ``g``: the fabric graph
+    or its ``model.Network`` (built from a graph); the step is routed as ``run_schedule`` routes it."""
     from . import model
     from .compare_routing import imbalance
 
-    net = model.Network(g)
+    net = g if isinstance(g, model.Network) else model.Network(g)
     job = model.Job(ranks=[(str(h), int(r)) for h, r in ranks])
     pairs, nbytes = steps[0]
-    routed = model.route_step(net, job, list(pairs), nbytes, routing, qps, random.Random(seed))
-    bits = routed.weight * routed.size_bits[routed.flow_idx]
-    load: dict[int, float] = {}
-    for link, b in zip(routed.link_idx.tolist(), bits.tolist(), strict=True):
-        load[link] = load.get(link, 0.0) + b
-    planes = g.graph["scenario"].planes
-    leaves = {net.host_port[(h, i)][0] for h, rail in job.ranks for i in range(rail * planes, (rail + 1) * planes)}
-    per_uplink = [load.get(link, 0.0) for link in range(net.n_links)
-                  if net.link_ends(link)[0] in leaves and g.nodes[net.link_ends(link)[1]]["tier"] == 2]
+    load = model.step_link_bytes(net, job, list(pairs), nbytes, routing, qps, seed=seed)
+    leaf_idx = net.rank_table(job)[0]
+    leaves = {net.fwd.leaves[i] for i in np.unique(leaf_idx).tolist() if i >= 0}
+    tier = net.g.nodes
+    per_uplink = [float(load[link]) for link in range(net.n_links)
+                  if (ends := net.link_ends(link))[0] in leaves and tier[ends[1]]["tier"] == 2]
     return imbalance([int(b) for b in per_uplink]) if per_uplink else None

@@ -59,8 +59,9 @@ import math
 import os
 import pickle
 import random
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -689,6 +690,61 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
     return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
                       rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
                       stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale)
+
+
+# ---- given steps on given ranks (fidelity, htsim comparisons, studies) -------------------
+
+def _job_of(ranks: Sequence[tuple[str, int]] | Job) -> Job:
+    return ranks if isinstance(ranks, Job) else Job(ranks=[(str(h), int(r)) for h, r in ranks])
+
+
+def run_steps(g: nx.MultiGraph | Network, ranks: Sequence[tuple[str, int]] | Job, steps: Sequence[Any],
+              routing: str = "flow", qps: int = 4, *, seed: int = 1, switch_latency_us: float = 1.0,
+              failed: set | None = None, entropy_values: int = ENTROPY_VALUES) -> list[StepResult]:
+    """Run these synchronous steps on these ranks: one :class:`StepResult` per step, in order.
+
+    ``g``: the fabric graph (a :class:`Network` is built with ``failed`` and ``entropy_values``)
+    or a network; ``ranks``: (host, rail) per rank index, or a :class:`Job`; each step a
+    :class:`Step` (its salt, scale and multiplicity kept) or (rank pairs, bytes per pair).
+    Hashing as in a collective: ``flow`` keeps a connection's path for every step (one
+    ``seed``), ``flowlet`` hashes each step anew (the Step's salt, else the step's index).
+    A step repeated exactly (same pairs, bytes and salt) is computed once."""
+    net = g if isinstance(g, Network) else Network(g, failed, entropy_values=entropy_values)
+    job = _job_of(ranks)
+    routing = routing_name(routing)
+    done: dict[tuple, StepResult] = {}
+    out = []
+    for i, st in enumerate(steps):
+        if isinstance(st, Step):
+            src, dst, nbytes, salt, scale, mult = st.src, st.dst, st.nbytes, st.salt, st.scale, st.multiplicity
+        else:
+            src, dst = _pair_arrays(list(st[0]))
+            nbytes, salt, scale, mult = np.full(len(src), float(st[1])), i, 1.0, 1.0
+        salt = salt if routing == "flowlet" else 0
+        key = (np.asarray(src).tobytes(), np.asarray(dst).tobytes(), np.asarray(nbytes).tobytes(), salt, scale)
+        if key not in done:
+            done[key] = run_step(net, job, (np.asarray(src), np.asarray(dst)), nbytes, routing, qps, seed,
+                                 switch_latency_us, salt=salt, scale=scale)
+        out.append(replace(done[key], multiplicity=mult))
+    return out
+
+
+def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs, bytes_per_pair, routing: str,
+                    qps: int, *, seed: int = 1, salt: int = 0) -> np.ndarray:
+    """The bytes one step puts on every directed link (index: link id, ``net.link_ends`` names
+    it), routed as :func:`run_steps` routes it. ``adaptive``: a pair's bytes split over its
+    paths in proportion to their max-min sub-flow rates (what its rates, held for the step, carry)."""
+    job = _job_of(ranks)
+    routing = routing_name(routing)
+    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, seed, salt=salt if routing == "flowlet" else 0)
+    if r.conn is None:
+        bits = r.weight * r.size_bits[r.flow_idx]
+    else:
+        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, len(r.conn))
+        pair_rate = np.bincount(r.conn, weights=sub, minlength=len(r.size_bits))
+        sub_bits = r.size_bits[r.conn] * sub / np.maximum(pair_rate[r.conn], 1e-30)
+        bits = r.weight * sub_bits[r.flow_idx]
+    return np.bincount(r.link_idx, weights=bits, minlength=net.n_links) / 8
 
 
 # ---- the collective ---------------------------------------------------------------------

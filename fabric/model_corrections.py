@@ -111,12 +111,11 @@ def correct_result(result: Any, c: Corrections) -> dict[str, Any]:
     steps (the corrections are affine in each step's time, so the result's total and its
     number of steps carry them exactly: sum(m * (a t + b)) = a * total + b * steps)."""
     steps = float(result.steps_total)
-    total = float(result.time_s)
+    total = float(result.time_s)      # sum(m * step time) over ``result.steps`` (``model.StepResult``)
     if math.isinf(total) or total <= 0:
         return {"time_s": total, "busbw_gbs": result.busbw_gbs, "efficiency": result.efficiency,
                 "corrections": c.as_dict()}
-    latency = sum(s["multiplicity"] * s["latency_us"] * 1e-6 for s in result.detail.get("steps", [])) \
-        if len(result.detail.get("steps", [])) == result.steps_modelled else 0.0
+    latency = sum(s.multiplicity * s.latency_s for s in result.steps)
     drain = total - latency
     kind = routing_kind(result.routing)
     if kind == "sprayed":

@@ -7,8 +7,8 @@ prints it; :func:`plot` draws it.
     routing        per-flow ECMP vs flowlet vs spray vs adaptive (the routings the model has;
                    the others are listed as missing) on all-to-all and ring all-reduce as the
                    job grows from 64 accelerators to the scenario's size (x8 per step). The
-                   all-to-all is sampled: ``max_steps`` of its n-1 distinct steps, evenly
-                   spaced (the rows say how many).
+                   all-to-all is one step with every pair at once, as the generators send it,
+                   sampled above ``model.EXACT_PAIRS`` pairs (the rows give the sampling error).
     planes         1/2/4/8 planes from the scenario's NIC (planes x host rate) and switch
                    capacity (radix x port rate): each plane's switches run their capacity as
                    ports of NIC / planes, so the radix grows with the planes. Scale reached in
@@ -46,7 +46,8 @@ ALL_ROUTINGS = ("ecmp", "flowlet", "spray", "adaptive")
 BAIDU_ROUTES_PER_POD = 4000
 #: compile the tables (rather than count by arithmetic) up to this many switches
 COMPILE_MAX_SWITCHES = 400
-DEFAULT_DETECT_MS = {"dpfr": 1.0, "host-adaptive": 50.0, "control-plane": 2000.0}
+#: the failover modes' detection + convergence times without a benchmark's JSON: the model's own defaults
+DEFAULT_DETECT_MS = dict(model.FAILOVER_DEFAULT_MS)
 
 Say = Callable[[str], None]
 
@@ -59,7 +60,7 @@ def _doc(study: str, scenario: str, rows: list[dict], notes: list[str], t0: floa
 
 def _routings(routings: Sequence[str] | None) -> tuple[list[str], list[str]]:
     wanted = list(routings or ALL_ROUTINGS)
-    have = [r for r in wanted if r in model.ROUTINGS or (r == "flow" and "ecmp" in model.ROUTINGS)]
+    have = [r for r in wanted if model.ROUTING_ALIASES.get(r, r) in model.ROUTINGS]
     return have, [r for r in wanted if r not in have]
 
 
@@ -84,7 +85,7 @@ def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] 
     """``size_bytes`` per all-reduce; the all-to-all moves ``a2a_pair_bytes`` per rank pair (its
     buffer grows with the job, as an expert-parallel token exchange does: a fixed buffer would
     leave a few KB per pair at 100k ranks and time only latency), up to ``a2a_max_ranks``
-    (the model routes every connection of a sampled step: minutes beyond that on 2 cores).
+    (the model routes every connection of the sampled step: minutes beyond that on 2 cores).
     Sprayed routings use one connection per pair (the model splits it evenly: more add nothing)."""
     t0 = time.monotonic()
     say = say or (lambda _m: None)
@@ -109,15 +110,17 @@ def study_routing(s: spec.Scenario, *, size_bytes: int, routings: Sequence[str] 
                 rows.append({"ranks": r.ranks, "collective": coll, "routing": routing, "efficiency": r.efficiency,
                              "busbw_gbs": r.busbw_gbs, "time_s": r.time_s, "size_bytes": nbytes,
                              "steps_modelled": r.steps_modelled, "steps_distinct": r.steps_distinct,
-                             "wall_s": round(time.monotonic() - t, 2)})
+                             "sampled_peers_of": r.steps[0].sampled if r.steps else 1.0,
+                             "sampling_error": r.sampling_error, "wall_s": round(time.monotonic() - t, 2)})
                 say(f"  {n:>7} ranks {coll:<10} {routing:<6} {r.efficiency:.3f} of line "
                     f"({time.monotonic() - t:.1f} s)")
     notes = [f"{s.name}: {ranks_total:,} ranks at most, random placement, {qps} QPs per pair (per-flow routings), "
              f"all-reduce {size_bytes} B, all-to-all {a2a_pair_bytes} B per pair"]
-    sampled: list[tuple[int, int, int]] = sorted({(int(r["ranks"]), int(r["steps_modelled"]), int(r["steps_distinct"]))
-                                                  for r in rows if r["steps_modelled"] < r["steps_distinct"]})
+    sampled = sorted({(int(r["ranks"]), float(r["sampled_peers_of"]), float(r["sampling_error"]))
+                      for r in rows if r["sampled_peers_of"] > 1})
     if sampled:
-        notes.append("all-to-all sampled: " + ", ".join(f"{m} of {d:,} steps at {n:,} ranks" for n, m, d in sampled))
+        notes.append("all-to-all sampled: " + ", ".join(f"each pair standing for {k:.1f} at {n:,} ranks "
+                                                         f"(relative error {e:.1%})" for n, k, e in sampled))
     if skipped:
         notes.append(f"all-to-all not run at {', '.join(f'{n:,}' for n in skipped)} ranks (above {a2a_max_ranks:,}: "
                      f"model time)")
@@ -272,7 +275,7 @@ def study_cross_campus(s: spec.Scenario, *, size_bytes: int, links: Sequence[int
       campus, then every rank swaps its shard, size / hosts-per-campus, with its peer in the other
       campus, then all-gather inside), the step whose speed the long-haul capacity sets:
       its efficiency is the shard's time at the NIC's line rate over the modelled time;
-    * TP/EP inside: all-to-all among campus 0's hosts (sampled: 8 steps), untouched by the long haul."""
+    * TP/EP inside: all-to-all among campus 0's hosts (one step, every pair at once), untouched by the long haul."""
     from .fidelity import run_schedule
     t0 = time.monotonic()
     if s.campuses < 2 or s.long_haul is None:
@@ -316,9 +319,9 @@ def study_cross_campus(s: spec.Scenario, *, size_bytes: int, links: Sequence[int
                          "dp_exchange_ms": ex["time_s"] * 1e3, "dp_exchange_efficiency": line_s / ex["time_s"],
                          "tp_ep_inside_efficiency": inside_cache[n_links]})
     notes = [f"{s.name}: DP ring = flat ring all-reduce through every host of both campuses; DP exchange = the "
-             f"cross-campus shard swap of a hierarchical all-reduce; TP/EP = all-to-all inside campus 0 (sampled: 8 "
-             f"steps); {routing}, {size_bytes} B; ratio = long-haul capacity (each link once) / one campus's host "
-             f"injection"]
+             f"cross-campus shard swap of a hierarchical all-reduce; TP/EP = all-to-all inside campus 0 (one step, "
+             f"every pair at once); {routing}, {size_bytes} B; ratio = long-haul capacity (each link once) / one "
+             f"campus's host injection"]
     return _doc("cross-campus", s.name, rows, notes, t0)
 
 

@@ -80,23 +80,56 @@ def test_model_ring_on_the_emulated_non_blocking_fabric_reaches_the_emulated_lin
     assert out["busbw_gbs"] == pytest.approx(nic_bps / 8e9, rel=0.02)
 
 
-def test_model_own_schedule_is_reported_beside_the_generators(mini):
+def test_model_own_schedule_is_the_generators_one_step_all_to_all(mini):
     hosts = ["h1", "h5", "h9", "h13"]
     ge = fidelity.emulated_graph(mini, hosts)
     out = fidelity.run_model(ge, [(h, 0) for h in hosts], "spray", "all_to_all", 1 << 20)
-    assert out["steps"] == 1
-    assert out["own"]["steps"] == 3            # pairwise exchange: n - 1 steps
+    assert out["steps"] == out["own"]["steps"] == 1     # every pair at once, as the generators send it
+    assert out["own"]["time_us"] == pytest.approx(out["time_us"])
 
 
-def test_a_mode_without_a_model_routing_gives_a_row_without_model_figures(mini):
-    missing = [m for m in fidelity.MODE_ROUTING if fidelity.model_routing(m, model.ROUTINGS) is None]
-    if not missing:
-        pytest.skip("the model has every routing")
+def test_every_mode_has_a_model_figure(mini):
+    hosts = ["h1", "h5", "h9", "h13"]
+    ge = fidelity.emulated_graph(mini, hosts)
+    for mode in fidelity.MODE_ROUTING:
+        out = fidelity.run_model(ge, [(h, 0) for h in hosts], mode, "all_reduce", 1 << 16)
+        assert out["busbw_gbs"] > 0 and out["stalled_connections"] == 0, mode
+
+
+def test_a_mode_without_a_model_routing_gives_a_row_without_model_figures(mini, monkeypatch):
+    monkeypatch.setattr(model, "ROUTINGS", tuple(r for r in model.ROUTINGS if r != "adaptive"))
     hosts = ["h1", "h5"]
-    out = fidelity.run_model(fidelity.emulated_graph(mini, hosts), [(h, 0) for h in hosts], missing[0],
+    out = fidelity.run_model(fidelity.emulated_graph(mini, hosts), [(h, 0) for h in hosts], "adaptive",
                              "all_reduce", 1 << 16)
     row = fidelity.compare(_emulated(1000.0), out)
-    assert row["model"] is None and "no" in row["model_missing"]
+    assert row["model"] is None and "no 'adaptive' routing" in row["model_missing"]
+
+
+# ---- the model's entry point for given steps (model.run_steps, model.step_link_bytes) --------------
+
+def test_given_the_collectives_own_steps_run_steps_times_the_collective(mini):
+    job = model.make_job(mini, 8, "packed", 1)
+    for routing in ("flow", "flowlet", "spray", "adaptive"):
+        r = model.run_collective(mini, "all_reduce", 1 << 20, routing=routing, hosts=8, qps=2)
+        st = model.steps("all_reduce", job, 1 << 20, max_steps=16, seed=1, rails=1, routing=routing)
+        got = model.run_steps(mini, job, st, routing, 2)
+        assert sum(x.multiplicity * x.time_s for x in got) == pytest.approx(r.time_s), routing
+
+
+def test_per_flow_hashing_keeps_a_connections_path_across_steps_and_flowlets_rehash(mini):
+    net = model.Network(mini)
+    ranks = [("h1", 0), ("h5", 0)]
+    loads = {routing: {model.step_link_bytes(net, ranks, [(0, 1)], 1e6, routing, 1, salt=k).tobytes()
+                       for k in range(8)} for routing in ("flow", "flowlet")}
+    assert len(loads["flow"]) == 1 and len(loads["flowlet"]) > 1
+
+
+@pytest.mark.parametrize("routing", ["flow", "spray", "adaptive"])
+def test_a_steps_link_bytes_are_its_bytes_on_every_link_of_its_paths(mini, routing):
+    # h1 -> h5 crosses leaf to leaf: host up, leaf up, spine down, host down: 4 links per path
+    net = model.Network(mini)
+    load = model.step_link_bytes(net, [("h1", 0), ("h5", 0)], [(0, 1)], 1e6, routing, 1)
+    assert load.sum() == pytest.approx(4e6)
 
 
 def test_relative_error_is_model_minus_emulated_over_emulated():

@@ -1,6 +1,7 @@
 """tools/bench_htsim.py's pure parts: hpnlab's workloads written as htsim connection matrices."""
 from __future__ import annotations
 
+import json
 import stat
 import sys
 
@@ -53,3 +54,16 @@ def test_without_a_binary_the_benchmark_skips_with_the_reason(monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["bench_htsim.py"])
     assert bench_htsim.main() == 0
     assert "skipped: no htsim binary given" in capsys.readouterr().out
+
+
+def test_htsims_figures_are_reused_from_an_earlier_run_of_the_same_workload_only(tmp_path):
+    h = {"makespan_s": 1e-3, "retx_fraction": 0.0, "wall_s": 1.0}
+    path = tmp_path / "k8.json"
+    path.write_text('{"runs": [{"case": "permutation", "mode": "ecmp", "hosts": 128, "bytes": 4000000, "htsim": '
+                    + json.dumps(h) + "}]}")
+    runs = bench_htsim.earlier_htsim_runs(str(path))
+    assert bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 4000000, 0, str(path)) == h
+    with pytest.raises(SystemExit, match="no permutation ecmp run on 128 hosts with 1000 B"):
+        bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 1000, 0, str(path))
+    with pytest.raises(SystemExit, match="1 seed"):
+        bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 4000000, 1, str(path))

@@ -37,13 +37,14 @@ def test_spray_efficiency_slows_only_sprayed_routings():
 
 def test_a_correction_of_a_model_result_equals_the_sum_of_its_corrected_steps():
     g = graph.build(spec.load("mini-hpn"))
-    r = model.run_collective(g, "all_reduce", 1 << 24, routing="spray", hosts=8, placement="packed")
-    c = mc.Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.5, retx_fraction={"sprayed": 0.02},
+    # flowlet: one distinct step per salt, so the result has several steps, each with its latency
+    r = model.run_collective(g, "all_reduce", 1 << 24, routing="flowlet", hosts=8, placement="packed")
+    assert len(r.steps) > 4
+    c = mc.Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.5, retx_fraction={"per_flow": 0.02},
                        spray_efficiency=0.9)
-    steps = r.detail["steps"]
-    expected = mc.correct_steps([s["time_us"] * 1e-6 for s in steps], "spray", c,
-                                latencies_s=[s["latency_us"] * 1e-6 for s in steps],
-                                multiplicities=[s["multiplicity"] for s in steps])
+    expected = mc.correct_steps([s.time_s for s in r.steps], "flowlet", c,
+                                latencies_s=[s.latency_s for s in r.steps],
+                                multiplicities=[s.multiplicity for s in r.steps])
     out = mc.correct_result(r, c)
     assert out["time_s"] == pytest.approx(expected)
     assert out["busbw_gbs"] == pytest.approx(r.busbw_gbs * r.time_s / expected)

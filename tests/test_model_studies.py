@@ -79,10 +79,17 @@ def test_failure_study_slows_a_hit_collective_by_each_modes_detection_time():
             assert r["time_s"] == pytest.approx(r["detect_ms"] / 1e3 + r["after_repair_s"])
 
 
-def test_routing_study_lists_the_routings_the_model_lacks():
+def test_routing_study_runs_every_routing_per_flow_ecmp_under_its_alias():
     doc = ms.study_routing(spec.load("mini-hpn"), size_bytes=1 << 20, max_steps=2)
-    assert {r["routing"] for r in doc["rows"]} == {r for r in ms.ALL_ROUTINGS if r in model.ROUTINGS}
-    assert set(doc["missing_routings"]) == {r for r in ms.ALL_ROUTINGS if r not in model.ROUTINGS}
+    assert {r["routing"] for r in doc["rows"]} == set(ms.ALL_ROUTINGS)
+    assert doc["missing_routings"] == []
+
+
+def test_routing_study_lists_the_routings_the_model_lacks(monkeypatch):
+    monkeypatch.setattr(model, "ROUTINGS", tuple(r for r in model.ROUTINGS if r != "flowlet"))
+    doc = ms.study_routing(spec.load("mini-hpn"), size_bytes=1 << 20, max_steps=2, collectives=("all_reduce",))
+    assert {r["routing"] for r in doc["rows"]} == set(ms.ALL_ROUTINGS) - {"flowlet"}
+    assert doc["missing_routings"] == ["flowlet"]
 
 
 def test_cross_campus_study_needs_two_campuses():

@@ -18,7 +18,9 @@ sits under ToR i // (k/2), as hpnlab's host h(i+1)):
 Modes: ``ecmp`` (htsim: one entropy value per flow, ``-paths 1``; model: per-flow hashing),
 ``spray`` (htsim's default load balancing, mixed, 64 entropy values; model: perfectly even),
 ``reps`` (htsim REPS), ``oblivious`` (htsim oblivious spraying over 64 values; model: the same
-64 hashed values, ``model_corrections.finite_entropy_routing``). Per case and mode: htsim's
+64 hashed values, ``model_corrections.finite_entropy_routing``). The model forwards over the
+compiler's tables of the fat-tree and hashes a connection over ``--entropy-values`` values (default
+every path between pods, as htsim's entropy reaches them all). Per case and mode: htsim's
 and the model's makespan and efficiency, the error, and the model corrected by
 ``model_corrections`` (``--fit``: constants fitted on these runs, printed with their inputs;
 otherwise ``model_corrections.HTSIM_100G``). JSON first (``--json FILE``), then the table.
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric import collectives as col
-from hpnlab.fabric import fidelity, graph, model_corrections, spec
+from hpnlab.fabric import fidelity, graph, model, model_corrections, spec
 
 LINK_GBPS = 100.0
 #: htsim modes -> its flags, and the model's (routing, connections per pair)
@@ -120,18 +122,20 @@ def run_htsim(binary: str, n: int, cm: str, flags: list[str], timeout_s: float, 
 
 # ---- the model ---------------------------------------------------------------------------------
 
-def run_model(g, steps, mode: str, seed: int, max_steps: int = 0) -> dict[str, Any]:
-    """The model on the same steps; with ``max_steps``, that many evenly spaced steps stand for
-    all of them (each sampled step's time counted for its share of the steps)."""
+def run_model(net: model.Network, steps, mode: str, seed: int, max_steps: int = 0) -> dict[str, Any]:
+    """The model (``net``: the fat-tree's model network) on the same steps; with ``max_steps``,
+    that many evenly spaced steps stand for all of them (each sampled step's time counted for its
+    share of the steps)."""
     routing, qps = MODES[mode][1]
     routing, qps = model_corrections.finite_entropy_routing(routing, FINITE_ENTROPY.get(mode)) \
         if mode in FINITE_ENTROPY else (routing, qps)
+    g = net.g
     hosts = sorted((h for h in graph.hosts(g)), key=lambda h: g.nodes[h]["index"])
     picked = steps
     if max_steps and len(steps) > max_steps:
         picked = [steps[round(i * (len(steps) - 1) / (max_steps - 1))] for i in range(max_steps)]
     t0 = time.monotonic()
-    out = fidelity.run_schedule(g, [(h, 0) for h in hosts], picked, routing, qps, seed=seed, switch_latency_us=1.0)
+    out = fidelity.run_schedule(net, [(h, 0) for h in hosts], picked, routing, qps, seed=seed, switch_latency_us=1.0)
     if len(picked) < len(steps):
         out["step_times_s"] = [out["step_times_s"][min(len(picked) - 1, i * len(picked) // len(steps))]
                                for i in range(len(steps))]
@@ -140,6 +144,27 @@ def run_model(g, steps, mode: str, seed: int, max_steps: int = 0) -> dict[str, A
     out["wall_s"] = time.monotonic() - t0
     out["routing"], out["qps"] = routing, qps
     return out
+
+
+def earlier_htsim_runs(path: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """(case, mode) -> an earlier run of this benchmark (its --json), htsim's figures per seed under "htsim"."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {(r["case"], r["mode"]): r for r in doc["runs"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--htsim-from {path}: not a bench_htsim --json file ({type(exc).__name__})") from None
+
+
+def reused_run(runs: dict[tuple[str, str], dict[str, Any]], case: str, mode: str, hosts: int, nbytes: int,
+               seed_index: int, path: str) -> dict[str, Any]:
+    """htsim's figures for one case, mode and seed from an earlier run; the same workload or a clear error."""
+    r = runs.get((case, mode))
+    if r is None or r["hosts"] != hosts or r["bytes"] != nbytes:
+        raise SystemExit(f"--htsim-from {path}: no {case} {mode} run on {hosts} hosts with {nbytes} B")
+    per_seed = r["htsim"] if isinstance(r["htsim"], list) else [r["htsim"]]     # older files: one seed, a dict
+    if seed_index >= len(per_seed):
+        raise SystemExit(f"--htsim-from {path}: {case} {mode} has {len(per_seed)} seed(s)")
+    return per_seed[seed_index]
 
 
 def efficiency(case: str, n: int, nbytes: int, seconds: float, steps: int) -> float:
@@ -161,23 +186,35 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=1, help="permutation: repeat over this many seeds, both sides")
     ap.add_argument("--model-max-steps", type=int, default=16,
                     help="all-to-all: the model times this many evenly spaced steps for all (0: every step)")
+    ap.add_argument("--entropy-values", type=int, default=0,
+                    help="entropy values the model hashes a connection over (0: every path of the fat-tree, as "
+                         "htsim's 16-bit entropy reaches them all; 8: hpnlab's transport default)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per htsim run")
     ap.add_argument("--fit", action="store_true", help="fit the corrections' constants on these runs")
     ap.add_argument("--corrections", metavar="FILE",
                     help="apply the corrections fitted by an earlier run (its --json file) instead of fitting")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument("--htsim-from", metavar="FILE",
+                    help="reuse htsim's runs of an earlier --json file (same hosts, cases, modes, bytes and seeds) "
+                         "and run only the model: htsim is the slow side, and its figures do not depend on the model")
     args = ap.parse_args()
-    if not args.htsim:
+    reused = earlier_htsim_runs(args.htsim_from) if args.htsim_from else None
+    if reused is None and not args.htsim:
         print("bench_htsim: skipped: no htsim binary given (--htsim PATH or $HTSIM; build htsim_uec from "
               "github.com/ultraethernet/uet-htsim yourself)")
         return 0
-    if not os.access(args.htsim, os.X_OK):
+    if reused is None and not os.access(args.htsim, os.X_OK):
         print(f"bench_htsim: skipped: {args.htsim} is not an executable file")
         return 0
     n = args.hosts
     k = fat_tree_k(n)
     g = graph.build(spec.load("fat-tree", {"k": k, "host_rate_gbps": LINK_GBPS, "leaf_spine_rate_gbps": LINK_GBPS,
                                            "spine_core_rate_gbps": LINK_GBPS, "switch_port_rate_gbps": LINK_GBPS}))
+    from hpnlab.controller import compiler
+    values = args.entropy_values or compiler.entropy_map(g).path_count()
+    net = model.Network(g, entropy_values=values)
+    print(f"# model: {net.entropy_values} entropy values per connection (the fat-tree has "
+          f"{compiler.entropy_map(g).path_count()} paths between pods)", flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="hpnlab-htsim-") as tmp:
         for case in args.cases.split(","):
@@ -189,9 +226,12 @@ def main() -> int:
                 per_seed = []
                 for seed in seeds:
                     steps = permutation_steps(n, nbytes, seed) if case == "permutation" else all_to_all_steps(n, nbytes)
-                    h = run_htsim(args.htsim, n, connection_matrix(n, steps), [*MODES[mode][0], "-seed", str(seed)],
-                                  args.timeout, Path(tmp))
-                    m = run_model(g, steps, mode, seed, args.model_max_steps)
+                    if reused is not None:
+                        h = reused_run(reused, case, mode, n, nbytes, seed - args.seed, args.htsim_from)
+                    else:
+                        h = run_htsim(args.htsim, n, connection_matrix(n, steps),
+                                      [*MODES[mode][0], "-seed", str(seed)], args.timeout, Path(tmp))
+                    m = run_model(net, steps, mode, seed, args.model_max_steps)
                     per_seed.append((h, m))
                     print(f"# {case} {mode} seed {seed}: htsim {h['makespan_s'] * 1e6:.1f} us ({h['wall_s']:.1f} s "
                           f"wall), model {m['time_s'] * 1e6:.1f} us ({m['wall_s']:.2f} s wall), retx "
@@ -202,6 +242,7 @@ def main() -> int:
                 runs.append({"case": case, "mode": mode, "hosts": n, "k": k, "bytes": nbytes, "steps": len(steps),
                              "seeds": len(per_seed), "routing": "ecmp" if mode == "ecmp" else "spray",
                              "model_routing": ms[0]["routing"], "qps": ms[0]["qps"],
+                             "model_entropy_values": net.entropy_values,
                              "peer_s": statistics.mean(x["makespan_s"] for x in hs),
                              "model_s": statistics.mean(x["time_s"] for x in ms),
                              "model_step_times_s": [statistics.mean(ts) for ts in zip(*(x["step_times_s"] for x in ms),

@@ -195,7 +195,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     scenario = load_scenario(args)
     size = col.parse_size(args.minbytes)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    routings = [r.strip() for r in args.routing.split(",") if r.strip()] if args.routing != "ecmp,spray" else None
+    # hpnlab model's default --routing (flow,spray; ecmp,spray before) means every routing for a study
+    default = args.routing in ("flow,spray", "ecmp,spray")
+    routings = None if default else [r.strip() for r in args.routing.split(",") if r.strip()]
     if args.study == "routing":
         doc = ms.study_routing(scenario, size_bytes=size, routings=routings, max_steps=min(args.max_steps, 4),
                                qps=args.qps, seed=args.seed, max_ranks=args.study_max_ranks, say=say)
