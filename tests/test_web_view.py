@@ -326,3 +326,20 @@ def test_aggregated_model_loads_show_a_groups_mean_and_its_busiest_link(mini, la
         assert all(u[2] >= u[0] - 1e-9 and u[3] >= u[1] - 1e-9 for u in s["links"].values())
         assert max(max(u[2:]) for u in s["links"].values()) == pytest.approx(_busiest_share(s), abs=1e-4)
         assert carried(agg, s) == pytest.approx(carried(lay, d), rel=1e-3)
+
+
+def test_adaptive_loads_follow_the_max_min_split_where_paths_differ():
+    """Oversubscribed leaf-spine links and one failed: a pair's paths get unequal max-min rates,
+    and each path carries its rate's share of the pair's bytes (an even split would overload a
+    link by 25% here), never more than a link's capacity over the model's step time."""
+    from hpnlab.fabric import model
+    from hpnlab.fabric.web import loads
+    g = fabric("mini-hpn", leaf_spine_rate_gbps=50.0, oversubscription=None)
+    failed = min((u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] == "fabric")
+    net = model.Network(g, {failed})
+    job = model.make_job(g, None, "packed", 1)
+    step = model.steps("permutation", job, 1 << 20, max_steps=1, seed=1, rails=1, routing="adaptive")[0]
+    load = loads.step_load(net, job, step, "adaptive", 4, 1, 1.0)
+    timed = model.run_step(net, job, (step.src, step.dst), step.nbytes, "adaptive", 4, 1, 1.0)
+    assert load.span_s + load.latency_s == pytest.approx(timed.time_s)
+    assert (load.bits <= net.cap * 1e9 * load.span_s * (1 + 1e-9)).all()
