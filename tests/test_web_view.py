@@ -343,3 +343,27 @@ def test_adaptive_loads_follow_the_max_min_split_where_paths_differ():
     timed = model.run_step(net, job, (step.src, step.dst), step.nbytes, "adaptive", 4, 1, 1.0)
     assert load.span_s + load.latency_s == pytest.approx(timed.time_s)
     assert (load.bits <= net.cap * 1e9 * load.span_s * (1 + 1e-9)).all()
+
+
+def test_a_stalled_model_run_writes_strict_json_with_no_step_time(mini):
+    """A host cut off on every plane: the model's collective never completes (inf), the document
+    says so with nulls (strict JSON, which a browser parses) and still replays."""
+    from hpnlab.fabric.web import loads
+    h = next(n for n, d in mini.nodes(data=True) if d["tier"] == 0)
+    host_links = {(u, v, k) for u, v, k, d in mini.edges(keys=True, data=True) if d["kind"] == "host" and h in (u, v)}
+    doc = loads.model_loads(mini, "permutation", 1 << 20, failed=host_links)
+    assert doc["model"]["stalled_connections"] > 0 and doc["model"]["time_s"] is None
+    assert [s["time_us"] for s in doc["loads"]["steps"]] == [None]
+    assert json.loads(json.dumps(doc, allow_nan=False)) == doc
+    assert len(view.replay_frames(view.layout(mini), doc)) == 1
+
+
+def test_hpnlab_web_model_writes_a_document_that_replays(tmp_path, capsys):
+    from hpnlab.cli.main import main
+    out = tmp_path / "m.json"
+    assert main(["web", "model", "mini-hpn", "--collective", "all_reduce_hd", "--routing", "spray", "--size", "1M",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["loads"]["routing"] == "spray" and doc["model"]["routing"] == "spray"
+    assert main(["web", "replay", str(out), "--still", str(tmp_path / "m.svg"), "--at", "0"]) == 0
+    assert (tmp_path / "m.svg").read_text().startswith("<svg")
