@@ -47,17 +47,21 @@ def _direction_groups(g: nx.MultiGraph, lay: dict[str, Any]) -> tuple[np.ndarray
     of = view.groups(g, lay.get("bins", view.DEFAULT_BINS)) if lay.get("aggregated") else None
     tier = {n: d["tier"] for n, d in g.nodes(data=True)}
     out_idx, out_dir = [], []
+    memo: dict[tuple, tuple[int, bool]] = {}     # aggregated: (group u, group v, host link's plane) -> its answer
     for u, v, k, d in g.edges(keys=True, data=True):
         if of is None:
             lid = view.link_id(g, u, v, k)
             a = lid.split("-")[0]
+            i, first_is_a = where[lid], u == a
         else:
-            (ta, a), (_, b) = sorted(((tier[u], of[u]), (tier[v], of[v])))
-            upper = v if of[v] == b and tier[v] >= ta else u
-            plane = view._plane(d) if d["kind"] == "host" else view._plane(g.nodes[upper])
-            lid = f"{a}-{b}/{plane}"
-        i = where[lid]
-        first_is_a = (u == a) if of is None else (of[u] == a)
+            key = (of[u], of[v], view._plane(d) if d["kind"] == "host" else None)
+            got = memo.get(key)
+            if got is None:
+                (ta, a), (_, b) = sorted(((tier[u], of[u]), (tier[v], of[v])))
+                upper = v if of[v] == b and tier[v] >= ta else u
+                plane = key[2] if key[2] is not None else view._plane(g.nodes[upper])
+                got = memo[key] = (where[f"{a}-{b}/{plane}"], of[u] == a)
+            i, first_is_a = got
         out_idx += [i, i]
         out_dir += [0 if first_is_a else 1, 1 if first_is_a else 0]
     cap = np.array([float(lk["rate_gbps"]) for lk in lay["links"]])
