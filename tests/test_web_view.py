@@ -367,3 +367,15 @@ def test_hpnlab_web_model_writes_a_document_that_replays(tmp_path, capsys):
     assert doc["loads"]["routing"] == "spray" and doc["model"]["routing"] == "spray"
     assert main(["web", "replay", str(out), "--still", str(tmp_path / "m.svg"), "--at", "0"]) == 0
     assert (tmp_path / "m.svg").read_text().startswith("<svg")
+
+
+def test_model_loads_refuse_a_network_whose_links_follow_another_edge_order(mini, mini_net):
+    import networkx as nx
+
+    from hpnlab.fabric.web import loads
+    shuffled = nx.MultiGraph(**mini.graph)
+    shuffled.add_nodes_from(mini.nodes(data=True))
+    shuffled.add_edges_from(reversed(list(mini.edges(keys=True, data=True))))
+    loads.model_loads(mini, "permutation", 1 << 20, network=mini_net)
+    with pytest.raises(ValueError, match="not built from this fabric graph"):
+        loads.model_loads(shuffled, "permutation", 1 << 20, network=mini_net)
