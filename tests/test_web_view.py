@@ -191,19 +191,60 @@ def test_aggregation_keeps_link_totals_on_a_small_fabric(mini):
     assert {n["id"].split("/")[2] for n in lay["nodes"]} == {"host", "leaf", "spine"}
 
 
+def _busiest_share(step):
+    """The busiest link's utilisation in a model step: busy for all of the step but its latency."""
+    return 1 - step["latency_us"] / step["time_us"]
+
+
 def test_model_loads_are_per_step_utilisations_of_real_links(mini, lay):
     from hpnlab.fabric.web import loads
-    doc = loads.model_loads(mini, "all_to_all", 1 << 20, max_steps=3, lay=lay)
+    doc = loads.model_loads(mini, "all_reduce_hd", 1 << 20, lay=lay)
     steps = doc["loads"]["steps"]
-    assert len(steps) == 3 and all(s["time_us"] > 0 for s in steps)
+    modelled = doc["model"]["steps"]
+    assert len(steps) == len(modelled) > 1
+    assert [s["time_us"] for s in steps] == pytest.approx([m["time_s"] * 1e6 for m in modelled])   # the model's
     ids = {lk["id"] for lk in lay["links"]}
     for s in steps:
         assert set(s["links"]) <= ids
         assert all(0 <= x <= 1.0 + 1e-6 for u in s["links"].values() for x in u)
-        assert max(x for u in s["links"].values() for x in u) == pytest.approx(1.0)   # the busiest link
+        assert max(x for u in s["links"].values() for x in u) == pytest.approx(_busiest_share(s), abs=1e-4)
         assert all(u[2:] == u[:2] for u in s["links"].values())     # drawn link by link: a link is its own peak
     frames = view.replay_frames(lay, doc)
-    assert len(frames) == 3 and frames[1]["t"] == pytest.approx(steps[0]["time_us"] * 1e-6, abs=1e-3)
+    assert len(frames) == len(steps) and frames[1]["t"] == pytest.approx(steps[0]["time_us"] * 1e-6, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def mini_net(mini):
+    from hpnlab.fabric import model
+    return model.Network(mini)
+
+
+@pytest.mark.parametrize("routing,collective,exact_pairs", [
+    ("flow", "permutation", None), ("flowlet", "all_reduce", None), ("spray", "all_to_all", None),
+    ("adaptive", "all_to_all", None), ("flow", "all_to_all", 48)])
+def test_model_step_loads_carry_every_byte_at_the_models_step_time(mini, mini_net, routing, collective,
+                                                                   exact_pairs):
+    """Each host's up links carry what its ranks send, its down links what they receive (a sampled
+    step's pairs scaled); no link carries more than its capacity over the step; the step's drain
+    time is the model's own (``model.run_step``)."""
+    from hpnlab.fabric import model
+    from hpnlab.fabric.web import loads
+    job = model.make_job(mini, None, "packed", 1)
+    kw = {"exact_pairs": exact_pairs} if exact_pairs else {}
+    step = model.steps(collective, job, 1 << 20, max_steps=2, seed=1, rails=1, routing=routing, **kw)[-1]
+    assert (step.scale > 1) == bool(exact_pairs)
+    load = loads.step_load(mini_net, job, step, routing, 4, 1, 1.0)
+    _leaf, up, down, host = mini_net.rank_table(job)
+    crosses = host[step.src] != host[step.dst]
+    for h in range(len(mini_net.hosts)):
+        sent = step.nbytes[crosses & (host[step.src] == h)].sum() * 8 * step.scale
+        got = step.nbytes[crosses & (host[step.dst] == h)].sum() * 8 * step.scale
+        assert load.bits[up[host == h].ravel()].sum() == pytest.approx(sent)
+        assert load.bits[down[host == h].ravel()].sum() == pytest.approx(got)
+    assert (load.bits <= mini_net.cap * 1e9 * load.span_s * (1 + 1e-9)).all()
+    timed = model.run_step(mini_net, job, (step.src, step.dst), step.nbytes, routing, 4, 1, 1.0, salt=step.salt,
+                           scale=step.scale)
+    assert load.span_s + load.latency_s == pytest.approx(timed.time_s)
 
 
 def test_controller_state_reads_the_controllers_prometheus_metrics():
@@ -270,12 +311,71 @@ def test_hpnlab_web_replay_of_a_file_with_nothing_to_replay_is_one_line(tmp_path
     assert err.count("\n") == 1 and "nothing to replay" in err
 
 
-def test_aggregated_model_loads_show_a_groups_mean_and_its_busiest_link(mini):
+def test_aggregated_model_loads_show_a_groups_mean_and_its_busiest_link(mini, lay):
     from hpnlab.fabric.web import loads
     agg = view.aggregated_layout(mini, bins=1)
-    doc = loads.model_loads(mini, "all_to_all", 1 << 20, max_steps=2, lay=agg)
+    doc = loads.model_loads(mini, "all_to_all", 1 << 20, lay=agg)
+    per_link = loads.model_loads(mini, "all_to_all", 1 << 20, lay=lay)
     ids = {lk["id"] for lk in agg["links"]}
-    for s in doc["loads"]["steps"]:
+
+    def carried(layout, step):       # every link's utilisation times its capacity, summed: the step's bits / time
+        rate = {lk["id"]: lk["rate_gbps"] for lk in layout["links"]}
+        return sum((u[0] + u[1]) * rate[lid] for lid, u in step["links"].items())
+    for s, d in zip(doc["loads"]["steps"], per_link["loads"]["steps"], strict=True):
         assert set(s["links"]) <= ids
         assert all(u[2] >= u[0] - 1e-9 and u[3] >= u[1] - 1e-9 for u in s["links"].values())
-    assert max(u[2] for s in doc["loads"]["steps"] for u in s["links"].values()) == pytest.approx(1.0)
+        assert max(max(u[2:]) for u in s["links"].values()) == pytest.approx(_busiest_share(s), abs=1e-4)
+        assert carried(agg, s) == pytest.approx(carried(lay, d), rel=1e-3)
+
+
+def test_adaptive_loads_follow_the_max_min_split_where_paths_differ():
+    """Oversubscribed leaf-spine links and one failed: a pair's paths get unequal max-min rates,
+    and each path carries its rate's share of the pair's bytes (an even split would overload a
+    link by 25% here), never more than a link's capacity over the model's step time."""
+    from hpnlab.fabric import model
+    from hpnlab.fabric.web import loads
+    g = fabric("mini-hpn", leaf_spine_rate_gbps=50.0, oversubscription=None)
+    failed = min((u, v, k) for u, v, k, d in g.edges(keys=True, data=True) if d["kind"] == "fabric")
+    net = model.Network(g, {failed})
+    job = model.make_job(g, None, "packed", 1)
+    step = model.steps("permutation", job, 1 << 20, max_steps=1, seed=1, rails=1, routing="adaptive")[0]
+    load = loads.step_load(net, job, step, "adaptive", 4, 1, 1.0)
+    timed = model.run_step(net, job, (step.src, step.dst), step.nbytes, "adaptive", 4, 1, 1.0)
+    assert load.span_s + load.latency_s == pytest.approx(timed.time_s)
+    assert (load.bits <= net.cap * 1e9 * load.span_s * (1 + 1e-9)).all()
+
+
+def test_a_stalled_model_run_writes_strict_json_with_no_step_time(mini):
+    """A host cut off on every plane: the model's collective never completes (inf), the document
+    says so with nulls (strict JSON, which a browser parses) and still replays."""
+    from hpnlab.fabric.web import loads
+    h = next(n for n, d in mini.nodes(data=True) if d["tier"] == 0)
+    host_links = {(u, v, k) for u, v, k, d in mini.edges(keys=True, data=True) if d["kind"] == "host" and h in (u, v)}
+    doc = loads.model_loads(mini, "permutation", 1 << 20, failed=host_links)
+    assert doc["model"]["stalled_connections"] > 0 and doc["model"]["time_s"] is None
+    assert [s["time_us"] for s in doc["loads"]["steps"]] == [None]
+    assert json.loads(json.dumps(doc, allow_nan=False)) == doc
+    assert len(view.replay_frames(view.layout(mini), doc)) == 1
+
+
+def test_hpnlab_web_model_writes_a_document_that_replays(tmp_path, capsys):
+    from hpnlab.cli.main import main
+    out = tmp_path / "m.json"
+    assert main(["web", "model", "mini-hpn", "--collective", "all_reduce_hd", "--routing", "spray", "--size", "1M",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["loads"]["routing"] == "spray" and doc["model"]["routing"] == "spray"
+    assert main(["web", "replay", str(out), "--still", str(tmp_path / "m.svg"), "--at", "0"]) == 0
+    assert (tmp_path / "m.svg").read_text().startswith("<svg")
+
+
+def test_model_loads_refuse_a_network_whose_links_follow_another_edge_order(mini, mini_net):
+    import networkx as nx
+
+    from hpnlab.fabric.web import loads
+    shuffled = nx.MultiGraph(**mini.graph)
+    shuffled.add_nodes_from(mini.nodes(data=True))
+    shuffled.add_edges_from(reversed(list(mini.edges(keys=True, data=True))))
+    loads.model_loads(mini, "permutation", 1 << 20, network=mini_net)
+    with pytest.raises(ValueError, match="not built from this fabric graph"):
+        loads.model_loads(shuffled, "permutation", 1 << 20, network=mini_net)

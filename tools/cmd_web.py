@@ -36,9 +36,12 @@ def register(sub) -> None:
     m.add_argument("scenario", metavar="SCENARIO")
     m.add_argument("--collective", default="all_to_all")
     m.add_argument("--size", default="64M", help="bytes (K/M/G suffixes), default 64M")
-    m.add_argument("--routing", default="ecmp", help="ecmp or spray")
+    m.add_argument("--routing", default="flow",
+                   help="the transport's entropy policy: flow (= ecmp), flowlet, spray or adaptive (default flow)")
     m.add_argument("--hosts", type=int, default=None, help="hosts in the job (default all)")
-    m.add_argument("--max-steps", type=int, default=16)
+    m.add_argument("--placement", default="packed", help="packed or random (default packed)")
+    m.add_argument("--qps", type=int, default=4, help="connections per rank pair (default 4)")
+    m.add_argument("--max-steps", type=int, default=16, help="distinct steps modelled where a collective repeats one")
     m.add_argument("--fail-links", type=int, default=0, metavar="N", help="random leaf-spine links failed")
     m.add_argument("--seed", type=int, default=1)
     m.add_argument("--out", required=True, type=output_file, metavar="FILE.json")
@@ -105,16 +108,40 @@ def cmd_replay(args) -> int:
 
 
 def cmd_model(args) -> int:
+    import sys
+    import time
+
     from hpnlab.fabric import model
-    from hpnlab.fabric.web import loads
-    g = graph.build(spec.load(args.scenario))
-    failed = model.random_fabric_links(g, args.fail_links, args.seed) if args.fail_links else None
-    doc = loads.model_loads(g, args.collective, _size(args.size), routing=args.routing, hosts=args.hosts,
-                            max_steps=args.max_steps, seed=args.seed, failed=failed)
+    from hpnlab.fabric.web import loads, view
+    scenario = spec.load(args.scenario)
+    routing = model.routing_name(args.routing)
+    t0 = time.perf_counter()
+    if args.fail_links:
+        g = graph.build(scenario)
+        failed = model.random_fabric_links(g, args.fail_links, args.seed)
+        net = model.Network(g, failed)
+        how = "built"
+    else:              # the healthy fabric: the model network is cached between runs (as `hpnlab model`)
+        failed = None
+        net, cached = model.cached_network(scenario)
+        g = net.g if net.g is not None else graph.build(scenario)
+        how = "model network from the cache, graph built" if cached else "built and cached"
+    t1 = time.perf_counter()
+    lay = view.layout(g)
+    t2 = time.perf_counter()
+    doc = loads.model_loads(g, args.collective, _size(args.size), routing=routing, hosts=args.hosts,
+                            placement=args.placement, qps=args.qps, max_steps=args.max_steps, seed=args.seed,
+                            lay=lay, network=net)
+    t3 = time.perf_counter()
     doc["failed_links"] = [list(f) for f in sorted(failed or ())]
     Path(args.out).write_text(json.dumps(doc, separators=(",", ":"), default=str))
     m = doc["model"]
-    print(f"{doc['scenario']}: {m['collective']} {m['size_bytes']} B, {args.routing}: busbw {m['busbw_gbs']:.2f} GB/s; "
+    busbw = f"{m['busbw_gbs']:.2f} GB/s" if m["stalled_connections"] == 0 else \
+        f"0 ({m['stalled_connections']} connections stalled)"
+    drawn = "aggregated" if lay["aggregated"] else "per link"
+    print(f"# {scenario.name}: fabric {how} in {t1 - t0:.1f} s, layout ({drawn}, {len(lay['links'])} links) "
+          f"in {t2 - t1:.1f} s, model and loads in {t3 - t2:.1f} s", file=sys.stderr)
+    print(f"{doc['scenario']}: {m['collective']} {m['size_bytes']} B on {m['ranks']} ranks, {routing}: busbw {busbw}; "
           f"{len(doc['loads']['steps'])} steps of loads -> {args.out}")
     return 0
 
