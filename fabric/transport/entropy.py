@@ -268,11 +268,11 @@ class EntropyMap:
 
     def low_bits(self, k: int) -> int:
         """The switch-read bits of entropy value number ``k`` (mixed radix, see the class)."""
-        k %= self.path_count()
+        k = k % self.path_count()            # not in place: k may be a numpy array (elementwise)
         out = 0
         for f in self._distinct():
-            out |= (k % f.radix) << f.offset
-            k //= f.radix
+            out = out | (k % f.radix) << f.offset
+            k = k // f.radix
         return out
 
     def source_port(self, k: int, high: int = 0) -> int:
