@@ -8,11 +8,14 @@ Model
     * Forwarding: the controller compiler's, read as data (:mod:`.model_forwarding`): the
       next-hop sets its routes encode (longest prefix, de-aggregated after failures), and
       each switch's masked-bit selection of the UDP source port (the entropy map), with the
-      fast-failover groups. A path is named by (source rank, destination rank, plane,
-      entropy value): entropy value k is the source port the RoCE transport binds for it
-      (``EntropyMap.low_bits(k)``, k < ``entropy_values`` = min(8, the map's path count) per
-      plane, as ``ports_per_nic`` does). tests/test_model_forwarding.py proves the paths equal
-      the table interpreter's walks of the compiled tables, with and without failures.
+      fast-failover groups. A path is named by (source rank, destination rank, plane, i):
+      the i-th of the connection's ``entropy_values`` (= min(8, the map's path count) per
+      plane, as the transport's ``ports_per_nic``) entropy values, the same values the RoCE
+      transport binds its source ports to (``transport.entropy.connection_value``: a hash
+      of (src, dst, plane) places each connection's values in the map's value space, so
+      different connections use different uplinks; source port ``EntropyMap.low_bits(k)``).
+      tests/test_model_forwarding.py proves the paths equal the table interpreter's walks of
+      the compiled tables, with and without failures.
     * Entropy policies (``routing``), per rank pair with ``qps`` connections:
         ``flow``     (alias ``ecmp``) each connection on one path, hashed from (pair,
                      connection): per-flow ECMP; the same path for every step of the job.
@@ -71,6 +74,7 @@ import numpy as np
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
 from .model_forwarding import MAX_HOPS, Forwarding
+from .transport.entropy import connection_value
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                      "incast", "permutation")
@@ -146,10 +150,10 @@ class Network:
         # up link (host -> leaf), down link
         self.hosts = [n for n, d in node.items() if d["tier"] == 0]
         self.host_index = {h: i for i, h in enumerate(self.hosts)}
-        emap = compiler.entropy_map(g)
-        self.entropy_values = max(1, min(entropy_values, emap.path_count()))
-        self.fwd = Forwarding(g, port_link, head, failed,
-                              sports=[emap.low_bits(k) for k in range(self.entropy_values)])
+        self.emap = emap = compiler.entropy_map(g)
+        self.entropy_space = emap.path_count()          # the values a connection's are taken from
+        self.entropy_values = max(1, min(entropy_values, self.entropy_space))
+        self.fwd = Forwarding(g, port_link, head, failed)
         assert self.fwd.switches == sw_names
         n_intf = int(max(pu[~on_u].max(initial=0), pv[~on_v].max(initial=0))) + 1
         self.host_leaf = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
@@ -559,14 +563,27 @@ def _pair_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
     return arr[:, 0], arr[:, 1]
 
 
+def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
+    """The source ports (switch-read bits) of sub-flows rank a -> rank b on ``plane`` with the
+    connection's entropy value number ``value`` (< ``entropy_values``): the values the RoCE
+    transport binds (``transport.entropy.connection_value``, the same function)."""
+    u64 = np.uint64
+    shape = np.broadcast(a, b, plane, value).shape
+    k = connection_value(net.entropy_space, *(np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64)
+                                              for x in (a, b, plane, value)))
+    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64)
+
+
 def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
-    ``plane`` with entropy column ``value``): (links (m, MAX_HOPS + 2), -1 padded; live (m,))."""
+    ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
+    (links (m, MAX_HOPS + 2), -1 padded; live (m,))."""
     sl, dl = leaf[a, plane], leaf[b, plane]
-    key = (sl * len(net.fwd.leaves) + dl) * net.entropy_values + value
+    width = net.emap.width
+    key = (sl * len(net.fwd.leaves) + dl) << width | entropy_sports(net, a, b, plane, value)
     uniq, inv = np.unique(key, return_inverse=True)
-    v = uniq % net.entropy_values
-    pair = uniq // net.entropy_values
+    v = uniq & ((1 << width) - 1)
+    pair = uniq >> width
     mid, ok = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
     mid, ok = mid[inv], ok[inv]
     u, d = up[a, plane], down[b, plane]

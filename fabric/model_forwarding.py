@@ -16,9 +16,11 @@ sends a UDP source port to one port of a set:
 * every choice goes through a fast-failover group [chosen port, the next 3 of the set]:
   the first live one forwards.
 
-The transport's entropy values (``EntropyMap.low_bits(k)``, k = 0, 1, ...: what the RoCE
-transport binds its source ports to) are the columns of a choice table per next-hop set;
-a path is then a few array lookups per hop, vectorised over every flow of a step. The
+A next-hop set reads only its role's bit field, so its choice is tabulated per value of
+that field (a row of the choice table: one column per field pattern, with the row's bit
+offset and mask beside it), and any source port -- each connection's own entropy values,
+``hpnlab.fabric.transport.entropy.connection_values``, as the RoCE transport binds them --
+is routed by array lookups per hop, vectorised over every flow of a step. The
 scalar :meth:`Forwarding.leaf_path` answers the same for one source port, which is what
 tests/test_model_forwarding.py compares with the table interpreter (controller/oftable.py)
 walking the compiled tables, for every host pair and every entropy pattern, with and
@@ -32,6 +34,7 @@ import networkx as nx
 import numpy as np
 
 MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
+SPORTS_LISTED = 4096  # source ports Forwarding.sports lists for the tests at most
 
 
 class Forwarding:
@@ -39,9 +42,10 @@ class Forwarding:
 
     ``port_link[s, port]``: the directed link id (of the model's :class:`Network`) out of switch
     ``s`` (index in sorted switch names) by that port; ``head``: directed link id -> index of
-    the switch it leads to (-1: a host). ``sports``: the source ports whose choices are
-    tabulated (the columns of the tables). ``converged=False``: the healthy routes with the
-    failed ports dead (what the fast-failover groups alone do before the controller's update).
+    the switch it leads to (-1: a host). Every source port is routed (:meth:`walk`); ``sports``
+    only lists some for the tests (default: the map's first values, up to ``SPORTS_LISTED``).
+    ``converged=False``: the healthy routes with the failed ports dead (what the fast-failover
+    groups alone do before the controller's update).
     """
 
     def __init__(self, g: nx.MultiGraph, port_link: np.ndarray, head_switch: np.ndarray,
@@ -51,10 +55,9 @@ class Forwarding:
         self.ix = ix = cc.index_of(g)
         self.emap = cc.entropy_map(g)
         self.failures = cc.Failures.of(failed or ())
-        if sports is None:
-            sports = [self.emap.low_bits(k) for k in range(self.emap.path_count())]
+        if sports is None:             # for the tests: the map's first values (every one on small fabrics)
+            sports = [self.emap.low_bits(k) for k in range(min(self.emap.path_count(), SPORTS_LISTED))]
         self.sports = list(sports)
-        nv = len(self.sports)
         self.switches = sorted(ix.sw)
         self.sw_index = sw_index = {s: i for i, s in enumerate(self.switches)}
         leaves = [s for s in self.switches if ix.sw[s].tier == 1]
@@ -70,7 +73,7 @@ class Forwarding:
         # single[s, d]: directed link of a one-port way (-1: none); multi[s, d]: row of the choice table
         self.single = np.full((n_sw, n_leaf), -1, dtype=np.int32)
         self.multi = np.full((n_sw, n_leaf), -1, dtype=np.int32)
-        choice_rows: list[list[int]] = []
+        choice_rows: list[tuple[int, int, np.ndarray]] = []     # (bit offset, bits, link per pattern)
         plane_leaves: dict[int, list[int]] = {}
         for name in leaves:
             plane_leaves.setdefault(ix.sw[name].plane, []).append(leaf_index[name])
@@ -101,7 +104,12 @@ class Forwarding:
             si_a, d_a = np.array(one_s), np.array(one_d)
             self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
             self.multi[si_a, d_a] = -1
-        self.choice = np.array(choice_rows, dtype=np.int32).reshape(len(choice_rows), nv)
+        width = 1 << max((b for _o, b, _c in choice_rows), default=0)
+        self.choice = np.full((len(choice_rows), width), -1, dtype=np.int32)
+        for r, (_o, _b, row) in enumerate(choice_rows):
+            self.choice[r, :len(row)] = row
+        self.row_off = np.array([o for o, _b, _c in choice_rows], dtype=np.int64)
+        self.row_mask = np.array([(1 << b) - 1 for _o, b, _c in choice_rows], dtype=np.int64)
 
     # -- the compiler's selection, one set at a time -------------------------------------------------
 
@@ -122,9 +130,9 @@ class Forwarding:
             memo[ports] = got
         return got
 
-    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> list[int]:
-        """Per tabulated source port, the directed link a switch's entropy table and
-        fast-failover group send it to (-1: every bucket dead)."""
+    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> tuple[int, int, np.ndarray]:
+        """(bit offset, bits, per pattern of those bits the directed link a switch's entropy
+        table and fast-failover group send it to (-1: every bucket dead))."""
         ix = self.ix
         pr = ix.protection(sw)
         enc = pr.encode(ports)
@@ -137,21 +145,19 @@ class Forwarding:
                 gone = (meta >> 32) - 1
         off, bits = cc._field(ix, sw, full)
         n = len(full)
-        out = []
-        for sport in self.sports:
-            i = (sport >> off) & ((1 << bits) - 1)
-            j = i % n
-            if gone is not None and j == gone:   # port gone's patterns dealt over the others in turn
-                others = list(range(gone + 1, n)) + list(range(gone))
-                j = others[((i - gone) // n) % (n - 1)]
-            link = -1
-            for t in range(min(n, 1 + cc.FF_BACKUPS)):    # the fast-failover group [j, j+1, ...]
-                p = full[(j + t) % n]
-                if p not in dead:
-                    link = int(self.port_link[si, p])
-                    break
-            out.append(link)
-        return out
+        i = np.arange(1 << bits)
+        j = i % n
+        if gone is not None:                     # port gone's patterns dealt over the others in turn
+            others = np.array(list(range(gone + 1, n)) + list(range(gone)), dtype=np.int64)
+            on_gone = j == gone
+            j[on_gone] = others[((i[on_gone] - gone) // n) % (n - 1)]
+        links = np.array([-1 if p in dead else int(self.port_link[si, p]) for p in full], dtype=np.int64)
+        out = np.full(len(i), -1, dtype=np.int64)
+        for t in range(min(n, 1 + cc.FF_BACKUPS)):     # the fast-failover group [j, j+1, ...]: first live
+            cand = links[(j + t) % n]
+            pick = (out < 0) & (cand >= 0)
+            out[pick] = cand[pick]
+        return off, bits, out
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -161,9 +167,10 @@ class Forwarding:
 
     # -- paths -------------------------------------------------------------------------------------
 
-    def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Directed link ids from leaf to leaf (leaf indices), for entropy column ``value``:
+    def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, sport: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Directed link ids from leaf to leaf (leaf indices), for UDP source port ``sport``:
         (links (m, MAX_HOPS), -1 padded; ok (m,) bool: the walk reached its leaf)."""
+        sport = np.asarray(sport, dtype=np.int64)
         m = len(src_leaf)
         links = np.full((m, MAX_HOPS), -1, dtype=np.int32)
         cur = self.leaf_sw[src_leaf]
@@ -180,7 +187,8 @@ class Forwarding:
             has_row = row >= 0
             if has_row.any():
                 lk = lk.copy()
-                lk[has_row] = self.choice[row[has_row], value[idx[has_row]]]
+                r = row[has_row]
+                lk[has_row] = self.choice[r, (sport[idx[has_row]] >> self.row_off[r]) & self.row_mask[r]]
             dead_end = lk < 0
             links[idx, h] = lk
             nxt = np.where(dead_end, -1, self.head[np.maximum(lk, 0)])
@@ -193,10 +201,9 @@ class Forwarding:
 
     def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
         """One source port's directed links from leaf to leaf (None: no path), for the tests."""
-        col = self.sports.index(sport)
         links, ok = self.walk(np.array([self.leaf_index[src_leaf]]), np.array([self.leaf_index[dst_leaf]]),
-                              np.array([col]))
+                              np.array([sport]))
         return [int(x) for x in links[0] if x >= 0] if ok[0] else None
 
     def reaches(self, src_leaf: str, dst_leaf: str) -> bool:
-        return self.leaf_path(src_leaf, dst_leaf, self.sports[0]) is not None
+        return self.leaf_path(src_leaf, dst_leaf, 0) is not None

@@ -94,13 +94,14 @@ def test_model_paths_equal_the_compiled_tables_under_every_single_link_failure(n
         assert compare(g, {link}, pairs, sports) == len(pairs) * len(sports)
 
 
-def test_the_transports_entropy_values_are_the_models_columns():
-    """The model tabulates the source ports the RoCE transport binds: the map's values 0..V-1."""
+def test_each_connection_takes_as_many_values_as_the_transport_binds_from_the_whole_map():
+    """As the RoCE transport's ports_per_nic (capped at the map's path count), from every value
+    of the map (tests/test_entropy_connections.py: which ones, the transport's)."""
     g = fabric("fat-tree-4")
     net = model.Network(g)
     emap = compiler.entropy_map(g)
-    assert net.fwd.sports == [emap.low_bits(k) for k in range(net.entropy_values)]
     assert net.entropy_values == min(model.ENTROPY_VALUES, emap.path_count())
+    assert net.entropy_space == emap.path_count()
 
 
 @pytest.mark.parametrize("routing", ["flow", "spray"])

@@ -21,6 +21,7 @@ from hpnlab.fabric.transport.entropy import (
     FlowEntropy,
     FlowletEntropy,
     SprayEntropy,
+    connection_values,
     lay_out,
 )
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
@@ -326,11 +327,28 @@ def test_source_ports_are_bound_to_the_maps_entropy_values_one_per_distinct_path
     finally:
         t.close(linger_s=0)
     assert info["ports_per_nic"] == MAP.path_count() == 4          # no two sockets of a plane on one path
-    ports = info["source_ports"]
+    ports, values = info["source_ports"], info["entropy_values"]
+    assert [p & (1 << MAP.width) - 1 for p in ports] == [MAP.low_bits(k) for k in values]
     for plane in range(2):
-        mine = ports[plane * 4:(plane + 1) * 4]
-        assert [p & (1 << MAP.width) - 1 for p in mine] == [MAP.low_bits(k) for k in range(4)]
-    assert info["entropy_values"] == [0, 1, 2, 3] * 2 and info["entropy_map"]["path_count"] == 4
+        assert sorted(values[plane * 4:(plane + 1) * 4]) == [0, 1, 2, 3]
+    assert info["connection_values"][1] == [k for plane in range(2) for k in connection_values(MAP, 0, 1, plane, 4)]
+    assert info["entropy_map"]["path_count"] == 4
+
+
+def test_each_connection_binds_the_values_its_hash_gives_not_the_same_ones_for_every_peer():
+    m = lay_out({(1, "up"): [16]})                     # 16 uplinks, 2 values per connection
+    ips = [[f"127.0.2.{i + 2}"] for i in range(6)]
+    t = RoceTransport(0, ips, base_port=BASE + 47, entropy=SprayEntropy.name, ports_per_nic=2, entropy_map=m)
+    t.start()
+    try:
+        info = t.info()
+        bound = {r: [s.getsockname()[1] & 0xF for s in f.socks] for r, f in t.tx.items()}
+    finally:
+        t.close(linger_s=0)
+    want = {r: connection_values(m, 0, r, 0, 2) for r in range(1, 6)}
+    assert info["connection_values"] == want
+    assert bound == {r: [m.low_bits(k) for k in ks] for r, ks in want.items()}
+    assert len({tuple(v) for v in want.values()}) > 1                  # peers do not all share two uplinks
 
 
 def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
@@ -341,7 +359,7 @@ def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
     second = RoceTransport(1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
     try:
         sock, k = second._entropy_socket(ip, 2)           # rank 1 wants path 2 on the same address
-        taken = first.tx_socks[2].getsockname()[1]
+        taken = first.tx_socks[first.tx_entropy.index(2)].getsockname()[1]
         got = sock.getsockname()[1]
         sock.close()
     finally:

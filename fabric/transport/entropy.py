@@ -15,7 +15,11 @@ are the only list of entropy names: the transport package's ``ENTROPIES`` is
 
 With the controller's entropy map (:class:`EntropyMap`, below) the transport binds its
 source ports to the map's entropy values, so N paths are N known, distinct ways through
-the fabric.
+the fabric. Which N values a connection takes is :func:`connection_values` (one function,
+used by the RoCE transport and the flow model alike): a hash of (source, destination,
+plane, connection) picks where in the map's value space the connection's N consecutive
+values start, so different connections use different uplinks and, over many connections,
+every uplink evenly.
 """
 from __future__ import annotations
 
@@ -264,11 +268,11 @@ class EntropyMap:
 
     def low_bits(self, k: int) -> int:
         """The switch-read bits of entropy value number ``k`` (mixed radix, see the class)."""
-        k %= self.path_count()
+        k = k % self.path_count()            # not in place: k may be a numpy array (elementwise)
         out = 0
         for f in self._distinct():
-            out |= (k % f.radix) << f.offset
-            k //= f.radix
+            out = out | (k % f.radix) << f.offset
+            k = k // f.radix
         return out
 
     def source_port(self, k: int, high: int = 0) -> int:
@@ -302,6 +306,65 @@ class EntropyMap:
             return cls(fields, tuple((str(a), str(b)) for a, b in d.get("overlaps", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise TransportError(f"bad entropy map: {exc!r}") from None
+
+
+# ---- which entropy values one connection takes --------------------------------------------
+
+_MASK64 = (1 << 64) - 1
+_GOLD = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+
+def _splitmix(x: Any) -> Any:
+    """splitmix64's step and finaliser on a Python int or (elementwise, wrapping) a numpy
+    uint64 array: the same bits either way."""
+    x = (x + _GOLD) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def connection_offset(space: int, src: Any, dst: Any, plane: Any, index: Any = 0) -> Any:
+    """Where connection (``src`` rank, ``dst`` rank, ``plane``, connection ``index``) starts in
+    a value space of ``space`` entropy values: splitmix64 chained over the four numbers (each
+    fed in turn: h = mix(h ^ x)), modulo ``space``. Python ints, or numpy uint64 arrays
+    (elementwise; the same results)."""
+    h = _splitmix(src)
+    h = _splitmix(h ^ dst)
+    h = _splitmix(h ^ plane)
+    h = _splitmix(h ^ index)
+    return h % space
+
+
+def connection_value(space: int, src: Any, dst: Any, plane: Any, i: Any, index: Any = 0) -> Any:
+    """The ``i``-th entropy value (a number k of :meth:`EntropyMap.source_port`, below
+    ``space``) of a connection: ``(connection_offset(...) + i) % space``. Python ints, or numpy
+    uint64 arrays elementwise (what the flow model uses: the same function)."""
+    return (connection_offset(space, src, dst, plane, index) + i) % space
+
+
+def connection_values(space: EntropyMap | int, src: int, dst: int, plane: int, n: int,
+                      index: int = 0) -> list[int]:
+    """The ``n`` entropy values (numbers k of the map, :meth:`EntropyMap.source_port`) that
+    connection ``index`` from rank ``src`` to rank ``dst`` on ``plane`` binds its paths to.
+
+    ``space``: the map (its :meth:`EntropyMap.path_count`) or the number of values. The
+    values are ``n`` consecutive numbers from an offset that :func:`connection_offset`
+    hashes from (src, dst, plane, index), wrapping at ``space``. Why consecutive: value k is
+    a mixed-radix number whose lowest digit is the first hop's uplink (the leaf's), the next
+    the second hop's, and so on, so ``n`` consecutive values are ``n`` distinct paths while
+    ``n <= space`` and ``n`` different leaf uplinks while ``n`` is at most the leaf's uplink
+    count. Why hashed: the offset is uniform over the space, so over many connections each
+    uplink (each digit value of every tier) is used evenly -- as balls thrown into bins --
+    where a fixed start (0..n-1 for everyone) would put every connection on the same ``n``
+    uplinks of a leaf that has more. Deterministic: the same connection always gets the same
+    values, in the transport and in the model."""
+    m = space.path_count() if isinstance(space, EntropyMap) else int(space)
+    if m < 1:
+        raise TransportError(f"an entropy value space must hold at least one value, got {m}")
+    n = max(0, min(int(n), m))
+    return [int(connection_value(m, src, dst, plane, i, index)) for i in range(n)]
 
 
 def entropy_bits(n: int) -> int:

@@ -32,7 +32,10 @@ What is modelled
       and timeouts. With ``entropy_map`` (the controller's, :class:`.entropy.EntropyMap`)
       the source ports are bound to the map's entropy values (at most as many per plane as
       the map has distinct paths), so N paths are N known, distinct ways through the
-      fabric; without it the kernel assigns them (a real fabric whose hashing is unknown).
+      fabric; each connection (rank pair and plane) takes its own N values,
+      :func:`.entropy.connection_values` (the flow model takes the same), so different
+      connections use different uplinks, as real NICs' queue pairs do. Without a map the
+      kernel assigns the ports (a real fabric whose hashing is unknown), one set per rank.
 
     * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
       ACK and NACK, which of the sender's paths delivered (the echoed data packet's path and
@@ -81,7 +84,7 @@ from typing import Any
 
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
-from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy
+from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy, connection_values
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
@@ -250,10 +253,12 @@ class _TxFlow:
         "samples",
         "seq",
         "slowest",
+        "socks",
         "srtt",
         "stats",
         "una",
         "unacked",
+        "values",
         "window",
     )
 
@@ -296,6 +301,8 @@ class _TxFlow:
         self.min_rtt: float | None = None
         self.window = 0
         self.held_path: int | None = None   # chosen for the next packet, which waited for its port
+        self.socks: list[socket.socket] = []     # per path: the sending socket (its source port)
+        self.values: list[int] | None = None     # per path: its entropy value in the map (None: no map)
 
 
 class _RxFlow:
@@ -449,7 +456,8 @@ class RoceTransport(Transport):
         self.tx: dict[int, _TxFlow] = {}
         self.rx: dict[int, _RxFlow] = {}
         self.rx_socks: list[socket.socket] = []
-        self.tx_socks: list[socket.socket] = []     # index plane * ports + k
+        self.tx_socks: list[socket.socket] = []     # no map: index plane * ports + k; map: every bound value
+        self._value_socks: dict[tuple[int, int], socket.socket] = {}   # map: (plane, value) -> its socket
         self.nic_next: list[float] = []             # per plane: next free time of the port
         self.peer_addr: dict[tuple[int, int], tuple[str, int]] = {}   # (rank, plane) -> (ip, port)
         self.hdr_buf = bytearray(HDR.size)
@@ -473,6 +481,7 @@ class RoceTransport(Transport):
                 "source_ports": [s.getsockname()[1] for s in self.tx_socks],
                 "entropy_map": self.entropy_map.as_dict() if self.entropy_map else None,
                 "entropy_values": self.tx_entropy,
+                "connection_values": {r: f.values for r, f in self.tx.items()},
                 "flowlet_gap_us": self.flowlet_gap_us if self.entropy == "flowlet" else None}
 
     def start(self) -> None:
@@ -491,10 +500,10 @@ class RoceTransport(Transport):
             self.rx_socks.append(rs)
             self._ep.register(rs.fileno(), select.EPOLLIN)
             self._plane_of_fd[rs.fileno()] = (plane, rs)
-            for k in range(self.ports_per_nic):
-                sock, value = self._entropy_socket(ip, k)
-                self.tx_socks.append(sock)
-                self.tx_entropy.append(value)
+            if self.entropy_map is None:          # kernel-assigned ports, one set per rank
+                for _k in range(self.ports_per_nic):
+                    self.tx_socks.append(self._tx_socket(ip))
+                    self.tx_entropy.append(None)
             self.nic_next.append(0.0)
         for r, ips in enumerate(self.addrs):
             for p in range(self.planes):
@@ -513,6 +522,7 @@ class RoceTransport(Transport):
                 self.tx[r] = _TxFlow(self.rank, r, now, dc,
                                      PathTable(self.planes, self.ports_per_nic, self.path_params))
                 self.tx[r].window = self.window
+                self._bind_connection(self.tx[r])
                 self.rx[r] = _RxFlow(r, self.planes, self.gap_threshold_s)
                 self.rx[r].reorder_time = self.reorder_time_s
 
@@ -814,7 +824,7 @@ class RoceTransport(Transport):
         plane = path // self.ports_per_nic
         HDR.pack_into(self.hdr_buf, 0, PROBE, path, self.rank, f.dst, 0, 0, 0, 0, int(now * 1e6) & 0xFFFFFFFF)
         try:
-            self.tx_socks[path].sendto(self.hdr_buf, self.peer_addr[f.dst, plane])
+            f.socks[path].sendto(self.hdr_buf, self.peer_addr[f.dst, plane])
         except OSError:
             pass
         f.stats["probes"] += 1
@@ -826,7 +836,7 @@ class RoceTransport(Transport):
         f.paths.kill(cur, now, "migrated_from")
         target = f.paths.migration_target(cur)
         if target == cur:
-            self._rebind(cur)                       # one path only: a new source port for it
+            self._rebind(f, cur)                    # one path only: a new source port for it
         f.paths.events.append((now, "migrated_to", target))
         f.cur_path = target
         f.stats["migrations"] += 1
@@ -869,16 +879,53 @@ class RoceTransport(Transport):
         ts.setblocking(False)
         return ts
 
-    def _rebind(self, path: int) -> None:
-        """A new entropy value for ``path``: the map's next unused one (another path), else a new port."""
-        old = self.tx_socks[path]
+    def _bind_connection(self, f: _TxFlow) -> None:
+        """The sending sockets of ``f``'s paths. Without a map: the rank's shared,
+        kernel-assigned ones (``tx_socks``, the same list). With a map: per plane, the
+        connection's own entropy values (:func:`.entropy.connection_values` of (this rank,
+        the peer, the plane)), each value's socket bound once per plane and shared by every
+        connection that takes the value."""
+        m = self.entropy_map
+        if m is None:
+            f.socks = self.tx_socks
+            return
+        f.socks, f.values = [], []
+        for plane, ip in enumerate(self.addrs[self.rank]):
+            for k in connection_values(m, self.rank, f.dst, plane, self.ports_per_nic):
+                f.socks.append(self._value_socket(plane, ip, k))
+                f.values.append(k)
+
+    def _value_socket(self, plane: int, ip: str, k: int) -> socket.socket:
+        """The socket of entropy value ``k`` on ``plane`` (bound on first use)."""
+        sock = self._value_socks.get((plane, k))
+        if sock is None:
+            sock, value = self._entropy_socket(ip, k)
+            self._value_socks[plane, k] = sock
+            self.tx_socks.append(sock)
+            self.tx_entropy.append(value)
+        return sock
+
+    def _rebind(self, f: _TxFlow, path: int) -> None:
+        """A new entropy value for ``f``'s ``path``: with a map, the value ``ports_per_nic`` on
+        from it (past the connection's own values: another path while the map has more),
+        else -- or when that is the same path -- a new port; without a map, a new kernel port."""
+        old = f.socks[path]
         ip, port = old.getsockname()[:2]
-        k = self.tx_entropy[path]
-        if k is not None:
-            k += self.planes * self.ports_per_nic
-        old.close()
-        self.tx_socks[path], self.tx_entropy[path] = self._entropy_socket(ip, k or 0, avoid=port) \
-            if k is not None else (self._tx_socket(ip), None)
+        if f.values is None:
+            old.close()
+            self.tx_socks[path], self.tx_entropy[path] = self._tx_socket(ip), None
+            return
+        m = self.entropy_map
+        assert m is not None
+        plane = path // self.ports_per_nic
+        k = (f.values[path] + self.ports_per_nic) % m.path_count()
+        if k == f.values[path]:               # every value taken: the same path on another port
+            sock, value = self._entropy_socket(ip, k, avoid=port)
+            self.tx_socks.append(sock)
+            self.tx_entropy.append(value)
+        else:
+            sock = self._value_socket(plane, ip, k)
+        f.socks[path], f.values[path] = sock, k
 
     def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
@@ -895,7 +942,7 @@ class RoceTransport(Transport):
             st["retransmissions"] += 1
             f.bursts.retx(now, e[7] or "loss")
         try:
-            self.tx_socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
+            f.socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
         except (BlockingIOError, ConnectionRefusedError):
             pass                        # a full socket buffer or ICMP: the packet counts as lost
         except OSError as exc:
@@ -1259,6 +1306,7 @@ class RoceTransport(Transport):
             self._link_sock.close()
             self._link_sock = None
         self.rx_socks, self.tx_socks = [], []
+        self._value_socks = {}
         self._ep.close()
 
 
