@@ -138,7 +138,9 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                 if per_message:
                     entry[mode]["messages"] = {"sent_at": sent_at, "recv_at": recv_at}
             sizes_out.append(entry)
-            emit({"event": "progress", "rank": rank, "done": si + 1, "of": len(job.sizes), "size": size})
+            oop = entry["oop"]["times_s"] if entry["oop"] else []
+            emit({"event": "progress", "rank": rank, "done": si + 1, "of": len(job.sizes), "size": size,
+                  "bytes": entry["size"], "time_s": float(np.median(oop)) if oop else None})
         t.barrier()                                     # nobody leaves while others still need it
         flows = t.flow_stats()
         result = {"event": "result", "rank": rank, "sizes": sizes_out, "flows": flows,
@@ -413,7 +415,17 @@ def _handle_line(p: _Proc, line: bytes, bar: Progress, jobs: list[Job]) -> None:
     elif ev == "progress" and p.rank == 0:
         slowest = msg["done"]
         bar.update(slowest, f"{p.job.collective} size {msg['size']} B"
+                   + _busbw_so_far(p.job, msg.get("bytes"), msg.get("time_s"))
                    + (f" (job {p.job.job})" if len(jobs) > 1 else ""))
+
+
+def _busbw_so_far(job: Job, size: Any, time_s: Any) -> str:
+    """", busbw X Gbit/s (rank 0)" for the size just done: nccl-tests' busbw from rank 0's median
+    out-of-place time (the table's figure takes the slowest rank; this is the running estimate)."""
+    if not isinstance(size, int) or not isinstance(time_s, (int, float)) or time_s <= 0:
+        return ""
+    busbw = size * 8 / time_s * col.busbw_factor(job.collective, job.nranks) / 1e9
+    return f", busbw {busbw:.3g} Gbit/s (rank 0)"
 
 
 def _stop_all(procs: list[_Proc]) -> None:

@@ -216,3 +216,14 @@ def test_placement_that_does_not_fit_says_how_many_hosts_there_are():
         place(g, "cross-rail", 10, jobs=2)
     with pytest.raises(UserError, match="unknown placement"):
         place(g, "same-plane", 4)
+
+
+def test_the_progress_line_carries_nccl_tests_busbw_of_the_size_just_done():
+    """The bar (and the browser view, through the same callback) shows busbw so far: rank 0's median
+    out-of-place time, times nccl-tests' factor; nothing when no time was measured."""
+    from hpnlab.fabric import ranks
+    from hpnlab.fabric.placement import Job
+    job = Job("all_reduce", addrs=[["10.0.0.1"], ["10.0.0.2"], ["10.0.0.3"], ["10.0.0.4"]], sizes=[1 << 20])
+    # 1 MiB in 10 ms: algbw 0.839 Gbit/s; all-reduce on 4 ranks: x 2*3/4 = 1.26 Gbit/s
+    assert ranks._busbw_so_far(job, 1 << 20, 0.01) == ", busbw 1.26 Gbit/s (rank 0)"
+    assert ranks._busbw_so_far(job, 1 << 20, None) == ""
