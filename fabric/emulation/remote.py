@@ -35,6 +35,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -259,6 +260,11 @@ class Remote:
             raise UserError(f"cluster server {missing[0]} has no IPv4 address (name not resolved)")
         self.caps: dict[str, dict[str, Any]] = {}
         self.bridges: dict[str, list[str]] = {s: [] for s in servers}
+        #: seconds spent per step on the servers (caps, tunnels, ports, connected), for the lane's report
+        self.spent: dict[str, float] = {}
+
+    def _spent(self, step: str, t0: float) -> None:
+        self.spent[step] = self.spent.get(step, 0.0) + time.monotonic() - t0
 
     @classmethod
     def start(cls, state: RunState, servers: list[str], planned: dict[str, tuple[list[str], list[str]]],
@@ -272,6 +278,7 @@ class Remote:
             self.bridges[server] = list(bridges)
             state.add_remote(server, self.ssh.argv(self.ips[server], mux=False), bridges, intfs)
         for server in servers:
+            t0 = time.monotonic()
             try:
                 r = self.run(server, caps_script(), 90.0)
             except RemoteError as exc:
@@ -280,6 +287,7 @@ class Remote:
             if not caps["ovs"]:
                 raise UserError(f"cluster server {server}: Open vSwitch does not answer there (ovs-vsctl)")
             self.caps[server] = caps
+            self._spent("caps", t0)
         return self
 
     def argv(self, server: str, tty: bool = False) -> list[str]:
@@ -356,6 +364,7 @@ class Remote:
                 if node1.server != "localhost":
                     raise RemoteError(f"a link between two remote servers ({node1.server}, {node2.server}) "
                                       f"is not supported: place one end on this machine")
+                t0 = time.monotonic()
                 for node in (node1, node2):
                     out = node.rcmd(f"ip tuntap add dev {TUNNEL_TAP} mode tap")
                     if out.strip():
@@ -376,6 +385,7 @@ class Remote:
                     out = node.cmd(f"ip link set {TUNNEL_TAP} name {intf}" + (f" address {addr}" if addr else ""))
                     if out.strip():
                         raise RemoteError(f"renaming the tunnel end to {intf} on {node.server} failed: {out.strip()}")
+                remote._spent("tunnels", t0)
                 return tunnel
 
         return Host, Switch, TunnelLink
@@ -389,6 +399,7 @@ class Remote:
         for p in ports:
             by_server.setdefault(p["server"], []).append(p)
         for server, plist in by_server.items():
+            t0 = time.monotonic()
             caps = self.caps[server]
             netem, red = bool(caps["sch_netem"]), bool(want_ecn and caps["sch_red"])
             sh, tc = port_lines(plist, mtu, shape, netem, red)
@@ -404,9 +415,11 @@ class Remote:
                             "ecn": "red" if red else None}
             if want_ecn and not red:
                 self.log(f"{server}: no sch_red there; its {len(plist)} switch ports have no ECN marking")
+            self._spent("ports", t0)
         return done
 
     def connected(self) -> dict[str, bool]:
+        t0 = time.monotonic()
         out: dict[str, bool] = {}
         for server, bridges in self.bridges.items():
             if bridges:
@@ -414,6 +427,7 @@ class Remote:
                     out.update(parse_connected(self.run(server, connected_script(bridges), 60.0).stdout, bridges))
                 except RemoteError:
                     out.update(dict.fromkeys(bridges, False))
+        self._spent("connected", t0)
         return out
 
     def set_inactivity_probe(self, ms: int) -> None:
@@ -421,10 +435,12 @@ class Remote:
             if bridges:
                 self.run(server, inactivity_script(bridges, ms), 60.0)
 
-    def qdiscs(self, server: str, intfs: Iterable[str]) -> dict[str, str]:
-        """``tc qdisc show`` per interface on a server (what shaping and ECN put there)."""
+    def qdiscs(self, server: str, intfs: Iterable[str], classes: bool = False) -> dict[str, str]:
+        """``tc qdisc show`` (and ``tc class show`` with ``classes``) per interface on a server
+        (what shaping and ECN put there), all in one ssh session."""
         names = list(intfs)
-        script = "".join(f"echo '== {i}'; tc qdisc show dev {i}\n" for i in names)
+        also = "; tc class show dev {i}" if classes else ""
+        script = "".join(f"echo '== {i}'; tc qdisc show dev {i}{also.format(i=i)}\n" for i in names)
         out: dict[str, list[str]] = {}
         cur = None
         for line in self.run(server, script, 60.0).stdout.splitlines():
