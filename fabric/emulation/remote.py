@@ -112,6 +112,18 @@ def rewrite_python(cmd: Any, local: str, remote: str) -> Any:
 
 # ---- what runs on a server (pure) -------------------------------------------------------------
 
+def tunnel_end_rename(intf: str, addr: str | None) -> str:
+    """The command that gives a tunnel end (``TUNNEL_TAP``, in its node's namespace) its name and MAC."""
+    return f"ip link set {TUNNEL_TAP} name {shlex.quote(intf)}" + (f" address {shlex.quote(addr)}" if addr else "")
+
+
+def tunnel_end_script(pid: int, intf: str, addr: str | None) -> str:
+    """One server-side command line that moves a new tunnel end into the namespace of the node
+    whose shell is ``pid`` and renames it there (silent when it worked)."""
+    return (f"ip link set {TUNNEL_TAP} netns {int(pid)} && "
+            f"nsenter -t {int(pid)} -n {tunnel_end_rename(intf, addr)}")
+
+
 def caps_script() -> str:
     """Prints one line per kernel feature: 'module yes|no', and 'ovs VERSION'."""
     lines = [f"if modprobe -q {m} 2>/dev/null || [ -d /sys/module/{m} ]; then echo '{m} yes'; else echo '{m} no'; fi"
@@ -365,10 +377,11 @@ class Remote:
                     raise RemoteError(f"a link between two remote servers ({node1.server}, {node2.server}) "
                                       f"is not supported: place one end on this machine")
                 t0 = time.monotonic()
-                for node in (node1, node2):
-                    out = node.rcmd(f"ip tuntap add dev {TUNNEL_TAP} mode tap")
-                    if out.strip():
-                        raise RemoteError(f"creating {TUNNEL_TAP} on {node.server} failed: {out.strip()[:200]}")
+                # only here is the tap made beforehand: on the server, sshd (root) makes it when it
+                # opens the tunnel, which saves an ssh session per tunnel
+                out = node1.rcmd(f"ip tuntap add dev {TUNNEL_TAP} mode tap")
+                if out.strip():
+                    raise RemoteError(f"creating {TUNNEL_TAP} on {node1.server} failed: {out.strip()[:200]}")
                 cmd = [*remote.ssh.argv(remote.ips[node2.server], mux=False,
                                         extra=["-n", "-o", "Tunnel=Ethernet", "-w", "9:9"]), "echo @"]
                 self.cmd = cmd
@@ -379,12 +392,13 @@ class Remote:
                 assert tunnel.stdout is not None
                 if tunnel.stdout.read(1) != b"@":
                     raise RemoteError(f"the ssh tunnel to {node2.server} did not come up: {' '.join(cmd)}")
-                for node in (node1, node2):
-                    self.moveIntf(TUNNEL_TAP, node)
-                for node, intf, addr in ((node1, intfname1, addr1), (node2, intfname2, addr2)):
-                    out = node.cmd(f"ip link set {TUNNEL_TAP} name {intf}" + (f" address {addr}" if addr else ""))
-                    if out.strip():
-                        raise RemoteError(f"renaming the tunnel end to {intf} on {node.server} failed: {out.strip()}")
+                self.moveIntf(TUNNEL_TAP, node1)
+                out = node1.cmd(tunnel_end_rename(intfname1, addr1))
+                if out.strip():
+                    raise RemoteError(f"renaming the tunnel end to {intfname1} here failed: {out.strip()}")
+                out = node2.rcmd(tunnel_end_script(node2.pid, intfname2, addr2))   # one ssh session
+                if out.strip():
+                    raise RemoteError(f"moving the tunnel end {intfname2} on {node2.server} failed: {out.strip()}")
                 remote._spent("tunnels", t0)
                 return tunnel
 
