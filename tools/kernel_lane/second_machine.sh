@@ -83,7 +83,7 @@ timeout -k 10 $((GUEST_TIMEOUT + BOOT_TIMEOUT + 60)) "$QEMU" \
     -display none -monitor none -serial "file:$CONSOLE" -no-reboot \
     -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" -device virtio-net-pci,netdev=n0 \
     -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
-    -append "console=ttyS0 panic=-1" \
+    -append "console=ttyS0 panic=-1 quiet" \
     -drive "file=$IMG/root.img,if=virtio,format=raw,readonly=on" \
     -virtfs "local,path=$CHECKOUT,mount_tag=hpnsrc,security_model=none,readonly=on" \
     -virtfs "local,path=$OUT,mount_tag=hpnout,security_model=none" \
