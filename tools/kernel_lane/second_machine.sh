@@ -116,6 +116,7 @@ if [ "${HPNLAB_SECOND_MACHINE_PROFILE:-}" = 1 ]; then
     p0=$(date +%s.%N); "${SSH[@]}" true; t_conn=$(since "$p0")
     p0=$(date +%s.%N); "${SSH[@]}" 'for i in 1 2 3 4 5; do ip link show lo >/dev/null; done'; t_cmd=$(since "$p0")
     p0=$(date +%s.%N); "${SSH[@]}" "$HPNLAB_REMOTE_PYTHON -c 'import hpnlab.fabric.ranks'"; t_py=$(since "$p0")
+    p0=$(date +%s.%N); "${SSH[@]}" "$HPNLAB_REMOTE_PYTHON -c 'import hpnlab.fabric.ranks'"; t_py="$t_py then $(since "$p0")"
     say "profile: new ssh connection + true ${t_conn} s; one connection + 5 ip commands ${t_cmd} s;" \
         "one connection + a rank's imports (python, numpy, hpnlab.fabric.ranks) ${t_py} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
 fi
