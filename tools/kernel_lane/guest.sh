@@ -94,10 +94,6 @@ serve_as_second_machine() {
     wait "$PREP_PID" || finish 126 "preparing the second machine failed"
     say "second machine up: ${LANE_GUEST_CIDR}, sshd, Open vSwitch $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)"
     touch "$OUT/ready"
-    # a rank's imports once, in the background while the host builds the emulation: a rank's
-    # Python start takes ~20 s under TCG cold; qemu keeps the translated code of the shared
-    # libraries (and the page cache their files), so the ranks started later start faster
-    python -c 'import hpnlab.fabric.ranks, hpnlab.fabric.transport' > /dev/null 2>&1 &
     local end=$(( $(cut -d. -f1 /proc/uptime) + LANE_TIMEOUT_S ))
     while [ ! -f "$OUT/stop" ] && [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do sleep 1; done
     [ -f "$OUT/stop" ] || finish 124 "the host did not stop the second machine within ${LANE_TIMEOUT_S}s"
