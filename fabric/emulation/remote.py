@@ -35,6 +35,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -110,6 +111,18 @@ def rewrite_python(cmd: Any, local: str, remote: str) -> Any:
 
 
 # ---- what runs on a server (pure) -------------------------------------------------------------
+
+def tunnel_end_rename(intf: str, addr: str | None) -> str:
+    """The command that gives a tunnel end (``TUNNEL_TAP``, in its node's namespace) its name and MAC."""
+    return f"ip link set {TUNNEL_TAP} name {shlex.quote(intf)}" + (f" address {shlex.quote(addr)}" if addr else "")
+
+
+def tunnel_end_script(pid: int, intf: str, addr: str | None) -> str:
+    """One server-side command line that moves a new tunnel end into the namespace of the node
+    whose shell is ``pid`` and renames it there (silent when it worked)."""
+    return (f"ip link set {TUNNEL_TAP} netns {int(pid)} && "
+            f"nsenter -t {int(pid)} -n {tunnel_end_rename(intf, addr)}")
+
 
 def caps_script() -> str:
     """Prints one line per kernel feature: 'module yes|no', and 'ovs VERSION'."""
@@ -259,6 +272,11 @@ class Remote:
             raise UserError(f"cluster server {missing[0]} has no IPv4 address (name not resolved)")
         self.caps: dict[str, dict[str, Any]] = {}
         self.bridges: dict[str, list[str]] = {s: [] for s in servers}
+        #: seconds spent per step on the servers (caps, tunnels, ports, connected), for the lane's report
+        self.spent: dict[str, float] = {}
+
+    def _spent(self, step: str, t0: float) -> None:
+        self.spent[step] = self.spent.get(step, 0.0) + time.monotonic() - t0
 
     @classmethod
     def start(cls, state: RunState, servers: list[str], planned: dict[str, tuple[list[str], list[str]]],
@@ -272,6 +290,7 @@ class Remote:
             self.bridges[server] = list(bridges)
             state.add_remote(server, self.ssh.argv(self.ips[server], mux=False), bridges, intfs)
         for server in servers:
+            t0 = time.monotonic()
             try:
                 r = self.run(server, caps_script(), 90.0)
             except RemoteError as exc:
@@ -280,6 +299,7 @@ class Remote:
             if not caps["ovs"]:
                 raise UserError(f"cluster server {server}: Open vSwitch does not answer there (ovs-vsctl)")
             self.caps[server] = caps
+            self._spent("caps", t0)
         return self
 
     def argv(self, server: str, tty: bool = False) -> list[str]:
@@ -356,10 +376,12 @@ class Remote:
                 if node1.server != "localhost":
                     raise RemoteError(f"a link between two remote servers ({node1.server}, {node2.server}) "
                                       f"is not supported: place one end on this machine")
-                for node in (node1, node2):
-                    out = node.rcmd(f"ip tuntap add dev {TUNNEL_TAP} mode tap")
-                    if out.strip():
-                        raise RemoteError(f"creating {TUNNEL_TAP} on {node.server} failed: {out.strip()[:200]}")
+                t0 = time.monotonic()
+                # only here is the tap made beforehand: on the server, sshd (root) makes it when it
+                # opens the tunnel, which saves an ssh session per tunnel
+                out = node1.rcmd(f"ip tuntap add dev {TUNNEL_TAP} mode tap")
+                if out.strip():
+                    raise RemoteError(f"creating {TUNNEL_TAP} on {node1.server} failed: {out.strip()[:200]}")
                 cmd = [*remote.ssh.argv(remote.ips[node2.server], mux=False,
                                         extra=["-n", "-o", "Tunnel=Ethernet", "-w", "9:9"]), "echo @"]
                 self.cmd = cmd
@@ -370,12 +392,14 @@ class Remote:
                 assert tunnel.stdout is not None
                 if tunnel.stdout.read(1) != b"@":
                     raise RemoteError(f"the ssh tunnel to {node2.server} did not come up: {' '.join(cmd)}")
-                for node in (node1, node2):
-                    self.moveIntf(TUNNEL_TAP, node)
-                for node, intf, addr in ((node1, intfname1, addr1), (node2, intfname2, addr2)):
-                    out = node.cmd(f"ip link set {TUNNEL_TAP} name {intf}" + (f" address {addr}" if addr else ""))
-                    if out.strip():
-                        raise RemoteError(f"renaming the tunnel end to {intf} on {node.server} failed: {out.strip()}")
+                self.moveIntf(TUNNEL_TAP, node1)
+                out = node1.cmd(tunnel_end_rename(intfname1, addr1))
+                if out.strip():
+                    raise RemoteError(f"renaming the tunnel end to {intfname1} here failed: {out.strip()}")
+                out = node2.rcmd(tunnel_end_script(node2.pid, intfname2, addr2))   # one ssh session
+                if out.strip():
+                    raise RemoteError(f"moving the tunnel end {intfname2} on {node2.server} failed: {out.strip()}")
+                remote._spent("tunnels", t0)
                 return tunnel
 
         return Host, Switch, TunnelLink
@@ -389,6 +413,7 @@ class Remote:
         for p in ports:
             by_server.setdefault(p["server"], []).append(p)
         for server, plist in by_server.items():
+            t0 = time.monotonic()
             caps = self.caps[server]
             netem, red = bool(caps["sch_netem"]), bool(want_ecn and caps["sch_red"])
             sh, tc = port_lines(plist, mtu, shape, netem, red)
@@ -404,9 +429,11 @@ class Remote:
                             "ecn": "red" if red else None}
             if want_ecn and not red:
                 self.log(f"{server}: no sch_red there; its {len(plist)} switch ports have no ECN marking")
+            self._spent("ports", t0)
         return done
 
     def connected(self) -> dict[str, bool]:
+        t0 = time.monotonic()
         out: dict[str, bool] = {}
         for server, bridges in self.bridges.items():
             if bridges:
@@ -414,6 +441,7 @@ class Remote:
                     out.update(parse_connected(self.run(server, connected_script(bridges), 60.0).stdout, bridges))
                 except RemoteError:
                     out.update(dict.fromkeys(bridges, False))
+        self._spent("connected", t0)
         return out
 
     def set_inactivity_probe(self, ms: int) -> None:
@@ -421,10 +449,12 @@ class Remote:
             if bridges:
                 self.run(server, inactivity_script(bridges, ms), 60.0)
 
-    def qdiscs(self, server: str, intfs: Iterable[str]) -> dict[str, str]:
-        """``tc qdisc show`` per interface on a server (what shaping and ECN put there)."""
+    def qdiscs(self, server: str, intfs: Iterable[str], classes: bool = False) -> dict[str, str]:
+        """``tc qdisc show`` (and ``tc class show`` with ``classes``) per interface on a server
+        (what shaping and ECN put there), all in one ssh session."""
         names = list(intfs)
-        script = "".join(f"echo '== {i}'; tc qdisc show dev {i}\n" for i in names)
+        also = "; tc class show dev {i}" if classes else ""
+        script = "".join(f"echo '== {i}'; tc qdisc show dev {i}{also.format(i=i)}\n" for i in names)
         out: dict[str, list[str]] = {}
         cur = None
         for line in self.run(server, script, 60.0).stdout.splitlines():

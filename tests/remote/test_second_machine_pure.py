@@ -123,3 +123,11 @@ def test_the_teardown_script_ends_exactly_the_runs_marked_processes(tmp_path):
 @pytest.mark.parametrize("name", ["s1", "s1; reboot"])
 def test_bridge_names_are_quoted_in_scripts(name):
     assert shlex.quote(name) in remote.connected_script([name])
+
+
+def test_a_tunnel_end_on_the_server_is_moved_and_renamed_in_one_command():
+    line = remote.tunnel_end_script(4242, "h2-eth0", "02:00:00:00:00:02")
+    move, rename = line.split(" && ")
+    assert move == f"ip link set {remote.TUNNEL_TAP} netns 4242"
+    assert rename == f"nsenter -t 4242 -n ip link set {remote.TUNNEL_TAP} name h2-eth0 address 02:00:00:00:00:02"
+    assert "address" not in remote.tunnel_end_script(1, "s1-eth3", None)

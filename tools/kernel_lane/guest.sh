@@ -50,7 +50,9 @@ say "guest up (kernel $(uname -r), image $(cat /etc/hpnlab-lane-image 2>/dev/nul
 # known_hosts), and the host's /run/hpnlab (9p tag hpnrun) at the same path, so the run
 # directory's scripts are seen here. It serves until the host writes $OUT/stop or the
 # lane's time limit passes.
-serve_as_second_machine() {
+# server_prepare runs in the background beside Open vSwitch's start (both take seconds under
+# TCG and the guest has 2 vCPUs); serve_as_second_machine waits for it.
+server_prepare() {
     modprobe virtio_net; modprobe tun
     local i=0 dev=""
     while [ -z "$dev" ] && [ $i -lt 50 ]; do
@@ -61,7 +63,11 @@ serve_as_second_machine() {
     mkdir -p /run/hpnlab
     mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 hpnrun /run/hpnlab || finish 126 "9p hpnrun"
     # the project for processes started over ssh (no PYTHONPATH there): a .pth in the venv
-    echo /hpnlab/pylib > "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hpnlab-lane.pth"
+    # (the venv's site-packages found by name: a Python start costs seconds under TCG)
+    local purelib
+    purelib=$(ls -d /opt/hpnlab-venv/lib/python3*/site-packages | head -1)
+    [ -d "$purelib" ] || finish 126 "no site-packages in /opt/hpnlab-venv"
+    echo /hpnlab/pylib > "$purelib/hpnlab-lane.pth"
     ssh-keygen -q -t ed25519 -N '' -f /etc/ssh/ssh_host_ed25519_key || finish 126 "ssh-keygen"
     sed -i 's/^root:![^:]*:/root:*:/' /etc/shadow      # a locked root is refused even with a key (UsePAM no)
     mkdir -p -m 700 /root/.ssh /run/sshd
@@ -79,9 +85,14 @@ MaxStartups 200
 MaxSessions 200
 SetEnv PATH=$PATH
 CONF
-    /usr/sbin/sshd -E "$OUT/sshd.log" || finish 126 "sshd did not start"
+    # -r: no re-exec of sshd per connection (an exec and a config and key load under TCG each)
+    /usr/sbin/sshd -r -E "$OUT/sshd.log" || /usr/sbin/sshd -E "$OUT/sshd.log" || finish 126 "sshd did not start"
     cp /etc/ssh/ssh_host_ed25519_key.pub "$OUT/ssh/host_key.pub"
-    say "second machine up: $dev ${LANE_GUEST_CIDR}, sshd, Open vSwitch $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)"
+    say "second machine: $dev ${LANE_GUEST_CIDR}, sshd listening"
+}
+serve_as_second_machine() {
+    wait "$PREP_PID" || finish 126 "preparing the second machine failed"
+    say "second machine up: ${LANE_GUEST_CIDR}, sshd, Open vSwitch $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)"
     touch "$OUT/ready"
     local end=$(( $(cut -d. -f1 /proc/uptime) + LANE_TIMEOUT_S ))
     while [ ! -f "$OUT/stop" ] && [ "$(cut -d. -f1 /proc/uptime)" -lt $end ]; do sleep 1; done
@@ -94,6 +105,12 @@ CONF
 LANE_TIMEOUT_S=900 LANE_TEST_TIMEOUT_S=420 LANE_PYTEST_ARGS="tests/kernel"
 [ -f "$OUT/lane.env" ] && . "$OUT/lane.env"
 
+# The second machine's network and sshd come up beside Open vSwitch's start.
+PREP_PID=""
+if [ "${LANE_MODE:-tests}" = server ]; then
+    server_prepare &
+    PREP_PID=$!
+fi
 # Open vSwitch on the kernel datapath: ovs-ctl loads the openvswitch module itself.
 if ! /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random > "$OUT/ovs-start.log" 2>&1; then
     say "ovs-ctl start failed:"; tail -5 "$OUT/ovs-start.log"

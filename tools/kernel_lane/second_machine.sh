@@ -13,7 +13,9 @@
 # and the qemu process (ended by its pid). The guest sees the checkout read-only and this
 # machine's /run/hpnlab (the emulation's run directories) at the same path.
 # Environment: HPNLAB_SECOND_MACHINE_TIMEOUT (s the guest serves at most, default 900),
-# HPNLAB_KERNEL_LANE_BOOT_TIMEOUT (s until sshd is up, default 240), HPNLAB_KERNEL_LANE=skip.
+# HPNLAB_KERNEL_LANE_BOOT_TIMEOUT (s until sshd is up, default 240), HPNLAB_KERNEL_LANE=skip,
+# HPNLAB_SECOND_MACHINE_PROFILE=1 (before the tests, time what every guest-side step is made
+# of: a new ssh connection, a command on it, a rank's Python start).
 # Exit: 0 passed or skipped with one line "second machine: SKIPPED: <why>"; 1 failed.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -81,7 +83,7 @@ timeout -k 10 $((GUEST_TIMEOUT + BOOT_TIMEOUT + 60)) "$QEMU" \
     -display none -monitor none -serial "file:$CONSOLE" -no-reboot \
     -netdev "tap,id=n0,ifname=$TAP,script=no,downscript=no" -device virtio-net-pci,netdev=n0 \
     -kernel "$IMG/vmlinuz" -initrd "$IMG/initrd.img" \
-    -append "console=ttyS0 panic=-1" \
+    -append "console=ttyS0 panic=-1 quiet" \
     -drive "file=$IMG/root.img,if=virtio,format=raw,readonly=on" \
     -virtfs "local,path=$CHECKOUT,mount_tag=hpnsrc,security_model=none,readonly=on" \
     -virtfs "local,path=$OUT,mount_tag=hpnout,security_model=none" \
@@ -107,6 +109,17 @@ say "up in $(( $(date +%s) - t0 )) s"
 
 export HPNLAB_SECOND_MACHINE="$GUEST_IP" HPNLAB_SSH_IDENTITY="$RUN/ssh-id" HPNLAB_SSH_KNOWN_HOSTS="$RUN/known_hosts" \
        HPNLAB_REMOTE_PYTHON=/opt/hpnlab-venv/bin/python HPNLAB_SECOND_MACHINE_CONTROLLER_IP="$HOST_IP"
+if [ "${HPNLAB_SECOND_MACHINE_PROFILE:-}" = 1 ]; then
+    SSH=(ssh -q -o BatchMode=yes -o IdentitiesOnly=yes -i "$RUN/ssh-id" -o UserKnownHostsFile="$RUN/known_hosts"
+         -o StrictHostKeyChecking=yes -o ControlMaster=no -o ControlPath=none "root@$GUEST_IP")
+    since() { echo "$(date +%s.%N) $1" | awk '{printf "%.2f", $1 - $2}'; }
+    p0=$(date +%s.%N); "${SSH[@]}" true; t_conn=$(since "$p0")
+    p0=$(date +%s.%N); "${SSH[@]}" 'for i in 1 2 3 4 5; do ip link show lo >/dev/null; done'; t_cmd=$(since "$p0")
+    p0=$(date +%s.%N); "${SSH[@]}" "$HPNLAB_REMOTE_PYTHON -c 'import hpnlab.fabric.ranks'"; t_py=$(since "$p0")
+    p0=$(date +%s.%N); "${SSH[@]}" "$HPNLAB_REMOTE_PYTHON -c 'import hpnlab.fabric.ranks'"; t_py="$t_py then $(since "$p0")"
+    say "profile: new ssh connection + true ${t_conn} s; one connection + 5 ip commands ${t_cmd} s;" \
+        "one connection + a rank's imports (python, numpy, hpnlab.fabric.ranks) ${t_py} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
+fi
 if [ $SERVE = 1 ]; then
     say "serving; ssh -i $RUN/ssh-id -o UserKnownHostsFile=$RUN/known_hosts root@$GUEST_IP  (Ctrl-C ends it)"
     env | grep -E '^HPNLAB_(SECOND|SSH|REMOTE)' | sed 's/^/  export /'
