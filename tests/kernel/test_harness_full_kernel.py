@@ -61,8 +61,9 @@ def ovs(*args: str) -> str:
 
 
 def flow_count(bridge: str) -> int:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge], capture_output=True,
-                         text=True, timeout=30).stdout
+    """The controller's routing flows on ``bridge`` (its cookie: not the LLDP rule of discovery)."""
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "cookie=0x68706e6c61620000/-1"],
+                         capture_output=True, text=True, timeout=30).stdout
     return sum(1 for line in out.splitlines() if "cookie=" in line)
 
 
