@@ -55,20 +55,22 @@ ACCEL=(-accel tcg,thread=multi -cpu max)
 RUN=$(mktemp -d /tmp/hpnlab-second-machine.XXXXXX)
 OUT="$RUN/out"; mkdir -p "$OUT/ssh" /run/hpnlab
 QPID=""
+MADE_TAP=""     # set once this run created the tap: only then does cleanup remove it
 cleanup() {
     touch "$OUT/stop" 2>/dev/null
     if [ -n "$QPID" ]; then
         for _ in $(seq 10); do kill -0 "$QPID" 2>/dev/null || break; sleep 1; done
         kill "$QPID" 2>/dev/null; wait "$QPID" 2>/dev/null
     fi
-    ip link del "$TAP" 2>/dev/null
+    [ -n "$MADE_TAP" ] && ip link del "$TAP" 2>/dev/null
     rm -f "$RUN/ssh-id" "$RUN/ssh-id.pub"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # the link: a tap device this script creates (and removes in cleanup)
-ip tuntap add dev "$TAP" mode tap || lane_die "cannot create the tap device $TAP"
+ip tuntap add dev "$TAP" mode tap || lane_die "cannot create the tap device $TAP (is another run using it?)"
+MADE_TAP=1
 ip addr add "$HOST_IP/30" dev "$TAP" && ip link set "$TAP" up || lane_die "cannot configure $TAP"
 ssh-keygen -q -t ed25519 -N '' -C "hpnlab second machine $(basename "$RUN")" -f "$RUN/ssh-id" || lane_die "ssh-keygen failed"
 cp "$RUN/ssh-id.pub" "$OUT/ssh/id.pub"
