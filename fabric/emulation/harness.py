@@ -557,15 +557,10 @@ class Emulation:
         if self.wiring_file is None:
             return
         deadline = time.monotonic() + self.wiring_timeout
-        while not self.wiring_file.exists():
-            if self.controller_proc and self.controller_proc.poll() is not None:
-                raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "
-                                     f"log: {self.metadata.get('controller_log')}")
-            if time.monotonic() > deadline:
-                raise EmulationError(f"the controller wrote no wiring report within {self.wiring_timeout:g} s "
-                                     f"(log: {self.metadata.get('controller_log')})")
-            time.sleep(0.1)
-        report = json.loads(self.wiring_file.read_text())
+        wiring_file = self.wiring_file
+        report = self._wait_controller_file(
+            lambda: json.loads(wiring_file.read_text()) if wiring_file.exists() else None, deadline,
+            f"the controller wrote no wiring report within {self.wiring_timeout:g} s")
         self.metadata["wiring"] = report
         for finding in report.get("findings", []):
             self.log(f"wiring: {finding['line']}")
@@ -576,21 +571,28 @@ class Emulation:
 
     def _wait_rollout(self, deadline: float) -> dict:
         """The staged rollout's results once every stage is done."""
-        assert self.rollout_file is not None
-        while True:
+        rollout_file = self.rollout_file
+        assert rollout_file is not None
+
+        def done() -> dict | None:
             try:
-                status = json.loads(self.rollout_file.read_text())
+                status = json.loads(rollout_file.read_text())
             except (OSError, ValueError):
-                status = {}
-            if status.get("done"):
-                return status
+                return None
+            return status if status.get("done") else None
+        return self._wait_controller_file(done, deadline, "the staged rollout did not finish in time")
+
+    def _wait_controller_file(self, read: Callable[[], dict | None], deadline: float, late: str) -> dict:
+        """Poll ``read`` until it gives what the controller wrote; one line if the controller exits
+        first or ``deadline`` passes (``late``: what did not happen)."""
+        while (got := read()) is None:
             if self.controller_proc and self.controller_proc.poll() is not None:
                 raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "
                                      f"log: {self.metadata.get('controller_log')}")
             if time.monotonic() > deadline:
-                raise EmulationError(f"the staged rollout did not finish in time (log: "
-                                     f"{self.metadata.get('controller_log')})")
+                raise EmulationError(f"{late} (log: {self.metadata.get('controller_log')})")
             time.sleep(0.1)
+        return got
 
     def _verify(self, rounds: int = 3) -> None:
         """Every host-port pair on every plane must answer; pairs that fail are retried (ARP
