@@ -24,15 +24,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 from types import ModuleType
 
 from hpnlab.cli.bench_reconcile import first_leaf_spine_link, installed, settle
+from hpnlab.cli.gitrev import module_at
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
 
@@ -53,20 +49,7 @@ def timed(fn, *args, **kw):
 
 def old_compiler(rev: str) -> ModuleType:
     """The compiler module of git revision ``rev`` of this checkout, loaded under another name."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:controller/compiler.py"],
-                              capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"bench_compiler: cannot read controller/compiler.py at {rev!r} with git: {e}") from None
-    path = Path(tempfile.mkdtemp()) / "compiler_old.py"
-    path.write_text(text)
-    spec_ = importlib.util.spec_from_file_location("compiler_old", path)
-    assert spec_ is not None and spec_.loader is not None
-    module = importlib.util.module_from_spec(spec_)
-    sys.modules["compiler_old"] = module
-    spec_.loader.exec_module(module)
-    return module
+    return module_at(rev, "controller/compiler.py", "compiler_old", who="bench_compiler")
 
 
 def failure_cost(mod: ModuleType, g, plane: int) -> tuple[dict, float, float]:

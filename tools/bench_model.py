@@ -17,17 +17,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.cli.gitrev import module_at
 from hpnlab.fabric import graph, model, spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,17 +49,7 @@ def timed(fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[Any, float, fl
 
 def baseline_module(rev: str):
     """``fabric/model.py`` at git revision ``rev``, imported as a module of hpnlab.fabric."""
-    src = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:fabric/model.py"], check=True,
-                         capture_output=True, text=True).stdout
-    path = Path(f"/tmp/hpnlab_model_baseline_{os.getpid()}.py")
-    path.write_text(src)
-    spec_ = importlib.util.spec_from_file_location("hpnlab.fabric._model_baseline", path)
-    assert spec_ is not None and spec_.loader is not None
-    mod = importlib.util.module_from_spec(spec_)
-    sys.modules[spec_.name] = mod
-    spec_.loader.exec_module(mod)
-    path.unlink()
-    return mod
+    return module_at(rev, "fabric/model.py", "hpnlab.fabric._model_baseline", who="bench_model")
 
 
 def scale(presets: list[str], qps: int, rev: str | None) -> None:

@@ -25,17 +25,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from types import ModuleType
 
+from hpnlab.cli.gitrev import module_at
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
 
@@ -70,20 +66,8 @@ def _plane_only(compile_fn, only: list[str], g, failures=None, policy: str = "ag
 def reconcile_of(rev: str) -> ModuleType:
     """controller/reconcile.py of git revision ``rev`` of this checkout, loaded under another name
     (its plan is measured on the same inputs as today's: same signature)."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        text = subprocess.run(["git", "-C", str(root), "show", f"{rev}:controller/reconcile.py"],
-                              capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"bench_reconcile: cannot read controller/reconcile.py at {rev!r} with git: {e}") from None
-    path = Path(tempfile.mkdtemp()) / "reconcile_before.py"
-    path.write_text(text.replace("from . import compiler", "from hpnlab.controller import compiler"))
-    spec_ = importlib.util.spec_from_file_location("reconcile_before", path)
-    assert spec_ is not None and spec_.loader is not None
-    module = importlib.util.module_from_spec(spec_)
-    sys.modules["reconcile_before"] = module
-    spec_.loader.exec_module(module)
-    return module
+    return module_at(rev, "controller/reconcile.py", "reconcile_before", who="bench_reconcile",
+                     edit=lambda text: text.replace("from . import compiler", "from hpnlab.controller import compiler"))
 
 
 class PlanRecorder:
