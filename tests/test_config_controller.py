@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from test_controller_launcher import HPNLAB, ROOT, free_port
 
 pytestmark = pytest.mark.controller
-
-ROOT = Path(__file__).resolve().parent.parent
-HPNLAB = str(Path(sys.executable).with_name("hpnlab"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_config_files_settings_reach_the_running_controller_and_flags_win(tmp_path):

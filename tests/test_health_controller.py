@@ -4,27 +4,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
+from test_controller_launcher import ROOT, free_port
 
 from hpnlab.fabric import graph, spec
 
 pytestmark = pytest.mark.controller
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_controller_without_its_switches_answers_503_naming_every_one():

@@ -11,10 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from test_controller_emulation import flow_lines, wait_for
 
 from hpnlab.controller import compiler
 from hpnlab.fabric import graph as fgraph
@@ -38,22 +38,6 @@ def vsctl(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ovs-vsctl", "--timeout=10", *args], capture_output=True, text=True, timeout=20)
 
 
-def flow_count(bridge: str) -> int:
-    # the controller's routing flows (its cookie): not the LLDP rule of discovery
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "cookie=0x68706e6c61620000/-1"],
-                         capture_output=True, text=True, timeout=10).stdout
-    return sum("cookie=" in line for line in out.splitlines())
-
-
-def wait_for(predicate, timeout_s: float, step_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    value = predicate()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step_s)
-        value = predicate()
-    return value
-
-
 def test_switches_connect_over_tls_with_the_test_cas_certificates_and_get_their_flows(emulation_ready, tmp_path):
     from hpnlab.fabric.emulation import Emulation
 
@@ -71,7 +55,8 @@ def test_switches_connect_over_tls_with_the_test_cas_certificates_and_get_their_
                                    "ca_cert": str(ca / "ca-cert.pem"), "bootstrap_ca_cert": False}
         states = compiler.compile_fabric(emu.graph, None, "aggregate")
         want = {sw: states[sw].flow_count for sw in switches}
-        assert wait_for(lambda: {sw: flow_count(sw) for sw in switches} == want, 15), "flows not installed over TLS"
+        assert wait_for(lambda: {sw: len(flow_lines(sw)) for sw in switches} == want,
+                        15), "flows not installed over TLS"
         assert emu.ping_all()["failed"] == []
     finally:
         emu.stop()
@@ -110,7 +95,7 @@ def test_a_switch_presenting_a_certificate_of_another_ca_is_refused(emulation_re
         assert refused, text
         assert re.search(r"handshake refused: .*(unknown ca|certificate verify failed)", text, re.I), text
         assert ovsdb.connected([bridge]) == {bridge: False}
-        assert flow_count(bridge) == 0
+        assert len(flow_lines(bridge)) == 0
         assert f"{switch} (dpid" not in text       # the controller never saw the switch
     finally:
         vsctl("--if-exists", "del-br", bridge)
