@@ -148,6 +148,16 @@ def test_a_fabric_cabled_as_planned_is_installed_as_soon_as_every_link_is_heard(
     assert report["counts"] == {"missing": 0, "miswired": 0, "unexpected": 0} and report["links_ok"] == 16
 
 
+def test_the_report_says_installed_only_once_every_switch_holds_its_routes(make_app, tmp_path):
+    app = make_app()
+    net = Fabric(app, scenario())
+    net.connect()
+    assert json.loads((tmp_path / "wiring.json").read_text())["installed"] is None   # decided, not yet confirmed
+    net.settle()
+    installed = json.loads((tmp_path / "wiring.json").read_text())["installed"]
+    assert app.reconciler.settled and installed["switches"] == len(net.dps)
+
+
 def test_refuse_installs_every_switch_and_holds_the_miswired_ports_down(make_app, tmp_path):
     app = make_app("refuse")
     net = Fabric(app, physical(scenario(), Rewire(swap=[SWAP], drop=[DROP])))

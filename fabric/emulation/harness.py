@@ -74,7 +74,7 @@ class Emulation:
                  bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
-                 rewire: Rewire | None = None, wiring_timeout: float = 30.0,
+                 rewire: Rewire | None = None, wiring_timeout: float = 60.0,
                  on_built: Callable[[Emulation], None] | None = None,
                  controller_tls: str | Path | None = None, on_controller_loss: str = "continue"):
         if controller not in CONTROLLERS:
@@ -552,15 +552,21 @@ class Emulation:
                    for i, a in enumerate(args))
 
     def _read_wiring(self) -> None:
-        """The controller's wiring report (controller/wiring.py) into the metadata, once it has
-        decided (it installs nothing before); its findings are logged, one line each."""
+        """The controller's wiring report (controller/wiring.py) into the metadata, once it says the
+        routes it decided on are installed (no packet goes out before); its findings are logged."""
         if self.wiring_file is None:
             return
         deadline = time.monotonic() + self.wiring_timeout
         wiring_file = self.wiring_file
+
+        def installed() -> dict | None:
+            try:
+                report = json.loads(wiring_file.read_text())
+            except (OSError, ValueError):
+                return None
+            return report if report.get("installed") else None
         report = self._wait_controller_file(
-            lambda: json.loads(wiring_file.read_text()) if wiring_file.exists() else None, deadline,
-            f"the controller wrote no wiring report within {self.wiring_timeout:g} s")
+            installed, deadline, f"the controller reported no routes installed within {self.wiring_timeout:g} s")
         self.metadata["wiring"] = report
         for finding in report.get("findings", []):
             self.log(f"wiring: {finding['line']}")
