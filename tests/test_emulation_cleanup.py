@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
 
 RUNNER = """
-import sys, time
+import signal, sys, time
 from hpnlab.fabric.emulation import Emulation
+signal.signal(signal.SIGINT, signal.default_int_handler)   # a parent that ignores SIGINT passes that on
 controller = sys.argv[1]
 over = {"segments_per_pod": 2}
 if controller == "none":
@@ -149,7 +150,12 @@ def test_sigterm_and_sigint_clean_up_by_themselves(bystanders, sig):
     proc, state = _start("none")
     host_netns = {_netns_inode(p["pid"]) for p in state["pids"] if p["what"].startswith("host ")} - {None}
     proc.send_signal(sig)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)      # leave nothing running for the tests after this one
+        proc.wait(timeout=60)
+        pytest.fail(f"the run did not end within 60 s of {sig.name}")
     left = _leftovers(state, host_netns)
     assert left == {k: [] for k in left}
     _assert_bystanders_survive(bystanders)
