@@ -16,12 +16,16 @@ Model
       different connections use different uplinks; source port ``EntropyMap.low_bits(k)``).
       tests/test_model_forwarding.py proves the paths equal the table interpreter's walks of
       the compiled tables, with and without failures.
-    * Entropy policies (``routing``), per rank pair with ``qps`` connections:
-        ``flow``     (alias ``ecmp``) each connection on one path, hashed from (pair,
-                     connection): per-flow ECMP; the same path for every step of the job.
-        ``flowlet``  as ``flow``, but a connection takes a new path at each step (a step's
-                     burst starts after an idle gap longer than the flowlet gap; inside a
-                     bulk step there is no such gap, so it keeps its path for the step).
+    * Entropy policies (``routing``), per rank pair with ``qps`` connections. Where per-flow
+      hashing puts a connection is the transport's own rule, one shared function
+      (``transport.entropy.flow_hash`` of the rank pair, ``transport.entropy.connection_path``):
+        ``flow``     (alias ``ecmp``) each connection on one path for every step of the job:
+                     with ``qps`` 1 the transport's ``flow`` policy (the pair's hash picks one
+                     path over every plane and value), else its ``ecmp`` policy (connection c
+                     pinned to plane c mod planes, its value on that plane hashed).
+        ``flowlet``  as ``flow``, but a connection moves to its plane's next value at each step
+                     (the transport's flowlets move after an idle gap longer than the flowlet
+                     gap, as between steps; inside a bulk step there is no such gap).
         ``spray``    every packet the next path in rotation over every plane and entropy
                      value: the pair's bytes split evenly over its live paths.
         ``adaptive`` a fluid approximation of REPS-like host-side adaptive routing: every
@@ -74,7 +78,7 @@ import numpy as np
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
 from .model_forwarding import MAX_HOPS, Forwarding
-from .transport.entropy import connection_value
+from .transport.entropy import connection_path, connection_value, flow_hash
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                      "incast", "permutation")
@@ -503,26 +507,6 @@ def ranks_in_collective(collective: str, job: Job, rails: int) -> int:
 
 # ---- one step on the network -----------------------------------------------------------
 
-_M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a well-spread 64-bit hash of each element (a switch's or NIC's
-    flow hash stand-in; vectorised)."""
-    x = x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + _M3
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
-
-
-def flow_hash(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, salt: int, seed: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return _mix(_mix(src.astype(np.uint64) * np.uint64(0x100000001) + dst.astype(np.uint64))
-                    ^ (conn.astype(np.uint64) * _M3) ^ np.uint64((salt << 20) ^ seed))
-
-
 @dataclass
 class StepResult:
     time_s: float                # inf when a connection has no path: the step never completes
@@ -574,6 +558,20 @@ def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
     return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64)
 
 
+def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
+                      hash_salt: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-flow hashing of connection ``conn`` (of ``qps``) from rank a to rank b, as the RoCE
+    transport does it (``transport.entropy.flow_hash`` and ``connection_path``, the same
+    functions; ``hash_salt`` 0): (plane, number of the connection's entropy value on that
+    plane, below ``entropy_values``), int64 arrays. ``moves``: a flowlet's moves so far."""
+    u64 = np.uint64
+    shape = np.broadcast(a, b, conn).shape
+    a, b, conn = (np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64) for x in (a, b, conn))
+    h = flow_hash(a, b, u64(hash_salt))
+    plane, j = connection_path(h, conn, qps, net.s.planes, net.entropy_values, moves)
+    return np.asarray(plane, dtype=np.int64), np.asarray(j, dtype=np.int64)
+
+
 def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
@@ -613,6 +611,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
                rnd: random.Random | int = 0, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset(),
                salt: int = 0) -> RoutedStep:
     """Route one step's connections (see the module docstring for the entropy policies).
+    ``rnd``: the flow-hash salt (0: the RoCE transport's own hash, ``transport.entropy.flow_hash``).
     ``watch``: directed link ids whose failure is being studied; ``hit`` counts the connections
     with a path over one of them. A pair with no live path on any plane is counted and listed."""
     routing = routing_name(routing)
@@ -629,7 +628,8 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         a, b = np.repeat(src, qps), np.repeat(dst, qps)
         conn = np.tile(np.arange(qps), len(src))
         size = np.repeat(nbytes, qps) * 8 / qps
-        idx = (flow_hash(a, b, conn, salt if routing == "flowlet" else 0, seed) % np.uint64(n_paths)).astype(np.int64)
+        plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
+        idx = plane * nv + j
         links, live = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
@@ -717,14 +717,17 @@ def _job_of(ranks: Sequence[tuple[str, int]] | Job) -> Job:
 
 def run_steps(g: nx.MultiGraph | Network, ranks: Sequence[tuple[str, int]] | Job, steps: Sequence[Any],
               routing: str = "flow", qps: int = 4, *, seed: int = 1, switch_latency_us: float = 1.0,
-              failed: set | None = None, entropy_values: int = ENTROPY_VALUES) -> list[StepResult]:
+              failed: set | None = None, entropy_values: int = ENTROPY_VALUES,
+              hash_salt: int = 0) -> list[StepResult]:
     """Run these synchronous steps on these ranks: one :class:`StepResult` per step, in order.
 
     ``g``: the fabric graph (a :class:`Network` is built with ``failed`` and ``entropy_values``)
     or a network; ``ranks``: (host, rail) per rank index, or a :class:`Job`; each step a
     :class:`Step` (its salt, scale and multiplicity kept) or (rank pairs, bytes per pair).
     Hashing as in a collective: ``flow`` keeps a connection's path for every step (one
-    ``seed``), ``flowlet`` hashes each step anew (the Step's salt, else the step's index).
+    ``hash_salt``; 0: the transport's hash), ``flowlet`` moves each connection to its plane's next
+    value each step (the Step's salt, else the step's index), as the transport's flowlets do
+    after the idle gap between steps. ``seed`` is unused (kept for callers).
     A step repeated exactly (same pairs, bytes and salt) is computed once."""
     net = g if isinstance(g, Network) else Network(g, failed, entropy_values=entropy_values)
     job = _job_of(ranks)
@@ -740,20 +743,21 @@ def run_steps(g: nx.MultiGraph | Network, ranks: Sequence[tuple[str, int]] | Job
         salt = salt if routing == "flowlet" else 0
         key = (np.asarray(src).tobytes(), np.asarray(dst).tobytes(), np.asarray(nbytes).tobytes(), salt, scale)
         if key not in done:
-            done[key] = run_step(net, job, (np.asarray(src), np.asarray(dst)), nbytes, routing, qps, seed,
+            done[key] = run_step(net, job, (np.asarray(src), np.asarray(dst)), nbytes, routing, qps, hash_salt,
                                  switch_latency_us, salt=salt, scale=scale)
         out.append(replace(done[key], multiplicity=mult))
     return out
 
 
 def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs, bytes_per_pair, routing: str,
-                    qps: int, *, seed: int = 1, salt: int = 0) -> np.ndarray:
+                    qps: int, *, seed: int = 1, salt: int = 0, hash_salt: int = 0) -> np.ndarray:
     """The bytes one step puts on every directed link (index: link id, ``net.link_ends`` names
     it), routed as :func:`run_steps` routes it. ``adaptive``: a pair's bytes split over its
     paths in proportion to their max-min sub-flow rates (what its rates, held for the step, carry)."""
     job = _job_of(ranks)
     routing = routing_name(routing)
-    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, seed, salt=salt if routing == "flowlet" else 0)
+    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, hash_salt,
+                   salt=salt if routing == "flowlet" else 0)
     if r.conn is None:
         bits = r.weight * r.size_bits[r.flow_idx]
     else:
@@ -816,10 +820,12 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
                    network: Network | None = None, watch: AbstractSet[int] = frozenset(),
                    exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
-                   entropy_values: int = ENTROPY_VALUES) -> ModelResult:
+                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0) -> ModelResult:
     """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
     distinct steps computed where a collective repeats one (flowlet salts, broadcast);
-    ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated)."""
+    ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated);
+    ``seed``: the placement, the permutation and the all-to-all sample; ``hash_salt``: the flow
+    hash's salt (0, the default: the RoCE transport's own per-connection planes and values)."""
     routing, collective = _checked(routing, qps, size_bytes, collective)
     if network is None:
         if g is None:
@@ -830,11 +836,11 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
     job = job or make_job(g, hosts, placement, seed, network=net)
     distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
                      routing=routing, exact_pairs=exact_pairs)
-    results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, seed, switch_latency_us, watch,
+    results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                         salt=st.salt, scale=st.scale) for st in distinct]
     error = 0.0
     if distinct and distinct[0].scale > 1:     # a sampled all-to-all: the error from independent samples
-        more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, seed + k, switch_latency_us, watch,
+        more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                          scale=x.scale, rates=routing == "adaptive")
                 for k in (1, 2, 3)
                 for x in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed + k, rails=s.rails,
@@ -887,7 +893,7 @@ class JobSpec:
 
 def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: set | None = None,
              max_steps: int = 16, switch_latency_us: float = 1.0, network: Network | None = None,
-             exact_pairs: int = EXACT_PAIRS) -> list[ModelResult]:
+             exact_pairs: int = EXACT_PAIRS, hash_salt: int = 0) -> list[ModelResult]:
     """Several jobs at once, each with its own ranks, collective and routing, plus background
     traffic. Each step of a job is modelled with the first (steady) step of every other job
     and every background job on the fabric at the same time (jobs of different lengths
@@ -918,7 +924,7 @@ def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: se
             for k, (o, o_routing, _c, _j, o_steps, o_base) in enumerate(specs):
                 if k != i:
                     parts.append((o_steps[0], o_routing, o.qps, o_base, False))
-            results.append(_shared_step(net, union, parts, seed, switch_latency_us))
+            results.append(_shared_step(net, union, parts, hash_salt, switch_latency_us))
         total = sum(x.multiplicity * r.time_s for x, r in zip(st, results, strict=True))
         for x, r in zip(st, results, strict=True):
             r.multiplicity = x.multiplicity
