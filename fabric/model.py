@@ -283,33 +283,44 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     rates = np.full(n_flows, np.inf)
     if not len(flow_idx):
         return rates
-    order = np.argsort(flow_idx, kind="stable")
-    f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
+    if (np.diff(flow_idx) >= 0).all():            # already grouped by flow (the callers' entries are)
+        lk, w = link_idx, weight.astype(float)
+        f = flow_idx
+    else:
+        order = np.argsort(flow_idx, kind="stable")
+        f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
     residual = cap.astype(float).copy()
     n_links = len(cap)
+    starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+    counts = np.diff(np.r_[starts, len(f)])
+    fid = f[starts]                               # per unfrozen flow (in flow order): its id
+    owner = np.repeat(np.arange(len(starts)), counts)     # per entry: its flow's position
     for _ in range(n_flows + 1):
-        if not len(f):
+        if not len(lk):
             break
         load = np.bincount(lk, weights=w, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(load > 0, np.maximum(residual, 0.0) / load, np.inf)
         e_share = share[lk]
-        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
-        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow (in flow order)
-        owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
-        lmin = np.full(n_links, np.inf)
-        np.minimum.at(lmin, lk, fmin[owner])
-        bottleneck = share <= lmin * (1 + 1e-12)
-        hit = np.zeros(len(starts), dtype=bool)
-        hit[owner[bottleneck[lk] & (w > 0)]] = True
+        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow: its least share
+        e_fmin = fmin[owner]
+        # a link is a bottleneck when no flow crossing it has a smaller share elsewhere:
+        # share <= min(fmin) (1 + 1e-12) over its flows, i.e. no entry with fmin (1 + 1e-12) < share
+        not_bottleneck = np.zeros(n_links, dtype=bool)
+        not_bottleneck[lk[e_fmin * (1 + 1e-12) < e_share]] = True
+        hit = np.zeros(len(fid), dtype=bool)
+        hit[owner[~not_bottleneck[lk] & (w > 0)]] = True
         if not hit.any():
             break
-        ids = f[starts]
-        rates[ids[hit]] = fmin[hit]
+        rates[fid[hit]] = fmin[hit]
         frozen = hit[owner]
-        residual -= np.bincount(lk[frozen], weights=w[frozen] * fmin[owner[frozen]], minlength=n_links)
+        residual -= np.bincount(lk[frozen], weights=w[frozen] * e_fmin[frozen], minlength=n_links)
         keep = ~frozen
-        f, lk, w = f[keep], lk[keep], w[keep]
+        lk, w = lk[keep], w[keep]
+        left = ~hit
+        owner = (np.cumsum(left) - 1)[owner[keep]]
+        fid, counts = fid[left], counts[left]
+        starts = np.r_[0, np.cumsum(counts)[:-1]]
     return rates
 
 
@@ -572,26 +583,32 @@ def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
     return np.asarray(plane, dtype=np.int64), np.asarray(j, dtype=np.int64)
 
 
-def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray, np.ndarray]:
+def _paths(net: Network, leaf, up, down, a, b, plane, value,
+           switch_latency_us: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
-    (links (m, MAX_HOPS + 2), -1 padded; live (m,))."""
+    (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
+    latency (m,): propagation delay plus ``switch_latency_us`` per switch). Each distinct
+    (source leaf, destination leaf, source port) is walked once."""
     sl, dl = leaf[a, plane], leaf[b, plane]
     width = net.emap.width
     key = (sl * len(net.fwd.leaves) + dl) << width | entropy_sports(net, a, b, plane, value)
     uniq, inv = np.unique(key, return_inverse=True)
     v = uniq & ((1 << width) - 1)
     pair = uniq >> width
-    mid, ok = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
-    mid, ok = mid[inv], ok[inv]
+    mid_u, ok_u = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
+    valid_u = mid_u >= 0
+    hops_u = valid_u.sum(axis=1)
+    delay_u = np.where(valid_u, net.delay_us[np.maximum(mid_u, 0)], 0.0).sum(axis=1)
+    mid, ok, hops = mid_u[inv], ok_u[inv], hops_u[inv]
     u, d = up[a, plane], down[b, plane]
     links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
     links[:, 0] = u
     links[:, 1:MAX_HOPS + 1] = mid
-    hops = (mid >= 0).sum(axis=1)
     links[np.arange(len(a)), hops + 1] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
-    return links, live
+    latency = net.delay_us[u] + delay_u[inv] + net.delay_us[d] + (hops + 1) * switch_latency_us
+    return links, live, mid, latency
 
 
 def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -599,12 +616,23 @@ def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[
     return owner[rows], links[rows, cols], weight[rows]
 
 
-def _latency_us(net: Network, links: np.ndarray, switch_latency_us: float) -> float:
-    if not len(links):
-        return 0.0
-    valid = links >= 0
-    delay = np.where(valid, net.delay_us[np.maximum(links, 0)], 0.0).sum(axis=1)
-    return float((delay + (valid.sum(axis=1) - 1) * switch_latency_us).max())
+def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.ndarray, live: np.ndarray,
+                   mid: np.ndarray, planes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries (pair, link, weight) of pairs spraying evenly over their live paths (``live``, ``mid``:
+    per pair, plane and value; every pair has one at least): a path's leaf-to-leaf links carry
+    1/L of the pair (L its live paths); a plane's host links, shared by its n live paths, are
+    one entry of weight n/L each (the same loads as one entry per path, fewer entries)."""
+    m = len(src)
+    lv = live.reshape(m, planes, -1)
+    cnt = lv.sum(axis=2)                                   # (pair, plane): live paths
+    total = cnt.sum(axis=1).astype(float)
+    host = np.concatenate([up[src], down[dst]], axis=1)   # (pair, 2 planes)
+    host = np.where(np.tile(cnt, 2) > 0, host, -1)
+    inner = np.where(lv.reshape(m, -1, 1), mid.reshape(m, lv.shape[1] * lv.shape[2], -1), -1).reshape(m, -1)
+    table = np.concatenate([host, inner], axis=1)
+    rows, cols = np.nonzero(table >= 0)
+    share = np.where(cols < 2 * planes, cnt[rows, cols % planes], 1) / total[rows]
+    return rows, table[rows, cols].astype(np.int64), share
 
 
 def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
@@ -630,26 +658,26 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         size = np.repeat(nbytes, qps) * 8 / qps
         plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
         idx = plane * nv + j
-        links, live = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv)
+        links, live, _mid, lat = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
-            lk, lv = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv)
-            links[bad], live[bad] = lk, lv
+            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us)
+            links[bad], live[bad], lat[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
         links, size = links[live], size[live]
         hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
         f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
-        return RoutedStep(f, lk, w, size, _latency_us(net, links, switch_latency_us), int(dead.sum()),
+        return RoutedStep(f, lk, w, size, float(lat[live].max(initial=0.0)), int(dead.sum()),
                           stalled_pairs, hit)
     # spray / adaptive: every (plane, entropy value) path of each pair
     m = len(src)
     a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
     j = np.tile(np.arange(n_paths), m)
-    links, live = _paths(net, leaf, up, down, a, b, j // nv, j % nv)
+    links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us)
     per_pair = live.reshape(m, n_paths).sum(axis=1)
     dead_pair = per_pair == 0
     stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(src[dead_pair], dst[dead_pair], strict=True)})
@@ -657,18 +685,19 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     ok_pair = ~dead_pair
     renum = np.cumsum(ok_pair) - 1               # live pairs renumbered 0..
     sel = live & ok_pair[pair_idx]
-    links, owner = links[sel], renum[pair_idx[sel]]
+    lat = float(lat_all[sel].max(initial=0.0))
+    size_pair = nbytes[ok_pair] * 8
     hit = 0
     if watch_arr is not None:
-        on = np.isin(links, watch_arr).any(axis=1)
-        hit = int(np.unique(owner[on]).size) * qps
-    lat = _latency_us(net, links, switch_latency_us)
-    size_pair = nbytes[ok_pair] * 8
+        on = np.isin(links[sel], watch_arr).any(axis=1)
+        hit = int(np.unique(renum[pair_idx[sel]][on]).size) * qps
     if routing == "spray":
-        w = 1.0 / per_pair[ok_pair][owner]
-        f, lk, ww = _entries(links, owner, w)
+        rows = np.repeat(ok_pair, n_paths)
+        f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], src[ok_pair], dst[ok_pair], live[rows],
+                                   mid[rows], planes)
         return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
                           per_flow_connections=qps)
+    links, owner = links[sel], renum[pair_idx[sel]]
     sub = np.arange(len(links))
     f, lk, ww = _entries(links, sub, np.ones(len(links)))
     return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, conn=owner,
