@@ -289,12 +289,19 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     else:
         order = np.argsort(flow_idx, kind="stable")
         f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
-    residual = cap.astype(float).copy()
-    n_links = len(cap)
+    # only the links the entries cross, renumbered (and again as they drain): every per-link
+    # array of a round is as short as the links still shared
+    used = np.flatnonzero(np.bincount(lk, minlength=len(cap)))
+    local = np.zeros(len(cap), dtype=np.int64)
+    local[used] = np.arange(len(used))
+    lk = local[lk]
+    residual = cap[used].astype(float)
+    n_links = len(used)
     starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
     counts = np.diff(np.r_[starts, len(f)])
     fid = f[starts]                               # per unfrozen flow (in flow order): its id
     owner = np.repeat(np.arange(len(starts)), counts)     # per entry: its flow's position
+    lk_prev = lk
     for _ in range(n_flows + 1):
         if not len(lk):
             break
@@ -321,6 +328,11 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
         owner = (np.cumsum(left) - 1)[owner[keep]]
         fid, counts = fid[left], counts[left]
         starts = np.r_[0, np.cumsum(counts)[:-1]]
+        if 4 * len(lk) < 3 * len(lk_prev):          # a quarter of the entries gone: drop the drained links
+            on = np.bincount(lk, minlength=n_links) > 0
+            local = np.cumsum(on) - 1
+            lk, residual, n_links = local[lk], residual[on], int(on.sum())
+            lk_prev = lk
     return rates
 
 
