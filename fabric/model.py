@@ -78,7 +78,7 @@ import numpy as np
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
 from .model_forwarding import MAX_HOPS, Forwarding
-from .transport.entropy import connection_path, connection_value, flow_hash
+from .transport.entropy import connection_offset, connection_path, connection_value, flow_hash
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                      "incast", "permutation")
@@ -595,16 +595,19 @@ def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
     return np.asarray(plane, dtype=np.int64), np.asarray(j, dtype=np.int64)
 
 
-def _paths(net: Network, leaf, up, down, a, b, plane, value,
-           switch_latency_us: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: float = 0.0, *,
+           sports: np.ndarray | None = None, full: bool = True) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
     (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
     latency (m,): propagation delay plus ``switch_latency_us`` per switch). Each distinct
-    (source leaf, destination leaf, source port) is walked once."""
+    (source leaf, destination leaf, source port) is walked once. ``sports``: the sub-flows'
+    :func:`entropy_sports`, when the caller has them; ``full=False``: no full paths (None)."""
     sl, dl = leaf[a, plane], leaf[b, plane]
     width = net.emap.width
-    key = (sl * len(net.fwd.leaves) + dl) << width | entropy_sports(net, a, b, plane, value)
+    if sports is None:
+        sports = entropy_sports(net, a, b, plane, value)
+    key = (sl * len(net.fwd.leaves) + dl) << width | sports
     uniq, inv = np.unique(key, return_inverse=True)
     v = uniq & ((1 << width) - 1)
     pair = uniq >> width
@@ -614,10 +617,12 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value,
     delay_u = np.where(valid_u, net.delay_us[np.maximum(mid_u, 0)], 0.0).sum(axis=1)
     mid, ok, hops = mid_u[inv], ok_u[inv], hops_u[inv]
     u, d = up[a, plane], down[b, plane]
-    links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
-    links[:, 0] = u
-    links[:, 1:MAX_HOPS + 1] = mid
-    links[np.arange(len(a)), hops + 1] = d
+    links = None
+    if full:
+        links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
+        links[:, 0] = u
+        links[:, 1:MAX_HOPS + 1] = mid
+        links[np.arange(len(a)), hops + 1] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
     latency = net.delay_us[u] + delay_u[inv] + net.delay_us[d] + (hops + 1) * switch_latency_us
     return links, live, mid, latency
@@ -670,26 +675,32 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         size = np.repeat(nbytes, qps) * 8 / qps
         plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
         idx = plane * nv + j
-        links, live, _mid, lat = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
+        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
             lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us)
-            links[bad], live[bad], lat[bad] = lk, lv, lt
+            links[bad], live[bad], lat_row[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
         links, size = links[live], size[live]
         hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
         f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
-        return RoutedStep(f, lk, w, size, float(lat[live].max(initial=0.0)), int(dead.sum()),
+        return RoutedStep(f, lk, w, size, float(lat_row[live].max(initial=0.0)), int(dead.sum()),
                           stalled_pairs, hit)
     # spray / adaptive: every (plane, entropy value) path of each pair
     m = len(src)
     a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
     j = np.tile(np.arange(n_paths), m)
-    links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us)
+    u64 = np.uint64           # the pair's values on a plane: consecutive from one offset (connection_value)
+    offset = connection_offset(net.entropy_space, src[:, None].astype(u64), dst[:, None].astype(u64),
+                               np.arange(planes, dtype=u64)[None, :])
+    k = (offset[:, :, None] + np.arange(nv, dtype=u64)) % u64(net.entropy_space)
+    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64)
+    links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us,
+                                       sports=sports, full=routing == "adaptive" or watch_arr is not None)
     per_pair = live.reshape(m, n_paths).sum(axis=1)
     dead_pair = per_pair == 0
     stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(src[dead_pair], dst[dead_pair], strict=True)})
@@ -709,6 +720,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
                                    mid[rows], planes)
         return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
                           per_flow_connections=qps)
+    assert links is not None
     links, owner = links[sel], renum[pair_idx[sel]]
     sub = np.arange(len(links))
     f, lk, ww = _entries(links, sub, np.ones(len(links)))

@@ -14,13 +14,14 @@ computation it replaced, on small fabrics:
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pytest
 
 from hpnlab.fabric import collectives, graph, model, spec
 
-EXACT = dict(rel=1e-9)      # sums in another order: rounding only
+EXACT: dict[str, Any] = dict(rel=1e-9)      # sums in another order: rounding only
 
 
 @cache
