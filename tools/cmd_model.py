@@ -94,6 +94,12 @@ def _stalled(count: int, pairs: list) -> str:
             f"the collective never completes")
 
 
+def _rate(gbps: float) -> str:
+    """A connection rate for the table: one decimal, or three significant digits below 1 Gbit/s
+    (an all-to-all of 131,072 ranks gives each connection a few Mbit/s)."""
+    return f"{gbps:.1f}" if gbps >= 1 or gbps == 0 else f"{gbps:.3g}"
+
+
 def cmd_model(args) -> int:
     if args.study:
         from .cmd_fidelity import cmd_study
@@ -158,7 +164,7 @@ def cmd_model(args) -> int:
         corr_cols = f" {c['time_s'] * 1e6:>13.1f} {c['efficiency']:>8.1%}" if c else ""
         print(f"  {r.size_bytes:>12} {r.routing:>8} {r.time_s * 1e6:>12.1f} {r.algbw_gbs:>13.2f} "
               f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} "
-              f"{r.rate_gbps_mean:>13.1f} / {r.rate_gbps_min:<6.1f}{corr_cols}")
+              f"{_rate(r.rate_gbps_mean):>13} / {_rate(r.rate_gbps_min):<6}{corr_cols}")
     if corr is not model_corrections.NONE:
         print(f"# corrected ({args.corrections}): + {corr.ramp_rtts_per_step:g} x {corr.base_rtt_us:g} us per step "
               f"(rate ramp), re-sent {', '.join(f'{k} {v:.1%}' for k, v in corr.retx_fraction.items())}, "
