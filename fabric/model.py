@@ -279,7 +279,11 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     share is the least among the links its flows cross is a local bottleneck: freezing its
     flows elsewhere first could only raise the other links' shares, so progressive filling
     freezes them at exactly that share. Every round freezes the flows of every local bottleneck
-    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands)."""
+    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands).
+
+    First, links that can never fill are left out (:func:`_slack_entries`): the max-min
+    allocation is unique and a link it leaves unsaturated is nobody's bottleneck, so without
+    its constraint the allocation is the same (to rounding: the rounds may group differently)."""
     rates = np.full(n_flows, np.inf)
     if not len(flow_idx):
         return rates
@@ -289,6 +293,9 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     else:
         order = np.argsort(flow_idx, kind="stable")
         f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
+    keep0 = ~_slack_entries(f, lk, w, cap)
+    if not keep0.all():
+        f, lk, w = f[keep0], lk[keep0], w[keep0]
     # only the links the entries cross, renumbered (and again as they drain): every per-link
     # array of a round is as short as the links still shared
     used = np.flatnonzero(np.bincount(lk, minlength=len(cap)))
@@ -334,6 +341,31 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
             lk, residual, n_links = local[lk], residual[on], int(on.sum())
             lk_prev = lk
     return rates
+
+
+def _slack_entries(f: np.ndarray, lk: np.ndarray, w: np.ndarray, cap: np.ndarray) -> np.ndarray:
+    """Per entry (grouped by flow): whether its link can never fill, whatever max-min gives.
+
+    Bounds on every flow's max-min rate: at least ``lb`` = the least cap / load over its links
+    (progressive filling raises every flow together and a link cannot fill below cap / load);
+    at most ``ub`` = the least (cap - what the link's other flows take at their ``lb``) / w.
+    A link whose flows at their ``ub`` sum to less than its capacity (with a 1e-9 margin for
+    rounding) never fills. A flow keeps every entry when all of its links would go (it has a
+    bottleneck, so that cannot happen but by rounding)."""
+    starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+    owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
+    load = np.bincount(lk, weights=w, minlength=len(cap))
+    e_cap = cap[lk]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lb = np.minimum.reduceat(np.where(load[lk] > 0, e_cap / load[lk], np.inf), starts)
+        lb = np.where(np.isfinite(lb), lb, 0.0)
+        e_lb = w * lb[owner]
+        others = np.bincount(lk, weights=e_lb, minlength=len(cap))[lk] - e_lb
+        ub = np.minimum.reduceat(np.where(w > 0, np.maximum(e_cap - others, 0.0) / w, np.inf), starts)
+        demand = np.bincount(lk, weights=w * ub[owner], minlength=len(cap))
+    slack = (demand < cap * (1 - 1e-9))[lk]
+    kept = np.add.reduceat(~slack, starts) > 0
+    return slack & kept[owner]
 
 
 def drain_times(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, cap: np.ndarray,
