@@ -293,9 +293,6 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     else:
         order = np.argsort(flow_idx, kind="stable")
         f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
-    keep0 = ~_slack_entries(f, lk, w, cap)
-    if not keep0.all():
-        f, lk, w = f[keep0], lk[keep0], w[keep0]
     # only the links the entries cross, renumbered (and again as they drain): every per-link
     # array of a round is as short as the links still shared
     used = np.flatnonzero(np.bincount(lk, minlength=len(cap)))
@@ -309,7 +306,8 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     fid = f[starts]                               # per unfrozen flow (in flow order): its id
     owner = np.repeat(np.arange(len(starts)), counts)     # per entry: its flow's position
     lk_prev = lk
-    for _ in range(n_flows + 1):
+    cap_used = residual.copy()
+    for round_ in range(n_flows + 1):
         if not len(lk):
             break
         load = np.bincount(lk, weights=w, minlength=n_links)
@@ -330,10 +328,14 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
         frozen = hit[owner]
         residual -= np.bincount(lk[frozen], weights=w[frozen] * e_fmin[frozen], minlength=n_links)
         keep = ~frozen
+        if round_ == 0:      # the first round's shares bound every flow's rate from below
+            keep &= ~_slack_entries(lk, w, cap_used, starts, owner, e_fmin)
         lk, w = lk[keep], w[keep]
         left = ~hit
         owner = (np.cumsum(left) - 1)[owner[keep]]
         fid, counts = fid[left], counts[left]
+        if round_ == 0:
+            counts = np.bincount(owner, minlength=len(fid))
         starts = np.r_[0, np.cumsum(counts)[:-1]]
         if 4 * len(lk) < 3 * len(lk_prev):          # a quarter of the entries gone: drop the drained links
             on = np.bincount(lk, minlength=n_links) > 0
@@ -343,25 +345,22 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     return rates
 
 
-def _slack_entries(f: np.ndarray, lk: np.ndarray, w: np.ndarray, cap: np.ndarray) -> np.ndarray:
-    """Per entry (grouped by flow): whether its link can never fill, whatever max-min gives.
+def _slack_entries(lk: np.ndarray, w: np.ndarray, cap: np.ndarray, starts: np.ndarray, owner: np.ndarray,
+                   e_lb: np.ndarray) -> np.ndarray:
+    """Per entry (grouped by flow, ``starts``/``owner``): whether its link can never fill,
+    whatever max-min gives.
 
-    Bounds on every flow's max-min rate: at least ``lb`` = the least cap / load over its links
-    (progressive filling raises every flow together and a link cannot fill below cap / load);
-    at most ``ub`` = the least (cap - what the link's other flows take at their ``lb``) / w.
-    A link whose flows at their ``ub`` sum to less than its capacity (with a 1e-9 margin for
-    rounding) never fills. A flow keeps every entry when all of its links would go (it has a
-    bottleneck, so that cannot happen but by rounding)."""
-    starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
-    owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
-    load = np.bincount(lk, weights=w, minlength=len(cap))
-    e_cap = cap[lk]
+    Bounds on every flow's max-min rate: at least ``lb`` (``e_lb`` per entry: the least
+    cap / load over its links, the first round's shares: progressive filling raises every flow
+    together and a link cannot fill below cap / load); at most ``ub`` = the least (cap - what
+    the link's other flows take at their ``lb``) / w. A link whose flows at their ``ub`` sum to
+    less than its capacity (with a 1e-9 margin for rounding) never fills. A flow keeps every
+    entry when all of its links would go (it has a bottleneck, so that cannot happen but by
+    rounding)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        lb = np.minimum.reduceat(np.where(load[lk] > 0, e_cap / load[lk], np.inf), starts)
-        lb = np.where(np.isfinite(lb), lb, 0.0)
-        e_lb = w * lb[owner]
-        others = np.bincount(lk, weights=e_lb, minlength=len(cap))[lk] - e_lb
-        ub = np.minimum.reduceat(np.where(w > 0, np.maximum(e_cap - others, 0.0) / w, np.inf), starts)
+        take = np.where(np.isfinite(e_lb), w * e_lb, 0.0)
+        others = np.bincount(lk, weights=take, minlength=len(cap))[lk] - take
+        ub = np.minimum.reduceat(np.where(w > 0, np.maximum(cap[lk] - others, 0.0) / w, np.inf), starts)
         demand = np.bincount(lk, weights=w * ub[owner], minlength=len(cap))
     slack = (demand < cap * (1 - 1e-9))[lk]
     kept = np.add.reduceat(~slack, starts) > 0

@@ -127,9 +127,11 @@ def test_aggregated_spray_entries_load_and_share_links_as_one_entry_per_path(pre
 
 def test_a_link_that_cannot_fill_is_left_out_and_the_rates_stay():
     # flows 0 and 1 share link 0 (10 Gbit/s); flow 0 also crosses link 1 (100): at most 10 on it
-    f, lk, w = np.array([0, 0, 1]), np.array([0, 1, 0]), np.ones(3)
+    lk, w = np.array([0, 1, 0]), np.ones(3)
     cap = np.array([10.0, 100.0])
-    assert model._slack_entries(f, lk, w, cap).tolist() == [False, True, False]
+    starts, owner, lb = np.array([0, 2]), np.array([0, 0, 1]), np.array([5.0, 5.0, 5.0])   # lb: cap / load
+    assert model._slack_entries(lk, w, cap, starts, owner, lb).tolist() == [False, True, False]
+    f = np.array([0, 0, 1])
     assert model.max_min_rates(f, lk, w, cap, 2).tolist() == [5.0, 5.0]
 
 
@@ -141,7 +143,12 @@ def test_sprayed_steps_leave_links_out_and_keep_the_earlier_rates(preset):
     src = np.arange(job.n)
     dst = np.array(collectives.random_perm(job.n, 5))
     r = model.route_step(net, job, (src, dst), 1e6, "spray", 1)
-    assert model._slack_entries(r.flow_idx, r.link_idx, r.weight, net.cap).any()
+    f, lk, w = r.flow_idx, r.link_idx, r.weight
+    starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+    owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
+    load = np.bincount(lk, weights=w, minlength=net.n_links)
+    lb = np.minimum.reduceat(net.cap[lk] / load[lk], starts)[owner]
+    assert model._slack_entries(lk, w, net.cap, starts, owner, lb).any()
     n = len(r.size_bits)
     assert model.max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, n) == pytest.approx(
         earlier_max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, n), **EXACT)
