@@ -69,7 +69,7 @@ def scale(presets: list[str], qps: int, rev: str | None) -> None:
                 for routing in names:
                     r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing], placement="random",
                                     qps=qps, network=net)
-                    print(f"  {label:<14} {coll:<12} {routing:<6} {t:6.1f} s wall {c:6.1f} s CPU  "
+                    print(f"  {label:<14} {coll:<12} {routing:<8} {t:6.1f} s wall {c:6.1f} s CPU  "
                           f"busbw {r.efficiency:6.1%}  {load()}", flush=True)
             if label == "now":
                 r, t, c = timed(model.run_collective, g, "all_to_all", SIZE, routing="flow", placement="random",
