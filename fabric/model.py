@@ -631,22 +631,17 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: 
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
     (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
-    latency (m,): propagation delay plus ``switch_latency_us`` per switch). Each distinct
-    (source leaf, destination leaf, source port) is walked once. ``sports``: the sub-flows'
+    latency (m,): propagation delay plus ``switch_latency_us`` per switch). ``sports``: the sub-flows'
     :func:`entropy_sports`, when the caller has them; ``full=False``: no full paths (None)."""
     sl, dl = leaf[a, plane], leaf[b, plane]
-    width = net.emap.width
     if sports is None:
         sports = entropy_sports(net, a, b, plane, value)
-    key = (sl * len(net.fwd.leaves) + dl) << width | sports
-    uniq, inv = np.unique(key, return_inverse=True)
-    v = uniq & ((1 << width) - 1)
-    pair = uniq >> width
-    mid_u, ok_u = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
-    valid_u = mid_u >= 0
-    hops_u = valid_u.sum(axis=1)
-    delay_u = np.where(valid_u, net.delay_us[np.maximum(mid_u, 0)], 0.0).sum(axis=1)
-    mid, ok, hops = mid_u[inv], ok_u[inv], hops_u[inv]
+    # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
+    # is distinct, and sorting them out first cost more than the walk it saved
+    mid, ok = net.fwd.walk(sl, dl, sports)
+    valid = mid >= 0
+    hops = valid.sum(axis=1)
+    delay = np.where(valid, net.delay_us[np.maximum(mid, 0)], 0.0).sum(axis=1)
     u, d = up[a, plane], down[b, plane]
     links = None
     if full:
@@ -655,7 +650,7 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: 
         links[:, 1:MAX_HOPS + 1] = mid
         links[np.arange(len(a)), hops + 1] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
-    latency = net.delay_us[u] + delay_u[inv] + net.delay_us[d] + (hops + 1) * switch_latency_us
+    latency = net.delay_us[u] + delay + net.delay_us[d] + (hops + 1) * switch_latency_us
     return links, live, mid, latency
 
 
