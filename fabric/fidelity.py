@@ -35,10 +35,12 @@ share of the gap it accounts for, and only causes that push the gap the way it g
     cpu           a generator rank near a full core (its measured CPU share), or the machine
                   loaded beyond its cores during the run (load average)
     collisions    per-flow hashing put connections on the same links in one world and not
-                  the other (both forward over the compiler's tables, but the model gives each
-                  connection its entropy value by its own hash where the transport binds its
-                  own source ports): the busiest leaf uplink over the mean, from the emulated
-                  uplinks' byte counters and from the model's first step, on the slower side
+                  the other: both forward over the compiler's tables and give each connection
+                  the same plane and entropy value (``transport.entropy.flow_hash`` and
+                  ``connection_path``, one function for both), so a difference comes from what
+                  the model does not follow -- a flowlet moving inside a step, a migration after
+                  loss: the busiest leaf uplink over the mean, from the emulated uplinks' byte
+                  counters and from the model's first step, on the slower side
 """
 from __future__ import annotations
 
@@ -271,8 +273,9 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
         sprayed = emulated.get("entropy") in ("spray", "adaptive")
         how = ("the model spreads a pair's bytes over every live path (spray: evenly, adaptive: max-min), the "
                "transport's packets took its entropy values unevenly" if sprayed
-               else "the model gives each connection its entropy value by its own hash, the transport by its own "
-                    "source ports")
+               else "both put each connection on the same plane and entropy value (one hash, "
+                    "transport.entropy.connection_path), so the packets left those paths unevenly in time "
+                    "(flowlets moving at gaps the model does not see, migrations after loss)")
         add("collisions", f"the busiest leaf uplink carried {imb:.2f}x the mean in the emulation and "
             f"{m_imb:.2f}x in the model: both forward over the compiler's tables, but {how}", None)
     if not causes:

@@ -16,12 +16,16 @@ Model
       different connections use different uplinks; source port ``EntropyMap.low_bits(k)``).
       tests/test_model_forwarding.py proves the paths equal the table interpreter's walks of
       the compiled tables, with and without failures.
-    * Entropy policies (``routing``), per rank pair with ``qps`` connections:
-        ``flow``     (alias ``ecmp``) each connection on one path, hashed from (pair,
-                     connection): per-flow ECMP; the same path for every step of the job.
-        ``flowlet``  as ``flow``, but a connection takes a new path at each step (a step's
-                     burst starts after an idle gap longer than the flowlet gap; inside a
-                     bulk step there is no such gap, so it keeps its path for the step).
+    * Entropy policies (``routing``), per rank pair with ``qps`` connections. Where per-flow
+      hashing puts a connection is the transport's own rule, one shared function
+      (``transport.entropy.flow_hash`` of the rank pair, ``transport.entropy.connection_path``):
+        ``flow``     (alias ``ecmp``) each connection on one path for every step of the job:
+                     with ``qps`` 1 the transport's ``flow`` policy (the pair's hash picks one
+                     path over every plane and value), else its ``ecmp`` policy (connection c
+                     pinned to plane c mod planes, its value on that plane hashed).
+        ``flowlet``  as ``flow``, but a connection moves to its plane's next value at each step
+                     (the transport's flowlets move after an idle gap longer than the flowlet
+                     gap, as between steps; inside a bulk step there is no such gap).
         ``spray``    every packet the next path in rotation over every plane and entropy
                      value: the pair's bytes split evenly over its live paths.
         ``adaptive`` a fluid approximation of REPS-like host-side adaptive routing: every
@@ -74,7 +78,7 @@ import numpy as np
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
 from .model_forwarding import MAX_HOPS, Forwarding
-from .transport.entropy import connection_value
+from .transport.entropy import connection_offset, connection_path, connection_value, flow_hash
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                      "incast", "permutation")
@@ -275,38 +279,92 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     share is the least among the links its flows cross is a local bottleneck: freezing its
     flows elsewhere first could only raise the other links' shares, so progressive filling
     freezes them at exactly that share. Every round freezes the flows of every local bottleneck
-    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands)."""
+    at once (exact; a few rounds where one-bottleneck-at-a-time filling took thousands).
+
+    First, links that can never fill are left out (:func:`_slack_entries`): the max-min
+    allocation is unique and a link it leaves unsaturated is nobody's bottleneck, so without
+    its constraint the allocation is the same (to rounding: the rounds may group differently)."""
     rates = np.full(n_flows, np.inf)
     if not len(flow_idx):
         return rates
-    order = np.argsort(flow_idx, kind="stable")
-    f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
-    residual = cap.astype(float).copy()
-    n_links = len(cap)
-    for _ in range(n_flows + 1):
-        if not len(f):
+    if (np.diff(flow_idx) >= 0).all():            # already grouped by flow (the callers' entries are)
+        lk, w = link_idx, weight.astype(float)
+        f = flow_idx
+    else:
+        order = np.argsort(flow_idx, kind="stable")
+        f, lk, w = flow_idx[order], link_idx[order], weight[order].astype(float)
+    # only the links the entries cross, renumbered (and again as they drain): every per-link
+    # array of a round is as short as the links still shared
+    used = np.flatnonzero(np.bincount(lk, minlength=len(cap)))
+    local = np.zeros(len(cap), dtype=np.int64)
+    local[used] = np.arange(len(used))
+    lk = local[lk]
+    residual = cap[used].astype(float)
+    n_links = len(used)
+    starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
+    counts = np.diff(np.r_[starts, len(f)])
+    fid = f[starts]                               # per unfrozen flow (in flow order): its id
+    owner = np.repeat(np.arange(len(starts)), counts)     # per entry: its flow's position
+    lk_prev = lk
+    cap_used = residual.copy()
+    for round_ in range(n_flows + 1):
+        if not len(lk):
             break
         load = np.bincount(lk, weights=w, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(load > 0, np.maximum(residual, 0.0) / load, np.inf)
         e_share = share[lk]
-        starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
-        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow (in flow order)
-        owner = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(f)]))
-        lmin = np.full(n_links, np.inf)
-        np.minimum.at(lmin, lk, fmin[owner])
-        bottleneck = share <= lmin * (1 + 1e-12)
-        hit = np.zeros(len(starts), dtype=bool)
-        hit[owner[bottleneck[lk] & (w > 0)]] = True
+        fmin = np.minimum.reduceat(e_share, starts)           # per unfrozen flow: its least share
+        e_fmin = fmin[owner]
+        # a link is a bottleneck when no flow crossing it has a smaller share elsewhere:
+        # share <= min(fmin) (1 + 1e-12) over its flows, i.e. no entry with fmin (1 + 1e-12) < share
+        not_bottleneck = np.zeros(n_links, dtype=bool)
+        not_bottleneck[lk[e_fmin * (1 + 1e-12) < e_share]] = True
+        hit = np.zeros(len(fid), dtype=bool)
+        hit[owner[~not_bottleneck[lk] & (w > 0)]] = True
         if not hit.any():
             break
-        ids = f[starts]
-        rates[ids[hit]] = fmin[hit]
+        rates[fid[hit]] = fmin[hit]
         frozen = hit[owner]
-        residual -= np.bincount(lk[frozen], weights=w[frozen] * fmin[owner[frozen]], minlength=n_links)
+        residual -= np.bincount(lk[frozen], weights=w[frozen] * e_fmin[frozen], minlength=n_links)
         keep = ~frozen
-        f, lk, w = f[keep], lk[keep], w[keep]
+        if round_ == 0:      # the first round's shares bound every flow's rate from below
+            keep &= ~_slack_entries(lk, w, cap_used, starts, owner, e_fmin)
+        lk, w = lk[keep], w[keep]
+        left = ~hit
+        owner = (np.cumsum(left) - 1)[owner[keep]]
+        fid, counts = fid[left], counts[left]
+        if round_ == 0:
+            counts = np.bincount(owner, minlength=len(fid))
+        starts = np.r_[0, np.cumsum(counts)[:-1]]
+        if 4 * len(lk) < 3 * len(lk_prev):          # a quarter of the entries gone: drop the drained links
+            on = np.bincount(lk, minlength=n_links) > 0
+            local = np.cumsum(on) - 1
+            lk, residual, n_links = local[lk], residual[on], int(on.sum())
+            lk_prev = lk
     return rates
+
+
+def _slack_entries(lk: np.ndarray, w: np.ndarray, cap: np.ndarray, starts: np.ndarray, owner: np.ndarray,
+                   e_lb: np.ndarray) -> np.ndarray:
+    """Per entry (grouped by flow, ``starts``/``owner``): whether its link can never fill,
+    whatever max-min gives.
+
+    Bounds on every flow's max-min rate: at least ``lb`` (``e_lb`` per entry: the least
+    cap / load over its links, the first round's shares: progressive filling raises every flow
+    together and a link cannot fill below cap / load); at most ``ub`` = the least (cap - what
+    the link's other flows take at their ``lb``) / w. A link whose flows at their ``ub`` sum to
+    less than its capacity (with a 1e-9 margin for rounding) never fills. A flow keeps every
+    entry when all of its links would go (it has a bottleneck, so that cannot happen but by
+    rounding)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        take = np.where(np.isfinite(e_lb), w * e_lb, 0.0)
+        others = np.bincount(lk, weights=take, minlength=len(cap))[lk] - take
+        ub = np.minimum.reduceat(np.where(w > 0, np.maximum(cap[lk] - others, 0.0) / w, np.inf), starts)
+        demand = np.bincount(lk, weights=w * ub[owner], minlength=len(cap))
+    slack = (demand < cap * (1 - 1e-9))[lk]
+    kept = np.add.reduceat(~slack, starts) > 0
+    return slack & kept[owner]
 
 
 def drain_times(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, cap: np.ndarray,
@@ -503,26 +561,6 @@ def ranks_in_collective(collective: str, job: Job, rails: int) -> int:
 
 # ---- one step on the network -----------------------------------------------------------
 
-_M1, _M2, _M3 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a well-spread 64-bit hash of each element (a switch's or NIC's
-    flow hash stand-in; vectorised)."""
-    x = x.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + _M3
-        x = (x ^ (x >> np.uint64(30))) * _M1
-        x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
-
-
-def flow_hash(src: np.ndarray, dst: np.ndarray, conn: np.ndarray, salt: int, seed: int) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return _mix(_mix(src.astype(np.uint64) * np.uint64(0x100000001) + dst.astype(np.uint64))
-                    ^ (conn.astype(np.uint64) * _M3) ^ np.uint64((salt << 20) ^ seed))
-
-
 @dataclass
 class StepResult:
     time_s: float                # inf when a connection has no path: the step never completes
@@ -574,26 +612,46 @@ def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
     return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64)
 
 
-def _paths(net: Network, leaf, up, down, a, b, plane, value) -> tuple[np.ndarray, np.ndarray]:
+def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
+                      hash_salt: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Per-flow hashing of connection ``conn`` (of ``qps``) from rank a to rank b, as the RoCE
+    transport does it (``transport.entropy.flow_hash`` and ``connection_path``, the same
+    functions; ``hash_salt`` 0): (plane, number of the connection's entropy value on that
+    plane, below ``entropy_values``), int64 arrays. ``moves``: a flowlet's moves so far."""
+    u64 = np.uint64
+    shape = np.broadcast(a, b, conn).shape
+    a, b, conn = (np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64) for x in (a, b, conn))
+    h = flow_hash(a, b, u64(hash_salt))
+    plane, j = connection_path(h, conn, qps, net.s.planes, net.entropy_values, moves)
+    return np.asarray(plane, dtype=np.int64), np.asarray(j, dtype=np.int64)
+
+
+def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: float = 0.0, *,
+           sports: np.ndarray | None = None, full: bool = True) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
-    (links (m, MAX_HOPS + 2), -1 padded; live (m,))."""
+    (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
+    latency (m,): propagation delay plus ``switch_latency_us`` per switch). ``sports``: the sub-flows'
+    :func:`entropy_sports`, when the caller has them; ``full=False``: no full paths (None)."""
     sl, dl = leaf[a, plane], leaf[b, plane]
-    width = net.emap.width
-    key = (sl * len(net.fwd.leaves) + dl) << width | entropy_sports(net, a, b, plane, value)
-    uniq, inv = np.unique(key, return_inverse=True)
-    v = uniq & ((1 << width) - 1)
-    pair = uniq >> width
-    mid, ok = net.fwd.walk(pair // len(net.fwd.leaves), pair % len(net.fwd.leaves), v)
-    mid, ok = mid[inv], ok[inv]
+    if sports is None:
+        sports = entropy_sports(net, a, b, plane, value)
+    # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
+    # is distinct, and sorting them out first cost more than the walk it saved
+    mid, ok = net.fwd.walk(sl, dl, sports)
+    valid = mid >= 0
+    hops = valid.sum(axis=1)
+    delay = np.where(valid, net.delay_us[np.maximum(mid, 0)], 0.0).sum(axis=1)
     u, d = up[a, plane], down[b, plane]
-    links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
-    links[:, 0] = u
-    links[:, 1:MAX_HOPS + 1] = mid
-    hops = (mid >= 0).sum(axis=1)
-    links[np.arange(len(a)), hops + 1] = d
+    links = None
+    if full:
+        links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
+        links[:, 0] = u
+        links[:, 1:MAX_HOPS + 1] = mid
+        links[np.arange(len(a)), hops + 1] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
-    return links, live
+    latency = net.delay_us[u] + delay + net.delay_us[d] + (hops + 1) * switch_latency_us
+    return links, live, mid, latency
 
 
 def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -601,18 +659,30 @@ def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[
     return owner[rows], links[rows, cols], weight[rows]
 
 
-def _latency_us(net: Network, links: np.ndarray, switch_latency_us: float) -> float:
-    if not len(links):
-        return 0.0
-    valid = links >= 0
-    delay = np.where(valid, net.delay_us[np.maximum(links, 0)], 0.0).sum(axis=1)
-    return float((delay + (valid.sum(axis=1) - 1) * switch_latency_us).max())
+def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.ndarray, live: np.ndarray,
+                   mid: np.ndarray, planes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries (pair, link, weight) of pairs spraying evenly over their live paths (``live``, ``mid``:
+    per pair, plane and value; every pair has one at least): a path's leaf-to-leaf links carry
+    1/L of the pair (L its live paths); a plane's host links, shared by its n live paths, are
+    one entry of weight n/L each (the same loads as one entry per path, fewer entries)."""
+    m = len(src)
+    lv = live.reshape(m, planes, -1)
+    cnt = lv.sum(axis=2)                                   # (pair, plane): live paths
+    total = cnt.sum(axis=1).astype(float)
+    host = np.concatenate([up[src], down[dst]], axis=1)   # (pair, 2 planes)
+    host = np.where(np.tile(cnt, 2) > 0, host, -1)
+    inner = np.where(lv.reshape(m, -1, 1), mid.reshape(m, lv.shape[1] * lv.shape[2], -1), -1).reshape(m, -1)
+    table = np.concatenate([host, inner], axis=1)
+    rows, cols = np.nonzero(table >= 0)
+    share = np.where(cols < 2 * planes, cnt[rows, cols % planes], 1) / total[rows]
+    return rows, table[rows, cols].astype(np.int64), share
 
 
 def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
                rnd: random.Random | int = 0, switch_latency_us: float = 0.0, watch: AbstractSet[int] = frozenset(),
                salt: int = 0) -> RoutedStep:
     """Route one step's connections (see the module docstring for the entropy policies).
+    ``rnd``: the flow-hash salt (0: the RoCE transport's own hash, ``transport.entropy.flow_hash``).
     ``watch``: directed link ids whose failure is being studied; ``hit`` counts the connections
     with a path over one of them. A pair with no live path on any plane is counted and listed."""
     routing = routing_name(routing)
@@ -629,27 +699,34 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         a, b = np.repeat(src, qps), np.repeat(dst, qps)
         conn = np.tile(np.arange(qps), len(src))
         size = np.repeat(nbytes, qps) * 8 / qps
-        idx = (flow_hash(a, b, conn, salt if routing == "flowlet" else 0, seed) % np.uint64(n_paths)).astype(np.int64)
-        links, live = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv)
+        plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
+        idx = plane * nv + j
+        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
-            lk, lv = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv)
-            links[bad], live[bad] = lk, lv
+            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us)
+            links[bad], live[bad], lat_row[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
         links, size = links[live], size[live]
         hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
         f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
-        return RoutedStep(f, lk, w, size, _latency_us(net, links, switch_latency_us), int(dead.sum()),
+        return RoutedStep(f, lk, w, size, float(lat_row[live].max(initial=0.0)), int(dead.sum()),
                           stalled_pairs, hit)
     # spray / adaptive: every (plane, entropy value) path of each pair
     m = len(src)
     a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
     j = np.tile(np.arange(n_paths), m)
-    links, live = _paths(net, leaf, up, down, a, b, j // nv, j % nv)
+    u64 = np.uint64           # the pair's values on a plane: consecutive from one offset (connection_value)
+    offset = connection_offset(net.entropy_space, src[:, None].astype(u64), dst[:, None].astype(u64),
+                               np.arange(planes, dtype=u64)[None, :])
+    k = (offset[:, :, None] + np.arange(nv, dtype=u64)) % u64(net.entropy_space)
+    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64)
+    links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us,
+                                       sports=sports, full=routing == "adaptive" or watch_arr is not None)
     per_pair = live.reshape(m, n_paths).sum(axis=1)
     dead_pair = per_pair == 0
     stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(src[dead_pair], dst[dead_pair], strict=True)})
@@ -657,18 +734,20 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     ok_pair = ~dead_pair
     renum = np.cumsum(ok_pair) - 1               # live pairs renumbered 0..
     sel = live & ok_pair[pair_idx]
-    links, owner = links[sel], renum[pair_idx[sel]]
+    lat = float(lat_all[sel].max(initial=0.0))
+    size_pair = nbytes[ok_pair] * 8
     hit = 0
     if watch_arr is not None:
-        on = np.isin(links, watch_arr).any(axis=1)
-        hit = int(np.unique(owner[on]).size) * qps
-    lat = _latency_us(net, links, switch_latency_us)
-    size_pair = nbytes[ok_pair] * 8
+        on = np.isin(links[sel], watch_arr).any(axis=1)
+        hit = int(np.unique(renum[pair_idx[sel]][on]).size) * qps
     if routing == "spray":
-        w = 1.0 / per_pair[ok_pair][owner]
-        f, lk, ww = _entries(links, owner, w)
+        rows = np.repeat(ok_pair, n_paths)
+        f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], src[ok_pair], dst[ok_pair], live[rows],
+                                   mid[rows], planes)
         return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
                           per_flow_connections=qps)
+    assert links is not None
+    links, owner = links[sel], renum[pair_idx[sel]]
     sub = np.arange(len(links))
     f, lk, ww = _entries(links, sub, np.ones(len(links)))
     return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, conn=owner,
@@ -717,14 +796,17 @@ def _job_of(ranks: Sequence[tuple[str, int]] | Job) -> Job:
 
 def run_steps(g: nx.MultiGraph | Network, ranks: Sequence[tuple[str, int]] | Job, steps: Sequence[Any],
               routing: str = "flow", qps: int = 4, *, seed: int = 1, switch_latency_us: float = 1.0,
-              failed: set | None = None, entropy_values: int = ENTROPY_VALUES) -> list[StepResult]:
+              failed: set | None = None, entropy_values: int = ENTROPY_VALUES,
+              hash_salt: int = 0) -> list[StepResult]:
     """Run these synchronous steps on these ranks: one :class:`StepResult` per step, in order.
 
     ``g``: the fabric graph (a :class:`Network` is built with ``failed`` and ``entropy_values``)
     or a network; ``ranks``: (host, rail) per rank index, or a :class:`Job`; each step a
     :class:`Step` (its salt, scale and multiplicity kept) or (rank pairs, bytes per pair).
     Hashing as in a collective: ``flow`` keeps a connection's path for every step (one
-    ``seed``), ``flowlet`` hashes each step anew (the Step's salt, else the step's index).
+    ``hash_salt``; 0: the transport's hash), ``flowlet`` moves each connection to its plane's next
+    value each step (the Step's salt, else the step's index), as the transport's flowlets do
+    after the idle gap between steps. ``seed`` is unused (kept for callers).
     A step repeated exactly (same pairs, bytes and salt) is computed once."""
     net = g if isinstance(g, Network) else Network(g, failed, entropy_values=entropy_values)
     job = _job_of(ranks)
@@ -740,20 +822,21 @@ def run_steps(g: nx.MultiGraph | Network, ranks: Sequence[tuple[str, int]] | Job
         salt = salt if routing == "flowlet" else 0
         key = (np.asarray(src).tobytes(), np.asarray(dst).tobytes(), np.asarray(nbytes).tobytes(), salt, scale)
         if key not in done:
-            done[key] = run_step(net, job, (np.asarray(src), np.asarray(dst)), nbytes, routing, qps, seed,
+            done[key] = run_step(net, job, (np.asarray(src), np.asarray(dst)), nbytes, routing, qps, hash_salt,
                                  switch_latency_us, salt=salt, scale=scale)
         out.append(replace(done[key], multiplicity=mult))
     return out
 
 
 def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs, bytes_per_pair, routing: str,
-                    qps: int, *, seed: int = 1, salt: int = 0) -> np.ndarray:
+                    qps: int, *, seed: int = 1, salt: int = 0, hash_salt: int = 0) -> np.ndarray:
     """The bytes one step puts on every directed link (index: link id, ``net.link_ends`` names
     it), routed as :func:`run_steps` routes it. ``adaptive``: a pair's bytes split over its
     paths in proportion to their max-min sub-flow rates (what its rates, held for the step, carry)."""
     job = _job_of(ranks)
     routing = routing_name(routing)
-    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, seed, salt=salt if routing == "flowlet" else 0)
+    r = route_step(net, job, pairs, bytes_per_pair, routing, qps, hash_salt,
+                   salt=salt if routing == "flowlet" else 0)
     if r.conn is None:
         bits = r.weight * r.size_bits[r.flow_idx]
     else:
@@ -816,10 +899,12 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
                    network: Network | None = None, watch: AbstractSet[int] = frozenset(),
                    exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
-                   entropy_values: int = ENTROPY_VALUES) -> ModelResult:
+                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0) -> ModelResult:
     """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
     distinct steps computed where a collective repeats one (flowlet salts, broadcast);
-    ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated)."""
+    ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated);
+    ``seed``: the placement, the permutation and the all-to-all sample; ``hash_salt``: the flow
+    hash's salt (0, the default: the RoCE transport's own per-connection planes and values)."""
     routing, collective = _checked(routing, qps, size_bytes, collective)
     if network is None:
         if g is None:
@@ -830,11 +915,11 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
     job = job or make_job(g, hosts, placement, seed, network=net)
     distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
                      routing=routing, exact_pairs=exact_pairs)
-    results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, seed, switch_latency_us, watch,
+    results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                         salt=st.salt, scale=st.scale) for st in distinct]
     error = 0.0
     if distinct and distinct[0].scale > 1:     # a sampled all-to-all: the error from independent samples
-        more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, seed + k, switch_latency_us, watch,
+        more = [run_step(net, job, (x.src, x.dst), x.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                          scale=x.scale, rates=routing == "adaptive")
                 for k in (1, 2, 3)
                 for x in steps(collective, job, size_bytes, max_steps=max_steps, seed=seed + k, rails=s.rails,
@@ -887,7 +972,7 @@ class JobSpec:
 
 def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: set | None = None,
              max_steps: int = 16, switch_latency_us: float = 1.0, network: Network | None = None,
-             exact_pairs: int = EXACT_PAIRS) -> list[ModelResult]:
+             exact_pairs: int = EXACT_PAIRS, hash_salt: int = 0) -> list[ModelResult]:
     """Several jobs at once, each with its own ranks, collective and routing, plus background
     traffic. Each step of a job is modelled with the first (steady) step of every other job
     and every background job on the fabric at the same time (jobs of different lengths
@@ -918,7 +1003,7 @@ def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: se
             for k, (o, o_routing, _c, _j, o_steps, o_base) in enumerate(specs):
                 if k != i:
                     parts.append((o_steps[0], o_routing, o.qps, o_base, False))
-            results.append(_shared_step(net, union, parts, seed, switch_latency_us))
+            results.append(_shared_step(net, union, parts, hash_salt, switch_latency_us))
         total = sum(x.multiplicity * r.time_s for x, r in zip(st, results, strict=True))
         for x, r in zip(st, results, strict=True):
             r.multiplicity = x.multiplicity

@@ -75,6 +75,20 @@ HTSIM_100G = Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.277, retx_fracti
                          source="tools/bench_htsim.py --hosts 128 --fit (htsim_uec defaults, k=8 fat-tree, 100G)")
 
 
+#: the corrections ``hpnlab model --corrections`` offers, by name
+PRESETS: dict[str, Corrections] = {"htsim-100g": HTSIM_100G, "none": NONE}
+#: the default of ``hpnlab model``: the only constants measured against a packet-level peer
+DEFAULT_PRESET = "htsim-100g"
+
+
+def preset(name: str) -> Corrections:
+    """The named corrections (:data:`PRESETS`); bad names are one line."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise UserError(f"--corrections: choose from {', '.join(PRESETS)}, got {name!r}") from None
+
+
 def routing_kind(routing: str) -> str:
     if routing in PER_FLOW:
         return "per_flow"

@@ -77,3 +77,44 @@ def test_the_fit_recovers_the_constants_that_made_the_runs():
 def test_impossible_constants_are_one_user_error(bad):
     with pytest.raises(UserError):
         mc.Corrections(**bad)
+
+
+# ---- hpnlab model --corrections -------------------------------------------------------------------
+
+def _model_cli(capsys, monkeypatch, tmp_path, *extra: str) -> str:
+    from hpnlab.cli.main import main
+    monkeypatch.setenv("HPNLAB_CACHE", str(tmp_path))
+    assert main(["model", "mini-hpn", "-c", "all_reduce", "-b", "1M", "--routing", "flow,spray", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_model_command_reports_the_corrected_figures_beside_the_raw_ones(capsys, monkeypatch, tmp_path):
+    import json
+    doc = json.loads(_model_cli(capsys, monkeypatch, tmp_path, "--json"))
+    assert doc["corrections"]["name"] == mc.DEFAULT_PRESET
+    assert doc["corrections"]["source"] == mc.PRESETS[mc.DEFAULT_PRESET].source
+    g = graph.build(spec.load("mini-hpn"))
+    for row in doc["results"]:
+        raw = model.run_collective(g, "all_reduce", 1 << 20, routing=row["routing"], placement="random")
+        assert row["efficiency"] == pytest.approx(raw.efficiency, rel=1e-12)
+        want = mc.correct_result(raw, mc.PRESETS[mc.DEFAULT_PRESET])
+        assert row["corrected"]["efficiency"] == pytest.approx(want["efficiency"], rel=1e-12)
+        assert row["corrected"]["time_s"] > row["time_s"]          # every term adds a cost
+
+
+def test_the_table_shows_both_efficiencies_and_where_the_constants_were_fitted(capsys, monkeypatch, tmp_path):
+    out = _model_cli(capsys, monkeypatch, tmp_path)
+    assert "corrected us" in out and mc.HTSIM_100G.source in out
+
+
+def test_corrections_none_prints_the_raw_model_only(capsys, monkeypatch, tmp_path):
+    import json
+    out = _model_cli(capsys, monkeypatch, tmp_path, "--corrections", "none")
+    assert "corrected" not in out
+    doc = json.loads(_model_cli(capsys, monkeypatch, tmp_path, "--corrections", "none", "--json"))
+    assert all("corrected" not in row for row in doc["results"])
+
+
+def test_an_unknown_corrections_name_is_one_user_error():
+    with pytest.raises(UserError, match="htsim-100g"):
+        mc.preset("htsim-400g")

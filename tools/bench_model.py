@@ -4,7 +4,8 @@
 1. Scale: for each preset (default hpn-130k, 131,072 ranks), the time to build the fabric
    graph, to index it (the model's :class:`Network`: links, the compiler's routes and entropy
    tables as arrays), then a permutation (256 MiB per rank, random placement) and a ring
-   all-reduce, each with per-flow hashing (``flow``) and spraying (``spray``), and one
+   all-reduce, each with per-flow hashing (``flow``), spraying (``spray``) and, for today's
+   model, host-side adaptive routing (``adaptive``), and one
    all-to-all step sampled (its relative standard error printed). Wall and CPU time
    (``resource.getrusage``) beside each other, with the load average: the machine is shared.
 2. The same runs with the model as it was before (``--baseline REV``: ``fabric/model.py`` of
@@ -57,17 +58,18 @@ def scale(presets: list[str], qps: int, rev: str | None) -> None:
     for name in presets:
         g, t_build, c_build = timed(graph.build, spec.load(name))
         print(f"{name}: graph built in {t_build:.1f} s wall / {c_build:.1f} s CPU  {load()}", flush=True)
-        versions: list[tuple[str, Any, dict[str, str]]] = [("now", model, {"flow": "flow", "spray": "spray"})]
+        versions: list[tuple[str, Any, dict[str, str]]] = [
+            ("now", model, {"flow": "flow", "spray": "spray", "adaptive": "adaptive"})]
         if rev:
             versions.append((f"at {rev[:10]}", baseline_module(rev), {"flow": "ecmp", "spray": "spray"}))
         for label, mod, names in versions:
             net, t_ix, c_ix = timed(mod.Network, g)
             print(f"  {label:<14} index {t_ix:6.1f} s wall {c_ix:6.1f} s CPU  {load()}", flush=True)
             for coll in ("permutation", "all_reduce"):
-                for routing in ("flow", "spray"):
+                for routing in names:
                     r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing], placement="random",
                                     qps=qps, network=net)
-                    print(f"  {label:<14} {coll:<12} {routing:<6} {t:6.1f} s wall {c:6.1f} s CPU  "
+                    print(f"  {label:<14} {coll:<12} {routing:<8} {t:6.1f} s wall {c:6.1f} s CPU  "
                           f"busbw {r.efficiency:6.1%}  {load()}", flush=True)
             if label == "now":
                 r, t, c = timed(model.run_collective, g, "all_to_all", SIZE, routing="flow", placement="random",

@@ -5,7 +5,7 @@ import json
 import sys
 import time
 
-from hpnlab.fabric import graph, model
+from hpnlab.fabric import graph, model, model_corrections
 from hpnlab.fabric.collectives import parse_size, sweep
 from hpnlab.fabric.errors import UserError
 
@@ -44,6 +44,13 @@ def register(sub) -> None:
                    help="with --fail-links: take the detection+convergence times from a failover benchmark's JSON "
                         "(tools/bench_failover.py --json: the median loss window of each mode for a link failure, "
                         "measured on the emulated fabric) instead of --detect-ms")
+    p.add_argument("--corrections", choices=tuple(model_corrections.PRESETS),
+                   default=model_corrections.DEFAULT_PRESET,
+                   help="costs the fluid model leaves out (per-step rate ramp, retransmission, congestion control "
+                        "under spraying), shown as a corrected time and efficiency beside the raw ones: "
+                        "htsim-100g (default: the only constants measured against a packet-level simulator, "
+                        "fitted by tools/bench_htsim.py --fit against UEC's htsim with NSCC on a 100 Gbit/s k=8 "
+                        "fat-tree of 128 hosts; on other fabrics and rates an extrapolation) or none (raw only)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON results")
     from .cmd_fidelity import add_study_args
@@ -85,6 +92,12 @@ def _stalled(count: int, pairs: list) -> str:
     more = f" and {len(pairs) - 3} more" if len(pairs) > 3 else ""
     return (f"{count} connections have no path ({len(pairs)} rank pairs: {shown}{more}); "
             f"the collective never completes")
+
+
+def _rate(gbps: float) -> str:
+    """A connection rate for the table: one decimal, or three significant digits below 1 Gbit/s
+    (an all-to-all of 131,072 ranks gives each connection a few Mbit/s)."""
+    return f"{gbps:.1f}" if gbps >= 1 or gbps == 0 else f"{gbps:.3g}"
 
 
 def cmd_model(args) -> int:
@@ -129,8 +142,14 @@ def cmd_model(args) -> int:
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
                                            routing=r, entropy_values=args.entropy_values, **kw)
                    for r in routings}
+    corr = model_corrections.preset(args.corrections)
+    corrected = [model_corrections.correct_result(r, corr) if corr is not model_corrections.NONE else None
+                 for r in results]
     if args.json:
-        json.dump({"scenario": scenario.name, "results": [r.as_dict() for r in results],
+        json.dump({"scenario": scenario.name, "corrections": {"name": args.corrections, **corr.as_dict()},
+                   "results": [r.as_dict() | ({"corrected": {k: c[k] for k in ("time_s", "busbw_gbs", "efficiency")}}
+                                              if c else {})
+                               for r, c in zip(results, corrected, strict=True)],
                    "failure": failure}, sys.stdout, indent=2, default=float)
         print()
         return 0
@@ -138,12 +157,18 @@ def cmd_model(args) -> int:
     print(f"# hpnlab model: {scenario.name}, {first.collective}, {first.ranks:,} ranks "
           f"({first.detail['hosts']:,} hosts, {args.placement} placement), {args.qps} QPs per pair, "
           f"NIC {first.nic_gbps:g} Gbit/s ({scenario.planes} planes x {scenario.host_rate_gbps:g}G)")
+    corr_head = f" {'corrected us':>13} {'of line':>8}" if corr is not model_corrections.NONE else ""
     print(f"# {'size (B)':>12} {'routing':>8} {'time (us)':>12} {'algbw (GB/s)':>13} {'busbw (GB/s)':>13} "
-          f"{'of line':>8} {'conn. Gbit/s mean/min':>22}")
-    for r in results:      # connection rates: max-min, over every step modelled
+          f"{'of line':>8} {'conn. Gbit/s mean/min':>22}{corr_head}")
+    for r, c in zip(results, corrected, strict=True):      # connection rates: max-min, over every step modelled
+        corr_cols = f" {c['time_s'] * 1e6:>13.1f} {c['efficiency']:>8.1%}" if c else ""
         print(f"  {r.size_bytes:>12} {r.routing:>8} {r.time_s * 1e6:>12.1f} {r.algbw_gbs:>13.2f} "
               f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} "
-              f"{r.rate_gbps_mean:>13.1f} / {r.rate_gbps_min:<6.1f}")
+              f"{_rate(r.rate_gbps_mean):>13} / {_rate(r.rate_gbps_min):<6}{corr_cols}")
+    if corr is not model_corrections.NONE:
+        print(f"# corrected ({args.corrections}): + {corr.ramp_rtts_per_step:g} x {corr.base_rtt_us:g} us per step "
+              f"(rate ramp), re-sent {', '.join(f'{k} {v:.1%}' for k, v in corr.retx_fraction.items())}, "
+              f"sprayed drain / {corr.spray_efficiency:g}; constants from {corr.source}")
     for r in results:
         if r.stalled_connections:
             print(f"# {r.routing}, {r.size_bytes} B: {_stalled(r.stalled_connections, r.stalled_pairs)}")

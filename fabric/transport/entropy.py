@@ -24,7 +24,6 @@ every uplink evenly.
 from __future__ import annotations
 
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -77,7 +76,8 @@ class FlowEntropy(EntropyPolicy):
     per_flow = True
 
     def path(self, flow, seq):
-        return flow.hash % (self.planes * self.ports)
+        plane, j = connection_path(flow.hash, 0, 1, self.planes, self.ports)
+        return plane * self.ports + j
 
 
 class EcmpEntropy(EntropyPolicy):
@@ -89,8 +89,8 @@ class EcmpEntropy(EntropyPolicy):
     name = "ecmp"
 
     def path(self, flow, seq):
-        qp = seq % self.planes
-        return qp * self.ports + zlib.crc32(b"%d:%d" % (flow.hash, qp)) % self.ports
+        plane, j = connection_path(flow.hash, seq % self.planes, self.planes, self.planes, self.ports)
+        return plane * self.ports + j
 
 
 class FlowletEntropy(EntropyPolicy):
@@ -114,7 +114,8 @@ class FlowletEntropy(EntropyPolicy):
         base = plane * self.ports
         st = self.state.get((flow.dst, plane))
         if st is None:
-            st = self.state[flow.dst, plane] = [zlib.crc32(b"%d:%d" % (flow.hash, plane)) % self.ports, now, 1]
+            j = connection_path(flow.hash, plane, self.planes, self.planes, self.ports)[1]
+            st = self.state[flow.dst, plane] = [j, now, 1]
         elif now - st[1] > self.gap_s or not flow.paths.live(base + st[0]):
             for k in range(1, self.ports + 1):
                 if flow.paths.live(base + (st[0] + k) % self.ports):
@@ -323,6 +324,36 @@ def _splitmix(x: Any) -> Any:
     x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
     x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
     return x ^ (x >> 31)
+
+
+def flow_hash(src: Any, dst: Any, salt: Any = 0) -> Any:
+    """A rank pair's flow hash (32 bits): splitmix64 chained over (src, dst, salt). The RoCE
+    transport's ``_TxFlow.hash`` (salt 0) and the flow model's (any salt: 0 is the transport's);
+    Python ints or numpy uint64 arrays (elementwise; the same results), any rank number."""
+    h = _splitmix(src)
+    h = _splitmix(h ^ dst)
+    return _splitmix(h ^ salt) & 0xFFFFFFFF
+
+
+def connection_path(h: Any, conn: Any, qps: int, planes: int, ports: int, moves: Any = 0) -> tuple[Any, Any]:
+    """Where per-flow hashing puts connection ``conn`` (of ``qps``) of a rank pair whose flow
+    hash is ``h``: (plane, index of the connection's entropy value on that plane, below
+    ``ports``). The one rule of the transport's per-flow policies and the flow model's:
+
+    * ``qps == 1`` (the ``flow`` policy): the one path ``h mod (planes * ports)``, planes
+      outer -- any plane, any of its values;
+    * else (``ecmp``, ``flowlet``: one connection per plane, NCCL's QPs): connection ``conn``
+      on plane ``conn mod planes`` (connection c pinned to plane c), at the value index a
+      hash of (h, conn) gives.
+
+    ``moves``: how many times the connection has moved to its plane's next value (a flowlet
+    after each idle gap). Python ints or numpy uint64 arrays (elementwise)."""
+    if qps == 1:
+        path = h % (planes * ports)
+        plane, j = path // ports, path % ports
+    else:
+        plane, j = conn % planes, _splitmix(_splitmix(h) ^ conn) % ports
+    return plane, (j + moves) % ports
 
 
 def connection_offset(space: int, src: Any, dst: Any, plane: Any, index: Any = 0) -> Any:

@@ -76,7 +76,6 @@ import select
 import socket
 import struct
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -84,7 +83,7 @@ from typing import Any
 
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
-from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy, connection_values
+from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy, connection_values, flow_hash
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
@@ -264,7 +263,7 @@ class _TxFlow:
 
     def __init__(self, src, dst, now, dcqcn, paths: PathTable):
         self.dst = dst
-        self.hash = zlib.crc32(struct.pack("!HH", src, dst))
+        self.hash = flow_hash(src, dst)
         self.queue: deque[tuple[int, memoryview]] = deque()          # (msg_id, memoryview)
         self.cur: tuple[int, memoryview] | None = None
         self.cur_off = 0

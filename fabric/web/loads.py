@@ -159,7 +159,7 @@ def model_loads(g: nx.MultiGraph, collective: str, size_bytes: int, *, routing: 
     idx, direction, ids, cap = _direction_groups(g, lay)
     steps = []
     for st, res in zip(distinct, result.steps, strict=True):
-        load = step_load(net, job, st, routing, qps, seed, switch_latency_us)
+        load = step_load(net, job, st, routing, qps, 0, switch_latency_us)   # run_collective's flow-hash salt
         # the model's time of the step; a stalled step (inf) is drawn over what was routed
         time_s = res.time_s if math.isfinite(res.time_s) else load.span_s + load.latency_s
         per = np.zeros((len(ids), 2))
