@@ -47,6 +47,14 @@ class SharedEmulation:
         if emu is not None:
             emu.stop()
 
+    def release_if_changed(self, emu: Any) -> None:
+        """Stop ``emu`` (if it is still the shared one) when its user left it changed."""
+        if self.emu is emu:
+            broken = left_broken(emu, self.at_start)
+            if broken:
+                print(f"{self.name}: not shared further, it was left changed: {'; '.join(broken[:5])}")
+                self.close()
+
 
 def settings(emu) -> dict[str, Any]:
     """What a test may change in an emulation and must put back: the controller's ECN policy and
@@ -97,15 +105,23 @@ def mini_hpn(emulation_ready, _shared_emulation):
         "mini-hpn", controller="hpnlab", lock_wait_s=300,
         controller_args=["--metrics-port", str(MINI_HPN_METRICS_PORT)]))
     yield emu
-    if _shared_emulation.emu is emu:
-        broken = left_broken(emu, _shared_emulation.at_start)
-        if broken:
-            print(f"mini_hpn: not shared further, the module left it changed: {'; '.join(broken[:5])}")
-            _shared_emulation.close()
+    _shared_emulation.release_if_changed(emu)
+
+
+@pytest.fixture
+def mini_cross_campus(emulation_ready, _shared_emulation):
+    """mini-cross-campus emulated with the hpnlab controller, shared by the tests that ask for it
+    (one after another); a test must leave it as it found it, as ``mini_hpn``."""
+    from hpnlab.fabric.emulation import Emulation
+
+    emu = _shared_emulation.get("mini-cross-campus",
+                                lambda: Emulation("mini-cross-campus", controller="hpnlab", lock_wait_s=300))
+    yield emu
+    _shared_emulation.release_if_changed(emu)
 
 
 #: fixtures that hand out a shared emulation (the value: its name)
-SHARED_FIXTURES = {"mini_hpn": "mini-hpn"}
+SHARED_FIXTURES = {"mini_hpn": "mini-hpn", "mini_cross_campus": "mini-cross-campus"}
 _module_shares: dict[str, str | None] = {}
 
 
@@ -143,8 +159,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _no_shared_emulation_under_others(request: pytest.FixtureRequest) -> None:
-    """A test of a module that does not share the live emulation may build its own: stop it first."""
-    if _shared.emu is not None and _shared_name(request.node) != _shared.name:
+    """A test that may build its own emulation (marked emulation or controller, not using the live
+    shared one) gets the shared one stopped first; so does any test of another module."""
+    if _shared.emu is None or _shared.name in {SHARED_FIXTURES.get(n) for n in request.fixturenames}:
+        return
+    marked = any(request.node.get_closest_marker(m) for m in ("emulation", "controller"))
+    if marked or _shared_name(request.node) != _shared.name:
         _shared.close()
 
 
