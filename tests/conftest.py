@@ -5,6 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fabrics import shared_runs_together
 
 # ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
@@ -148,12 +149,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _module_shares.get(_module_of(item)) is None:
             _module_shares[_module_of(item)] = _own_share(item)
-    names = [_shared_name(item) for item in items]
-    first: dict[str, int] = {}
-    for i, name in enumerate(names):
-        if name is not None:
-            first.setdefault(name, i)
-    order = sorted(range(len(items)), key=lambda i: first[n] if (n := names[i]) is not None else i)
+    order = shared_runs_together([_shared_name(item) for item in items])
     items[:] = [items[i] for i in order]
 
 
