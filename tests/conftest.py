@@ -1,7 +1,11 @@
 """Shared fixtures. (Additive: each section belongs to the feature that added it.)"""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+from fabrics import shared_runs_together
 
 # ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
@@ -21,18 +25,143 @@ def emulation_ready():
     return True
 
 
+class SharedEmulation:
+    """At most one live emulation, kept from one test module to the next while they ask for the
+    same one (a start and a stop of mini-hpn cost ~11 s); only one emulation can run on a machine,
+    so it is stopped before any other test runs (``_no_shared_emulation_under_others``)."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.emu: Any = None
+        self.at_start: dict[str, Any] = {}
+
+    def get(self, name: str, make: Callable[[], Any]) -> Any:
+        if self.name != name:
+            self.close()
+            emu = make()
+            emu.start()
+            self.name, self.emu, self.at_start = name, emu, settings(emu)
+        return self.emu
+
+    def close(self) -> None:
+        emu, self.name, self.emu = self.emu, None, None
+        if emu is not None:
+            emu.stop()
+
+    def release_if_changed(self, emu: Any) -> None:
+        """Stop ``emu`` (if it is still the shared one) when its user left it changed."""
+        if self.emu is emu:
+            broken = left_broken(emu, self.at_start)
+            if broken:
+                print(f"{self.name}: not shared further, it was left changed: {'; '.join(broken[:5])}")
+                self.close()
+
+
+def settings(emu) -> dict[str, Any]:
+    """What a test may change in an emulation and must put back: the controller's ECN policy and
+    every switch port's ECN thresholds."""
+    ports = {} if emu.ecn is None else {intf: emu.ecn.thresholds(intf) for intf in emu.ecn.ports}
+    return {"ecn_policy": emu.ecn_policy, "ecn_ports": ports}
+
+
+def left_broken(emu, at_start: dict[str, Any]) -> list[str]:
+    """What a test module left changed in a shared emulation (empty: the next module may reuse it):
+    the controller process must run, every switch port must be up, the settings as they were."""
+    broken = []
+    if emu.controller_proc is not None and emu.controller_proc.poll() is not None:
+        broken.append(f"the controller exited ({emu.controller_proc.returncode})")
+    broken += [f"{p['intf']} is down" for p in emu.switch_ports() if not emu.intf_is_up(p["intf"])]
+    now = settings(emu)
+    if now["ecn_policy"] != at_start["ecn_policy"]:
+        broken.append(f"the ECN policy is {now['ecn_policy']}, not {at_start['ecn_policy']}")
+    broken += [f"{intf}'s ECN thresholds changed" for intf, t in sorted(now["ecn_ports"].items())
+               if t != at_start["ecn_ports"].get(intf)]
+    return broken
+
+
+_shared = SharedEmulation()
+
+
+@pytest.fixture(scope="session")
+def _shared_emulation():
+    try:
+        yield _shared
+    finally:
+        _shared.close()
+
+
+#: the shared mini-hpn's controller serves its metrics (and /health) here
+MINI_HPN_METRICS_PORT = 9377
+
+
 @pytest.fixture(scope="module")
-def mini_hpn(emulation_ready):
-    """mini-hpn emulated with the hpnlab controller, shared by a test module; always torn down."""
+def mini_hpn(emulation_ready, _shared_emulation):
+    """mini-hpn emulated with the hpnlab controller, shared by the test modules that ask for it (they
+    run one after another, see ``pytest_collection_modifyitems``). A module must leave it as it found
+    it (links up, ECN settings); if it did not, or the controller died, the emulation is stopped and
+    the next module gets a fresh one. Stopped at the end of the session at the latest."""
     from hpnlab.fabric.emulation import Emulation
 
-    emu = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300)
-    emu.start()
-    try:
-        yield emu
-    finally:
-        emu.stop()
+    emu = _shared_emulation.get("mini-hpn", lambda: Emulation(
+        "mini-hpn", controller="hpnlab", lock_wait_s=300,
+        controller_args=["--metrics-port", str(MINI_HPN_METRICS_PORT)]))
+    yield emu
+    _shared_emulation.release_if_changed(emu)
 
+
+@pytest.fixture
+def mini_cross_campus(emulation_ready, _shared_emulation):
+    """mini-cross-campus emulated with the hpnlab controller, shared by the tests that ask for it
+    (one after another); a test must leave it as it found it, as ``mini_hpn``."""
+    from hpnlab.fabric.emulation import Emulation
+
+    emu = _shared_emulation.get("mini-cross-campus",
+                                lambda: Emulation("mini-cross-campus", controller="hpnlab", lock_wait_s=300))
+    yield emu
+    _shared_emulation.release_if_changed(emu)
+
+
+#: fixtures that hand out a shared emulation (the value: its name)
+SHARED_FIXTURES = {"mini_hpn": "mini-hpn", "mini_cross_campus": "mini-cross-campus"}
+_module_shares: dict[str, str | None] = {}
+
+
+def _module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _own_share(item: pytest.Item) -> str | None:
+    return next((SHARED_FIXTURES[n] for n in getattr(item, "fixturenames", ()) if n in SHARED_FIXTURES), None)
+
+
+def _shared_name(item: pytest.Item) -> str | None:
+    """The shared emulation a test's module uses (a module uses at most one), or None."""
+    module = _module_of(item)
+    if module not in _module_shares:
+        _module_shares[module] = _own_share(item)
+    return _module_shares[module]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Modules that share an emulation run one after another, at the place of the first of them;
+    everything else keeps its order."""
+    _module_shares.clear()
+    for item in items:
+        if _module_shares.get(_module_of(item)) is None:
+            _module_shares[_module_of(item)] = _own_share(item)
+    order = shared_runs_together([_shared_name(item) for item in items])
+    items[:] = [items[i] for i in order]
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_emulation_under_others(request: pytest.FixtureRequest) -> None:
+    """A test that may build its own emulation (marked emulation or controller, not using the live
+    shared one) gets the shared one stopped first; so does any test of another module."""
+    if _shared.emu is None or _shared.name in {SHARED_FIXTURES.get(n) for n in request.fixturenames}:
+        return
+    marked = any(request.node.get_closest_marker(m) for m in ("emulation", "controller"))
+    if marked or _shared_name(request.node) != _shared.name:
+        _shared.close()
 
 
 # ---- shared helpers of pure tests ----------------------------------------------------------------

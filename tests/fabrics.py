@@ -67,3 +67,16 @@ def messages_sent(rec, *events) -> dict:
     return {"flow_mods": sum(isinstance(m, reconcile.FlowMod) for m in mods),
             "group_mods": sum(isinstance(m, reconcile.GroupMod) for m in mods),
             "switches": len({m.switch for m in mods})}
+
+
+# ---- the order of emulation tests (used by conftest.py) -----------------------------------------
+
+def shared_runs_together(shares: list[str | None]) -> list[int]:
+    """The order to run tests in, given the shared emulation each one's module uses (None: none):
+    the tests of one shared emulation one after another, at the place of the first of them, in
+    their own order; every other test where it was."""
+    first: dict[str, int] = {}
+    for i, name in enumerate(shares):
+        if name is not None:
+            first.setdefault(name, i)
+    return sorted(range(len(shares)), key=lambda i: first[n] if (n := shares[i]) is not None else i)

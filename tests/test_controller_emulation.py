@@ -1,7 +1,8 @@
 """The controller on a live fabric: mini-hpn on real Open vSwitch, Mininet hosts, and the
 controller as a real process over TCP (started by hpnlab.fabric.emulation with `python -m hpnlab.controller`).
 
-One emulated network is shared by the whole module; tests that break something repair it.
+The emulated network is conftest's shared mini-hpn (shaped, with the ECN stage; other modules use it
+too): tests that break something repair it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hpnlab.fabric import graph as fgraph
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-METRICS_PORT = 9377
+METRICS_PORT = 9377   # the shared mini_hpn's (conftest)
 
 
 def ofctl(*args: str) -> str:
@@ -87,17 +88,12 @@ def controller_log(emu) -> str:
 
 
 @pytest.fixture(scope="module")
-def emu(emulation_ready):
-    from hpnlab.fabric.emulation import Emulation
-
-    e = Emulation("mini-hpn", controller="hpnlab", ecn=False, shape=False, verify=False, lock_wait_s=300,
-                  controller_args=["--metrics-port", str(METRICS_PORT)])
-    e.start()
-    try:
-        assert wait_for(lambda: all(e.connected_switches().values()), 30)
-        yield e
-    finally:
-        e.stop()
+def emu(mini_hpn):
+    """The shared mini-hpn (conftest), its controller serving metrics on METRICS_PORT."""
+    args = mini_hpn.controller_args
+    assert args[args.index("--metrics-port") + 1] == str(METRICS_PORT)
+    assert wait_for(lambda: all(mini_hpn.connected_switches().values()), 30)
+    return mini_hpn
 
 
 def test_every_pair_on_every_plane_pings(emu):

@@ -23,16 +23,16 @@ POLICIES = Path(__file__).resolve().parents[1] / "topologies" / "examples" / "ec
 
 
 @pytest.fixture(scope="module")
-def emu(emulation_ready):
-    from hpnlab.fabric.emulation import Emulation
-    path = POLICIES
-    e = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, telemetry_interval_ms=200)
-    e.start()
-    e.policy_file = path
+def emu(mini_hpn):
+    """The shared mini-hpn (its controller samples telemetry every 200 ms), given back with the
+    start-up policy (every port back to its start-up thresholds)."""
+    assert mini_hpn.telemetry_interval_ms == 200
+    policy = mini_hpn.ecn_policy
+    mini_hpn.policy_file = POLICIES
     try:
-        yield e
+        yield mini_hpn
     finally:
-        e.stop()
+        mini_hpn.set_ecn_policy(policy)
 
 
 def _use(emu, name: str, intf: str, kmin: int) -> None:

@@ -1,6 +1,6 @@
 """`hpnlab emulate/clean/doctor`: bad input gets one line and nothing is built; doctor tells the truth.
 
-A second module brings up mini-cross-campus (two campuses, long-haul links)."""
+(mini-cross-campus coming up, two campuses and long-haul links: test_controller_emulation_presets.py.)"""
 from __future__ import annotations
 
 import json
@@ -125,19 +125,3 @@ def test_doctor_estimates_whether_a_scenario_fits(emulation_ready):
     assert small["fits"] is True and small["hosts"] == 32
     assert big["fits"] is False and big["nodes"] == 208
 
-
-@pytest.mark.controller
-def test_mini_cross_campus_comes_up_with_every_pair_reachable(emulation_ready):
-    from hpnlab.fabric.emulation import Emulation
-
-    with Emulation("mini-cross-campus", controller="hpnlab", lock_wait_s=300) as emu:
-        assert emu.graph.graph["scenario"].campuses == 2
-        result = emu.ping_all()
-        assert result["pairs"] == 8 * 7 * 2 and result["failed"] == []
-        assert all(emu.connected_switches().values()) and len(emu.connected_switches()) == 20
-        if emu.caps.netem:
-            assert emu.metadata["delay"] == "netem"
-        else:
-            # said plainly: the long-haul delay could not be emulated here
-            assert emu.metadata["delay"] == "not emulated"
-            assert any("no netem" in line for line in emu.metadata["not_emulated"])

@@ -60,8 +60,6 @@ server_prepare() {
     done
     [ -n "$dev" ] || finish 126 "no network device"
     ip addr add "$LANE_GUEST_CIDR" dev "$dev" && ip link set "$dev" up || finish 126 "cannot configure $dev"
-    mkdir -p /run/hpnlab
-    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 hpnrun /run/hpnlab || finish 126 "9p hpnrun"
     # the project for processes started over ssh (no PYTHONPATH there): a .pth in the venv
     # (the venv's site-packages found by name: a Python start costs seconds under TCG)
     local purelib
@@ -92,6 +90,10 @@ CONF
 }
 serve_as_second_machine() {
     wait "$PREP_PID" || finish 126 "preparing the second machine failed"
+    # the host's run directories, mounted only now: the lane's own tests (run before, when
+    # LANE_KERNEL_TESTS=1) keep their emulation state in the guest's /run/hpnlab
+    mkdir -p /run/hpnlab
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 hpnrun /run/hpnlab || finish 126 "9p hpnrun"
     say "second machine up: ${LANE_GUEST_CIDR}, sshd, Open vSwitch $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)"
     touch "$OUT/ready"
     local end=$(( $(cut -d. -f1 /proc/uptime) + LANE_TIMEOUT_S ))
@@ -100,9 +102,24 @@ serve_as_second_machine() {
     finish 0 "second machine stopped by the host (guest time $(cut -d' ' -f1 /proc/uptime)s)"
 }
 
+# The lane's tests (LANE_PYTEST_ARGS, marked kernel) with the lane's time limits; returns pytest's rc.
+run_lane_tests() {   # run_lane_tests LIMIT_S
+    say "pytest start (limit ${1}s, ${LANE_TEST_TIMEOUT_S}s per test): $LANE_PYTEST_ARGS"
+    # shellcheck disable=SC2086
+    timeout -k 15 "$1" python -m pytest -p no:cacheprovider -m kernel -v -rA --durations=15 \
+        --timeout="$LANE_TEST_TIMEOUT_S" --junitxml="$OUT/junit.xml" $LANE_PYTEST_ARGS \
+        > >(tee "$OUT/pytest.log") 2>&1
+    local rc=$?
+    sleep 0.5   # let tee flush
+    [ $rc = 124 ] && say "pytest hit the lane's time limit (${1}s)"
+    return $rc
+}
+
 # Settings from the host (written before boot): LANE_TIMEOUT_S, LANE_TEST_TIMEOUT_S, LANE_PYTEST_ARGS,
-# LANE_MODE (tests | server) and LANE_GUEST_CIDR (server).
-LANE_TIMEOUT_S=900 LANE_TEST_TIMEOUT_S=420 LANE_PYTEST_ARGS="tests/kernel"
+# LANE_MODE (tests | server), LANE_GUEST_CIDR (server) and, in server mode, LANE_KERNEL_TESTS=1 with
+# LANE_KERNEL_TIMEOUT_S: run the lane's tests first (rc to $OUT/kernel-rc), then serve (one boot
+# for both parts of the lane: tools/kernel_lane/second_machine.sh --kernel-tests).
+LANE_TIMEOUT_S=900 LANE_TEST_TIMEOUT_S=420 LANE_PYTEST_ARGS="tests/kernel" LANE_KERNEL_TESTS=0 LANE_KERNEL_TIMEOUT_S=900
 [ -f "$OUT/lane.env" ] && . "$OUT/lane.env"
 
 # The second machine's network and sshd come up beside Open vSwitch's start.
@@ -129,13 +146,14 @@ printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab.cli "$@"\n' > /usr
 chmod 755 /usr/local/bin/hpnlab
 
 cd "$SRC" || finish 126 "no checkout"
-[ "${LANE_MODE:-tests}" = server ] && serve_as_second_machine   # does not return
-say "pytest start (limit ${LANE_TIMEOUT_S}s, ${LANE_TEST_TIMEOUT_S}s per test): $LANE_PYTEST_ARGS"
-# shellcheck disable=SC2086
-timeout -k 15 "$LANE_TIMEOUT_S" python -m pytest -p no:cacheprovider -m kernel -v -rA --durations=15 \
-    --timeout="$LANE_TEST_TIMEOUT_S" --junitxml="$OUT/junit.xml" $LANE_PYTEST_ARGS \
-    > >(tee "$OUT/pytest.log") 2>&1
-rc=$?
-sleep 0.5   # let tee flush
-[ $rc = 124 ] && say "pytest hit the lane's time limit (${LANE_TIMEOUT_S}s)"
-finish "$rc" "(guest time $(cut -d' ' -f1 /proc/uptime)s)"
+if [ "${LANE_MODE:-tests}" = server ]; then
+    if [ "$LANE_KERNEL_TESTS" = 1 ]; then
+        run_lane_tests "$LANE_KERNEL_TIMEOUT_S"
+        rc=$?
+        echo "$rc" > "$OUT/kernel-rc.tmp" && mv "$OUT/kernel-rc.tmp" "$OUT/kernel-rc"
+        say "lane tests done: rc=$rc (guest time $(cut -d' ' -f1 /proc/uptime)s); now the second machine"
+    fi
+    serve_as_second_machine   # does not return
+fi
+run_lane_tests "$LANE_TIMEOUT_S"
+finish "$?" "(guest time $(cut -d' ' -f1 /proc/uptime)s)"
