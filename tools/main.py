@@ -33,13 +33,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"hpnlab: {one_line(f'{where}{message} (see {self.prog} --help)')}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``only`` (a command's own run needs no other module:
+    importing all of them costs about a second at every start)."""
     parser = OneLineParser(
         prog="hpnlab",
         description="hpnlab: emulate and model the networks of AI training clusters.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
+    for name in [only] if only in COMMANDS else COMMANDS:
         modname = f"hpnlab.cli.cmd_{name}"
         if importlib.util.find_spec(modname) is None:
             continue
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(words[0] if words else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
