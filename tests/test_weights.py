@@ -157,7 +157,7 @@ def test_weighted_mode_gives_mini_hpn_leaves_eight_patterns_per_two_uplinks():
     assert set(sets) == set(leaves)
     for sw in leaves:
         [es] = sets[sw].values()
-        assert es.patterns == 8 and es.counts() == {p: 4 for p in es.ports}
+        assert es.patterns == 8 and es.counts() == dict.fromkeys(es.ports, 4)
 
 
 def test_widened_masks_use_only_bits_the_entropy_map_leaves_free():
@@ -197,7 +197,8 @@ def skewed(tables: weights.WeightedTables, rng: random.Random) -> list[weights.C
     return out
 
 
-def delivered_everywhere(g, states, failures=compiler.Failures()) -> None:
+def delivered_everywhere(g, states, failures: compiler.Failures | None = None) -> None:
+    failures = failures or compiler.Failures()
     net = FabricTables(g, states, failures)
     for src, dst, plane, sr, dr in net.all_pairs():
         if not (net.live(src, plane, sr) and net.live(dst, plane, dr)):
@@ -251,3 +252,20 @@ def test_a_reweighting_sends_three_flow_mods_per_moved_pattern_and_nothing_else(
     assert len(mods) == 3 * 2
     assert all(isinstance(m, reconcile.FlowMod) and m.switch == sw and m.command == "modify"
                and m.table == compiler.TABLE_ENTROPY for m in mods)
+
+
+# ---- the metrics endpoint ------------------------------------------------------------------------
+
+def test_weights_and_loads_are_exported_per_switch_and_port():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from hpnlab.controller.metrics import Metrics
+    w = weights.Weights()
+    run(w, (0.9, 0.2), 30)
+    m = Metrics()
+    m.update_weights(w, {"s": {SET.meta: SET}})
+    text = generate_latest(m.registry).decode()
+    assert f'hpnlab_multipath_weight_patterns{{port="{A}",set="0x10",switch="s"}} {float(counts(w)[A])}' in text
+    assert f'hpnlab_multipath_load_score{{port="{B}",switch="s"}} {w.scores["s", B]}' in text
+    assert f"hpnlab_multipath_weight_changes_total {float(w.n_changes)}" in text

@@ -76,7 +76,8 @@ class Emulation:
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
                  rewire: Rewire | None = None, wiring_timeout: float = 60.0,
                  on_built: Callable[[Emulation], None] | None = None,
-                 controller_tls: str | Path | None = None, on_controller_loss: str = "continue"):
+                 controller_tls: str | Path | None = None, on_controller_loss: str = "continue",
+                 routing_weights: str = "ecmp"):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if controller_tls and controller != "hpnlab":
@@ -123,6 +124,14 @@ class Emulation:
         self.fast_failover = fast_failover
         if not fast_failover:
             self.controller_args.append("--no-fast-failover")
+        #: the controller's multipath weights (controller/weights.py): ecmp (equal) or weighted (load-following)
+        if routing_weights not in ("ecmp", "weighted"):
+            raise UserError(f"unknown routing weights {routing_weights!r}: use ecmp or weighted")
+        if routing_weights != "ecmp" and controller != "hpnlab":
+            raise UserError(f"routing weights {routing_weights!r} need the hpnlab controller (it decides them)")
+        self.routing_weights = routing_weights
+        if routing_weights != "ecmp":
+            self.controller_args += ["--routing-weights", routing_weights]
         #: the controller's dynamic-ECN policy (controller/ecn_policy.py) and telemetry interval; the
         #: telemetry (JSON lines) goes to ``telemetry_file`` in the run directory
         if ecn_policy != "static" and controller != "hpnlab":
@@ -294,6 +303,7 @@ class Emulation:
         self.metadata["ecn_policy"] = self.ecn_policy
         self.metadata["telemetry_interval_ms"] = self.telemetry_interval_ms
         self.metadata["fast_failover"] = self.fast_failover
+        self.metadata["routing_weights"] = self.routing_weights
         self.metadata["controller_log"] = str(ctl.log_file)
         self._ctl = ctl
         self.controller_proc = ctl.start()
