@@ -73,6 +73,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="multipath weights: ecmp (default: every uplink of a set gets an equal share of its entropy "
                         "patterns) or weighted (every telemetry interval, loaded uplinks give patterns to less loaded "
                         "ones; controller/weights.py; needs telemetry)")
+    p.add_argument("--weights-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live mode changes
     p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
     p.add_argument("--on-miswire", choices=("refuse", "planes", "off"), default="refuse",
                    help="what a miswiring found by LLDP stops: refuse (default: nothing a miswiring would break is "
@@ -197,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
     os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
     os.environ["HPNLAB_ROUTING_WEIGHTS"] = args.routing_weights
+    os.environ["HPNLAB_WEIGHTS_CONTROL"] = args.weights_control or ""
     os.environ["HPNLAB_ON_MISWIRE"] = args.on_miswire
     os.environ["HPNLAB_WIRING_OUT"] = str(Path(args.wiring_out).resolve()) if args.wiring_out else ""
     os.environ["HPNLAB_DISCOVERY_S"] = f"{args.discovery_s:g}"

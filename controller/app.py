@@ -16,6 +16,8 @@ both launchers work the same way:
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
     HPNLAB_ROUTING_WEIGHTS ecmp | weighted: multipath weights (controller/weights.py; default ecmp)
+    HPNLAB_WEIGHTS_CONTROL weighted mode: a file through which the harness switches the weights between
+                         weighted and ecmp live ({"policy": MODE, "seq": N}, answered in FILE.ack)
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
     HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
@@ -106,6 +108,7 @@ def _config() -> dict:
             "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
             "run_id": os.environ.get("HPNLAB_RUN") or None,
             "routing_weights": os.environ.get("HPNLAB_ROUTING_WEIGHTS") or "ecmp",
+            "weights_control": os.environ.get("HPNLAB_WEIGHTS_CONTROL") or None,
             "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
             "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
             "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 3.0),
@@ -452,6 +455,7 @@ class HpnController(BaseApp):
             raise RuntimeError(f"HPNLAB_ROUTING_WEIGHTS={mode!r}: one of {', '.join(weights.MODES)}")
         self.weights: weights.Weights | None = None
         self.weighted: weights.WeightedTables | None = None
+        self._weights_control: tuple[str | None, float | None] = (cfg["weights_control"], None)   # (path, mtime seen)
         if mode == "weighted":
             self.weighted = weights.WeightedTables(self.graph)
             self.weights = weights.Weights()
@@ -462,6 +466,7 @@ class HpnController(BaseApp):
         """One decision of the weights from the last telemetry sample; the changed sets' states go to
         the reconciler (only the moved patterns' entries are sent)."""
         assert self.weights is not None and self.weighted is not None and self.ecn is not None
+        self._check_weights_control()
         if not self.ecn.last:
             return
         dead = compiler.dead_ports(self.graph, self.reconciler.failures) if self.reconciler.failures else {}
@@ -471,6 +476,38 @@ class HpnController(BaseApp):
         for c in changes:
             LOG.info("%s", c.line())
         self.handle(reconcile.Restate(self.weighted.restate(changes)))
+
+    def _check_weights_control(self) -> None:
+        """A live switch between weighted and ecmp (the harness's ``set_routing_weights``), answered in
+        ``<control file>.ack`` as the ECN loop answers a policy change."""
+        path, seen = self._weights_control
+        if not path or self.weights is None:
+            return
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return
+        if mtime == seen:
+            return
+        self._weights_control = (path, mtime)
+        error, seq, mode = None, None, "weighted" if self.weights.enabled else "ecmp"
+        try:
+            with open(path) as f:
+                req = json.load(f)
+            seq = req.get("seq")
+            if req.get("policy") not in weights.MODES:
+                raise ValueError(f"unknown routing weights {req.get('policy')!r}: one of {', '.join(weights.MODES)}")
+            mode = req["policy"]
+            if self.weights.enabled != (mode == "weighted"):
+                LOG.info("routing weights: %s -> %s", "weighted" if self.weights.enabled else "ecmp", mode)
+            self.weights.enabled = mode == "weighted"
+        except (OSError, ValueError, AttributeError) as exc:
+            error = str(exc)
+            LOG.error("routing weights change refused: %s", error)
+        tmp = path + ".ack.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"seq": seq, "policy": mode, "error": error}, f)
+        os.replace(tmp, path + ".ack")
 
     def close(self):
         if self.ecn is not None:

@@ -162,6 +162,8 @@ class Weights:
         self.scores: dict[PortKey, float] = {}
         self.sets: dict[SetKey, _SetState] = {}
         self.n_changes = 0
+        #: False: ecmp mode on weighted mode's tables (every set back to, and kept at, its equal assignment)
+        self.enabled = True
 
     def observe(self, samples: Mapping[PortKey, PortTelemetry]) -> None:
         """Smooth one telemetry sample per port into its score."""
@@ -202,9 +204,18 @@ class Weights:
             st = self.sets[key] = _SetState({q: counts[q] / es.patterns for q in es.ports}, counts, es.assignment)
         gone = gone & set(es.ports)
         live = [q for q in es.ports if q not in gone]
+        sc = {q: self.scores.get((sw, q), 0.0) for q in es.ports}
+        if not self.enabled:
+            if st.assignment == es.assignment:
+                return None
+            change = Change(sw, es.meta, es.assignment, es.counts(), dict(st.counts),
+                            {q: round(sc[q], 3) for q in es.ports}, "ecmp mode")
+            self.sets[key] = _SetState({q: n / es.patterns for q, n in es.counts().items()}, es.counts(),
+                                       es.assignment, now, st.dead)
+            self.n_changes += 1
+            return change
         if not live:
             return None
-        sc = {q: self.scores.get((sw, q), 0.0) for q in es.ports}
         head = {q: max(p.floor, 1.0 - sc[q]) for q in live}
         total = sum(head.values())
         equal = 1.0 / len(live)

@@ -269,3 +269,12 @@ def test_weights_and_loads_are_exported_per_switch_and_port():
     assert f'hpnlab_multipath_weight_patterns{{port="{A}",set="0x10",switch="s"}} {float(counts(w)[A])}' in text
     assert f'hpnlab_multipath_load_score{{port="{B}",switch="s"}} {w.scores["s", B]}' in text
     assert f"hpnlab_multipath_weight_changes_total {float(w.n_changes)}" in text
+
+
+def test_disabled_weights_restore_the_ecmp_assignment_and_keep_it():
+    w = weights.Weights()
+    run(w, (0.9, 0.2), 30)
+    w.enabled = False
+    [back] = run(w, (0.9, 0.2), 1, start=50.0)
+    assert back.reason == "ecmp mode" and back.assignment == SET.assignment
+    assert run(w, (0.9, 0.2), 20, start=60.0) == []

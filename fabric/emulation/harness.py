@@ -130,6 +130,7 @@ class Emulation:
         if routing_weights != "ecmp" and controller != "hpnlab":
             raise UserError(f"routing weights {routing_weights!r} need the hpnlab controller (it decides them)")
         self.routing_weights = routing_weights
+        self._weights_control: Path | None = None
         if routing_weights != "ecmp":
             self.controller_args += ["--routing-weights", routing_weights]
         #: the controller's dynamic-ECN policy (controller/ecn_policy.py) and telemetry interval; the
@@ -294,6 +295,9 @@ class Emulation:
         self._ecn_control = self._st.run_dir / "ecn-policy.json"
         args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
         args += self._wiring_args()
+        if "--routing-weights" in self.controller_args:     # weighted mode's tables: live switches possible
+            self._weights_control = self._st.run_dir / "routing-weights.json"
+            args += ["--weights-control", str(self._weights_control)]
         if self.tls is not None:
             args += tls_args(self.tls)
             self._switch_tls()
@@ -754,6 +758,21 @@ class Emulation:
             raise UserError(str(exc)) from None
         self.ecn_policy = policy
         self.metadata["ecn_policy"] = policy
+
+    def set_routing_weights(self, mode: str) -> None:
+        """Switch the controller's multipath weights live between "weighted" and "ecmp" (equal shares on
+        weighted mode's tables: every source port takes the path ecmp mode gives it); returns once the
+        controller has taken it. Needs an emulation started with ``routing_weights="weighted"``."""
+        if mode == self.routing_weights:
+            return
+        if self._weights_control is None:
+            raise UserError(f"routing weights {mode!r} live: start the emulation with routing_weights='weighted'")
+        try:
+            request_policy(self._weights_control, mode, what="routing weights")
+        except ControllerError as exc:
+            raise UserError(str(exc)) from None
+        self.routing_weights = mode
+        self.metadata["routing_weights"] = mode
 
     def run_timeline(self, timeline: Any, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         from .timeline import run as run_timeline
