@@ -278,3 +278,12 @@ def test_disabled_weights_restore_the_ecmp_assignment_and_keep_it():
     [back] = run(w, (0.9, 0.2), 1, start=50.0)
     assert back.reason == "ecmp mode" and back.assignment == SET.assignment
     assert run(w, (0.9, 0.2), 20, start=60.0) == []
+
+
+def test_weighted_mode_without_telemetry_is_one_line_and_exit_code_2():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--routing-weights", "weighted",
+                        "--telemetry-interval-ms", "0"], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "needs telemetry" in lines[0]
