@@ -1,7 +1,8 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
 [--policy aggregate|host-routes] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
-[--ecn-actuator auto|emulated|file:PATH|none] [--on-miswire refuse|planes] [--wiring-out FILE]
+[--ecn-actuator auto|emulated|file:PATH|none] [--routing-weights ecmp|weighted]
+[--on-miswire refuse|planes] [--wiring-out FILE]
 [--dry-run [--json] [--dry-run-timeout S]]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
@@ -68,6 +69,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--ecn-actuator", default="auto", metavar="KIND",
                    help="where thresholds go: emulated (the emulation's ECN stage), file:PATH (a per-port settings "
                         "file for real switches), none (dry run), auto (default: emulated once a stage exists)")
+    p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
+                   help="multipath weights: ecmp (default: every uplink of a set gets an equal share of its entropy "
+                        "patterns) or weighted (every telemetry interval, loaded uplinks give patterns to less loaded "
+                        "ones; controller/weights.py; needs telemetry)")
+    p.add_argument("--weights-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live mode changes
     p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
     p.add_argument("--on-miswire", choices=("refuse", "planes", "off"), default="refuse",
                    help="what a miswiring found by LLDP stops: refuse (default: nothing a miswiring would break is "
@@ -146,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {args.telemetry_interval_ms:g}")
     if args.ecn_policy != "static" and args.telemetry_interval_ms == 0:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
+    if args.routing_weights == "weighted" and args.telemetry_interval_ms == 0:
+        raise UserError("--routing-weights weighted needs telemetry: --telemetry-interval-ms must be > 0")
     if args.deployment is None:
         args.deployment = os.environ.get("HPNLAB_DEPLOYMENT") or None
     if args.deployment and args.deployment != "auto":
@@ -189,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_TELEMETRY_OUT"] = str(Path(args.telemetry_out).resolve()) if args.telemetry_out else ""
     os.environ["HPNLAB_ECN_ACTUATOR"] = args.ecn_actuator
     os.environ["HPNLAB_ECN_CONTROL"] = args.ecn_control or ""
+    os.environ["HPNLAB_ROUTING_WEIGHTS"] = args.routing_weights
+    os.environ["HPNLAB_WEIGHTS_CONTROL"] = args.weights_control or ""
     os.environ["HPNLAB_ON_MISWIRE"] = args.on_miswire
     os.environ["HPNLAB_WIRING_OUT"] = str(Path(args.wiring_out).resolve()) if args.wiring_out else ""
     os.environ["HPNLAB_DISCOVERY_S"] = f"{args.discovery_s:g}"

@@ -15,6 +15,9 @@ both launchers work the same way:
     HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
+    HPNLAB_ROUTING_WEIGHTS ecmp | weighted: multipath weights (controller/weights.py; default ecmp)
+    HPNLAB_WEIGHTS_CONTROL weighted mode: a file through which the harness switches the weights between
+                         weighted and ecmp live ({"policy": MODE, "seq": N}, answered in FILE.ack)
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
     HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
@@ -52,7 +55,7 @@ from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, deployment, reconcile, rollout, telemetry, wiring
+from . import compiler, deployment, reconcile, rollout, telemetry, weights, wiring
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -104,6 +107,8 @@ def _config() -> dict:
             "ecn_actuator": os.environ.get("HPNLAB_ECN_ACTUATOR", "auto"),
             "ecn_control": os.environ.get("HPNLAB_ECN_CONTROL") or None,
             "run_id": os.environ.get("HPNLAB_RUN") or None,
+            "routing_weights": os.environ.get("HPNLAB_ROUTING_WEIGHTS") or "ecmp",
+            "weights_control": os.environ.get("HPNLAB_WEIGHTS_CONTROL") or None,
             "on_miswire": os.environ.get("HPNLAB_ON_MISWIRE") or "refuse",
             "wiring_out": os.environ.get("HPNLAB_WIRING_OUT") or None,
             "discovery_s": float(os.environ.get("HPNLAB_DISCOVERY_S") or 3.0),
@@ -359,7 +364,9 @@ class HpnController(BaseApp):
         self.scenario = fspec.load(cfg["scenario"], cfg["overrides"])
         self.graph = self._deployed_graph(fgraph.build(self.scenario), cfg)
         self.index = compiler.index_of(self.graph)
-        self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"])
+        self._weights_init(cfg)
+        self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"],
+                                               compile_fn=self.weighted or compiler.compile_fabric)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.started = time.monotonic()
@@ -433,9 +440,74 @@ class HpnController(BaseApp):
                 if dp is not None:
                     for ofmsg in encode(dp, msg):
                         dp.send_msg(ofmsg)
+            if self.weights is not None:
+                self._reweight(now)
             if self.metrics and self.metrics_served:       # nobody scrapes otherwise
                 self.metrics.update_ports(self.ecn)
+                if self.weights is not None and self.weighted is not None:
+                    self.metrics.update_weights(self.weights, self.weighted.sets())
             hub.sleep(max(0.0, self.ecn.telemetry.interval_s - (time.monotonic() - now)))
+
+    # ---- weighted multipath (controller/weights.py decides, the reconciler sends the difference) ----
+    def _weights_init(self, cfg: dict) -> None:
+        mode = cfg["routing_weights"]
+        if mode not in weights.MODES:
+            raise RuntimeError(f"HPNLAB_ROUTING_WEIGHTS={mode!r}: one of {', '.join(weights.MODES)}")
+        self.weights: weights.Weights | None = None
+        self.weighted: weights.WeightedTables | None = None
+        self._weights_control: tuple[str | None, float | None] = (cfg["weights_control"], None)   # (path, mtime seen)
+        if mode == "weighted":
+            self.weighted = weights.WeightedTables(self.graph)
+            self.weights = weights.Weights()
+            LOG.info("routing weights: weighted (sets widened to %s)", ", ".join(
+                f"{bin(a).count('1')}->{bin(b).count('1')} bits" for a, b in self.weighted.masks.items()) or "-")
+
+    def _reweight(self, now: float) -> None:
+        """One decision of the weights from the last telemetry sample; the changed sets' states go to
+        the reconciler (only the moved patterns' entries are sent)."""
+        assert self.weights is not None and self.weighted is not None and self.ecn is not None
+        self._check_weights_control()
+        if not self.ecn.last:
+            return
+        dead = compiler.dead_ports(self.graph, self.reconciler.failures) if self.reconciler.failures else {}
+        changes = self.weights.decide(now, self.ecn.last, self.weighted.sets(), dead)
+        if not changes:
+            return
+        for c in changes:
+            LOG.info("%s", c.line())
+        self.handle(reconcile.Restate(self.weighted.restate(changes)))
+
+    def _check_weights_control(self) -> None:
+        """A live switch between weighted and ecmp (the harness's ``set_routing_weights``), answered in
+        ``<control file>.ack`` as the ECN loop answers a policy change."""
+        path, seen = self._weights_control
+        if not path or self.weights is None:
+            return
+        try:
+            mtime = os.stat(path).st_mtime
+        except OSError:
+            return
+        if mtime == seen:
+            return
+        self._weights_control = (path, mtime)
+        error, seq, mode = None, None, "weighted" if self.weights.enabled else "ecmp"
+        try:
+            with open(path) as f:
+                req = json.load(f)
+            seq = req.get("seq")
+            if req.get("policy") not in weights.MODES:
+                raise ValueError(f"unknown routing weights {req.get('policy')!r}: one of {', '.join(weights.MODES)}")
+            mode = req["policy"]
+            if self.weights.enabled != (mode == "weighted"):
+                LOG.info("routing weights: %s -> %s", "weighted" if self.weights.enabled else "ecmp", mode)
+            self.weights.enabled = mode == "weighted"
+        except (OSError, ValueError, AttributeError) as exc:
+            error = str(exc)
+            LOG.error("routing weights change refused: %s", error)
+        tmp = path + ".ack.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"seq": seq, "policy": mode, "error": error}, f)
+        os.replace(tmp, path + ".ack")
 
     def close(self):
         if self.ecn is not None:

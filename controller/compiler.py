@@ -120,7 +120,7 @@ import networkx as nx
 
 from hpnlab.fabric.addressing import ip_int, ip_str, prefix_int
 from hpnlab.fabric.errors import UserError
-from hpnlab.fabric.transport.entropy import TIER_NAMES, EntropyMap, entropy_bits, lay_out
+from hpnlab.fabric.transport.entropy import PORT_BITS, TIER_NAMES, EntropyMap, entropy_bits, lay_out
 
 ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
 
@@ -986,6 +986,231 @@ def avoid_flows(ports: tuple, field: tuple[int, int] | int, meta: int, outs: tup
         for k, i in enumerate(range(j, 1 << bits, n)):
             flows.extend(_pattern_flows(m, 1, i, off, mask, outs[others[k % (n - 1)]]))
     return tuple(flows)
+
+
+# ---- weighted multipath: unequal shares of a set's patterns (controller/weights.py decides) -----
+
+#: weighted mode: a role's sets read enough bits for at least this many patterns per port of its largest set
+WEIGHT_PATTERNS_PER_PORT = 4
+
+
+def _pext(value: int, mask: int) -> int:
+    """The bits of ``value`` under ``mask``, packed from bit 0 (low mask bit first)."""
+    out, k = 0, 0
+    while mask:
+        low = mask & -mask
+        if value & low:
+            out |= 1 << k
+        k += 1
+        mask ^= low
+    return out
+
+
+def _pdep(pattern: int, mask: int) -> int:
+    """The inverse of :func:`_pext`: ``pattern``'s bits spread over ``mask``'s set bits."""
+    out, k = 0, 0
+    while mask:
+        low = mask & -mask
+        if pattern >> k & 1:
+            out |= low
+        k += 1
+        mask ^= low
+    return out
+
+
+def weighted_masks(emap: EntropyMap) -> dict[int, int]:
+    """Weighted mode: per source-port mask of a role of the entropy map, the wider mask its sets
+    read, so that the role's largest set has ``WEIGHT_PATTERNS_PER_PORT`` patterns per port or
+    more. The extra bits are taken from the bits no switch reads in ecmp mode (above the map's
+    ``width``), each role its own, in the map's order, as many as fit in the 16-bit port (a role
+    that finds none keeps its own patterns: its granularity is then 1 / 2**bits). Roles that share
+    bits (the map's ``overlaps``) are not widened."""
+    shared = {r for pair in emap.overlaps for r in pair}
+    free = emap.width
+    out: dict[int, int] = {}
+    for f in emap.fields:
+        if f.role in shared:
+            continue
+        want = max(f.bits, (WEIGHT_PATTERNS_PER_PORT * f.radix - 1).bit_length())
+        extra = min(want - f.bits, PORT_BITS - free)
+        if extra <= 0:
+            continue
+        out[f.mask] = f.mask | ((1 << extra) - 1) << free
+        free += extra
+    return out
+
+
+@dataclass(frozen=True)
+class EntropySet:
+    """One next-hop set's entropy entries on a switch, read back from its compiled state.
+
+    ``meta``: its metadata value (table 2 matches it under the low-32-bit mask); ``mask``: the
+    source-port bits it reads; pattern ``p`` stands for the source ports whose bits under
+    ``mask`` are ``p`` (low mask bit first) and goes to port ``assignment[p]``; ``outs``: per
+    port of the set (sorted), the actions that send there (its fast-failover group)."""
+    meta: int
+    mask: int
+    ports: tuple[int, ...]
+    outs: tuple[tuple, ...]
+    assignment: tuple[int, ...]
+
+    @property
+    def patterns(self) -> int:
+        return len(self.assignment)
+
+    def counts(self, assignment: tuple[int, ...] | None = None) -> dict[int, int]:
+        """Patterns per port (of ``assignment``, default the set's own)."""
+        a = self.assignment if assignment is None else assignment
+        return {p: a.count(p) for p in self.ports}
+
+
+def _port_of(actions: tuple, groups: Mapping[int, Group]) -> int | None:
+    """The port an entropy entry's actions send to (its fast-failover group's primary bucket)."""
+    for a in actions:
+        if a[0] == "output":
+            return a[1]
+        if a[0] == "group":
+            g = groups.get(a[1])
+            if g is not None and g.buckets:
+                watch, acts = g.buckets[0]
+                return watch if watch is not None else _port_of(acts, groups)
+    return None
+
+
+def _set_entry(f: Flow) -> tuple[int, str, int, int] | None:
+    """(meta, field, value, mask) of a set's own entropy entry (not an "avoid" entry), else None."""
+    if f.table != TABLE_ENTROPY:
+        return None
+    meta = field_ = None
+    value = mask = 0
+    for k, v in f.match:
+        if k == "metadata":
+            if not isinstance(v, tuple) or v[1] != FULL:
+                return None
+            meta = v[0]
+        elif k in ("udp_src", "tcp_src", "ipv4_src"):
+            field_, (value, mask) = k, v
+    if meta is None or field_ is None:
+        return None
+    return meta, field_, value, mask
+
+
+def entropy_sets(state: SwitchState) -> dict[int, EntropySet]:
+    """Every next-hop set of a compiled switch state, by metadata value (see :class:`EntropySet`)."""
+    groups = {g.group_id: g for g in state.groups}
+    found: dict[int, tuple[int, dict[int, tuple]]] = {}
+    for f in state.flows:
+        e = _set_entry(f)
+        if e is None or e[1] != "udp_src":
+            continue
+        meta, _, value, mask = e
+        found.setdefault(meta, (mask, {}))[1][_pext(value, mask)] = f.actions
+    out: dict[int, EntropySet] = {}
+    for meta, (mask, acts) in found.items():
+        n = len(acts)
+        if n != 1 << bin(mask).count("1") or sorted(acts) != list(range(n)):
+            continue        # not a whole set (never compiled so): left alone
+        port_of: dict[tuple, int] = {}
+        for a in set(acts.values()):
+            port = _port_of(a, groups)
+            if port is not None:
+                port_of[a] = port
+        if len(port_of) < len(set(acts.values())):
+            continue
+        by_port = {port_of[a]: a for a in acts.values()}
+        ports = tuple(sorted(by_port))
+        out[meta] = EntropySet(meta, mask, ports, tuple(by_port[p] for p in ports),
+                               tuple(port_of[acts[i]] for i in range(n)))
+    return out
+
+
+@lru_cache(maxsize=65536)
+def _weighted_entry(meta_match: int | tuple, prio: int, field_: str, value: int, mask: int, actions: tuple) -> Flow:
+    """One entropy entry (one value per arguments, so that equal entries of two compiles are one object)."""
+    if field_ == "ipv4_src":
+        m: tuple = (("metadata", meta_match), ("eth_type", ETH_IPV4), ("ipv4_src", (value, mask)))
+    else:
+        proto = PROTO_UDP if field_ == "udp_src" else PROTO_TCP
+        m = (("metadata", meta_match), ("eth_type", ETH_IPV4), ("ip_proto", proto), (field_, (value, mask)))
+    return Flow(TABLE_ENTROPY, prio, m, actions)
+
+
+def _set_flows(s: EntropySet, assignment: tuple[int, ...]) -> list[Flow]:
+    """A set's own entries for ``assignment`` (pattern p -> port), in pattern order."""
+    out_of = dict(zip(s.ports, s.outs, strict=True))
+    ip_mask = (1 << bin(s.mask).count("1")) - 1
+    flows: list[Flow] = []
+    for p, port in enumerate(assignment):
+        acts = out_of[port]
+        value = _pdep(p, s.mask)
+        flows += (_weighted_entry((s.meta, FULL), PRIO_L4, "udp_src", value, s.mask, acts),
+                  _weighted_entry((s.meta, FULL), PRIO_L4, "tcp_src", value, s.mask, acts),
+                  _weighted_entry((s.meta, FULL), PRIO_OTHER, "ipv4_src", p, ip_mask, acts))
+    return flows
+
+
+def _replace_sets(state: SwitchState, new: Mapping[int, list[Flow]]) -> SwitchState:
+    """``state`` with the own entries of the sets in ``new`` (by metadata) replaced where the first stood."""
+    if not new:
+        return state
+    flows: list[Flow] = []
+    done: set[int] = set()
+    for f in state.flows:
+        e = _set_entry(f)
+        if e is not None and e[0] in new:
+            if e[0] not in done:
+                done.add(e[0])
+                flows += new[e[0]]
+            continue
+        flows.append(f)
+    return SwitchState(state.name, state.dpid, tuple(flows), state.groups)
+
+
+def widened(state: SwitchState, masks: Mapping[int, int]) -> SwitchState:
+    """Weighted mode's tables of a switch: every set whose mask ``masks`` widens (``weighted_masks``)
+    reads the wider mask, each new pattern going where its map bits went (equal shares, the same
+    ports as ecmp mode for every source port). So that a set's "avoid port j" entries (which read
+    only the map's bits) never fall through to a weighted entry that sends to port j, they are
+    completed: every pattern that does not go to j gets an avoid entry to its own port."""
+    sets = entropy_sets(state)
+    new: dict[int, list[Flow]] = {}
+    for meta, s in sets.items():
+        wide = masks.get(s.mask)
+        if wide is None:
+            continue
+        base = tuple(s.assignment[_pext(_pdep(p, wide), s.mask)] for p in range(1 << bin(wide).count("1")))
+        flows = _set_flows(EntropySet(meta, wide, s.ports, s.outs, base), base)
+        ip_mask = (1 << bin(s.mask).count("1")) - 1
+        for j, port in enumerate(s.ports):
+            am = avoid_meta(meta, j)
+            for i, to in enumerate(s.assignment):
+                if to != port:
+                    acts = s.outs[s.ports.index(to)]
+                    v = _pdep(i, s.mask)
+                    flows += (_weighted_entry(am, PRIO_L4 + 1, "udp_src", v, s.mask, acts),
+                              _weighted_entry(am, PRIO_L4 + 1, "tcp_src", v, s.mask, acts),
+                              _weighted_entry(am, PRIO_OTHER + 1, "ipv4_src", i, ip_mask, acts))
+        new[meta] = flows
+    return _replace_sets(state, new)
+
+
+def weighted(state: SwitchState, assignments: Mapping[int, tuple[int, ...]]) -> SwitchState:
+    """``state`` with the sets named in ``assignments`` (metadata -> port per pattern, as many
+    patterns as the set has) sending pattern p to port ``assignment[p]``. Entries that do not
+    change stay the same objects (the reconciler diffs by identity first)."""
+    sets = entropy_sets(state)
+    new: dict[int, list[Flow]] = {}
+    for meta, a in assignments.items():
+        s = sets.get(meta)
+        if s is None or len(a) != s.patterns or not set(a) <= set(s.ports) or a == s.assignment:
+            continue
+        new[meta] = _set_flows(s, tuple(a))
+    return _replace_sets(state, new)
+
+
+def dead_ports(g: nx.MultiGraph, failures: Failures) -> dict[str, set[int]]:
+    """Per live switch, its ports whose link or neighbour has failed."""
+    return _dead_ports(index_of(g), failures)
 
 
 _CLASSIFY_LEAF = (Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),)),

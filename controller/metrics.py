@@ -109,6 +109,15 @@ class Metrics:
                                         "Achieved time between the last two telemetry samples", registry=r)
         self.telemetry_cpu = Counter("hpnlab_telemetry_cpu_seconds",
                                      "CPU seconds the controller spent on telemetry and the ECN policy", registry=r)
+        # ---- weighted multipath (controller/weights.py) ----
+        self.multipath_weight = Gauge("hpnlab_multipath_weight_patterns", "Weighted mode: entropy patterns of a "
+                                      "multipath set (metadata 'set') that go to this port", ["switch", "port", "set"],
+                                      registry=r)
+        self.multipath_load = Gauge("hpnlab_multipath_load_score", "Weighted mode: the port's smoothed congestion "
+                                    "score (utilisation + queue + CE terms) the weights follow", ["switch", "port"],
+                                    registry=r)
+        self.weight_changes = Counter("hpnlab_multipath_weight_changes", "Multipath sets re-weighted", registry=r)
+        self._weights_seen = 0
         self._ecn_seen = (0, 0.0)
         #: () -> (HTTP status, JSON body) for /health (the app sets it; ``health`` decides)
         self.health_source: Callable[[], tuple[int, dict[str, Any]]] | None = None
@@ -137,6 +146,19 @@ class Metrics:
         self._ecn_seen = (n, cpu)
         if loop.telemetry.intervals:
             self.telemetry_interval.set(loop.telemetry.intervals[-1])
+
+    def update_weights(self, weights: Any, sets: Any) -> None:
+        """Per-port gauges of a ``weights.Weights`` (its smoothed scores and each set's weights);
+        ``sets``: ``WeightedTables.sets()`` (which sets and ports exist)."""
+        for sw, by_meta in sets.items():
+            for meta, es in by_meta.items():
+                st = weights.sets.get((sw, meta))
+                counts = st.counts if st is not None else es.counts()
+                for port in es.ports:
+                    self.multipath_weight.labels(sw, str(port), f"{meta:#x}").set(counts.get(port, 0))
+                    self.multipath_load.labels(sw, str(port)).set(weights.scores.get((sw, port), 0.0))
+        self.weight_changes.inc(max(0, weights.n_changes - self._weights_seen))
+        self._weights_seen = weights.n_changes
 
     def wsgi_app(self) -> Callable:
         """/health and /healthz (``health_source``'s answer), everything else Prometheus's."""

@@ -187,7 +187,15 @@ class GroupDescReply:
     more: bool = False
 
 
-Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply | GroupDescReply
+@dataclass(frozen=True)
+class Restate:
+    """New desired states for some switches, decided beside the failure compile (weighted mode's
+    load-following weights, controller/weights.py): handled like a recompile of those switches,
+    so only what differs is sent, in the usual order."""
+    states: Mapping[str, compiler.SwitchState]
+
+
+Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply | GroupDescReply | Restate
 
 
 # ---- messages (out) ------------------------------------------------------------------------
@@ -961,7 +969,7 @@ class Reconciler:
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
-        self.counters = {"recompiles": 0, "resyncs": 0, "reads": 0, "errors": 0, "steps": 0, "cycles": 0,
+        self.counters = {"recompiles": 0, "restates": 0, "resyncs": 0, "reads": 0, "errors": 0, "steps": 0, "cycles": 0,
                          "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0, "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
         # CPU seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
@@ -1009,6 +1017,9 @@ class Reconciler:
             out += self._timeouts(now)
         elif isinstance(event, (FlowStatsReply, GroupDescReply)):
             self._read_back(event)
+        elif isinstance(event, Restate):
+            self.counters["restates"] += 1
+            self._adopt([sw for sw in event.states if sw in self.states], event.states)
         else:
             raise TypeError(f"not a reconciler event: {event!r}")
         if recompiles != self.counters["recompiles"] and self._converging_since is None:
@@ -1142,6 +1153,18 @@ class Reconciler:
         t0 = time.process_time()
         states = self.compile_fn(self.graph, failures, self.policy, switches=wanted)
         t1 = time.process_time()
+        changed = self._adopt(wanted, states)
+        self.timings["compile_s"] = t1 - t0
+        self.timings["compare_s"] = time.process_time() - t1
+        self.counters["recompiles"] += 1
+        self.last_recompiled_planes = tuple(sorted(planes))
+        LOG.info("recompiled plane(s) %s in %.0f ms: %d failed links, %d failed switches, %d switches changed",
+                 ", ".join(map(str, sorted(planes))), 1000 * (t1 - t0), len(failures.links),
+                 len(failures.switches), changed)
+
+    def _adopt(self, wanted: Iterable[str], states: Mapping[str, compiler.SwitchState]) -> int:
+        """Make ``states`` the desired states of the ``wanted`` switches (one missing from ``states``
+        has none: it failed); returns how many changed."""
         changed = 0
         for sw in wanted:
             new = states.get(sw)
@@ -1176,13 +1199,7 @@ class Reconciler:
                 self.states[sw] = new
                 self.dirty.add(sw)
                 changed += 1
-        self.timings["compile_s"] = t1 - t0
-        self.timings["compare_s"] = time.process_time() - t1
-        self.counters["recompiles"] += 1
-        self.last_recompiled_planes = tuple(sorted(planes))
-        LOG.info("recompiled plane(s) %s in %.0f ms: %d failed links, %d failed switches, %d switches changed",
-                 ", ".join(map(str, sorted(planes))), 1000 * (t1 - t0), len(failures.links),
-                 len(failures.switches), changed)
+        return changed
 
     def _outstanding(self) -> bool:
         return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing)

@@ -7,6 +7,10 @@ ports from the controller's entropy map):
     flowlet    a new path after an idle gap (LetFlow-like)
     spray      oblivious per-packet spraying
     adaptive   per-packet, REPS-like feedback
+    adaptive+w adaptive, with the switches' weights load-following (the controller's weighted mode,
+               ``hpnlab.controller.weights``); every other mode runs with equal weights on the same
+               tables, so it sends every source port where ecmp switches do. Needs an emulation started
+               with ``routing_weights="weighted"``; otherwise this mode is left out (said once).
 
 Fabrics: the emulated scenario as it is (symmetric), then the same with one leaf uplink
 (both directions) shaped to ``asym_factor`` of its rate (and its ECN marking set for the new
@@ -37,7 +41,10 @@ from .errors import UserError
 from .experiment import Plan
 from .transport.accounting import exactly_once
 
-MODES = ("ecmp", "flowlet", "spray", "adaptive")
+MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
+#: mode -> (the transport's entropy policy, the switches' routing weights)
+MODE_SETTINGS = {"ecmp": ("ecmp", "ecmp"), "flowlet": ("flowlet", "ecmp"), "spray": ("spray", "ecmp"),
+                 "adaptive": ("adaptive", "ecmp"), "adaptive+w": ("adaptive", "weighted")}
 COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
 
 
@@ -110,13 +117,13 @@ def summarize(runs: list[dict], baseline: str = "ecmp") -> list[dict]:
 
 def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
     key = "busbw_ratio_to_" + baseline
-    lines = [f"{'fabric':<11} {'collective':<12} {'mode':<9} {'busbw GB/s':>11} {'x ' + baseline:>17} "
+    lines = [f"{'fabric':<11} {'collective':<12} {'mode':<10} {'busbw GB/s':>11} {'x ' + baseline:>17} "
              f"{'imbalance':>9} {'reorder':>7} {'retx':>6}  exactly once"]
     for r in summary:
         b, q = r["busbw_gbs"], r[key]
         ratio = f"{q['mean']:.2f} [{q['min']:.2f}-{q['max']:.2f}]" if q["n"] else "-"
         imb = r["uplink_imbalance"]["mean"]
-        lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<9} {b['mean']:>11.5f} {ratio:>17} "
+        lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<10} {b['mean']:>11.5f} {ratio:>17} "
                      f"{imb if imb is None else format(imb, '.2f'):>9} {r['max_reorder']['max']:>7} "
                      f"{r['retransmissions']['mean']:>6.0f}  {'yes' if r['exactly_once'] else 'NO'}")
     return lines
@@ -169,6 +176,12 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     if reps < 1:
         raise UserError(f"--repeat must be at least 1, got {reps}")
     collectives = tuple(collectives or base.collectives)
+    unknown = [m for m in modes if m not in MODE_SETTINGS]
+    if unknown:
+        raise UserError(f"unknown routing mode(s) {', '.join(unknown)}: use {', '.join(MODES)}")
+    if any(MODE_SETTINGS[m][1] == "weighted" for m in modes) and getattr(emu, "_weights_control", None) is None:
+        say("adaptive+w left out: the emulation's controller does not run weighted mode's tables")
+        modes = tuple(m for m in modes if MODE_SETTINGS[m][1] != "weighted")
     g = emu.graph
     s = g.graph["scenario"]
     runs: list[dict] = []
@@ -193,7 +206,10 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
             for rep in range(reps):
                 for coll in collectives:
                     for mode in modes:
-                        plan = base.replace(collectives=coll, transports="roce", entropies=mode)
+                        entropy, weights = MODE_SETTINGS[mode]
+                        if getattr(emu, "routing_weights", "ecmp") != weights:
+                            emu.set_routing_weights(weights)
+                        plan = base.replace(collectives=coll, transports="roce", entropies=entropy)
                         cells = plan.jobs_on(g)
                         hosts = {h for jobs in cells.values() for j in jobs for h in (j.labels or [])}
                         leaves = {p["leaf"] for h in hosts for p in fgraph.host_ports(g, h)}

@@ -49,3 +49,17 @@ def test_a_lost_byte_anywhere_shows_in_the_summary():
 def test_no_repetitions_is_one_clear_error(reps):
     with pytest.raises(cr.UserError, match="--repeat"):
         cr.compare(None, Plan(), reps=reps)
+
+
+def test_adaptive_with_weighted_switches_is_a_row_of_its_own_after_adaptive():
+    runs = [_run("symmetric", m, 0, 1.0) for m in ("adaptive+w", "adaptive", "ecmp")]
+    rows = cr.summarize(runs)
+    assert [r["mode"] for r in rows] == ["ecmp", "adaptive", "adaptive+w"]
+    assert cr.MODE_SETTINGS["adaptive+w"] == ("adaptive", "weighted")
+    assert all(cr.MODE_SETTINGS[m][1] == "ecmp" for m in cr.MODES if m != "adaptive+w")
+    assert "adaptive+w" in cr.table(rows)[-1]
+
+
+def test_an_unknown_routing_mode_is_one_clear_error():
+    with pytest.raises(cr.UserError, match="unknown routing mode"):
+        cr.compare(None, Plan(), modes=("ecmp", "weighted-spray"))

@@ -55,6 +55,9 @@ def register(sub) -> None:
                    help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
     p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
                    help="the controller polls port statistics and the ECN stage every N ms (default 200)")
+    p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
+                   help="the switches' multipath weights: ecmp (default, equal) or weighted (the controller moves "
+                        "entropy patterns off loaded uplinks every telemetry interval)")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     add_port_type_arg(p)
     p.add_argument("--verify-branches", action="store_true",
@@ -153,7 +156,7 @@ def cmd_emulate(args) -> int:
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
                     port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
-                    on_controller_loss=args.on_controller_loss)
+                    on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built

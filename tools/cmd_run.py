@@ -58,9 +58,9 @@ def register(sub) -> None:
                         "computed from each port's rate) or KMIN,KMAX,PMAX (bytes, bytes, 0..1)")
     p.add_argument("--compare", choices=("ecn", "routing"),
                    help="ecn: every workload under the static ECN settings and dynamic, side by side "
-                        "(see --workloads, --repeat, --settings); routing: ecmp, flowlet, spray and adaptive "
-                        "entropy side by side on the fabric as it is and with one leaf uplink at half rate "
-                        "(hpnlab.fabric.compare_routing)")
+                        "(see --workloads, --repeat, --settings); routing: ecmp, flowlet, spray, adaptive and adaptive "
+                        "with weighted switches side by side on the fabric as it is and with one leaf uplink at half "
+                        "rate (hpnlab.fabric.compare_routing)")
     p.add_argument("--repeat", type=int, default=5,
                    help="--compare: repetitions of every cell, interleaved (default 5)")
     p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
@@ -74,6 +74,9 @@ def register(sub) -> None:
                    help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
     p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
                    help="the controller polls port statistics and the ECN stage every N ms (default 200)")
+    p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
+                   help="the switches' multipath weights: ecmp (default, equal) or weighted (the controller moves "
+                        "entropy patterns off loaded uplinks every telemetry interval)")
     p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default="restart",
                    help="when the controller process dies during the run: restart it (default: it reads the switches "
                         "back and changes only what differs; traffic keeps flowing meanwhile), stop the run, or "
@@ -159,7 +162,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
                        telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
                        controller_tls=args.controller_tls, controller_args=web_args,
-                       on_controller_loss=args.on_controller_loss) as emu, \
+                       on_controller_loss=args.on_controller_loss,
+                       routing_weights="weighted" if args.compare == "routing" else args.routing_weights) as emu, \
                 open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "

@@ -94,7 +94,7 @@ def ecn_args(ecn_policy: str = "static", telemetry_interval_ms: float = 200, tel
     return out
 
 
-def request_policy(control: Path, policy: str, timeout_s: float = 5.0) -> None:
+def request_policy(control: Path, policy: str, timeout_s: float = 5.0, what: str = "ECN policy") -> None:
     """Ask a running controller to replace its ECN policy (through ``control``, see controller/ecn_loop.py)
     and wait for its answer; ControllerError when it refuses or does not answer in time."""
     ack = control.with_name(control.name + ".ack")
@@ -110,10 +110,10 @@ def request_policy(control: Path, policy: str, timeout_s: float = 5.0) -> None:
             answer = {}
         if answer.get("seq") == seq:
             if answer.get("error"):
-                raise ControllerError(f"the controller refused ECN policy {policy!r}: {answer['error']}")
+                raise ControllerError(f"the controller refused {what} {policy!r}: {answer['error']}")
             return
         time.sleep(0.05)
-    raise ControllerError(f"the controller did not take ECN policy {policy!r} within {timeout_s:g} s")
+    raise ControllerError(f"the controller did not take {what} {policy!r} within {timeout_s:g} s")
 
 
 class ControllerProcess:

@@ -76,7 +76,8 @@ class Emulation:
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
                  rewire: Rewire | None = None, wiring_timeout: float = 60.0,
                  on_built: Callable[[Emulation], None] | None = None,
-                 controller_tls: str | Path | None = None, on_controller_loss: str = "continue"):
+                 controller_tls: str | Path | None = None, on_controller_loss: str = "continue",
+                 routing_weights: str = "ecmp"):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if controller_tls and controller != "hpnlab":
@@ -123,6 +124,15 @@ class Emulation:
         self.fast_failover = fast_failover
         if not fast_failover:
             self.controller_args.append("--no-fast-failover")
+        #: the controller's multipath weights (controller/weights.py): ecmp (equal) or weighted (load-following)
+        if routing_weights not in ("ecmp", "weighted"):
+            raise UserError(f"unknown routing weights {routing_weights!r}: use ecmp or weighted")
+        if routing_weights != "ecmp" and controller != "hpnlab":
+            raise UserError(f"routing weights {routing_weights!r} need the hpnlab controller (it decides them)")
+        self.routing_weights = routing_weights
+        self._weights_control: Path | None = None
+        if routing_weights != "ecmp":
+            self.controller_args += ["--routing-weights", routing_weights]
         #: the controller's dynamic-ECN policy (controller/ecn_policy.py) and telemetry interval; the
         #: telemetry (JSON lines) goes to ``telemetry_file`` in the run directory
         if ecn_policy != "static" and controller != "hpnlab":
@@ -285,6 +295,9 @@ class Emulation:
         self._ecn_control = self._st.run_dir / "ecn-policy.json"
         args = ecn_args(self.ecn_policy, self.telemetry_interval_ms, self.telemetry_file, self._ecn_control)
         args += self._wiring_args()
+        if "--routing-weights" in self.controller_args:     # weighted mode's tables: live switches possible
+            self._weights_control = self._st.run_dir / "routing-weights.json"
+            args += ["--weights-control", str(self._weights_control)]
         if self.tls is not None:
             args += tls_args(self.tls)
             self._switch_tls()
@@ -294,6 +307,7 @@ class Emulation:
         self.metadata["ecn_policy"] = self.ecn_policy
         self.metadata["telemetry_interval_ms"] = self.telemetry_interval_ms
         self.metadata["fast_failover"] = self.fast_failover
+        self.metadata["routing_weights"] = self.routing_weights
         self.metadata["controller_log"] = str(ctl.log_file)
         self._ctl = ctl
         self.controller_proc = ctl.start()
@@ -744,6 +758,21 @@ class Emulation:
             raise UserError(str(exc)) from None
         self.ecn_policy = policy
         self.metadata["ecn_policy"] = policy
+
+    def set_routing_weights(self, mode: str) -> None:
+        """Switch the controller's multipath weights live between "weighted" and "ecmp" (equal shares on
+        weighted mode's tables: every source port takes the path ecmp mode gives it); returns once the
+        controller has taken it. Needs an emulation started with ``routing_weights="weighted"``."""
+        if mode == self.routing_weights:
+            return
+        if self._weights_control is None:
+            raise UserError(f"routing weights {mode!r} live: start the emulation with routing_weights='weighted'")
+        try:
+            request_policy(self._weights_control, mode, what="routing weights")
+        except ControllerError as exc:
+            raise UserError(str(exc)) from None
+        self.routing_weights = mode
+        self.metadata["routing_weights"] = mode
 
     def run_timeline(self, timeline: Any, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
         from .timeline import run as run_timeline
