@@ -30,7 +30,7 @@ planes      only the planes that check out (no miswired port and no unexpected n
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -199,15 +199,17 @@ def _swap_partner(port: Port, seen: Port | None, expected: Mapping[Port, Port],
     return None
 
 
-def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse") -> Decision:
-    """The planes to install and the ports to hold down, given the report (see the module docstring)."""
+def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse", hold_planes: Iterable[int] = ()) -> Decision:
+    """The planes to install and the ports to hold down, given the report (see the module docstring).
+    ``hold_planes``: planes held back whatever the mode (a switch of theirs whose deployment does not
+    check out, e.g. a port name the switch does not have: controller/deployment.py)."""
     if mode not in MODES:
         raise ValueError(f"unknown miswiring mode {mode!r}: one of {', '.join(MODES)}")
     all_planes = sorted({d.get("plane", 0) for _n, d in g.nodes(data=True) if d["tier"] > 0})
     used = used_ports(g)
     harmful = [f for f in report.findings
                if f.kind == "miswired" or (f.kind == "unexpected" and (f.switch, f.port) in used)]
-    blocked = sorted({p for f in harmful for p in f.planes}) if mode == "planes" else []
+    blocked = sorted(({p for f in harmful for p in f.planes} if mode == "planes" else set()) | set(hold_planes))
     held = {(f.switch, f.port) for f in report.findings if f.kind == "missing" or f in harmful}
     if mode == "refuse":
         # both ends of a miswired port's expected cable: the compiler's link is failed either way
