@@ -18,8 +18,9 @@ both launchers work the same way:
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
     HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
-    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
-                         on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
+    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and port numbers or names), or
+                         "auto": adopt the map LLDP discovers once discovery settles, install on it and write it
+                         to HPNLAB_DEPLOYMENT_OUT
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
