@@ -285,3 +285,14 @@ def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app)
     reply.xid, reply.flags = ask.xid, 0
     app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
     assert [m for m in dp.take() if isinstance(m, parser.OFPFlowMod)] == []
+
+
+def test_port_names_without_the_wiring_gate_install_each_switch_once_its_names_are_resolved(make_app, tmp_path):
+    app = make_app("off", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED))
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()
+    assert app.released == set(net.dps) and app.deployment_errors == {}
+    net.settle()
+    assert app.reconciler.settled and app.reconciler.down_ports == set()
+    assert all(p > 100 for sw in net.dps for f in app.reconciler.states[sw].flows for a in f.actions
+               if a[0] == "output" for p in [a[1]])
