@@ -96,6 +96,14 @@ def test_a_missing_cable_alone_blocks_no_plane(g):
     assert decision.held_down == {("p0l2", 5), ("p0s0", 3)}
 
 
+@pytest.mark.parametrize("mode", ["refuse", "planes"])
+def test_a_plane_held_back_for_its_deployment_is_not_installed_whatever_the_mode(g, mode):
+    report = wiring.compare(g, lldp_of(g, Rewire(drop=[DROP])))      # the missing cable is plane 0's
+    decision = wiring.decide(g, report, mode, hold_planes={0})
+    assert decision.planes == (1,) and decision.blocked_planes == (0,)
+    assert decision.held_down == frozenset()        # nothing of plane 0 to hold: it is not installed at all
+
+
 def test_a_cable_across_planes_blocks_both_planes(g):
     heard = lldp_of(g, Rewire())
     heard["p0l0", 5], heard["p1s0", 1] = ("p1s0", 1), ("p0l0", 5)
