@@ -57,7 +57,7 @@ class Finding:
     note: str = ""
 
     def line(self) -> str:
-        where = f"{self.switch} port {self.port}"
+        where = _p((self.switch, self.port))
         if self.kind == "missing":
             return f"missing: {where} -> {_p(self.expected)}: no LLDP seen on either end{self.note}"
         if self.kind == "miswired":
@@ -77,7 +77,11 @@ class Finding:
 
 
 def _p(port: Port | None) -> str:
-    return "nothing" if port is None else f"{port[0]} port {port[1]}"
+    if port is None:
+        return "nothing"
+    if port[1] < 0:      # a port given by a name its switch has not resolved (controller/deployment.py)
+        return f"{port[0]} port (name not resolved)"
+    return f"{port[0]} port {port[1]}"
 
 
 @dataclass(frozen=True)

@@ -222,3 +222,16 @@ def test_auto_on_the_scenarios_own_numbers_adopts_them_unchanged(g):
 def test_auto_adopts_nothing_from_a_wiring_of_another_shape(g):
     with pytest.raises(UserError, match="does not have the shape"):
         deployment.adoption(g, heard_by_dpid(physical(g, Rewire(drop=[("p0l2", "p0s0")]))))
+
+
+def test_the_emulations_file_names_every_port_but_those_of_a_dropped_cable_which_are_not_made(g):
+    data = rewire_deployment(g, Rewire(drop=[("p0l2", "p0s0")], port_offset=100, port_names=True))
+    assert data["switches"]["p0l2"]["ports"][5] == 105 and data["switches"]["p0s0"]["ports"][3] == 103
+    assert data["switches"]["p0l2"]["ports"][6] == "p0l2-eth6"
+    assert mistakes(g, data) == []
+
+
+def test_a_finding_on_a_port_whose_name_is_not_resolved_says_so(g, named):
+    out = deployment.apply(g, named)
+    report = wiring.compare(out, {})
+    assert report.findings and all("name not resolved" in line for line in report.lines())

@@ -92,12 +92,15 @@ def deployment(g: nx.MultiGraph, rewire: Rewire) -> dict:
     every switch's datapath id and, for every port it uses, scenario port -> OpenFlow port (or, with
     ``port_names``, the port's name on the switch)."""
     dpids = foreign_dpids(g, rewire.dpid_base) if rewire.dpid_base is not None else {}
+    # a dropped cable's ports are not made at all (Mininet makes no interface without a link), so they
+    # have no name to give: they are given by number (a real switch keeps the port of a pulled cable)
+    unmade = {(n, _edge(g, u, v)[3]["ports"][n]) for u, v in rewire.drop for n in (u, v)}
     switches: dict[str, dict] = {}
     for n, d in g.nodes(data=True):
         if d["tier"] == 0:
             continue
         ports = sorted({e["ports"][n] for _u, _v, e in g.edges(n, data=True)})
         switches[n] = {"dpid": f"{dpids.get(n, d['dpid']):#018x}",
-                       "ports": {p: intf_name(n, p) if rewire.port_names else p + rewire.port_offset
-                                 for p in ports}}
+                       "ports": {p: intf_name(n, p) if rewire.port_names and (n, p) not in unmade
+                                 else p + rewire.port_offset for p in ports}}
     return {"scenario": g.graph["scenario"].name, "switches": switches}
