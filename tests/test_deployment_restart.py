@@ -47,6 +47,7 @@ def restart(g, held: dict, ports: dict) -> tuple[reconcile.Reconciler, dict[str,
     asked = []
     for sw in sorted(held):
         asked += rec.handle(reconcile.SwitchUp(sw, ports[sw]))
+    assert {type(m) for m in asked} == {reconcile.FlowStatsRequest, reconcile.GroupDescRequest}   # read back first
     sent = []
     for m in asked:
         table = held[m.switch]
@@ -54,7 +55,7 @@ def restart(g, held: dict, ports: dict) -> tuple[reconcile.Reconciler, dict[str,
             flows = tuple(reconcile.FlowEntry(k[0], k[1], k[2], a) for k, a in table.items()
                           if not reconcile.is_group(k))
             sent += rec.handle(reconcile.FlowStatsReply(m.switch, m.xid, flows))
-        else:
+        elif isinstance(m, reconcile.GroupDescRequest):
             groups = tuple(v for k, v in table.items() if reconcile.is_group(k))
             sent += rec.handle(reconcile.GroupDescReply(m.switch, m.xid, groups))
     mods: dict[str, list] = {}

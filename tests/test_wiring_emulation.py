@@ -96,7 +96,8 @@ def test_the_miswiring_is_reported_port_by_port_in_the_switches_own_numbers(emu,
 
 def test_switches_with_foreign_dpids_and_ports_run_through_the_deployment_file(emu):
     assert "--deployment" in emu.metadata["controller_cmd"]
-    site = yaml.safe_load(open(emu.metadata["deployment"]))
+    with open(emu.metadata["deployment"]) as f:
+        site = yaml.safe_load(f)
     assert site["switches"]["p0l0"]["ports"][6] == "p0l0-eth6"          # ports given by name ...
     resolved = wiring_now(emu)["deployment"]
     assert resolved["errors"] == [] and len(resolved["resolved"]) == 12
