@@ -688,8 +688,9 @@ class HpnController(BaseApp):
         stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
         for rx in stale:
             del self.observed[rx]
-        if self.wiring_decision is not None or (
-                self.datapaths and (self._discovery_complete() or now - self._last_connect >= self.discovery_s)):
+        if self.wiring_decision is not None or (self.datapaths and (self._discovery_complete() or wiring.settled(
+                now - self._last_connect, self.discovery_s, len(self.datapaths) + len(self.strangers),
+                len(self.index.sw)))):
             self._decide_wiring()
 
     def _decide_wiring(self) -> None:

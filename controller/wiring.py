@@ -203,6 +203,19 @@ def _swap_partner(port: Port, seen: Port | None, expected: Mapping[Port, Port],
     return None
 
 
+#: Open vSwitch retries a lost controller connection with a backoff of up to 8 s (``max_backoff``)
+SWITCH_WAIT_S = 8.0
+
+
+def settled(quiet_s: float, discovery_s: float, connected: int, expected: int) -> bool:
+    """Has discovery learnt all it will (when it is not complete: some expected link unheard)? Nothing
+    new learnt for ``discovery_s``, or, while fewer switches than the scenario's have connected, for
+    ``discovery_s + SWITCH_WAIT_S``: after a controller restart the switches come back as their
+    reconnect backoff allows, and deciding without one would hold its links down as missing and
+    reroute switches that hold the right tables (flow-mods for nothing, twice)."""
+    return quiet_s >= discovery_s + (SWITCH_WAIT_S if connected < expected else 0.0)
+
+
 def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse", hold_planes: Iterable[int] = ()) -> Decision:
     """The planes to install and the ports to hold down, given the report (see the module docstring).
     ``hold_planes``: planes held back whatever the mode (a switch of theirs whose deployment does not

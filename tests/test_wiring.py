@@ -154,3 +154,15 @@ def test_without_the_gate_packets_cross_the_swapped_cables(g):
 def test_decide_refuses_an_unknown_mode(g):
     with pytest.raises(ValueError, match="refuse, planes"):
         wiring.decide(g, wiring.compare(g, {}), "ignore")
+
+
+def test_discovery_settles_once_nothing_new_was_learnt_for_the_discovery_time():
+    assert not wiring.settled(2.9, 3.0, connected=12, expected=12)
+    assert wiring.settled(3.0, 3.0, connected=12, expected=12)
+
+
+def test_discovery_waits_out_a_switch_reconnect_backoff_while_a_switch_is_absent():
+    """After a controller restart a switch may come back only after its reconnect backoff: deciding
+    without it would reroute around its links."""
+    assert not wiring.settled(3.0 + wiring.SWITCH_WAIT_S - 0.1, 3.0, connected=11, expected=12)
+    assert wiring.settled(3.0 + wiring.SWITCH_WAIT_S, 3.0, connected=11, expected=12)
