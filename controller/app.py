@@ -406,7 +406,7 @@ class HpnController(BaseApp):
         if not cfg["deployment"] or self.deployment_auto:
             return g
         self.deployment_data = deployment.load(g, cfg["deployment"])
-        self.deployment_named = deployment.named(self.deployment_data, g)
+        self.deployment_named = deployment.named(g, self.deployment_data)
         out = deployment.apply(g, self.deployment_data)
         LOG.info("deployment %s: %d switches on their own dpids and ports%s", cfg["deployment"],
                  len(fgraph.switches(g)), f"; {len(self.deployment_named)} give port names, resolved when they "

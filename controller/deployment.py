@@ -190,7 +190,7 @@ def load(g: nx.MultiGraph, path: str | Path) -> dict:
     return data
 
 
-def named(data: Mapping, g: nx.MultiGraph) -> dict[str, dict[int, str]]:
+def named(g: nx.MultiGraph, data: Mapping) -> dict[str, dict[int, str]]:
     """The ports a deployment gives by name: switch -> scenario port -> the switch's port name."""
     _dpids, maps, _errors = validate(g, data)
     return {sw: {p: v for p, v in m.items() if isinstance(v, str)} for sw, m in maps.items()
