@@ -683,12 +683,13 @@ class HpnController(BaseApp):
         if not self.wiring_enabled:
             return
         now = time.monotonic()
-        if self.datapaths and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
+        present = bool(self.datapaths or self.strangers)       # --deployment auto: maybe only strangers yet
+        if present and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
             self._send_lldp()
         stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
         for rx in stale:
             del self.observed[rx]
-        if self.wiring_decision is not None or (self.datapaths and (self._discovery_complete() or wiring.settled(
+        if self.wiring_decision is not None or (present and (self._discovery_complete() or wiring.settled(
                 now - self._last_connect, self.discovery_s, len(self.datapaths) + len(self.strangers),
                 len(self.index.sw)))):
             self._decide_wiring()

@@ -210,12 +210,12 @@ def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
 def test_deployment_auto_adopts_what_it_hears_and_installs_foreign_switches_without_a_restart(make_app, tmp_path):
     from hpnlab.controller import deployment
     out = tmp_path / "discovered.yaml"
-    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out))
+    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out), HPNLAB_DISCOVERY_S="0")
     foreign = Rewire(dpid_base=0xAB00000000000000, port_offset=100)
     net = Fabric(app, physical(scenario(), foreign))
     net.connect()
     assert len(app.strangers) == 12 and app.released == set()     # none known before discovery settles
-    app._decide_wiring()       # discovery settled
+    app._wiring_tick()         # discovery settled (nothing new learnt for the discovery time, here 0 s)
     net.deliver()
     assert app.strangers == {} and app.released == set(net.dps) and app.wiring_report.clean
     assert all(wipes(m) == 1 for m in net.installed.values())       # each read back once, then installed
