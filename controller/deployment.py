@@ -261,9 +261,52 @@ def dump(g: nx.MultiGraph, dpids: Mapping[str, int], maps: Mapping[str, Mapping[
     return yaml.safe_dump({"scenario": g.graph["scenario"].name, "switches": switches}, sort_keys=False)
 
 
-def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[Dpids, PortMaps]:
-    """(dpids, port maps) from what LLDP heard: ``links`` maps a receiving (dpid, port) to the sending
-    (dpid, port). Raises UserError when the heard wiring does not have the scenario's shape."""
+def _by_port_numbers(g: nx.MultiGraph, heard: nx.MultiGraph, derived: Mapping[int, str]) -> dict[str, int] | None:
+    """Switch -> dpid when the heard cables land on the scenario's port numbers: one connected part of the
+    heard wiring at a time, from one switch, each cable leads to the switch the scenario puts at the far end
+    of that port, on the port it plans there. None unless every part has exactly one such matching (the
+    port numbers of the cabling plan tell the switches apart; on foreign numbers they cannot)."""
+    plan: dict[str, dict[int, tuple[str, int]]] = {}
+    for u, v, d in g.edges(data=True):
+        if g.nodes[u]["tier"] > 0 and g.nodes[v]["tier"] > 0:
+            plan.setdefault(u, {})[d["ports"][u]] = (v, d["ports"][v])
+            plan.setdefault(v, {})[d["ports"][v]] = (u, d["ports"][u])
+    seen: dict[int, dict[int, tuple[int, int]]] = {}
+    for a, b, d in heard.edges(data=True):
+        seen.setdefault(a, {})[d["ports"][a]] = (b, d["ports"][b])
+        seen.setdefault(b, {})[d["ports"][b]] = (a, d["ports"][a])
+
+    def walk(seed: int, name: str) -> dict[int, str] | None:
+        got, owner, todo = {seed: name}, {name: seed}, [seed]
+        while todo:
+            dpid = todo.pop()
+            here = plan.get(got[dpid], {})
+            if set(seen[dpid]) != set(here):
+                return None
+            for port, (far, far_port) in seen[dpid].items():
+                want, want_port = here[port]
+                if far_port != want_port or got.get(far, want) != want or owner.get(want, far) != far \
+                        or derived.get(far, want) != want:
+                    return None
+                if far not in got:
+                    got[far], owner[want] = want, far
+                    todo.append(far)
+        return got
+
+    out: dict[str, int] = {}
+    for part in nx.connected_components(heard):
+        seed = min(part)
+        names = [derived[seed]] if seed in derived else [n for n in plan if set(plan[n]) == set(seen[seed])]
+        found = [m for m in (walk(seed, n) for n in names) if m is not None and len(m) == len(part)]
+        if len(found) != 1:
+            return None
+        out.update({name: dpid for dpid, name in found[0].items()})
+    return out if len(out) == len(plan) and len(set(out.values())) == len(out) else None
+
+
+def _discover(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[Dpids, PortMaps, bool]:
+    """``from_discovery``'s (dpids, port maps) and whether every switch with hosts was told apart (by its
+    derived dpid or by the plan's port numbers) rather than guessed from the shape of the wiring alone."""
     heard = nx.MultiGraph()
     pairs = {tuple(sorted((rx, tx))) for rx, tx in links.items()}
     for a, b in pairs:
@@ -273,18 +316,23 @@ def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, 
         if g.nodes[u]["tier"] > 0 and g.nodes[v]["tier"] > 0:
             planned.add_edge(u, v, ports=d["ports"])
     derived = {d["dpid"]: n for n, d in g.nodes(data=True) if d["tier"] > 0}
-    for n in planned:
-        planned.nodes[n]["pin"] = n
-    for dpid in heard:
-        heard.nodes[dpid]["pin"] = derived.get(dpid)
-    matcher = nx.algorithms.isomorphism.MultiGraphMatcher(
-        planned, heard, node_match=lambda a, b: b["pin"] is None or a["pin"] == b["pin"])
-    mapping = next(matcher.isomorphisms_iter(), None)
-    if mapping is None:
-        raise UserError(f"the wiring LLDP heard ({heard.number_of_nodes()} switches, {heard.number_of_edges()} links) "
-                        f"does not have the shape of scenario {g.graph['scenario'].name} "
-                        f"({planned.number_of_nodes()} switches, {planned.number_of_edges()} links): "
-                        f"fix the cabling or write the deployment file by hand")
+    by_ports = _by_port_numbers(g, heard, derived)
+    if by_ports is not None:
+        mapping = by_ports
+    else:
+        for n in planned:
+            planned.nodes[n]["pin"] = n
+        for dpid in heard:
+            heard.nodes[dpid]["pin"] = derived.get(dpid)
+        matcher = nx.algorithms.isomorphism.MultiGraphMatcher(
+            planned, heard, node_match=lambda a, b: b["pin"] is None or a["pin"] == b["pin"])
+        found = next(matcher.isomorphisms_iter(), None)
+        if found is None:
+            raise UserError(f"the wiring LLDP heard ({heard.number_of_nodes()} switches, {heard.number_of_edges()} "
+                            f"links) does not have the shape of scenario {g.graph['scenario'].name} "
+                            f"({planned.number_of_nodes()} switches, {planned.number_of_edges()} links): "
+                            f"fix the cabling or write the deployment file by hand")
+        mapping = dict(found)
     dpids = dict(mapping)
     maps: dict[str, dict[int, int]] = {}
     for u, v in {tuple(sorted(e)) for e in planned.edges()}:
@@ -296,6 +344,19 @@ def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, 
     for name in maps:      # host ports keep the scenario's numbers
         for port in switch_ports(g, name) - set(maps[name]):
             maps[name][port] = port
+    with_hosts = {n for u, v in g.edges() for n, m in ((u, v), (v, u)) if g.nodes[n]["tier"] > 0 and
+                  g.nodes[m]["tier"] == 0}
+    told_apart = by_ports is not None or all(dpids[n] in derived for n in with_hosts)
+    return dpids, maps, told_apart
+
+
+def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[Dpids, PortMaps]:
+    """(dpids, port maps) from what LLDP heard: ``links`` maps a receiving (dpid, port) to the sending
+    (dpid, port). Switches are told apart by their derived dpids, else by the cabling plan's port numbers
+    (every cable on the ports the scenario plans); failing both, by the shape of the wiring alone, where
+    symmetric switches are interchangeable (which leaf has which hosts is then a guess: ``adoption``
+    refuses it). Raises UserError when the heard wiring does not have the scenario's shape."""
+    dpids, maps, _told_apart = _discover(g, links)
     return dpids, maps
 
 
@@ -303,8 +364,14 @@ def adoption(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]])
     """What ``--deployment auto`` adopts once discovery settles: (the deployment, as a file would give it,
     that ``apply`` puts the scenario on; one line saying what it maps). ``g`` is the scenario's graph,
     ``links`` what LLDP heard (as ``from_discovery``). Raises UserError when the heard wiring does not have
-    the scenario's shape (then nothing is adopted: the wiring check reports what it hears)."""
-    dpids, maps = from_discovery(g, links)
+    the scenario's shape, or when it cannot tell which switch with hosts is which (dpids and port numbers
+    of their own, and port numbers that do not single each one out, as in a fabric of identical planes:
+    hosts send no LLDP, so two such leaves are interchangeable); nothing is adopted then."""
+    dpids, maps, told_apart = _discover(g, links)
+    if not told_apart:
+        raise UserError("the wiring has the scenario's shape, but which leaf is which cannot be told (datapath ids "
+                        "of their own, and neither the plan's port numbers nor the hosts, which send no LLDP, tell "
+                        "symmetric leaves or planes apart): check the map written and start with --deployment FILE")
     data = yaml.safe_load(dump(g, dpids, maps))
     switches = [n for n, d in g.nodes(data=True) if d["tier"] > 0]
     foreign = sum(dpids.get(n, g.nodes[n]["dpid"]) != g.nodes[n]["dpid"] for n in switches)

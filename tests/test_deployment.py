@@ -202,14 +202,32 @@ def test_named_ports_stand_on_placeholders_no_switch_has_until_resolved(g, named
 
 # ---- --deployment auto adopts what discovery found ------------------------------------------------------
 
-def test_auto_adopts_the_map_that_makes_the_heard_wiring_check_out(g):
-    heard = heard_by_dpid(physical(g, FOREIGN))
+def test_auto_tells_switches_on_dpids_of_their_own_apart_by_the_plans_port_numbers():
+    one_plane = fgraph.build(spec.load("mini-spine-leaf"))
+    cabling = physical(one_plane, Rewire(dpid_base=0xAB00000000000000))
+    data, line = deployment.adoption(one_plane, heard_by_dpid(cabling))
+    assert mistakes(one_plane, data) == []
+    assert line == "10 switches, 10 on datapath ids of their own, 0 port(s) on numbers other than the scenario's"
+    assert {n: deployment.parse_dpid(e["dpid"]) for n, e in data["switches"].items()} == {
+        n: cabling.nodes[n]["dpid"] for n in data["switches"]}          # each leaf is the one its hosts are on
+
+
+def test_auto_on_derived_dpids_learns_the_switches_own_port_numbers(g):
+    heard = heard_by_dpid(physical(g, Rewire(port_offset=100)))
     data, line = deployment.adoption(g, heard)
-    assert mistakes(g, data) == []
-    assert line == "12 switches, 12 on datapath ids of their own, 32 port(s) on numbers other than the scenario's"
+    assert line == "12 switches, 0 on datapath ids of their own, 32 port(s) on numbers other than the scenario's"
     out = deployment.apply(g, data)
     by_dpid = compiler.index_of(out).by_dpid
     assert wiring.compare(out, {(by_dpid[rx[0]], rx[1]): (by_dpid[tx[0]], tx[1]) for rx, tx in heard.items()}).clean
+
+
+@pytest.mark.parametrize("rewire", [FOREIGN, Rewire(dpid_base=0xAB00000000000000)], ids=["ports", "planes"])
+def test_auto_adopts_nothing_when_it_cannot_tell_which_leaf_is_which(g, rewire):
+    """Foreign dpids with foreign port numbers, or with the plan's numbers on identical planes: the shape
+    matches, but a leaf of one plane or position would do as well as another, and the hosts behind them
+    (which send no LLDP) would be routed to the wrong one."""
+    with pytest.raises(UserError, match="which leaf is which cannot be told"):
+        deployment.adoption(g, heard_by_dpid(physical(g, rewire)))
 
 
 def test_auto_on_the_scenarios_own_numbers_adopts_them_unchanged(g):
