@@ -81,9 +81,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "that check out are installed) or off (no LLDP: every switch is installed as it connects)")
     p.add_argument("--wiring-out", metavar="FILE", help="write the wiring report (JSON) to FILE")
     p.add_argument("--deployment", metavar="FILE|auto",
-                   help="deployment file mapping the scenario's switches to real dpids and port numbers "
-                        "(controller/deployment.py); auto: run on the scenario's numbers and write the map LLDP "
-                        "discovered to --deployment-out (default: $HPNLAB_DEPLOYMENT)")
+                   help="deployment file mapping the scenario's switches to real dpids and port numbers or names "
+                        "(controller/deployment.py); auto: adopt the map LLDP discovers once discovery settles, "
+                        "install on it and write it to --deployment-out (default: $HPNLAB_DEPLOYMENT)")
     p.add_argument("--rollout", choices=("all", "staged"), default="all",
                    help="all (default): every plane at once; staged: one plane at a time, each verified by probes "
                         "through the plane before the next, rolled back when a probe fails (controller/rollout.py)")

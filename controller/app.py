@@ -21,8 +21,9 @@ both launchers work the same way:
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
     HPNLAB_WIRING_OUT    the wiring report (JSON) is written there (unset: none)
     HPNLAB_DISCOVERY_S   decide the wiring once LLDP has learnt nothing new for this long (default 3 s)
-    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and ports), or "auto": run
-                         on the scenario's numbers and write the map LLDP discovered to HPNLAB_DEPLOYMENT_OUT
+    HPNLAB_DEPLOYMENT    a deployment file (controller/deployment.py: real dpids and port numbers or names), or
+                         "auto": adopt the map LLDP discovers once discovery settles, install on it and write it
+                         to HPNLAB_DEPLOYMENT_OUT
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
@@ -397,13 +398,26 @@ class HpnController(BaseApp):
                  sum(s.flow_count for s in self.reconciler.states.values()))
 
     def _deployed_graph(self, g, cfg: dict):
-        """The scenario's graph on the deployment file's dpids and ports (controller/deployment.py)."""
+        """The scenario's graph on the deployment file's dpids and ports (controller/deployment.py); ports
+        the file gives by name stand on placeholders until their switch connects (``_resolve_names``)."""
+        self.scenario_graph = g
         self.deployment_auto = cfg["deployment"] == "auto"
         self.deployment_out = cfg["deployment_out"]
+        self.deployment_data: dict | None = None
+        self.deployment_named: dict[str, dict[int, str]] = {}     # switch -> scenario port -> port name
+        self.deployment_resolved: dict[str, dict[int, int]] = {}  # switch -> scenario port -> its number
+        self.deployment_errors: dict[str, list[str]] = {}         # switch -> names it does not have, ...
+        self.deployment_adopted: str | None = None     # --deployment auto: what was adopted (one line)
+        self._adoption_heard: frozenset | None = None  # what LLDP had heard at the last try to adopt
+        self._renumbered = False       # port names resolved that the graph does not have yet
         if not cfg["deployment"] or self.deployment_auto:
             return g
-        out = deployment.apply(g, deployment.load(g, cfg["deployment"]))
-        LOG.info("deployment %s: %d switches on their own dpids and ports", cfg["deployment"], len(fgraph.switches(g)))
+        self.deployment_data = deployment.load(g, cfg["deployment"])
+        self.deployment_named = deployment.named(g, self.deployment_data)
+        out = deployment.apply(g, self.deployment_data)
+        LOG.info("deployment %s: %d switches on their own dpids and ports%s", cfg["deployment"],
+                 len(fgraph.switches(g)), f"; {len(self.deployment_named)} give port names, resolved when they "
+                 f"connect" if self.deployment_named else "")
         return out
 
     def start(self):
@@ -665,7 +679,7 @@ class HpnController(BaseApp):
 
     def _release(self, name: str) -> None:
         """Hand a connected switch to the reconciler: it installs the switch's state."""
-        if name in self.released or name not in self.datapaths:
+        if name in self.released or name not in self.datapaths or self._names_pending(name):
             return
         self.released.add(name)
         ports = {p: up for p, (_mac, up) in self.port_info.get(name, {}).items()}
@@ -730,6 +744,8 @@ class HpnController(BaseApp):
         """Every switch connected, and every expected link heard from both ends as planned."""
         if len(self.datapaths) < len(self.index.sw):
             return False
+        if self._renumbered:
+            self._adopt_renumbered()
         heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
         return all(heard.get(a) == b for a, b in self.expected_links.items())
 
@@ -739,21 +755,28 @@ class HpnController(BaseApp):
         if not self.wiring_enabled:
             return
         now = time.monotonic()
-        if self.datapaths and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
+        present = bool(self.datapaths or self.strangers)       # --deployment auto: maybe only strangers yet
+        if present and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
             self._send_lldp()
         stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
         for rx in stale:
             del self.observed[rx]
-        if self.wiring_decision is not None or (
-                self.datapaths and (self._discovery_complete() or now - self._last_connect >= self.discovery_s)):
+        if self.wiring_decision is not None or (present and (self._discovery_complete() or wiring.settled(
+                now - self._last_connect, self.discovery_s, len(self.datapaths) + len(self.strangers),
+                len(self.index.sw)))):
             self._decide_wiring()
 
     def _decide_wiring(self) -> None:
         """The report and the decision; on a change: log, metrics, file, and the ports and planes it
         changes (a port no longer held down is given back its real state)."""
+        if self.deployment_auto and self.deployment_adopted is None:
+            self._adopt_discovered()
+        if self._renumbered:
+            self._adopt_renumbered()
         heard = {rx: tx for rx, (tx, _t) in self.observed.items()}
         report = wiring.compare(self.graph, heard)
-        decision = wiring.decide(self.graph, report, self.on_miswire)
+        decision = wiring.decide(self.graph, report, self.on_miswire,
+                                 hold_planes={self.index.sw[n].plane for n in self.deployment_errors})
         first = self.wiring_decision is None
         if not first and report == self.wiring_report and decision == self.wiring_decision:
             return
@@ -789,6 +812,11 @@ class HpnController(BaseApp):
         body: dict[str, Any] = {"on_miswire": self.on_miswire}
         if self.wiring_report is not None and self.wiring_decision is not None:
             body.update(wiring.report_dict(self.wiring_report, self.wiring_decision))
+        body["deployment"] = {"errors": [line for sw in sorted(self.deployment_errors)
+                                         for line in self.deployment_errors[sw]],
+                              "resolved": {sw: {str(p): n for p, n in sorted(m.items())}
+                                           for sw, m in sorted(self.deployment_resolved.items())},
+                              "adopted": self.deployment_adopted}
         body["installed"] = self.installed
         tmp = self.wiring_out + ".tmp"
         with open(tmp, "w") as f:
@@ -818,12 +846,31 @@ class HpnController(BaseApp):
         self._lldp_rule(dp)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
 
+    def _adopt_discovered(self) -> None:
+        """--deployment auto, once discovery settles: the map LLDP discovered (``deployment.adoption``) is
+        adopted, and the switches are installed on it through the wiring check, with no restart. Adopted
+        once: a cable moved later is the wiring check's to report, not a new map's to hide."""
+        from hpnlab.fabric.errors import UserError
+        heard = frozenset(self.heard_dpids.items())
+        if heard == self._adoption_heard:
+            return
+        self._adoption_heard = heard
+        try:
+            data, line = deployment.adoption(self.scenario_graph, self.heard_dpids)
+        except UserError as exc:
+            LOG.warning("deployment auto: nothing adopted yet: %s", exc)
+            return
+        self.deployment_adopted = line
+        LOG.info("deployment auto: adopted the discovered map (%s), written to %s; installing through the "
+                 "wiring check", line, self.deployment_out)
+        self._adopt_graph(deployment.apply(self.scenario_graph, data))
+
     def _write_discovered_deployment(self) -> None:
         """--deployment auto: the map LLDP discovered (controller/deployment.from_discovery), written once
         it has the scenario's shape and again whenever it changes."""
         from hpnlab.fabric.errors import UserError
         try:
-            dpids, maps = deployment.from_discovery(self.graph, self.heard_dpids)
+            dpids, maps = deployment.from_discovery(self.scenario_graph, self.heard_dpids)
         except UserError as exc:
             LOG.warning("deployment auto: %s", exc)
             return
@@ -831,15 +878,82 @@ class HpnController(BaseApp):
         if found == self._deployment_written:
             return
         self._deployment_written = found
-        text = deployment.dump(self.graph, dpids, maps)
+        text = deployment.dump(self.scenario_graph, dpids, maps)
         tmp = self.deployment_out + ".tmp"
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, self.deployment_out)
-        foreign = sorted(n for n, d in dpids.items() if d != self.graph.nodes[n]["dpid"])
-        LOG.info("deployment auto: wrote %s (%d switches%s)", self.deployment_out, len(dpids),
-                 f"; {len(foreign)} on foreign dpids: restart with --deployment {self.deployment_out} to install them"
-                 if foreign else "")
+        foreign = sorted(n for n, d in dpids.items() if d != self.scenario_graph.nodes[n]["dpid"])
+        LOG.info("deployment auto: wrote %s (%d switches, %d on dpids of their own; give it to --deployment "
+                 "to start with it)", self.deployment_out, len(dpids), len(foreign))
+
+    # ---- port names and a deployment found at run time (controller/deployment.py decides) -------------
+    def _resolve_names(self, name: str, ofp, body) -> bool:
+        """A switch whose deployment gives port names told its ports: the names resolved against them
+        (``deployment.resolve``); a mistake is logged, one line each, and holds the switch's plane back.
+        Returns whether the resolved numbers changed (the graph must be rebuilt on them)."""
+        names = {(d.name.rstrip(b"\0").decode(errors="replace") if isinstance(d.name, bytes) else str(d.name)):
+                 d.port_no for d in body if d.port_no < ofp.OFPP_MAX}
+        resolved, errors = deployment.resolve(self.scenario_graph, self.deployment_data or {}, name, names)
+        if errors != self.deployment_errors.get(name, []):
+            for line in errors:
+                LOG.error("%s (its plane is held back)", line)
+        if errors:
+            self.deployment_errors[name] = errors
+            changed = self.deployment_resolved.pop(name, None) is not None
+        else:
+            self.deployment_errors.pop(name, None)
+            changed = self.deployment_resolved.get(name) != resolved
+            self.deployment_resolved[name] = resolved
+            if changed:
+                LOG.info("%s: port names resolved: %s", name, ", ".join(
+                    f"{self.deployment_named[name][p]}={n}" for p, n in sorted(resolved.items())))
+        return changed
+
+    def _adopt_renumbered(self) -> bool:
+        """The graph on the port numbers resolved so far (see ``_adopt_graph``)."""
+        self._renumbered = False
+        return self._adopt_graph(deployment.apply(self.scenario_graph, self.deployment_data or {},
+                                                  self.deployment_resolved))
+
+    def _names_pending(self, name: str) -> bool:
+        """A switch whose port names are not resolved (not yet, or a name it does not have): never installed."""
+        resolved = name in self.deployment_resolved and name not in self.deployment_errors
+        return name in self.deployment_named and not resolved
+
+    def _adopt_graph(self, g) -> bool:
+        """Run on ``g`` from now on: the deployment's numbers found at run time (port names resolved, or
+        the map ``--deployment auto`` discovered). A new reconciler, which reads back every switch it is
+        handed as after a restart (what a switch already holds right is left alone); connections, ports and
+        what LLDP heard renamed through their datapath ids. Returns whether the wiring had been decided
+        (the caller decides it anew: until then nothing is handed to the new reconciler)."""
+        def dpid_of(sw: str) -> int:
+            return int(sw[5:], 16) if sw.startswith("dpid:") else self.graph.nodes[sw]["dpid"]
+
+        conns = {dp.id: dp for dp in self.datapaths.values()} | self.strangers
+        info = {dpid_of(n): ports for n, ports in self.port_info.items()}
+        heard = {(dpid_of(rx[0]), rx[1]): ((dpid_of(tx[0]), tx[1]), t) for rx, (tx, t) in self.observed.items()}
+        had = self.wiring_decision is not None
+        self.graph = g
+        self.index = compiler.index_of(g)
+        self.expected_links = wiring.expected_links(g)
+        self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover)
+        self._counted = dict(self.reconciler.counters)
+
+        def name_of(dpid: int) -> str:
+            return self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}"
+
+        self.datapaths = {self.index.by_dpid[d]: dp for d, dp in conns.items() if d in self.index.by_dpid}
+        self.strangers = {d: dp for d, dp in conns.items() if d not in self.index.by_dpid}
+        self.port_info = {name_of(d): ports for d, ports in info.items()}
+        self.observed = {(name_of(rx[0]), rx[1]): ((name_of(tx[0]), tx[1]), t) for rx, (tx, t) in heard.items()}
+        self.released = set()
+        self.wiring_report = self.wiring_decision = None
+        for name in sorted(self.datapaths):
+            ports = {p: up for p, (_mac, up) in self.port_info.get(name, {}).items()}
+            if ports:
+                self.handle(reconcile.PortStatus(name, ports))
+        return had
 
     def _release_planes(self, planes: tuple[int, ...]) -> None:
         """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
@@ -1091,10 +1205,27 @@ class HpnController(BaseApp):
                     self._port_seen(f"dpid:{dp.id:016x}", d, port_is_up(dp.ofproto, d))
                 self._send_lldp(f"dpid:{dp.id:016x}")
             return
+        errors_before = name in self.deployment_errors
+        renumbered = name in self.deployment_named and self._resolve_names(name, dp.ofproto, ev.msg.body)
         ports = {d.port_no: port_is_up(dp.ofproto, d) for d in ev.msg.body}
         for d in ev.msg.body:
             self._port_seen(name, d, ports[d.port_no])
-        self.handle(reconcile.PortStatus(name, self._wiring_filter(name, ports)))
+        if renumbered and self.wiring_enabled and self.wiring_decision is None:
+            self._renumbered = True      # one new graph for all the switches resolved before the decision
+            self.handle(reconcile.PortStatus(name, ports))
+        elif renumbered:
+            decided = self._adopt_renumbered()
+            if decided:
+                self._decide_wiring()
+            else:
+                for sw in sorted(self.datapaths):
+                    self._release(sw)
+        else:
+            self.handle(reconcile.PortStatus(name, self._wiring_filter(name, ports)))
+            if errors_before != (name in self.deployment_errors) and self.wiring_decision is not None:
+                self._decide_wiring()      # its plane held back, or given back
+            elif not self.wiring_enabled or (self.wiring_decision is not None and self._plane_allowed(name)):
+                self._release(name)        # resolved: no longer pending
         self._send_lldp(name)
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])

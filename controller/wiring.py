@@ -30,7 +30,7 @@ planes      only the planes that check out (no miswired port and no unexpected n
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -57,7 +57,7 @@ class Finding:
     note: str = ""
 
     def line(self) -> str:
-        where = f"{self.switch} port {self.port}"
+        where = _p((self.switch, self.port))
         if self.kind == "missing":
             return f"missing: {where} -> {_p(self.expected)}: no LLDP seen on either end{self.note}"
         if self.kind == "miswired":
@@ -77,7 +77,11 @@ class Finding:
 
 
 def _p(port: Port | None) -> str:
-    return "nothing" if port is None else f"{port[0]} port {port[1]}"
+    if port is None:
+        return "nothing"
+    if port[1] < 0:      # a port given by a name its switch has not resolved (controller/deployment.py)
+        return f"{port[0]} port (name not resolved)"
+    return f"{port[0]} port {port[1]}"
 
 
 @dataclass(frozen=True)
@@ -199,15 +203,30 @@ def _swap_partner(port: Port, seen: Port | None, expected: Mapping[Port, Port],
     return None
 
 
-def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse") -> Decision:
-    """The planes to install and the ports to hold down, given the report (see the module docstring)."""
+#: Open vSwitch retries a lost controller connection with a backoff of up to 8 s (``max_backoff``)
+SWITCH_WAIT_S = 8.0
+
+
+def settled(quiet_s: float, discovery_s: float, connected: int, expected: int) -> bool:
+    """Has discovery learnt all it will (when it is not complete: some expected link unheard)? Nothing
+    new learnt for ``discovery_s``, or, while fewer switches than the scenario's have connected, for
+    ``discovery_s + SWITCH_WAIT_S``: after a controller restart the switches come back as their
+    reconnect backoff allows, and deciding without one would hold its links down as missing and
+    reroute switches that hold the right tables (flow-mods for nothing, twice)."""
+    return quiet_s >= discovery_s + (SWITCH_WAIT_S if connected < expected else 0.0)
+
+
+def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse", hold_planes: Iterable[int] = ()) -> Decision:
+    """The planes to install and the ports to hold down, given the report (see the module docstring).
+    ``hold_planes``: planes held back whatever the mode (a switch of theirs whose deployment does not
+    check out, e.g. a port name the switch does not have: controller/deployment.py)."""
     if mode not in MODES:
         raise ValueError(f"unknown miswiring mode {mode!r}: one of {', '.join(MODES)}")
     all_planes = sorted({d.get("plane", 0) for _n, d in g.nodes(data=True) if d["tier"] > 0})
     used = used_ports(g)
     harmful = [f for f in report.findings
                if f.kind == "miswired" or (f.kind == "unexpected" and (f.switch, f.port) in used)]
-    blocked = sorted({p for f in harmful for p in f.planes}) if mode == "planes" else []
+    blocked = sorted(({p for f in harmful for p in f.planes} if mode == "planes" else set()) | set(hold_planes))
     held = {(f.switch, f.port) for f in report.findings if f.kind == "missing" or f in harmful}
     if mode == "refuse":
         # both ends of a miswired port's expected cable: the compiler's link is failed either way

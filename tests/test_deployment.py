@@ -42,7 +42,7 @@ def test_a_complete_file_has_no_mistake(g, good):
     (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(6, 105), "OpenFlow port 105 is used twice"),
     (lambda d: d["switches"]["p0l0"]["ports"].pop(6), "port 6 (to p0s1) is missing from its ports"),
     (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(9, 109), "port 9 is not a port scenario mini-hpn uses"),
-    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(5, -1), "is not an OpenFlow port number"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(5, -1), "is neither an OpenFlow port number"),
     (lambda d: d["switches"]["p0l0"].__setitem__("speed", 1), "unknown key 'speed'"),
     (lambda d: d.__setitem__("scenario", "fat-tree-4"), "written for scenario 'fat-tree-4'"),
 ])
@@ -129,3 +129,127 @@ def test_discovery_of_a_wiring_of_another_shape_is_one_line(g):
     heard = heard_by_dpid(physical(g, Rewire(drop=[("p0l2", "p0s0")])))
     with pytest.raises(UserError, match="does not have the shape of scenario mini-hpn"):
         deployment.from_discovery(g, heard)
+
+
+# ---- port names (resolved against the switch's port descriptions when it connects) ----------------------
+
+NAMED = Rewire(dpid_base=0xAB00000000000000, port_names=True)
+
+
+@pytest.fixture
+def named(g) -> dict:
+    return yaml.safe_load(yaml.safe_dump(rewire_deployment(g, NAMED)))
+
+
+def port_descs(g, switch: str, offset: int = 0) -> dict[str, int]:
+    """What a switch's port descriptions say: Open vSwitch names its ports after their interfaces."""
+    return {fgraph.intf_name(switch, p): p + offset for p in deployment.switch_ports(g, switch)}
+
+
+def test_a_file_giving_ports_by_name_has_no_mistake(g, named):
+    assert named["switches"]["p0l0"]["ports"][5] == "p0l0-eth5"
+    assert mistakes(g, named) == []
+
+
+def test_scenario_ports_may_be_given_by_the_graphs_name_for_them(g, good):
+    ports = good["switches"]["p0l0"]["ports"]
+    ports["p0l0-eth5"] = ports.pop(5)
+    assert mistakes(g, good) == []
+    assert deployment.apply(g, good).edges["p0s0", "p0l0", 0]["ports"]["p0l0"] == 105
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(6, "p0l0-eth5"), "port name 'p0l0-eth5' is used twice"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__("p0l0-eth9", "x"), "port 'p0l0-eth9' is not a port"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__("p0l1-eth5", "x"), "port 'p0l1-eth5' is not a port"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__("p0l0-eth5", "y"), "scenario port 5 is given twice"),
+    (lambda d: d["switches"]["p0l0"]["ports"].__setitem__(5, ""), "is neither an OpenFlow port number"),
+])
+def test_each_mistake_in_port_names_is_one_line_naming_it(g, named, edit, needle):
+    edit(named)
+    found = mistakes(g, named)
+    assert len(found) == 1 and needle in found[0], found
+
+
+def test_names_resolve_to_the_numbers_the_switch_reports(g, named):
+    resolved, errors = deployment.resolve(g, named, "p0l0", port_descs(g, "p0l0", offset=40))
+    assert errors == [] and resolved == {p: p + 40 for p in deployment.switch_ports(g, "p0l0")}
+    out = deployment.apply(g, named, {"p0l0": resolved})
+    assert out.edges["p0s0", "p0l0", 0]["ports"]["p0l0"] == 45
+
+
+def test_a_name_the_switch_does_not_have_is_one_line_at_connect_time(g, named):
+    descs = port_descs(g, "p0l0")
+    descs["Ethernet5"] = descs.pop("p0l0-eth5")
+    resolved, errors = deployment.resolve(g, named, "p0l0", descs)
+    dpid = named["switches"]["p0l0"]["dpid"]
+    assert len(errors) == 1 and f"switch p0l0 (dpid {dpid}) has no port named 'p0l0-eth5'" in errors[0]
+    assert "Ethernet5" in errors[0] and 5 not in resolved
+
+
+def test_a_name_landing_on_a_port_given_by_number_is_two_scenario_ports_onto_one(g, named):
+    named["switches"]["p0l0"]["ports"][6] = 5         # scenario port 6 onto OpenFlow port 5 by number ...
+    _resolved, errors = deployment.resolve(g, named, "p0l0", port_descs(g, "p0l0"))   # ... and 5's name is port 5
+    assert len(errors) == 1 and "scenario ports 6 and 5" in errors[0]
+
+
+def test_named_ports_stand_on_placeholders_no_switch_has_until_resolved(g, named):
+    out = deployment.apply(g, named)
+    ports = [d["ports"]["p0l0"] for _u, _v, d in out.edges("p0l0", data=True)]
+    assert len(set(ports)) == len(ports) and all(p < 0 for p in ports)
+    assert out.edges["p0s0", "p0l0", 0]["ports"]["p0s0"] < 0       # every switch of the file gives names
+
+
+# ---- --deployment auto adopts what discovery found ------------------------------------------------------
+
+def test_auto_tells_switches_on_dpids_of_their_own_apart_by_the_plans_port_numbers():
+    one_plane = fgraph.build(spec.load("mini-spine-leaf"))
+    cabling = physical(one_plane, Rewire(dpid_base=0xAB00000000000000))
+    data, line = deployment.adoption(one_plane, heard_by_dpid(cabling))
+    assert mistakes(one_plane, data) == []
+    assert line == "10 switches, 10 on datapath ids of their own, 0 port(s) on numbers other than the scenario's"
+    assert {n: deployment.parse_dpid(e["dpid"]) for n, e in data["switches"].items()} == {
+        n: cabling.nodes[n]["dpid"] for n in data["switches"]}          # each leaf is the one its hosts are on
+
+
+def test_auto_on_derived_dpids_learns_the_switches_own_port_numbers(g):
+    heard = heard_by_dpid(physical(g, Rewire(port_offset=100)))
+    data, line = deployment.adoption(g, heard)
+    assert line == "12 switches, 0 on datapath ids of their own, 32 port(s) on numbers other than the scenario's"
+    out = deployment.apply(g, data)
+    by_dpid = compiler.index_of(out).by_dpid
+    assert wiring.compare(out, {(by_dpid[rx[0]], rx[1]): (by_dpid[tx[0]], tx[1]) for rx, tx in heard.items()}).clean
+
+
+@pytest.mark.parametrize("rewire", [FOREIGN, Rewire(dpid_base=0xAB00000000000000)], ids=["ports", "planes"])
+def test_auto_adopts_nothing_when_it_cannot_tell_which_leaf_is_which(g, rewire):
+    """Foreign dpids with foreign port numbers, or with the plan's numbers on identical planes: the shape
+    matches, but a leaf of one plane or position would do as well as another, and the hosts behind them
+    (which send no LLDP) would be routed to the wrong one."""
+    with pytest.raises(UserError, match="which leaf is which cannot be told"):
+        deployment.adoption(g, heard_by_dpid(physical(g, rewire)))
+
+
+def test_auto_on_the_scenarios_own_numbers_adopts_them_unchanged(g):
+    data, line = deployment.adoption(g, heard_by_dpid(g))
+    assert line == "12 switches, all on the scenario's datapath ids and port numbers"
+    out = deployment.apply(g, data)
+    assert all(out.edges[e]["ports"] == g.edges[e]["ports"] for e in g.edges(keys=True))
+
+
+def test_auto_adopts_nothing_from_a_wiring_of_another_shape(g):
+    with pytest.raises(UserError, match="does not have the shape"):
+        deployment.adoption(g, heard_by_dpid(physical(g, Rewire(drop=[("p0l2", "p0s0")]))))
+
+
+def test_the_emulations_file_names_every_port_but_those_of_a_dropped_cable_which_are_not_made(g):
+    data = rewire_deployment(g, Rewire(drop=[("p0l2", "p0s0")], port_offset=100, port_names=True))
+    assert data["switches"]["p0l2"]["ports"][5] == 105 and data["switches"]["p0s0"]["ports"][3] == 103
+    assert data["switches"]["p0l2"]["ports"][6] == "p0l2-eth6"
+    assert mistakes(g, data) == []
+
+
+def test_a_finding_on_a_port_whose_name_is_not_resolved_says_so(g, named):
+    out = deployment.apply(g, named)
+    report = wiring.compare(out, {})
+    assert report.findings and all("name not resolved" in line for line in report.lines())

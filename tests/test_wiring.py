@@ -96,6 +96,14 @@ def test_a_missing_cable_alone_blocks_no_plane(g):
     assert decision.held_down == {("p0l2", 5), ("p0s0", 3)}
 
 
+@pytest.mark.parametrize("mode", ["refuse", "planes"])
+def test_a_plane_held_back_for_its_deployment_is_not_installed_whatever_the_mode(g, mode):
+    report = wiring.compare(g, lldp_of(g, Rewire(drop=[DROP])))      # the missing cable is plane 0's
+    decision = wiring.decide(g, report, mode, hold_planes={0})
+    assert decision.planes == (1,) and decision.blocked_planes == (0,)
+    assert decision.held_down == frozenset()        # nothing of plane 0 to hold: it is not installed at all
+
+
 def test_a_cable_across_planes_blocks_both_planes(g):
     heard = lldp_of(g, Rewire())
     heard["p0l0", 5], heard["p1s0", 1] = ("p1s0", 1), ("p0l0", 5)
@@ -146,3 +154,15 @@ def test_without_the_gate_packets_cross_the_swapped_cables(g):
 def test_decide_refuses_an_unknown_mode(g):
     with pytest.raises(ValueError, match="refuse, planes"):
         wiring.decide(g, wiring.compare(g, {}), "ignore")
+
+
+def test_discovery_settles_once_nothing_new_was_learnt_for_the_discovery_time():
+    assert not wiring.settled(2.9, 3.0, connected=12, expected=12)
+    assert wiring.settled(3.0, 3.0, connected=12, expected=12)
+
+
+def test_discovery_waits_out_a_switch_reconnect_backoff_while_a_switch_is_absent():
+    """After a controller restart a switch may come back only after its reconnect backoff: deciding
+    without it would reroute around its links."""
+    assert not wiring.settled(3.0 + wiring.SWITCH_WAIT_S - 0.1, 3.0, connected=11, expected=12)
+    assert wiring.settled(3.0 + wiring.SWITCH_WAIT_S, 3.0, connected=11, expected=12)

@@ -46,11 +46,13 @@ class Fabric:
         self.dps = {n: FakeDatapath(d["dpid"]) for n, d in cabling.nodes(data=True) if d["tier"] > 0}
         self.peer: dict = {}
         self.ports: dict = {n: set() for n in self.dps}
+        self.names: dict = {}          # (switch, OpenFlow port) -> its name (Open vSwitch: the interface's)
         for u, v, d in cabling.edges(data=True):
             ports = d.get("ofports", d["ports"])
             for a, b in ((u, v), (v, u)):
                 if a in self.dps:
                     self.ports[a].add(ports[a])
+                    self.names[a, ports[a]] = graph.intf_name(a, d["ports"][a])
                     if b in self.dps:
                         self.peer[a, ports[a]] = (b, ports[b])
         self.installed: dict = {n: [] for n in self.dps}
@@ -58,7 +60,8 @@ class Fabric:
     def connect(self) -> None:
         for name, dp in self.dps.items():
             self.app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
-            body = [parser.OFPPort(port_no=p, hw_addr=f"02:00:00:00:{len(name):02x}:{p:02x}", name=b"x", config=0,
+            body = [parser.OFPPort(port_no=p, hw_addr=f"02:00:00:00:{len(name):02x}:{p % 256:02x}",
+                                   name=self.names[name, p].encode(), config=0,
                                    state=ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0, peer=0, curr_speed=0,
                                    max_speed=0) for p in sorted(self.ports[name])]
             self.app.on_port_desc(ofp_event.EventOFPPortDescStatsReply(parser.OFPPortDescStatsReply(dp, body=body)))
@@ -204,21 +207,69 @@ def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
     assert app.wiring_report.clean and app.reconciler.down_ports == set()
 
 
-def test_deployment_auto_hears_foreign_switches_and_writes_the_file_they_need(make_app, tmp_path):
+def test_deployment_auto_adopts_what_it_hears_and_installs_foreign_switches_without_a_restart(make_app, tmp_path):
     from hpnlab.controller import deployment
     out = tmp_path / "discovered.yaml"
-    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out))
-    foreign = Rewire(dpid_base=0xAB00000000000000, port_offset=100)
-    net = Fabric(app, physical(scenario(), foreign))
+    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out), HPNLAB_DISCOVERY_S="0",
+                   HPNLAB_SCENARIO="mini-spine-leaf")        # one plane: told apart by the plan's port numbers
+    one_plane = graph.build(spec.load("mini-spine-leaf"))
+    net = Fabric(app, physical(one_plane, Rewire(dpid_base=0xAB00000000000000)))
     net.connect()
-    app._decide_wiring()
+    assert len(app.strangers) == 10 and app.released == set()     # none known before discovery settles
+    app._wiring_tick()         # discovery settled (nothing new learnt for the discovery time, here 0 s)
     net.deliver()
-    assert len(app.strangers) == 12 and app.released == set()
-    assert sum(wipes(m) for m in net.installed.values()) == 0      # nothing installed on them
-    data = deployment.load(scenario(), out)                          # a file with no mistake
+    assert app.strangers == {} and app.released == set(net.dps) and app.wiring_report.clean
+    assert all(wipes(m) == 1 for m in net.installed.values())       # each read back once, then installed
+    assert "10 on datapath ids of their own" in app.deployment_adopted
+    data = deployment.load(one_plane, out)                           # the file written: no mistake
     assert {deployment.parse_dpid(e["dpid"]) for e in data["switches"].values()} == {
-        0xAB00000000000000 + i for i in range(12)}
-    assert all(p > 100 for e in data["switches"].values() for p in e["ports"].values() if p > 4)
+        0xAB00000000000000 + i for i in range(10)}
+    net.settle()
+    assert app.reconciler.settled and app.reconciler.down_ports == set()
+    assert {n: app.graph.nodes[n]["dpid"] for n in net.dps} == {n: dp.id for n, dp in net.dps.items()}
+
+
+def named_deployment(tmp_path, rewire: Rewire, edit=None) -> str:
+    import yaml
+
+    from hpnlab.fabric.emulation.rewire import deployment as rewire_deployment
+    data = rewire_deployment(scenario(), rewire)
+    if edit:
+        edit(data)
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+NAMED = Rewire(dpid_base=0xAB00000000000000, port_offset=100, port_names=True)
+
+
+def test_port_names_are_resolved_as_switches_connect_and_routes_installed_on_their_numbers(make_app, tmp_path):
+    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED))
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()              # names resolved, discovery complete on the resolved numbers: decided
+    assert app.wiring_decision is not None and app.wiring_report.clean
+    assert all(wipes(m) == 1 for m in net.installed.values())
+    net.settle()
+    assert app.reconciler.settled and app.reconciler.down_ports == set()
+    assert app.deployment_resolved["p0l0"] == {p: p + 100 for p in range(1, 7)}
+    groups = app.reconciler.states["p0l3"].groups
+    assert {w for grp in groups for w, _acts in grp.buckets if w is not None} == {105, 106}
+
+
+def test_a_port_name_the_switch_lacks_is_one_line_and_holds_its_plane_back(make_app, tmp_path, caplog):
+    def rename(data):
+        data["switches"]["p1l0"]["ports"][5] = "Ethernet5"
+    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED, rename))
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()
+    app._decide_wiring()       # the discovery deadline (p1l0's uplink cannot be checked)
+    net.deliver()
+    assert app.wiring_decision.planes == (0,) and app.wiring_decision.blocked_planes == (1,)
+    assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p0")}
+    errors = json.loads((tmp_path / "wiring.json").read_text())["deployment"]["errors"]
+    assert len(errors) == 1 and "switch p1l0" in errors[0] and "no port named 'Ethernet5'" in errors[0]
+    assert sum("no port named 'Ethernet5'" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app):
@@ -234,3 +285,14 @@ def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app)
     reply.xid, reply.flags = ask.xid, 0
     app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
     assert [m for m in dp.take() if isinstance(m, parser.OFPFlowMod)] == []
+
+
+def test_port_names_without_the_wiring_gate_install_each_switch_once_its_names_are_resolved(make_app, tmp_path):
+    app = make_app("off", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED))
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()
+    assert app.released == set(net.dps) and app.deployment_errors == {}
+    net.settle()
+    assert app.reconciler.settled and app.reconciler.down_ports == set()
+    assert all(p > 100 for sw in net.dps for f in app.reconciler.states[sw].flows for a in f.actions
+               if a[0] == "output" for p in [a[1]])

@@ -1,6 +1,7 @@
 """Discovery, deployment file and staged rollout on a live fabric: mini-hpn on real Open vSwitch,
 cabled wrong on purpose, on datapath ids and port numbers of its own (hpnlab.fabric.emulation.rewire:
-the harness writes the deployment file), with one plane broken before it is installed; the controller
+the harness writes the deployment file, which gives every port by its name, as for real switches),
+with one plane broken before it is installed; the controller
 as a real process with ``--rollout staged``. One emulation for the module (about 30 s to bring up)."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import subprocess
 
 import pytest
+import yaml
 
 from hpnlab.controller import compiler
 from hpnlab.controller.oftable import FabricTables
@@ -20,7 +22,7 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 SWAP = (("p0l0", "p0s0"), ("p0l1", "p0s1"))
 DROP = ("p0l2", "p0s0")
 OFFSET = 100
-REWIRE = Rewire(swap=[SWAP], drop=[DROP], dpid_base=0xAB00000000000000, port_offset=OFFSET)
+REWIRE = Rewire(swap=[SWAP], drop=[DROP], dpid_base=0xAB00000000000000, port_offset=OFFSET, port_names=True)
 BROKEN = ("p1s0", "p1s0-eth1")       # forwards nothing out of its port to p1l0; its carrier stays up
 CONTROLLER_COOKIE = "0x68706e6c61620000"
 
@@ -94,6 +96,12 @@ def test_the_miswiring_is_reported_port_by_port_in_the_switches_own_numbers(emu,
 
 def test_switches_with_foreign_dpids_and_ports_run_through_the_deployment_file(emu):
     assert "--deployment" in emu.metadata["controller_cmd"]
+    with open(emu.metadata["deployment"]) as f:
+        site = yaml.safe_load(f)
+    assert site["switches"]["p0l0"]["ports"][6] == "p0l0-eth6"          # ports given by name ...
+    resolved = wiring_now(emu)["deployment"]
+    assert resolved["errors"] == [] and len(resolved["resolved"]) == 12
+    assert resolved["resolved"]["p0l0"]["6"] == 106                     # ... resolved on the switch's numbers
     assert subprocess.run(["ovs-vsctl", "get", "Interface", "p0l0-eth6", "ofport"], capture_output=True,
                           text=True).stdout.strip() == "106"
     flows = ofctl("dump-flows", "p0l3", f"cookie={CONTROLLER_COOKIE}/-1")

@@ -550,7 +550,7 @@ class Emulation:
         if self.staged:
             self.rollout_file = self._st.run_dir / "rollout.json"
             args += ["--rollout-out", str(self.rollout_file)]
-        foreign = self.rewire.dpid_base is not None or self.rewire.port_offset
+        foreign = self.rewire.foreign
         if foreign and "--deployment" not in self.controller_args:
             path = self._st.run_dir / "deployment.yaml"
             path.write_text(yaml.safe_dump(rewire_deployment(self.graph, self.rewire), sort_keys=False))

@@ -14,6 +14,10 @@ carry datapath ids and port numbers of their own (as real switches do):
     OpenFlow port ``port + port_offset`` (``ofport_request``); interface names stay those of the
     scenario's ports, so shaping, faults and the ECN stage find them. ``deployment`` gives the
     deployment file (controller/deployment.py) that maps the scenario onto those numbers.
+``Rewire(..., port_names=True)``
+    the deployment file gives every switch port by its NAME (Open vSwitch's port name is the
+    interface name, ``p0l0-eth5``), as one would for real switches (``Ethernet12``, ``swp3``): the
+    controller resolves the names against the switch's port descriptions when it connects.
 
 ``Emulation(..., rewire=Rewire(...))`` builds Mininet from ``physical(graph, rewire)``.
 """
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 from ..errors import UserError
+from ..graph import intf_name
 
 
 @dataclass(frozen=True)
@@ -32,9 +37,15 @@ class Rewire:
     drop: list[tuple[str, str]] = field(default_factory=list)
     dpid_base: int | None = None
     port_offset: int = 0
+    port_names: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.swap or self.drop or self.dpid_base is not None or self.port_offset)
+        return bool(self.swap or self.drop or self.dpid_base is not None or self.port_offset or self.port_names)
+
+    @property
+    def foreign(self) -> bool:
+        """Does the controller need a deployment file for this fabric?"""
+        return self.dpid_base is not None or bool(self.port_offset) or self.port_names
 
 
 def _edge(g: nx.MultiGraph, u: str, v: str) -> tuple[str, str, int, dict]:
@@ -78,13 +89,18 @@ def physical(g: nx.MultiGraph, rewire: Rewire) -> nx.MultiGraph:
 
 def deployment(g: nx.MultiGraph, rewire: Rewire) -> dict:
     """The deployment file's content (controller/deployment.py) for a rewire's foreign numbers:
-    every switch's datapath id and, for every port it uses, scenario port -> OpenFlow port."""
+    every switch's datapath id and, for every port it uses, scenario port -> OpenFlow port (or, with
+    ``port_names``, the port's name on the switch)."""
     dpids = foreign_dpids(g, rewire.dpid_base) if rewire.dpid_base is not None else {}
+    # a dropped cable's ports are not made at all (Mininet makes no interface without a link), so they
+    # have no name to give: they are given by number (a real switch keeps the port of a pulled cable)
+    unmade = {(n, _edge(g, u, v)[3]["ports"][n]) for u, v in rewire.drop for n in (u, v)}
     switches: dict[str, dict] = {}
     for n, d in g.nodes(data=True):
         if d["tier"] == 0:
             continue
         ports = sorted({e["ports"][n] for _u, _v, e in g.edges(n, data=True)})
         switches[n] = {"dpid": f"{dpids.get(n, d['dpid']):#018x}",
-                       "ports": {p: p + rewire.port_offset for p in ports}}
+                       "ports": {p: intf_name(n, p) if rewire.port_names and (n, p) not in unmade
+                                 else p + rewire.port_offset for p in ports}}
     return {"scenario": g.graph["scenario"].name, "switches": switches}
