@@ -118,6 +118,8 @@ def test_a_one_sided_down_is_seen_at_both_ends(emu):
 def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or_address(emu):
     # Open vSwitch 3.1 re-reads the routing table (then revalidates every flow) on any link event and
     # on any route or address notification; a switch port must add none of the latter: no IPv6 on it
+    ports = emu.metadata["switch_ports"]
+    assert ports["ipv6_off"] == ports["ports"] == len(emu.switch_ports())
     leaf_if, spine_if, _, _ = _ports(emu)
     ours = {socket.if_nametoindex(leaf_if), socket.if_nametoindex(spine_if)}
     with faults.RtnlWatch() as watch:
