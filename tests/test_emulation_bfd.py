@@ -4,13 +4,14 @@ hears of it and routes around it; repair brings it back. (How fast: the failover
 ``hpnlab emulate --failover-probe``, measures it; tests check the behaviour.)"""
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
 import pytest
 
 from hpnlab.fabric import graph as fgraph
-from hpnlab.fabric.emulation import ovsdb
+from hpnlab.fabric.emulation import faults, ovsdb
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -112,6 +113,26 @@ def test_a_one_sided_down_is_seen_at_both_ends(emu):
     finally:
         emu.link_up(LEAF, SPINE, side=SPINE)
     assert _wait(lambda: all("LIVE" in s for s in _states(emu).values()))
+
+
+def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or_address(emu):
+    # Open vSwitch 3.1 re-reads the routing table (then revalidates every flow) on any link event and
+    # on any route or address notification; a switch port must add none of the latter: no IPv6 on it
+    ports = emu.metadata["switch_ports"]
+    assert ports["ipv6_off"] == ports["ports"] == len(emu.switch_ports())
+    leaf_if, spine_if, _, _ = _ports(emu)
+    ours = {socket.if_nametoindex(leaf_if), socket.if_nametoindex(spine_if)}
+    with faults.RtnlWatch() as watch:
+        emu.link_down(LEAF, SPINE)
+        try:
+            assert _wait(lambda: all("LIVE" not in s for s in _states(emu).values()))
+        finally:
+            emu.link_up(LEAF, SPINE)
+        assert _wait(lambda: all("LIVE" in s for s in _states(emu).values()))
+        watch.drain()
+    events = watch.events(ours)
+    assert {i for _, i in events} == ours                # the watch heard both ends go down and up ...
+    assert [e for e, _ in events if e in faults.ROUTE_EVENTS] == []      # ... and no route or address change
 
 
 def test_the_fabric_is_whole_after_repair(emu):

@@ -174,3 +174,22 @@ def test_a_controller_event_names_no_link():
     g = graph.build(spec.load("mini-hpn"))
     with pytest.raises(UserError, match="controller_freeze takes no 'link'"):
         load_timeline([{"at": 1, "action": "controller_freeze", "link": "p0l0-p0s0"}], g)
+
+
+def test_a_route_notification_is_about_its_output_interface_an_address_or_link_one_about_its_index():
+    from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+    from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+    route, addr, link = rtmsg(), ifaddrmsg(), ifinfmsg()
+    route["event"], route["attrs"] = "RTM_DELROUTE", [("RTA_DST", "fe80::"), ("RTA_OIF", 7)]
+    addr["event"], addr["index"] = "RTM_NEWADDR", 9
+    link["event"], link["index"] = "RTM_NEWLINK", 11
+    assert [faults.notification_index(m) for m in (route, addr, link)] == [7, 9, 11]
+    assert {route["event"], addr["event"]} <= faults.ROUTE_EVENTS and link["event"] not in faults.ROUTE_EVENTS
+
+
+def test_the_link_idle_stall_probe_is_a_kind_that_fails_and_repairs_nothing_of_the_fabric():
+    failover.Probe(kind="link-idle").check()
+    assert "link-idle" not in failover.ACTIONS      # its events flap a veth pair outside Open vSwitch
+    assert all(len(name) <= 15 for name in failover.IDLE_LINK)   # IFNAMSIZ

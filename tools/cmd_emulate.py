@@ -75,7 +75,8 @@ def register(sub) -> None:
                         "for the CPU stall every flow; README: failures)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
-                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, none")
+                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, link-idle, "
+                        "none")
     p.add_argument("--repeat", type=int, default=5, metavar="N", help="failover probe repetitions per kind (default 5)")
     p.add_argument("--probe-link", metavar="LEAF-SPINE", help="the link the probe fails (default: the first leaf's "
                                                               "first uplink)")

@@ -12,8 +12,11 @@ through ``hpnlab.fabric.losswindow``. Kinds of failure (``KINDS``):
   carrier too); ``gray``: the leaf's egress drops everything, the link stays up (only BFD
   can see it); ``tc-idle``: no failure at all, a pass-through tc filter is added to and
   removed from an interface that carries none of the flows (the stall probe: does a tc
-  change alone disturb forwarding?); ``none``: nothing happens at the two times (the noise
-  floor: the gaps a busy machine makes by itself).
+  change alone disturb forwarding?); ``link-idle``: no failure either, a veth pair of the
+  root namespace that Open vSwitch does not own is set up and down (the other stall
+  probe: does a netlink link event alone, which makes ovs-vswitchd re-read the routing table,
+  disturb forwarding?); ``none``: nothing happens at the two times (the noise floor: the gaps
+  a busy machine makes by itself).
 
 ``freeze_controller`` stops the controller (SIGSTOP) from just before the failure until
 the capture ends: the loss window then shows what the switches do alone, and gaps on flows
@@ -29,6 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,7 +41,7 @@ from .. import losswindow
 from ..errors import UserError
 from . import timeline as tl
 
-KINDS = ("both", "one-side", "gray", "tc-idle", "none")
+KINDS = ("both", "one-side", "gray", "tc-idle", "link-idle", "none")
 #: how each kind fails and repairs (timeline actions)
 ACTIONS = {"both": ("link_down", "link_up"), "one-side": ("link_down_one_side", "link_up"),
            "gray": ("link_drop", "link_restore")}
@@ -125,6 +129,48 @@ class TcIdle:
     def link_up(self, *a: Any, **k: Any) -> None:
         if self.intf:
             _tc_pass(self.intf, False)
+
+
+#: the link-idle probe's veth pair (root namespace, never an Open vSwitch port; the kernel may lack dummy)
+IDLE_LINK = ("hpnl-idle0", "hpnl-idle1")
+
+
+class LinkIdle:
+    """Timeline target for the link-idle probe: 'fail' sets a veth pair up, 'repair' down.
+    ``open`` creates it (recorded in the run's state first, so a crash's clean-up removes it),
+    ``close`` deletes it."""
+
+    def __init__(self, emu, names: tuple[str, str] = IDLE_LINK):
+        self.graph, self.state, self.names = emu.graph, emu.state, names
+        self._ipr: Any = None
+
+    def open(self) -> LinkIdle:
+        from pyroute2 import IPRoute
+        self.state.add_interfaces(list(self.names))
+        self._ipr = IPRoute()
+        if not self._ipr.link_lookup(ifname=self.names[0]):
+            self._ipr.link("add", ifname=self.names[0], kind="veth", peer=self.names[1])
+        for name in self.names:   # no IPv6 link-local address or route: only link events when it flaps
+            Path(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6").write_text("1")
+        return self
+
+    def _set(self, state: str) -> None:
+        for name in self.names:
+            self._ipr.link("set", index=self._ipr.link_lookup(ifname=name)[0], state=state)
+
+    def link_down(self, *a: Any, **k: Any) -> None:
+        self._set("up")
+
+    def link_up(self, *a: Any, **k: Any) -> None:
+        self._set("down")
+
+    def close(self) -> None:
+        if self._ipr is not None:
+            idx = self._ipr.link_lookup(ifname=self.names[0])
+            if idx:
+                self._ipr.link("del", index=idx[0])
+            self._ipr.close()
+            self._ipr = None
 
 
 def _monitor(bridge: str, out_path) -> subprocess.Popen:
@@ -241,6 +287,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     out = run_dir / f"failover-{probe.kind}-{rep}.npz"
     seconds = probe.fail_at_s + probe.hold_s + probe.after_s
     py = sys.executable
+    idle = LinkIdle(emu).open() if probe.kind == "link-idle" else None
     recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "flowrecv", dip, str(UDP_PORT),
                            "--seconds", f"{seconds + 1.0:.3f}", "--out", str(out)],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -260,8 +307,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     frozen = False
     vconn = VconnDebug().begin() if probe.stages else None
     try:
-        if probe.kind in ("tc-idle", "none"):
-            target: Any = TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
+        if probe.kind in ("tc-idle", "link-idle", "none"):
+            target: Any = idle or TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
             events = [tl.Event(probe.fail_at_s, "link_down", (leaf, spine), k0),
                       tl.Event(probe.fail_at_s + probe.hold_s, "link_up", (leaf, spine), k0)]
         else:
@@ -281,6 +328,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     finally:
         if vconn is not None:
             vconn.end()
+        if idle is not None:
+            idle.close()
         if frozen:
             os.killpg(emu.controller_proc.pid, signal.SIGCONT)
         for m in mons.values():

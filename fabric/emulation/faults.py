@@ -21,6 +21,7 @@ Three kinds of link failure:
 from __future__ import annotations
 
 import re
+import select
 import socket
 import subprocess
 import time
@@ -40,6 +41,62 @@ End = tuple[str, str]
 DROP_PREF = 1
 #: classic BPF, one instruction: return TC_ACT_SHOT (2) for every packet (direct action)
 DROP_BYTECODE = "1,6 0 0 2,"
+
+
+#: rtnetlink notifications about routes and addresses (what a link event must not bring: ovs-vswitchd
+#: re-reads the routing table on any of them, and on any link event too: OVS 3.1 lib/route-table.c)
+ROUTE_EVENTS = frozenset({"RTM_NEWROUTE", "RTM_DELROUTE", "RTM_NEWADDR", "RTM_DELADDR"})
+
+
+def notification_index(msg: Any) -> int | None:
+    """The interface an rtnetlink notification is about: a link's or address's index, a route's
+    output interface (pure; None when it names none)."""
+    if msg.get("event") in ("RTM_NEWROUTE", "RTM_DELROUTE"):
+        return msg.get_attr("RTA_OIF")
+    return msg.get("index")
+
+
+class RtnlWatch:
+    """Collects rtnetlink notifications of this namespace (links, IPv4/IPv6 addresses and routes)
+    while open: ``with RtnlWatch() as w: ...; w.events(indexes)`` -> [(event, ifindex), ...]."""
+
+    def __init__(self) -> None:
+        from pyroute2.netlink.rtnl import (
+            RTMGRP_IPV4_IFADDR,
+            RTMGRP_IPV4_ROUTE,
+            RTMGRP_IPV6_IFADDR,
+            RTMGRP_IPV6_ROUTE,
+            RTMGRP_LINK,
+        )
+        self.groups = (RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_IPV4_ROUTE
+                       | RTMGRP_IPV6_ROUTE)
+        self.sock: socket.socket | None = None
+        self.data: list[bytes] = []
+
+    def __enter__(self) -> RtnlWatch:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        self.sock.bind((0, self.groups))
+        return self
+
+    def drain(self, quiet_s: float = 0.2) -> None:
+        """Read what has arrived, until nothing more comes for ``quiet_s``."""
+        assert self.sock is not None
+        while select.select([self.sock], [], [], quiet_s)[0]:
+            self.data.append(self.sock.recv(1 << 16))
+
+    def events(self, indexes: set[int] | None = None) -> list[tuple[str, int | None]]:
+        """(event, interface index) of every notification so far (only about ``indexes`` if given)."""
+        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+        marshal = MarshalRtnl()
+        out = [(m.get("event"), notification_index(m)) for chunk in self.data for m in marshal.parse(chunk)]
+        return [e for e in out if indexes is None or e[1] in indexes]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.sock is not None:
+            self.drain(0.0)
+            self.sock.close()
+            self.sock = None
 
 
 def drop_lines(intf: str, drop: bool) -> list[str]:

@@ -451,8 +451,9 @@ class Emulation:
             for host in self.hosts:
                 net.get(host).configure(self.graph, tx_off, self.want_shape, self._caps.netem)
             net.start()
-            nodes.configure_switch_ports([p for p in self.switch_ports() if p["local"]], self.scenario.emulation.mtu,
-                                         self.want_shape, self._caps.netem, state.run_dir)
+            self.metadata["switch_ports"] = nodes.configure_switch_ports(
+                [p for p in self.switch_ports() if p["local"]], self.scenario.emulation.mtu, self.want_shape,
+                self._caps.netem, state.run_dir)
             if self.remote is not None:
                 far = [dict(p, server=self.net.get(p["switch"]).server) for p in self.switch_ports() if not p["local"]]
                 self.metadata["cluster"]["remote_ports"] = self.remote.configure_ports(

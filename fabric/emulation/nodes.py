@@ -11,6 +11,7 @@ is a pty, and a pty truncates lines at 4096 bytes (``script``).
 """
 from __future__ import annotations
 
+import socket
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -98,12 +99,21 @@ def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda 
     return out
 
 
-def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool, run_dir: Path) -> None:
+def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool,
+                           run_dir: Path) -> dict[str, Any]:
     """Switch-side interfaces (root namespace): IPv6 off, the MTU, htb to the emulated rate.
-    Call after the ports joined their bridges: OVS resets a port's qdisc when it adds it."""
+    Call after the ports joined their bridges: OVS resets a port's qdisc when it adds it.
+
+    IPv6 off: a port then has no link-local address or route, so its carrier going down or up
+    brings the root namespace link notifications only, no route or address ones. (Open vSwitch
+    3.1 re-reads the routing table and revalidates every flow on a link notification anyway,
+    ``lib/route-table.c`` ``name_table_change``: README, failures.) Returns what the run's
+    metadata records: the ports, those whose IPv6 is off, the root namespace's interfaces."""
+    ipv6_off = 0
     for p in ports:
         try:
             Path(f"/proc/sys/net/ipv6/conf/{p['intf']}/disable_ipv6").write_text("1")
+            ipv6_off += 1
         except OSError:
             pass
     if mtu != 1500 and ports:
@@ -118,6 +128,7 @@ def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, n
         r = subprocess.run(["tc", "-batch", str(batch)], capture_output=True, text=True)
         if r.returncode != 0:
             raise NodeError(f"shaping switch ports failed: {r.stderr.strip()[:300]}")
+    return {"ports": len(ports), "ipv6_off": ipv6_off, "root_interfaces": len(socket.if_nameindex())}
 
 
 class ControllerTarget:
