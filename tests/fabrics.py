@@ -80,3 +80,18 @@ def shared_runs_together(shares: list[str | None]) -> list[int]:
         if name is not None:
             first.setdefault(name, i)
     return sorted(range(len(shares)), key=lambda i: first[n] if (n := shares[i]) is not None else i)
+
+
+def random_sharing(rng, n_flows: int, n_links: int, longest: int, weights: list[float]
+                   ) -> tuple[list[int], list[int], list[float]]:
+    """Random (flow, link, weight) entries for max-min tests: every flow crosses 1 to ``longest - 1``
+    distinct links, each with a weight drawn from ``weights``."""
+    f: list[int] = []
+    lk: list[int] = []
+    w: list[float] = []
+    for i in range(n_flows):
+        for link in rng.choice(n_links, size=rng.integers(1, longest), replace=False):
+            f.append(i)
+            lk.append(int(link))
+            w.append(float(rng.choice(weights)))
+    return f, lk, w

@@ -29,12 +29,8 @@ _STATS = re.compile(r"\b(cookie|duration|n_packets|n_bytes|idle_age|hard_age|res
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
 
-    emu = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, on_controller_loss="restart")
-    emu.start()
-    try:
+    with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, on_controller_loss="restart") as emu:
         yield emu
-    finally:
-        emu.stop()
 
 
 def ofctl(*args: str) -> str:

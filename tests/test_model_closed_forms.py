@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from fabrics import fabric
+from fabrics import fabric, random_sharing
 
 from hpnlab.fabric import collectives, graph, model
 
@@ -134,12 +134,7 @@ def progressive_filling(flow_idx, link_idx, weight, cap, n_flows) -> np.ndarray:
 def test_max_min_rates_equal_textbook_progressive_filling(seed):
     rng = np.random.default_rng(seed)
     n_flows, n_links = 40, 12
-    f, lk, w = [], [], []
-    for i in range(n_flows):
-        for link in rng.choice(n_links, size=rng.integers(1, 5), replace=False):
-            f.append(i)
-            lk.append(link)
-            w.append(float(rng.choice([1.0, 0.5, 0.25])))
+    f, lk, w = random_sharing(rng, n_flows, n_links, 5, [1.0, 0.5, 0.25])
     cap = rng.choice([10.0, 40.0, 100.0], size=n_links)
     args = (np.array(f), np.array(lk), np.array(w), cap, n_flows)
     assert model.max_min_rates(*args) == pytest.approx(progressive_filling(*args), rel=1e-9)

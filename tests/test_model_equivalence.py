@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fabrics import random_sharing
 
 from hpnlab.fabric import collectives, graph, model, spec
 
@@ -69,12 +70,7 @@ def earlier_max_min_rates(flow_idx, link_idx, weight, cap, n_flows):
 def test_max_min_rates_equal_the_earlier_progressive_filling_bit_for_bit(seed):
     rng = np.random.default_rng(seed)
     n_flows, n_links = 300, 80
-    f, lk, w = [], [], []
-    for i in range(n_flows):
-        for link in rng.choice(n_links, size=rng.integers(1, 7), replace=False):
-            f.append(i)
-            lk.append(link)
-            w.append(float(rng.choice([1.0, 0.5, 0.25, 1 / 3])))
+    f, lk, w = random_sharing(rng, n_flows, n_links, 7, [1.0, 0.5, 0.25, 1 / 3])
     cap = rng.choice([0.0, 10.0, 40.0, 100.0], size=n_links, p=[0.05, 0.35, 0.3, 0.3])
     order = rng.permutation(len(f)) if seed % 2 else np.arange(len(f))     # grouped by flow, or not
     args = (np.array(f)[order], np.array(lk)[order], np.array(w)[order], cap, n_flows + 3)

@@ -72,12 +72,8 @@ def weights_in_force(log: Path, switch: str) -> dict[int, int] | None:
 def weighted_hpn(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
 
-    emu = Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, routing_weights="weighted")
-    emu.start()
-    try:
+    with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, routing_weights="weighted") as emu:
         yield emu
-    finally:
-        emu.stop()
 
 
 def test_weighted_mode_gives_a_loaded_uplink_a_smaller_share_of_spread_traffic(weighted_hpn):
