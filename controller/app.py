@@ -937,8 +937,14 @@ class HpnController(BaseApp):
         self.graph = g
         self.index = compiler.index_of(g)
         self.expected_links = wiring.expected_links(g)
-        self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover)
+        if self.weighted is not None:           # weighted multipath: its sets on the adopted numbers
+            self.weighted = weights.WeightedTables(g)
+            self.weights = weights.Weights()
+        self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
+                                               compile_fn=self.weighted or compiler.compile_fabric)
         self._counted = dict(self.reconciler.counters)
+        if self.ecn is not None:                # telemetry polls the ports on their adopted numbers
+            self.ecn.telemetry.rebase(telemetry.fabric_ports(g))
 
         def name_of(dpid: int) -> str:
             return self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}"

@@ -167,6 +167,14 @@ class Telemetry:
         self._last_sample: float | None = None
         self.counters = {"requests": 0, "replies": 0, "samples": 0, "stage_reads": 0}
 
+    def rebase(self, ports: Mapping[PortKey, PortInfo]) -> None:
+        """The fabric's ports on other numbers (a deployment adopted at run time): every series starts
+        again on the new keys; nothing measured on the old numbers is carried over."""
+        self.ports = dict(ports)
+        self.series = {k: deque(maxlen=self.history) for k in self.ports}
+        for kept in (self._of_prev, self._stage_prev, self._of_rates, self._stage_rates, self._queue):
+            kept.clear()
+
     # ---- polling -------------------------------------------------------------------------------
     def due(self, now: float) -> bool:
         return self._next_poll is None or now >= self._next_poll

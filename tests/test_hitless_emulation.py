@@ -171,3 +171,16 @@ def test_a_host_whose_arp_entries_are_flushed_while_the_controller_is_down_still
     finally:
         emu.on_controller_loss = "restart"
         emu.restart_controller()
+
+
+def test_a_run_asked_to_stop_is_interrupted_with_one_line_when_its_controller_is_killed(emu):
+    from hpnlab.fabric.emulation import ControllerLost
+    emu.on_controller_loss = "stop"
+    try:
+        with pytest.raises(ControllerLost, match=r"exited with code -9: stopping the run \(--on-controller-loss stop"):
+            emu.kill_controller()
+            time.sleep(30)          # the watch interrupts the run's main thread long before this ends
+        assert [loss["action"] for loss in emu.controller_losses][-1] == "stop"
+    finally:
+        emu.on_controller_loss = "restart"
+        emu.restart_controller()

@@ -257,6 +257,17 @@ def test_port_names_are_resolved_as_switches_connect_and_routes_installed_on_the
     assert {w for grp in groups for w, _acts in grp.buckets if w is not None} == {105, 106}
 
 
+def test_telemetry_and_weighted_sets_follow_the_ports_a_deployment_resolves_at_run_time(make_app, tmp_path):
+    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED), HPNLAB_TELEMETRY_MS="200",
+                   HPNLAB_ROUTING_WEIGHTS="weighted")
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()
+    assert {port for sw, port in app.ecn.telemetry.ports if sw == "p0l0"} == set(range(101, 107))
+    net.settle()
+    ports = {p for es in app.weighted.sets().get("p0l3", {}).values() for p in es.ports}
+    assert ports == {105, 106}
+
+
 def test_a_port_name_the_switch_lacks_is_one_line_and_holds_its_plane_back(make_app, tmp_path, caplog):
     def rename(data):
         data["switches"]["p1l0"]["ports"][5] = "Ethernet5"
