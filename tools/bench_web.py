@@ -22,22 +22,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from hpnlab.cli.bench_emulation import proc_cpu_s
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pids: list[int]) -> float:
-    """utime + stime (seconds) of these processes (their own, not their children's)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICK
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def pids_with(marker: str) -> list[int]:
@@ -108,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.2)
             browser = pids_with(str(profile))
             s0, f0 = get(url + "stats.json"), page.evaluate("window.hpnlabStats.frames")
-            c_run0, c_br0, t0 = cpu_s([run.pid]), cpu_s(browser), time.monotonic()
+            c_run0, c_br0, t0 = proc_cpu_s([run.pid]), proc_cpu_s(browser), time.monotonic()
             shot_at = t0 + min(4.0, args.window / 2)
             shot = False
             while time.monotonic() - t0 < args.window and run.poll() is None:
@@ -117,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                     page.screenshot(path=str(out / "mini-hpn-all-to-all-link-failed.png"))
                     shot = True
             s1, f1 = get(url + "stats.json"), page.evaluate("window.hpnlabStats.frames")
-            c_run1, c_br1, t1 = cpu_s([run.pid]), cpu_s(browser), time.monotonic()
+            c_run1, c_br1, t1 = proc_cpu_s([run.pid]), proc_cpu_s(browser), time.monotonic()
             if not shot:
                 page.screenshot(path=str(out / "mini-hpn-all-to-all-link-failed.png"))
             dt = t1 - t0

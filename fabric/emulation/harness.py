@@ -572,16 +572,9 @@ class Emulation:
         if self.wiring_file is None:
             return
         deadline = time.monotonic() + self.wiring_timeout
-        wiring_file = self.wiring_file
-
-        def installed() -> dict | None:
-            try:
-                report = json.loads(wiring_file.read_text())
-            except (OSError, ValueError):
-                return None
-            return report if report.get("installed") else None
         report = self._wait_controller_file(
-            installed, deadline, f"the controller reported no routes installed within {self.wiring_timeout:g} s")
+            self.wiring_file, "installed", deadline,
+            f"the controller reported no routes installed within {self.wiring_timeout:g} s")
         self.metadata["wiring"] = report
         for finding in report.get("findings", []):
             self.log(f"wiring: {finding['line']}")
@@ -592,20 +585,20 @@ class Emulation:
 
     def _wait_rollout(self, deadline: float) -> dict:
         """The staged rollout's results once every stage is done."""
-        rollout_file = self.rollout_file
-        assert rollout_file is not None
+        assert self.rollout_file is not None
+        return self._wait_controller_file(self.rollout_file, "done", deadline,
+                                          "the staged rollout did not finish in time")
 
-        def done() -> dict | None:
+    def _wait_controller_file(self, path: Path, key: str, deadline: float, late: str) -> dict:
+        """Poll the JSON file the controller writes at ``path`` until it reads whole with ``key`` set;
+        one line if the controller exits first or ``deadline`` passes (``late``: what did not happen)."""
+        def read() -> dict | None:
             try:
-                status = json.loads(rollout_file.read_text())
+                got = json.loads(path.read_text())
             except (OSError, ValueError):
                 return None
-            return status if status.get("done") else None
-        return self._wait_controller_file(done, deadline, "the staged rollout did not finish in time")
+            return got if got.get(key) else None
 
-    def _wait_controller_file(self, read: Callable[[], dict | None], deadline: float, late: str) -> dict:
-        """Poll ``read`` until it gives what the controller wrote; one line if the controller exits
-        first or ``deadline`` passes (``late``: what did not happen)."""
         while (got := read()) is None:
             if self.controller_proc and self.controller_proc.poll() is not None:
                 raise EmulationError(f"the controller exited (code {self.controller_proc.returncode}); "

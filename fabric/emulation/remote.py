@@ -2,8 +2,9 @@
 
 Mininet's cluster edition (``mininet.examples.cluster``) reaches servers by ssh and
 tunnels the links that cross them; as shipped it assumes ``sudo`` on both ends, the
-user's default ssh key and known_hosts, and leaves cleaning to ``mn -c`` on every server.
-This module makes it work against a real server the project can clean:
+user's default ssh key and known_hosts, and leaves cleaning to Mininet's machine-wide cleanup
+on every server, which hpnlab never runs. This module makes it work against a real server and
+cleans there only what the run made (processes by pid, its own bridges and links):
 
 - ``Ssh``: how to reach a server (user, identity, known_hosts pinned, a multiplexed
   connection per run); from ``HPNLAB_SSH_USER``, ``HPNLAB_SSH_IDENTITY``,
