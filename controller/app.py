@@ -57,6 +57,7 @@ from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
 from . import compiler, deployment, reconcile, rollout, telemetry, weights, wiring
+from .control_file import ControlFile
 from .ofp import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -469,7 +470,8 @@ class HpnController(BaseApp):
             raise RuntimeError(f"HPNLAB_ROUTING_WEIGHTS={mode!r}: one of {', '.join(weights.MODES)}")
         self.weights: weights.Weights | None = None
         self.weighted: weights.WeightedTables | None = None
-        self._weights_control: tuple[str | None, float | None] = (cfg["weights_control"], None)   # (path, mtime seen)
+        self._weights_control = ControlFile(cfg["weights_control"], "routing weights") if cfg["weights_control"] \
+            else None
         if mode == "weighted":
             self.weighted = weights.WeightedTables(self.graph)
             self.weights = weights.Weights()
@@ -493,35 +495,19 @@ class HpnController(BaseApp):
 
     def _check_weights_control(self) -> None:
         """A live switch between weighted and ecmp (the harness's ``set_routing_weights``), answered in
-        ``<control file>.ack`` as the ECN loop answers a policy change."""
-        path, seen = self._weights_control
-        if not path or self.weights is None:
+        ``<control file>.ack`` as the ECN loop answers a policy change (``control_file``)."""
+        if self._weights_control is None or self.weights is None:
             return
-        try:
-            mtime = os.stat(path).st_mtime
-        except OSError:
-            return
-        if mtime == seen:
-            return
-        self._weights_control = (path, mtime)
-        error, seq, mode = None, None, "weighted" if self.weights.enabled else "ecmp"
-        try:
-            with open(path) as f:
-                req = json.load(f)
-            seq = req.get("seq")
-            if req.get("policy") not in weights.MODES:
-                raise ValueError(f"unknown routing weights {req.get('policy')!r}: one of {', '.join(weights.MODES)}")
-            mode = req["policy"]
-            if self.weights.enabled != (mode == "weighted"):
-                LOG.info("routing weights: %s -> %s", "weighted" if self.weights.enabled else "ecmp", mode)
-            self.weights.enabled = mode == "weighted"
-        except (OSError, ValueError, AttributeError) as exc:
-            error = str(exc)
-            LOG.error("routing weights change refused: %s", error)
-        tmp = path + ".ack.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"seq": seq, "policy": mode, "error": error}, f)
-        os.replace(tmp, path + ".ack")
+        w = self.weights
+
+        def apply(req: dict) -> None:
+            mode = req.get("policy")
+            if mode not in weights.MODES:
+                raise ValueError(f"unknown routing weights {mode!r}: one of {', '.join(weights.MODES)}")
+            if w.enabled != (mode == "weighted"):
+                LOG.info("routing weights: %s -> %s", "weighted" if w.enabled else "ecmp", mode)
+            w.enabled = mode == "weighted"
+        self._weights_control.poll(apply, lambda: "weighted" if w.enabled else "ecmp")
 
     def close(self):
         if self.ecn is not None:

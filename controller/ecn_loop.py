@@ -25,12 +25,10 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import IO, Any
 
-from hpnlab.fabric.errors import UserError
-
 from . import actuators, ecn_policy, telemetry
+from .control_file import ControlFile
 from .ecn_policy import EcnPolicy, Thresholds
 from .telemetry import OfPortStats, PortKey, PortStatsRequest, PortTelemetry, Telemetry
 
@@ -63,8 +61,7 @@ class EcnLoop:
             self.actuator = actuators.NullActuator(tel.ports, mtu)
         self.current: dict[PortKey, Thresholds] = self.actuator.current()
         self.initial = dict(self.current)              # the start-up thresholds (a policy change restores them)
-        self.control = Path(control) if control else None
-        self._control_seen: float | None = None
+        self.control = ControlFile(control, "ECN policy") if control else None
         self.changes: list[dict[str, Any]] = []        # every change (bounded: the last 10,000)
         self.n_changes = 0                             # every change ever applied
         self.cpu_s = 0.0                               # CPU seconds spent in ticks and reply decoding
@@ -130,27 +127,9 @@ class EcnLoop:
         LOG.info("ECN policy %s -> %s", old, policy.name)
 
     def _check_control(self, now: float) -> None:
-        if self.control is None:
-            return
-        try:
-            mtime = self.control.stat().st_mtime
-        except OSError:
-            return
-        if mtime == self._control_seen:
-            return
-        self._control_seen = mtime
-        error, seq = None, None
-        try:
-            req = json.loads(self.control.read_text())
-            seq = req.get("seq") if isinstance(req, dict) else None
-            self.set_policy(now, ecn_policy.load(str(req["policy"]), self.mtu))
-        except (UserError, OSError, ValueError, KeyError, TypeError) as exc:
-            error = str(exc)
-            LOG.error("ECN policy change refused: %s", error)
-        ack = self.control.with_name(self.control.name + ".ack")
-        tmp = ack.with_name(ack.name + ".tmp")
-        tmp.write_text(json.dumps({"seq": seq, "policy": self.policy.name, "error": error}))
-        os.replace(tmp, ack)
+        if self.control is not None:
+            self.control.poll(lambda req: self.set_policy(now, ecn_policy.load(str(req["policy"]), self.mtu)),
+                              lambda: self.policy.name)
 
     def apply(self, now: float, changes: dict[PortKey, Thresholds],
               samples: dict[PortKey, PortTelemetry] | None = None) -> None:

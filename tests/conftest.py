@@ -153,6 +153,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = [items[i] for i in order]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_shared_emulation_under_other_modules(request: pytest.FixtureRequest) -> None:
+    """A module that does not use the live shared emulation gets it stopped at its start: its own
+    module-scoped emulation fixture is set up before any test's fixtures (the one below)."""
+    if _shared.emu is not None and _module_shares.get(_module_of(request.node)) != _shared.name:
+        _shared.close()
+
+
 @pytest.fixture(autouse=True)
 def _no_shared_emulation_under_others(request: pytest.FixtureRequest) -> None:
     """A test that may build its own emulation (marked emulation or controller, not using the live
