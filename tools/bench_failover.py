@@ -51,6 +51,7 @@ from datetime import datetime
 from typing import Any
 
 from hpnlab.fabric import experiment, report
+from hpnlab.fabric.errors import UserError
 
 MODES = {"controller": {"fast_failover": False, "host_failover": False, "remote": True},
          "local": {"fast_failover": True, "host_failover": False, "remote": False},
@@ -223,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=1.0, help="seconds until the repair (default 1)")
     p.add_argument("--iterations", type=int, default=6, help="all-reduce iterations per run (default 6)")
     p.add_argument("--json", metavar="FILE", help="write every repetition here")
+    p.add_argument("--port-type", default="auto", metavar="TYPE",
+                   help="the switches' port type: auto (default), system, afxdp or afxdp-nonpmd; AF_XDP ports "
+                        "forward off ovs-vswitchd's main thread but skip tc egress (no shaping)")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -245,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         cfg = MODES[mode]
         with Emulation("mini-hpn", controller="hpnlab", ecn=False, lock_wait_s=600, log=None, bfd_ms=BFD_MS,
-                       fast_failover=cfg["fast_failover"]) as emu:
+                       fast_failover=cfg["fast_failover"], port_type=args.port_type) as emu:
             pl = plan(cfg["host_failover"], args.iterations)
             [job] = next(iter(pl.jobs_on(emu.graph).values()))
             t = targets(emu.graph, list(job.labels or []))
@@ -299,4 +303,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as exc:          # e.g. a rank that stopped progressing: one line, not a traceback
+        print(f"bench_failover: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -233,16 +233,24 @@ def ceiling(frame: int, seconds: float, start: float = LADDER_START) -> dict[str
     """The packets/s the chain delivers without loss at this frame size: offered rates rising
     from ``LADDER_START`` until the loss passes ``LOSS_STOP`` or the sender cannot offer more; the
     ceiling is the most delivered at <= ``LOSS_OK`` loss (overload lowers what gets through, so
-    'as fast as possible' alone understates it). CPU idle is read at that point."""
+    'as fast as possible' alone understates it). A ladder started above ``LADDER_START`` that loses
+    at its first steps steps down until a rate passes (a repetition never reads 0 because its start,
+    half the first repetition's ceiling, was too high for the machine at that moment). CPU idle is
+    read at that point."""
     best = {"pps": 0.0, "mbps": 0.0, "offered_pps": 0.0, "cpu_idle": 0.0}
     most = 0.0
     pps = max(LADDER_START, start)
+    descending = pps > LADDER_START
     while True:
         r = blast(frame, seconds, str(int(pps / PATHS[0] * (frame - ETH - IP_UDP) * 8)))
         loss = 1 - r["pps"] / max(1.0, r["offered_pps"])
         most = max(most, r["pps"])
         if loss <= LOSS_OK and r["pps"] > best["pps"]:
             best = r
+        descending = descending and loss > LOSS_OK and pps > LADDER_START
+        if descending:      # a later repetition's start was too high for the machine at that moment: step down
+            pps = max(LADDER_START, pps / LADDER_STEP ** 2)
+            continue
         if loss > LOSS_STOP or r["offered_pps"] < 0.8 * pps or pps > 400_000:
             break
         pps *= LADDER_STEP

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Benchmark: the default run before and after the measured budget (issue 18), side by side.
+
+``hpnlab run mini-hpn`` runs ``experiment.RUN_DEFAULTS`` (all-reduce and all-to-all over roce
+flow, roce spray and tcp, 128 KiB to 1 MiB). Before the budget it ran 4 ranks on the preset's
+rates (host ports 10 Mbit/s, fabric 40, MTU 1500); now it runs 8 ranks at the rates
+``sizing.rates_for_ranks`` derives from this machine's measured budget (``hpnlab doctor
+--measure``). This benchmark runs both, interleaved (before, after, before, after, ...), each
+on a fabric brought up for it, ``--repeat`` times, and prints per cell, at the largest size:
+
+  aggregate  the bytes every rank puts on its ports per second, summed over the ranks
+             (busbw x ranks: nccl-tests' busbw is one rank's share of the traffic), Mbit/s
+  fraction   busbw / line rate (a rank's ports at their shaped rate)
+  retx       retransmissions (roce: the transport's; tcp: tcpi_total_retrans)
+
+median [min-max] over the repetitions, the after/before ratio of the aggregate paired per
+repetition, the share of the machine's CPU left idle during each run and the load average.
+The issue's goal: after >= 3x before in aggregate, with a fraction no lower than before.
+Needs root and Open vSwitch; without them it says so and exits 0 (nothing to measure).
+Exit code 1 if an element came back wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from hpnlab.cli.bench_collective import emulation_missing
+from hpnlab.cli.bench_emulation import cpu_times
+from hpnlab.fabric import experiment, report, sizing, spec
+from hpnlab.fabric import graph as fgraph
+
+GB = 1e9
+BEFORE_RANKS = 4          # RUN_DEFAULTS.ranks before the budget (commit f39ea58 raised it to 8)
+
+
+def configs(preset: str) -> dict[str, tuple[dict[str, Any], int, str]]:
+    """``{name: (overrides, ranks, where the rates come from)}`` for before and after."""
+    g = fgraph.build(spec.load(preset))
+    rates, line = sizing.rates_for_ranks(g, {}, experiment.RUN_DEFAULTS.ranks)
+    return {"before": ({}, BEFORE_RANKS, "the preset's rates (nothing measured), 4 ranks"),
+            "after": (rates, experiment.RUN_DEFAULTS.ranks, line)}
+
+
+def cell_key(r: dict) -> str:
+    return f"{r['collective']} {r['transport']}{'/' + r['entropy'] if r.get('entropy') else ''}"
+
+
+def one_run(preset: str, overrides: dict, ranks: int) -> dict:
+    """Bring the fabric up with these overrides, run the default matrix, and return per cell
+    the aggregate Mbit/s, fraction and retransmissions at the largest size, plus CPU idle."""
+    from hpnlab.fabric.emulation import Emulation
+
+    scenario = spec.load(preset, overrides)
+    plan = experiment.RUN_DEFAULTS.replace(ranks=ranks)
+    with Emulation(scenario, controller="hpnlab", lock_wait_s=600, log=None) as emu:
+        load = os.getloadavg()[0]
+        total0, idle0 = cpu_times()
+        t0 = time.monotonic()
+        doc = experiment.run(plan, emu, progress=False)
+        seconds = time.monotonic() - t0
+        total1, idle1 = cpu_times()
+    cells = {}
+    for r in doc["results"]:
+        busbw = r["rows"][-1]["oop"]["busbw_gbs"] * GB * 8
+        cells[cell_key(r)] = {"aggregate_mbps": busbw * r["nranks"] / 1e6,
+                              "fraction": report.largest_fraction(r),
+                              "retx": report.flow_totals(r).get("retransmissions", 0)}
+    return {"cells": cells, "wrong": report.wrong_total(doc["results"]), "seconds": seconds,
+            "idle": (idle1 - idle0) / max(1e-9, total1 - total0), "load": load,
+            "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu}
+
+
+def spread(xs: list[float], fmt: str = "{:.3g}") -> str:
+    if not xs:
+        return "-"
+    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
+
+
+def summary(runs: dict[str, list[dict]]) -> list[str]:
+    before, after = runs["before"], runs["after"]
+    lines = [f"{'cell':<22} {'before Mbit/s':>22} {'after Mbit/s':>22} {'after/before':>20} "
+             f"{'fraction before':>20} {'fraction after':>20} {'retx b/a':>10}"]
+    keys = sorted(set().union(*(r["cells"] for r in before + after)))
+    agg_ratios = []
+    for k in keys:
+        b = [r["cells"][k] for r in before if k in r["cells"]]
+        a = [r["cells"][k] for r in after if k in r["cells"]]
+        ratios = [x["aggregate_mbps"] / y["aggregate_mbps"] for x, y in zip(a, b, strict=False)
+                  if y["aggregate_mbps"] > 0]
+        agg_ratios += ratios
+        lines.append(f"{k:<22} {spread([x['aggregate_mbps'] for x in b]):>22} "
+                     f"{spread([x['aggregate_mbps'] for x in a]):>22} {spread(ratios, '{:.2f}'):>20} "
+                     f"{spread([x['fraction'] for x in b], '{:.3f}'):>20} "
+                     f"{spread([x['fraction'] for x in a], '{:.3f}'):>20} "
+                     f"{statistics.median([x['retx'] for x in b]) if b else 0:>4g}/"
+                     f"{statistics.median([x['retx'] for x in a]) if a else 0:<5g}")
+    for name, rs in runs.items():
+        lines.append(f"{name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}; run "
+                     f"{spread([r['seconds'] for r in rs], '{:.0f}')} s; CPU idle during the run "
+                     f"{spread([r['idle'] for r in rs], '{:.0%}')}; "
+                     f"load average {spread([r['load'] for r in rs], '{:.1f}')}")
+    if agg_ratios:
+        lines.append(f"aggregate after/before over every cell and repetition: "
+                     f"median {statistics.median(agg_ratios):.2f}, min {min(agg_ratios):.2f}, "
+                     f"max {max(agg_ratios):.2f} (goal >= 3)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", nargs="?", default="mini-hpn")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
+    p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    args = p.parse_args(argv)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    why = emulation_missing()
+    if why:
+        say(f"bench_defaults: {why}; nothing measured")
+        return 0
+    cfg = configs(args.preset)
+    if not cfg["after"][0]:
+        say(f"bench_defaults: {cfg['after'][2]}; before and after would be the same run")
+        return 0
+    for name, (_, ranks, line) in cfg.items():
+        say(f"{name}: {ranks} ranks; {line}")
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    wrong = 0
+    for k in range(args.repeat):
+        for name, (overrides, ranks, _) in cfg.items():
+            res = one_run(args.preset, overrides, ranks)
+            wrong += res["wrong"]
+            runs[name].append(res)
+            say(f"  rep {k + 1}/{args.repeat} {name}: {res['seconds']:.0f} s, load {res['load']:.1f}, "
+                + ", ".join(f"{c} {v['aggregate_mbps']:.1f}" for c, v in res["cells"].items()))
+    for line in summary(runs):
+        say(line)
+    if args.json:
+        report.write_json({"configs": {n: {"ranks": c[1], "overrides": c[0], "rates": c[2]} for n, c in cfg.items()},
+                           "runs": runs}, args.json)
+    if wrong:
+        say(f"{wrong} wrong elements")
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
