@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
             f"({'passes' if c['passes_tc_egress'] else 'BYPASSED'})")
     doc = sizing.budget_document(ports, hops=len(BRIDGES), cpus=caps.cpus, load=list(load),
                                  tc_egress={c["port_type"]: c["passes_tc_egress"] for c in checks} or None,
-                                 repeat=args.repeat, seconds=args.seconds, paths=max(1, args.paths))
+                                 repeat=args.repeat, seconds=args.seconds, paths=max(1, args.paths),
+                                 load_after=[round(v, 2) for v in os.getloadavg()])
     for pt in wanted:
         b = sizing.pps_at(doc, pt, args.mtu + ETH)
         if b:

@@ -104,8 +104,10 @@ def port_type_findings(caps, budget, requested: str, mtu: int) -> list[str]:
         lines.append(f"nothing measured yet ({sizing.budget_path()}): the budget is the constant "
                      f"{sizing.PPS_PER_CORE}/core; measure with: hpnlab doctor --measure")
     else:
+        after = budget.get("load_after")
         lines.append(f"measured budget: {sizing.budget_path()} ({budget.get('measured_at', '?')}, load "
-                     f"{' '.join(str(v) for v in budget.get('load', []))})")
+                     f"{' '.join(str(v) for v in budget.get('load', []))}"
+                     + (f" before, {' '.join(str(v) for v in after)} after" if after else "") + ")")
     return lines
 
 
