@@ -56,6 +56,10 @@ MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
 MODE_SETTINGS = {"ecmp": ("ecmp", "ecmp"), "flowlet": ("flowlet", "ecmp"), "spray": ("spray", "ecmp"),
                  "adaptive": ("adaptive", "ecmp"), "adaptive+w": ("adaptive", "weighted")}
 COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
+#: the "two concurrent jobs" row: two all-to-all jobs of half the ranks each, at once on disjoint hosts
+#: (``Plan(jobs=2)``); its busbw is the jobs' mean, its time the slower job's
+TWO_JOBS = "two_jobs"
+TWO_JOBS_COLLECTIVE = "all_to_all"
 #: the flow model's routing (``hpnlab.fabric.model``) for each mode: ecmp and flowlet with one connection per
 #: plane per rank pair, as the transport's policies; the model has no weighted switches, so adaptive+w is
 #: predicted as adaptive
@@ -85,11 +89,13 @@ def imbalance(tx_bytes: list[int]) -> float | None:
     return max(loaded) / (sum(loaded) / len(loaded))
 
 
-def cell_figures(res: dict, uplink_bytes: list[int]) -> dict:
-    """The figures of one run of one cell (one job's result)."""
-    row = res["rows"][0]["oop"]
-    flows = res.get("flows", [])
-    return {"busbw_gbs": row["busbw_gbs"], "time_us": row["time_us"], "wrong": row["wrong"],
+def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
+    """The figures of one run of one cell (its jobs' results: busbw the jobs' mean, time the slowest)."""
+    results = res if isinstance(res, list) else [res]
+    rows = [r["rows"][0]["oop"] for r in results]
+    flows = [f for r in results for f in r.get("flows", [])]
+    return {"busbw_gbs": statistics.fmean(r["busbw_gbs"] for r in rows), "time_us": max(r["time_us"] for r in rows),
+            "wrong": sum(r["wrong"] for r in rows),
             "uplink_imbalance": imbalance(uplink_bytes),
             "max_reorder": max((f.get("max_reorder", 0) for f in flows), default=0),
             "retransmissions": sum(f.get("retransmissions", 0) for f in flows),
@@ -125,12 +131,18 @@ def predicted(g: Any, collective: str, size_bytes: int, hosts: list[str], modes:
         g.edges[shaped]["rate_gbps"] *= factor
     net = model.Network(g)
     planes = g.graph["scenario"].planes
-    job = model.make_job(g, list(hosts), "packed", seed, network=net)
     out: dict[str, dict] = {}
     for mode in modes:
-        r = model.run_collective(g, collective, size_bytes, routing=MODEL_ROUTING[mode], qps=planes, seed=seed,
-                                 network=net, job=job)
-        out[mode] = {"busbw_gbs": r.busbw_gbs}
+        if collective == TWO_JOBS:        # ``hosts``: the first job's, then the second's
+            half = len(hosts) // 2
+            jobs = [model.JobSpec(TWO_JOBS_COLLECTIVE, size_bytes, list(h), MODEL_ROUTING[mode], planes)
+                    for h in (hosts[:half], hosts[half:])]
+            busbw = statistics.fmean(r.busbw_gbs for r in model.run_jobs(g, jobs, seed=seed, network=net))
+        else:
+            job = model.make_job(g, list(hosts), "packed", seed, network=net)
+            busbw = model.run_collective(g, collective, size_bytes, routing=MODEL_ROUTING[mode], qps=planes,
+                                         seed=seed, network=net, job=job).busbw_gbs
+        out[mode] = {"busbw_gbs": busbw}
     base = out.get("ecmp", {}).get("busbw_gbs")
     for fig in out.values():
         fig["ratio_to_ecmp"] = fig["busbw_gbs"] / base if base else None
@@ -263,6 +275,9 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     if reps < 1:
         raise UserError(f"--repeat must be at least 1, got {reps}")
     collectives = tuple(collectives or base.collectives)
+    unknown = [c for c in collectives if c not in COLLECTIVES + (TWO_JOBS,) and c not in base.collectives]
+    if unknown:
+        raise UserError(f"--compare routing runs {', '.join(COLLECTIVES + (TWO_JOBS,))}; got {', '.join(unknown)}")
     unknown = [m for m in modes if m not in MODE_SETTINGS]
     if unknown:
         raise UserError(f"unknown routing mode(s) {', '.join(unknown)}: use {', '.join(MODES)}")
@@ -289,14 +304,21 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     fabrics = [("symmetric", None), ("asymmetric", (intf, peer_intf, rate))]
     if sizes is None:
         host_mbps = emulated_mbps(s, s.host_rate_gbps)
-        sizes = {c: cell_bytes(c, base.ranks, host_mbps, s.planes) for c in collectives}
+        sizes = {c: cell_bytes(TWO_JOBS_COLLECTIVE, base.ranks // 2, host_mbps, s.planes) if c == TWO_JOBS
+                 else cell_bytes(c, base.ranks, host_mbps, s.planes) for c in collectives}
     say("sizes: " + ", ".join(f"{c} {sizes[c] / 2**20:g} MiB" for c in collectives)
         + f" (about {CELL_S:g} s per iteration at line rate)")
+
+    def plan_of(coll: str, entropy: str) -> Plan:
+        if coll == TWO_JOBS:
+            return base.replace(collectives=TWO_JOBS_COLLECTIVE, jobs=2, ranks=max(2, base.ranks // 2),
+                                transports="roce", entropies=entropy, sizes=sizes[coll])
+        return base.replace(collectives=coll, transports="roce", entropies=entropy, sizes=sizes[coll])
+
     hosts_of = {}
     for coll in collectives:
-        cells = base.replace(collectives=coll, transports="roce", entropies="ecmp", sizes=sizes[coll]).jobs_on(g)
-        [[job]] = cells.values()
-        hosts_of[coll] = list(job.labels or [])
+        [jobs] = plan_of(coll, "ecmp").jobs_on(g).values()
+        hosts_of[coll] = [h for job in jobs for h in (job.labels or [])]
     model: dict[tuple[str, str], dict] = {}
     for fabric, shaped in fabrics:
         for coll in collectives:
@@ -338,14 +360,13 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         entropy, weights = MODE_SETTINGS[mode]
                         if getattr(emu, "routing_weights", "ecmp") != weights:
                             emu.set_routing_weights(weights)
-                        plan = base.replace(collectives=coll, transports="roce", entropies=entropy,
-                                            sizes=sizes[coll])
+                        plan = plan_of(coll, entropy)
                         leaves = {p["leaf"] for h in hosts_of[coll] for p in fgraph.host_ports(g, h)}
                         ups = [i for lf, i in ups_all if lf in leaves]
                         new_lines()
                         load0, t0 = os.getloadavg()[0], time.monotonic()
                         before = read_tx_bytes(ups)
-                        [res] = experiment.run(plan, emu, progress=False)["results"]
+                        res = experiment.run(plan, emu, progress=False)["results"]
                         after = read_tx_bytes(ups)
                         load1, t1 = os.getloadavg()[0], time.monotonic()
                         delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]

@@ -116,3 +116,48 @@ def test_the_table_prints_the_models_ratio_beside_the_measured_one():
     rows = cr.summarize(runs, model=model)
     assert rows[1]["model_ratio_to_ecmp"] == 1.44
     assert " 1.44 " in cr.table(rows)[-1]
+
+
+class _FakeEmulation:
+    """What compare() reads of an emulation: its graph, its telemetry file, no weighted tables."""
+
+    def __init__(self, telemetry):
+        self.graph = graph.build(spec.load("mini-hpn"))
+        self.telemetry_file = telemetry
+        self._weights_control = None
+        self.routing_weights = "ecmp"
+
+
+def _result(busbw, labels):
+    return {"rows": [{"oop": {"busbw_gbs": busbw, "time_us": 1e6, "wrong": 0}}], "hosts": labels,
+            "flows": [{"retransmissions": 1, "timeouts": 1, "max_reorder": 2}]}
+
+
+def test_a_cell_records_the_load_the_weight_changes_and_both_jobs_of_the_two_jobs_row(tmp_path, monkeypatch):
+    import time
+
+    telemetry = tmp_path / "telemetry.jsonl"
+    telemetry.write_text('{"kind":"weights","t":0.0,"switch":"old"}\n')
+    plans = []
+
+    def run(plan, emu, progress=False):
+        plans.append(plan)
+        with telemetry.open("a") as fh:       # the controller re-weights while the cell runs
+            fh.write(f'{{"kind":"weights","t":{time.monotonic()},"switch":"p0l0"}}\n')
+        [jobs] = plan.jobs_on(emu.graph).values()
+        return {"results": [_result(0.002 * (k + 1), job.labels) for k, job in enumerate(jobs)]}
+
+    monkeypatch.setattr(cr.experiment, "run", run)
+    monkeypatch.setattr(cr, "reshape", lambda *a, **k: None)
+    doc = cr.compare(_FakeEmulation(telemetry), Plan(ranks=16), reps=1, collectives=("permutation", cr.TWO_JOBS),
+                     modes=("ecmp", "spray"))
+    assert [p.jobs for p in plans[:4]] == [1, 1, 2, 2] and plans[2].ranks == 8
+    two = [r for r in doc["runs"] if r["collective"] == cr.TWO_JOBS]
+    assert two[0]["busbw_gbs"] == pytest.approx(0.003)          # the mean of the two jobs'
+    assert two[0]["retransmissions"] == 2
+    first = doc["runs"][0]
+    assert [c["switch"] for c in first["weight_changes"]] == ["p0l0"]
+    assert len(first["load"]) == 2 and all(x >= 0 for x in first["load"])
+    assert {(m["fabric"], m["collective"]) for m in doc["model"]} == {
+        (f, c) for f in ("symmetric", "asymmetric") for c in ("permutation", cr.TWO_JOBS)}
+    assert len(doc["runs"]) == 2 * 2 * 2

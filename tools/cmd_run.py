@@ -32,8 +32,6 @@ from .cmd_emulate import DEFAULT_BFD_MS, add_port_type_arg, port_type_line
 from .cmd_web import add_web_args, open_web, web_controller_args
 
 DEFAULTS = experiment.RUN_DEFAULTS
-#: --compare routing: at most this many ranks by default (every host of mini-hpn)
-COMPARE_ROUTING_RANKS = 16
 
 
 def register(sub) -> None:
@@ -48,8 +46,7 @@ def register(sub) -> None:
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
     p.add_argument("--ranks", type=int, default=None,
-                   help=f"ranks per job (default {DEFAULTS.ranks}, or every host of a smaller fabric; "
-                        f"--compare routing: every host, at most {COMPARE_ROUTING_RANKS}; one per host; "
+                   help=f"ranks per job (default {DEFAULTS.ranks}, or every host of a smaller fabric; one per host; "
                         f"the emulated rates come from the measured budget: hpnlab doctor --measure)")
     p.add_argument("--jobs", default=str(DEFAULTS.jobs), metavar="N|SPECS",
                    help="concurrent jobs on disjoint hosts: a number of identical jobs (default 1), or different "
@@ -114,14 +111,6 @@ def default_ranks(g, jobs: int) -> int:
     return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
 
 
-def compare_routing_ranks(g) -> int:
-    """``--compare routing``'s default ranks: every host, at most ``COMPARE_ROUTING_RANKS``. With fewer, a leaf's
-    ranks may not fill its uplinks (mini-hpn, 8 ranks: 2 per leaf, 2 uplinks of twice the host rate), and no
-    routing can beat another (the flow model predicts 1.00 for every mode)."""
-    from hpnlab.fabric import graph as fgraph
-    return max(2, min(COMPARE_ROUTING_RANKS, len(fgraph.hosts(g))))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric import graph as fgraph
@@ -131,6 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     # sizes: the run's default sweep; --compare routing sizes each collective to last about a second
     # (compare_routing.cell_bytes) unless -b/-e are given
     sizes_given = args.minbytes is not None or args.maxbytes is not None
+    routing_collectives = None
+    if args.compare == "routing":             # its own row names (two_jobs) are not the plan's collectives
+        from hpnlab.fabric.compare_routing import TWO_JOBS, TWO_JOBS_COLLECTIVE
+        routing_collectives = tuple(c.strip() for c in args.collective.split(",") if c.strip())
+        args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
+                                                 for c in routing_collectives))
     args.minbytes = args.minbytes or str(min(DEFAULTS.size_list))
     args.maxbytes = args.maxbytes or (args.minbytes if args.compare == "routing" and sizes_given
                                       else str(max(DEFAULTS.size_list)))
@@ -139,12 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
     g = fgraph.build(scenario)
     counted = jobspec.is_count(args.jobs)
-    if args.ranks is not None:
-        ranks = args.ranks
-    elif args.compare == "routing":
-        ranks = compare_routing_ranks(g)
-    else:
-        ranks = default_ranks(g, int(args.jobs) if counted else 1)
+    ranks = args.ranks if args.ranks is not None else default_ranks(g, int(args.jobs) if counted else 1)
     if counted:
         plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=int(args.jobs))
     else:
@@ -193,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             if args.compare == "routing":
-                return _compare_routing(args, emu, plan, say, sized=sizes_given)
+                return _compare_routing(args, emu, plan, say, sized=sizes_given, collectives=routing_collectives)
             if comparing is not None:
                 doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
             else:
@@ -218,7 +208,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if report.wrong_total(doc["results"]) else 0
 
 
-def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, sized: bool = False) -> int:
+def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, sized: bool = False,
+                     collectives: tuple[str, ...] | None = None) -> int:
     """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing). ``sized``:
     -b/-e given, every collective runs the plan's first size (else each its own, about a second long)."""
     from hpnlab.fabric import compare_routing
@@ -230,8 +221,9 @@ def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, 
     def save(doc: dict):
         return report.write_json({**doc, "meta": meta}, out / "compare-routing.json")
 
-    sizes = dict.fromkeys(plan.collectives, plan.size_list[0]) if sized else None
-    doc = compare_routing.compare(emu, plan, reps=args.repeat, sizes=sizes, say=say, save=save)
+    sizes = dict.fromkeys(collectives or plan.collectives, plan.size_list[0]) if sized else None
+    doc = compare_routing.compare(emu, plan, reps=args.repeat, collectives=collectives, sizes=sizes, say=say,
+                                  save=save)
     path = save(doc)
     for line in compare_routing.table(doc["summary"]):
         say(line)
