@@ -25,7 +25,8 @@ derangement (the plan's seed), as the flow model's.
 
 Per cell: busbw and completion time, per-uplink load
 imbalance (max / mean of the bytes the leaves sent up, from the switch ports' counters),
-the deepest reordering any receiver saw, retransmissions and timeouts, every byte exactly once,
+the deepest reordering any receiver saw, retransmissions, timeouts and duplicates (a re-sent
+packet that had arrived), the switch ports' drops and CE marks, every byte exactly once,
 the machine's load average before and after, and the routing weights' changes the controller
 made meanwhile (its telemetry file's "weights" records). Per (fabric, collective, mode): mean,
 min, max and stdev over repetitions, and the ratio to ecmp computed repetition by repetition
@@ -100,6 +101,8 @@ def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
             "max_reorder": max((f.get("max_reorder", 0) for f in flows), default=0),
             "retransmissions": sum(f.get("retransmissions", 0) for f in flows),
             "timeouts": sum(f.get("timeouts", 0) for f in flows),
+            "duplicates": sum(f.get("duplicates", 0) for f in flows),
+            "switch_drops": _ecn_total(results, "drops"), "ce_marked": _ecn_total(results, "ce_marked"),
             "exactly_once": all(exactly_once(f) is not False for f in flows)}
 
 
@@ -166,6 +169,14 @@ def cell_bytes(collective: str, ranks: int, host_mbps: float, planes: int, targe
     return 1 << max(16, round(math.log2(max(1.0, want))))
 
 
+def _ecn_total(results: list[dict], key: str) -> int | None:
+    """A counter of the ECN stage summed over the switch ports (``experiment``'s ``switch_ecn``; None
+    without the stage). Both jobs of a cell read the same counters: taken once."""
+    ecn = (results[0].get("switch_ecn") or {}) if results else {}
+    value = ecn.get(key)
+    return int(value) if isinstance(value, (int, float)) else None
+
+
 def _spread(values: list[Any]) -> dict:
     xs: list[float] = [x for x in values if x is not None]
     if not xs:
@@ -186,7 +197,8 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
     for fabric, coll, mode in keys:
         mine = [r for r in runs if (r["fabric"], r["collective"], r["mode"]) == (fabric, coll, mode)]
         row: dict[str, Any] = {"fabric": fabric, "collective": coll, "mode": mode}
-        for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts"):
+        for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts",
+                    "duplicates", "switch_drops", "ce_marked"):
             row[fig] = _spread([r.get(fig) for r in mine])
         row["load"] = _spread([x for r in mine for x in r.get("load", ())])
         row["weight_changes"] = sum(len(r.get("weight_changes", ())) for r in mine)

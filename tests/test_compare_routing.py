@@ -161,3 +161,11 @@ def test_a_cell_records_the_load_the_weight_changes_and_both_jobs_of_the_two_job
     assert {(m["fabric"], m["collective"]) for m in doc["model"]} == {
         (f, c) for f in ("symmetric", "asymmetric") for c in ("permutation", cr.TWO_JOBS)}
     assert len(doc["runs"]) == 2 * 2 * 2
+
+
+def test_a_cell_counts_the_switch_drops_once_and_the_duplicates_of_every_flow():
+    res = [{"rows": [{"oop": {"busbw_gbs": 1.0, "time_us": 5.0, "wrong": 0}}],
+            "flows": [{"retransmissions": 3, "duplicates": 2}], "switch_ecn": {"drops": 7, "ce_marked": 4}}] * 2
+    fig = cr.cell_figures(res, [1, 1])
+    assert (fig["switch_drops"], fig["ce_marked"], fig["duplicates"], fig["retransmissions"]) == (7, 4, 4, 6)
+    assert cr.cell_figures(dict(res[0], switch_ecn=None), [1])["switch_drops"] is None
