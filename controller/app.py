@@ -491,6 +491,7 @@ class HpnController(BaseApp):
             return
         for c in changes:
             LOG.info("%s", c.line())
+            self.ecn.record(c.as_dict(now))      # the telemetry file (a comparison reads its cells' changes)
         self.handle(reconcile.Restate(self.weighted.restate(changes)))
 
     def _check_weights_control(self) -> None:

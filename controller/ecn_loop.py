@@ -79,6 +79,12 @@ class EcnLoop:
         if self.out is not None:
             self.out.write(json.dumps(line, separators=(",", ":")) + "\n")
 
+    def record(self, line: dict[str, Any]) -> None:
+        """One more record in the telemetry file (another loop's, e.g. the routing weights' changes), flushed."""
+        self._write(line)
+        if self.out is not None:
+            self.out.flush()
+
     def _find_stage(self, now: float) -> None:
         if self.emulated or self.spec not in ("auto", "emulated"):
             return

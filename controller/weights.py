@@ -145,6 +145,14 @@ class Change:
     scores: dict[int, float] = field(default_factory=dict)
     reason: str = ""
 
+    def as_dict(self, t: float) -> dict[str, Any]:
+        """The telemetry file's record of this re-weighting at (monotonic) time ``t``: patterns per port
+        before and after, and the scores behind them (ports as strings: JSON keys)."""
+        return {"kind": "weights", "t": round(t, 4), "switch": self.switch, "set": self.meta,
+                "previous": {str(p): v for p, v in sorted(self.previous.items())},
+                "counts": {str(p): v for p, v in sorted(self.counts.items())},
+                "scores": {str(p): round(v, 4) for p, v in sorted(self.scores.items())}, "reason": self.reason}
+
     def line(self) -> str:
         """The one log line of this re-weighting."""
         def ports(d: Mapping[int, Any]) -> str:

@@ -19,19 +19,30 @@ rate). Collectives: the plan's (e.g.
 (repetition r of every mode before repetition r + 1 of any), so that a slow minute of the
 machine hurts every mode alike.
 
-Per cell: busbw and completion time (the collective's first size), per-uplink load
+Sizes: each collective at the size it takes about ``CELL_S`` (1 s) at line rate (:func:`cell_bytes`),
+so that retransmission timeouts (40 ms at least) do not set the pace. The permutation is a random
+derangement (the plan's seed), as the flow model's.
+
+Per cell: busbw and completion time, per-uplink load
 imbalance (max / mean of the bytes the leaves sent up, from the switch ports' counters),
-the deepest reordering any receiver saw, retransmissions, every byte exactly once. Per
-(fabric, collective, mode): mean, min, max and stdev over repetitions, and the ratio to
-ecmp computed repetition by repetition (same position in the interleaving). JSON first
-(``compare-routing.json``), then a table.
+the deepest reordering any receiver saw, retransmissions, timeouts and duplicates (a re-sent
+packet that had arrived), the switch ports' drops and CE marks, every byte exactly once,
+the machine's load average before and after, and the routing weights' changes the controller
+made meanwhile (its telemetry file's "weights" records). Per (fabric, collective, mode): mean,
+min, max and stdev over repetitions, and the ratio to ecmp computed repetition by repetition
+(same position in the interleaving), beside the flow model's ratio for the same ranks, sizes and
+fabric (:func:`predicted`). JSON first (``compare-routing.json``), then a table.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 import statistics
 import subprocess
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +57,15 @@ MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
 MODE_SETTINGS = {"ecmp": ("ecmp", "ecmp"), "flowlet": ("flowlet", "ecmp"), "spray": ("spray", "ecmp"),
                  "adaptive": ("adaptive", "ecmp"), "adaptive+w": ("adaptive", "weighted")}
 COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
+#: the "two concurrent jobs" row: two all-to-all jobs of half the ranks each, at once on disjoint hosts
+#: (``Plan(jobs=2)``); its busbw is the jobs' mean, its time the slower job's
+TWO_JOBS = "two_jobs"
+TWO_JOBS_COLLECTIVE = "all_to_all"
+#: the flow model's routing (``hpnlab.fabric.model``) for each mode: ecmp and flowlet with one connection per
+#: plane per rank pair, as the transport's policies; the model has no weighted switches, so adaptive+w is
+#: predicted as adaptive
+MODEL_ROUTING = {"ecmp": "flow", "flowlet": "flowlet", "spray": "spray", "adaptive": "adaptive",
+                 "adaptive+w": "adaptive"}
 
 
 # ---- pure: figures of one cell, and the summary --------------------------------------------
@@ -70,28 +90,106 @@ def imbalance(tx_bytes: list[int]) -> float | None:
     return max(loaded) / (sum(loaded) / len(loaded))
 
 
-def cell_figures(res: dict, uplink_bytes: list[int]) -> dict:
-    """The figures of one run of one cell (one job's result)."""
-    row = res["rows"][0]["oop"]
-    flows = res.get("flows", [])
-    return {"busbw_gbs": row["busbw_gbs"], "time_us": row["time_us"], "wrong": row["wrong"],
+def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
+    """The figures of one run of one cell (its jobs' results: busbw the jobs' mean, time the slowest)."""
+    results = res if isinstance(res, list) else [res]
+    rows = [r["rows"][0]["oop"] for r in results]
+    flows = [f for r in results for f in r.get("flows", [])]
+    return {"busbw_gbs": statistics.fmean(r["busbw_gbs"] for r in rows), "time_us": max(r["time_us"] for r in rows),
+            "wrong": sum(r["wrong"] for r in rows),
             "uplink_imbalance": imbalance(uplink_bytes),
             "max_reorder": max((f.get("max_reorder", 0) for f in flows), default=0),
             "retransmissions": sum(f.get("retransmissions", 0) for f in flows),
+            "timeouts": sum(f.get("timeouts", 0) for f in flows),
+            "duplicates": sum(f.get("duplicates", 0) for f in flows),
+            "switch_drops": _ecn_total(results, "drops"), "ce_marked": _ecn_total(results, "ce_marked"),
             "exactly_once": all(exactly_once(f) is not False for f in flows)}
 
 
-def _spread(xs: list[float]) -> dict:
-    xs = [x for x in xs if x is not None]
+def weight_changes(lines: Iterable[str], t0: float, t1: float) -> list[dict]:
+    """The routing weights' changes the controller wrote to its telemetry file (records of kind
+    "weights", ``hpnlab.controller.weights.Change.as_dict``) between monotonic times ``t0`` and ``t1``."""
+    out = []
+    for line in lines:
+        if '"weights"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue                         # a line being written
+        if rec.get("kind") == "weights" and t0 <= rec.get("t", -1.0) <= t1:
+            out.append(rec)
+    return out
+
+
+def predicted(g: Any, collective: str, size_bytes: int, hosts: list[str], modes: Iterable[str], *,
+              shaped: tuple[str, str, int] | None = None, factor: float = 1.0, seed: int = 0) -> dict[str, dict]:
+    """The flow model's figures for each mode on the same ranks (``hosts``, in rank order), size and
+    permutation seed, on the fabric as it is or with edge ``shaped`` (u, v, key) at ``factor`` of its
+    rate: {mode: {"busbw_gbs" (at the model's real rates), "ratio_to_ecmp"}} (pure)."""
+    from . import model
+
+    if shaped is not None:
+        g = g.copy()
+        g.edges[shaped]["rate_gbps"] *= factor
+    net = model.Network(g)
+    planes = g.graph["scenario"].planes
+    out: dict[str, dict] = {}
+    for mode in modes:
+        if collective == TWO_JOBS:        # ``hosts``: the first job's, then the second's
+            half = len(hosts) // 2
+            jobs = [model.JobSpec(TWO_JOBS_COLLECTIVE, size_bytes, list(h), MODEL_ROUTING[mode], planes)
+                    for h in (hosts[:half], hosts[half:])]
+            busbw = statistics.fmean(r.busbw_gbs for r in model.run_jobs(g, jobs, seed=seed, network=net))
+        else:
+            job = model.make_job(g, list(hosts), "packed", seed, network=net)
+            busbw = model.run_collective(g, collective, size_bytes, routing=MODEL_ROUTING[mode], qps=planes,
+                                         seed=seed, network=net, job=job).busbw_gbs
+        out[mode] = {"busbw_gbs": busbw}
+    base = out.get("ecmp", {}).get("busbw_gbs")
+    for fig in out.values():
+        fig["ratio_to_ecmp"] = fig["busbw_gbs"] / base if base else None
+    return out
+
+
+#: a cell's collective lasts about this long at line rate (``cell_bytes``)
+CELL_S = 1.0
+
+
+def cell_bytes(collective: str, ranks: int, host_mbps: float, planes: int, target_s: float = CELL_S) -> int:
+    """The size (bytes, a power of two) at which ``collective`` over ``ranks`` ranks takes about
+    ``target_s`` at line rate (every plane's host port at ``host_mbps``; busbw = size x the
+    busbw factor / time). Why: at the emulated rates an RTT is a few ms and the shortest
+    retransmission timeout 40 ms; a cell of 0.1 s is set by one or two timeouts, a cell of
+    1 s (hundreds of RTTs, 25 minimum timeouts) by the routing (pure)."""
+    from .collectives import busbw_factor
+
+    line_bytes_s = planes * host_mbps * 1e6 / 8
+    want = target_s * line_bytes_s / busbw_factor(collective, ranks)
+    return 1 << max(16, round(math.log2(max(1.0, want))))
+
+
+def _ecn_total(results: list[dict], key: str) -> int | None:
+    """A counter of the ECN stage summed over the switch ports (``experiment``'s ``switch_ecn``; None
+    without the stage). Both jobs of a cell read the same counters: taken once."""
+    ecn = (results[0].get("switch_ecn") or {}) if results else {}
+    value = ecn.get(key)
+    return int(value) if isinstance(value, (int, float)) else None
+
+
+def _spread(values: list[Any]) -> dict:
+    xs: list[float] = [x for x in values if x is not None]
     if not xs:
         return {"mean": None, "min": None, "max": None, "stdev": None, "n": 0}
     return {"mean": statistics.fmean(xs), "min": min(xs), "max": max(xs),
             "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def summarize(runs: list[dict], baseline: str = "ecmp") -> list[dict]:
+def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = None) -> list[dict]:
     """Per (fabric, collective, mode): every figure's spread, and the per-repetition ratio
-    of busbw (and completion time) to the baseline mode's same repetition."""
+    of busbw (and completion time) to the baseline mode's same repetition; the machine's load
+    (1-minute average before and after each cell); ``model``: {(fabric, collective): :func:`predicted`},
+    whose ratio goes beside the measured one."""
     keys = sorted({(r["fabric"], r["collective"], r["mode"]) for r in runs},
                   key=lambda k: (k[0], k[1], MODES.index(k[2]) if k[2] in MODES else 99))
     by = {(r["fabric"], r["collective"], r["mode"], r["rep"]): r for r in runs}
@@ -99,8 +197,11 @@ def summarize(runs: list[dict], baseline: str = "ecmp") -> list[dict]:
     for fabric, coll, mode in keys:
         mine = [r for r in runs if (r["fabric"], r["collective"], r["mode"]) == (fabric, coll, mode)]
         row: dict[str, Any] = {"fabric": fabric, "collective": coll, "mode": mode}
-        for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions"):
-            row[fig] = _spread([r[fig] for r in mine])
+        for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts",
+                    "duplicates", "switch_drops", "ce_marked"):
+            row[fig] = _spread([r.get(fig) for r in mine])
+        row["load"] = _spread([x for r in mine for x in r.get("load", ())])
+        row["weight_changes"] = sum(len(r.get("weight_changes", ())) for r in mine)
         ratios, time_ratios = [], []
         for r in mine:
             base = by.get((fabric, coll, baseline, r["rep"]))
@@ -109,6 +210,8 @@ def summarize(runs: list[dict], baseline: str = "ecmp") -> list[dict]:
                 time_ratios.append(r["time_us"] / base["time_us"])
         row["busbw_ratio_to_" + baseline] = _spread(ratios)
         row["time_ratio_to_" + baseline] = _spread(time_ratios)
+        pred = (model or {}).get((fabric, coll), {}).get(mode)
+        row["model_ratio_to_" + baseline] = pred["ratio_to_ecmp"] if pred else None
         row["exactly_once"] = all(r["exactly_once"] for r in mine)
         row["wrong"] = sum(r["wrong"] for r in mine)
         out.append(row)
@@ -118,14 +221,20 @@ def summarize(runs: list[dict], baseline: str = "ecmp") -> list[dict]:
 def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
     key = "busbw_ratio_to_" + baseline
     lines = [f"{'fabric':<11} {'collective':<12} {'mode':<10} {'busbw GB/s':>11} {'x ' + baseline:>17} "
-             f"{'imbalance':>9} {'reorder':>7} {'retx':>6}  exactly once"]
+             f"{'model':>5} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9}  exactly once"]
     for r in summary:
         b, q = r["busbw_gbs"], r[key]
         ratio = f"{q['mean']:.2f} [{q['min']:.2f}-{q['max']:.2f}]" if q["n"] else "-"
+        pred = r.get("model_ratio_to_" + baseline)
         imb = r["uplink_imbalance"]["mean"]
+        ld = r.get("load") or {"n": 0}
+        load = f"{ld['min']:.1f}-{ld['max']:.1f}" if ld["n"] else "-"
+        rto = (r.get("timeouts") or {}).get("mean")
         lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<10} {b['mean']:>11.5f} {ratio:>17} "
+                     f"{'-' if pred is None else format(pred, '.2f'):>5} "
                      f"{imb if imb is None else format(imb, '.2f'):>9} {r['max_reorder']['max']:>7} "
-                     f"{r['retransmissions']['mean']:>6.0f}  {'yes' if r['exactly_once'] else 'NO'}")
+                     f"{r['retransmissions']['mean']:>6.0f} {'-' if rto is None else format(rto, '.0f'):>5} "
+                     f"{load:>9}  {'yes' if r['exactly_once'] else 'NO'}")
     return lines
 
 
@@ -166,22 +275,30 @@ def reshape(emu: Any, intf: str, rate_mbps: float, mtu: int) -> None:
 
 
 def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...] | None = None,
-            modes: tuple[str, ...] = MODES, asym_factor: float = 0.5,
+            modes: tuple[str, ...] = MODES, asym_factor: float = 0.5, sizes: dict[str, int] | None = None,
             say: Callable[[str], None] = lambda _m: None, save: Callable[[dict], Any] | None = None) -> dict:
     """Run the comparison on a started emulation; returns the JSON document. ``collectives``:
-    default the plan's; ``save`` gets the document so far after every cell (a run cut short
-    keeps what it measured)."""
+    default the plan's; ``sizes``: per collective, its size (default :func:`cell_bytes` at the
+    emulated host rate); ``save`` gets the document so far after every cell (a run cut short
+    keeps what it measured). Per cell it also records the machine's load average before and
+    after, and the routing weights' changes the controller made meanwhile."""
     from .mn import emulated_mbps
 
     if reps < 1:
         raise UserError(f"--repeat must be at least 1, got {reps}")
     collectives = tuple(collectives or base.collectives)
+    unknown = [c for c in collectives if c not in COLLECTIVES + (TWO_JOBS,) and c not in base.collectives]
+    if unknown:
+        raise UserError(f"--compare routing runs {', '.join(COLLECTIVES + (TWO_JOBS,))}; got {', '.join(unknown)}")
     unknown = [m for m in modes if m not in MODE_SETTINGS]
     if unknown:
         raise UserError(f"unknown routing mode(s) {', '.join(unknown)}: use {', '.join(MODES)}")
     if any(MODE_SETTINGS[m][1] == "weighted" for m in modes) and getattr(emu, "_weights_control", None) is None:
         say("adaptive+w left out: the emulation's controller does not run weighted mode's tables")
         modes = tuple(m for m in modes if MODE_SETTINGS[m][1] != "weighted")
+    # the permutation is random (seeded by the plan): the flow model's, so that its prediction is for the same
+    # pairs; a shift by n/2 keeps every pair on one leaf on the placements that deal ranks round-robin over leaves
+    base = base.replace(perm="random")
     g = emu.graph
     s = g.graph["scenario"]
     runs: list[dict] = []
@@ -195,7 +312,53 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     peer = v if u == leaf else u
     peer_intf = fgraph.intf_name(peer, d["ports"][peer])
     rate = emulated_mbps(s, d["rate_gbps"])
+    edge = next((a, b, k) for a, b, k, dd in g.edges(keys=True, data=True) if dd is d)
     fabrics = [("symmetric", None), ("asymmetric", (intf, peer_intf, rate))]
+    if sizes is None:
+        host_mbps = emulated_mbps(s, s.host_rate_gbps)
+        sizes = {c: cell_bytes(TWO_JOBS_COLLECTIVE, base.ranks // 2, host_mbps, s.planes) if c == TWO_JOBS
+                 else cell_bytes(c, base.ranks, host_mbps, s.planes) for c in collectives}
+    say("sizes: " + ", ".join(f"{c} {sizes[c] / 2**20:g} MiB" for c in collectives)
+        + f" (about {CELL_S:g} s per iteration at line rate)")
+
+    def plan_of(coll: str, entropy: str) -> Plan:
+        if coll == TWO_JOBS:
+            return base.replace(collectives=TWO_JOBS_COLLECTIVE, jobs=2, ranks=max(2, base.ranks // 2),
+                                transports="roce", entropies=entropy, sizes=sizes[coll])
+        return base.replace(collectives=coll, transports="roce", entropies=entropy, sizes=sizes[coll])
+
+    hosts_of = {}
+    for coll in collectives:
+        [jobs] = plan_of(coll, "ecmp").jobs_on(g).values()
+        hosts_of[coll] = [h for job in jobs for h in (job.labels or [])]
+    model: dict[tuple[str, str], dict] = {}
+    for fabric, shaped in fabrics:
+        for coll in collectives:
+            try:
+                model[fabric, coll] = predicted(g, coll, sizes[coll], hosts_of[coll], modes,
+                                                shaped=edge if shaped else None, factor=asym_factor, seed=base.seed)
+            except (UserError, ValueError) as exc:
+                say(f"no model prediction for {fabric} {coll}: {exc}")
+    telemetry = getattr(emu, "telemetry_file", None)
+    tel_offset = [0]
+
+    def new_lines() -> list[str]:
+        """Telemetry lines written since the last call (the controller appends)."""
+        if telemetry is None:
+            return []
+        try:
+            with open(telemetry, "rb") as fh:
+                fh.seek(tel_offset[0])
+                data = fh.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1            # whole lines only
+        tel_offset[0] += end
+        return data[:end].decode(errors="replace").splitlines()
+
+    def doc() -> dict:
+        return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs, sizes, model,
+                    hosts_of)
     for fabric, shaped in fabrics:
         if shaped:
             for i in shaped[:2]:
@@ -209,31 +372,39 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         entropy, weights = MODE_SETTINGS[mode]
                         if getattr(emu, "routing_weights", "ecmp") != weights:
                             emu.set_routing_weights(weights)
-                        plan = base.replace(collectives=coll, transports="roce", entropies=entropy)
-                        cells = plan.jobs_on(g)
-                        hosts = {h for jobs in cells.values() for j in jobs for h in (j.labels or [])}
-                        leaves = {p["leaf"] for h in hosts for p in fgraph.host_ports(g, h)}
+                        plan = plan_of(coll, entropy)
+                        leaves = {p["leaf"] for h in hosts_of[coll] for p in fgraph.host_ports(g, h)}
                         ups = [i for lf, i in ups_all if lf in leaves]
+                        new_lines()
+                        load0, t0 = os.getloadavg()[0], time.monotonic()
                         before = read_tx_bytes(ups)
-                        [res] = experiment.run(plan, emu, progress=False)["results"]
+                        res = experiment.run(plan, emu, progress=False)["results"]
                         after = read_tx_bytes(ups)
+                        load1, t1 = os.getloadavg()[0], time.monotonic()
                         delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
                         fig = cell_figures(res, delta)
+                        changes = weight_changes(new_lines(), t0, t1)
                         runs.append({"fabric": fabric, "collective": coll, "mode": mode, "rep": rep, **fig,
+                                     "size_bytes": sizes[coll], "load": [load0, load1], "weight_changes": changes,
                                      "uplink_bytes": dict(zip(ups, delta, strict=True))})
                         say(f"  {fabric} rep {rep + 1}/{reps} {coll} {mode}: busbw {fig['busbw_gbs']:.5f} GB/s, "
-                            f"imbalance {fig['uplink_imbalance'] or 0:.2f}, retx {fig['retransmissions']}")
+                            f"imbalance {fig['uplink_imbalance'] or 0:.2f}, retx {fig['retransmissions']}, "
+                            f"RTOs {fig['timeouts']}, load {load0:.1f}-{load1:.1f}"
+                            + (f", {len(changes)} weight changes" if changes else ""))
                         if save is not None:
-                            save(_doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs))
+                            save(doc())
         finally:
             if shaped:
                 for i in shaped[:2]:
                     reshape(emu, i, shaped[2], s.emulation.mtu)
-    return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs)
+    return doc()
 
 
 def _doc(scenario: str, reps: int, modes: tuple, collectives: tuple, asym_factor: float, shaped: list,
-         base: Plan, runs: list[dict]) -> dict:
+         base: Plan, runs: list[dict], sizes: dict[str, int], model: dict[tuple[str, str], dict],
+         hosts: dict[str, list[str]]) -> dict:
     return {"kind": "compare-routing", "scenario": scenario, "reps": reps, "modes": list(modes),
             "collectives": list(collectives), "asym_factor": asym_factor, "shaped_uplink": shaped,
-            "plan": base.as_dict(), "summary": summarize(runs), "runs": runs}
+            "sizes": sizes, "hosts": hosts, "plan": base.as_dict(),
+            "model": [{"fabric": f, "collective": c, "modes": m} for (f, c), m in model.items()],
+            "summary": summarize(runs, model=model), "runs": runs}

@@ -63,3 +63,109 @@ def test_adaptive_with_weighted_switches_is_a_row_of_its_own_after_adaptive():
 def test_an_unknown_routing_mode_is_one_clear_error():
     with pytest.raises(cr.UserError, match="unknown routing mode"):
         cr.compare(None, Plan(), modes=("ecmp", "weighted-spray"))
+
+
+def test_a_cell_is_sized_to_last_about_a_second_at_line_rate():
+    from hpnlab.fabric.collectives import busbw_factor
+    for coll in cr.COLLECTIVES:
+        size = cr.cell_bytes(coll, 16, host_mbps=15.0, planes=2)
+        seconds = size * busbw_factor(coll, 16) / (2 * 15e6 / 8)
+        assert size & (size - 1) == 0 and 0.7 * cr.CELL_S <= seconds <= 1.42 * cr.CELL_S
+
+
+def test_only_the_weights_records_of_the_cells_time_are_its_weight_changes():
+    lines = ['{"kind":"sample","t":5.0}', '{"kind":"weights","t":4.0,"switch":"p0l0"}',
+             '{"kind":"weights","t":6.0,"switch":"p0l1"}', '{"kind":"weights","t":9.5,"switch":"p0l2"}',
+             '{"kind":"weights","t":7.0,"swi']
+    assert [c["switch"] for c in cr.weight_changes(lines, 5.0, 9.0)] == ["p0l1"]
+
+
+def _hosts(g, ranks):
+    [[job]] = Plan(ranks=ranks, collectives="permutation", entropies="ecmp", sizes="1M",
+                   perm="random").jobs_on(g).values()
+    return job.labels
+
+
+def test_the_model_predicts_no_gain_where_a_leafs_ranks_cannot_fill_its_uplinks():
+    g = graph.build(spec.load("mini-hpn"))       # 8 ranks: 2 per leaf, 2 uplinks of twice the host rate
+    pred = cr.predicted(g, "permutation", 1 << 20, _hosts(g, 8), cr.MODES)
+    assert all(p["ratio_to_ecmp"] == pytest.approx(1.0) for p in pred.values())
+
+
+def test_the_model_predicts_spraying_beats_hashing_when_four_ranks_share_a_leafs_two_uplinks():
+    g = graph.build(spec.load("mini-hpn"))
+    pred = cr.predicted(g, "permutation", 1 << 20, _hosts(g, 16), cr.MODES)
+    assert pred["ecmp"]["ratio_to_ecmp"] == 1.0
+    assert pred["spray"]["ratio_to_ecmp"] > 1.2 and pred["adaptive"]["ratio_to_ecmp"] > 1.2
+
+
+def test_the_model_predicts_adaptive_beats_spray_with_one_uplink_at_half_rate():
+    g = graph.build(spec.load("mini-hpn"))
+    leaf, intf = cr.uplinks(g)[0]
+    edge = next((u, v, k) for u, v, k, d in g.edges(keys=True, data=True)
+                if d["kind"] != "host" and leaf in (u, v) and graph.intf_name(leaf, d["ports"][leaf]) == intf)
+    pred = cr.predicted(g, "permutation", 1 << 20, _hosts(g, 16), ("ecmp", "spray", "adaptive"),
+                        shaped=edge, factor=0.5)
+    assert pred["adaptive"]["busbw_gbs"] > 1.2 * pred["spray"]["busbw_gbs"]
+    assert g.edges[edge]["rate_gbps"] == 400      # the fabric itself is left as it was
+
+
+def test_the_table_prints_the_models_ratio_beside_the_measured_one():
+    runs = [_run("symmetric", "ecmp", 0, 1.0), _run("symmetric", "spray", 0, 1.5)]
+    model = {("symmetric", "all_to_all"): {"ecmp": {"ratio_to_ecmp": 1.0}, "spray": {"ratio_to_ecmp": 1.44}}}
+    rows = cr.summarize(runs, model=model)
+    assert rows[1]["model_ratio_to_ecmp"] == 1.44
+    assert " 1.44 " in cr.table(rows)[-1]
+
+
+class _FakeEmulation:
+    """What compare() reads of an emulation: its graph, its telemetry file, no weighted tables."""
+
+    def __init__(self, telemetry):
+        self.graph = graph.build(spec.load("mini-hpn"))
+        self.telemetry_file = telemetry
+        self._weights_control = None
+        self.routing_weights = "ecmp"
+
+
+def _result(busbw, labels):
+    return {"rows": [{"oop": {"busbw_gbs": busbw, "time_us": 1e6, "wrong": 0}}], "hosts": labels,
+            "flows": [{"retransmissions": 1, "timeouts": 1, "max_reorder": 2}]}
+
+
+def test_a_cell_records_the_load_the_weight_changes_and_both_jobs_of_the_two_jobs_row(tmp_path, monkeypatch):
+    import time
+
+    telemetry = tmp_path / "telemetry.jsonl"
+    telemetry.write_text('{"kind":"weights","t":0.0,"switch":"old"}\n')
+    plans = []
+
+    def run(plan, emu, progress=False):
+        plans.append(plan)
+        with telemetry.open("a") as fh:       # the controller re-weights while the cell runs
+            fh.write(f'{{"kind":"weights","t":{time.monotonic()},"switch":"p0l0"}}\n')
+        [jobs] = plan.jobs_on(emu.graph).values()
+        return {"results": [_result(0.002 * (k + 1), job.labels) for k, job in enumerate(jobs)]}
+
+    monkeypatch.setattr(cr.experiment, "run", run)
+    monkeypatch.setattr(cr, "reshape", lambda *a, **k: None)
+    doc = cr.compare(_FakeEmulation(telemetry), Plan(ranks=16), reps=1, collectives=("permutation", cr.TWO_JOBS),
+                     modes=("ecmp", "spray"))
+    assert [p.jobs for p in plans[:4]] == [1, 1, 2, 2] and plans[2].ranks == 8
+    two = [r for r in doc["runs"] if r["collective"] == cr.TWO_JOBS]
+    assert two[0]["busbw_gbs"] == pytest.approx(0.003)          # the mean of the two jobs'
+    assert two[0]["retransmissions"] == 2
+    first = doc["runs"][0]
+    assert [c["switch"] for c in first["weight_changes"]] == ["p0l0"]
+    assert len(first["load"]) == 2 and all(x >= 0 for x in first["load"])
+    assert {(m["fabric"], m["collective"]) for m in doc["model"]} == {
+        (f, c) for f in ("symmetric", "asymmetric") for c in ("permutation", cr.TWO_JOBS)}
+    assert len(doc["runs"]) == 2 * 2 * 2
+
+
+def test_a_cell_counts_the_switch_drops_once_and_the_duplicates_of_every_flow():
+    res = [{"rows": [{"oop": {"busbw_gbs": 1.0, "time_us": 5.0, "wrong": 0}}],
+            "flows": [{"retransmissions": 3, "duplicates": 2}], "switch_ecn": {"drops": 7, "ce_marked": 4}}] * 2
+    fig = cr.cell_figures(res, [1, 1])
+    assert (fig["switch_drops"], fig["ce_marked"], fig["duplicates"], fig["retransmissions"]) == (7, 4, 4, 6)
+    assert cr.cell_figures(dict(res[0], switch_ecn=None), [1])["switch_drops"] is None

@@ -3,6 +3,7 @@ telemetry, the widened and weighted entropy tables (controller/compiler.py), pro
 interpreter, and the reconciler sending only the entries whose pattern moved."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -53,6 +54,15 @@ def test_a_loaded_uplink_loses_patterns_to_the_idle_one():
     assert changes and changes[0].reason == "load"
     assert counts(w)[A] < 4 < counts(w)[B]
     assert changes[-1].assignment.count(A) == counts(w)[A]
+
+
+def test_a_reweightings_telemetry_record_carries_the_patterns_before_and_after():
+    w = weights.Weights()
+    first = run(w, (0.9, 0.2), 30)[0]
+    rec = json.loads(json.dumps(first.as_dict(12.5)))
+    assert (rec["kind"], rec["t"], rec["switch"], rec["set"]) == ("weights", 12.5, "s", SET.meta)
+    assert rec["previous"] == {str(A): 4, str(B): 4}
+    assert int(rec["counts"][str(A)]) < 4 and rec["reason"] == "load"
 
 
 def test_weights_return_to_the_exact_ecmp_assignment_when_the_load_clears():

@@ -97,8 +97,7 @@ def register(sub) -> None:
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
     p.set_defaults(func=cmd_run, transport=",".join(DEFAULTS.transports), entropy=",".join(DEFAULTS.entropies),
                    iters=DEFAULTS.iterations,
-                   minbytes=str(min(DEFAULTS.size_list)), maxbytes=str(max(DEFAULTS.size_list)),
-                   no_inplace=not DEFAULTS.inplace)
+                   minbytes=None, maxbytes=None, no_inplace=not DEFAULTS.inplace)
     for action in p._actions:                      # comma lists instead of single choices
         if action.dest in ("transport", "entropy"):
             action.choices = None
@@ -118,6 +117,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.fabric import sizing
     from hpnlab.fabric.emulation import Emulation, EmulationError
 
+    # sizes: the run's default sweep; --compare routing sizes each collective to last about a second
+    # (compare_routing.cell_bytes) unless -b/-e are given
+    sizes_given = args.minbytes is not None or args.maxbytes is not None
+    routing_collectives = None
+    if args.compare == "routing":             # its own row names (two_jobs) are not the plan's collectives
+        from hpnlab.fabric.compare_routing import TWO_JOBS, TWO_JOBS_COLLECTIVE
+        routing_collectives = tuple(c.strip() for c in args.collective.split(",") if c.strip())
+        args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
+                                                 for c in routing_collectives))
+    args.minbytes = args.minbytes or str(min(DEFAULTS.size_list))
+    args.maxbytes = args.maxbytes or (args.minbytes if args.compare == "routing" and sizes_given
+                                      else str(max(DEFAULTS.size_list)))
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
@@ -172,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             if args.compare == "routing":
-                return _compare_routing(args, emu, plan, say)
+                return _compare_routing(args, emu, plan, say, sized=sizes_given, collectives=routing_collectives)
             if comparing is not None:
                 doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
             else:
@@ -197,8 +208,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if report.wrong_total(doc["results"]) else 0
 
 
-def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say) -> int:
-    """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing)."""
+def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, sized: bool = False,
+                     collectives: tuple[str, ...] | None = None) -> int:
+    """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing). ``sized``:
+    -b/-e given, every collective runs the plan's first size (else each its own, about a second long)."""
     from hpnlab.fabric import compare_routing
 
     out = Path(args.out) if args.out else default_out("compare-routing")
@@ -208,7 +221,9 @@ def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say) 
     def save(doc: dict):
         return report.write_json({**doc, "meta": meta}, out / "compare-routing.json")
 
-    doc = compare_routing.compare(emu, plan, reps=args.repeat, say=say, save=save)
+    sizes = dict.fromkeys(collectives or plan.collectives, plan.size_list[0]) if sized else None
+    doc = compare_routing.compare(emu, plan, reps=args.repeat, collectives=collectives, sizes=sizes, say=say,
+                                  save=save)
     path = save(doc)
     for line in compare_routing.table(doc["summary"]):
         say(line)
