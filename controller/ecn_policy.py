@@ -20,40 +20,55 @@ The ``dynamic`` policy (:class:`DynamicPolicy`)
 -----------------------------------------------
 Follows the *idea* of Alibaba's ACC (Yan et al., "ACC: Automatic ECN Tuning for High-Speed
 Datacenter Networks", SIGCOMM 2021): per switch egress port, from the port's own telemetry
-(output rate, queue, marking rate) and with the RED/DCQCN marking shape kept, choose (Kmin, Kmax,
-Pmax) so that queues stay short where short flows meet (incast) and throughput stays full where
-long flows run. It differs from ACC plainly: ACC learns the setting with deep reinforcement
-learning (a DDQN agent per switch trained offline and online on a throughput/latency reward);
-this policy is a small set of documented rules with bounds and damping, because an emulated
-fabric of a few switches gives too few samples to train an agent and rules can be tested one by
-one. It also has no flow-level view: the incast degree is the port's switch's fan-in (ports
+(output rate, queue, marking rate, drops) and with the RED/DCQCN marking shape kept, choose (Kmin,
+Kmax, Pmax) so that throughput stays full where the buffer holds the traffic and marks come early
+and hard where many senders converge and the buffer is in danger. It differs from ACC plainly: ACC
+learns the setting with deep reinforcement learning (a DDQN agent per switch trained offline and
+online on a throughput/latency reward); this policy is a small set of documented rules with bounds
+and damping, because an emulated fabric of a few switches gives too few samples to train an agent
+and rules can be tested one by one. Like ACC (and unlike Huawei's AI ECN, which classifies the
+traffic mix of a port) it looks at no flow: the incast degree is the port's switch's fan-in (ports
 receiving >= 5% of their rate, see ``controller/telemetry.py``), an upper bound.
 
-Every interval, per port, on an exponentially weighted average (``alpha``) of utilisation ``u``,
-marked fraction ``m`` and queue estimate ``q``, on the interval's drops, and on the fan-in ``f``
-(the largest of the last ``FAN_IN_MEMORY`` samples: port statistics arrive up to an interval or two
-after the stage's counters, so a burst shorter than that shows its marks and its fan-in apart):
+What the rules are built on (measured on mini-hpn, ``hpnlab run --compare ecn``): DCQCN senders
+cut their rate by up to half per mark and recover over tens of milliseconds, so a mark costs
+throughput (and, for a short message, completion time) whenever the queue would have drained by
+itself: a ring all-reduce's paced senders keep a standing queue of 3-4 frames at full utilisation,
+a short-message incast makes a burst that drains in a few ms. Marks pay only where the queue would
+otherwise reach the buffer and drop (a loss costs a retransmission timeout). Hence: **hold Kmin
+above the queue the port sees while its buffer is safe; cut it at once when the buffer is not**.
 
-1. **incast** — ``f >= incast_fan_in`` and the queue overshoots (``q >= Kmax``, or ``m >= m_high``,
-   or packets were dropped): Kmin x ``step_down``, Pmax + ``pmax_step`` (mark earlier and harder:
-   DCQCN senders slow down before the burst fills the buffer).
-2. **under-utilised while marking** — ``u < u_low`` and ``m >= m_low``, marks and at least
-   ``u_idle`` utilisation in this very interval (not the tail of a burst: just after one, the average
-   still marks and a trickle of packets finds the draining queue), on a port whose switch has fan-in
-   below ``incast_fan_in``: Kmin x ``step_up``, Pmax - ``pmax_step`` (marks are cutting the
-   senders of a link that has room). Under fan-in, bursty marking at low average utilisation is
-   what an incast of short messages looks like, so it is left alone (the dead band).
+Every interval, per port, on an exponentially weighted average (``alpha``) of utilisation ``u`` and
+marked fraction ``m``, on the interval's queue estimate ``q`` (the backlog the last packet left: a
+burst's peak), on its drops, and on the fan-in ``f`` (the largest of the last ``FAN_IN_MEMORY``
+samples: port statistics arrive up to an interval or two after the stage's counters):
+
+1. **pressure** (fast attack) — the port carried traffic and its queue reached the pressure mark
+   ``P`` (``q >= P``; the stage's queue is the backlog its last packet left, so an idle port shows its
+   last burst's peak until the next packet: that alone is no pressure), or packets were dropped:
+   Kmin x ``step_down``, Pmax + ``pmax_step``, every ``hold_down_s`` (one interval) whatever the
+   port did before: DCQCN senders slow down before the next burst fills the buffer.
+   ``P`` = max(``pressure_frames`` frames, ``pressure_ms`` at the port rate): half of the emulated
+   port buffer (``hpnlab.fabric.emulation.shaping``: max(32 frames, 50 ms)). With fan-in >=
+   ``incast_fan_in`` the change is logged as an incast.
+2. **no pressure, marks would only slow senders** (slow rise) — traffic (``u >= u_idle`` or marks in
+   this interval) and the queue below ``P``, and any of: the port is busy in this interval
+   (utilisation ``>= u_busy``: elephants, keep their throughput), it marks (``m >= m_low``), or the
+   queue stood above Kmin (``q > Kmin``: the next packets would be marked): Kmin x ``step_up``,
+   Pmax - ``pmax_step``, at most once per ``hold_up_s``.
 3. **idle** — ``u < u_idle`` and nothing marked for ``relax_s``: one step back towards the port's
-   default (start-up) thresholds, so a setting made for past traffic does not stay forever.
-4. otherwise keep the thresholds (the dead band between ``u_low``/``m_low`` and ``m_high``).
+   default (start-up) thresholds per ``hold_up_s``, so a setting made for past traffic does not stay.
+4. otherwise keep the thresholds.
 
-Bounds: Kmin within [max(2 frames, ``kmin_min_ms`` at the port rate), max(16 frames,
-``kmin_max_ms`` at the rate)], Kmax = ``kmax_ratio`` x Kmin (DCQCN's shape, as the start-up
-thresholds), Pmax within [``pmax_min``, ``pmax_max``]. Damping: inputs are averaged; a port
-changes at most once per ``hold_s``; a change in the opposite direction to the port's last one
-waits ``2 x hold_s``, and every earlier reversal of that port doubles the wait (up to ``16 x hold_s``,
-until the port goes idle): input that keeps pushing both ways is followed ever more slowly; steps are
-multiplicative and bounded, so steady input settles at a bound or in the dead band and stays there.
+Bounds: Kmin within [max(1 frame, ``kmin_min_ms`` at the port rate), max(16 frames, ``kmin_max_ms``
+at the rate)] (the ``low`` and ``high`` presets' Kmin of ``hpnlab.fabric.ecn_settings``), Kmax =
+``kmax_ratio`` x Kmin (DCQCN's shape, as the start-up thresholds), Pmax within [``pmax_min``,
+``pmax_max``]. Damping: a rise waits ``hold_up_s`` after any change; a rise right after a cut (a
+reversal) waits ``2 x hold_up_s``, and every earlier reversal of that port doubles the wait (up to
+``16 x hold_up_s``, until the port goes idle): traffic that keeps pushing both ways is followed ever
+more slowly upwards and settles on the safe (low) side, while a cut never waits more than
+``hold_down_s``. Steps are multiplicative and bounded, so steady input settles at a bound or in the
+dead band and stays there.
 """
 from __future__ import annotations
 
@@ -125,11 +140,10 @@ class StaticPolicy(EcnPolicy):
 class _PortState:
     u: float = 0.0
     m: float = 0.0
-    q: float = 0.0
     samples: int = 0
     last_change: float = float("-inf")
     last_direction: int = 0           # -1 lowered, +1 raised, 0 none yet
-    reversals: int = 0                # direction changes since the port was last idle
+    reversals: int = 0                # rises right after a cut since the port was last idle
     fan_ins: list[int] = field(default_factory=list)     # the last FAN_IN_MEMORY samples' fan-in
     quiet_since: float | None = None
     default: Thresholds | None = None
@@ -140,9 +154,11 @@ class DynamicPolicy(EcnPolicy):
 
     name = "dynamic"
     PARAMS: ClassVar[dict[str, float]] = {
-        "alpha": 0.5, "incast_fan_in": 2, "m_high": 0.2, "m_low": 0.01, "u_low": 0.7, "u_idle": 0.05,
-        "step_down": 0.7, "step_up": 1.3, "pmax_step": 0.1, "pmax_min": 0.05, "pmax_max": 0.5,
-        "kmin_min_ms": 0.5, "kmin_max_ms": 8.0, "kmax_ratio": 4.0, "hold_s": 0.6, "relax_s": 2.0,
+        "alpha": 0.5, "incast_fan_in": 2, "m_low": 0.005, "u_busy": 0.8, "u_idle": 0.05,
+        "pressure_frames": 16, "pressure_ms": 25.0,
+        "step_down": 0.5, "step_up": 2.0, "pmax_step": 0.1, "pmax_min": 0.05, "pmax_max": 0.5,
+        "kmin_min_ms": 0.5, "kmin_max_ms": 8.0, "kmax_ratio": 4.0, "hold_down_s": 0.2, "hold_up_s": 0.4,
+        "relax_s": 2.0,
     }
 
     def __init__(self, mtu: int = 1500, **options: Any) -> None:
@@ -158,8 +174,13 @@ class DynamicPolicy(EcnPolicy):
     def kmin_bounds(self, rate_bps: float) -> tuple[int, int]:
         frame = self.mtu + FRAME_OVERHEAD
         per_ms = rate_bps / 8 / 1000
-        return (int(max(2 * frame, self.p["kmin_min_ms"] * per_ms)),
+        return (int(max(frame, self.p["kmin_min_ms"] * per_ms)),
                 int(max(16 * frame, self.p["kmin_max_ms"] * per_ms)))
+
+    def pressure_bytes(self, rate_bps: float) -> int:
+        """The queue at which marks must come early: half the emulated port buffer."""
+        frame = self.mtu + FRAME_OVERHEAD
+        return int(max(self.p["pressure_frames"] * frame, self.p["pressure_ms"] * rate_bps / 8 / 1000))
 
     def bounded(self, rate_bps: float, kmin: float, pmax: float, reason: str) -> Thresholds:
         lo, hi = self.kmin_bounds(rate_bps)
@@ -178,28 +199,32 @@ class DynamicPolicy(EcnPolicy):
                 continue
             st = self.state.setdefault(key, _PortState(default=cur))
             a = 1.0 if st.samples == 0 else p["alpha"]
-            q = float(s.queue_bytes or 0)
+            q = int(s.queue_bytes or 0)
             st.u += a * (s.utilisation - st.u)
             st.m += a * (s.ce_fraction - st.m)
-            st.q += a * (q - st.q)
             st.samples += 1
             st.fan_ins = [*st.fan_ins[-(FAN_IN_MEMORY - 1):], s.fan_in]
             fan_in = max(st.fan_ins)
             marking = s.ce_fraction > 0 or s.ce_marked_pps > 0
-            if s.utilisation < p["u_idle"] and not marking:
+            traffic = marking or s.utilisation >= p["u_idle"]
+            if not traffic:
                 st.quiet_since = now if st.quiet_since is None else st.quiet_since
             else:
                 st.quiet_since = None
+            pressure = self.pressure_bytes(s.rate_bps)
 
-            incast = fan_in >= p["incast_fan_in"] and (st.q >= cur.kmax or st.m >= p["m_high"] or s.drops > 0)
-            if incast:
+            if (traffic and q >= pressure) or s.drops > 0:
                 direction, kmin, pmax = -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"]
-                why = (f"incast: fan-in {fan_in}, queue {st.q:.0f} B (Kmax {cur.kmax}), marked {st.m:.0%}, "
-                       f"drops {s.drops}")
-            elif (marking and s.utilisation >= p["u_idle"] and st.u < p["u_low"] and st.m >= p["m_low"]
-                  and fan_in < p["incast_fan_in"]):
+                what = f"incast (fan-in {fan_in})" if fan_in >= p["incast_fan_in"] else "buffer pressure"
+                why = f"{what}: queue {q} B (pressure at {pressure} B), drops {s.drops}"
+                hold = p["hold_down_s"]
+            elif traffic and (s.utilisation >= p["u_busy"] or st.m >= p["m_low"] or q > cur.kmin):
                 direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
-                why = f"under-utilised while marking: utilisation {st.u:.0%}, marked {st.m:.0%}"
+                why = (f"no buffer pressure: queue {q} B < {pressure} B, utilisation {st.u:.0%}, "
+                       f"marked {st.m:.1%}: marks would only slow the senders")
+                reverses = st.last_direction == -1
+                # back-off: a rise right after a cut waits 2x the hold time, each earlier reversal doubles it (to 16x)
+                hold = p["hold_up_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
             elif st.quiet_since is not None and now - st.quiet_since >= p["relax_s"] and st.default is not None:
                 d = st.default
                 if cur == d:
@@ -210,12 +235,10 @@ class DynamicPolicy(EcnPolicy):
                 pmax = min(cur.pmax + p["pmax_step"], d.pmax) if cur.pmax < d.pmax else \
                     max(cur.pmax - p["pmax_step"], d.pmax)
                 why = f"idle for {now - st.quiet_since:.1f} s: back towards the default"
+                hold = p["hold_up_s"]
             else:
                 continue
-            reverses = bool(direction and st.last_direction and direction != st.last_direction)
-            # back-off: a reversal waits 2x the hold time, and each earlier reversal doubles that (up to 16x)
-            hold = p["hold_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
-            if now - st.last_change < hold:
+            if now - st.last_change < hold - 1e-9:
                 continue
             new = self.bounded(s.rate_bps, kmin, pmax, why)
             if direction == 0 and st.default is not None:      # relaxing: never past the default
@@ -225,7 +248,7 @@ class DynamicPolicy(EcnPolicy):
                 continue          # at a bound already
             out[key] = new
             st.last_change = now
-            if reverses:
+            if direction == +1 and st.last_direction == -1:
                 st.reversals += 1
             if direction:
                 st.last_direction = direction

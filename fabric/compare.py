@@ -8,11 +8,16 @@ repetition runs every workload under every setting, in an order rotated from one
 to the next, so that the machine's load falls on all settings alike (not one block per
 setting).
 
-Workloads (the ``--jobs`` syntax of ``hpnlab.fabric.jobspec``; sized for mini-hpn's 10 Mbit/s
-host ports)
-    incast      short messages, many to one: 4 senders x 16 KiB to one root, 20 times, 20 ms apart
+Workloads (the ``--jobs`` syntax of ``hpnlab.fabric.jobspec``; sized for mini-hpn's host ports at
+the budget's rates, about 33 Mbit/s and MTU 4096 here)
+    incast      short messages, many to one: 4 senders x 16 KiB to one root, 60 times, 20 ms apart,
+                after 15 warm-up bursts (about 0.45 s: two telemetry intervals, so that a dynamic
+                policy has seen the traffic before the measured messages, as on a long-running job;
+                with 1 warm-up and 20 bursts the whole cell was about three intervals long)
     allreduce   elephants: a ring all-reduce of 1 MiB over 4 ranks
-    mix         both at once on disjoint hosts (the incast repeated for as long as the all-reduce)
+    mix         both at once on disjoint hosts (the incast repeated for about as long as the all-reduce);
+                they share no switch egress port (the incast's root is on another leaf), so a setting
+                helps the mix only by fitting each job's ports
 
 Figures per (workload, setting), over the repetitions as median [min, max]
     busbw_gbs        the all-reduce jobs' busbw (out-of-place, mean over sizes; nccl-tests')
@@ -46,9 +51,9 @@ SETTINGS = (*STATIC, DYNAMIC)
 NOT_MERGED = "not available (dynamic ECN not merged)"
 
 WORKLOADS = {
-    "incast": "incast:ranks=5,msg=16K,iters=20,warmup=1,gap=20ms",
+    "incast": "incast:ranks=5,msg=16K,iters=60,warmup=15,gap=20ms",
     "allreduce": "all_reduce:ranks=4,size=1M,iters=3,warmup=1",
-    "mix": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=5,msg=16K,iters=60,warmup=1,gap=20ms",
+    "mix": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=5,msg=16K,iters=100,warmup=15,gap=20ms",
 }
 _WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-reduce": "allreduce"}
 
