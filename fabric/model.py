@@ -345,6 +345,75 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     return rates
 
 
+def max_min_path_rates(paths: np.ndarray, cap: np.ndarray, weight: float = 1.0) -> np.ndarray:
+    """Max-min fair rates of flows given as paths: ``paths[h, f]`` the directed link of flow f's
+    h-th hop, padded with ``len(cap)`` (no link); every flow puts ``weight`` on each of its links.
+    Flows with no link get inf.
+
+    The same progressive filling as :func:`max_min_rates` (every local bottleneck's flows frozen
+    at once, a round at a time), laid out for flows of a few links each (per-flow hashing and
+    adaptive routing's sub-flows: a 130k adaptive step is 4.2 million sub-flows of 4 links):
+    a flow's least share is the least of a few columns rather than a segmented reduction, a
+    link's flow count is kept up to date from the flows frozen (an exact integer) instead of
+    summed again over every flow each round, and no link is left out (a link that can never
+    fill is never a bottleneck; leaving it out saved work only in the entry layout). Equal to
+    :func:`max_min_rates` to rounding (tests/test_model_equivalence.py)."""
+    n_flows = paths.shape[1]
+    rates = np.full(n_flows, np.inf)
+    if not n_flows or weight <= 0:
+        return rates
+    nolink = len(cap)                              # the padding: a link of its own, never shared
+    flows = np.arange(n_flows)
+    residual = np.r_[cap.astype(float), np.inf]
+    count = np.bincount(paths.ravel(), minlength=nolink + 1)
+    renumbered = n_flows
+    for _round in range(n_flows + 1):
+        if not paths.shape[1]:
+            break
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(count > 0, np.maximum(residual, 0.0) / (count * weight), np.inf)
+        share[nolink] = np.inf
+        e_share = share[paths]
+        fmin = np.minimum.reduce(e_share, axis=0)       # per flow: its least share
+        # a link is a bottleneck when no flow crossing it has a smaller share elsewhere
+        not_bottleneck = np.zeros(nolink + 1, dtype=bool)
+        not_bottleneck[paths[fmin * (1 + 1e-12) < e_share]] = True
+        not_bottleneck[nolink] = True
+        hit = ~np.logical_and.reduce(not_bottleneck[paths], axis=0)
+        if not hit.any():
+            break
+        rates[flows[hit]] = fmin[hit]
+        frozen = paths[:, hit]
+        residual -= np.bincount(frozen.ravel(), weights=np.broadcast_to(weight * fmin[hit], frozen.shape).ravel(),
+                                minlength=nolink + 1)
+        residual[nolink] = np.inf
+        count -= np.bincount(frozen.ravel(), minlength=nolink + 1)
+        keep = ~hit
+        paths, flows = paths[:, keep], flows[keep]
+        if 4 * paths.shape[1] < renumbered and nolink > 4096:    # most flows frozen: drop the drained links
+            on = count[:nolink] > 0
+            n_on = int(on.sum())
+            local = np.full(nolink + 1, n_on, dtype=paths.dtype)
+            local[:nolink][on] = np.arange(n_on)
+            paths = local[paths]
+            residual = np.r_[residual[:nolink][on], np.inf]
+            count = np.r_[count[:nolink][on], count[nolink]]
+            nolink, renumbered = n_on, paths.shape[1]
+    return rates
+
+
+def path_drain_times(paths: np.ndarray, cap: np.ndarray, size_bits: np.ndarray) -> np.ndarray:
+    """:func:`drain_times` of flows given as paths (``paths[h, f]``, padded with ``len(cap)``):
+    the same sums in the same order (flow by flow), so the same times bit for bit."""
+    nolink = len(cap)
+    k = paths.shape[0]
+    load = np.bincount(paths.T.ravel(), weights=np.repeat(size_bits, k), minlength=nolink + 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_link = np.where(load > 0, load / (np.r_[cap, np.inf] * 1e9), 0.0)
+    per_link[nolink] = 0.0
+    return np.maximum.reduce(per_link[paths], axis=0)
+
+
 def _slack_entries(lk: np.ndarray, w: np.ndarray, cap: np.ndarray, starts: np.ndarray, owner: np.ndarray,
                    e_lb: np.ndarray) -> np.ndarray:
     """Per entry (grouped by flow, ``starts``/``owner``): whether its link can never fill,
@@ -579,19 +648,40 @@ class StepResult:
 
 @dataclass
 class RoutedStep:
-    """A step's flows on the network: entries (flow, link, weight) grouped by flow. A flow is
-    a connection (``flow``, ``flowlet``), a rank pair's sprayed bytes (``spray``) or one path
-    of a pair (``adaptive``: ``conn`` maps it to its pair)."""
-    flow_idx: np.ndarray
-    link_idx: np.ndarray
-    weight: np.ndarray
+    """A step's flows on the network. A flow is a connection (``flow``, ``flowlet``), a rank
+    pair's sprayed bytes (``spray``) or one path of a pair (``adaptive``: ``conn`` maps it to
+    its pair). Path flows carry ``paths`` (hops x flows: directed link ids, padded with the
+    network's ``n_links``); sprayed ones their entries (flow, link, weight) grouped by flow.
+    ``flow_idx``, ``link_idx`` and ``weight`` are the entries either way (made from the paths
+    when first asked for: one entry of weight 1 per link of a path, flow by flow)."""
     size_bits: np.ndarray      # per flow
     latency_us: float          # the longest path's
     stalled: int
     stalled_pairs: list[tuple[int, int]]
     hit: int
+    paths: np.ndarray | None = None
+    nolink: int = -1           # the padding of ``paths`` (the network's n_links)
+    entries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     conn: np.ndarray | None = None
     per_flow_connections: int = 1   # connections one flow stands for (spray, adaptive: qps)
+
+    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.entries is None:
+            assert self.paths is not None
+            self.entries = _path_entries(self.paths, self.nolink)
+        return self.entries
+
+    @property
+    def flow_idx(self) -> np.ndarray:
+        return self._entries()[0]
+
+    @property
+    def link_idx(self) -> np.ndarray:
+        return self._entries()[1]
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self._entries()[2]
 
 
 def _pair_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
@@ -627,36 +717,46 @@ def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
 
 
 def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: float = 0.0, *,
-           sports: np.ndarray | None = None, full: bool = True) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+           sports: np.ndarray | None = None, full: bool = True,
+           hops_max: int | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
-    (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
-    latency (m,): propagation delay plus ``switch_latency_us`` per switch). ``sports``: the sub-flows'
-    :func:`entropy_sports`, when the caller has them; ``full=False``: no full paths (None)."""
+    (links (hops, m): the directed link of each hop, padded with ``net.n_links``, as many hops
+    as the longest path or ``hops_max`` + 2; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS),
+    -1 padded; latency (m,): propagation delay plus ``switch_latency_us`` per switch).
+    ``sports``: the sub-flows' :func:`entropy_sports`, when the caller has them; ``full=False``:
+    no full paths (None)."""
     sl, dl = leaf[a, plane], leaf[b, plane]
     if sports is None:
         sports = entropy_sports(net, a, b, plane, value)
     # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
     # is distinct, and sorting them out first cost more than the walk it saved
     mid, ok = net.fwd.walk(sl, dl, sports)
-    valid = mid >= 0
-    hops = valid.sum(axis=1)
-    delay = np.where(valid, net.delay_us[np.maximum(mid, 0)], 0.0).sum(axis=1)
+    hops = (mid >= 0).sum(axis=1)                  # a walk's links come first in its row
+    deepest = int(hops.max(initial=0))
+    delay = np.zeros(len(a))
+    for h in range(deepest):
+        on = mid[:, h]
+        delay += np.where(on >= 0, net.delay_us[on], 0.0)
     u, d = up[a, plane], down[b, plane]
     links = None
     if full:
-        links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
-        links[:, 0] = u
-        links[:, 1:MAX_HOPS + 1] = mid
-        links[np.arange(len(a)), hops + 1] = d
+        width = (deepest if hops_max is None else hops_max) + 2
+        links = np.full((width, len(a)), net.n_links, dtype=np.int64)
+        links[0] = u
+        links[1:deepest + 1] = np.where(mid[:, :deepest] >= 0, mid[:, :deepest], net.n_links).T
+        links[hops + 1, np.arange(len(a))] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
     latency = net.delay_us[u] + delay + net.delay_us[d] + (hops + 1) * switch_latency_us
     return links, live, mid, latency
 
 
-def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows, cols = np.nonzero(links >= 0)
-    return owner[rows], links[rows, cols], weight[rows]
+def _path_entries(paths: np.ndarray, nolink: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries (flow, link, weight 1) of flows given as paths (hops x flows, padded with
+    ``nolink``), grouped by flow, each flow's links in path order."""
+    by_flow = paths.T
+    flows, hops = np.nonzero(by_flow != nolink)
+    return flows, by_flow[flows, hops], np.ones(len(flows))
 
 
 def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.ndarray, live: np.ndarray,
@@ -701,21 +801,23 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         size = np.repeat(nbytes, qps) * 8 / qps
         plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
         idx = plane * nv + j
-        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
+        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us,
+                                            hops_max=MAX_HOPS)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
-            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us)
-            links[bad], live[bad], lat_row[bad] = lk, lv, lt
+            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us,
+                                    hops_max=MAX_HOPS)
+            links[:, bad], live[bad], lat_row[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
-        links, size = links[live], size[live]
-        hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
-        f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
-        return RoutedStep(f, lk, w, size, float(lat_row[live].max(initial=0.0)), int(dead.sum()),
-                          stalled_pairs, hit)
+        links, size = links[:, live], size[live]
+        links = links[:int((links != net.n_links).any(axis=1).sum())]   # the hops some path takes
+        hit = int(np.isin(links, watch_arr).any(axis=0).sum()) if watch_arr is not None else 0
+        return RoutedStep(size, float(lat_row[live].max(initial=0.0)), int(dead.sum()), stalled_pairs, hit,
+                          paths=links, nolink=net.n_links)
     # spray / adaptive: every (plane, entropy value) path of each pair
     m = len(src)
     a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
@@ -738,20 +840,27 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     size_pair = nbytes[ok_pair] * 8
     hit = 0
     if watch_arr is not None:
-        on = np.isin(links[sel], watch_arr).any(axis=1)
+        on = np.isin(links[:, sel], watch_arr).any(axis=0)
         hit = int(np.unique(renum[pair_idx[sel]][on]).size) * qps
     if routing == "spray":
         rows = np.repeat(ok_pair, n_paths)
         f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], src[ok_pair], dst[ok_pair], live[rows],
                                    mid[rows], planes)
-        return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
+        return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, entries=(f, lk, ww),
                           per_flow_connections=qps)
     assert links is not None
-    links, owner = links[sel], renum[pair_idx[sel]]
-    sub = np.arange(len(links))
-    f, lk, ww = _entries(links, sub, np.ones(len(links)))
-    return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, conn=owner,
+    return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, paths=links[:, sel],
+                      nolink=net.n_links, conn=renum[pair_idx[sel]],
                       per_flow_connections=qps)
+
+
+def flow_rates(r: RoutedStep, cap: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Max-min fair rates of a routed step's flows (sub-flows for adaptive routing), each pair
+    standing for ``scale`` (a sampled step): :func:`max_min_path_rates` over path flows,
+    :func:`max_min_rates` over sprayed entries."""
+    if r.paths is not None:
+        return max_min_path_rates(r.paths, cap, scale)
+    return max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, cap, len(r.size_bits))
 
 
 def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
@@ -770,15 +879,18 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
         return StepResult(math.inf if r.stalled else 0.0, 0.0, 0, r.stalled, r.hit, math.inf, math.inf,
                           r.stalled_pairs, bytes=moved, sampled=scale)
     if r.conn is None:
-        finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
+        if r.paths is not None:
+            finish = path_drain_times(r.paths, net.cap, r.size_bits * scale)
+        else:
+            finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
         span = float(finish.max())
         if not rates:
             return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
                               flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
                               sampled=scale)
-        conn_rates = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, flows)
+        conn_rates = flow_rates(r, net.cap, scale)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
-        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, len(r.conn))
+        sub = flow_rates(r, net.cap, scale)
         conn_rates = np.bincount(r.conn, weights=sub, minlength=flows)
         span = float((r.size_bits / np.maximum(conn_rates * 1e9, 1e-30)).max())
     conn_rates = np.repeat(conn_rates / k, k) if k > 1 else conn_rates
@@ -840,7 +952,7 @@ def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs,
     if r.conn is None:
         bits = r.weight * r.size_bits[r.flow_idx]
     else:
-        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, len(r.conn))
+        sub = flow_rates(r, net.cap)
         pair_rate = np.bincount(r.conn, weights=sub, minlength=len(r.size_bits))
         sub_bits = r.size_bits[r.conn] * sub / np.maximum(pair_rate[r.conn], 1e-30)
         bits = r.weight * sub_bits[r.flow_idx]

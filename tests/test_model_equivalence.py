@@ -89,7 +89,7 @@ def per_path_spray_entries(net, job, src, dst):
     owner = np.repeat(np.arange(len(src)), n_paths)
     f, lk, w = [], [], []
     for row in np.flatnonzero(live):
-        for link in links[row][links[row] >= 0]:
+        for link in links[:, row][links[:, row] != net.n_links]:
             f.append(owner[row])
             lk.append(link)
             w.append(1.0 / per_pair[owner[row]])
