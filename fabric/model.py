@@ -732,19 +732,24 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: 
     # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
     # is distinct, and sorting them out first cost more than the walk it saved
     mid, ok = net.fwd.walk(sl, dl, sports)
-    hops = (mid >= 0).sum(axis=1)                  # a walk's links come first in its row
-    deepest = int(hops.max(initial=0))
+    by_hop = mid.T                                 # (MAX_HOPS, m), rows contiguous
+    hops = np.zeros(len(a), dtype=np.int64)        # a walk's links come first
     delay = np.zeros(len(a))
-    for h in range(deepest):
-        on = mid[:, h]
-        delay += np.where(on >= 0, net.delay_us[on], 0.0)
+    deepest = 0
+    for on in by_hop:
+        used = on >= 0
+        if not used.any():
+            break
+        deepest += 1
+        hops += used
+        delay += np.where(used, net.delay_us[on], 0.0)
     u, d = up[a, plane], down[b, plane]
     links = None
     if full:
         width = (deepest if hops_max is None else hops_max) + 2
         links = np.full((width, len(a)), net.n_links, dtype=np.int64)
         links[0] = u
-        links[1:deepest + 1] = np.where(mid[:, :deepest] >= 0, mid[:, :deepest], net.n_links).T
+        links[1:deepest + 1] = np.where(by_hop[:deepest] >= 0, by_hop[:deepest], net.n_links)
         links[hops + 1, np.arange(len(a))] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
     latency = net.delay_us[u] + delay + net.delay_us[d] + (hops + 1) * switch_latency_us

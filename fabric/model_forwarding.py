@@ -169,35 +169,42 @@ class Forwarding:
 
     def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, sport: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Directed link ids from leaf to leaf (leaf indices), for UDP source port ``sport``:
-        (links (m, MAX_HOPS), -1 padded; ok (m,) bool: the walk reached its leaf)."""
-        sport = np.asarray(sport, dtype=np.int64)
+        (links (m, MAX_HOPS), -1 padded (a view of a hop-major array: ``links[:, h]`` is
+        contiguous); ok (m,) bool: the walk reached its leaf). Each hop looks up only the walks
+        still on their way, kept compact."""
         m = len(src_leaf)
-        links = np.full((m, MAX_HOPS), -1, dtype=np.int32)
-        cur = self.leaf_sw[src_leaf]
+        sport = np.broadcast_to(np.asarray(sport, dtype=np.int64), (m,))
+        dst_leaf = np.broadcast_to(np.asarray(dst_leaf, dtype=np.int64), (m,))
+        by_hop = np.full((MAX_HOPS, m), -1, dtype=np.int32)
         target = self.leaf_sw[dst_leaf]
-        going = cur != target
-        ok = ~going
+        cur = self.leaf_sw[src_leaf]
+        idx = np.flatnonzero(cur != target)             # the walks on their way, and for each:
+        ok = np.ones(m, dtype=bool)
+        ok[idx] = False
+        cur, dst, tgt, sp = cur[idx], dst_leaf[idx], target[idx], sport[idx]
+        n_leaf = self.single.shape[1]
+        single, multi = self.single.ravel(), self.multi.ravel()
+        choice, width = self.choice.ravel(), self.choice.shape[1]
         for h in range(MAX_HOPS):
-            idx = np.flatnonzero(going)
             if not len(idx):
                 break
-            c, d = cur[idx], dst_leaf[idx]
-            lk = self.single[c, d]
-            row = self.multi[c, d]
-            has_row = row >= 0
-            if has_row.any():
-                lk = lk.copy()
-                r = row[has_row]
-                lk[has_row] = self.choice[r, (sport[idx[has_row]] >> self.row_off[r]) & self.row_mask[r]]
+            at = cur * n_leaf + dst
+            lk = single[at]
+            row = multi[at]
+            chosen = np.flatnonzero(row >= 0)
+            if len(chosen):
+                r = row[chosen]
+                lk[chosen] = choice[r * width + ((sp[chosen] >> self.row_off[r]) & self.row_mask[r])]
+            by_hop[h, idx] = lk
+            nxt = self.head[np.maximum(lk, 0)]
             dead_end = lk < 0
-            links[idx, h] = lk
-            nxt = np.where(dead_end, -1, self.head[np.maximum(lk, 0)])
-            cur[idx] = nxt
-            arrived = nxt == target[idx]
+            arrived = (nxt == tgt) & ~dead_end
             ok[idx[arrived]] = True
-            going[idx[arrived | dead_end]] = False
-            links[idx[dead_end], :] = -1
-        return links, ok
+            if dead_end.any():
+                by_hop[:, idx[dead_end]] = -1
+            on = ~(arrived | dead_end)
+            idx, cur, dst, tgt, sp = idx[on], nxt[on], dst[on], tgt[on], sp[on]
+        return by_hop.T, ok
 
     def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
         """One source port's directed links from leaf to leaf (None: no path), for the tests."""
