@@ -61,6 +61,7 @@ field counts the same).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -699,7 +700,17 @@ def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
     shape = np.broadcast(a, b, plane, value).shape
     k = connection_value(net.entropy_space, *(np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64)
                                               for x in (a, b, plane, value)))
-    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64)
+    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64) | high_bits(net, a)
+
+
+def high_bits(net: Network, src) -> Any:
+    """The source-port bits above the entropy map's that rank ``src``'s transport sets (its first
+    choice: ``(high_values - 1 + rank) % high_values``, roce.py), shifted into place; 0 unless the
+    network's switches read them (weighted mode's widened sets, :func:`weighted_network`)."""
+    if not getattr(net.fwd, "reads_high", False):
+        return 0
+    highs = net.emap.high_values()
+    return ((highs - 1 + np.asarray(src, dtype=np.int64)) % highs) << net.emap.width
 
 
 def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
@@ -831,7 +842,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     offset = connection_offset(net.entropy_space, src[:, None].astype(u64), dst[:, None].astype(u64),
                                np.arange(planes, dtype=u64)[None, :])
     k = (offset[:, :, None] + np.arange(nv, dtype=u64)) % u64(net.entropy_space)
-    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64)
+    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64) | high_bits(net, a)
     links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us,
                                        sports=sports, full=routing == "adaptive" or watch_arr is not None)
     per_pair = live.reshape(m, n_paths).sum(axis=1)
@@ -964,6 +975,70 @@ def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs,
     return np.bincount(r.link_idx, weights=bits, minlength=net.n_links) / 8
 
 
+# ---- weighted switches: the controller's policy iterated over the model's own loads ----------
+
+SWITCH_WEIGHTS = ("ecmp", "weighted")
+WEIGHT_ITERATIONS = 16       # weighted mode: at most this many re-weightings before giving up on a fixed point
+
+
+def weighted_network(net: Network, job: Job, step: Step, routing: str, qps: int, *, hash_salt: int = 0,
+                     switch_latency_us: float = 0.0, max_iterations: int = WEIGHT_ITERATIONS,
+                     params: Any = None) -> tuple[Network, dict[str, Any]]:
+    """The network with weighted switches (``--routing-weights weighted``) at the fixed point of
+    their policy on this step's own loads: the controller's decision (``controller.weights.Weights``,
+    the same code) is fed, as one telemetry interval each, the utilisation of every port of every
+    multipath set that the model gives for ``step`` routed with ``routing``; the sets it re-weights
+    are re-dealt (``Forwarding.reweight``: each pattern of the widened sets, ``compiler.weighted_masks``,
+    to the port the new assignment names) and the step is routed again, until an interval changes
+    nothing (the fixed point) or ``max_iterations`` intervals. The clock advances past the policy's
+    hold time between intervals. Returns (network, {iterations, converged, sets, changes}).
+    With equal loads nothing changes: the widened sets deal every source port as ecmp does."""
+    from hpnlab.controller import compiler
+    from hpnlab.controller import weights as cw
+    from hpnlab.controller.telemetry import PortTelemetry
+    params = params or cw.WeightParams()
+    wnet = copy.copy(net)
+    wnet.fwd = fwd = copy.copy(net.fwd)
+    fwd.wide, fwd.assignments = {}, {}
+    rows = fwd.weighted_sets(compiler.weighted_masks(net.emap))
+    sets: dict[str, dict[int, Any]] = {}
+    dead: dict[str, list[int]] = {}
+    for r, (sw, full, wide) in rows.items():
+        n, bits = len(full), int(fwd.row_mask[r]).bit_length()
+        base = tuple(full[(p & ((1 << bits) - 1)) % n] for p in range(1 << bin(wide).count("1")))
+        sets.setdefault(sw, {})[r] = compiler.EntropySet(r, wide, full, tuple(() for _ in full), base)
+        links = fwd.sets[r][3]
+        dead.setdefault(sw, []).extend(p for p, lk in zip(full, links.tolist(), strict=True) if lk < 0)
+    policy = cw.Weights(params)
+    now, changed, iterations, converged = 0.0, 0, 0, not sets
+    while sets and iterations < max_iterations:
+        iterations += 1
+        res = run_step(wnet, job, (step.src, step.dst), step.nbytes, routing, qps, hash_salt, switch_latency_us,
+                       salt=step.salt, scale=step.scale, rates=False)
+        link_bytes = step_link_bytes(wnet, job, (step.src, step.dst), step.nbytes, routing, qps, salt=step.salt,
+                                     hash_salt=hash_salt) * step.scale
+        span = res.time_s if math.isfinite(res.time_s) and res.time_s > 0 else 1.0
+        samples = {}
+        for sw, by_meta in sets.items():
+            si = fwd.sw_index[sw]
+            for es in by_meta.values():
+                for port in es.ports:
+                    lk = int(fwd.port_link[si, port])
+                    rate = float(net.cap[lk]) * 1e9
+                    tx = float(link_bytes[lk]) * 8 / span
+                    samples[sw, port] = PortTelemetry(t=now, rate_bps=rate, tx_bps=tx,
+                                                      utilisation=tx / rate if rate > 0 else 0.0)
+        changes = policy.decide(now, samples, sets, dead)
+        if not changes:
+            converged = True
+            break
+        changed += len(changes)
+        fwd.reweight({c.meta: c.assignment for c in changes})
+        now += params.hold_s + 1.0
+    return wnet, {"iterations": iterations, "converged": converged, "sets": sum(len(v) for v in sets.values()),
+                  "changes": changed}
+
+
 # ---- the collective ---------------------------------------------------------------------
 
 @dataclass
@@ -1016,13 +1091,18 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
                    network: Network | None = None, watch: AbstractSet[int] = frozenset(),
                    exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
-                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0) -> ModelResult:
+                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0, switch_weights: str = "ecmp",
+                   weight_iterations: int = WEIGHT_ITERATIONS) -> ModelResult:
     """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
     distinct steps computed where a collective repeats one (flowlet salts, broadcast);
     ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated);
     ``seed``: the placement, the permutation and the all-to-all sample; ``hash_salt``: the flow
-    hash's salt (0, the default: the RoCE transport's own per-connection planes and values)."""
+    hash's salt (0, the default: the RoCE transport's own per-connection planes and values);
+    ``switch_weights``: ecmp (equal shares) or weighted (the controller's load-following weights at
+    their fixed point on the collective's first step, :func:`weighted_network`)."""
     routing, collective = _checked(routing, qps, size_bytes, collective)
+    if switch_weights not in SWITCH_WEIGHTS:
+        raise UserError(f"switch weights must be one of {', '.join(SWITCH_WEIGHTS)}, got {switch_weights!r}")
     if network is None:
         if g is None:
             raise ValueError("run_collective needs the fabric graph or its model network")
@@ -1032,6 +1112,10 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
     job = job or make_job(g, hosts, placement, seed, network=net)
     distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
                      routing=routing, exact_pairs=exact_pairs)
+    weighting = None
+    if switch_weights == "weighted" and distinct:
+        net, weighting = weighted_network(net, job, distinct[0], routing, qps, hash_salt=hash_salt,
+                                          switch_latency_us=switch_latency_us, max_iterations=weight_iterations)
     results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                         salt=st.salt, scale=st.scale) for st in distinct]
     error = 0.0
@@ -1070,7 +1154,8 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                        steps_distinct=len(distinct), steps_total=n_steps,
                        detail={"steps": details[:4], "qps": qps, "placement": placement,
                                "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits,
-                               "entropy_values": net.entropy_values},
+                               "entropy_values": net.entropy_values, "switch_weights": switch_weights,
+                               "weighting": weighting},
                        stalled_pairs=list(stalled_pairs), steps=results, rate_gbps_mean=mean,
                        rate_gbps_min=min((r.rate_gbps_min for r in routed), default=0.0), sampling_error=error)
 

@@ -1,7 +1,10 @@
 """`hpnlab model`: the flow-level model at full scale (entropy policies side by side, failures)."""
 from __future__ import annotations
 
+import argparse
+import ctypes
 import json
+import os
 import sys
 import time
 
@@ -37,6 +40,11 @@ def register(sub) -> None:
     p.add_argument("--entropy-values", type=int, default=model.ENTROPY_VALUES,
                    help=f"entropy values (source ports) per plane a NIC uses, as the RoCE transport's ports_per_nic "
                         f"(capped at the entropy map's path count), default {model.ENTROPY_VALUES}")
+    p.add_argument("--switch-weights", choices=model.SWITCH_WEIGHTS, default="ecmp",
+                   help="the switches' multipath weights: ecmp (equal shares, default) or weighted (the controller's "
+                        "--routing-weights weighted policy iterated over the model's own link loads to a fixed point, "
+                        f"at most --weight-iterations, default {model.WEIGHT_ITERATIONS}; the iterations are printed)")
+    p.add_argument("--weight-iterations", type=int, default=model.WEIGHT_ITERATIONS, help=argparse.SUPPRESS)
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=DEFAULT_DETECT,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
@@ -56,6 +64,23 @@ def register(sub) -> None:
     from .cmd_fidelity import add_study_args
     add_study_args(p)
     p.set_defaults(func=cmd_model)
+
+
+def reuse_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for the next arrays (big blocks from the heap, not a fresh
+    mmap each; the heap not trimmed): a 130k step allocates and frees arrays of 30-130 MB by the
+    hundred, and fresh pages are zeroed by the kernel on first touch (a third of the CPU of an
+    adaptive 130k run, more on a loaded machine). Process-wide, so only here, in the command;
+    HPNLAB_MODEL_MALLOC=default leaves the allocator alone. False where it does not apply (not glibc)."""
+    if os.environ.get("HPNLAB_MODEL_MALLOC", "") == "default":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4      # glibc's mallopt parameters
+        return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+                    and libc.mallopt(m_top_pad, 256 << 20))
+    except (OSError, AttributeError):
+        return False
 
 
 def detection_from(path: str, kind: str = "link") -> dict[str, float]:
@@ -105,6 +130,7 @@ def cmd_model(args) -> int:
         from .cmd_fidelity import cmd_study
         return cmd_study(args)
     scenario = load_scenario(args)
+    reuse_freed_memory()
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
     try:
         routings = [model.routing_name(r) for r in routings]
@@ -130,8 +156,11 @@ def cmd_model(args) -> int:
         g = net.g
         how = f"loaded from the cache {model.cache_dir()}" if cached else "built, indexed and cached"
     print(f"# {scenario.name}: fabric {how} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if args.weight_iterations < 1:
+        raise UserError(f"--weight-iterations must be at least 1, got {args.weight_iterations}")
     kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps,
-              exact_pairs=args.exact_pairs)
+              exact_pairs=args.exact_pairs, switch_weights=args.switch_weights,
+              weight_iterations=args.weight_iterations)
     results = []
     for size in sizes:
         for routing in routings:
@@ -179,6 +208,13 @@ def cmd_model(args) -> int:
             ratios = ", ".join(f"{k} / flow {v.busbw_gbs / base:.2f}x"
                                for k, v in pair.items() if k != "flow" and base)
             print(f"# {size} B busbw: {ratios}")
+    for r in results:
+        w = r.detail.get("weighting")
+        if w:
+            state = "a fixed point" if w["converged"] else f"no fixed point within {w['iterations']}"
+            print(f"# {r.routing}, {r.size_bytes} B: weighted switches: {w['iterations']} interval(s) of the "
+                  f"controller's policy on the model's loads, {state}; {w['changes']} set re-weightings "
+                  f"over {w['sets']} sets")
     for r in results:
         if r.steps and r.steps[0].sampled > 1:
             print(f"# {r.routing}, {r.size_bytes} B: all-to-all sampled, each modelled pair standing for "
