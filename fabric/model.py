@@ -115,7 +115,8 @@ class Network:
     capacities (Gbit/s; 0 when failed) and delays, the hosts' ports, and the compiler's
     forwarding over them (:class:`.model_forwarding.Forwarding`)."""
 
-    def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES):
+    def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES,
+                 converged: bool = True):
         from hpnlab.controller import compiler  # the model reads the compiler (no import cycle)
         self.g = g
         self.s = g.graph["scenario"]
@@ -158,7 +159,7 @@ class Network:
         self.emap = emap = compiler.entropy_map(g)
         self.entropy_space = emap.path_count()          # the values a connection's are taken from
         self.entropy_values = max(1, min(entropy_values, self.entropy_space))
-        self.fwd = Forwarding(g, port_link, head, failed)
+        self.fwd = Forwarding(g, port_link, head, failed, converged=converged)
         assert self.fwd.switches == sw_names
         n_intf = int(max(pu[~on_u].max(initial=0), pv[~on_v].max(initial=0))) + 1
         self.host_leaf = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
@@ -1271,6 +1272,73 @@ def random_fabric_links(g: nx.MultiGraph, count: int, seed: int) -> set[tuple[st
     if count > len(links):
         raise UserError(f"--fail-links {count}: the fabric has only {len(links)} leaf-spine links")
     return set(random.Random(seed).sample(links, count))
+
+
+#: The failover chain's times per mode (ms): (detection: from the failure until the switch next to
+#: it moves the failed link's traffic to its fast-failover backups, or, without backups, until the
+#: routes converge; convergence: from the failure until every switch has the routes for the failed
+#: fabric). Defaults when no failover comparison's JSON is given (``--failover-times``): local
+#: detection 1 ms (DPFR-style data-plane detection, China Mobile's report); the controller alone
+#: 50 ms to learn of it (one BFD detection time) and 2,000 ms to converge (control-plane
+#: convergence in seconds, as the field reports); remote notification converges the switches
+#: upstream in 50 ms (tens of ms: 24.5 ms measured on the emulated mini-hpn, README "Benchmarks").
+#: The host side adds nothing for a fabric link (its timers are slower than the switch's backups;
+#: it matters for a host's own NIC port, which the model does not fail).
+FAILOVER_CHAIN_MS = {"controller": (50.0, 2000.0), "local": (1.0, 2000.0), "local+remote": (1.0, 50.0),
+                     "local+remote+host": (1.0, 50.0)}
+#: modes without the switches' fast-failover backups: the failed link's traffic is lost until convergence
+NO_BACKUPS = frozenset({"controller"})
+
+
+def failover_chain(g: nx.MultiGraph, collective: str, size_bytes: int, failed: set, *,
+                   times: dict[str, tuple[float, float]] | None = None, **kw) -> dict[str, Any]:
+    """Links failing at the start of a collective, per failover mode, as a chain of three phases:
+
+    1. detection (``times[mode][0]`` ms, or until convergence for a mode without backups): the
+       failed links' traffic is lost; the synchronous collective makes no progress (its step
+       cannot finish without the connections that crossed them);
+    2. detour, until convergence (``times[mode][1]`` ms): the switches' fast-failover groups carry
+       it over their backups, the healthy routes with the failed ports dead (the compiler's groups,
+       :class:`.model_forwarding.Forwarding` with ``converged=False``; tests/test_model_failover.py
+       holds those paths against the table interpreter), the collective progressing at that
+       forwarding's pace; a connection whose backup the model does not follow (a dead one-port
+       way's bounce through another leaf) takes its next live path, as the transport moves it;
+    3. converged: the compiler's routes for the failed fabric, for the rest of the work.
+
+    Time = detection + the detour's share + the rest at the converged pace. No connection on a
+    failed link: the healthy time. Returns per mode its phases and time, beside the three
+    forwardings' own times (``healthy_s``, ``detour_s``, ``after_repair_s``)."""
+    times = FAILOVER_CHAIN_MS if times is None else times
+    ev = kw.get("entropy_values", ENTROPY_VALUES)
+    watch = Network(g, failed, entropy_values=ev).failed_ids
+    healthy = run_collective(g, collective, size_bytes, watch=watch, **kw)
+    detour = run_collective(g, collective, size_bytes, network=Network(g, failed, entropy_values=ev,
+                                                                      converged=False), **kw)
+    after = run_collective(g, collective, size_bytes, failed=failed, **kw)
+    hit = healthy.detail["connections_on_watched_links"]
+    out: dict[str, Any] = {"healthy_s": healthy.time_s, "detour_s": detour.time_s, "after_repair_s": after.time_s,
+                           "connections_hit": hit, "detour_rate_gbps_mean": detour.rate_gbps_mean,
+                           "detour_rate_gbps_min": detour.rate_gbps_min, "by_mode": {}}
+    for mode, (detect_ms, converge_ms) in times.items():
+        converge_s = max(detect_ms, converge_ms) / 1e3
+        if not hit:
+            loss_s, window_s = 0.0, 0.0
+        elif mode in NO_BACKUPS:
+            loss_s, window_s = converge_s, 0.0
+        else:
+            loss_s, window_s = detect_ms / 1e3, converge_s - detect_ms / 1e3
+        if not hit:
+            in_detour, done = 0.0, 0.0
+        elif math.isfinite(detour.time_s) and detour.time_s > 0:
+            in_detour = min(window_s, detour.time_s)
+            done = in_detour / detour.time_s
+        else:                      # the detour carries nothing: the collective waits for convergence
+            in_detour, done = window_s, 0.0
+        total = healthy.time_s if not hit else loss_s + in_detour + (1 - done) * after.time_s
+        out["by_mode"][mode] = {"detect_ms": detect_ms, "converge_ms": converge_ms, "loss_ms": loss_s * 1e3,
+                                "detour_ms": in_detour * 1e3, "detour_share": done, "time_s": total,
+                                "slowdown": total / healthy.time_s}
+    return out
 
 
 def failure_impact(g: nx.MultiGraph, collective: str, size_bytes: int, failed: set, *,

@@ -52,6 +52,12 @@ def register(sub) -> None:
                    help="with --fail-links: take the detection+convergence times from a failover benchmark's JSON "
                         "(tools/bench_failover.py --json: the median loss window of each mode for a link failure, "
                         "measured on the emulated fabric) instead of --detect-ms")
+    p.add_argument("--failover-times", metavar="FILE",
+                   help="with --fail-links: each failover mode's detection and convergence times for the failover "
+                        "chain (detection: traffic lost; detour over the fast-failover backups until convergence; "
+                        "then the converged routes), from a failover comparison's JSON (tools/bench_failover.py "
+                        "--json: the median loss window and controller convergence of each mode for a link failure); "
+                        "default: " + ", ".join(f"{k} {d:g}/{c:g} ms" for k, (d, c) in model.FAILOVER_CHAIN_MS.items()))
     p.add_argument("--corrections", choices=tuple(model_corrections.PRESETS),
                    default=model_corrections.DEFAULT_PRESET,
                    help="costs the fluid model leaves out (per-step rate ramp, retransmission, congestion control "
@@ -97,6 +103,21 @@ def detection_from(path: str, kind: str = "link") -> dict[str, float]:
         raise UserError(f"--detect-from {path}: not a failover benchmark's JSON ({type(exc).__name__})") from None
     if not out:
         raise UserError(f"--detect-from {path}: no {kind!r} failure measured in it")
+    return out
+
+
+def failover_times_from(path: str, kind: str = "link") -> dict[str, tuple[float, float]]:
+    """{mode: (detection ms, convergence ms)} from a failover comparison's JSON: the median loss
+    window of each mode for one failure kind, and its median controller convergence where the run
+    measured one (else the mode's default, model.FAILOVER_CHAIN_MS)."""
+    detect = detection_from(path, kind)
+    with open(path) as fh:
+        runs = json.load(fh)["runs"]
+    out = {}
+    for mode, ms in detect.items():
+        conv = sorted(r["convergence_ms"] for r in runs[mode].get(kind, []) if r.get("convergence_ms") is not None)
+        default = model.FAILOVER_CHAIN_MS.get(mode, (ms, ms))[1]
+        out[mode] = (ms, conv[len(conv) // 2] if conv else max(ms, default))
     return out
 
 
@@ -171,6 +192,10 @@ def cmd_model(args) -> int:
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
                                            routing=r, entropy_values=args.entropy_values, **kw)
                    for r in routings}
+        times = failover_times_from(args.failover_times) if args.failover_times else None
+        for r in routings:
+            failure[r]["chain"] = model.failover_chain(g, args.collective, sizes[-1], failed, times=times, routing=r,
+                                                       entropy_values=args.entropy_values, **kw)
     corr = model_corrections.preset(args.corrections)
     corrected = [model_corrections.correct_result(r, corr) if corr is not model_corrections.NONE else None
                  for r in results]
@@ -229,7 +254,15 @@ def cmd_model(args) -> int:
                   f"{f['connections_hit']} connections crossed a failed link")
             if f["stalled_after_repair"]:
                 print(f"#     after repair: {_stalled(f['stalled_after_repair'], f['stalled_pairs_after_repair'])}")
+            ch = f["chain"]
+            print(f"#     failover chain (detection: lost; detour over the backups, {ch['detour_s'] * 1e3:.2f} ms "
+                  f"for the whole collective, connections {_rate(ch['detour_rate_gbps_mean'])} / "
+                  f"{_rate(ch['detour_rate_gbps_min'])} Gbit/s mean/min; then converged):")
+            for name, d in ch["by_mode"].items():
+                print(f"#     {name:<18} lost {d['loss_ms']:>8g} ms, detour {d['detour_ms']:>8.2f} ms "
+                      f"(converged at {max(d['detect_ms'], d['converge_ms']):g} ms) -> "
+                      f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
             for name, d in f["by_detection"].items():
-                print(f"#     {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
+                print(f"#     flat stall: {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
                       f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
     return 0
