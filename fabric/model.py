@@ -50,14 +50,20 @@ Model
       (sampled above ``exact_pairs`` pairs: a random subset of peer offsets, scaled, with the
       sampling error stated), incast, and a random derangement for permutation.
     * Failures: failed links carry nothing; after convergence the routes are the compiler's
-      for the failed fabric. Before it, the connections on a failed link stall for the
-      failover mode's detection + convergence time (:data:`FAILOVER_DEFAULT_MS`,
-      :func:`failure_impact`).
+      for the failed fabric. Failover is a chain per mode (:func:`failover_chain`, times
+      :data:`FAILOVER_CHAIN_MS` or the failover comparison's JSON): detection (the failed links'
+      traffic lost), the detour over the fast-failover backups until convergence, then the
+      converged routes. :func:`failure_impact` keeps the earlier flat stall (detection +
+      convergence added once, :data:`FAILOVER_DEFAULT_MS`) for the studies.
+    * Switch weights: ``ecmp`` (every pattern of a set's field counts the same) or ``weighted``
+      (:func:`weighted_network`: the controller's load-following policy, controller/weights.py,
+      iterated over the model's own loads to a fixed point, the widened sets dealt as it decides).
+    * Max-min over path flows (:func:`max_min_path_rates`): the flows' links as a hops x flows
+      array (per-flow hashing's connections, adaptive routing's sub-flows); sprayed pairs keep
+      entries (flow, link, weight) (:func:`max_min_rates`).
 
 Not modelled: congestion control dynamics (DCQCN), PFC, buffers, packet reordering cost,
-intra-host (NVLink) transfers, NIC processing; a step's flows start together. Switch mode
-``weighted`` is not offered: the compiler installs no weights yet (every pattern of a set's
-field counts the same).
+intra-host (NVLink) transfers, NIC processing; a step's flows start together.
 """
 from __future__ import annotations
 
