@@ -53,27 +53,50 @@ def timed(fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[Any, float, fl
 
 
 def baseline_module(rev: str):
-    """``fabric/model.py`` at git revision ``rev``, imported as a module of hpnlab.fabric."""
-    return module_at(rev, "fabric/model.py", "hpnlab.fabric._model_baseline", who="bench_model")
+    """``fabric/model.py`` at git revision ``rev``, imported as a module of hpnlab.fabric, with the
+    ``fabric/model_forwarding.py`` of the same revision where it had one (the model as it was)."""
+    edit = None
+    try:
+        module_at(rev, "fabric/model_forwarding.py", "hpnlab.fabric._model_forwarding_baseline", who="bench_model")
+        edit = lambda text: text.replace("from .model_forwarding import", "from ._model_forwarding_baseline import")  # noqa: E731 (one use)
+    except SystemExit:           # no model_forwarding.py at that revision
+        pass
+    return module_at(rev, "fabric/model.py", "hpnlab.fabric._model_baseline", who="bench_model", edit=edit)
 
 
-def scale(presets: list[str], qps: int, rev: str | None) -> None:
-    print(f"## {SIZE >> 20} MiB per rank, random placement, {qps} QPs; wall s / CPU s, busbw of line")
+def spread(values: list[float]) -> str:
+    """median [min-max] of a few timings."""
+    return f"{statistics.median(values):5.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
+def scale(presets: list[str], qps: int, rev: str | None, repeat: int = 1, routings: tuple[str, ...] = ()) -> None:
+    print(f"## {SIZE >> 20} MiB per rank, random placement, {qps} QPs; wall s / CPU s (median [min-max] of {repeat}), "
+          "busbw of line")
     for name in presets:
         g, t_build, c_build = timed(graph.build, spec.load(name))
         print(f"{name}: graph built in {t_build:.1f} s wall / {c_build:.1f} s CPU  {load()}", flush=True)
         versions: list[tuple[str, Any, dict[str, str]]] = [
             ("now", model, {"flow": "flow", "spray": "spray", "adaptive": "adaptive"})]
         if rev:
-            versions.append((f"at {rev[:10]}", baseline_module(rev), {"flow": "ecmp", "spray": "spray"}))
+            old = baseline_module(rev)
+            has = getattr(old, "ROUTINGS", ("ecmp", "spray"))
+            versions.append((f"at {rev[:10]}", old, {k: ("ecmp" if k == "flow" and "flow" not in has else k)
+                                                     for k in ("flow", "spray", "adaptive")
+                                                     if k in has or (k == "flow" and "ecmp" in has)}))
         for label, mod, names in versions:
             net, t_ix, c_ix = timed(mod.Network, g)
             print(f"  {label:<14} index {t_ix:6.1f} s wall {c_ix:6.1f} s CPU  {load()}", flush=True)
             for coll in ("permutation", "all_reduce"):
                 for routing in names:
-                    r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing], placement="random",
-                                    qps=qps, network=net)
-                    print(f"  {label:<14} {coll:<12} {routing:<8} {t:6.1f} s wall {c:6.1f} s CPU  "
+                    if routings and routing not in routings:
+                        continue
+                    walls, cpus = [], []
+                    for _ in range(repeat):
+                        r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing],
+                                        placement="random", qps=qps, network=net)
+                        walls.append(t)
+                        cpus.append(c)
+                    print(f"  {label:<14} {coll:<12} {routing:<8} {spread(walls)} s wall {spread(cpus)} s CPU  "
                           f"busbw {r.efficiency:6.1%}  {load()}", flush=True)
             if label == "now":
                 r, t, c = timed(model.run_collective, g, "all_to_all", SIZE, routing="flow", placement="random",
@@ -170,10 +193,17 @@ def main() -> int:
                     help="git revision whose results today's must equal on the small presets (default main; "
                          "'' to skip)")
     ap.add_argument("--only-equal", action="store_true", help="run only the results-against-REV section")
+    ap.add_argument("--only-scale", action="store_true", help="run only the scale section")
+    ap.add_argument("--repeat", type=int, default=1, help="scale: runs of each timing (median [min-max]), default 1")
+    ap.add_argument("--routings", default="", help="scale: comma list of the routings to time (default every one)")
     args = ap.parse_args()
     small = [p for p in args.small.split(",") if p]
     if not args.only_equal:
-        scale(args.presets, args.qps, args.baseline or None)
+        scale(args.presets, args.qps, args.baseline or None, max(1, args.repeat),
+              tuple(r for r in args.routings.split(",") if r))
+    if args.only_scale:
+        return 0
+    if not args.only_equal:
         drain_accuracy(small, seeds=10)
         failures(small)
     if args.equal:
