@@ -71,3 +71,37 @@ def test_unknown_switch_weights_is_one_clear_error():
     g = graph.build(spec.load("mini-hpn"))
     with pytest.raises(UserError, match="switch weights"):
         model.run_collective(g, "permutation", 1 << 20, switch_weights="wcmp")
+
+
+def test_weighted_forwarding_is_the_table_interpreters_walk_of_the_weighted_tables():
+    """The model's re-dealt sets are the controller's weighted tables (compiler.widened, then
+    compiler.weighted with the same assignments), path for path, every entropy pattern."""
+    from test_model_forwarding import leaf_pairs
+
+    from hpnlab.controller import compiler
+    from hpnlab.controller.oftable import FabricTables
+    g = graph.build(spec.load("mini-hpn"))
+    half_rate_uplink(g, "p0l0", "p0s0")
+    net = model.Network(g)
+    job, step = permutation_step(g, net)
+    wnet, info = model.weighted_network(net, job, step, "spray", 4)
+    assert info["changes"] > 0
+    fwd, ix = wnet.fwd, compiler.index_of(g)
+    masks = compiler.weighted_masks(compiler.entropy_map(g))
+    assignments: dict[str, dict[int, tuple[int, ...]]] = {}
+    for r, assignment in fwd.assignments.items():
+        si, full, _gone, _links = fwd.sets[r]
+        name = fwd.switches[si]
+        assignments.setdefault(name, {})[ix.protection(ix.sw[name]).metas[full]] = assignment
+    states = {sw: compiler.widened(st, masks) for sw, st in compiler.compile_fabric(g).items()}
+    states = {sw: compiler.weighted(st, assignments[sw]) if sw in assignments else st for sw, st in states.items()}
+    tables = FabricTables(g, states)
+    walked = 0
+    for src, dst, plane, sleaf, dleaf, srail, drail in leaf_pairs(g):
+        for sport in tables.entropy_ports():
+            walk = tables.send(src, dst, plane, sport=sport, src_rail=srail, dst_rail=drail)
+            assert walk.result == "delivered"
+            links = [net.link_at(sw, out) for sw, _in, out in walk.hops[:-1]]
+            assert fwd.leaf_path(sleaf, dleaf, sport) == links, (src, dst, sport, walk.hops)
+            walked += 1
+    assert walked
