@@ -1323,8 +1323,9 @@ def failover_chain(g: nx.MultiGraph, collective: str, size_bytes: int, failed: s
     after = run_collective(g, collective, size_bytes, failed=failed, **kw)
     hit = healthy.detail["connections_on_watched_links"]
     out: dict[str, Any] = {"healthy_s": healthy.time_s, "detour_s": detour.time_s, "after_repair_s": after.time_s,
-                           "connections_hit": hit, "detour_rate_gbps_mean": detour.rate_gbps_mean,
-                           "detour_rate_gbps_min": detour.rate_gbps_min, "by_mode": {}}
+                           "stalled_after_repair": after.stalled_connections, "connections_hit": hit,
+                           "detour_rate_gbps_mean": detour.rate_gbps_mean, "detour_rate_gbps_min": detour.rate_gbps_min,
+                           "by_mode": {}}
     for mode, (detect_ms, converge_ms) in times.items():
         converge_s = max(detect_ms, converge_ms) / 1e3
         if not hit:
