@@ -50,17 +50,24 @@ Model
       (sampled above ``exact_pairs`` pairs: a random subset of peer offsets, scaled, with the
       sampling error stated), incast, and a random derangement for permutation.
     * Failures: failed links carry nothing; after convergence the routes are the compiler's
-      for the failed fabric. Before it, the connections on a failed link stall for the
-      failover mode's detection + convergence time (:data:`FAILOVER_DEFAULT_MS`,
-      :func:`failure_impact`).
+      for the failed fabric. Failover is a chain per mode (:func:`failover_chain`, times
+      :data:`FAILOVER_CHAIN_MS` or the failover comparison's JSON): detection (the failed links'
+      traffic lost), the detour over the fast-failover backups until convergence, then the
+      converged routes. :func:`failure_impact` keeps the earlier flat stall (detection +
+      convergence added once, :data:`FAILOVER_DEFAULT_MS`) for the studies.
+    * Switch weights: ``ecmp`` (every pattern of a set's field counts the same) or ``weighted``
+      (:func:`weighted_network`: the controller's load-following policy, controller/weights.py,
+      iterated over the model's own loads to a fixed point, the widened sets dealt as it decides).
+    * Max-min over path flows (:func:`max_min_path_rates`): the flows' links as a hops x flows
+      array (per-flow hashing's connections, adaptive routing's sub-flows); sprayed pairs keep
+      entries (flow, link, weight) (:func:`max_min_rates`).
 
 Not modelled: congestion control dynamics (DCQCN), PFC, buffers, packet reordering cost,
-intra-host (NVLink) transfers, NIC processing; a step's flows start together. Switch mode
-``weighted`` is not offered: the compiler installs no weights yet (every pattern of a set's
-field counts the same).
+intra-host (NVLink) transfers, NIC processing; a step's flows start together.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -114,7 +121,8 @@ class Network:
     capacities (Gbit/s; 0 when failed) and delays, the hosts' ports, and the compiler's
     forwarding over them (:class:`.model_forwarding.Forwarding`)."""
 
-    def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES):
+    def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES,
+                 converged: bool = True):
         from hpnlab.controller import compiler  # the model reads the compiler (no import cycle)
         self.g = g
         self.s = g.graph["scenario"]
@@ -157,7 +165,7 @@ class Network:
         self.emap = emap = compiler.entropy_map(g)
         self.entropy_space = emap.path_count()          # the values a connection's are taken from
         self.entropy_values = max(1, min(entropy_values, self.entropy_space))
-        self.fwd = Forwarding(g, port_link, head, failed)
+        self.fwd = Forwarding(g, port_link, head, failed, converged=converged)
         assert self.fwd.switches == sw_names
         n_intf = int(max(pu[~on_u].max(initial=0), pv[~on_v].max(initial=0))) + 1
         self.host_leaf = np.full((len(self.hosts), n_intf), -1, dtype=np.int64)
@@ -343,6 +351,75 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
             lk, residual, n_links = local[lk], residual[on], int(on.sum())
             lk_prev = lk
     return rates
+
+
+def max_min_path_rates(paths: np.ndarray, cap: np.ndarray, weight: float = 1.0) -> np.ndarray:
+    """Max-min fair rates of flows given as paths: ``paths[h, f]`` the directed link of flow f's
+    h-th hop, padded with ``len(cap)`` (no link); every flow puts ``weight`` on each of its links.
+    Flows with no link get inf.
+
+    The same progressive filling as :func:`max_min_rates` (every local bottleneck's flows frozen
+    at once, a round at a time), laid out for flows of a few links each (per-flow hashing and
+    adaptive routing's sub-flows: a 130k adaptive step is 4.2 million sub-flows of 4 links):
+    a flow's least share is the least of a few columns rather than a segmented reduction, a
+    link's flow count is kept up to date from the flows frozen (an exact integer) instead of
+    summed again over every flow each round, and no link is left out (a link that can never
+    fill is never a bottleneck; leaving it out saved work only in the entry layout). Equal to
+    :func:`max_min_rates` to rounding (tests/test_model_equivalence.py)."""
+    n_flows = paths.shape[1]
+    rates = np.full(n_flows, np.inf)
+    if not n_flows or weight <= 0:
+        return rates
+    nolink = len(cap)                              # the padding: a link of its own, never shared
+    flows = np.arange(n_flows)
+    residual = np.r_[cap.astype(float), np.inf]
+    count = np.bincount(paths.ravel(), minlength=nolink + 1)
+    renumbered = n_flows
+    for _round in range(n_flows + 1):
+        if not paths.shape[1]:
+            break
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(count > 0, np.maximum(residual, 0.0) / (count * weight), np.inf)
+        share[nolink] = np.inf
+        e_share = share[paths]
+        fmin = np.minimum.reduce(e_share, axis=0)       # per flow: its least share
+        # a link is a bottleneck when no flow crossing it has a smaller share elsewhere
+        not_bottleneck = np.zeros(nolink + 1, dtype=bool)
+        not_bottleneck[paths[fmin * (1 + 1e-12) < e_share]] = True
+        not_bottleneck[nolink] = True
+        hit = ~np.logical_and.reduce(not_bottleneck[paths], axis=0)
+        if not hit.any():
+            break
+        rates[flows[hit]] = fmin[hit]
+        frozen = paths[:, hit]
+        residual -= np.bincount(frozen.ravel(), weights=np.broadcast_to(weight * fmin[hit], frozen.shape).ravel(),
+                                minlength=nolink + 1)
+        residual[nolink] = np.inf
+        count -= np.bincount(frozen.ravel(), minlength=nolink + 1)
+        keep = ~hit
+        paths, flows = paths[:, keep], flows[keep]
+        if 4 * paths.shape[1] < renumbered and nolink > 4096:    # most flows frozen: drop the drained links
+            on = count[:nolink] > 0
+            n_on = int(on.sum())
+            local = np.full(nolink + 1, n_on, dtype=paths.dtype)
+            local[:nolink][on] = np.arange(n_on)
+            paths = local[paths]
+            residual = np.r_[residual[:nolink][on], np.inf]
+            count = np.r_[count[:nolink][on], count[nolink]]
+            nolink, renumbered = n_on, paths.shape[1]
+    return rates
+
+
+def path_drain_times(paths: np.ndarray, cap: np.ndarray, size_bits: np.ndarray) -> np.ndarray:
+    """:func:`drain_times` of flows given as paths (``paths[h, f]``, padded with ``len(cap)``):
+    the same sums in the same order (flow by flow), so the same times bit for bit."""
+    nolink = len(cap)
+    k = paths.shape[0]
+    load = np.bincount(paths.T.ravel(), weights=np.repeat(size_bits, k), minlength=nolink + 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_link = np.where(load > 0, load / (np.r_[cap, np.inf] * 1e9), 0.0)
+    per_link[nolink] = 0.0
+    return np.maximum.reduce(per_link[paths], axis=0)
 
 
 def _slack_entries(lk: np.ndarray, w: np.ndarray, cap: np.ndarray, starts: np.ndarray, owner: np.ndarray,
@@ -579,19 +656,40 @@ class StepResult:
 
 @dataclass
 class RoutedStep:
-    """A step's flows on the network: entries (flow, link, weight) grouped by flow. A flow is
-    a connection (``flow``, ``flowlet``), a rank pair's sprayed bytes (``spray``) or one path
-    of a pair (``adaptive``: ``conn`` maps it to its pair)."""
-    flow_idx: np.ndarray
-    link_idx: np.ndarray
-    weight: np.ndarray
+    """A step's flows on the network. A flow is a connection (``flow``, ``flowlet``), a rank
+    pair's sprayed bytes (``spray``) or one path of a pair (``adaptive``: ``conn`` maps it to
+    its pair). Path flows carry ``paths`` (hops x flows: directed link ids, padded with the
+    network's ``n_links``); sprayed ones their entries (flow, link, weight) grouped by flow.
+    ``flow_idx``, ``link_idx`` and ``weight`` are the entries either way (made from the paths
+    when first asked for: one entry of weight 1 per link of a path, flow by flow)."""
     size_bits: np.ndarray      # per flow
     latency_us: float          # the longest path's
     stalled: int
     stalled_pairs: list[tuple[int, int]]
     hit: int
+    paths: np.ndarray | None = None
+    nolink: int = -1           # the padding of ``paths`` (the network's n_links)
+    entries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     conn: np.ndarray | None = None
     per_flow_connections: int = 1   # connections one flow stands for (spray, adaptive: qps)
+
+    def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.entries is None:
+            assert self.paths is not None
+            self.entries = _path_entries(self.paths, self.nolink)
+        return self.entries
+
+    @property
+    def flow_idx(self) -> np.ndarray:
+        return self._entries()[0]
+
+    @property
+    def link_idx(self) -> np.ndarray:
+        return self._entries()[1]
+
+    @property
+    def weight(self) -> np.ndarray:
+        return self._entries()[2]
 
 
 def _pair_arrays(pairs) -> tuple[np.ndarray, np.ndarray]:
@@ -609,7 +707,17 @@ def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
     shape = np.broadcast(a, b, plane, value).shape
     k = connection_value(net.entropy_space, *(np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64)
                                               for x in (a, b, plane, value)))
-    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64)
+    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64) | high_bits(net, a)
+
+
+def high_bits(net: Network, src) -> Any:
+    """The source-port bits above the entropy map's that rank ``src``'s transport sets (its first
+    choice: ``(high_values - 1 + rank) % high_values``, roce.py), shifted into place; 0 unless the
+    network's switches read them (weighted mode's widened sets, :func:`weighted_network`)."""
+    if not getattr(net.fwd, "reads_high", False):
+        return 0
+    highs = net.emap.high_values()
+    return ((highs - 1 + np.asarray(src, dtype=np.int64)) % highs) << net.emap.width
 
 
 def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
@@ -627,36 +735,51 @@ def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
 
 
 def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: float = 0.0, *,
-           sports: np.ndarray | None = None, full: bool = True) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+           sports: np.ndarray | None = None, full: bool = True,
+           hops_max: int | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
-    (links (m, MAX_HOPS + 2), -1 padded; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS);
-    latency (m,): propagation delay plus ``switch_latency_us`` per switch). ``sports``: the sub-flows'
-    :func:`entropy_sports`, when the caller has them; ``full=False``: no full paths (None)."""
+    (links (hops, m): the directed link of each hop, padded with ``net.n_links``, as many hops
+    as the longest path or ``hops_max`` + 2; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS),
+    -1 padded; latency (m,): propagation delay plus ``switch_latency_us`` per switch).
+    ``sports``: the sub-flows' :func:`entropy_sports`, when the caller has them; ``full=False``:
+    no full paths (None)."""
     sl, dl = leaf[a, plane], leaf[b, plane]
     if sports is None:
         sports = entropy_sports(net, a, b, plane, value)
     # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
     # is distinct, and sorting them out first cost more than the walk it saved
     mid, ok = net.fwd.walk(sl, dl, sports)
-    valid = mid >= 0
-    hops = valid.sum(axis=1)
-    delay = np.where(valid, net.delay_us[np.maximum(mid, 0)], 0.0).sum(axis=1)
+    by_hop = mid.T                                 # (MAX_HOPS, m), rows contiguous
+    hops = np.zeros(len(a), dtype=np.int64)        # a walk's links come first
+    delay = np.zeros(len(a))
+    deepest = 0
+    for on in by_hop:
+        used = on >= 0
+        if not used.any():
+            break
+        deepest += 1
+        hops += used
+        delay += np.where(used, net.delay_us[on], 0.0)
     u, d = up[a, plane], down[b, plane]
     links = None
     if full:
-        links = np.full((len(a), MAX_HOPS + 2), -1, dtype=np.int32)
-        links[:, 0] = u
-        links[:, 1:MAX_HOPS + 1] = mid
-        links[np.arange(len(a)), hops + 1] = d
+        width = (deepest if hops_max is None else hops_max) + 2
+        links = np.full((width, len(a)), net.n_links, dtype=np.int64)
+        links[0] = u
+        links[1:deepest + 1] = np.where(by_hop[:deepest] >= 0, by_hop[:deepest], net.n_links)
+        links[hops + 1, np.arange(len(a))] = d
     live = ok & (net.cap[u] > 0) & (net.cap[d] > 0)
     latency = net.delay_us[u] + delay + net.delay_us[d] + (hops + 1) * switch_latency_us
     return links, live, mid, latency
 
 
-def _entries(links: np.ndarray, owner: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rows, cols = np.nonzero(links >= 0)
-    return owner[rows], links[rows, cols], weight[rows]
+def _path_entries(paths: np.ndarray, nolink: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Entries (flow, link, weight 1) of flows given as paths (hops x flows, padded with
+    ``nolink``), grouped by flow, each flow's links in path order."""
+    by_flow = paths.T
+    flows, hops = np.nonzero(by_flow != nolink)
+    return flows, by_flow[flows, hops], np.ones(len(flows))
 
 
 def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.ndarray, live: np.ndarray,
@@ -701,21 +824,23 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         size = np.repeat(nbytes, qps) * 8 / qps
         plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
         idx = plane * nv + j
-        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us)
+        links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us,
+                                            hops_max=MAX_HOPS)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
-            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us)
-            links[bad], live[bad], lat_row[bad] = lk, lv, lt
+            lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us,
+                                    hops_max=MAX_HOPS)
+            links[:, bad], live[bad], lat_row[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
-        links, size = links[live], size[live]
-        hit = int(np.isin(links, watch_arr).any(axis=1).sum()) if watch_arr is not None else 0
-        f, lk, w = _entries(links, np.arange(len(links)), np.ones(len(links)))
-        return RoutedStep(f, lk, w, size, float(lat_row[live].max(initial=0.0)), int(dead.sum()),
-                          stalled_pairs, hit)
+        links, size = links[:, live], size[live]
+        links = links[:int((links != net.n_links).any(axis=1).sum())]   # the hops some path takes
+        hit = int(np.isin(links, watch_arr).any(axis=0).sum()) if watch_arr is not None else 0
+        return RoutedStep(size, float(lat_row[live].max(initial=0.0)), int(dead.sum()), stalled_pairs, hit,
+                          paths=links, nolink=net.n_links)
     # spray / adaptive: every (plane, entropy value) path of each pair
     m = len(src)
     a, b = np.repeat(src, n_paths), np.repeat(dst, n_paths)
@@ -724,7 +849,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     offset = connection_offset(net.entropy_space, src[:, None].astype(u64), dst[:, None].astype(u64),
                                np.arange(planes, dtype=u64)[None, :])
     k = (offset[:, :, None] + np.arange(nv, dtype=u64)) % u64(net.entropy_space)
-    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64)
+    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64) | high_bits(net, a)
     links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us,
                                        sports=sports, full=routing == "adaptive" or watch_arr is not None)
     per_pair = live.reshape(m, n_paths).sum(axis=1)
@@ -738,20 +863,27 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     size_pair = nbytes[ok_pair] * 8
     hit = 0
     if watch_arr is not None:
-        on = np.isin(links[sel], watch_arr).any(axis=1)
+        on = np.isin(links[:, sel], watch_arr).any(axis=0)
         hit = int(np.unique(renum[pair_idx[sel]][on]).size) * qps
     if routing == "spray":
         rows = np.repeat(ok_pair, n_paths)
         f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], src[ok_pair], dst[ok_pair], live[rows],
                                    mid[rows], planes)
-        return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit,
+        return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, entries=(f, lk, ww),
                           per_flow_connections=qps)
     assert links is not None
-    links, owner = links[sel], renum[pair_idx[sel]]
-    sub = np.arange(len(links))
-    f, lk, ww = _entries(links, sub, np.ones(len(links)))
-    return RoutedStep(f, lk, ww, size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, conn=owner,
+    return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, paths=links[:, sel],
+                      nolink=net.n_links, conn=renum[pair_idx[sel]],
                       per_flow_connections=qps)
+
+
+def flow_rates(r: RoutedStep, cap: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """Max-min fair rates of a routed step's flows (sub-flows for adaptive routing), each pair
+    standing for ``scale`` (a sampled step): :func:`max_min_path_rates` over path flows,
+    :func:`max_min_rates` over sprayed entries."""
+    if r.paths is not None:
+        return max_min_path_rates(r.paths, cap, scale)
+    return max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, cap, len(r.size_bits))
 
 
 def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
@@ -770,15 +902,18 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
         return StepResult(math.inf if r.stalled else 0.0, 0.0, 0, r.stalled, r.hit, math.inf, math.inf,
                           r.stalled_pairs, bytes=moved, sampled=scale)
     if r.conn is None:
-        finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
+        if r.paths is not None:
+            finish = path_drain_times(r.paths, net.cap, r.size_bits * scale)
+        else:
+            finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
         span = float(finish.max())
         if not rates:
             return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
                               flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
                               sampled=scale)
-        conn_rates = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, flows)
+        conn_rates = flow_rates(r, net.cap, scale)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
-        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight * scale, net.cap, len(r.conn))
+        sub = flow_rates(r, net.cap, scale)
         conn_rates = np.bincount(r.conn, weights=sub, minlength=flows)
         span = float((r.size_bits / np.maximum(conn_rates * 1e9, 1e-30)).max())
     conn_rates = np.repeat(conn_rates / k, k) if k > 1 else conn_rates
@@ -840,11 +975,75 @@ def step_link_bytes(net: Network, ranks: Sequence[tuple[str, int]] | Job, pairs,
     if r.conn is None:
         bits = r.weight * r.size_bits[r.flow_idx]
     else:
-        sub = max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, len(r.conn))
+        sub = flow_rates(r, net.cap)
         pair_rate = np.bincount(r.conn, weights=sub, minlength=len(r.size_bits))
         sub_bits = r.size_bits[r.conn] * sub / np.maximum(pair_rate[r.conn], 1e-30)
         bits = r.weight * sub_bits[r.flow_idx]
     return np.bincount(r.link_idx, weights=bits, minlength=net.n_links) / 8
+
+
+# ---- weighted switches: the controller's policy iterated over the model's own loads ----------
+
+SWITCH_WEIGHTS = ("ecmp", "weighted")
+WEIGHT_ITERATIONS = 16       # weighted mode: at most this many re-weightings before giving up on a fixed point
+
+
+def weighted_network(net: Network, job: Job, step: Step, routing: str, qps: int, *, hash_salt: int = 0,
+                     switch_latency_us: float = 0.0, max_iterations: int = WEIGHT_ITERATIONS,
+                     params: Any = None) -> tuple[Network, dict[str, Any]]:
+    """The network with weighted switches (``--routing-weights weighted``) at the fixed point of
+    their policy on this step's own loads: the controller's decision (``controller.weights.Weights``,
+    the same code) is fed, as one telemetry interval each, the utilisation of every port of every
+    multipath set that the model gives for ``step`` routed with ``routing``; the sets it re-weights
+    are re-dealt (``Forwarding.reweight``: each pattern of the widened sets, ``compiler.weighted_masks``,
+    to the port the new assignment names) and the step is routed again, until an interval changes
+    nothing (the fixed point) or ``max_iterations`` intervals. The clock advances past the policy's
+    hold time between intervals. Returns (network, {iterations, converged, sets, changes}).
+    With equal loads nothing changes: the widened sets deal every source port as ecmp does."""
+    from hpnlab.controller import compiler
+    from hpnlab.controller import weights as cw
+    from hpnlab.controller.telemetry import PortTelemetry
+    params = params or cw.WeightParams()
+    wnet = copy.copy(net)
+    wnet.fwd = fwd = copy.copy(net.fwd)
+    fwd.wide, fwd.assignments = {}, {}
+    rows = fwd.weighted_sets(compiler.weighted_masks(net.emap))
+    sets: dict[str, dict[int, Any]] = {}
+    dead: dict[str, list[int]] = {}
+    for r, (sw, full, wide) in rows.items():
+        n, bits = len(full), int(fwd.row_mask[r]).bit_length()
+        base = tuple(full[(p & ((1 << bits) - 1)) % n] for p in range(1 << bin(wide).count("1")))
+        sets.setdefault(sw, {})[r] = compiler.EntropySet(r, wide, full, tuple(() for _ in full), base)
+        links = fwd.sets[r][3]
+        dead.setdefault(sw, []).extend(p for p, lk in zip(full, links.tolist(), strict=True) if lk < 0)
+    policy = cw.Weights(params)
+    now, changed, iterations, converged = 0.0, 0, 0, not sets
+    while sets and iterations < max_iterations:
+        iterations += 1
+        res = run_step(wnet, job, (step.src, step.dst), step.nbytes, routing, qps, hash_salt, switch_latency_us,
+                       salt=step.salt, scale=step.scale, rates=False)
+        link_bytes = step_link_bytes(wnet, job, (step.src, step.dst), step.nbytes, routing, qps, salt=step.salt,
+                                     hash_salt=hash_salt) * step.scale
+        span = res.time_s if math.isfinite(res.time_s) and res.time_s > 0 else 1.0
+        samples = {}
+        for sw, by_meta in sets.items():
+            si = fwd.sw_index[sw]
+            for es in by_meta.values():
+                for port in es.ports:
+                    lk = int(fwd.port_link[si, port])
+                    rate = float(net.cap[lk]) * 1e9
+                    tx = float(link_bytes[lk]) * 8 / span
+                    samples[sw, port] = PortTelemetry(t=now, rate_bps=rate, tx_bps=tx,
+                                                      utilisation=tx / rate if rate > 0 else 0.0)
+        changes = policy.decide(now, samples, sets, dead)
+        if not changes:
+            converged = True
+            break
+        changed += len(changes)
+        fwd.reweight({c.meta: c.assignment for c in changes})
+        now += params.hold_s + 1.0
+    return wnet, {"iterations": iterations, "converged": converged, "sets": sum(len(v) for v in sets.values()),
+                  "changes": changed}
 
 
 # ---- the collective ---------------------------------------------------------------------
@@ -899,13 +1098,18 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                    failed: set | None = None, max_steps: int = 16, switch_latency_us: float = 1.0,
                    network: Network | None = None, watch: AbstractSet[int] = frozenset(),
                    exact_pairs: int = EXACT_PAIRS, job: Job | None = None,
-                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0) -> ModelResult:
+                   entropy_values: int = ENTROPY_VALUES, hash_salt: int = 0, switch_weights: str = "ecmp",
+                   weight_iterations: int = WEIGHT_ITERATIONS) -> ModelResult:
     """Model one collective. ``routing``: flow (= ecmp), flowlet, spray or adaptive; ``max_steps``:
     distinct steps computed where a collective repeats one (flowlet salts, broadcast);
     ``exact_pairs``: all-to-all is sampled above this many rank pairs (the error is stated);
     ``seed``: the placement, the permutation and the all-to-all sample; ``hash_salt``: the flow
-    hash's salt (0, the default: the RoCE transport's own per-connection planes and values)."""
+    hash's salt (0, the default: the RoCE transport's own per-connection planes and values);
+    ``switch_weights``: ecmp (equal shares) or weighted (the controller's load-following weights at
+    their fixed point on the collective's first step, :func:`weighted_network`)."""
     routing, collective = _checked(routing, qps, size_bytes, collective)
+    if switch_weights not in SWITCH_WEIGHTS:
+        raise UserError(f"switch weights must be one of {', '.join(SWITCH_WEIGHTS)}, got {switch_weights!r}")
     if network is None:
         if g is None:
             raise ValueError("run_collective needs the fabric graph or its model network")
@@ -915,6 +1119,10 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
     job = job or make_job(g, hosts, placement, seed, network=net)
     distinct = steps(collective, job, size_bytes, max_steps=max_steps, seed=seed, rails=s.rails,
                      routing=routing, exact_pairs=exact_pairs)
+    weighting = None
+    if switch_weights == "weighted" and distinct:
+        net, weighting = weighted_network(net, job, distinct[0], routing, qps, hash_salt=hash_salt,
+                                          switch_latency_us=switch_latency_us, max_iterations=weight_iterations)
     results = [run_step(net, job, (st.src, st.dst), st.nbytes, routing, qps, hash_salt, switch_latency_us, watch,
                         salt=st.salt, scale=st.scale) for st in distinct]
     error = 0.0
@@ -953,7 +1161,8 @@ def run_collective(g: nx.MultiGraph | None, collective: str, size_bytes: int, *,
                        steps_distinct=len(distinct), steps_total=n_steps,
                        detail={"steps": details[:4], "qps": qps, "placement": placement,
                                "hosts": len({h for h, _ in job.ranks}), "connections_on_watched_links": hits,
-                               "entropy_values": net.entropy_values},
+                               "entropy_values": net.entropy_values, "switch_weights": switch_weights,
+                               "weighting": weighting},
                        stalled_pairs=list(stalled_pairs), steps=results, rate_gbps_mean=mean,
                        rate_gbps_min=min((r.rate_gbps_min for r in routed), default=0.0), sampling_error=error)
 
@@ -1069,6 +1278,74 @@ def random_fabric_links(g: nx.MultiGraph, count: int, seed: int) -> set[tuple[st
     if count > len(links):
         raise UserError(f"--fail-links {count}: the fabric has only {len(links)} leaf-spine links")
     return set(random.Random(seed).sample(links, count))
+
+
+#: The failover chain's times per mode (ms): (detection: from the failure until the switch next to
+#: it moves the failed link's traffic to its fast-failover backups, or, without backups, until the
+#: routes converge; convergence: from the failure until every switch has the routes for the failed
+#: fabric). Defaults when no failover comparison's JSON is given (``--failover-times``): local
+#: detection 1 ms (DPFR-style data-plane detection, China Mobile's report); the controller alone
+#: 50 ms to learn of it (one BFD detection time) and 2,000 ms to converge (control-plane
+#: convergence in seconds, as the field reports); remote notification converges the switches
+#: upstream in 50 ms (tens of ms: 24.5 ms measured on the emulated mini-hpn, README "Benchmarks").
+#: The host side adds nothing for a fabric link (its timers are slower than the switch's backups;
+#: it matters for a host's own NIC port, which the model does not fail).
+FAILOVER_CHAIN_MS = {"controller": (50.0, 2000.0), "local": (1.0, 2000.0), "local+remote": (1.0, 50.0),
+                     "local+remote+host": (1.0, 50.0)}
+#: modes without the switches' fast-failover backups: the failed link's traffic is lost until convergence
+NO_BACKUPS = frozenset({"controller"})
+
+
+def failover_chain(g: nx.MultiGraph, collective: str, size_bytes: int, failed: set, *,
+                   times: dict[str, tuple[float, float]] | None = None, **kw) -> dict[str, Any]:
+    """Links failing at the start of a collective, per failover mode, as a chain of three phases:
+
+    1. detection (``times[mode][0]`` ms, or until convergence for a mode without backups): the
+       failed links' traffic is lost; the synchronous collective makes no progress (its step
+       cannot finish without the connections that crossed them);
+    2. detour, until convergence (``times[mode][1]`` ms): the switches' fast-failover groups carry
+       it over their backups, the healthy routes with the failed ports dead (the compiler's groups,
+       :class:`.model_forwarding.Forwarding` with ``converged=False``; tests/test_model_failover.py
+       holds those paths against the table interpreter), the collective progressing at that
+       forwarding's pace; a connection whose backup the model does not follow (a dead one-port
+       way's bounce through another leaf) takes its next live path, as the transport moves it;
+    3. converged: the compiler's routes for the failed fabric, for the rest of the work.
+
+    Time = detection + the detour's share + the rest at the converged pace. No connection on a
+    failed link: the healthy time. Returns per mode its phases and time, beside the three
+    forwardings' own times (``healthy_s``, ``detour_s``, ``after_repair_s``)."""
+    times = FAILOVER_CHAIN_MS if times is None else times
+    ev = kw.get("entropy_values", ENTROPY_VALUES)
+    watch = Network(g, failed, entropy_values=ev).failed_ids
+    healthy = run_collective(g, collective, size_bytes, watch=watch, **kw)
+    detour = run_collective(g, collective, size_bytes, network=Network(g, failed, entropy_values=ev,
+                                                                      converged=False), **kw)
+    after = run_collective(g, collective, size_bytes, failed=failed, **kw)
+    hit = healthy.detail["connections_on_watched_links"]
+    out: dict[str, Any] = {"healthy_s": healthy.time_s, "detour_s": detour.time_s, "after_repair_s": after.time_s,
+                           "stalled_after_repair": after.stalled_connections, "connections_hit": hit,
+                           "detour_rate_gbps_mean": detour.rate_gbps_mean, "detour_rate_gbps_min": detour.rate_gbps_min,
+                           "by_mode": {}}
+    for mode, (detect_ms, converge_ms) in times.items():
+        converge_s = max(detect_ms, converge_ms) / 1e3
+        if not hit:
+            loss_s, window_s = 0.0, 0.0
+        elif mode in NO_BACKUPS:
+            loss_s, window_s = converge_s, 0.0
+        else:
+            loss_s, window_s = detect_ms / 1e3, converge_s - detect_ms / 1e3
+        if not hit:
+            in_detour, done = 0.0, 0.0
+        elif math.isfinite(detour.time_s) and detour.time_s > 0:
+            in_detour = min(window_s, detour.time_s)
+            done = in_detour / detour.time_s
+        else:                      # the detour carries nothing: the collective waits for convergence
+            in_detour, done = window_s, 0.0
+        total = healthy.time_s if not hit else loss_s + in_detour + (1 - done) * after.time_s
+        out["by_mode"][mode] = {"detect_ms": detect_ms, "converge_ms": converge_ms, "loss_ms": loss_s * 1e3,
+                                "detour_ms": in_detour * 1e3, "detour_share": done, "time_s": total,
+                                "slowdown": total / healthy.time_s}
+    return out
 
 
 def failure_impact(g: nx.MultiGraph, collective: str, size_bytes: int, failed: set, *,

@@ -73,7 +73,7 @@ class Forwarding:
         # single[s, d]: directed link of a one-port way (-1: none); multi[s, d]: row of the choice table
         self.single = np.full((n_sw, n_leaf), -1, dtype=np.int32)
         self.multi = np.full((n_sw, n_leaf), -1, dtype=np.int32)
-        choice_rows: list[tuple[int, int, np.ndarray]] = []     # (bit offset, bits, link per pattern)
+        choice_rows: list[tuple] = []     # (switch, set, avoided port, links, bit offset, bits): _choose
         plane_leaves: dict[int, list[int]] = {}
         for name in leaves:
             plane_leaves.setdefault(ix.sw[name].plane, []).append(leaf_index[name])
@@ -104,12 +104,72 @@ class Forwarding:
             si_a, d_a = np.array(one_s), np.array(one_d)
             self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
             self.multi[si_a, d_a] = -1
-        width = 1 << max((b for _o, b, _c in choice_rows), default=0)
-        self.choice = np.full((len(choice_rows), width), -1, dtype=np.int32)
-        for r, (_o, _b, row) in enumerate(choice_rows):
+        self.ff_backups = cc.FF_BACKUPS
+        self.sets = [(si, full, gone, links) for si, full, gone, links, _o, _b in choice_rows]
+        self.row_off = np.array([o for *_x, o, _b in choice_rows], dtype=np.int64)
+        self.row_mask = np.array([(1 << b) - 1 for *_x, b in choice_rows], dtype=np.int64)
+        self.wide: dict[int, tuple[int, int]] = {}        # row -> (offset, bits) of its weighted-mode extra bits
+        self.assignments: dict[int, tuple[int, ...]] = {}
+        self._deal()
+
+    def _deal(self) -> None:
+        """The choice table from the sets (``sets``), their extra bits (``wide``) and weights (``assignments``)."""
+        rows = [self._row(r) for r in range(len(self.sets))]
+        width = max((len(row) for row in rows), default=1)
+        self.choice = np.full((len(rows), width), -1, dtype=np.int32)
+        for r, row in enumerate(rows):
             self.choice[r, :len(row)] = row
-        self.row_off = np.array([o for o, _b, _c in choice_rows], dtype=np.int64)
-        self.row_mask = np.array([(1 << b) - 1 for _o, b, _c in choice_rows], dtype=np.int64)
+        self.row_off2 = np.array([self.wide.get(r, (0, 0))[0] for r in range(len(rows))], dtype=np.int64)
+        self.row_mask2 = np.array([(1 << self.wide.get(r, (0, 0))[1]) - 1 for r in range(len(rows))], dtype=np.int64)
+        self.row_shift2 = np.array([int(m).bit_length() for m in self.row_mask], dtype=np.int64)
+        self.reads_high = bool(self.wide)
+
+    def _row(self, r: int) -> np.ndarray:
+        """Per pattern of row ``r`` (its map bits, then its extra bits in weighted mode), the directed
+        link a switch's entropy table and fast-failover group send it to (-1: every bucket dead)."""
+        _si, full, gone, links = self.sets[r]
+        n = len(full)
+        bits = int(self.row_mask[r]).bit_length()
+        i = np.arange(1 << (bits + self.wide.get(r, (0, 0))[1]))
+        assignment = self.assignments.get(r)
+        if assignment is not None:               # weighted: pattern i to the port its assignment names
+            j = np.array([full.index(p) for p in assignment], dtype=np.int64)
+        else:
+            j = (i & ((1 << bits) - 1)) % n      # pattern i of the map's bits to port i mod n (ecmp)
+        if gone is not None:                     # port gone's patterns dealt over the others in turn
+            others = np.array(list(range(gone + 1, n)) + list(range(gone)), dtype=np.int64)
+            on_gone = j == gone
+            j[on_gone] = others[((i[on_gone] - gone) // n) % (n - 1)]
+        out = np.full(len(i), -1, dtype=np.int64)
+        for t in range(min(n, 1 + self.ff_backups)):      # the fast-failover group [j, j+1, ...]: first live
+            cand = links[(j + t) % n]
+            pick = (out < 0) & (cand >= 0)
+            out[pick] = cand[pick]
+        return out
+
+    def weighted_sets(self, masks: dict[int, int]) -> dict[int, tuple[str, tuple[int, ...], int]]:
+        """Weighted mode's sets (``compiler.weighted_masks``: per field mask, the wider mask its sets
+        read): per choice row that the controller re-weights (a healthy set; "avoid" sets read only
+        the map's bits), (switch, ports, wider mask). Widens those rows (equal shares: every source
+        port still takes ecmp's port) and sources then need their high bits (:attr:`reads_high`)."""
+        out = {}
+        for r, (si, full, gone, _links) in enumerate(self.sets):
+            mask = int(self.row_mask[r]) << int(self.row_off[r])
+            wide = masks.get(mask)
+            if gone is not None or wide is None:
+                continue
+            extra = wide & ~mask
+            off = (extra & -extra).bit_length() - 1
+            self.wide[r] = (off, bin(extra).count("1"))
+            out[r] = (self.switches[si], full, wide)
+        self._deal()
+        return out
+
+    def reweight(self, assignments: dict[int, tuple[int, ...]]) -> None:
+        """Deal the rows named (choice row -> port per pattern, weighted_sets' rows) as the controller's
+        weights say."""
+        self.assignments.update(assignments)
+        self._deal()
 
     # -- the compiler's selection, one set at a time -------------------------------------------------
 
@@ -130,9 +190,9 @@ class Forwarding:
             memo[ports] = got
         return got
 
-    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> tuple[int, int, np.ndarray]:
-        """(bit offset, bits, per pattern of those bits the directed link a switch's entropy
-        table and fast-failover group send it to (-1: every bucket dead))."""
+    def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> tuple:
+        """(switch, the healthy set, the port it avoids or None, per port its directed link (-1: dead),
+        bit offset, bits) of a next-hop set: one row of the choice table (:meth:`_row`)."""
         ix = self.ix
         pr = ix.protection(sw)
         enc = pr.encode(ports)
@@ -144,20 +204,8 @@ class Forwarding:
                 full = next(p for p, m in pr.metas.items() if m == base)
                 gone = (meta >> 32) - 1
         off, bits = cc._field(ix, sw, full)
-        n = len(full)
-        i = np.arange(1 << bits)
-        j = i % n
-        if gone is not None:                     # port gone's patterns dealt over the others in turn
-            others = np.array(list(range(gone + 1, n)) + list(range(gone)), dtype=np.int64)
-            on_gone = j == gone
-            j[on_gone] = others[((i[on_gone] - gone) // n) % (n - 1)]
         links = np.array([-1 if p in dead else int(self.port_link[si, p]) for p in full], dtype=np.int64)
-        out = np.full(len(i), -1, dtype=np.int64)
-        for t in range(min(n, 1 + cc.FF_BACKUPS)):     # the fast-failover group [j, j+1, ...]: first live
-            cand = links[(j + t) % n]
-            pick = (out < 0) & (cand >= 0)
-            out[pick] = cand[pick]
-        return off, bits, out
+        return si, tuple(full), gone, links, off, bits
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -169,35 +217,45 @@ class Forwarding:
 
     def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, sport: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Directed link ids from leaf to leaf (leaf indices), for UDP source port ``sport``:
-        (links (m, MAX_HOPS), -1 padded; ok (m,) bool: the walk reached its leaf)."""
-        sport = np.asarray(sport, dtype=np.int64)
+        (links (m, MAX_HOPS), -1 padded (a view of a hop-major array: ``links[:, h]`` is
+        contiguous); ok (m,) bool: the walk reached its leaf). Each hop looks up only the walks
+        still on their way, kept compact."""
         m = len(src_leaf)
-        links = np.full((m, MAX_HOPS), -1, dtype=np.int32)
-        cur = self.leaf_sw[src_leaf]
+        sport = np.broadcast_to(np.asarray(sport, dtype=np.int64), (m,))
+        dst_leaf = np.broadcast_to(np.asarray(dst_leaf, dtype=np.int64), (m,))
+        by_hop = np.full((MAX_HOPS, m), -1, dtype=np.int32)
         target = self.leaf_sw[dst_leaf]
-        going = cur != target
-        ok = ~going
+        cur = self.leaf_sw[src_leaf]
+        idx = np.flatnonzero(cur != target)             # the walks on their way, and for each:
+        ok = np.ones(m, dtype=bool)
+        ok[idx] = False
+        cur, dst, tgt, sp = cur[idx], dst_leaf[idx], target[idx], sport[idx]
+        n_leaf = self.single.shape[1]
+        single, multi = self.single.ravel(), self.multi.ravel()
+        choice, width = self.choice.ravel(), self.choice.shape[1]
         for h in range(MAX_HOPS):
-            idx = np.flatnonzero(going)
             if not len(idx):
                 break
-            c, d = cur[idx], dst_leaf[idx]
-            lk = self.single[c, d]
-            row = self.multi[c, d]
-            has_row = row >= 0
-            if has_row.any():
-                lk = lk.copy()
-                r = row[has_row]
-                lk[has_row] = self.choice[r, (sport[idx[has_row]] >> self.row_off[r]) & self.row_mask[r]]
+            at = cur * n_leaf + dst
+            lk = single[at]
+            row = multi[at]
+            chosen = np.flatnonzero(row >= 0)
+            if len(chosen):
+                r = row[chosen]
+                pattern = (sp[chosen] >> self.row_off[r]) & self.row_mask[r]
+                if self.reads_high:             # weighted mode: the extra bits above the map's pattern
+                    pattern |= ((sp[chosen] >> self.row_off2[r]) & self.row_mask2[r]) << self.row_shift2[r]
+                lk[chosen] = choice[r * width + pattern]
+            by_hop[h, idx] = lk
+            nxt = self.head[np.maximum(lk, 0)]
             dead_end = lk < 0
-            links[idx, h] = lk
-            nxt = np.where(dead_end, -1, self.head[np.maximum(lk, 0)])
-            cur[idx] = nxt
-            arrived = nxt == target[idx]
+            arrived = (nxt == tgt) & ~dead_end
             ok[idx[arrived]] = True
-            going[idx[arrived | dead_end]] = False
-            links[idx[dead_end], :] = -1
-        return links, ok
+            if dead_end.any():
+                by_hop[:, idx[dead_end]] = -1
+            on = ~(arrived | dead_end)
+            idx, cur, dst, tgt, sp = idx[on], nxt[on], dst[on], tgt[on], sp[on]
+        return by_hop.T, ok
 
     def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
         """One source port's directed links from leaf to leaf (None: no path), for the tests."""

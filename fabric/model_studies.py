@@ -21,8 +21,9 @@ prints it; :func:`plot` draws it.
                    compiler's, aggregated routes the compiler's minimum, which its tables exceed
                    by at most one per switch; a test checks both on small-hpn) and say so.
     failures       one leaf-spine link, one spine, one plane failing at the start of an
-                   all-reduce, per routing and per failover mode (detection + convergence
-                   times: defaults, or the failover benchmark's JSON): ``model.failure_impact``.
+                   all-reduce, per routing and per failover mode, as a chain (detection lost,
+                   detour over the fast-failover backups, converged; times: defaults, or the
+                   failover comparison's JSON): ``model.failover_chain``.
     cross-campus   data-parallel all-reduce across two campuses (ring through every host of
                    both) vs tensor/expert-parallel all-to-all inside one campus, over long-haul
                    capacity (links per core pair) and distance.
@@ -46,8 +47,8 @@ ALL_ROUTINGS = ("ecmp", "flowlet", "spray", "adaptive")
 BAIDU_ROUTES_PER_POD = 4000
 #: compile the tables (rather than count by arithmetic) up to this many switches
 COMPILE_MAX_SWITCHES = 400
-#: the failover modes' detection + convergence times without a benchmark's JSON: the model's own defaults
-DEFAULT_DETECT_MS = dict(model.FAILOVER_DEFAULT_MS)
+#: the failover modes' (detection, convergence) times without a failover comparison's JSON: the model's own defaults
+DEFAULT_CHAIN_MS = dict(model.FAILOVER_CHAIN_MS)
 
 Say = Callable[[str], None]
 
@@ -237,26 +238,31 @@ def failure_sets(g: nx.MultiGraph) -> dict[str, set[tuple[str, str, int]]]:
                       or (g.nodes[v]["tier"] > 0 and g.nodes[v].get("plane") == plane)}}
 
 
-def study_failures(s: spec.Scenario, *, size_bytes: int, detect_ms: dict[str, float] | None = None,
+def study_failures(s: spec.Scenario, *, size_bytes: int, times: dict[str, tuple[float, float]] | None = None,
                    routings: Sequence[str] | None = None, collective: str = "all_reduce", hosts: int | None = None,
                    qps: int = 4, seed: int = 1) -> dict[str, Any]:
+    """Per failure (one link, one spine, one plane), routing and failover mode, the failover chain
+    (``model.failover_chain``: detection lost, detour over the fast-failover backups until
+    convergence, then the converged routes); ``times``: mode -> (detection ms, convergence ms),
+    default ``model.FAILOVER_CHAIN_MS``."""
     t0 = time.monotonic()
     have, missing = _routings(routings)
-    detect = detect_ms or DEFAULT_DETECT_MS
+    times = times or DEFAULT_CHAIN_MS
     g = graph.build(s)
     rows = []
     for name, failed in failure_sets(g).items():
         for routing in have:
-            f = model.failure_impact(g, collective, size_bytes, failed, detect_ms=detect, routing=routing,
+            f = model.failover_chain(g, collective, size_bytes, failed, times=times, routing=routing,
                                      hosts=hosts, placement="packed", qps=qps, seed=seed)
-            for mode, d in f["by_detection"].items():
+            for mode, d in f["by_mode"].items():
                 rows.append({"failure": name, "links": len(failed), "routing": routing, "mode": mode,
-                             "detect_ms": d["detect_ms"], "healthy_s": f["healthy_s"],
+                             "detect_ms": d["detect_ms"], "converge_ms": d["converge_ms"], "loss_ms": d["loss_ms"],
+                             "detour_ms": d["detour_ms"], "healthy_s": f["healthy_s"], "detour_s": f["detour_s"],
                              "after_repair_s": f["after_repair_s"], "time_s": d["time_s"],
                              "slowdown": d["slowdown"], "connections_hit": f["connections_hit"],
                              "stalled_after_repair": f["stalled_after_repair"]})
-    notes = [f"{s.name}: {collective} of {size_bytes} B, failure at its start; detection + convergence "
-             + ", ".join(f"{k} {v:g} ms" for k, v in detect.items())]
+    notes = [f"{s.name}: {collective} of {size_bytes} B, failure at its start; failover chain, detection / "
+             "convergence " + ", ".join(f"{k} {d:g} / {c:g} ms" for k, (d, c) in times.items())]
     if missing:
         notes.append(f"not in the model yet: {', '.join(missing)}")
     return _doc("failures", s.name, rows, notes, t0, missing_routings=missing)

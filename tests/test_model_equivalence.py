@@ -10,7 +10,11 @@ computation it replaced, on small fabrics:
   1e-9) on sprayed steps, where leaving links out may group the rounds differently;
 * spraying: one entry per path (host links repeated once per path, weight 1/L) against the
   aggregated entries :func:`model.route_step` builds (a plane's host links once, weight n/L):
-  the same link loads, so the same drain times and max-min rates (to rounding: rel 1e-9).
+  the same link loads, so the same drain times and max-min rates (to rounding: rel 1e-9);
+* path flows (per-flow hashing's connections, adaptive routing's sub-flows) as a hops x flows
+  array: :func:`model.max_min_path_rates` against the earlier progressive filling over the same
+  flows as entries (to rounding), :func:`model.path_drain_times` against :func:`model.drain_times`
+  (bit for bit), on random paths and on the small presets' steps, healthy and failed.
 """
 from __future__ import annotations
 
@@ -89,7 +93,7 @@ def per_path_spray_entries(net, job, src, dst):
     owner = np.repeat(np.arange(len(src)), n_paths)
     f, lk, w = [], [], []
     for row in np.flatnonzero(live):
-        for link in links[row][links[row] >= 0]:
+        for link in links[:, row][links[:, row] != net.n_links]:
             f.append(owner[row])
             lk.append(link)
             w.append(1.0 / per_pair[owner[row]])
@@ -148,3 +152,55 @@ def test_sprayed_steps_leave_links_out_and_keep_the_earlier_rates(preset):
     n = len(r.size_bits)
     assert model.max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, n) == pytest.approx(
         earlier_max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, n), **EXACT)
+
+
+def random_paths(rng, n_flows: int, n_links: int, hops: int):
+    """Each flow 1..hops distinct links, padded with n_links; and the same flows as entries."""
+    paths = np.full((hops, n_flows), n_links, dtype=np.int64)
+    for f in range(n_flows):
+        k = int(rng.integers(1, hops + 1))
+        paths[:k, f] = rng.choice(n_links, size=k, replace=False)
+    by_flow = paths.T
+    flows, cols = np.nonzero(by_flow < n_links)
+    return paths, (flows, by_flow[flows, cols])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_path_max_min_rates_equal_the_earlier_progressive_filling(seed):
+    rng = np.random.default_rng(seed)
+    n_flows, n_links = 300, 80
+    paths, (f, lk) = random_paths(rng, n_flows, n_links, 4)
+    cap = rng.choice([0.0, 10.0, 40.0, 100.0], size=n_links, p=[0.05, 0.35, 0.3, 0.3])
+    weight = [1.0, 0.5, 3.0][seed % 3]
+    want = earlier_max_min_rates(f, lk, np.full(len(f), weight), cap, n_flows)
+    assert model.max_min_path_rates(paths, cap, weight) == pytest.approx(want, **EXACT)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_path_drain_times_equal_the_entry_drain_times_bit_for_bit(seed):
+    rng = np.random.default_rng(seed)
+    paths, (f, lk) = random_paths(rng, 200, 50, 5)
+    cap = rng.choice([10.0, 40.0, 100.0], size=50)
+    size = rng.uniform(1e3, 1e9, size=200)
+    want = model.drain_times(f, lk, np.ones(len(f)), cap, size)
+    assert np.array_equal(model.path_drain_times(paths, cap, size), want)
+
+
+@pytest.mark.parametrize("routing", ["flow", "adaptive"])
+@pytest.mark.parametrize("preset,failed", [("mini-hpn", False), ("mini-hpn", True), ("small-hpn", False),
+                                           ("mini-cross-campus", True), ("fat-tree", False)])
+def test_path_flows_of_a_step_share_links_as_their_entries_do(preset, failed, routing):
+    g = fabric(preset)
+    fail = model.random_fabric_links(g, 1, 2) if failed else None
+    net = model.Network(g, fail)
+    job = model.make_job(g, None, "random", 3)
+    src = np.arange(job.n)
+    dst = np.array(collectives.random_perm(job.n, 3))
+    r = model.route_step(net, job, (src, dst), 1e6, routing, 4)
+    assert r.paths is not None
+    n = r.paths.shape[1]
+    want = earlier_max_min_rates(r.flow_idx, r.link_idx, r.weight, net.cap, n)
+    assert model.flow_rates(r, net.cap) == pytest.approx(want, **EXACT)
+    size = np.full(n, 8e6)
+    assert np.array_equal(model.path_drain_times(r.paths, net.cap, size),
+                          model.drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, size))

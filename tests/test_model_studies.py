@@ -70,13 +70,16 @@ def test_failure_sets_are_one_link_every_link_of_one_spine_and_every_link_of_one
     assert {g.nodes[n]["plane"] for n in plane_switches} == {0}
 
 
-def test_failure_study_slows_a_hit_collective_by_each_modes_detection_time():
+def test_failure_study_times_a_hit_collective_through_each_modes_chain():
     s = spec.load("mini-hpn")
-    doc = ms.study_failures(s, size_bytes=1 << 24, detect_ms={"fast": 1.0, "slow": 100.0}, routings=["spray"])
+    doc = ms.study_failures(s, size_bytes=1 << 24, times={"controller": (1.0, 100.0), "local": (1.0, 100.0)},
+                            routings=["spray"])
     for r in doc["rows"]:
         assert r["stalled_after_repair"] == 0
         if r["connections_hit"]:
-            assert r["time_s"] == pytest.approx(r["detect_ms"] / 1e3 + r["after_repair_s"])
+            rest = (1 - r["detour_ms"] / 1e3 / r["detour_s"]) * r["after_repair_s"]
+            assert r["time_s"] == pytest.approx((r["loss_ms"] + r["detour_ms"]) / 1e3 + rest)
+            assert r["loss_ms"] == (100.0 if r["mode"] == "controller" else 1.0)
 
 
 def test_routing_study_runs_every_routing_per_flow_ecmp_under_its_alias():

@@ -14,6 +14,10 @@
    fluid makespan over several seeds (a lower bound; how close, is measured here, not tested).
 4. Routing under failure on small presets: connections left without a path over every single
    fabric-link failure (must be 0; tests/test_model*.py hold it).
+5. Results against the model at ``--equal REV`` (default: main) on the small presets: every
+   collective x routing, healthy and with one fabric link failed, the largest relative
+   difference of the collective's time and of the per-connection rates (a speed-up must leave
+   them unchanged to rounding, ~1e-12).
 """
 from __future__ import annotations
 
@@ -49,27 +53,50 @@ def timed(fn: Callable[..., Any], *args: Any, **kw: Any) -> tuple[Any, float, fl
 
 
 def baseline_module(rev: str):
-    """``fabric/model.py`` at git revision ``rev``, imported as a module of hpnlab.fabric."""
-    return module_at(rev, "fabric/model.py", "hpnlab.fabric._model_baseline", who="bench_model")
+    """``fabric/model.py`` at git revision ``rev``, imported as a module of hpnlab.fabric, with the
+    ``fabric/model_forwarding.py`` of the same revision where it had one (the model as it was)."""
+    edit = None
+    try:
+        module_at(rev, "fabric/model_forwarding.py", "hpnlab.fabric._model_forwarding_baseline", who="bench_model")
+        edit = lambda text: text.replace("from .model_forwarding import", "from ._model_forwarding_baseline import")  # noqa: E731 (one use)
+    except SystemExit:           # no model_forwarding.py at that revision
+        pass
+    return module_at(rev, "fabric/model.py", "hpnlab.fabric._model_baseline", who="bench_model", edit=edit)
 
 
-def scale(presets: list[str], qps: int, rev: str | None) -> None:
-    print(f"## {SIZE >> 20} MiB per rank, random placement, {qps} QPs; wall s / CPU s, busbw of line")
+def spread(values: list[float]) -> str:
+    """median [min-max] of a few timings."""
+    return f"{statistics.median(values):5.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+
+def scale(presets: list[str], qps: int, rev: str | None, repeat: int = 1, routings: tuple[str, ...] = ()) -> None:
+    print(f"## {SIZE >> 20} MiB per rank, random placement, {qps} QPs; wall s / CPU s (median [min-max] of {repeat}), "
+          "busbw of line")
     for name in presets:
         g, t_build, c_build = timed(graph.build, spec.load(name))
         print(f"{name}: graph built in {t_build:.1f} s wall / {c_build:.1f} s CPU  {load()}", flush=True)
         versions: list[tuple[str, Any, dict[str, str]]] = [
             ("now", model, {"flow": "flow", "spray": "spray", "adaptive": "adaptive"})]
         if rev:
-            versions.append((f"at {rev[:10]}", baseline_module(rev), {"flow": "ecmp", "spray": "spray"}))
+            old = baseline_module(rev)
+            has = getattr(old, "ROUTINGS", ("ecmp", "spray"))
+            versions.append((f"at {rev[:10]}", old, {k: ("ecmp" if k == "flow" and "flow" not in has else k)
+                                                     for k in ("flow", "spray", "adaptive")
+                                                     if k in has or (k == "flow" and "ecmp" in has)}))
         for label, mod, names in versions:
             net, t_ix, c_ix = timed(mod.Network, g)
             print(f"  {label:<14} index {t_ix:6.1f} s wall {c_ix:6.1f} s CPU  {load()}", flush=True)
             for coll in ("permutation", "all_reduce"):
                 for routing in names:
-                    r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing], placement="random",
-                                    qps=qps, network=net)
-                    print(f"  {label:<14} {coll:<12} {routing:<8} {t:6.1f} s wall {c:6.1f} s CPU  "
+                    if routings and routing not in routings:
+                        continue
+                    walls, cpus = [], []
+                    for _ in range(repeat):
+                        r, t, c = timed(mod.run_collective, g, coll, SIZE, routing=names[routing],
+                                        placement="random", qps=qps, network=net)
+                        walls.append(t)
+                        cpus.append(c)
+                    print(f"  {label:<14} {coll:<12} {routing:<8} {spread(walls)} s wall {spread(cpus)} s CPU  "
                           f"busbw {r.efficiency:6.1%}  {load()}", flush=True)
             if label == "now":
                 r, t, c = timed(model.run_collective, g, "all_to_all", SIZE, routing="flow", placement="random",
@@ -111,6 +138,48 @@ def failures(presets: list[str]) -> None:
         print(f"{name:<18} {len(links)} failures: " + ", ".join(f"{k} {v}" for k, v in stalled.items()))
 
 
+def relative_difference(a: Any, b: Any) -> float:
+    """The largest |a - b| / |b| over two results' times and per-connection rates (0 where both are
+    equal, inf included; inf where only one is inf)."""
+    import numpy as np
+    got = np.r_[a.time_s, np.concatenate([st.rates_gbps for st in a.steps] or [np.zeros(0)])]
+    want = np.r_[b.time_s, np.concatenate([st.rates_gbps for st in b.steps] or [np.zeros(0)])]
+    if got.shape != want.shape:
+        return float("inf")
+    same = got == want
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(same, 0.0, np.abs(got - want) / np.abs(want))
+    return float(np.nan_to_num(rel, nan=float("inf")).max(initial=0.0))
+
+
+def equal(presets: list[str], rev: str) -> float:
+    """Today's results against ``fabric/model.py`` at ``rev``: the largest relative difference per preset."""
+    old = baseline_module(rev)
+    print(f"\n## results against fabric/model.py at {rev}: largest relative difference of time and "
+          "per-connection rates (every collective x routing, healthy and one link failed)")
+    worst = 0.0
+    for name in presets:
+        g = graph.build(spec.load(name))
+        failed = model.random_fabric_links(g, 1, 2)
+        row = []
+        for fail in (None, failed):
+            now_net, old_net = model.Network(g, fail), old.Network(g, fail)
+            diff = 0.0
+            for coll in model.MODEL_COLLECTIVES:
+                for routing in model.ROUTINGS:
+                    kw: dict[str, Any] = dict(routing=routing, placement="random", qps=4, seed=3, max_steps=4)
+                    try:
+                        a = model.run_collective(g, coll, 1 << 20, network=now_net, **kw)
+                        b = old.run_collective(g, coll, 1 << 20, network=old_net, **kw)
+                    except model.UserError:          # halving-doubling on a rank count it cannot take
+                        continue
+                    diff = max(diff, relative_difference(a, b))
+            row.append(f"{'healthy' if fail is None else 'one link failed'} {diff:.1e}")
+            worst = max(worst, diff)
+        print(f"{name:<18} " + ", ".join(row), flush=True)
+    return worst
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("presets", nargs="*", default=["hpn-130k"])
@@ -120,11 +189,25 @@ def main() -> int:
                          "'' to skip")
     ap.add_argument("--small", default="mini-hpn,small-hpn,mini-cross-campus",
                     help="presets for the accuracy and failure sections")
+    ap.add_argument("--equal", default="main", metavar="REV",
+                    help="git revision whose results today's must equal on the small presets (default main; "
+                         "'' to skip)")
+    ap.add_argument("--only-equal", action="store_true", help="run only the results-against-REV section")
+    ap.add_argument("--only-scale", action="store_true", help="run only the scale section")
+    ap.add_argument("--repeat", type=int, default=1, help="scale: runs of each timing (median [min-max]), default 1")
+    ap.add_argument("--routings", default="", help="scale: comma list of the routings to time (default every one)")
     args = ap.parse_args()
     small = [p for p in args.small.split(",") if p]
-    scale(args.presets, args.qps, args.baseline or None)
-    drain_accuracy(small, seeds=10)
-    failures(small)
+    if not args.only_equal:
+        scale(args.presets, args.qps, args.baseline or None, max(1, args.repeat),
+              tuple(r for r in args.routings.split(",") if r))
+    if args.only_scale:
+        return 0
+    if not args.only_equal:
+        drain_accuracy(small, seeds=10)
+        failures(small)
+    if args.equal:
+        equal(small + ["mini-rail", "mini-spine-leaf", "fat-tree"], args.equal)
     return 0
 
 

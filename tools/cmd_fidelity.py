@@ -189,7 +189,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     """One study on the scenario: JSON, then the table, then the plot."""
     from hpnlab.fabric import model_studies as ms
 
-    from .cmd_model import _parse_detect, detection_from
+    from .cmd_model import failover_times_from
     from .cmd_topo import load_scenario
 
     scenario = load_scenario(args)
@@ -208,9 +208,9 @@ def cmd_study(args: argparse.Namespace) -> int:
         extra = [spec.load(n) for n in ("mini-hpn", "small-hpn", "alibaba-hpn") if n not in names]
         doc = ms.study_routes([*extra, scenario])
     elif args.study == "failures":
-        detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
-        doc = ms.study_failures(scenario, size_bytes=size, detect_ms=detect, routings=routings, hosts=args.hosts,
-                                qps=args.qps, seed=args.seed)
+        source = args.failover_times or args.detect_from
+        doc = ms.study_failures(scenario, size_bytes=size, times=failover_times_from(source) if source else None,
+                                routings=routings, hosts=args.hosts, qps=args.qps, seed=args.seed)
     else:
         doc = ms.study_cross_campus(scenario, size_bytes=size, qps=args.qps, seed=args.seed)
     out = Path(args.study_out) if args.study_out else Path("results")

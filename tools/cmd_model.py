@@ -1,7 +1,10 @@
 """`hpnlab model`: the flow-level model at full scale (entropy policies side by side, failures)."""
 from __future__ import annotations
 
+import argparse
+import ctypes
 import json
+import os
 import sys
 import time
 
@@ -37,6 +40,11 @@ def register(sub) -> None:
     p.add_argument("--entropy-values", type=int, default=model.ENTROPY_VALUES,
                    help=f"entropy values (source ports) per plane a NIC uses, as the RoCE transport's ports_per_nic "
                         f"(capped at the entropy map's path count), default {model.ENTROPY_VALUES}")
+    p.add_argument("--switch-weights", choices=model.SWITCH_WEIGHTS, default="ecmp",
+                   help="the switches' multipath weights: ecmp (equal shares, default) or weighted (the controller's "
+                        "--routing-weights weighted policy iterated over the model's own link loads to a fixed point, "
+                        f"at most --weight-iterations, default {model.WEIGHT_ITERATIONS}; the iterations are printed)")
+    p.add_argument("--weight-iterations", type=int, default=model.WEIGHT_ITERATIONS, help=argparse.SUPPRESS)
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=DEFAULT_DETECT,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
@@ -44,6 +52,12 @@ def register(sub) -> None:
                    help="with --fail-links: take the detection+convergence times from a failover benchmark's JSON "
                         "(tools/bench_failover.py --json: the median loss window of each mode for a link failure, "
                         "measured on the emulated fabric) instead of --detect-ms")
+    p.add_argument("--failover-times", metavar="FILE",
+                   help="with --fail-links: each failover mode's detection and convergence times for the failover "
+                        "chain (detection: traffic lost; detour over the fast-failover backups until convergence; "
+                        "then the converged routes), from a failover comparison's JSON (tools/bench_failover.py "
+                        "--json: the median loss window and controller convergence of each mode for a link failure); "
+                        "default: " + ", ".join(f"{k} {d:g}/{c:g} ms" for k, (d, c) in model.FAILOVER_CHAIN_MS.items()))
     p.add_argument("--corrections", choices=tuple(model_corrections.PRESETS),
                    default=model_corrections.DEFAULT_PRESET,
                    help="costs the fluid model leaves out (per-step rate ramp, retransmission, congestion control "
@@ -56,6 +70,23 @@ def register(sub) -> None:
     from .cmd_fidelity import add_study_args
     add_study_args(p)
     p.set_defaults(func=cmd_model)
+
+
+def reuse_freed_memory() -> bool:
+    """Ask glibc to keep freed memory for the next arrays (big blocks from the heap, not a fresh
+    mmap each; the heap not trimmed): a 130k step allocates and frees arrays of 30-130 MB by the
+    hundred, and fresh pages are zeroed by the kernel on first touch (a third of the CPU of an
+    adaptive 130k run, more on a loaded machine). Process-wide, so only here, in the command;
+    HPNLAB_MODEL_MALLOC=default leaves the allocator alone. False where it does not apply (not glibc)."""
+    if os.environ.get("HPNLAB_MODEL_MALLOC", "") == "default":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_top_pad, m_mmap_max = -1, -2, -4      # glibc's mallopt parameters
+        return bool(libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)
+                    and libc.mallopt(m_top_pad, 256 << 20))
+    except (OSError, AttributeError):
+        return False
 
 
 def detection_from(path: str, kind: str = "link") -> dict[str, float]:
@@ -72,6 +103,21 @@ def detection_from(path: str, kind: str = "link") -> dict[str, float]:
         raise UserError(f"--detect-from {path}: not a failover benchmark's JSON ({type(exc).__name__})") from None
     if not out:
         raise UserError(f"--detect-from {path}: no {kind!r} failure measured in it")
+    return out
+
+
+def failover_times_from(path: str, kind: str = "link") -> dict[str, tuple[float, float]]:
+    """{mode: (detection ms, convergence ms)} from a failover comparison's JSON: the median loss
+    window of each mode for one failure kind, and its median controller convergence where the run
+    measured one (else the mode's default, model.FAILOVER_CHAIN_MS)."""
+    detect = detection_from(path, kind)
+    with open(path) as fh:
+        runs = json.load(fh)["runs"]
+    out = {}
+    for mode, ms in detect.items():
+        conv = sorted(r["convergence_ms"] for r in runs[mode].get(kind, []) if r.get("convergence_ms") is not None)
+        default = model.FAILOVER_CHAIN_MS.get(mode, (ms, ms))[1]
+        out[mode] = (ms, conv[len(conv) // 2] if conv else max(ms, default))
     return out
 
 
@@ -105,6 +151,7 @@ def cmd_model(args) -> int:
         from .cmd_fidelity import cmd_study
         return cmd_study(args)
     scenario = load_scenario(args)
+    reuse_freed_memory()
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
     try:
         routings = [model.routing_name(r) for r in routings]
@@ -130,8 +177,11 @@ def cmd_model(args) -> int:
         g = net.g
         how = f"loaded from the cache {model.cache_dir()}" if cached else "built, indexed and cached"
     print(f"# {scenario.name}: fabric {how} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if args.weight_iterations < 1:
+        raise UserError(f"--weight-iterations must be at least 1, got {args.weight_iterations}")
     kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps,
-              exact_pairs=args.exact_pairs)
+              exact_pairs=args.exact_pairs, switch_weights=args.switch_weights,
+              weight_iterations=args.weight_iterations)
     results = []
     for size in sizes:
         for routing in routings:
@@ -142,6 +192,10 @@ def cmd_model(args) -> int:
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
                                            routing=r, entropy_values=args.entropy_values, **kw)
                    for r in routings}
+        times = failover_times_from(args.failover_times) if args.failover_times else None
+        for r in routings:
+            failure[r]["chain"] = model.failover_chain(g, args.collective, sizes[-1], failed, times=times, routing=r,
+                                                       entropy_values=args.entropy_values, **kw)
     corr = model_corrections.preset(args.corrections)
     corrected = [model_corrections.correct_result(r, corr) if corr is not model_corrections.NONE else None
                  for r in results]
@@ -180,6 +234,13 @@ def cmd_model(args) -> int:
                                for k, v in pair.items() if k != "flow" and base)
             print(f"# {size} B busbw: {ratios}")
     for r in results:
+        w = r.detail.get("weighting")
+        if w:
+            state = "a fixed point" if w["converged"] else f"no fixed point within {w['iterations']}"
+            print(f"# {r.routing}, {r.size_bytes} B: weighted switches: {w['iterations']} interval(s) of the "
+                  f"controller's policy on the model's loads, {state}; {w['changes']} set re-weightings "
+                  f"over {w['sets']} sets")
+    for r in results:
         if r.steps and r.steps[0].sampled > 1:
             print(f"# {r.routing}, {r.size_bytes} B: all-to-all sampled, each modelled pair standing for "
                   f"{r.steps[0].sampled:.0f}; relative standard error of the time {r.sampling_error:.2%} "
@@ -193,7 +254,15 @@ def cmd_model(args) -> int:
                   f"{f['connections_hit']} connections crossed a failed link")
             if f["stalled_after_repair"]:
                 print(f"#     after repair: {_stalled(f['stalled_after_repair'], f['stalled_pairs_after_repair'])}")
+            ch = f["chain"]
+            print(f"#     failover chain (detection: lost; detour over the backups, {ch['detour_s'] * 1e3:.2f} ms "
+                  f"for the whole collective, connections {_rate(ch['detour_rate_gbps_mean'])} / "
+                  f"{_rate(ch['detour_rate_gbps_min'])} Gbit/s mean/min; then converged):")
+            for name, d in ch["by_mode"].items():
+                print(f"#     {name:<18} lost {d['loss_ms']:>8g} ms, detour {d['detour_ms']:>8.2f} ms "
+                      f"(converged at {max(d['detect_ms'], d['converge_ms']):g} ms) -> "
+                      f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
             for name, d in f["by_detection"].items():
-                print(f"#     {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
+                print(f"#     flat stall: {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
                       f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
     return 0
