@@ -91,6 +91,7 @@ ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 OUT_OF_BAND_COOKIES = frozenset({LLDP_COOKIE, PROBE_COOKIE})   # not the reconciler's: left out of read-backs
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
+MAX_HOSTS_SEEN = 1 << 20           # --deployment auto: host ports remembered (bounds what hostile frames can fill)
 GROUP_KINDS = ("ff", "indirect", "all", "select")
 
 LOG = logging.getLogger("hpnlab.controller")
@@ -611,6 +612,9 @@ class HpnController(BaseApp):
         self.rollout_state: rollout.Rollout | None = None     # --rollout staged (set by _release_planes)
         self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
         self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
+        #: --deployment auto: (dpid, port) of a stranger -> the source MAC of a host's frame that arrived there
+        #: (deployment.host_pins tells symmetric leaves apart by it)
+        self.hosts_seen: dict[tuple[int, int], str] = {}
         self._deployment_written: dict | None = None
         self._last_connect = time.monotonic()    # the last time discovery learnt something (switch, port, link)
         #: when every switch the decision allows first held its desired tables (written into the report:
@@ -842,19 +846,40 @@ class HpnController(BaseApp):
         self.strangers[dp.id] = dp
         self._last_connect = time.monotonic()
         self._lldp_rule(dp)
+        self._arp_rule(dp)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+
+    def _arp_rule(self, dp) -> None:
+        """--deployment auto, on a stranger: ARP to the controller, so that a host's request says which leaf
+        it is behind (``_host_seen``). It is the leaves' compiled ARP entry (key, actions and cookie), so the
+        reconciler that installs the adopted map keeps it on leaves and deletes it from spines and cores."""
+        flow = compiler.ARP_TO_CONTROLLER
+        for msg in encode(dp, reconcile.FlowMod(f"dpid:{dp.id:016x}", "add", flow.table, flow.priority, flow.match,
+                                                flow.actions)):
+            dp.send_msg(msg)
+
+    def _host_seen(self, dpid: int, in_port: int | None, data: bytes) -> str:
+        """--deployment auto: a frame from a host port of a stranger (not LLDP): its source MAC, which the
+        scenario knows, pins the stranger to that host's leaf once the map is adopted."""
+        eth = packet.Packet(bytes(data)).get_protocol(ethernet.ethernet)
+        if eth is None or in_port is None or (dpid, in_port) in self.hosts_seen or \
+                len(self.hosts_seen) >= MAX_HOSTS_SEEN or self.deployment_adopted is not None:
+            return "ignored"
+        self.hosts_seen[dpid, in_port] = eth.src
+        LOG.info("deployment auto: host %s seen behind datapath %016x port %d", eth.src, dpid, in_port)
+        return "host-seen"
 
     def _adopt_discovered(self) -> None:
         """--deployment auto, once discovery settles: the map LLDP discovered (``deployment.adoption``) is
         adopted, and the switches are installed on it through the wiring check, with no restart. Adopted
         once: a cable moved later is the wiring check's to report, not a new map's to hide."""
         from hpnlab.fabric.errors import UserError
-        heard = frozenset(self.heard_dpids.items())
+        heard = frozenset(self.heard_dpids.items()) | frozenset(self.hosts_seen.items())
         if heard == self._adoption_heard:
             return
         self._adoption_heard = heard
         try:
-            data, line = deployment.adoption(self.scenario_graph, self.heard_dpids)
+            data, line = deployment.adoption(self.scenario_graph, self.heard_dpids, self.hosts_seen)
         except UserError as exc:
             LOG.warning("deployment auto: nothing adopted yet: %s", exc)
             return
@@ -868,7 +893,7 @@ class HpnController(BaseApp):
         it has the scenario's shape and again whenever it changes."""
         from hpnlab.fabric.errors import UserError
         try:
-            dpids, maps = deployment.from_discovery(self.scenario_graph, self.heard_dpids)
+            dpids, maps = deployment.from_discovery(self.scenario_graph, self.heard_dpids, self.hosts_seen)
         except UserError as exc:
             LOG.warning("deployment auto: %s", exc)
             return
@@ -1296,6 +1321,8 @@ class HpnController(BaseApp):
         name = self.index.by_dpid.get(dp.id)
         if name is None and dp.id in self.strangers and is_lldp(bytes(msg.data)):
             return self._lldp_in(f"dpid:{dp.id:016x}", msg.match.get("in_port"), bytes(msg.data))
+        if name is None and dp.id in self.strangers:
+            return self._host_seen(dp.id, msg.match.get("in_port"), bytes(msg.data))
         if name is None:
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"

@@ -1227,7 +1227,9 @@ def dead_ports(g: nx.MultiGraph, failures: Failures) -> dict[str, set[int]]:
     return _dead_ports(index_of(g), failures)
 
 
-_CLASSIFY_LEAF = (Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),)),
+#: a leaf's ARP entry below its responders: what they do not answer goes to the controller
+ARP_TO_CONTROLLER = Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),))
+_CLASSIFY_LEAF = (ARP_TO_CONTROLLER,
                   Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)))
 _CLASSIFY_OTHER = (Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)),)
 _MARKED_TO_BOUNCED = Flow(TABLE_CLASSIFY, PRIO_MARKED, (("eth_type", ETH_IPV4), ("eth_src", BOUNCE_MAC)),

@@ -154,6 +154,7 @@ class FabricTables:
         self._table_fields = {}
         self._table_index = {}
         self._lookup_cache = {}
+        self._arp_cache = {}
         self.failures = failures or compiler.Failures()
 
     # ---- liveness -------------------------------------------------------------------
