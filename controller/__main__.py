@@ -1,5 +1,5 @@
 """Launcher: ``python -m hpnlab.controller SCENARIO [--set k=v ...] [--ofp-port 6653] [--listen 127.0.0.1]
-[--policy aggregate|host-routes] [--metrics-port N]
+[--policy aggregate|host-routes] [--arp gateway|per-host] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
 [--ecn-actuator auto|emulated|file:PATH|none] [--routing-weights ecmp|weighted]
 [--on-miswire refuse|planes] [--wiring-out FILE]
@@ -37,7 +37,7 @@ from pathlib import Path
 from hpnlab.fabric.errors import UserError
 
 from . import config, logs, tls
-from .compiler import ROUTING_POLICIES
+from .compiler import ARP_MODES, ROUTING_POLICIES
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -54,6 +54,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--policy", choices=ROUTING_POLICIES, default="aggregate",
                    help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
+    p.add_argument("--arp", choices=ARP_MODES, default="gateway",
+                   help="how leaves answer ARP while the controller is away: gateway (default: one gateway MAC for "
+                        "every address, two flows per host port at any size; needs the move action Open vSwitch "
+                        "has) or per-host (each peer's own MAC, set-field only, any OpenFlow 1.3 switch; at most "
+                        "4,096 flows per leaf, beyond that the controller answers)")
     p.add_argument("--no-fast-failover", action="store_true",
                    help="no local protection: fast-failover groups keep only their primary bucket, so a switch "
                         "next to a failure drops until the controller reroutes (the controller-only baseline)")
@@ -190,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_SET"] = "\n".join(args.set)
     os.environ["HPNLAB_POLICY"] = args.policy
     os.environ["HPNLAB_FAST_FAILOVER"] = "0" if args.no_fast_failover else "1"
+    os.environ["HPNLAB_ARP"] = args.arp
     os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
     os.environ["HPNLAB_METRICS_ADDR"] = args.listen
     os.environ["HPNLAB_ECN_POLICY"] = args.ecn_policy

@@ -28,6 +28,8 @@ both launchers work the same way:
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
     HPNLAB_DRY_RUN       1: read every switch's flows and groups and change nothing (controller/dryrun.py)
+    HPNLAB_ARP           gateway | per-host: how leaves answer ARP in the switch (compiler.arp_responders;
+                         default gateway)
 
 Every decision (link state, what to recompile, the diff and its order, what counts as
 installed, when to resynchronise a switch) is made by ``hpnlab.controller.reconcile``:
@@ -38,10 +40,12 @@ messages into OpenFlow 1.3 (FlowMod, GroupMod, barrier, flow stats and group des
 requests). Groups: fast-failover groups (OFPGT_FF, each bucket watching its port, watch_group
 OFPG_ANY; the switch must support the type, as Open vSwitch does), indirect, all and select
 (every bucket weight 1); a flow sends to one with an apply-action group. Metadata writes are
-full 64-bit values (mask all ones); metadata matches may be masked. ARP requests from host ports reach it
-as packet-ins at the leaves and are answered with the target host's real MAC (proxy ARP,
-the answer decided by ``compiler.arp_answer``). Anything it cannot use (unknown datapath
-ids, malformed or unexpected packet-ins) is logged and ignored.
+full 64-bit values (mask all ones); metadata matches may be masked. The ARP responders' move action
+is Open vSwitch's NXM move (``NXActionRegMove``). ARP requests from host ports that the leaves'
+responder flows leave to the controller reach it as packet-ins and are answered as the responders
+would (proxy ARP: the gateway MAC, or in per-host mode the target host's real MAC;
+``compiler.arp_answer``). Anything it cannot use (unknown datapath ids, malformed or unexpected
+packet-ins) is logged and ignored.
 """
 from __future__ import annotations
 
@@ -87,6 +91,7 @@ ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
 OUT_OF_BAND_COOKIES = frozenset({LLDP_COOKIE, PROBE_COOKIE})   # not the reconciler's: left out of read-backs
 METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are whole 64-bit words
 TICK_S = 1.0
+MAX_HOSTS_SEEN = 1 << 20           # --deployment auto: host ports remembered (bounds what hostile frames can fill)
 GROUP_KINDS = ("ff", "indirect", "all", "select")
 
 LOG = logging.getLogger("hpnlab.controller")
@@ -118,7 +123,8 @@ def _config() -> dict:
             "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
             "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None,
-            "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1"}
+            "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1",
+            "arp": os.environ.get("HPNLAB_ARP") or "gateway"}
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -126,7 +132,7 @@ def _config() -> dict:
 def encode_match(parser, match: tuple):
     fields = {}
     for name, value in match:
-        if name in ("ipv4_dst", "ipv4_src"):
+        if name in compiler.IPV4_FIELDS:
             value = (ip_str(value[0]), ip_str(value[1])) if isinstance(value, tuple) else ip_str(value)
         fields[name] = value
     return parser.OFPMatch(**fields)
@@ -140,7 +146,7 @@ def _group_type(ofp, kind: str) -> int:
 
 
 def encode_action(ofp, parser, act: tuple):
-    """One apply-action (output, controller, group, set_field), or None for the actions that are instructions."""
+    """One apply-action (output, controller, group, set_field, move), or None for the actions that are instructions."""
     if act[0] == "output":
         return parser.OFPActionOutput(act[1])
     if act[0] == "controller":
@@ -148,7 +154,9 @@ def encode_action(ofp, parser, act: tuple):
     if act[0] == "group":
         return parser.OFPActionGroup(act[1])
     if act[0] == "set_field":
-        return parser.OFPActionSetField(**{act[1]: act[2]})
+        return parser.OFPActionSetField(**{act[1]: ip_str(act[2]) if act[1] in compiler.IPV4_FIELDS else act[2]})
+    if act[0] == "move":       # a whole field into another of the same width (Open vSwitch's NXM move)
+        return parser.NXActionRegMove(src_field=act[1], dst_field=act[2], n_bits=_FIELD_BITS[act[1]])
     return None
 
 
@@ -220,7 +228,7 @@ def encode(dp, msg: reconcile.Message | telemetry.PortStatsRequest) -> list:
 # ---- decoding: OpenFlow 1.3 -> reconciler values -----------------------------------------------
 
 _FIELD_BITS = {"metadata": 64, "ipv4_dst": 32, "ipv4_src": 32, "udp_src": 16, "tcp_src": 16,
-               "udp_dst": 16, "tcp_dst": 16, "eth_type": 16, "in_port": 32}
+               "udp_dst": 16, "tcp_dst": 16, "eth_type": 16, "in_port": 32, "arp_spa": 32, "arp_tpa": 32}
 
 
 def decode_match(match) -> tuple:
@@ -230,7 +238,7 @@ def decode_match(match) -> tuple:
     for name, value in match.items():
         if isinstance(value, tuple) and name in _FIELD_BITS and value[1] == (1 << _FIELD_BITS[name]) - 1:
             value = value[0]
-        if name in ("ipv4_dst", "ipv4_src"):
+        if name in compiler.IPV4_FIELDS:
             value = (ip_int(value[0]), ip_int(value[1])) if isinstance(value, tuple) else ip_int(value)
         fields.append((name, value))
     return reconcile.canonical_match(fields)
@@ -242,7 +250,11 @@ def decode_action(ofp, parser, act) -> tuple | None:
     if isinstance(act, parser.OFPActionGroup):
         return ("group", act.group_id)
     if isinstance(act, parser.OFPActionSetField):
-        return ("set_field", act.key, act.value)
+        return ("set_field", act.key, ip_int(act.value) if act.key in compiler.IPV4_FIELDS else act.value)
+    move: Any = getattr(parser, "NXActionRegMove", ())
+    if isinstance(act, move) and act.src_ofs == act.dst_ofs == 0:
+        # Open vSwitch reports the fields by their NXM headers, which os-ken names "arp_tpa_nxm"
+        return ("move", act.src_field.removesuffix("_nxm"), act.dst_field.removesuffix("_nxm"))
     return None
 
 
@@ -367,8 +379,9 @@ class HpnController(BaseApp):
         self.graph = self._deployed_graph(fgraph.build(self.scenario), cfg)
         self.index = compiler.index_of(self.graph)
         self._weights_init(cfg)
+        self.arp = cfg["arp"]
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"],
-                                               compile_fn=self.weighted or compiler.compile_fabric)
+                                               compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.started = time.monotonic()
@@ -600,6 +613,9 @@ class HpnController(BaseApp):
         self.rollout_state: rollout.Rollout | None = None     # --rollout staged (set by _release_planes)
         self.strangers: dict[int, Any] = {}   # --deployment auto: datapaths not in the scenario, heard by LLDP
         self.heard_dpids: dict[tuple[int, int], tuple[int, int]] = {}   # rx (dpid, port) -> tx (dpid, port)
+        #: --deployment auto: (dpid, port) of a stranger -> the source MAC of a host's frame that arrived there
+        #: (deployment.host_pins tells symmetric leaves apart by it)
+        self.hosts_seen: dict[tuple[int, int], str] = {}
         self._deployment_written: dict | None = None
         self._last_connect = time.monotonic()    # the last time discovery learnt something (switch, port, link)
         #: when every switch the decision allows first held its desired tables (written into the report:
@@ -831,19 +847,40 @@ class HpnController(BaseApp):
         self.strangers[dp.id] = dp
         self._last_connect = time.monotonic()
         self._lldp_rule(dp)
+        self._arp_rule(dp)
         dp.send_msg(dp.ofproto_parser.OFPPortDescStatsRequest(dp, 0))
+
+    def _arp_rule(self, dp) -> None:
+        """--deployment auto, on a stranger: ARP to the controller, so that a host's request says which leaf
+        it is behind (``_host_seen``). It is the leaves' compiled ARP entry (key, actions and cookie), so the
+        reconciler that installs the adopted map keeps it on leaves and deletes it from spines and cores."""
+        flow = compiler.ARP_TO_CONTROLLER
+        for msg in encode(dp, reconcile.FlowMod(f"dpid:{dp.id:016x}", "add", flow.table, flow.priority, flow.match,
+                                                flow.actions)):
+            dp.send_msg(msg)
+
+    def _host_seen(self, dpid: int, in_port: int | None, data: bytes) -> str:
+        """--deployment auto: a frame from a host port of a stranger (not LLDP): its source MAC, which the
+        scenario knows, pins the stranger to that host's leaf once the map is adopted."""
+        eth = packet.Packet(bytes(data)).get_protocol(ethernet.ethernet)
+        if eth is None or in_port is None or (dpid, in_port) in self.hosts_seen or \
+                len(self.hosts_seen) >= MAX_HOSTS_SEEN or self.deployment_adopted is not None:
+            return "ignored"
+        self.hosts_seen[dpid, in_port] = eth.src
+        LOG.info("deployment auto: host %s seen behind datapath %016x port %d", eth.src, dpid, in_port)
+        return "host-seen"
 
     def _adopt_discovered(self) -> None:
         """--deployment auto, once discovery settles: the map LLDP discovered (``deployment.adoption``) is
         adopted, and the switches are installed on it through the wiring check, with no restart. Adopted
         once: a cable moved later is the wiring check's to report, not a new map's to hide."""
         from hpnlab.fabric.errors import UserError
-        heard = frozenset(self.heard_dpids.items())
+        heard = frozenset(self.heard_dpids.items()) | frozenset(self.hosts_seen.items())
         if heard == self._adoption_heard:
             return
         self._adoption_heard = heard
         try:
-            data, line = deployment.adoption(self.scenario_graph, self.heard_dpids)
+            data, line = deployment.adoption(self.scenario_graph, self.heard_dpids, self.hosts_seen)
         except UserError as exc:
             LOG.warning("deployment auto: nothing adopted yet: %s", exc)
             return
@@ -857,7 +894,7 @@ class HpnController(BaseApp):
         it has the scenario's shape and again whenever it changes."""
         from hpnlab.fabric.errors import UserError
         try:
-            dpids, maps = deployment.from_discovery(self.scenario_graph, self.heard_dpids)
+            dpids, maps = deployment.from_discovery(self.scenario_graph, self.heard_dpids, self.hosts_seen)
         except UserError as exc:
             LOG.warning("deployment auto: %s", exc)
             return
@@ -928,7 +965,7 @@ class HpnController(BaseApp):
             self.weighted = weights.WeightedTables(g)
             self.weights = weights.Weights()
         self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
-                                               compile_fn=self.weighted or compiler.compile_fabric)
+                                               compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
         self._counted = dict(self.reconciler.counters)
         if self.ecn is not None:                # telemetry polls the ports on their adopted numbers
             self.ecn.telemetry.rebase(telemetry.fabric_ports(g))
@@ -1285,6 +1322,8 @@ class HpnController(BaseApp):
         name = self.index.by_dpid.get(dp.id)
         if name is None and dp.id in self.strangers and is_lldp(bytes(msg.data)):
             return self._lldp_in(f"dpid:{dp.id:016x}", msg.match.get("in_port"), bytes(msg.data))
+        if name is None and dp.id in self.strangers:
+            return self._host_seen(dp.id, msg.match.get("in_port"), bytes(msg.data))
         if name is None:
             LOG.warning("packet-in from unknown datapath %016x ignored", dp.id)
             return "unknown-switch"
@@ -1306,9 +1345,9 @@ class HpnController(BaseApp):
             return "ignored"
         if req.opcode != arp.ARP_REQUEST or req.dst_ip == req.src_ip:
             return "ignored"
-        mac = compiler.arp_answer(self.graph, name, req.dst_ip)
+        mac = compiler.arp_answer(self.graph, name, req.dst_ip, self.arp, in_port)
         if mac is None:
-            LOG.info("%s port %d: ARP for %s, no such host on this plane, not answered", name, in_port, req.dst_ip)
+            LOG.info("%s port %d: ARP for %s, no other host of this plane, not answered", name, in_port, req.dst_ip)
             return "ignored"
         reply = packet.Packet()
         reply.add_protocol(ethernet.ethernet(ethertype=ether_types.ETH_TYPE_ARP, dst=eth.src, src=mac))

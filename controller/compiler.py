@@ -6,8 +6,10 @@ interpreter (hpnlab.controller.oftable) walks packets through them.
 
 Tables (the same on every switch; OpenFlow 1.3)
     0  classify   ARP -> controller (leaves only: proxy ARP, nothing is ever flooded); above it,
-                  ARP responder flows answer a host's request for any host of its plane in
-                  the switch (see ``arp_responders``), so ARP works while the controller is away;
+                  ARP responder flows answer a host's request in the switch, so ARP works while
+                  the controller is away (see ``arp_responders``: by default every address of
+                  the plane is answered with one gateway MAC, ``GATEWAY_MAC``, and the last hop
+                  writes the receiver's own MAC back; table 1's host routes);
                   IPv4 -> table 1; everything else misses and is dropped. Detours (see
                   "Fast failover"): a *bounced* packet (Ethernet source BOUNCE_MAC) goes to
                   table 3 on spines and cores and is dropped on a leaf unless it is for the
@@ -137,9 +139,19 @@ DETOURS = 3             # detour buckets of a one-port choice's fast-failover gr
 BOUNCE_MAC = "0e:00:00:00:00:01"    # Ethernet source of a bounced packet (locally administered)
 OFPP_IN_PORT = 0xFFFFFFF8           # OpenFlow's reserved port: back out of the port the packet came in on
 ARP_REQUEST, ARP_REPLY = 1, 2
+IPV4_FIELDS = ("ipv4_dst", "ipv4_src", "arp_spa", "arp_tpa")    # fields holding an IPv4 address (an int here)
 PRIO_ARP_RESPONDER = PRIO_ARP + 1
-#: a leaf gets ARP responder flows (one per host port and peer of its plane) only up to this many;
-#: above it (planes of thousands of hosts) ARP is answered by the controller alone
+PRIO_ARP_OWN = PRIO_ARP + 2         # a host asking for its own address (an announcement): the controller's
+#: the Ethernet address every leaf answers ARP with in gateway mode, and the source of every frame
+#: a leaf delivers to a host (locally administered, never a host's: hosts are 02:..., see addressing)
+GATEWAY_MAC = "0e:00:00:00:00:02"
+#: how leaves answer ARP while the controller is away (``arp_responders``): "gateway" (default) one
+#: MAC for every address, two flows per host port whatever the plane's size, with one move action
+#: (Open vSwitch's NXM move; OpenFlow 1.5's copy-field); "per-host" each peer's own MAC from the
+#: address plan, set-field only (any OpenFlow 1.3 switch), one flow per host port and peer
+ARP_MODES = ("gateway", "per-host")
+#: per-host mode: a leaf gets ARP responder flows (one per host port and peer of its plane) only up
+#: to this many; above it (planes of thousands of hosts) ARP is answered by the controller alone
 ARP_RESPONDER_MAX_FLOWS = 4096
 
 
@@ -149,8 +161,10 @@ class Flow(NamedTuple):
     match   ((field, value), ...) in OXM names; value an int or (int, mask).
     actions ("output", port) | ("controller",) | ("group", group_id) | ("metadata", value)
             (write-metadata, all 64 bits) | ("set_field", field, value) (an apply-action,
-            OXM field name, e.g. ("set_field", "eth_src", BOUNCE_MAC)) | ("goto", table),
-            applied in order; () drops.
+            OXM field name, e.g. ("set_field", "eth_src", BOUNCE_MAC)) | ("move", src, dst)
+            (copy one whole field into another of the same width: Open vSwitch's NXM move,
+            OpenFlow 1.5's copy-field; ARP responders only) | ("goto", table),
+            applied in order; () drops. IPv4 addresses (ipv4_*, arp_spa, arp_tpa) are ints.
             A match on metadata may be masked: ("metadata", (value, mask)).
     hosts   None, or the IPv4 addresses (ints) this entry stands for: one flow per address
             with ``ipv4_dst`` exact (``match`` then holds the covering prefix).
@@ -294,7 +308,7 @@ class FabricIndex:
         self._routing: dict[int, _Routing] = {}
         self._protection: dict[str, _Protection] = {}
         self.own_flows: dict[str, tuple] = {}
-        self.healthy_states: dict[str, dict[str, SwitchState]] = {}    # policy -> switch -> state
+        self.healthy_states: dict[tuple[str, str], dict[str, SwitchState]] = {}   # (policy, arp) -> switch -> state
         for n, d in g.nodes(data=True):
             if d["tier"] == 0:
                 continue
@@ -1213,7 +1227,9 @@ def dead_ports(g: nx.MultiGraph, failures: Failures) -> dict[str, set[int]]:
     return _dead_ports(index_of(g), failures)
 
 
-_CLASSIFY_LEAF = (Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),)),
+#: a leaf's ARP entry below its responders: what they do not answer goes to the controller
+ARP_TO_CONTROLLER = Flow(TABLE_CLASSIFY, PRIO_ARP, (("eth_type", ETH_ARP),), (("controller",),))
+_CLASSIFY_LEAF = (ARP_TO_CONTROLLER,
                   Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)))
 _CLASSIFY_OTHER = (Flow(TABLE_CLASSIFY, PRIO_IPV4, (("eth_type", ETH_IPV4),), (("goto", TABLE_ROUTE),)),)
 _MARKED_TO_BOUNCED = Flow(TABLE_CLASSIFY, PRIO_MARKED, (("eth_type", ETH_IPV4), ("eth_src", BOUNCE_MAC)),
@@ -1221,20 +1237,36 @@ _MARKED_TO_BOUNCED = Flow(TABLE_CLASSIFY, PRIO_MARKED, (("eth_type", ETH_IPV4), 
 _MARKED_DROP = Flow(TABLE_CLASSIFY, PRIO_MARKED_DROP, (("eth_type", ETH_IPV4), ("eth_src", BOUNCE_MAC)), ())
 
 
-def arp_responders(ix: FabricIndex, leaf: str) -> tuple[Flow, ...]:
-    """The ARP responder flows of a leaf (table 0, above the ARP-to-controller entry): for each of
-    its host ports and each other host address of its plane, a request from that port for that
-    address (in_port, arp_op 1, arp_tpa) is turned into the reply in the switch -- Ethernet and ARP
-    addresses set from the address plan (the target's MAC, which ``arp_answer`` gives too), arp_op
-    2 -- and sent back out of the port it came in on (OpenFlow 1.3 set-field only: no move action
-    is needed since the requester behind each port is known). Anything else (a gratuitous ARP, an
-    address of no host) still goes to the controller. None when the leaf would need more than
-    ``ARP_RESPONDER_MAX_FLOWS`` (planes of thousands of hosts). Built once per graph."""
-    cache = ix.shared.setdefault("arp_responders", {})
+def arp_responders(ix: FabricIndex, leaf: str, arp: str = "gateway") -> tuple[Flow, ...]:
+    """The ARP responder flows of a leaf (table 0, above the ARP-to-controller entry): a request
+    from one of its host ports is turned into the reply in the switch and sent back out of the port
+    it came in on. Anything else (a reply, a probe from 0.0.0.0, an address outside the plane, an
+    address of no host in per-host mode) still goes to the controller. Built once per graph.
+
+    ``arp`` "gateway": per host port two flows, whatever the plane's size. A request from the
+    host's own address (``arp_spa``) for any address of its plane (``arp_tpa`` under the plane
+    prefix, the host's on-link subnet) is answered "that address is at GATEWAY_MAC": the asked
+    address is moved into ``arp_spa`` (the one move action), the rest set from the address plan
+    (the asker behind each port is known). The host then sends everything of its plane to the
+    gateway MAC, and the leaf in front of the receiver writes the receiver's MAC back (its host
+    routes, see ``_switch_state``). Above it, the host asking for its own address (an
+    announcement) goes to the controller, which does not answer it: a reply would look like an
+    address conflict to the host.
+
+    ``arp`` "per-host": per host port and each other host address of its plane (in_port, arp_op 1,
+    arp_tpa) the reply with the target's real MAC (which ``arp_answer`` gives too), set-field only.
+    None when the leaf would need more than ``ARP_RESPONDER_MAX_FLOWS`` (planes of thousands of
+    hosts)."""
+    if arp not in ARP_MODES:
+        raise UserError(f"unknown ARP mode {arp!r}: use one of {', '.join(ARP_MODES)}")
+    cache = ix.shared.setdefault(("arp_responders", arp), {})
     flows = cache.get(leaf)
     if flows is not None:
         return flows
     sw = ix.sw[leaf]
+    if arp == "gateway":
+        cache[leaf] = flows = tuple(f for asker in sw.hosts for f in _gateway_responder(ix, sw, asker))
+        return flows
     plane_hosts = cache.get(("plane", sw.plane))
     if plane_hosts is None:      # counted once per plane (130k hosts a plane at full scale)
         plane_hosts = cache["plane", sw.plane] = sum(len(other.hosts) for other in ix.planes[sw.plane])
@@ -1244,19 +1276,31 @@ def arp_responders(ix: FabricIndex, leaf: str) -> tuple[Flow, ...]:
     peers = [h for other in ix.planes[sw.plane] if other.tier == 1 for h in other.hosts]
     out = []
     for asker in sw.hosts:
-        asker_ip = ip_str(asker.ip)
         for target in peers:
             if target.ip == asker.ip:
                 continue
-            target_ip = ip_str(target.ip)
-            match = (("arp_op", ARP_REQUEST), ("arp_tpa", target_ip), ("eth_type", ETH_ARP), ("in_port", asker.port))
+            match = (("arp_op", ARP_REQUEST), ("arp_tpa", target.ip), ("eth_type", ETH_ARP), ("in_port", asker.port))
             actions = (("set_field", "eth_dst", asker.mac), ("set_field", "eth_src", target.mac),
                        ("set_field", "arp_op", ARP_REPLY), ("set_field", "arp_sha", target.mac),
-                       ("set_field", "arp_spa", target_ip), ("set_field", "arp_tha", asker.mac),
-                       ("set_field", "arp_tpa", asker_ip), ("output", OFPP_IN_PORT))
+                       ("set_field", "arp_spa", target.ip), ("set_field", "arp_tha", asker.mac),
+                       ("set_field", "arp_tpa", asker.ip), ("output", OFPP_IN_PORT))
             out.append(Flow(TABLE_CLASSIFY, PRIO_ARP_RESPONDER, match, actions))
     cache[leaf] = flows = tuple(out)
     return flows
+
+
+def _gateway_responder(ix: FabricIndex, sw: _Sw, asker: HostPort) -> tuple[Flow, Flow]:
+    """Gateway mode's two flows for one host port (see ``arp_responders``)."""
+    plane_net, plane_len = ix.level_prefix[("plane", sw.plane)]
+    own = Flow(TABLE_CLASSIFY, PRIO_ARP_OWN, (("arp_op", ARP_REQUEST), ("arp_tpa", asker.ip), ("eth_type", ETH_ARP),
+                                              ("in_port", asker.port)), (("controller",),))
+    match = (("arp_op", ARP_REQUEST), ("arp_spa", asker.ip), ("arp_tpa", (plane_net, _mask(plane_len))),
+             ("eth_type", ETH_ARP), ("in_port", asker.port))
+    actions = (("move", "arp_tpa", "arp_spa"), ("set_field", "arp_tpa", asker.ip),
+               ("set_field", "arp_tha", asker.mac), ("set_field", "arp_sha", GATEWAY_MAC),
+               ("set_field", "arp_op", ARP_REPLY), ("set_field", "eth_dst", asker.mac),
+               ("set_field", "eth_src", GATEWAY_MAC), ("output", OFPP_IN_PORT))
+    return own, Flow(TABLE_CLASSIFY, PRIO_ARP_RESPONDER, match, actions)
 
 
 def _route_match(prefix: tuple[int, int]) -> tuple:
@@ -1495,13 +1539,13 @@ def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection, rank: M
 
 
 def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tree,
-                  block_cache: dict, pr: _Protection) -> SwitchState:
+                  block_cache: dict, pr: _Protection, arp: str = "gateway") -> SwitchState:
     own = ix.own_flows.get(sw.name)
     if own is None:
         own = ix.own_flows[sw.name] = _own_flow(ix, sw)
     flows: list[Flow] = list(own)
     if sw.tier == 1:       # its own (the protection below is shared by leaves alike)
-        flows.extend(arp_responders(ix, sw.name))
+        flows.extend(arp_responders(ix, sw.name, arp))
     flows.extend(pr.flows)
     fresh_metas: dict = {}
     fresh_groups: dict = {}
@@ -1517,9 +1561,13 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
     if sw.tier == 1:
         local = ix.local_routes.get(sw.name)
         if local is None:   # a leaf's own /32 routes never change: built once per graph
+            # the last hop: the frame leaves from the gateway to the receiver's own MAC (in gateway
+            # mode hosts address their whole plane to GATEWAY_MAC; the same in both modes, so that
+            # changing the mode changes the responders only)
             local = ix.local_routes[sw.name] = tuple(
                 Flow(TABLE_ROUTE, PRIO_ROUTE_BASE + 32, (("eth_type", ETH_IPV4), ("ipv4_dst", h.ip)),
-                     (("output", h.port),)) for h in sw.hosts)
+                     (("set_field", "eth_src", GATEWAY_MAC), ("set_field", "eth_dst", h.mac), ("output", h.port)))
+                for h in sw.hosts)
         flows.extend(local)
     if policy == "aggregate":
         scope = _scope(ix, sw)
@@ -1567,8 +1615,10 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
                    switches: Iterable[str] | None = None, fast_failover: bool = True,
-                   incremental: bool = True) -> dict[str, SwitchState]:
+                   incremental: bool = True, arp: str = "gateway") -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only).
+
+    ``arp``: how leaves answer ARP in the switch (``ARP_MODES``, see ``arp_responders``).
 
     A plane that failures touch is routed by patching its healthy routing (see
     ``_patched_actions``); ``incremental=False`` routes it from scratch instead: the same states
@@ -1579,11 +1629,13 @@ def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: s
     what it sent there until the controller's update arrives (for side-by-side comparisons)."""
     if policy not in ROUTING_POLICIES:
         raise UserError(f"unknown routing policy {policy!r}: use one of {', '.join(ROUTING_POLICIES)}")
+    if arp not in ARP_MODES:
+        raise UserError(f"unknown ARP mode {arp!r}: use one of {', '.join(ARP_MODES)}")
     failures = failures or Failures()
     was_enabled = gc.isenabled()
     gc.disable()   # millions of small acyclic tuples: the cyclic GC would rescan them over and over
     try:
-        out = _compile(g, failures, policy, switches, incremental)
+        out = _compile(g, failures, policy, switches, incremental, arp)
         if not fast_failover:
             ix = index_of(g)
             out = {name: _unprotected(ix, st) for name, st in out.items()}
@@ -1625,7 +1677,8 @@ def _dead_ports(ix: FabricIndex, failures: Failures) -> dict[str, set[int]]:
     return dead
 
 
-def _compile(g, failures: Failures, policy: str, switches, incremental: bool = True) -> dict[str, SwitchState]:
+def _compile(g, failures: Failures, policy: str, switches, incremental: bool = True,
+             arp: str = "gateway") -> dict[str, SwitchState]:
     ix = index_of(g)
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
@@ -1639,7 +1692,7 @@ def _compile(g, failures: Failures, policy: str, switches, incremental: bool = T
         # the planes are disjoint: a plane no failure touches routes as if nothing failed
         route = _patched_actions if incremental else _plane_actions
         acts = route(ix, plane, failures) if plane in touched else healthy
-        reuse = ix.healthy_states.setdefault(policy, {})
+        reuse = ix.healthy_states.setdefault((policy, arp), {})
         block_cache: dict = {}
         for sw in sws:
             if sw.name in failures.switches or (wanted is not None and sw.name not in wanted):
@@ -1653,7 +1706,7 @@ def _compile(g, failures: Failures, policy: str, switches, incremental: bool = T
             if st is not None and (a is healthy[sw.name] or a == healthy[sw.name]):
                 out[sw.name] = st      # what the failure does not change is the healthy value itself
                 continue
-            st = out[sw.name] = _switch_state(ix, sw, a, policy, tree, block_cache, pr)
+            st = out[sw.name] = _switch_state(ix, sw, a, policy, tree, block_cache, pr, arp)
             if a is healthy[sw.name]:
                 reuse[sw.name] = st
     return out
@@ -1746,8 +1799,12 @@ def deaggregated(states: Mapping[str, SwitchState], healthy: Mapping[str, Switch
     return n
 
 
-def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str) -> str | None:
-    """The MAC a leaf answers for ``target_ip`` (proxy ARP), or None: only hosts of its plane."""
+def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str, arp: str = "gateway",
+               in_port: int | None = None) -> str | None:
+    """The MAC a leaf answers for ``target_ip`` (the controller's proxy ARP), or None: only for
+    hosts of its plane, and never to the host behind ``in_port`` for its own address (a reply to
+    an announcement or a probe would look like an address conflict). ``arp`` "gateway":
+    ``GATEWAY_MAC`` (as the responder flows answer); "per-host": the target's own MAC."""
     ix = index_of(g)
     sw = ix.sw.get(leaf)
     if sw is None or sw.tier != 1:
@@ -1759,17 +1816,24 @@ def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str) -> str | None:
     entry = ix.host_addr.get(ip)
     if entry is None or entry[2] != sw.plane:
         return None
-    return entry[0]
+    if in_port is not None and any(h.port == in_port and h.ip == ip for h in sw.hosts):
+        return None
+    return GATEWAY_MAC if arp == "gateway" else entry[0]
 
 
 def describe_flow(f: Flow) -> str:
     def val(k, v):
-        if k in ("ipv4_dst", "ipv4_src"):
+        if k in IPV4_FIELDS:
             if isinstance(v, tuple):
                 return f"{ip_str(v[0])}/{ip_str(v[1])}"
             return ip_str(v)
         return f"{v[0]:#x}/{v[1]:#x}" if isinstance(v, tuple) else str(v)
+
+    def act(x: tuple) -> str:
+        if x[0] == "set_field" and x[1] in IPV4_FIELDS:
+            return f"set_field:{x[1]}:{ip_str(x[2])}"
+        return ":".join(map(str, x))
     m = ",".join(f"{k}={val(k, v)}" for k, v in f.match)
-    a = ",".join(":".join(map(str, x)) for x in f.actions) or "drop"
+    a = ",".join(act(x) for x in f.actions) or "drop"
     extra = f" x{len(f.hosts)} hosts" if f.hosts is not None else ""
     return f"table={f.table} priority={f.priority} {m} actions={a}{extra}"

@@ -33,7 +33,10 @@ are: the controller never sees the scenario's numbers again (``hpnlab controller
 discovery settles, ``adoption``, installs through the wiring check and writes it): switches
 whose datapath id is the derived one keep their name, the others are matched by the shape of the
 wiring (networkx graph isomorphism over the switch-to-switch links); host ports cannot be heard
-(hosts send no LLDP) and keep the scenario's numbers.
+(hosts send no LLDP) and keep the scenario's numbers. Symmetric switches (the leaves of identical
+planes, on datapath ids of their own) are told apart by the hosts seen behind them: the scenario
+knows each host port's MAC, so the source MAC of a frame a host sent (an ARP request reaching the
+controller) pins the switch it arrived at to that host's leaf (``hosts`` of ``from_discovery``).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ MAX_PORT = 0xFFFFFF00        # OFPP_MAX: the highest physical port number in Ope
 SWITCH_KEYS = {"dpid", "ports"}
 
 Dpids = dict[str, int]                  # switch -> datapath id
+HostsSeen = Mapping[tuple[int, int], str]   # (dpid, port) a host's frame arrived at -> its source MAC
 PortMaps = dict[str, dict[int, int]]    # switch -> scenario port -> OpenFlow port
 PortRef = int | str                     # a switch port: its OpenFlow number or its name
 NamedMaps = dict[str, dict[int, PortRef]]   # switch -> scenario port -> OpenFlow port or port name
@@ -304,9 +308,37 @@ def _by_port_numbers(g: nx.MultiGraph, heard: nx.MultiGraph, derived: Mapping[in
     return out if len(out) == len(plan) and len(set(out.values())) == len(out) else None
 
 
-def _discover(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[Dpids, PortMaps, bool]:
+def host_pins(g: nx.MultiGraph, hosts: HostsSeen) -> dict[int, str]:
+    """Datapath id -> the leaf it is, from the hosts seen behind it (``HostsSeen``): a source MAC that
+    is a host port's of the scenario puts that port's leaf there. MACs the scenario does not know are
+    left out; a datapath that hosts of two leaves put in two places, or two datapaths that claim one
+    leaf, is one UserError line (a host cabled to the wrong leaf: nothing is adopted)."""
+    leaf_of: dict[str, str] = {}
+    for u, v, d in g.edges(data=True):
+        if d.get("kind") == "host":
+            leaf_of[d["mac"].lower()] = v if g.nodes[u]["tier"] == 0 else u
+    pins: dict[int, str] = {}
+    for (dpid, _port), mac in sorted(hosts.items()):
+        leaf = leaf_of.get(str(mac).lower())
+        if leaf is None:
+            continue
+        if pins.setdefault(dpid, leaf) != leaf:
+            raise UserError(f"datapath {dpid:#018x} has hosts of two leaves behind it ({pins[dpid]} and {leaf}): "
+                            f"check the host cabling, or write the deployment file by hand")
+    claimed: dict[str, int] = {}
+    for dpid, leaf in sorted(pins.items()):
+        if claimed.setdefault(leaf, dpid) != dpid:
+            raise UserError(f"hosts of {leaf} were seen behind two datapaths ({claimed[leaf]:#018x} and {dpid:#018x}): "
+                            f"check the host cabling, or write the deployment file by hand")
+    return pins
+
+
+def _discover(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]],
+              hosts: HostsSeen | None = None) -> tuple[Dpids, PortMaps, bool]:
     """``from_discovery``'s (dpids, port maps) and whether every switch with hosts was told apart (by its
-    derived dpid or by the plan's port numbers) rather than guessed from the shape of the wiring alone."""
+    derived dpid, by the plan's port numbers or by the hosts seen behind it) rather than guessed from the
+    shape of the wiring alone."""
+    pins = host_pins(g, hosts or {})
     heard = nx.MultiGraph()
     pairs = {tuple(sorted((rx, tx))) for rx, tx in links.items()}
     for a, b in pairs:
@@ -317,13 +349,14 @@ def _discover(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]
             planned.add_edge(u, v, ports=d["ports"])
     derived = {d["dpid"]: n for n, d in g.nodes(data=True) if d["tier"] > 0}
     by_ports = _by_port_numbers(g, heard, derived)
-    if by_ports is not None:
+    if by_ports is not None and all(by_ports.get(leaf) == dpid for dpid, leaf in pins.items()):
         mapping = by_ports
     else:
+        by_ports = None
         for n in planned:
             planned.nodes[n]["pin"] = n
         for dpid in heard:
-            heard.nodes[dpid]["pin"] = derived.get(dpid)
+            heard.nodes[dpid]["pin"] = derived.get(dpid) or pins.get(dpid)
         matcher = nx.algorithms.isomorphism.MultiGraphMatcher(
             planned, heard, node_match=lambda a, b: b["pin"] is None or a["pin"] == b["pin"])
         found = next(matcher.isomorphisms_iter(), None)
@@ -346,32 +379,37 @@ def _discover(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]
             maps[name][port] = port
     with_hosts = {n for u, v in g.edges() for n, m in ((u, v), (v, u)) if g.nodes[n]["tier"] > 0 and
                   g.nodes[m]["tier"] == 0}
-    told_apart = by_ports is not None or all(dpids[n] in derived for n in with_hosts)
+    told_apart = by_ports is not None or all(dpids[n] in derived or pins.get(dpids[n]) == n for n in with_hosts)
     return dpids, maps, told_apart
 
 
-def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[Dpids, PortMaps]:
+def from_discovery(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]],
+                   hosts: HostsSeen | None = None) -> tuple[Dpids, PortMaps]:
     """(dpids, port maps) from what LLDP heard: ``links`` maps a receiving (dpid, port) to the sending
     (dpid, port). Switches are told apart by their derived dpids, else by the cabling plan's port numbers
     (every cable on the ports the scenario plans); failing both, by the shape of the wiring alone, where
     symmetric switches are interchangeable (which leaf has which hosts is then a guess: ``adoption``
-    refuses it). Raises UserError when the heard wiring does not have the scenario's shape."""
-    dpids, maps, _told_apart = _discover(g, links)
+    refuses it) unless ``hosts`` (``HostsSeen``) pin them. Raises UserError when the heard wiring does not
+    have the scenario's shape."""
+    dpids, maps, _told_apart = _discover(g, links, hosts)
     return dpids, maps
 
 
-def adoption(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]]) -> tuple[dict, str]:
+def adoption(g: nx.MultiGraph, links: Mapping[tuple[int, int], tuple[int, int]],
+             hosts: HostsSeen | None = None) -> tuple[dict, str]:
     """What ``--deployment auto`` adopts once discovery settles: (the deployment, as a file would give it,
     that ``apply`` puts the scenario on; one line saying what it maps). ``g`` is the scenario's graph,
     ``links`` what LLDP heard (as ``from_discovery``). Raises UserError when the heard wiring does not have
     the scenario's shape, or when it cannot tell which switch with hosts is which (dpids and port numbers
-    of their own, and port numbers that do not single each one out, as in a fabric of identical planes:
-    hosts send no LLDP, so two such leaves are interchangeable); nothing is adopted then."""
-    dpids, maps, told_apart = _discover(g, links)
+    of their own, and port numbers that do not single each one out, as in a fabric of identical planes,
+    until ``hosts`` has seen a host behind each such leaf); nothing is adopted then."""
+    dpids, maps, told_apart = _discover(g, links, hosts)
     if not told_apart:
-        raise UserError("the wiring has the scenario's shape, but which leaf is which cannot be told (datapath ids "
-                        "of their own, and neither the plan's port numbers nor the hosts, which send no LLDP, tell "
-                        "symmetric leaves or planes apart): check the map written and start with --deployment FILE")
+        seen = len(host_pins(g, hosts or {}))
+        raise UserError(f"the wiring has the scenario's shape, but which leaf is which cannot be told yet (datapath "
+                        f"ids of their own, port numbers that do not single each one out, and {seen} leaf(s) with a "
+                        f"host seen behind it): waiting for a frame from a host behind every leaf (an ARP request "
+                        f"does), or start with --deployment FILE")
     data = yaml.safe_load(dump(g, dpids, maps))
     switches = [n for n, d in g.nodes(data=True) if d["tier"] > 0]
     foreign = sum(dpids.get(n, g.nodes[n]["dpid"]) != g.nodes[n]["dpid"] for n in switches)

@@ -32,6 +32,8 @@ def _actions(actions: Iterable[tuple]) -> str:
         if act[0] == "set_field":
             value = ip_str(act[2]) if act[1] in ("arp_spa", "arp_tpa") and isinstance(act[2], int) else act[2]
             out.append(f"set_field:{value}->{act[1]}")
+        elif act[0] == "move":
+            out.append(f"move:{act[1]}->{act[2]}")
         elif act[0] == "metadata":
             out.append(f"write_metadata:{act[1]:#x}")
         elif act[0] == "goto":

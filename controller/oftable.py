@@ -3,12 +3,14 @@
 It walks a packet through the compiled tables of every switch it reaches, hop by hop
 across the fabric graph, with no switch running: table lookup (highest priority wins;
 two different matching entries at the same priority are an error, as the outcome would
-be undefined on a real switch), write-metadata, set-field, goto-table, output (to a port, or
+be undefined on a real switch), write-metadata, set-field, move (one field copied into another),
+goto-table, output (to a port, or
 back out of the port it came in on: ``compiler.OFPP_IN_PORT``, as ARP responder flows do), and groups
 (``SwitchState.groups``): a fast-failover ("ff") group forwards by its first bucket whose
 watch port is live, "indirect" by its only bucket. A failed link or switch swallows the
 packet. The walk ends delivered (at a host interface), dropped (table miss or a drop
-action, a dead link, or a group with no live bucket) or looping (a switch met twice in
+action, a dead link, a group with no live bucket, or a frame a host does not take: not its
+address, or an Ethernet destination that is not its MAC, as a NIC filters) or looping (a switch met twice in
 the same state -- same in_port and header -- or too many hops).
 
 Port liveness, per (switch, port), is what a fast-failover group watches. It follows the
@@ -23,6 +25,12 @@ port down, which is the same as a failed link.
     walk = net.send("h1", "h5", plane=0, sport=49152)
     walk.result  # "delivered" | "dropped" | "loop"
     walk.hops    # [(switch, in_port, out_port), ...]
+    walk.packet  # the header as it arrived (eth_dst: the receiver's MAC, eth_src: the gateway's)
+
+A packet a host sends (``packet``, ``send``) carries the Ethernet destination the host learns by
+ARP: the reply its leaf's responder flows give (``arp_mac``; none when only the controller
+answers, and then the frame's Ethernet destination is not checked). ARP packets hold their
+addresses as ints (``arp_spa``, ``arp_tpa``; dotted strings are taken too).
 
 For a replay (as Faucet's fakeoftable replays FlowMods) the tables of a switch can be
 replaced (``load``, with its groups) and changed one message at a time (``apply``: the
@@ -126,6 +134,7 @@ class FabricTables:
         self._lookup_cache: dict[str, dict[tuple, compiler.Flow | None]] = {}
         self._table_index: dict[str, dict[int, list]] = {}
         self._host_port_cache: dict[str, list] = {}
+        self._arp_cache: dict[tuple, str | None] = {}
         # (node, port) -> (peer node, peer port, link id)
         self.peer: dict[tuple, tuple] = {}
         for u, v, k, d in g.edges(keys=True, data=True):
@@ -145,6 +154,7 @@ class FabricTables:
         self._table_fields = {}
         self._table_index = {}
         self._lookup_cache = {}
+        self._arp_cache = {}
         self.failures = failures or compiler.Failures()
 
     # ---- liveness -------------------------------------------------------------------
@@ -376,6 +386,9 @@ class FabricTables:
         d = self._port(dst, plane, dst_rail)
         pkt = {"eth_type": compiler.ETH_IPV4, "eth_src": s.get("mac"), "ipv4_src": ip_int(s["ip"]),
                "ipv4_dst": ip_int(d["ip"])}
+        mac = self.arp_mac(src, s["intf"], d["ip"])
+        if mac is not None:
+            pkt["eth_dst"] = mac
         if proto == "udp":
             pkt.update(ip_proto=compiler.PROTO_UDP, udp_src=sport, udp_dst=dport)
         elif proto == "tcp":
@@ -389,6 +402,22 @@ class FabricTables:
         if not ports:
             raise KeyError(f"{host} has no port on plane {plane} rail {rail}")
         return ports[0]
+
+    def arp_mac(self, host: str, intf: int, target_ip: str | int) -> str | None:
+        """The MAC ``host`` learns for ``target_ip`` by ARP out of interface ``intf``: the reply of
+        its leaf's responder flows (None when the tables leave the request to the controller)."""
+        key = (host, intf, ip_int(target_ip) if isinstance(target_ip, str) else target_ip)
+        if key not in self._arp_cache:
+            me = next(p for p in self._host_ports(host) if p["intf"] == intf)
+            walk = self.inject(host, intf, {"eth_type": compiler.ETH_ARP, "eth_src": me["mac"],
+                                            "eth_dst": "ff:ff:ff:ff:ff:ff", "arp_op": compiler.ARP_REQUEST,
+                                            "arp_sha": me["mac"], "arp_spa": ip_int(me["ip"]),
+                                            "arp_tha": "00:00:00:00:00:00", "arp_tpa": key[2]})
+            reply = walk.packet
+            ok = (walk.result == "delivered" and walk.delivered_to == (host, intf)
+                  and reply.get("arp_op") == compiler.ARP_REPLY and reply.get("arp_spa") == key[2])
+            self._arp_cache[key] = reply.get("arp_sha") if ok else None
+        return self._arp_cache[key]
 
     def _host_ports(self, host: str) -> list:
         ports = self._host_port_cache.get(host)
@@ -436,6 +465,8 @@ class FabricTables:
         hops: list = []
         node, port = host, intf
         seen = set()
+        if pkt.get("eth_type") == compiler.ETH_ARP:
+            pkt = dict(pkt, **{k: ip_int(pkt[k]) for k in ("arp_spa", "arp_tpa") if isinstance(pkt.get(k), str)})
         for _ in range(self.MAX_HOPS):
             nxt = self.peer.get((node, port))
             if nxt is None:
@@ -444,12 +475,15 @@ class FabricTables:
             if not self.carries(lid, peer):
                 return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
             if self.g.nodes[peer]["tier"] == 0:
-                ip = next((p["ip"] for p in self._host_ports(peer) if p["intf"] == peer_port), None)
+                me = next((p for p in self._host_ports(peer) if p["intf"] == peer_port), None)
                 arp = pkt.get("eth_type") == compiler.ETH_ARP
-                to = ip_int(pkt.get("arp_tpa", "0.0.0.0")) if arp else pkt.get("ipv4_dst")
-                if ip is not None and ip_int(ip) == to:
-                    return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port), dict(pkt))
-                return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
+                to = pkt.get("arp_tpa", 0) if arp else pkt.get("ipv4_dst")
+                if me is None or ip_int(me["ip"]) != to:
+                    return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
+                if pkt.get("eth_dst", me["mac"]) not in (me["mac"], "ff:ff:ff:ff:ff:ff"):
+                    return Walk("dropped", f"{peer} intf {peer_port}: Ethernet destination {pkt['eth_dst']} is not "
+                                f"its MAC {me['mac']}", hops, (peer, peer_port))
+                return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port), dict(pkt))
             if not self.has_state(peer):
                 return Walk("dropped", f"{peer}: no state (switch failed)", hops)
             p = dict(pkt, in_port=peer_port)
@@ -475,7 +509,8 @@ class FabricTables:
         tables = self.tables(switch)
         sport = pkt.get("udp_src", pkt.get("tcp_src", 0)) & self._sport_mask[switch]
         key = (switch, pkt.get("in_port"), pkt.get("eth_src"), pkt.get("ipv4_dst"), pkt.get("ipv4_src"),
-               pkt.get("ip_proto"), "udp_src" in pkt, sport, pkt.get("eth_type"), pkt.get("arp_op"), pkt.get("arp_tpa"))
+               pkt.get("ip_proto"), "udp_src" in pkt, sport, pkt.get("eth_type"), pkt.get("arp_op"), pkt.get("arp_tpa"),
+               pkt.get("arp_spa"))
         if key not in self._pipeline_cache:
             self._pipeline_cache[key] = self._run_pipeline(switch, tables, pkt)
         return self._pipeline_cache[key]
@@ -512,6 +547,9 @@ class FabricTables:
             elif act[0] == "set_field":
                 pkt[act[1]] = act[2]
                 changes.append((act[1], act[2]))
+            elif act[0] == "move":
+                pkt[act[2]] = pkt.get(act[1])
+                changes.append((act[2], pkt[act[2]]))
             elif act[0] == "group":
                 out = self.group_output(switch, act[1])
                 if out is None:

@@ -936,13 +936,17 @@ class Reconciler:
     compiler.compile_fabric unless a test gives its own."""
 
     def __init__(self, g: nx.MultiGraph, policy: str = "aggregate", confirm_timeout_s: float = 5.0,
-                 compile_fn: CompileFn = compiler.compile_fabric, fast_failover: bool = True):
+                 compile_fn: CompileFn = compiler.compile_fabric, fast_failover: bool = True,
+                 arp: str = "gateway"):
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
         if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
             compile_fn = functools.partial(compile_fn, fast_failover=False)
+        if arp != "gateway":     # how leaves answer ARP (compiler.arp_responders)
+            compile_fn = functools.partial(compile_fn, arp=arp)
         self.fast_failover = fast_failover
+        self.arp = arp
         self.compile_fn = compile_fn
         #: remote convergence: from an event that changed the target (a port or switch seen down
         #: or up) to every connected switch confirming its new state, in seconds (the last 64)

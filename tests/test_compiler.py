@@ -59,9 +59,10 @@ def test_leaf_routes_its_hosts_drops_the_rest_of_its_prefix_and_sends_the_plane_
     leaf = compiler.compile_fabric(g)["p0l1"]
     r = routes(leaf)
     plan = g.graph["plan"]
-    hosts = {p["ip"]: p["leaf_port"] for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["leaf"] == "p0l1"}
-    assert {k: v for k, v in r.items() if k.endswith("/32")} == {f"{ip}/32": (("output", port),)
-                                                               for ip, port in hosts.items()}
+    hosts = {p["ip"]: p for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["leaf"] == "p0l1"}
+    assert {k: v for k, v in r.items() if k.endswith("/32")} == {   # from the gateway to the host's own MAC
+        f"{ip}/32": (("set_field", "eth_src", compiler.GATEWAY_MAC), ("set_field", "eth_dst", p["mac"]),
+                     ("output", p["leaf_port"])) for ip, p in hosts.items()}
     assert r[g.nodes["p0l1"]["prefix"]] == ()                               # the rest of its prefix: drop
     up = r[plan.plane_prefix(0)]
     assert up[0][0] == "metadata" and up[1] == ("goto", compiler.TABLE_ENTROPY)    # multipath over both uplinks
@@ -311,7 +312,8 @@ def test_next_hop_set_ids_are_stable_and_distinct():
 def test_arp_is_answered_only_for_hosts_of_the_leafs_plane():
     g = fabric("mini-hpn")
     h5 = {p["plane"]: p for p in graph.host_ports(g, "h5")}
-    assert compiler.arp_answer(g, "p0l0", h5[0]["ip"]) == h5[0]["mac"]
+    assert compiler.arp_answer(g, "p0l0", h5[0]["ip"]) == compiler.GATEWAY_MAC
+    assert compiler.arp_answer(g, "p0l0", h5[0]["ip"], "per-host") == h5[0]["mac"]
     assert compiler.arp_answer(g, "p0l0", h5[1]["ip"]) is None          # other plane
     assert compiler.arp_answer(g, "p0l0", "10.0.0.250") is None          # no such host
     assert compiler.arp_answer(g, "p0s0", h5[0]["ip"]) is None           # spines answer nothing

@@ -230,6 +230,48 @@ def test_auto_adopts_nothing_when_it_cannot_tell_which_leaf_is_which(g, rewire):
         deployment.adoption(g, heard_by_dpid(physical(g, rewire)))
 
 
+def hosts_seen(cabling, leaves=None) -> dict:
+    """(dpid, port) -> source MAC: one host port behind each leaf (of ``leaves``), as the frames its
+    host sends (an ARP request) reach the controller."""
+    out: dict[tuple[int, int], str] = {}
+    for h in fgraph.hosts(cabling):
+        for p in fgraph.host_ports(cabling, h):
+            if (leaves is None or p["leaf"] in leaves) and not any(k[0] == cabling.nodes[p["leaf"]]["dpid"]
+                                                                  for k in out):
+                out[cabling.nodes[p["leaf"]]["dpid"], p["leaf_port"]] = p["mac"]
+    return out
+
+
+@pytest.mark.parametrize("rewire", [FOREIGN, Rewire(dpid_base=0xAB00000000000000)], ids=["ports", "planes"])
+def test_auto_tells_identical_planes_apart_by_the_hosts_seen_behind_each_leaf(g, rewire):
+    cabling = physical(g, rewire)
+    data, line = deployment.adoption(g, heard_by_dpid(cabling), hosts_seen(cabling))
+    assert mistakes(g, data) == []
+    assert line.startswith("12 switches, 12 on datapath ids of their own")
+    leaves = [n for n in data["switches"] if g.nodes[n]["tier"] == 1]
+    assert {n: deployment.parse_dpid(data["switches"][n]["dpid"]) for n in leaves} == {
+        n: cabling.nodes[n]["dpid"] for n in leaves}                    # each leaf is the one its hosts are on
+    out = deployment.apply(g, data)
+    by_dpid = compiler.index_of(out).by_dpid
+    heard = heard_by_dpid(cabling)
+    assert wiring.compare(out, {(by_dpid[rx[0]], rx[1]): (by_dpid[tx[0]], tx[1]) for rx, tx in heard.items()}).clean
+
+
+def test_auto_waits_while_a_leaf_has_no_host_seen_behind_it(g):
+    cabling = physical(g, FOREIGN)
+    with pytest.raises(UserError, match=r"cannot be told yet .* 3 leaf\(s\) with a host seen"):
+        deployment.adoption(g, heard_by_dpid(cabling), hosts_seen(cabling, leaves={"p0l0", "p0l1", "p1l0"}))
+
+
+def test_hosts_of_two_leaves_behind_one_switch_is_one_line(g):
+    cabling = physical(g, FOREIGN)
+    seen = hosts_seen(cabling)
+    (dpid, port), _mac = next(iter(seen.items()))
+    other = next(mac for (d, _p), mac in seen.items() if d != dpid)
+    with pytest.raises(UserError, match="has hosts of two leaves behind it"):
+        deployment.adoption(g, heard_by_dpid(cabling), seen | {(dpid, port + 1): other})
+
+
 def test_auto_on_the_scenarios_own_numbers_adopts_them_unchanged(g):
     data, line = deployment.adoption(g, heard_by_dpid(g))
     assert line == "12 switches, all on the scenario's datapath ids and port numbers"

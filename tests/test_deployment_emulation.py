@@ -1,8 +1,10 @@
-"""``--deployment auto`` on a live fabric: mini-spine-leaf (one plane, so the plan's port numbers tell its
-leaves apart) on real Open vSwitch, every switch on a datapath id of its own (hpnlab.fabric.emulation.rewire),
-the controller started with no deployment file. It hears the switches by LLDP, adopts the map once
-discovery settles and installs on it through the wiring check, with no restart; the map is written for
-the next start. One emulation for the module (about 30 s)."""
+"""``--deployment auto`` on a live fabric, every switch on a datapath id of its own
+(hpnlab.fabric.emulation.rewire), the controller started with no deployment file: mini-spine-leaf (one
+plane, so the plan's port numbers tell its leaves apart) and mini-hpn (two identical planes, which only
+the hosts behind its leaves tell apart: one host port behind each leaf pings while the switches connect,
+and its ARP requests reach the controller). It hears the switches by LLDP, adopts the map once it can
+tell every leaf apart and installs on it through the wiring check, with no restart; the map is written
+for the next start. One emulation per scenario (about 30 s each)."""
 from __future__ import annotations
 
 import pytest
@@ -17,13 +19,26 @@ DPID_BASE = 0xCD00000000000000
 REWIRE = Rewire(dpid_base=DPID_BASE)
 
 
-@pytest.fixture(scope="module")
-def emu(emulation_ready, tmp_path_factory):
+def _hosts_talk(e) -> None:
+    """on_built: one host port behind every leaf pings a peer of its plane for 30 s, so that its ARP requests
+    reach the controller while the switches are still strangers to it (what a site's hosts do anyway)."""
+    first: dict[str, dict] = {}
+    for h in fgraph.hosts(e.graph):
+        for p in fgraph.host_ports(e.graph, h):
+            first.setdefault(p["leaf"], dict(p, host=h))
+    for leaf, p in sorted(first.items()):
+        peer = next(q for q in first.values() if q["plane"] == p["plane"] and q["leaf"] != leaf)
+        e.host(p["host"]).cmd(f"ping -c 60 -i 0.5 -W 1 -I {fgraph.intf_name(p['host'], p['intf'])} {peer['ip']} "
+                              f">/dev/null 2>&1 &")
+
+
+@pytest.fixture(scope="module", params=["mini-spine-leaf", "mini-hpn"])
+def emu(request, emulation_ready, tmp_path_factory):
     from hpnlab.fabric.emulation import Emulation
 
     site = tmp_path_factory.mktemp("auto") / "site.yaml"
-    e = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
-                  controller_args=["--deployment", "auto", "--deployment-out", str(site)])
+    e = Emulation(request.param, ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
+                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk)
     e.start()
     try:
         yield e, site
@@ -35,7 +50,8 @@ def test_auto_adopts_the_switches_it_hears_and_installs_them_without_a_restart(e
     e, site = emu
     report = e.metadata["wiring"]
     with capsys.disabled():
-        print(f"\ndeployment auto: adopted {report['deployment']['adopted']}; installed {report['installed']}")
+        print(f"\ndeployment auto ({e.scenario.name}): adopted {report['deployment']['adopted']}; "
+              f"installed {report['installed']}")
     switches = len(fgraph.switches(e.graph))
     assert f"{switches} on datapath ids of their own" in report["deployment"]["adopted"]
     assert report["counts"] == {"missing": 0, "miswired": 0, "unexpected": 0}
@@ -45,4 +61,7 @@ def test_auto_adopts_the_switches_it_hears_and_installs_them_without_a_restart(e
     data = deployment.load(e.graph, site)            # the map it adopted, written with no mistake
     assert {deployment.parse_dpid(s["dpid"]) for s in data["switches"].values()} == set(
         foreign_dpids(e.graph, DPID_BASE).values())
+    leaves = [n for n in data["switches"] if e.graph.nodes[n]["tier"] == 1]
+    assert {n: deployment.parse_dpid(data["switches"][n]["dpid"]) for n in leaves} == {
+        n: foreign_dpids(e.graph, DPID_BASE)[n] for n in leaves}        # each leaf where its hosts are
     assert e.ping_all()["failed"] == []

@@ -229,6 +229,45 @@ def test_deployment_auto_adopts_what_it_hears_and_installs_foreign_switches_with
     assert {n: app.graph.nodes[n]["dpid"] for n in net.dps} == {n: dp.id for n, dp in net.dps.items()}
 
 
+def arp_frame(port: dict) -> bytes:
+    """The ARP request a host sends out of ``port`` (graph.host_ports' entry) for the first address of its plane."""
+    from os_ken.lib.packet import arp, ethernet, packet
+    pkt = packet.Packet()
+    pkt.add_protocol(ethernet.ethernet(dst="ff:ff:ff:ff:ff:ff", src=port["mac"], ethertype=0x0806))
+    pkt.add_protocol(arp.arp(opcode=1, src_mac=port["mac"], src_ip=port["ip"], dst_ip="10.0.0.1"))
+    pkt.serialize()
+    return bytes(pkt.data)
+
+
+def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_leaves(make_app, tmp_path):
+    """mini-hpn on datapath ids of its own: its two planes look alike to LLDP. Strangers get the leaves'
+    ARP-to-controller entry; once a host behind every leaf has sent an ARP request, the map is adopted with
+    each leaf on the datapath its hosts are behind."""
+    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(tmp_path / "d.yaml"),
+                   HPNLAB_DISCOVERY_S="0")
+    cabling = physical(scenario(), Rewire(dpid_base=0xAB00000000000000))
+    net = Fabric(app, cabling)
+    net.connect()
+    arp_rules = {n: [m for m in msgs if isinstance(m, parser.OFPFlowMod) and m.match.get("eth_type") == 0x0806]
+                 for n, msgs in net.installed.items()}
+    assert all(len(rules) == 1 and rules[0].cookie == ctlapp.COOKIE for rules in arp_rules.values()), arp_rules
+    app._wiring_tick()
+    net.deliver()
+    assert app.deployment_adopted is None and len(app.strangers) == 12        # which leaf is which: not yet
+    first: dict[str, dict] = {}
+    for h in graph.hosts(cabling):
+        for p in graph.host_ports(cabling, h):
+            first.setdefault(p["leaf"], p)
+    for leaf, p in sorted(first.items()):
+        net.packet_in(leaf, p["leaf_port"], arp_frame(p))
+    app._wiring_tick()
+    net.deliver()
+    assert app.deployment_adopted is not None and "12 on datapath ids of their own" in app.deployment_adopted
+    assert app.strangers == {} and app.released == set(net.dps) and app.wiring_report.clean
+    leaves = [n for n in net.dps if cabling.nodes[n]["tier"] == 1]
+    assert {n: app.graph.nodes[n]["dpid"] for n in leaves} == {n: net.dps[n].id for n in leaves}
+
+
 def named_deployment(tmp_path, rewire: Rewire, edit=None) -> str:
     import yaml
 
