@@ -100,15 +100,19 @@ def per_path_spray_entries(net, job, src, dst):
     return np.array(f), np.array(lk), np.array(w)
 
 
+def random_step(preset: str, failed: bool):
+    """A preset's network (one random fabric link down when ``failed``), a random job on it and a
+    random permutation of its ranks: (net, job, src, dst)."""
+    g = fabric(preset)
+    net = model.Network(g, model.random_fabric_links(g, 1, 2) if failed else None)
+    job = model.make_job(g, None, "random", 3)
+    return net, job, np.arange(job.n), np.array(collectives.random_perm(job.n, 3))
+
+
 @pytest.mark.parametrize("preset,failed", [("mini-hpn", False), ("mini-hpn", True), ("mini-rail", False),
                                            ("mini-cross-campus", False)])
 def test_aggregated_spray_entries_load_and_share_links_as_one_entry_per_path(preset, failed):
-    g = fabric(preset)
-    fail = model.random_fabric_links(g, 1, 2) if failed else None
-    net = model.Network(g, fail)
-    job = model.make_job(g, None, "random", 3)
-    src = np.arange(job.n)
-    dst = np.array(collectives.random_perm(job.n, 3))
+    net, job, src, dst = random_step(preset, failed)
     host = net.rank_table(job)[3]
     keep = host[src] != host[dst]
     src, dst = src[keep], dst[keep]
@@ -190,12 +194,7 @@ def test_path_drain_times_equal_the_entry_drain_times_bit_for_bit(seed):
 @pytest.mark.parametrize("preset,failed", [("mini-hpn", False), ("mini-hpn", True), ("small-hpn", False),
                                            ("mini-cross-campus", True), ("fat-tree", False)])
 def test_path_flows_of_a_step_share_links_as_their_entries_do(preset, failed, routing):
-    g = fabric(preset)
-    fail = model.random_fabric_links(g, 1, 2) if failed else None
-    net = model.Network(g, fail)
-    job = model.make_job(g, None, "random", 3)
-    src = np.arange(job.n)
-    dst = np.array(collectives.random_perm(job.n, 3))
+    net, job, src, dst = random_step(preset, failed)
     r = model.route_step(net, job, (src, dst), 1e6, routing, 4)
     assert r.paths is not None
     n = r.paths.shape[1]
