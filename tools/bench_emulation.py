@@ -11,6 +11,10 @@ rate (one TCP flow; UDP offered at 3x the rate), with the spread and the machine
 average beside them: these figures depend on the machine's load, so they live here and
 not in the tests. Needs root and Open vSwitch; when they are missing it says so and exits 0
 (nothing to measure).
+
+A preset may carry overrides, ``PRESET:FIELD=VALUE,...`` (e.g. ``small-hpn:segments_per_pod=24``,
+96 hosts x 2 planes), to find the largest fabric that comes up within the goal; one the size
+check refuses is reported in one line (the refusal is the answer) and the next is tried.
 """
 from __future__ import annotations
 
@@ -114,13 +118,15 @@ def shaping_ratios(emu, repeat: int, seconds: float = 3.0) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("presets", nargs="*", default=["mini-hpn", "small-hpn"])
+    ap.add_argument("presets", nargs="*", default=["mini-hpn", "small-hpn"],
+                    help="presets or scenario files, each optionally PRESET:FIELD=VALUE,... (overrides)")
     ap.add_argument("--goal-s", type=float, default=60.0)
     ap.add_argument("--load-s", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each shaping measurement (first preset)")
     args = ap.parse_args()
-    from hpnlab.fabric import kernel
+    from hpnlab.fabric import kernel, spec
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.errors import UserError
 
     caps = kernel.probe(deep=False)
     if not caps.root or not caps.ovs_running or not caps.mininet:
@@ -129,13 +135,22 @@ def main() -> int:
     print(f"machine: {caps.cpus} cores, datapath {caps.datapath}, load average {os.getloadavg()[0]:.2f}; "
           f"goal: up in < {args.goal_s:g} s")
     ok = True
-    for i, preset in enumerate(args.presets):
-        emu = Emulation(preset, controller="hpnlab", lock_wait_s=300, log=None)
-        emu.start()
+    header = False
+    for i, arg in enumerate(args.presets):
+        preset, _, sets = arg.partition(":")
+        try:
+            overrides = spec.parse_overrides([x for x in sets.split(",") if x])
+            emu = Emulation(preset, overrides=overrides, controller="hpnlab", lock_wait_s=300, log=None)
+            emu.start()
+        except UserError as exc:
+            print(f"{arg}: not emulated: {exc}", flush=True)
+            ok = False
+            continue
         try:
             if i == 0 and args.repeat > 0:
                 shaping_ratios(emu, args.repeat)
-            if i == 0:
+            if not header:
+                header = True
                 print(f"{'preset':<12} {'hosts':>5} {'ports':>5} {'switches':>8} {'ctl':>6} {'built':>6} "
                       f"{'conn':>6} {'up':>6} {'up/goal':>7} {'stop':>5} {'idle busy':>9} {'load busy':>9} "
                       f"{'fabric cores':>12} {'headroom':>8} {'TCP Mb/s':>8} {'of shaped':>9}")
@@ -149,7 +164,7 @@ def main() -> int:
         s = emu.scenario
         ratio = tm["up_s"] / args.goal_s
         ok &= ratio < 1.0
-        print(f"{preset:<12} {s.hosts:>5} {s.hosts * s.ports_per_host:>5} "
+        print(f"{arg:<12} {s.hosts:>5} {s.hosts * s.ports_per_host:>5} "
               f"{emu.graph.number_of_nodes() - s.hosts:>8} {tm['controller_s']:>6.1f} {tm['built_s']:>6.1f} "
               f"{tm['connected_s']:>6.1f} {tm['up_s']:>6.1f} {ratio:>7.2f} {stop_s:>5.1f} {idle:>9.0%} "
               f"{busy:>9.0%} {fabric_cores:>12.2f} {1 - fabric_cores / caps.cpus:>8.0%} {mbps:>8.1f} "
