@@ -25,6 +25,7 @@ from hpnlab.fabric.transport.entropy import (
     lay_out,
 )
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
+from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
 # clear of test_run_local's 22000s and the benchmarks' 23000s)
@@ -411,6 +412,37 @@ def test_tcp_delivers_messages_in_order_between_two_ranks():
         _close(t0, t1)
     assert out[1][0] == msgs
     assert out[0][0]["bytes"] >= sum(map(len, msgs))
+
+
+@pytest.mark.parametrize("bit", [0, 1, 2])
+def test_tcp_source_ports_spread_each_low_bit_as_a_five_tuple_hash_would(bit):
+    # the kernel's connect() ports are all even: bit 0 would send every flow of a host one way
+    ports = [source_port("10.0.0.1", f"10.{p}.{i}.9", 29500 + i) for p in range(2) for i in range(128)]
+    ones = sum(port >> bit & 1 for port in ports)
+    assert 0.35 < ones / len(ports) < 0.65
+    assert all(EPHEMERAL[0] <= port < EPHEMERAL[1] for port in ports)
+
+
+def test_a_tcp_source_port_is_the_same_for_the_same_connection_and_moves_with_the_attempt():
+    assert source_port("10.0.0.1", "10.0.0.2", 29501) == source_port("10.0.0.1", "10.0.0.2", 29501)
+    assert source_port("10.0.0.1", "10.0.0.2", 29501, 1) != source_port("10.0.0.1", "10.0.0.2", 29501)
+
+
+def test_tcp_ranks_send_on_connections_they_opened_from_their_hashed_source_ports():
+    t0, t1, _ = _pair("tcp", base=BASE + 80)
+    msg = _messages(3)[4]
+
+    def both_ways(t):
+        peer = 1 - t.rank
+        got = t.exchange([(peer, msg)], [(peer, len(msg))])[0]
+        s = t.conns[peer].sock
+        return bytes(got), s.getsockname()[1], s.getpeername()[1]
+
+    out = _run_both(t0, t1, both_ways, both_ways)
+    assert out[0][0] == msg and out[1][0] == msg
+    assert (out[0][2], out[1][2]) == (BASE + 81, BASE + 80)     # each sends to the other's listener
+    assert out[0][1] in {source_port("127.0.0.2", "127.0.0.3", BASE + 81, a) for a in range(64)}
+    assert out[1][1] in {source_port("127.0.0.3", "127.0.0.2", BASE + 80, a) for a in range(64)}
 
 
 def test_tcp_reports_a_peer_that_closes_mid_run():

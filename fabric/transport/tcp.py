@@ -1,11 +1,18 @@
-"""Kernel TCP: one connection per pair of ranks, messages framed by a small header.
+"""Kernel TCP: one connection per ordered pair of ranks, messages framed by a small header.
 
 Rank i listens on port ``base_port + i`` on each of its addresses and connects to every
-lower rank (so each pair has exactly one connection, in both directions). A pair uses
-plane ``(i + j) mod planes``: like per-flow ECMP across planes, fixed for the pair; the
-kernel chooses the source port. ECN is whatever the host's ``net.ipv4.tcp_ecn`` says
-(reported in ``info()``); the kernel's own counters (TCP_INFO: retransmissions, CE-marked
-deliveries, bytes acked) are the per-flow counters.
+other rank; it sends on the connections it opened and receives on those it accepted (as
+NCCL's socket transport: the sender connects). A pair uses plane ``(i + j) mod planes``:
+like per-flow ECMP across planes, fixed for the pair.
+
+The source port is the fabric's entropy (the switches match its bits), so each connection
+binds one drawn from a hash of its addresses and destination port (:func:`source_port`), as
+a switch's 5-tuple hash would spread it. Left to the kernel, every flow of a host would take
+the same path on any fabric whose entropy map reads bit 0: Linux gives ``connect()`` even
+ports only (``bind()`` keeps the odd ones), and the accepting side of a connection sends from
+its one listening port. ECN is whatever the host's ``net.ipv4.tcp_ecn`` says (reported in
+``info()``); the kernel's own counters (TCP_INFO: retransmissions, CE-marked deliveries,
+bytes acked) are the per-flow counters.
 """
 from __future__ import annotations
 
@@ -15,12 +22,24 @@ import selectors
 import socket
 import struct
 import time
+import zlib
 
 from .base import PeerLost, Transport, TransportError
 
 HDR = struct.Struct("!IQ")          # magic, message length
 MAGIC = 0x48504E4C                  # "HPNL"
 SAMPLE_S = 0.025
+EPHEMERAL = (32768, 61000)          # Linux's default ip_local_port_range, end exclusive
+BIND_TRIES = 16
+
+
+def source_port(src_ip: str, dst_ip: str, dst_port: int, attempt: int = 0) -> int:
+    """The source port a connection binds: a CRC-32 of its addresses, destination port and
+    ``attempt`` (the next one if that port is taken) over the ephemeral range, so the bits the
+    switches match are spread as a 5-tuple hash spreads flows, and a run is repeatable (pure)."""
+    lo, hi = EPHEMERAL
+    key = f"{src_ip} {dst_ip} {dst_port} {attempt}".encode()
+    return lo + zlib.crc32(key) % (hi - lo)
 
 
 def tcp_ecn_setting() -> str:
@@ -88,7 +107,8 @@ class TcpTransport(Transport):
         self.base_port = base_port
         self.timeout_s = timeout_s
         self.sndbuf = sndbuf
-        self.conns: dict[int, _Conn] = {}
+        self.conns: dict[int, _Conn] = {}       # the connections this rank opened: it sends on them
+        self.rconns: dict[int, _Conn] = {}      # the ones it accepted: it receives on them
         self.sel = selectors.DefaultSelector()
         self.listeners: list[socket.socket] = []
 
@@ -112,26 +132,28 @@ class TcpTransport(Transport):
             ls.setblocking(False)
             self.listeners.append(ls)
         deadline = time.monotonic() + self.timeout_s
-        to_connect = list(range(self.rank))
-        while to_connect or len(self.conns) < self.nranks - 1:
+        to_connect = [r for r in range(self.nranks) if r != self.rank]
+        attempts = dict.fromkeys(to_connect, 0)    # a failed connect tries the next source port
+        while to_connect or len(self.rconns) < self.nranks - 1:
             if time.monotonic() > deadline:
-                missing = [r for r in range(self.nranks) if r != self.rank and r not in self.conns]
+                missing = to_connect or [r for r in range(self.nranks) if r != self.rank and r not in self.rconns]
                 r = missing[0]
                 raise PeerLost(r, self.addrs[r][self._plane(self.rank, r)],
                                f"did not connect within {self.timeout_s:g} s (unreachable or not started)")
             for r in list(to_connect):
                 ip = self.addrs[r][self._plane(self.rank, r)]
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind((self.addrs[self.rank][self._plane(self.rank, r)], 0))
+                s, attempts[r] = self._bound_socket(self.addrs[self.rank][self._plane(self.rank, r)], ip,
+                                                    self.base_port + r, attempts[r])
                 s.settimeout(0.5)
                 try:
                     s.connect((ip, self.base_port + r))
                     s.sendall(struct.pack("!II", MAGIC, self.rank))
                 except OSError:
                     s.close()
+                    attempts[r] += 1
                     continue
                 to_connect.remove(r)
-                self._add(r, s, ip)
+                self.conns[r] = self._conn(r, s, ip)
             for ls in self.listeners:
                 while True:
                     try:
@@ -144,19 +166,37 @@ class TcpTransport(Transport):
                     except (OSError, ConnectionError):
                         s.close()
                         continue
-                    if magic != MAGIC or not 0 <= peer < self.nranks:
+                    if magic != MAGIC or not 0 <= peer < self.nranks or peer == self.rank:
                         s.close()
                         continue
-                    self._add(peer, s, ip)
-            if to_connect or len(self.conns) < self.nranks - 1:
+                    self.rconns[peer] = self._conn(peer, s, ip)
+            if to_connect or len(self.rconns) < self.nranks - 1:
                 time.sleep(0.02)
 
-    def _add(self, peer: int, s: socket.socket, ip: str) -> None:
+    @staticmethod
+    def _bound_socket(src_ip: str, dst_ip: str, dst_port: int, attempt: int) -> tuple[socket.socket, int]:
+        """A socket bound to ``src_ip`` and the connection's :func:`source_port` for ``attempt``
+        (the next candidates while one is taken; the kernel's choice after ``BIND_TRIES``), and
+        the attempt that bound."""
+        for a in range(attempt, attempt + BIND_TRIES + 1):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            port = source_port(src_ip, dst_ip, dst_port, a) if a < attempt + BIND_TRIES else 0
+            try:
+                s.bind((src_ip, port))
+                return s, a
+            except OSError:
+                s.close()
+                if port == 0:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _conn(self, peer: int, s: socket.socket, ip: str) -> _Conn:
         s.setblocking(False)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.sndbuf:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.sndbuf)
-        self.conns[peer] = _Conn(peer, s, ip)
+        return _Conn(peer, s, ip)
 
     def exchange(self, sends, recvs, wait_sends: bool = True):
         """See ``hpnlab.fabric.transport``; with ``wait_sends=False`` the sends are copied and written
@@ -165,7 +205,7 @@ class TcpTransport(Transport):
         done_at = [0.0] * len(recvs)          # when each receive completed (monotonic s)
         slots: dict[int, list[int]] = {}
         for i, (peer, nbytes) in enumerate(recvs):
-            c = self.conns[peer]
+            c = self.rconns[peer]
             c.inq.append(nbytes)
             slots.setdefault(peer, []).append(i)
         for peer, data in sends:
@@ -176,9 +216,8 @@ class TcpTransport(Transport):
             c.out.append(memoryview(HDR.pack(MAGIC, len(mv))))
             c.out.append(mv)
         mine = {peer for peer, _ in sends} if wait_sends else set()
-        active = {c.peer for c in self.conns.values() if c.out or c.inq}
-        for peer in active:
-            c = self.conns[peer]
+        active = [c for c in (*self.conns.values(), *self.rconns.values()) if c.out or c.inq]
+        for c in active:
             ev = (selectors.EVENT_READ if c.inq else 0) | (selectors.EVENT_WRITE if c.out else 0)
             self.sel.register(c.sock, ev, c)
         pending_recv = len(recvs)
@@ -188,7 +227,7 @@ class TcpTransport(Transport):
                 events = self.sel.select(timeout=0.2)
                 now = time.monotonic()
                 if not events and now - last_progress > self.timeout_s:
-                    c = next(self.conns[p] for p in active if self.conns[p].out or self.conns[p].inq)
+                    c = next(c for c in active if c.out or c.inq)
                     raise PeerLost(c.peer, c.addr, f"made no progress for {self.timeout_s:g} s")
                 for key, mask in events:
                     c = key.data
@@ -206,12 +245,12 @@ class TcpTransport(Transport):
                     else:
                         self.sel.unregister(c.sock)
                     last_progress = now
-                    if now - c.last_sample >= SAMPLE_S:
+                    if mask & selectors.EVENT_WRITE and now - c.last_sample >= SAMPLE_S:
                         self._sample(c, now)
         finally:
-            for peer in active:
+            for c in active:
                 try:
-                    self.sel.unregister(self.conns[peer].sock)
+                    self.sel.unregister(c.sock)
                 except (KeyError, ValueError):
                     pass
         if recvs:
@@ -303,7 +342,7 @@ class TcpTransport(Transport):
         return out
 
     def close(self) -> None:
-        for c in self.conns.values():
+        for c in (*self.conns.values(), *self.rconns.values()):
             try:
                 c.sock.close()
             except OSError:
