@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--no-collectives", action="store_true",
                    help="skip the collective experiment (the default 'hpnlab run' matrix)")
+    p.add_argument("--no-measure", action="store_true",
+                   help="on a machine whose budget was never measured, run at the preset's rates instead of "
+                        "measuring it first (hpnlab doctor --measure, about 2 min, once: it is cached)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -38,6 +41,11 @@ def cmd_demo(args) -> int:
 
         from .cmd_run import default_ranks
         g = fgraph.build(spec.load(args.scenario, overrides))
+        if not args.no_measure and not (sizing.load_budget() or {}).get("ports"):
+            from . import bench_ports
+            say(f"[0/5] this machine's packet budget was never measured: measuring it once (about 2 min, "
+                f"cached in {sizing.budget_path()}; --no-measure skips)")
+            bench_ports.main(["--save", "--tc-check"])
         plan = plan.replace(ranks=default_ranks(g, plan.jobs))
         rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)
         overrides = spec.deep_merge(overrides, rates)
