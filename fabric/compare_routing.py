@@ -62,8 +62,9 @@ COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
 TWO_JOBS = "two_jobs"
 TWO_JOBS_COLLECTIVE = "all_to_all"
 #: the flow model's routing (``hpnlab.fabric.model``) for each mode: ecmp and flowlet with one connection per
-#: plane per rank pair, as the transport's policies; the model has no weighted switches, so adaptive+w is
-#: predicted as adaptive
+#: plane per rank pair, as the transport's policies; adaptive+w is predicted as adaptive on ecmp switches:
+#: the comparison does not use the model's weighted switches (``run_collective(switch_weights="weighted")``,
+#: `hpnlab model --switch-weights weighted`; single collectives only, ``run_jobs`` has none)
 MODEL_ROUTING = {"ecmp": "flow", "flowlet": "flowlet", "spray": "spray", "adaptive": "adaptive",
                  "adaptive+w": "adaptive"}
 
