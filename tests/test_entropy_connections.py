@@ -124,8 +124,9 @@ def test_weighted_switches_see_the_source_ports_the_transport_binds():
     transport's high bits too, past the ports below 1024 it skips (ranks 1 to 512 on mini-hpn)."""
     from test_model_weights import half_rate_uplink, permutation_step
 
+    from hpnlab.fabric import spec
     from hpnlab.fabric.transport.roce import RoceTransport
-    g = fabric("mini-hpn")
+    g = graph.build(spec.load("mini-hpn"))             # its own: the shared fabric() must not change
     half_rate_uplink(g, "p0l0", "p0s0")
     net = model.Network(g)
     job, step = permutation_step(g, net)
