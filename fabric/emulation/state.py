@@ -332,7 +332,7 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
                 os.sched_setscheduler(entry["pid"], entry["policy"], os.sched_param(entry["priority"]))
             except OSError as exc:
                 log(f"could not restore the scheduling policy of pid {entry['pid']}: {exc}")
-    restore_send_buffers(state.send_buffers, log)
+    removed["send_buffers"] = restore_send_buffers(state.send_buffers, log)    # put back, in fact
     skip = _ancestors()
     # 1. processes: recorded ones (by pid and start time), then any marked in the environment
     victims = [(p["pid"], p.get("start"), p.get("group", False)) for p in state.pids
