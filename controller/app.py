@@ -616,6 +616,8 @@ class HpnController(BaseApp):
         #: --deployment auto: (dpid, port) of a stranger -> the source MAC of a host's frame that arrived there
         #: (deployment.host_pins tells symmetric leaves apart by it)
         self.hosts_seen: dict[tuple[int, int], str] = {}
+        self._host_leaves: dict[str, str] | None = None          # MAC -> leaf (deployment.host_leaves), on first use
+        self._unknown_macs_logged: set[tuple[int, int, str]] = set()    # each logged once (bounded)
         self._deployment_written: dict | None = None
         self._last_connect = time.monotonic()    # the last time discovery learnt something (switch, port, link)
         #: when every switch the decision allows first held its desired tables (written into the report:
@@ -860,15 +862,23 @@ class HpnController(BaseApp):
             dp.send_msg(msg)
 
     def _host_seen(self, dpid: int, in_port: int | None, data: bytes) -> str:
-        """--deployment auto: a frame from a host port of a stranger (not LLDP): its source MAC, which the
-        scenario knows, pins the stranger to that host's leaf once the map is adopted."""
+        """--deployment auto: a frame from a host port of a stranger (not LLDP): its source MAC, when the
+        scenario knows it, pins the stranger to that host's leaf once the map is adopted; the latest known
+        MAC per port counts, an unknown one is logged and not kept (``deployment.note_host``)."""
         eth = packet.Packet(bytes(data)).get_protocol(ethernet.ethernet)
-        if eth is None or in_port is None or (dpid, in_port) in self.hosts_seen or \
-                len(self.hosts_seen) >= MAX_HOSTS_SEEN or self.deployment_adopted is not None:
+        if eth is None or in_port is None or self.deployment_adopted is not None:
             return "ignored"
-        self.hosts_seen[dpid, in_port] = eth.src
-        LOG.info("deployment auto: host %s seen behind datapath %016x port %d", eth.src, dpid, in_port)
-        return "host-seen"
+        if self._host_leaves is None:
+            self._host_leaves = deployment.host_leaves(self.scenario_graph)
+        outcome = deployment.note_host(self.hosts_seen, self._host_leaves, dpid, in_port, eth.src, MAX_HOSTS_SEEN)
+        if outcome == "host-seen":
+            LOG.info("deployment auto: host %s seen behind datapath %016x port %d", eth.src, dpid, in_port)
+        elif outcome == "unknown-mac" and len(self._unknown_macs_logged) < MAX_HOSTS_SEEN and \
+                (dpid, in_port, eth.src) not in self._unknown_macs_logged:
+            self._unknown_macs_logged.add((dpid, in_port, eth.src))
+            LOG.info("deployment auto: a frame from %s behind datapath %016x port %d not kept: no host port of "
+                     "the scenario has that MAC", eth.src, dpid, in_port)
+        return outcome
 
     def _adopt_discovered(self) -> None:
         """--deployment auto, once discovery settles: the map LLDP discovered (``deployment.adoption``) is

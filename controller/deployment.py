@@ -308,15 +308,36 @@ def _by_port_numbers(g: nx.MultiGraph, heard: nx.MultiGraph, derived: Mapping[in
     return out if len(out) == len(plan) and len(set(out.values())) == len(out) else None
 
 
+def host_leaves(g: nx.MultiGraph) -> dict[str, str]:
+    """Source MAC (lower case) of every host port of the scenario -> the leaf that port is cabled to."""
+    return {d["mac"].lower(): (v if g.nodes[u]["tier"] == 0 else u)
+            for u, v, d in g.edges(data=True) if d.get("kind") == "host"}
+
+
+def note_host(hosts: dict[tuple[int, int], str], leaves: Mapping[str, str], dpid: int, port: int, mac: str,
+              limit: int) -> str:
+    """--deployment auto: a frame with source ``mac`` arrived on (``dpid``, ``port``) of a stranger;
+    ``hosts`` (``HostsSeen``, updated in place) keeps, per port, the latest MAC of a host port the
+    scenario knows (``leaves``: :func:`host_leaves`). Returns what it did: "host-seen" (a known MAC
+    kept, replacing another one held there: the host seen last is the one cabled there now),
+    "unknown-mac" (not a host port's of the scenario: not kept, so that a stray frame cannot hold the
+    port against its host's own) or "ignored" (the same MAC again, or ``limit`` ports held)."""
+    mac = mac.lower()
+    if mac not in leaves:
+        return "unknown-mac"
+    key = (dpid, port)
+    if hosts.get(key) == mac or (key not in hosts and len(hosts) >= limit):
+        return "ignored"
+    hosts[key] = mac
+    return "host-seen"
+
+
 def host_pins(g: nx.MultiGraph, hosts: HostsSeen) -> dict[int, str]:
     """Datapath id -> the leaf it is, from the hosts seen behind it (``HostsSeen``): a source MAC that
     is a host port's of the scenario puts that port's leaf there. MACs the scenario does not know are
     left out; a datapath that hosts of two leaves put in two places, or two datapaths that claim one
     leaf, is one UserError line (a host cabled to the wrong leaf: nothing is adopted)."""
-    leaf_of: dict[str, str] = {}
-    for u, v, d in g.edges(data=True):
-        if d.get("kind") == "host":
-            leaf_of[d["mac"].lower()] = v if g.nodes[u]["tier"] == 0 else u
+    leaf_of = host_leaves(g)
     pins: dict[int, str] = {}
     for (dpid, _port), mac in sorted(hosts.items()):
         leaf = leaf_of.get(str(mac).lower())

@@ -187,11 +187,19 @@ def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dic
 
 # ---- tables ----------------------------------------------------------------------------
 
-def _fmt(sp: dict[str, Any] | None, scale: float = 1.0, digits: int = 0) -> str:
-    if not sp:
+def spread_text(sp: Mapping[str, Any] | None, fmt: str = "{:.3g}", scale: float = 1.0, unit: str = "",
+                centre: str = "median") -> str:
+    """A spread of repeated figures (:func:`spread`, ``losswindow.spread`` or any mapping with ``n``,
+    ``min``, ``max`` and ``centre``) as ``centre [min-max]``, each ``fmt`` of the value times ``scale``,
+    ``unit`` after the centre; "-" when it has no value: how comparisons and benchmarks print them."""
+    if not sp or not sp.get("n", 1) or sp.get(centre) is None:
         return "-"
-    return (f"{sp['median'] * scale:.{digits}f} [{sp['min'] * scale:.{digits}f}-"
-            f"{sp['max'] * scale:.{digits}f}]")
+    return f"{fmt.format(sp[centre] * scale)}{unit} [{fmt.format(sp['min'] * scale)}-{fmt.format(sp['max'] * scale)}]"
+
+
+def median_range(values: Sequence[float | None], fmt: str = "{:.3g}", scale: float = 1.0) -> str:
+    """Repeated figures as ``median [min-max]`` (:func:`spread_text` of their :func:`spread`)."""
+    return spread_text(spread(values), fmt, scale)
 
 
 def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[str] = SETTINGS) -> str:
@@ -207,10 +215,12 @@ def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[
             if "unavailable" in f:
                 lines.append(f"{s:<9} {'':>4} {f['unavailable']}")
                 continue
-            lines.append(f"{s:<9} {f['runs']:>4} {_fmt(f['busbw_gbs'], 8e3, 2):>20} {_fmt(f['p50_us'], 1e-3, 1):>20} "
-                         f"{_fmt(f['p99_us'], 1e-3, 1):>20} {_fmt(f['queue_p99_bytes'], 1e-3, 1):>18} "
-                         f"{_fmt(f['ce_fraction'], 1.0, 3):>20} {_fmt(f['drops']):>14} "
-                         f"{_fmt(f['wall_s'], 1.0, 1):>16}")
+            cols = [(spread_text(f["busbw_gbs"], "{:.2f}", 8e3), 20), (spread_text(f["p50_us"], "{:.1f}", 1e-3), 20),
+                    (spread_text(f["p99_us"], "{:.1f}", 1e-3), 20),
+                    (spread_text(f["queue_p99_bytes"], "{:.1f}", 1e-3), 18),
+                    (spread_text(f["ce_fraction"], "{:.3f}"), 20), (spread_text(f["drops"], "{:.0f}"), 14),
+                    (spread_text(f["wall_s"], "{:.1f}"), 16)]
+            lines.append(f"{s:<9} {f['runs']:>4} " + " ".join(text.rjust(width) for text, width in cols))
             if f.get("wrong"):
                 lines.append(f"{'':<9} {'':>4} WRONG ELEMENTS: {f['wrong']}")
             for why in f.get("failed", []):

@@ -48,8 +48,10 @@ from typing import Any
 
 from . import experiment
 from . import graph as fgraph
+from .compare import spread_text
 from .errors import UserError
 from .experiment import Plan
+from .tail import LineTail
 from .transport.accounting import exactly_once
 
 MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
@@ -62,8 +64,9 @@ COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
 TWO_JOBS = "two_jobs"
 TWO_JOBS_COLLECTIVE = "all_to_all"
 #: the flow model's routing (``hpnlab.fabric.model``) for each mode: ecmp and flowlet with one connection per
-#: plane per rank pair, as the transport's policies; the model has no weighted switches, so adaptive+w is
-#: predicted as adaptive
+#: plane per rank pair, as the transport's policies; adaptive+w is predicted as adaptive on ecmp switches:
+#: the comparison does not use the model's weighted switches (``run_collective(switch_weights="weighted")``,
+#: `hpnlab model --switch-weights weighted`; single collectives only, ``run_jobs`` has none)
 MODEL_ROUTING = {"ecmp": "flow", "flowlet": "flowlet", "spray": "spray", "adaptive": "adaptive",
                  "adaptive+w": "adaptive"}
 
@@ -224,7 +227,7 @@ def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
              f"{'model':>5} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9}  exactly once"]
     for r in summary:
         b, q = r["busbw_gbs"], r[key]
-        ratio = f"{q['mean']:.2f} [{q['min']:.2f}-{q['max']:.2f}]" if q["n"] else "-"
+        ratio = spread_text(q, "{:.2f}", centre="mean")
         pred = r.get("model_ratio_to_" + baseline)
         imb = r["uplink_imbalance"]["mean"]
         ld = r.get("load") or {"n": 0}
@@ -339,22 +342,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                                                 shaped=edge if shaped else None, factor=asym_factor, seed=base.seed)
             except (UserError, ValueError) as exc:
                 say(f"no model prediction for {fabric} {coll}: {exc}")
-    telemetry = getattr(emu, "telemetry_file", None)
-    tel_offset = [0]
-
-    def new_lines() -> list[str]:
-        """Telemetry lines written since the last call (the controller appends)."""
-        if telemetry is None:
-            return []
-        try:
-            with open(telemetry, "rb") as fh:
-                fh.seek(tel_offset[0])
-                data = fh.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1            # whole lines only
-        tel_offset[0] += end
-        return data[:end].decode(errors="replace").splitlines()
+    telemetry = LineTail(getattr(emu, "telemetry_file", None))      # the controller appends
 
     def doc() -> dict:
         return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs, sizes, model,
@@ -375,7 +363,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         plan = plan_of(coll, entropy)
                         leaves = {p["leaf"] for h in hosts_of[coll] for p in fgraph.host_ports(g, h)}
                         ups = [i for lf, i in ups_all if lf in leaves]
-                        new_lines()
+                        telemetry.lines()                  # what came before this cell
                         load0, t0 = os.getloadavg()[0], time.monotonic()
                         before = read_tx_bytes(ups)
                         res = experiment.run(plan, emu, progress=False)["results"]
@@ -383,7 +371,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         load1, t1 = os.getloadavg()[0], time.monotonic()
                         delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
                         fig = cell_figures(res, delta)
-                        changes = weight_changes(new_lines(), t0, t1)
+                        changes = weight_changes(telemetry.lines(), t0, t1)
                         runs.append({"fabric": fabric, "collective": coll, "mode": mode, "rep": rep, **fig,
                                      "size_bytes": sizes[coll], "load": [load0, load1], "weight_changes": changes,
                                      "uplink_bytes": dict(zip(ups, delta, strict=True))})

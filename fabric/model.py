@@ -85,7 +85,7 @@ import numpy as np
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
 from .model_forwarding import MAX_HOPS, Forwarding
-from .transport.entropy import connection_offset, connection_path, connection_value, flow_hash
+from .transport.entropy import connection_offset, connection_path, connection_value, first_high, flow_hash
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
                      "incast", "permutation")
@@ -707,17 +707,16 @@ def entropy_sports(net: Network, a, b, plane, value) -> np.ndarray:
     shape = np.broadcast(a, b, plane, value).shape
     k = connection_value(net.entropy_space, *(np.broadcast_to(np.asarray(x, dtype=np.int64), shape).astype(u64)
                                               for x in (a, b, plane, value)))
-    return np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64) | high_bits(net, a)
+    return with_high_bits(net, np.asarray(net.emap.low_bits(k.astype(np.int64)), dtype=np.int64), a)
 
 
-def high_bits(net: Network, src) -> Any:
-    """The source-port bits above the entropy map's that rank ``src``'s transport sets (its first
-    choice: ``(high_values - 1 + rank) % high_values``, roce.py), shifted into place; 0 unless the
-    network's switches read them (weighted mode's widened sets, :func:`weighted_network`)."""
+def with_high_bits(net: Network, low: np.ndarray, src) -> np.ndarray:
+    """Source ports: the switch-read bits ``low`` with the bits above them that rank ``src``'s
+    transport sets (its first choice, ``transport.entropy.first_high``, the same function) when the
+    network's switches read them (weighted mode's widened sets, :func:`weighted_network`), else 0."""
     if not getattr(net.fwd, "reads_high", False):
-        return 0
-    highs = net.emap.high_values()
-    return ((highs - 1 + np.asarray(src, dtype=np.int64)) % highs) << net.emap.width
+        return low
+    return low | first_high(net.emap, low, np.asarray(src, dtype=np.int64)) << net.emap.width
 
 
 def connection_planes(net: Network, a, b, conn, qps: int, moves: int = 0,
@@ -849,7 +848,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
     offset = connection_offset(net.entropy_space, src[:, None].astype(u64), dst[:, None].astype(u64),
                                np.arange(planes, dtype=u64)[None, :])
     k = (offset[:, :, None] + np.arange(nv, dtype=u64)) % u64(net.entropy_space)
-    sports = np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64) | high_bits(net, a)
+    sports = with_high_bits(net, np.asarray(net.emap.low_bits(k.reshape(-1).astype(np.int64)), dtype=np.int64), a)
     links, live, mid, lat_all = _paths(net, leaf, up, down, a, b, j // nv, j % nv, switch_latency_us,
                                        sports=sports, full=routing == "adaptive" or watch_arr is not None)
     per_pair = live.reshape(m, n_paths).sum(axis=1)

@@ -257,3 +257,26 @@ def test_repetition_times_add_up_each_repetitions_runs():
     recs: list[dict] = [{"rep": 0, "elapsed_s": 2.0}, {"rep": 0, "elapsed_s": 3.0}, {"rep": 1, "elapsed_s": 4.0},
             {"rep": 1, "unavailable": compare.NOT_MERGED}, {"rep": 0, "piece": 1, "elapsed_s": 1.5}]
     assert compare.repetition_times(recs) == {0: 5.0, 1: 4.0, 2: 1.5}
+
+
+def test_a_spread_prints_as_median_min_max_scaled_with_its_unit():
+    from hpnlab.fabric.compare import spread, spread_text
+    assert spread_text(spread([3.0, 1.0, 2.0]), "{:.1f}", scale=10, unit=" ms") == "20.0 ms [10.0-30.0]"
+
+
+def test_a_spread_with_no_value_prints_as_a_dash_whatever_its_shape():
+    from hpnlab.fabric import losswindow
+    from hpnlab.fabric.compare import spread, spread_text
+    assert spread_text(spread([None])) == spread_text(losswindow.spread([])) == "-"
+    assert spread_text({"mean": None, "min": None, "max": None, "n": 0}, centre="mean") == "-"
+
+
+def test_a_spread_can_be_centred_on_its_mean():
+    from hpnlab.fabric.compare import spread_text
+    assert spread_text({"mean": 1.5, "min": 1.0, "max": 2.5, "n": 3}, "{:.2f}", centre="mean") == "1.50 [1.00-2.50]"
+
+
+def test_median_range_prints_raw_values():
+    from hpnlab.fabric.compare import median_range
+    assert median_range([0.002, 0.001, 0.004], "{:.1f}", scale=1000) == "2.0 [1.0-4.0]"
+    assert median_range([]) == "-"

@@ -1,6 +1,8 @@
 """The userspace datapath's send socket (fabric/emulation/datapath_socket.py): its size and how it is found."""
 from __future__ import annotations
 
+import os
+
 from hpnlab.fabric.emulation import datapath_socket as ds
 from hpnlab.fabric.emulation.shaping import Shape
 
@@ -25,3 +27,74 @@ def test_only_the_owners_unbound_packet_sockets_are_its_send_sockets():
     owner = {"11530": 73, "18197623": 218}                   # inode -> descriptor in ovs-vswitchd
     assert ds.send_sockets(PACKET_TABLE, owner) == [73]      # bound to an interface: a port's receive socket
     assert ds.send_sockets(PACKET_TABLE, {}) == []           # another process's socket is left alone
+
+
+class FakeSocket:
+    """A send socket as ``raise_sockets`` reaches it: its size, and what happened to it in order."""
+
+    def __init__(self, size: int, events: list):
+        self.size, self.events = size, events
+
+    def getsockopt(self, level, option):
+        return self.size
+
+    def setsockopt(self, level, option, value):
+        self.events.append(("set", value))
+        self.size = 2 * value                                # the kernel doubles what it is given
+
+
+def test_each_socket_is_recorded_before_its_buffer_is_raised():
+    events: list = []
+    socks = {7: FakeSocket(212_992, events), 9: FakeSocket(212_992, events)}
+    record = lambda pid, fd, inode, size: events.append(("record", fd, inode, size))  # noqa: E731
+    out = ds.raise_sockets(42, {7: "111", 9: "222"}, 4_000_000, record,
+                           with_socket=lambda pid, fd, use: use(socks[fd]))
+    assert events == [("record", 7, "111", 212_992), ("set", 2_000_000), ("record", 9, "222", 212_992),
+                      ("set", 2_000_000)]
+    assert out == [(42, 7, 212_992, 4_000_000), (42, 9, 212_992, 4_000_000)]
+
+
+def test_a_socket_already_large_enough_is_neither_recorded_nor_changed():
+    events: list = []
+    out = ds.raise_sockets(42, {7: "111"}, 100_000, lambda *a: events.append(a),
+                           with_socket=lambda pid, fd, use: use(FakeSocket(212_992, events)))
+    assert events == [] and out == [(42, 7, 212_992, 212_992)]
+
+
+RECORDED = {"pid": 42, "start": 1000, "fd": 7, "inode": "111", "size": 212_992}
+
+
+def test_a_recorded_socket_is_the_same_only_in_the_same_process_on_the_same_inode():
+    assert ds.same_socket(RECORDED, 1000, "socket:[111]")
+    assert not ds.same_socket(RECORDED, 2000, "socket:[111]")        # ovs-vswitchd restarted on the pid
+    assert not ds.same_socket(RECORDED, 1000, "socket:[333]")        # the descriptor now another socket
+    assert not ds.same_socket(RECORDED, None, None)                   # the process is gone
+
+
+def test_clean_restores_only_the_sockets_their_process_still_holds():
+    from hpnlab.fabric.emulation.state import restore_send_buffers
+    other = {**RECORDED, "fd": 8, "inode": "222"}
+    links = {(42, 7): "socket:[111]", (42, 8): "socket:[999]"}
+    restored: list[tuple[int, int, int]] = []
+    said: list[str] = []
+    n = restore_send_buffers([RECORDED, other], said.append, start_of=lambda pid: 1000,
+                             link_of=lambda pid, fd: links.get((pid, fd)),
+                             restore=lambda pid, fd, size: restored.append((pid, fd, size)))
+    assert n == 1 and restored == [(42, 7, 212_992)]
+    assert len(said) == 1 and "fd 8" in said[0]
+
+
+def test_the_state_file_keeps_a_raised_send_buffer_and_old_files_still_load(tmp_path, monkeypatch):
+    import json
+
+    from hpnlab.fabric.emulation import state
+    monkeypatch.setattr(state, "RUN_DIR", tmp_path)
+    run = state.RunState.new("mini-hpn")
+    run.add_send_buffer(os.getpid(), 7, "111", 212_992)
+    (entry,) = state.RunState.load(run.path).send_buffers
+    assert entry == {"pid": os.getpid(), "start": state._pid_start(os.getpid()), "fd": 7, "inode": "111",
+                     "size": 212_992}
+    old = json.loads(run.path.read_text())
+    del old["send_buffers"]                                  # written before the field existed
+    run.path.write_text(json.dumps(old))
+    assert state.RunState.load(run.path).send_buffers == []

@@ -295,3 +295,38 @@ def test_a_finding_on_a_port_whose_name_is_not_resolved_says_so(g, named):
     out = deployment.apply(g, named)
     report = wiring.compare(out, {})
     assert report.findings and all("name not resolved" in line for line in report.lines())
+
+
+def _host_mac(g, n: int = 0) -> str:
+    return sorted(deployment.host_leaves(g))[n]
+
+
+def test_a_hosts_mac_behind_a_stranger_port_is_kept(g):
+    seen: dict[tuple[int, int], str] = {}
+    mac = _host_mac(g)
+    assert deployment.note_host(seen, deployment.host_leaves(g), 0xAB01, 3, mac.upper(), 10) == "host-seen"
+    assert seen == {(0xAB01, 3): mac}
+
+
+def test_an_unknown_mac_first_does_not_hold_the_port_against_the_hosts_own(g):
+    seen: dict[tuple[int, int], str] = {}
+    leaves = deployment.host_leaves(g)
+    assert deployment.note_host(seen, leaves, 0xAB01, 3, "02:00:00:00:99:99", 10) == "unknown-mac"
+    assert deployment.note_host(seen, leaves, 0xAB01, 3, _host_mac(g), 10) == "host-seen"
+    assert seen == {(0xAB01, 3): _host_mac(g)}
+
+
+def test_the_latest_known_mac_on_a_port_replaces_the_one_held(g):
+    leaves = deployment.host_leaves(g)
+    seen = {(0xAB01, 3): _host_mac(g, 0)}
+    assert deployment.note_host(seen, leaves, 0xAB01, 3, _host_mac(g, 0), 10) == "ignored"
+    assert deployment.note_host(seen, leaves, 0xAB01, 3, _host_mac(g, 1), 10) == "host-seen"
+    assert seen == {(0xAB01, 3): _host_mac(g, 1)}
+
+
+def test_no_new_port_is_kept_past_the_limit_but_a_held_one_still_refreshes(g):
+    leaves = deployment.host_leaves(g)
+    seen = {(0xAB01, 3): _host_mac(g, 0)}
+    assert deployment.note_host(seen, leaves, 0xAB01, 4, _host_mac(g, 1), 1) == "ignored"
+    assert deployment.note_host(seen, leaves, 0xAB01, 3, _host_mac(g, 1), 1) == "host-seen"
+    assert seen == {(0xAB01, 3): _host_mac(g, 1)}

@@ -46,6 +46,14 @@ def _start(controller: str) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads(Path(line[1]).read_text())
 
 
+def _send_buffer(entry: dict) -> int:
+    """The send buffer of a socket a run recorded (``state.send_buffers``), as SO_SNDBUF reports it."""
+    import socket
+
+    from hpnlab.fabric.emulation.datapath_socket import _with_socket
+    return _with_socket(entry["pid"], entry["fd"], lambda s: s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+
+
 def _bridges() -> set[str]:
     return set(subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout.split())
 
@@ -132,8 +140,10 @@ def test_kill_9_mid_run_then_clean_leaves_nothing_and_spares_other_bridges(bysta
     # SIGKILL really left things behind (else this test could not fail)
     assert left["bridges"] and left["processes"] and left["bpf_pins"]
     sched = state.get("scheduling") or []
+    buffers = state.get("send_buffers") or []
     if kernel.probe(deep=False).datapath == "user":   # its ovs-vswitchd thread was made real-time: still is
         assert sched and os.sched_getscheduler(sched[0]["pid"]) == os.SCHED_RR
+        assert buffers and all(_send_buffer(e) > e["size"] for e in buffers)    # and its send socket raised
 
     done = subprocess.run(HPNLAB + ["clean"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -142,6 +152,7 @@ def test_kill_9_mid_run_then_clean_leaves_nothing_and_spares_other_bridges(bysta
     for entry in sched:                   # and clean put its scheduling policy back
         assert (os.sched_getscheduler(entry["pid"]), os.sched_getparam(entry["pid"]).sched_priority) == \
             (entry["policy"], entry["priority"])
+    assert [_send_buffer(e) for e in buffers] == [e["size"] for e in buffers]     # and its send buffer
     _assert_bystanders_survive(bystanders)
 
 

@@ -20,7 +20,7 @@ from oftable import FabricTables
 
 from hpnlab.controller import compiler
 from hpnlab.fabric import collectives, graph, model
-from hpnlab.fabric.transport.entropy import connection_value, connection_values
+from hpnlab.fabric.transport.entropy import FIRST_FREE_PORT, connection_value, connection_values, first_high
 
 WIDE = dict(planes=1, spines_per_plane=16, leaf_spine_rate_gbps=50)    # mini-hpn, 16 uplinks per leaf
 
@@ -108,3 +108,40 @@ def test_the_model_routes_each_connection_on_the_values_the_transport_binds(name
             walk = tables.send(ha, hb, 0, sport=sport, src_rail=ra, dst_rail=rb)
             path = net.fwd.walk(np.array([leaf[a, 0]]), np.array([leaf[b, 0]]), np.array([sport]))[0][0]
             assert [net.link_at(sw, out) for sw, _in, out in walk.hops[:-1]] == [x for x in path.tolist() if x >= 0]
+
+
+def test_the_first_high_bits_never_name_a_port_below_1024_for_any_rank():
+    emap = compiler.entropy_map(fabric("mini-hpn"))
+    ranks = np.arange(emap.high_values() + 3)
+    for low in range(1 << emap.width):
+        ports = first_high(emap, low, ranks) << emap.width | low
+        assert ports.min() >= FIRST_FREE_PORT
+        assert [first_high(emap, low, int(r)) for r in ranks[:600]] == first_high(emap, low, ranks[:600]).tolist()
+
+
+def test_weighted_switches_see_the_source_ports_the_transport_binds():
+    """Weighted switches read the bits above the map's pattern, so the model must take the
+    transport's high bits too, past the ports below 1024 it skips (ranks 1 to 512 on mini-hpn)."""
+    from test_model_weights import half_rate_uplink, permutation_step
+
+    from hpnlab.fabric import spec
+    from hpnlab.fabric.transport.roce import RoceTransport
+    g = graph.build(spec.load("mini-hpn"))             # its own: the shared fabric() must not change
+    half_rate_uplink(g, "p0l0", "p0s0")
+    net = model.Network(g)
+    job, step = permutation_step(g, net)
+    wnet, _info = model.weighted_network(net, job, step, "spray", 4)
+    assert wnet.fwd.reads_high
+    emap = wnet.emap
+    for rank in (0, 1, 5):
+        ip = f"127.0.3.{rank + 2}"
+        t = RoceTransport(rank, [[f"127.0.3.{r + 2}"] for r in range(6)], base_port=29000, entropy_map=emap.as_dict())
+        try:
+            for k in range(emap.path_count()):
+                sock, _value = t._entropy_socket(ip, k)
+                bound = sock.getsockname()[1]
+                sock.close()
+                low = np.array([emap.low_bits(k)])
+                assert model.with_high_bits(wnet, low, np.array([rank])).tolist() == [bound], (rank, k)
+        finally:
+            t.close(linger_s=0)

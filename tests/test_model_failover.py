@@ -16,6 +16,7 @@ from test_model_forwarding import every_pattern, fabric_links, leaf_pairs
 from hpnlab.controller import compiler
 from hpnlab.controller.oftable import FabricTables
 from hpnlab.fabric import model
+from hpnlab.fabric.errors import UserError
 
 LINKS = [("p0l0", "p0s0", 0), ("p0s1", "p0l3", 0)]
 
@@ -58,13 +59,21 @@ def test_detour_phase_runs_at_the_detour_forwardings_pace(routing):
 
 
 @pytest.mark.parametrize("routing", ["flow", "spray", "adaptive"])
-def test_controller_only_loses_at_least_as_long_as_local_fast_failover(routing):
+def test_with_the_same_times_the_backups_carry_what_the_controller_alone_loses(routing):
+    """Controller-only and local failover given the same detection and convergence: the only
+    difference is the fast-failover backups, which must carry the collective forward between
+    the two (a detour that carried nothing, or backups counted for the controller-only mode,
+    would make the two equal)."""
     g = fabric("mini-hpn")
+    times = {"controller": (1.0, 500.0), "local": (1.0, 500.0)}
     for link in fabric_links(g)[:4]:
-        out = model.failover_chain(g, "all_reduce", 1 << 24, {link}, routing=routing, placement="packed")
+        out = model.failover_chain(g, "all_reduce", 1 << 24, {link}, times=times, routing=routing,
+                                   placement="packed")
         ctl, local = out["by_mode"]["controller"], out["by_mode"]["local"]
-        assert ctl["loss_ms"] >= local["loss_ms"]
-        assert ctl["time_s"] >= local["time_s"]
+        assert out["connections_hit"] > 0, link
+        assert ctl["loss_ms"] == pytest.approx(500.0) and local["loss_ms"] == pytest.approx(1.0)
+        assert local["detour_share"] > 0 and ctl["detour_share"] == 0
+        assert local["time_s"] < ctl["time_s"]
 
 
 def test_a_failure_no_connection_crosses_costs_nothing():
@@ -96,3 +105,45 @@ def test_failover_times_come_from_the_comparisons_json(tmp_path):
                                                                                 "convergence_ms": 85}]},
         "local": {"link": [{"loss_window_ms": 3, "convergence_ms": None}]}}}))
     assert failover_times_from(str(path)) == {"controller": (95, 85), "local": (3, model.FAILOVER_CHAIN_MS["local"][1])}
+
+
+def _failover_json(tmp_path, loss, conv=None):
+    import json
+    path = tmp_path / "failover.json"
+    path.write_text(json.dumps({"runs": {"local": {"link": [{"loss_window_ms": loss, "convergence_ms": conv}]}}}))
+    return str(path)
+
+
+@pytest.mark.parametrize("loss,conv", [("3 ms", None), (3, "fast"), (True, None), ([3], None)])
+def test_a_non_numeric_time_in_the_failover_times_is_one_line_naming_the_flag(tmp_path, loss, conv):
+    from hpnlab.cli.cmd_model import failover_times_from
+    with pytest.raises(UserError, match=r"^--failover-times .*: local's link failure has \w+ .*not a number"):
+        failover_times_from(_failover_json(tmp_path, loss, conv))
+
+
+def test_a_failover_file_that_is_not_a_benchmarks_json_names_the_flag_given(tmp_path):
+    from hpnlab.cli.cmd_model import detection_from, failover_times_from
+    path = tmp_path / "x.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"^--failover-times .*not a failover benchmark's JSON"):
+        failover_times_from(str(path))
+    with pytest.raises(UserError, match=r"^--detect-from .*not a failover benchmark's JSON"):
+        detection_from(str(path))
+
+
+def test_model_reads_the_failover_times_before_it_builds_anything(tmp_path, monkeypatch, capsys):
+    from hpnlab.cli import cmd_model, main
+
+    def built(*args, **kw):
+        raise AssertionError("the scenario was loaded before --failover-times was read")
+    monkeypatch.setattr(cmd_model, "load_scenario", built)
+    code = main.main(["model", "mini-hpn", "--fail-links", "1", "--failover-times", _failover_json(tmp_path, "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--failover-times" in err and "Traceback" not in err
+
+
+def test_detect_ms_with_a_study_is_refused_in_one_line(capsys):
+    from hpnlab.cli import main
+    code = main.main(["model", "mini-hpn", "--study", "failures", "--detect-ms", "local=5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--detect-ms" in err and "--study" in err

@@ -16,8 +16,12 @@ from hpnlab.fabric.errors import UserError
 
 
 def permutation_step(g, net):
-    job = model.make_job(g, None, "random", 3)
-    (step,) = model.steps("permutation", job, 1 << 20, max_steps=1, seed=3, rails=g.graph["scenario"].rails)
+    """A permutation of mini-hpn's 16 ranks (random placement) in which p0l0's two senders across
+    leaves use source-port patterns that the weighted sets re-deal: with 16 ranks few patterns are
+    in use, and which ones (the ranks' high bits, ``transport.entropy.first_high``) decides whether
+    a re-dealt pattern carries any of them (seed 1's do; seeds 2 and 4, for instance, do not)."""
+    job = model.make_job(g, None, "random", 1)
+    (step,) = model.steps("permutation", job, 1 << 20, max_steps=1, seed=1, rails=g.graph["scenario"].rails)
     return job, step
 
 

@@ -22,6 +22,7 @@ from hpnlab.fabric.transport.entropy import (
     FlowletEntropy,
     SprayEntropy,
     connection_values,
+    first_high,
     lay_out,
 )
 from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
@@ -355,16 +356,16 @@ def test_each_connection_binds_the_values_its_hash_gives_not_the_same_ones_for_e
 def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
     ip = "127.0.0.2"
     m = lay_out({(1, "up"): [4]})
-    first = RoceTransport(0, [[ip], ["127.0.0.3"]], base_port=BASE + 55, ports_per_nic=4, entropy_map=m)
-    first.start()
+    taken = m.source_port(2, first_high(m, m.low_bits(2), 1))      # rank 1's first port for path 2
+    holder = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     second = RoceTransport(1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
     try:
-        sock, k = second._entropy_socket(ip, 2)           # rank 1 wants path 2 on the same address
-        taken = first.tx_socks[first.tx_entropy.index(2)].getsockname()[1]
+        holder.bind((ip, taken))                          # someone else holds it on the same address
+        sock, k = second._entropy_socket(ip, 2)
         got = sock.getsockname()[1]
         sock.close()
     finally:
-        first.close(linger_s=0)
+        holder.close()
         second.close(linger_s=0)
     assert k == 2 and got & 0b11 == taken & 0b11 == 2 and got != taken
 

@@ -239,10 +239,13 @@ def arp_frame(port: dict) -> bytes:
     return bytes(pkt.data)
 
 
-def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_leaves(make_app, tmp_path):
+@pytest.mark.parametrize("stray_first", [False, True], ids=["hosts", "stray-mac-first"])
+def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_leaves(make_app, tmp_path,
+                                                                                     stray_first):
     """mini-hpn on datapath ids of its own: its two planes look alike to LLDP. Strangers get the leaves'
     ARP-to-controller entry; once a host behind every leaf has sent an ARP request, the map is adopted with
-    each leaf on the datapath its hosts are behind."""
+    each leaf on the datapath its hosts are behind -- also when a frame from a MAC the scenario does not
+    know reached those ports first (it does not hold the port against the host's own)."""
     app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(tmp_path / "d.yaml"),
                    HPNLAB_DISCOVERY_S="0")
     cabling = physical(scenario(), Rewire(dpid_base=0xAB00000000000000))
@@ -259,6 +262,8 @@ def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_le
         for p in graph.host_ports(cabling, h):
             first.setdefault(p["leaf"], p)
     for leaf, p in sorted(first.items()):
+        if stray_first:
+            net.packet_in(leaf, p["leaf_port"], arp_frame({**p, "mac": "02:00:00:00:99:99"}))
         net.packet_in(leaf, p["leaf_port"], arp_frame(p))
     app._wiring_tick()
     net.deliver()

@@ -32,6 +32,7 @@ from hpnlab.cli.bench_collective import emulation_missing
 from hpnlab.cli.bench_emulation import cpu_times
 from hpnlab.fabric import experiment, report, sizing, spec
 from hpnlab.fabric import graph as fgraph
+from hpnlab.fabric.compare import median_range as spread
 
 GB = 1e9
 BEFORE_RANKS = 4          # RUN_DEFAULTS.ranks before the budget (commit f39ea58 raised it to 8)
@@ -72,12 +73,6 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
     return {"cells": cells, "wrong": report.wrong_total(doc["results"]), "seconds": seconds,
             "idle": (idle1 - idle0) / max(1e-9, total1 - total0), "load": load,
             "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu}
-
-
-def spread(xs: list[float], fmt: str = "{:.3g}") -> str:
-    if not xs:
-        return "-"
-    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
 
 
 def summary(runs: dict[str, list[dict]]) -> list[str]:

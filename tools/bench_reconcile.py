@@ -34,6 +34,7 @@ from types import ModuleType
 from hpnlab.cli.gitrev import module_at
 from hpnlab.controller import compiler, reconcile
 from hpnlab.fabric import graph, spec
+from hpnlab.fabric.compare import median_range
 
 LOAD_NOTE = "(load average {:.1f} on {} CPUs: wall times stretch with it, CPU times less)"
 
@@ -138,8 +139,8 @@ def first_leaf_spine_link(g) -> tuple[str, str, int]:
 
 
 def spread(values: list[float]) -> str:
-    ms = [1000 * v for v in values]
-    return f"{statistics.median(ms):7.1f} [{min(ms):6.1f}-{max(ms):6.1f}]"
+    """Seconds of CPU as milliseconds, median [min-max]."""
+    return median_range(values, "{:.1f}", scale=1000)
 
 
 def mods(counts: Counter) -> str:

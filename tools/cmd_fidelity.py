@@ -208,8 +208,10 @@ def cmd_study(args: argparse.Namespace) -> int:
         extra = [spec.load(n) for n in ("mini-hpn", "small-hpn", "alibaba-hpn") if n not in names]
         doc = ms.study_routes([*extra, scenario])
     elif args.study == "failures":
-        source = args.failover_times or args.detect_from
-        doc = ms.study_failures(scenario, size_bytes=size, times=failover_times_from(source) if source else None,
+        flag, source = ("--failover-times", args.failover_times) if args.failover_times else ("--detect-from",
+                                                                                             args.detect_from)
+        doc = ms.study_failures(scenario, size_bytes=size,
+                                times=failover_times_from(source, flag=flag) if source else None,
                                 routings=routings, hosts=args.hosts, qps=args.qps, seed=args.seed)
     else:
         doc = ms.study_cross_campus(scenario, size_bytes=size, qps=args.qps, seed=args.seed)

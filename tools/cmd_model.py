@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import sys
 import time
 
 from hpnlab.fabric import graph, model, model_corrections
 from hpnlab.fabric.collectives import parse_size, sweep
-from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.errors import UserError, short
 
 from .cmd_topo import add_scenario_args, load_scenario
 
@@ -46,8 +47,9 @@ def register(sub) -> None:
                         f"at most --weight-iterations, default {model.WEIGHT_ITERATIONS}; the iterations are printed)")
     p.add_argument("--weight-iterations", type=int, default=model.WEIGHT_ITERATIONS, help=argparse.SUPPRESS)
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
-    p.add_argument("--detect-ms", default=DEFAULT_DETECT,
-                   help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT})")
+    p.add_argument("--detect-ms", default=None,
+                   help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT}; "
+                        f"not with --study: its failures study takes --failover-times)")
     p.add_argument("--detect-from", metavar="FILE",
                    help="with --fail-links: take the detection+convergence times from a failover benchmark's JSON "
                         "(tools/bench_failover.py --json: the median loss window of each mode for a link failure, "
@@ -89,36 +91,64 @@ def reuse_freed_memory() -> bool:
         return False
 
 
-def detection_from(path: str, kind: str = "link") -> dict[str, float]:
-    """{mode: median loss window ms} of one failure kind in a failover benchmark's JSON."""
+def _failover_runs(path: str, flag: str, kind: str) -> dict[str, list[dict]]:
+    """{mode: runs of one failure kind} of a failover benchmark's JSON, every loss window and
+    convergence a number of milliseconds (or null); anything else is one UserError line naming ``flag``."""
     try:
         with open(path) as fh:
             doc = json.load(fh)
-        out = {}
-        for mode, kinds in doc["runs"].items():
-            vals = sorted(r["loss_window_ms"] for r in kinds.get(kind, []) if r.get("loss_window_ms") is not None)
-            if vals:
-                out[mode] = vals[len(vals) // 2]
+        out = {str(mode): list(kinds.get(kind, [])) for mode, kinds in doc["runs"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"--detect-from {path}: not a failover benchmark's JSON ({type(exc).__name__})") from None
-    if not out:
-        raise UserError(f"--detect-from {path}: no {kind!r} failure measured in it")
+        raise UserError(f"{flag} {path}: not a failover benchmark's JSON ({type(exc).__name__})") from None
+    for mode, runs in out.items():
+        for r in runs:
+            if not isinstance(r, dict):
+                raise UserError(f"{flag} {path}: {mode}'s {kind} failures are not runs ({short(r)}): "
+                                f"not a failover benchmark's JSON")
+            for key in ("loss_window_ms", "convergence_ms"):
+                v = r.get(key)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                    raise UserError(f"{flag} {path}: {mode}'s {kind} failure has {key} {short(v)}, "
+                                    f"not a number of milliseconds")
     return out
 
 
-def failover_times_from(path: str, kind: str = "link") -> dict[str, tuple[float, float]]:
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def detection_from(path: str, kind: str = "link", flag: str = "--detect-from") -> dict[str, float]:
+    """{mode: median loss window ms} of one failure kind in a failover benchmark's JSON."""
+    runs = _failover_runs(path, flag, kind)
+    out = {mode: _median(vals) for mode, rs in runs.items()
+           if (vals := [r["loss_window_ms"] for r in rs if r.get("loss_window_ms") is not None])}
+    if not out:
+        raise UserError(f"{flag} {path}: no {kind!r} failure measured in it")
+    return out
+
+
+def failover_times_from(path: str, kind: str = "link",
+                        flag: str = "--failover-times") -> dict[str, tuple[float, float]]:
     """{mode: (detection ms, convergence ms)} from a failover comparison's JSON: the median loss
     window of each mode for one failure kind, and its median controller convergence where the run
     measured one (else the mode's default, model.FAILOVER_CHAIN_MS)."""
-    detect = detection_from(path, kind)
-    with open(path) as fh:
-        runs = json.load(fh)["runs"]
+    detect = detection_from(path, kind, flag)
+    runs = _failover_runs(path, flag, kind)
     out = {}
     for mode, ms in detect.items():
-        conv = sorted(r["convergence_ms"] for r in runs[mode].get(kind, []) if r.get("convergence_ms") is not None)
+        conv = [r["convergence_ms"] for r in runs[mode] if r.get("convergence_ms") is not None]
         default = model.FAILOVER_CHAIN_MS.get(mode, (ms, ms))[1]
-        out[mode] = (ms, conv[len(conv) // 2] if conv else max(ms, default))
+        out[mode] = (ms, _median(conv) if conv else max(ms, default))
     return out
+
+
+def failover_inputs(args) -> tuple[dict[str, float], dict[str, tuple[float, float]] | None]:
+    """(--detect-ms or --detect-from's detection times, --failover-times' chain times or None), read
+    and checked before any work: a mistake in them is one line, not a traceback after the model ran."""
+    detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms or DEFAULT_DETECT)
+    times = failover_times_from(args.failover_times) if args.failover_times else None
+    return detect, times
 
 
 def _parse_detect(text: str) -> dict[str, float]:
@@ -148,8 +178,12 @@ def _rate(gbps: float) -> str:
 
 def cmd_model(args) -> int:
     if args.study:
+        if args.detect_ms is not None:
+            raise UserError("--detect-ms is not used by --study (the failures study takes detection and convergence "
+                            "times per mode from --failover-times FILE): drop it")
         from .cmd_fidelity import cmd_study
         return cmd_study(args)
+    detect, times = failover_inputs(args)
     scenario = load_scenario(args)
     reuse_freed_memory()
     routings = [r.strip() for r in args.routing.split(",") if r.strip()]
@@ -188,11 +222,9 @@ def cmd_model(args) -> int:
             results.append(model.run_collective(g, args.collective, size, routing=routing, network=net, **kw))
     failure = None
     if failed:
-        detect = detection_from(args.detect_from) if args.detect_from else _parse_detect(args.detect_ms)
         failure = {r: model.failure_impact(g, args.collective, sizes[-1], failed, detect_ms=detect,
                                            routing=r, entropy_values=args.entropy_values, **kw)
                    for r in routings}
-        times = failover_times_from(args.failover_times) if args.failover_times else None
         for r in routings:
             failure[r]["chain"] = model.failover_chain(g, args.collective, sizes[-1], failed, times=times, routing=r,
                                                        entropy_values=args.entropy_values, **kw)

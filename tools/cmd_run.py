@@ -111,6 +111,19 @@ def default_ranks(g, jobs: int) -> int:
     return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
 
 
+def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = False) -> tuple[str, str]:
+    """(-b, -e) of the run's sweep, as nccl-tests reads them: what is given, the run's defaults for
+    the rest; a lone -e below the default smallest size is the sweep's only size. ``one_size``
+    (``--compare routing``, one size per collective): the size given, -b's when both are."""
+    if one_size and (minbytes or maxbytes):
+        size = str(minbytes or maxbytes)
+        return size, size
+    smallest = min(DEFAULTS.size_list)
+    if minbytes is None and maxbytes is not None and col.parse_size(maxbytes) < smallest:
+        return maxbytes, maxbytes
+    return minbytes or str(smallest), maxbytes or str(max(DEFAULTS.size_list))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric import graph as fgraph
@@ -126,9 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         routing_collectives = tuple(c.strip() for c in args.collective.split(",") if c.strip())
         args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
                                                  for c in routing_collectives))
-    args.minbytes = args.minbytes or str(min(DEFAULTS.size_list))
-    args.maxbytes = args.maxbytes or (args.minbytes if args.compare == "routing" and sizes_given
-                                      else str(max(DEFAULTS.size_list)))
+    args.minbytes, args.maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing")
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
@@ -211,7 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, sized: bool = False,
                      collectives: tuple[str, ...] | None = None) -> int:
     """``--compare routing``: JSON first, then the table (see hpnlab.fabric.compare_routing). ``sized``:
-    -b/-e given, every collective runs the plan's first size (else each its own, about a second long)."""
+    -b or -e given, every collective runs the plan's first size, the one given (``size_bounds``; else each
+    its own, about a second long)."""
     from hpnlab.fabric import compare_routing
 
     out = Path(args.out) if args.out else default_out("compare-routing")

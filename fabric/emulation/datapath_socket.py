@@ -15,14 +15,19 @@ the retransmission timeouts that set the pace of the routing comparison. The por
 
 So the emulation raises that one socket's send buffer (``SO_SNDBUFFORCE``, through a copy of
 its descriptor: ``pidfd_getfd``, Linux 5.6) to what every switch port's buffer holds at once
-(:func:`send_buffer_bytes`), never lowers it, and puts the old size back when it stops.
+(:func:`send_buffer_bytes`), never lowers it, and puts the old size back when it stops. The old
+size is written into the run's state file before the socket is changed (``RunState.add_send_buffer``),
+so `hpnlab clean` after a crash puts it back too, while ovs-vswitchd (pid and start time) still holds
+that socket (descriptor and inode: :func:`same_socket`).
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
 SYS_PIDFD_GETFD = 438          # the same number on x86-64 and arm64 (the generic table)
@@ -81,24 +86,57 @@ def _with_socket(pid: int, fd: int, use):
         os.close(pidfd)
 
 
-def raise_send_buffer(want: int) -> list[tuple[int, int, int, int]]:
+#: ``record(pid, fd, inode, size)``: called with a socket's size before it is raised
+Record = Callable[[int, int, str, int], None]
+
+
+def raise_send_buffer(want: int, record: Record | None = None) -> list[tuple[int, int, int, int]]:
     """Raise ovs-vswitchd's send socket(s) to at least ``want`` bytes (as SO_SNDBUF reports it,
-    the kernel's doubled value); returns (pid, fd, before, after) per socket. Raises OSError when
-    OVS or its socket cannot be reached."""
+    the kernel's doubled value); ``record`` is told each socket's size before it changes (the run's
+    state file); returns (pid, fd, before, after) per socket. Raises OSError when OVS or its
+    socket cannot be reached."""
     pid = int(OVS_PIDFILE.read_text().split()[0])
-    fds = send_sockets(Path("/proc/net/packet").read_text(), _owner_inodes(pid))
+    inodes = _owner_inodes(pid)
+    fds = send_sockets(Path("/proc/net/packet").read_text(), inodes)
     if not fds:
         raise OSError("ovs-vswitchd has no unbound packet socket (no userspace port has sent yet?)")
+    return raise_sockets(pid, {fd: inode for inode, fd in inodes.items() if fd in fds}, want, record)
+
+
+def raise_sockets(pid: int, sockets: dict[int, str], want: int, record: Record | None = None,
+                  with_socket: Callable[[int, int, Callable[[Any], Any]], Any] | None = None,
+                  ) -> list[tuple[int, int, int, int]]:
+    """Raise process ``pid``'s sockets (descriptor -> inode) below ``want`` bytes to it, each
+    ``record``-ed first; (pid, fd, before, after) per socket. ``with_socket``: how a socket of the
+    process is reached (a copy of its descriptor; tests give a fake)."""
+    reach = with_socket or _with_socket
     out = []
-    for fd in fds:
-        def bump(sock: socket.socket) -> tuple[int, int]:
+    for fd, inode in sorted(sockets.items()):
+        def bump(sock: Any, fd: int = fd, inode: str = inode) -> tuple[int, int]:
             before = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
             if before < want:
+                if record is not None:
+                    record(pid, fd, inode, before)
                 sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, min(MAX_BUFFER, want) // 2)
             return before, sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-        before, after = _with_socket(pid, fd, bump)
+        before, after = reach(pid, fd, bump)
         out.append((pid, fd, before, after))
     return out
+
+
+def same_socket(entry: dict[str, Any], start: int | None, link: str | None) -> bool:
+    """Whether a recorded socket (``RunState.send_buffers``: pid, start, fd, inode) is still the
+    one its process holds: the process started when recorded (``start``: its start time now, None
+    when gone) and the descriptor still names that inode (``link``: its /proc fd link now) (pure)."""
+    return start is not None and start == entry.get("start") and link == f"socket:[{entry.get('inode')}]"
+
+
+def fd_link(pid: int, fd: int) -> str | None:
+    """What descriptor ``fd`` of process ``pid`` names (``socket:[INODE]``), or None."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
 
 
 def restore_send_buffer(pid: int, fd: int, size: int) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from .. import losswindow
+from ..compare import spread_text
 from ..errors import UserError
 from . import timeline as tl
 
@@ -405,7 +406,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def describe(kind: str, s: dict[str, Any]) -> str:
     """One line per kind: median [min-max] of the figures over repetitions."""
     def f(d: dict[str, Any], unit: str = "") -> str:
-        return f"{d['median']:.1f}{unit} [{d['min']:.1f}-{d['max']:.1f}]" if d.get("n") else "-"
+        return spread_text(d, "{:.1f}", unit=unit)
     det = ", ".join(f"{sw} {f(d, ' ms')}" + (f" ({d['missed']} missed)" if d.get("missed") else "")
                     for sw, d in s["detection_ms"].items())
     return (f"{kind}: loss window {f(s['loss_window_ms'], ' ms')}, lost {f(s['lost'])}, affected flows "

@@ -160,7 +160,6 @@ class Emulation:
         self.port_type = "system"
         self._ovs_sched: tuple[int, int, Any] | None = None
         #: ovs-vswitchd's send socket(s) whose buffer this run raised: (pid, fd, old size)
-        self._ovs_sndbuf: list[tuple[int, int, int]] = []
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
         #: cabled differently from the scenario on purpose (tests: emulation/rewire.py); the controller
@@ -496,31 +495,27 @@ class Emulation:
     def _size_ovs_send_buffer(self) -> None:
         """Raise ovs-vswitchd's one send socket to hold every switch port's full queue
         (``datapath_socket``: below that, packets waiting in the shaped queues made OVS drop
-        others where no counter saw it); the old size comes back at stop."""
+        others where no counter saw it). Each old size goes into the run's state file first, so stop, and
+        `hpnlab clean` after a crash, put it back (``state.teardown``)."""
         from . import datapath_socket
 
         mtu = self.scenario.emulation.mtu
         queues = [shaping.Shape(p["intf"], p["rate_mbps"], p["delay_us"], mtu).queue_bytes
                   for p in self.switch_ports() if p["local"]]
         want = datapath_socket.send_buffer_bytes(queues)
+        record = self.state.add_send_buffer if self.state is not None else None
         try:
-            done = datapath_socket.raise_send_buffer(want)
+            done = datapath_socket.raise_send_buffer(want, record)    # each old size recorded before it changes
         except (OSError, ValueError) as exc:
             line = (f"ovs-vswitchd's send buffer could not be raised to {want:,} B ({exc}): switch queues "
                     f"beyond it lose packets no counter shows")
             self.log(line)
             self.metadata.setdefault("not_emulated", []).append(line)
             return
-        self._ovs_sndbuf = [(pid, fd, before) for pid, fd, before, after in done if after != before]
         self.metadata["ovs_send_buffer"] = {"wanted_bytes": want, "before_bytes": [d[2] for d in done],
                                             "after_bytes": [d[3] for d in done]}
 
     def _restore_ovs(self) -> None:
-        from . import datapath_socket
-
-        for pid, fd, size in self._ovs_sndbuf:
-            datapath_socket.restore_send_buffer(pid, fd, size)
-        self._ovs_sndbuf = []
         if self._ovs_sched is not None:
             pid, policy, param = self._ovs_sched
             self._ovs_sched = None

@@ -12,6 +12,9 @@ Everything an emulation creates on the machine is written into its state file
 ``dirs``         run directories (logs, compiled objects)
 ``scheduling``   processes of the machine whose scheduling policy the run changed (ovs-vswitchd's
                  main thread on the userspace datapath), with the policy to restore
+``send_buffers`` sockets of the machine whose send buffer the run raised (ovs-vswitchd's packet
+                 socket on the userspace datapath, :mod:`.datapath_socket`): pid, start time,
+                 descriptor, inode and the size to restore while that process still holds it
 ``remote``       per cluster server: the ssh command that reaches it, the bridges and the
                  interfaces the run makes there (``hpnlab.fabric.emulation.remote`` cleans them)
 
@@ -146,6 +149,7 @@ class RunState:
     dirs: list[str] = field(default_factory=list)
     empty_dirs: list[str] = field(default_factory=list)
     scheduling: list[dict[str, Any]] = field(default_factory=list)
+    send_buffers: list[dict[str, Any]] = field(default_factory=list)
     remote: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: dict[str, Any] = field(default_factory=dict)
 
@@ -208,6 +212,12 @@ class RunState:
         self.scheduling.append({"pid": pid, "start": _pid_start(pid), "policy": policy, "priority": priority})
         self.save()
 
+    def add_send_buffer(self, pid: int, fd: int, inode: str, size: int) -> None:
+        """Record a socket's send buffer (descriptor ``fd`` of process ``pid``, ``inode``) before the run
+        raises it (restored at teardown while the same process holds the same socket)."""
+        self.send_buffers.append({"pid": pid, "start": _pid_start(pid), "fd": fd, "inode": inode, "size": size})
+        self.save()
+
     def add_remote(self, server: str, ssh: list[str], bridges: list[str], interfaces: list[str]) -> None:
         """Record a cluster server before the run makes anything there (``remote.teardown`` reads it)."""
         self.remote[server] = {"ssh": list(ssh), "bridges": list(bridges), "interfaces": list(interfaces)}
@@ -221,6 +231,7 @@ class RunState:
         data = json.loads(path.read_text())
         data.setdefault("empty_dirs", [])
         data.setdefault("remote", {})
+        data.setdefault("send_buffers", [])
         return cls(**data)
 
 
@@ -289,6 +300,28 @@ def _kill(pid: int, start: int | None, group: bool, sig: int) -> bool:
         return False
 
 
+def restore_send_buffers(entries: list[dict[str, Any]], log: Callable[[str], None] = lambda s: None, *,
+                         start_of: Callable[[int], int | None] = _pid_start,
+                         link_of: Callable[[int, int], str | None] | None = None,
+                         restore: Callable[[int, int, int], None] | None = None) -> int:
+    """Put back the send buffers a run raised (``RunState.send_buffers``), each only while its
+    process (pid and start time) still holds the same socket (descriptor and inode): a restarted
+    ovs-vswitchd has new sockets of its own size, and a reused descriptor is another socket.
+    Returns how many were put back."""
+    from . import datapath_socket as ds
+    link_of = link_of or ds.fd_link
+    restore = restore or ds.restore_send_buffer
+    done = 0
+    for entry in entries:
+        pid, fd = entry["pid"], entry["fd"]
+        if ds.same_socket(entry, start_of(pid), link_of(pid, fd)):
+            restore(pid, fd, entry["size"])
+            done += 1
+        else:
+            log(f"send buffer of pid {pid} fd {fd} not restored: the process or the socket is not the one recorded")
+    return done
+
+
 def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> dict[str, int]:
     """Remove everything one run's state lists. Returns counts of what was removed."""
     removed = {"processes": 0, "bridges": 0, "interfaces": 0, "bpf_pins": 0, "dirs": 0}
@@ -299,6 +332,7 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
                 os.sched_setscheduler(entry["pid"], entry["policy"], os.sched_param(entry["priority"]))
             except OSError as exc:
                 log(f"could not restore the scheduling policy of pid {entry['pid']}: {exc}")
+    removed["send_buffers"] = restore_send_buffers(state.send_buffers, log)    # put back, in fact
     skip = _ancestors()
     # 1. processes: recorded ones (by pid and start time), then any marked in the environment
     victims = [(p["pid"], p.get("start"), p.get("group", False)) for p in state.pids

@@ -309,6 +309,25 @@ class EntropyMap:
             raise TransportError(f"bad entropy map: {exc!r}") from None
 
 
+#: source ports below this are never bound for entropy (the well-known ports, root's alone)
+FIRST_FREE_PORT = 1024
+
+
+def first_high(m: EntropyMap, low: Any, rank: Any) -> Any:
+    """The bits above the switch-read ones (``m.width``) of the first source port rank ``rank``
+    takes for the switch-read bits ``low`` (``m.low_bits``): down from the top of the free bits by
+    the rank, ``(high_values - 1 - rank) % high_values``, so that ranks differ in them (weighted
+    switches read the lowest of them, ``compiler.weighted_masks``), or, when that port is below
+    :data:`FIRST_FREE_PORT` (every lower value is too), the top value. The RoCE transport tries
+    the values from there down (a taken port moves to the next); the flow model takes this one.
+    Python ints or numpy arrays (elementwise). A map whose switches read all 16 bits has one
+    value, 0."""
+    highs = m.high_values()
+    high = (highs - 1 - rank) % highs
+    below = ((high << m.width) | low) < FIRST_FREE_PORT
+    return high + (highs - 1 - high) * below
+
+
 # ---- which entropy values one connection takes --------------------------------------------
 
 _MASK64 = (1 << 64) - 1

@@ -83,7 +83,15 @@ from typing import Any
 
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
-from .entropy import ENTROPY_POLICIES, EntropyMap, FlowEntropy, connection_values, flow_hash
+from .entropy import (
+    ENTROPY_POLICIES,
+    FIRST_FREE_PORT,
+    EntropyMap,
+    FlowEntropy,
+    connection_values,
+    first_high,
+    flow_hash,
+)
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
@@ -851,10 +859,11 @@ class RoceTransport(Transport):
         m = self.entropy_map
         if m is not None:
             highs = m.high_values()
+            first = first_high(m, m.low_bits(k), self.rank)      # the flow model's port too
             for h in range(highs):
-                high = (highs - 1 - h + self.rank) % highs      # from the top of the port space
+                high = (first - h) % highs                         # down from there
                 sport = m.source_port(k, high)
-                if sport < 1024 or sport == avoid:
+                if sport < FIRST_FREE_PORT or sport == avoid:
                     continue
                 try:
                     return self._tx_socket(ip, sport), k % m.path_count()

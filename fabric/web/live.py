@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.tail import LineTail
 
 from . import view
 from .server import Source
@@ -75,24 +76,16 @@ def observe_faults(faults: Any, on_fault: Callable[[dict[str, Any]], None]) -> C
     return undo
 
 
-class TelemetryTail:
+class TelemetryTail(LineTail):
     """The newest sample of a growing telemetry file (JSON lines), read from where the last read ended."""
 
     def __init__(self, path: str | Path | None):
-        self.path = Path(path) if path else None
-        self.offset = 0
+        super().__init__(path)
         self.latest: dict[str, Any] | None = None
         self.header: dict[str, Any] | None = None
 
     def read(self) -> dict[str, Any] | None:
-        if self.path is None or not self.path.is_file():
-            return self.latest
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1          # a line being written is read next time
-        self.offset += end
-        for raw in chunk[:end].splitlines():
+        for raw in self.lines():
             try:
                 line = json.loads(raw)
             except ValueError:

@@ -1,0 +1,35 @@
+"""`hpnlab run`'s -b/-e (tools/cmd_run.py ``size_bounds``): the sweep as nccl-tests reads it, and
+``--compare routing``'s one size per collective."""
+from __future__ import annotations
+
+from hpnlab.cli.cmd_run import DEFAULTS, size_bounds
+
+SMALLEST, LARGEST = str(min(DEFAULTS.size_list)), str(max(DEFAULTS.size_list))
+
+
+def test_no_sizes_given_run_the_default_sweep():
+    assert size_bounds(None, None) == (SMALLEST, LARGEST)
+
+
+def test_a_lone_e_ends_the_default_sweep_there():
+    assert size_bounds(None, "4M") == (SMALLEST, "4M")
+
+
+def test_a_lone_e_below_the_default_sweep_is_its_only_size():
+    assert size_bounds(None, "16K") == ("16K", "16K")
+
+
+def test_compare_routing_runs_a_lone_e_at_that_size():
+    assert size_bounds(None, "2M", one_size=True) == ("2M", "2M")
+
+
+def test_compare_routing_runs_a_lone_b_at_that_size():
+    assert size_bounds("2M", None, one_size=True) == ("2M", "2M")
+
+
+def test_compare_routing_with_both_runs_the_b_size():
+    assert size_bounds("256K", "2M", one_size=True) == ("256K", "256K")
+
+
+def test_compare_routing_without_sizes_leaves_them_to_the_comparison():
+    assert size_bounds(None, None, one_size=True) == (SMALLEST, LARGEST)
