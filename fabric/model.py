@@ -789,6 +789,8 @@ def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.nd
     1/L of the pair (L its live paths); a plane's host links, shared by its n live paths, are
     one entry of weight n/L each (the same loads as one entry per path, fewer entries)."""
     m = len(src)
+    if not m:                                              # every pair stalled: no entries
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
     lv = live.reshape(m, planes, -1)
     cnt = lv.sum(axis=2)                                   # (pair, plane): live paths
     total = cnt.sum(axis=1).astype(float)

@@ -118,3 +118,15 @@ def test_failover_times_come_from_the_comparisons_json(tmp_path):
                                                                                 "convergence_ms": 85}]},
         "local": {"link": [{"loss_window_ms": 3, "convergence_ms": None}]}}}))
     assert failover_times_from(str(path)) == {"controller": (95, 85), "local": (3, model.FAILOVER_CHAIN_MS["local"][1])}
+
+
+@pytest.mark.parametrize("routing", ["flow", "spray", "adaptive"])
+def test_a_failure_that_cuts_every_pair_stalls_every_connection(routing):
+    """The failures study's plane failure on a one-plane preset (every link of the plane, host links
+    too): no pair has a path, the collective never completes (spraying used to fail on the step
+    with no live pair instead)."""
+    g = fabric("mini-spine-leaf")
+    every = set(g.edges(keys=True))
+    out = model.failover_chain(g, "all_reduce", 1 << 20, every, routing=routing, placement="packed")
+    assert out["detour_s"] == out["after_repair_s"] == float("inf")
+    assert out["stalled_after_repair"] > 0
