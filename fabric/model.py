@@ -1308,9 +1308,9 @@ def failover_chain(g: nx.MultiGraph, collective: str, size_bytes: int, failed: s
     2. detour, until convergence (``times[mode][1]`` ms): the switches' fast-failover groups carry
        it over their backups, the healthy routes with the failed ports dead (the compiler's groups,
        :class:`.model_forwarding.Forwarding` with ``converged=False``; tests/test_model_failover.py
-       holds those paths against the table interpreter), the collective progressing at that
-       forwarding's pace; a connection whose backup the model does not follow (a dead one-port
-       way's bounce through another leaf) takes its next live path, as the transport moves it;
+       holds those paths, bounced detours included, against the table interpreter), the
+       collective progressing at that forwarding's pace; a connection the backups cannot carry
+       (dropped by the tables) takes its next live path, as the transport moves it;
     3. converged: the compiler's routes for the failed fabric, for the rest of the work.
 
     Time = detection + the detour's share + the rest at the converged pace. No connection on a
