@@ -84,7 +84,7 @@ import numpy as np
 
 from .collectives import busbw_factor, canonical, random_perm
 from .errors import UserError
-from .model_forwarding import MAX_HOPS, Forwarding
+from .model_forwarding import Forwarding
 from .transport.entropy import connection_offset, connection_path, connection_value, first_high, flow_hash
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -739,7 +739,7 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: 
     """Full paths (host up link, leaf to leaf, host down link) of sub-flows (rank a -> rank b on
     ``plane`` with the connection's entropy value number ``value``, :func:`entropy_sports`):
     (links (hops, m): the directed link of each hop, padded with ``net.n_links``, as many hops
-    as the longest path or ``hops_max`` + 2; live (m,); the leaf-to-leaf links alone (m, MAX_HOPS),
+    as the longest path or ``hops_max`` + 2; live (m,); the leaf-to-leaf links alone (m, ``net.fwd.max_hops``),
     -1 padded; latency (m,): propagation delay plus ``switch_latency_us`` per switch).
     ``sports``: the sub-flows' :func:`entropy_sports`, when the caller has them; ``full=False``:
     no full paths (None)."""
@@ -749,7 +749,7 @@ def _paths(net: Network, leaf, up, down, a, b, plane, value, switch_latency_us: 
     # every sub-flow walked (vectorised per hop): at scale nearly every (leaf pair, source port)
     # is distinct, and sorting them out first cost more than the walk it saved
     mid, ok = net.fwd.walk(sl, dl, sports)
-    by_hop = mid.T                                 # (MAX_HOPS, m), rows contiguous
+    by_hop = mid.T                                 # (max_hops, m), rows contiguous
     hops = np.zeros(len(a), dtype=np.int64)        # a walk's links come first
     delay = np.zeros(len(a))
     deepest = 0
@@ -788,6 +788,8 @@ def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.nd
     1/L of the pair (L its live paths); a plane's host links, shared by its n live paths, are
     one entry of weight n/L each (the same loads as one entry per path, fewer entries)."""
     m = len(src)
+    if not m:                                              # every pair stalled: no entries
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
     lv = live.reshape(m, planes, -1)
     cnt = lv.sum(axis=2)                                   # (pair, plane): live paths
     total = cnt.sum(axis=1).astype(float)
@@ -824,14 +826,14 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         plane, j = connection_planes(net, a, b, conn, qps, salt if routing == "flowlet" else 0, seed)
         idx = plane * nv + j
         links, live, _mid, lat_row = _paths(net, leaf, up, down, a, b, idx // nv, idx % nv, switch_latency_us,
-                                            hops_max=MAX_HOPS)
+                                            hops_max=net.fwd.max_hops)
         for t in range(1, n_paths):               # a dead path: the next live one in rotation
             bad = np.flatnonzero(~live)
             if not len(bad):
                 break
             j = (idx[bad] + t) % n_paths
             lk, lv, _m, lt = _paths(net, leaf, up, down, a[bad], b[bad], j // nv, j % nv, switch_latency_us,
-                                    hops_max=MAX_HOPS)
+                                    hops_max=net.fwd.max_hops)
             links[:, bad], live[bad], lat_row[bad] = lk, lv, lt
         dead = ~live
         stalled_pairs = sorted({(int(x), int(y)) for x, y in zip(a[dead], b[dead], strict=True)})
@@ -1305,9 +1307,9 @@ def failover_chain(g: nx.MultiGraph, collective: str, size_bytes: int, failed: s
     2. detour, until convergence (``times[mode][1]`` ms): the switches' fast-failover groups carry
        it over their backups, the healthy routes with the failed ports dead (the compiler's groups,
        :class:`.model_forwarding.Forwarding` with ``converged=False``; tests/test_model_failover.py
-       holds those paths against the table interpreter), the collective progressing at that
-       forwarding's pace; a connection whose backup the model does not follow (a dead one-port
-       way's bounce through another leaf) takes its next live path, as the transport moves it;
+       holds those paths, bounced detours included, against the table interpreter), the
+       collective progressing at that forwarding's pace; a connection the backups cannot carry
+       (dropped by the tables) takes its next live path, as the transport moves it;
     3. converged: the compiler's routes for the failed fabric, for the rest of the work.
 
     Time = detection + the detour's share + the rest at the converged pace. No connection on a

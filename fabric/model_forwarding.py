@@ -14,7 +14,17 @@ sends a UDP source port to one port of a set:
   route writes the healthy set's metadata with "avoid j") sends port j's patterns round
   robin over the set's other ports (``compiler.avoid_flows``);
 * every choice goes through a fast-failover group [chosen port, the next 3 of the set]:
-  the first live one forwards.
+  the first live one forwards;
+* a one-port way whose port is dead takes its detour group's first live bucket (a switch
+  below that bounces), and from there the packet follows the switches' detour entries
+  (``compiler``'s "Fast failover", read from the installed flows): a leaf, or a spine under
+  cores, that gets a packet down an uplink for someone else (not its own prefix or pod)
+  sends it back up avoiding that uplink, marked (``BOUNCE_MAC``); a spine or core sends a
+  marked packet by its healthy routes, table 3 (one port: output; a set: the first live of
+  its first 4 ports, whatever the entropy); a leaf that bounces drops a marked packet for
+  someone else. The walk keeps, beside the switch, the link it came in by and whether the
+  packet is marked (:meth:`Forwarding.walk`); a detour adds two links at most (a packet is
+  detoured once, :attr:`Forwarding.max_hops`).
 
 A next-hop set reads only its role's bit field, so its choice is tabulated per value of
 that field (a row of the choice table: one column per field pattern, with the row's bit
@@ -34,7 +44,13 @@ import networkx as nx
 import numpy as np
 
 MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
+DETOUR_HOPS = 2       # a bounced detour's extra links: down to the switch that bounces, back up
 SPORTS_LISTED = 4096  # source ports Forwarding.sports lists for the tests at most
+
+
+def _prefix(value: int | tuple[int, int]) -> tuple[int, int]:
+    """(network, mask) of an ``ipv4_dst`` match (an exact address, or (network, mask))."""
+    return value if isinstance(value, tuple) else (value, 0xFFFFFFFF)
 
 
 class Forwarding:
@@ -66,6 +82,8 @@ class Forwarding:
         self.leaf_sw = np.array([sw_index[s] for s in leaves], dtype=np.int64)
         self.head = head_switch
         self.port_link = port_link
+        self.max_hops = MAX_HOPS
+        self._detour_links: set[int] = set()    # the links dead one-port ways' detour groups pick
         dead_ports = cc._dead_ports(ix, self.failures) if self.failures else {}
         self.dead_ports = dead_ports
         acts = cc.switch_actions(g, self.failures) if converged else cc.switch_actions(g, None)
@@ -104,6 +122,9 @@ class Forwarding:
             si_a, d_a = np.array(one_s), np.array(one_d)
             self.single[si_a, d_a] = port_link[si_a, np.array(one_p)]
             self.multi[si_a, d_a] = -1
+        self.bounce: tuple | None = None
+        if self._detour_links:
+            self._detour_tables(cc, dead_ports, plane_cols, choice_rows)
         self.ff_backups = cc.FF_BACKUPS
         self.sets = [(si, full, gone, links) for si, full, gone, links, _o, _b in choice_rows]
         self.row_off = np.array([o for *_x, o, _b in choice_rows], dtype=np.int64)
@@ -181,9 +202,14 @@ class Forwarding:
             if not ports:
                 got = (-1, -1)
             elif len(ports) == 1:
-                # a dead one-port way's detour group bounces packets through another switch,
-                # which the model does not follow: no path
-                got = (-1 if ports[0] in dead else int(self.port_link[si, ports[0]]), -1)
+                p = ports[0]
+                if p in dead:            # the route's fast-failover group: the first live detour
+                    pr = self.ix.protection(sw)
+                    got = self._decode(cc, sw, si, pr, pr.single.get(p, (("output", p),)), dead, choice_rows)
+                    if got[0] >= 0:
+                        self._detour_links.add(got[0])
+                else:
+                    got = (int(self.port_link[si, p]), -1)
             else:
                 choice_rows.append(self._choose(cc, sw, si, ports, dead))
                 got = (-1, len(choice_rows) - 1)
@@ -193,19 +219,129 @@ class Forwarding:
     def _choose(self, cc: Any, sw: Any, si: int, ports: tuple, dead: set) -> tuple:
         """(switch, the healthy set, the port it avoids or None, per port its directed link (-1: dead),
         bit offset, bits) of a next-hop set: one row of the choice table (:meth:`_row`)."""
-        ix = self.ix
-        pr = ix.protection(sw)
+        pr = self.ix.protection(sw)
         enc = pr.encode(ports)
         full, gone = ports, None
         if enc is not None and enc and enc[0][0] == "metadata":
-            meta = enc[0][1]
-            if meta >> 32:                       # "the healthy set ``full`` without its port ``gone``"
-                base = meta & cc.FULL
-                full = next(p for p, m in pr.metas.items() if m == base)
-                gone = (meta >> 32) - 1
-        off, bits = cc._field(ix, sw, full)
+            full, gone = self._meta_set(cc, pr, enc[0][1])
+        return self._set_row(cc, sw, si, full, gone, dead)
+
+    @staticmethod
+    def _meta_set(cc: Any, pr: Any, meta: int) -> tuple[tuple, int | None]:
+        """(the healthy set, the port index it avoids or None) that route metadata ``meta`` selects."""
+        if not meta >> 32:
+            return next(p for p, m in pr.metas.items() if m == meta), None
+        base = meta & cc.FULL                    # "the healthy set ``full`` without its port ``gone``"
+        return next(p for p, m in pr.metas.items() if m == base), (meta >> 32) - 1
+
+    def _set_row(self, cc: Any, sw: Any, si: int, full: tuple, gone: int | None, dead: set) -> tuple:
+        off, bits = cc._field(self.ix, sw, full)
         links = np.array([-1 if p in dead else int(self.port_link[si, p]) for p in full], dtype=np.int64)
         return si, tuple(full), gone, links, off, bits
+
+    def _decode(self, cc: Any, sw: Any, si: int, pr: Any, actions: tuple, dead: set,
+                choice_rows: list) -> tuple[int, int]:
+        """(one-port link, row of the choice table) of installed actions (-1: none): drop; output
+        (dead: dropped); a fast-failover group (its first live bucket, fixed while liveness is);
+        a next-hop set's metadata (a new row; its fast-failover groups in :meth:`_row`)."""
+        act = [a for a in actions if a[0] not in ("set_field", "goto")]
+        if not act:
+            return -1, -1
+        kind, value = act[0][0], act[0][1]
+        if kind == "metadata":
+            full, gone = self._meta_set(cc, pr, value)
+            choice_rows.append(self._set_row(cc, sw, si, full, gone, dead))
+            return -1, len(choice_rows) - 1
+        if kind == "group":
+            buckets = next(g.buckets for g in pr.groups.values() if g.group_id == value)
+            port = next((q for q, _out in buckets if q not in dead), None)
+        else:
+            assert kind == "output", actions
+            port = None if value in dead else value
+        return (-1 if port is None else int(self.port_link[si, port])), -1
+
+    def _detour_tables(self, cc: Any, dead_ports: dict, plane_cols: dict, choice_rows: list) -> None:
+        """The switches' detour entries, for the planes with a dead port (read from what every switch
+        holds whatever fails, ``compiler._Protection.flows``):
+
+        * ``bounce``: per directed link into a switch (last: none, a walk's start), the row of the
+          bounce entry (table 0, in_port = an uplink) for packets that come in by it (-1: none),
+          and per row: its action (one-port link, choice row) and the switch's own prefix (net,
+          mask), which it routes as usual. Only the links the detour groups pick get a row: an
+          unmarked packet comes down an uplink for someone else by a detour only (routes go down
+          only towards the destination);
+        * ``marked``: per switch and destination leaf, where a marked packet goes: table 3's
+          healthy route (spines and cores: longest prefix first; one port, or a set's group, both
+          fixed by liveness), dropped (-1: also a leaf that bounces), or -2: its table-1 route as
+          any packet (a leaf without detour entries)."""
+        ix = self.ix
+        n_sw, n_leaf = len(self.switches), len(self.leaves)
+        prefixes = [ix.sw[s].prefix or (0, 0) for s in self.leaves]
+        leaf_net = np.array([p[0] for p in prefixes], dtype=np.int64)
+        leaf_len = np.array([p[1] for p in prefixes], dtype=np.int64)
+        marked = np.full((n_sw, n_leaf), -1, dtype=np.int32)
+        memo: dict = {}
+        planes = {ix.sw[n].plane for n in dead_ports}
+        for name in self.switches:
+            sw = ix.sw[name]
+            if sw.plane not in planes or name in self.failures.switches:
+                continue
+            si = self.sw_index[name]
+            pr = ix.protection(sw)
+            marked_drop, _bounce, table3 = self._entries(cc, pr, memo)
+            if sw.tier == 1:
+                if not marked_drop:
+                    marked[si] = -2
+                continue
+            cols = plane_cols[sw.plane]
+            which = memo.get((id(pr), sw.plane))      # per column: its longest prefix's entry (-1: none)
+            if which is None:
+                which = memo[id(pr), sw.plane] = np.full(len(cols), -1, dtype=np.int64)
+                for e, (net, mask, _ports) in enumerate(table3):
+                    hit = (which < 0) & ((leaf_net[cols] & mask) == net) & (leaf_len[cols] >= mask.bit_count())
+                    which[hit] = e
+            dead = dead_ports.get(name, set())
+            out = [next((int(self.port_link[si, p]) for p in ports if p not in dead), -1) for _n, _m, ports in table3]
+            marked[si, cols] = np.array(out + [-1], dtype=np.int32)[which]
+        in_row = np.full(len(self.head) + 1, -1, dtype=np.int32)
+        rows: list[tuple[int, int, int, int]] = []
+        for link in sorted(self._detour_links):
+            si = int(self.head[link])
+            sw = ix.sw[self.switches[si]]
+            pr = ix.protection(sw)
+            bounce = self._entries(cc, pr, memo)[1]
+            port = int(np.flatnonzero(self.port_link[si] == link ^ 1)[0])    # where it comes in
+            if port not in bounce:
+                continue
+            net, mask = _prefix(dict(next(iter(cc._own_flow(ix, sw))).match)["ipv4_dst"])
+            lk, row = self._decode(cc, sw, si, pr, bounce[port], dead_ports.get(sw.name, set()), choice_rows)
+            in_row[link] = len(rows)
+            rows.append((lk, row, net, mask))
+        self.marked = marked
+        b = np.array(rows, dtype=np.int64).reshape(-1, 4)
+        self.bounce = (in_row, b[:, 0].astype(np.int32), b[:, 1].astype(np.int32), b[:, 2], b[:, 3], leaf_net)
+        self.max_hops = MAX_HOPS + DETOUR_HOPS
+
+    @staticmethod
+    def _entries(cc: Any, pr: Any, memo: dict) -> tuple[bool, dict, list]:
+        """A protection's detour entries (read once per protection: switches alike share one):
+        (does it drop marked packets, {in_port: bounce actions}, table 3 as (net, mask, ports
+        whose first live one forwards) longest prefix first)."""
+        got = memo.get(id(pr))
+        if got is None:
+            groups = {g.group_id: tuple(q for q, _out in g.buckets) for g in pr.groups.values()}
+            drop, bounce, table3 = False, {}, []
+            for f in pr.flows:
+                if f.table == cc.TABLE_CLASSIFY:
+                    drop |= f.priority == cc.PRIO_MARKED_DROP
+                    if f.priority == cc.PRIO_BOUNCE:
+                        bounce[dict(f.match)["in_port"]] = f.actions
+                elif f.table == cc.TABLE_BOUNCED:
+                    act = f.actions[0] if f.actions else ("drop", None)
+                    ports = groups[act[1]] if act[0] == "group" else (act[1],) if act[0] == "output" else ()
+                    table3.append((-f.priority, *_prefix(dict(f.match)["ipv4_dst"]), ports))
+            got = memo[id(pr)] = (drop, bounce, [t[1:] for t in sorted(table3)])
+        return got
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -217,13 +353,14 @@ class Forwarding:
 
     def walk(self, src_leaf: np.ndarray, dst_leaf: np.ndarray, sport: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Directed link ids from leaf to leaf (leaf indices), for UDP source port ``sport``:
-        (links (m, MAX_HOPS), -1 padded (a view of a hop-major array: ``links[:, h]`` is
+        (links (m, ``max_hops``), -1 padded (a view of a hop-major array: ``links[:, h]`` is
         contiguous); ok (m,) bool: the walk reached its leaf). Each hop looks up only the walks
-        still on their way, kept compact."""
+        still on their way, kept compact; where a one-port way detours (:attr:`bounce`), each
+        walk also keeps the link it came in by and whether its packet is marked."""
         m = len(src_leaf)
         sport = np.broadcast_to(np.asarray(sport, dtype=np.int64), (m,))
         dst_leaf = np.broadcast_to(np.asarray(dst_leaf, dtype=np.int64), (m,))
-        by_hop = np.full((MAX_HOPS, m), -1, dtype=np.int32)
+        by_hop = np.full((self.max_hops, m), -1, dtype=np.int32)
         target = self.leaf_sw[dst_leaf]
         cur = self.leaf_sw[src_leaf]
         idx = np.flatnonzero(cur != target)             # the walks on their way, and for each:
@@ -233,12 +370,18 @@ class Forwarding:
         n_leaf = self.single.shape[1]
         single, multi = self.single.ravel(), self.multi.ravel()
         choice, width = self.choice.ravel(), self.choice.shape[1]
-        for h in range(MAX_HOPS):
+        detours = self.bounce is not None
+        if detours:                                     # the link each came in by (-1: a host), marked?
+            came = np.full(len(idx), -1, dtype=np.int64)
+            marked = np.zeros(len(idx), dtype=bool)
+        for h in range(self.max_hops):
             if not len(idx):
                 break
             at = cur * n_leaf + dst
             lk = single[at]
             row = multi[at]
+            if detours:
+                marked = self._detour_step(at, dst, came, marked, lk, row)
             chosen = np.flatnonzero(row >= 0)
             if len(chosen):
                 r = row[chosen]
@@ -255,7 +398,39 @@ class Forwarding:
                 by_hop[:, idx[dead_end]] = -1
             on = ~(arrived | dead_end)
             idx, cur, dst, tgt, sp = idx[on], nxt[on], dst[on], tgt[on], sp[on]
+            if detours:
+                came, marked = lk[on], marked[on]
+        if len(idx):                                    # out of hops: no path
+            by_hop[:, idx] = -1
         return by_hop.T, ok
+
+    def _detour_step(self, at: np.ndarray, dst: np.ndarray, came: np.ndarray, marked: np.ndarray,
+                     lk: np.ndarray, row: np.ndarray) -> np.ndarray:
+        """Table 0's detour entries for the walks at switch/destination ``at`` (``cur * leaves +
+        dst``): a marked packet takes the switch's :attr:`marked` way; an unmarked one that came
+        down an uplink of a switch that bounces, for someone outside its own prefix, that
+        switch's bounce entry (and is marked from then on). Changes ``lk`` and ``row`` in place;
+        returns the walks' marks."""
+        assert self.bounce is not None
+        in_row, b_link, b_row, b_net, b_mask, leaf_net = self.bounce
+        if marked.any():
+            on = np.flatnonzero(marked)
+            way = self.marked.ravel()[at[on]]
+            table3 = way != -2                          # -2: a leaf without detour entries, table 1
+            on, way = on[table3], way[table3]
+            lk[on] = way
+            row[on] = -1
+        b = in_row[came]
+        bounced = np.flatnonzero((b >= 0) & ~marked)
+        if len(bounced):
+            bb = b[bounced]
+            out = (leaf_net[dst[bounced]] & b_mask[bb]) != b_net[bb]       # not its own prefix
+            bounced, bb = bounced[out], bb[out]
+            lk[bounced] = b_link[bb]
+            row[bounced] = b_row[bb]
+            marked = marked.copy()
+            marked[bounced] = True
+        return marked
 
     def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
         """One source port's directed links from leaf to leaf (None: no path), for the tests."""

@@ -1,48 +1,70 @@
 """Failover as a chain in the flow model (pure, no root): detection (lost), detour over the
 fast-failover backups, converged routes (``model.failover_chain``).
 
-The detour phase forwards as the healthy compiled tables do with the failed link dead (their
-fast-failover groups pick the backups): the model's detour path for every leaf pair and entropy
-pattern of mini-hpn is the table interpreter's walk of those tables, except where a switch's
-only way is dead and its detour group bounces the packet through another leaf, which the model
-does not follow (it then has no detour path; the interpreter's walk is longer).
+The detour phase forwards as the healthy compiled tables do with the failed link dead: the
+model's detour path for every leaf pair and entropy pattern of the small presets, under every
+single fabric-link failure, is the table interpreter's walk of those tables link for link --
+the fast-failover backups of a next-hop set, and the bounced detours of a dead one-port way
+(a spine that lost its leaf sends the packet down another leaf, which bounces it up another
+spine, marked; a core that lost its pod, through another pod's spine or aggregation switch and
+up another core) -- and a pair the tables drop has no model path.
 """
 from __future__ import annotations
 
 import pytest
 from fabrics import fabric
-from test_model_forwarding import every_pattern, fabric_links, leaf_pairs
+from test_model_forwarding import PRESETS, compare, every_pattern, fabric_links, leaf_pairs
 
-from hpnlab.controller import compiler
-from hpnlab.controller.oftable import FabricTables
 from hpnlab.fabric import model
 from hpnlab.fabric.errors import UserError
 
 LINKS = [("p0l0", "p0s0", 0), ("p0s1", "p0l3", 0)]
 
 
-@pytest.mark.parametrize("link", LINKS)
-def test_detour_paths_are_the_fast_failover_backups_of_the_healthy_tables(link):
-    g = fabric("mini-hpn")
-    failed = {link}
-    failures = compiler.Failures.of(failed)
-    tables = FabricTables(g, compiler.compile_fabric(g), failures)     # healthy tables, the link dead
-    net = model.Network(g, failed)
+@pytest.mark.parametrize("name", PRESETS)
+def test_detour_paths_are_the_healthy_tables_walks_with_the_failed_link_dead(name):
+    g = fabric(name)
     sports = every_pattern(g)
-    fwd = model.Forwarding(g, net.port_link, net.fwd.head, failed, sports=sports, converged=False)
-    followed = 0
-    for src, dst, plane, sleaf, dleaf, srail, drail in leaf_pairs(g):
-        for sport in sports:
-            walk = tables.send(src, dst, plane, sport=sport, src_rail=srail, dst_rail=drail)
+    pairs = leaf_pairs(g)
+    for link in fabric_links(g):
+        assert compare(g, {link}, pairs, sports, converged=False) == len(pairs) * len(sports)
+
+
+def detour_paths(g, link: tuple) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """(source leaf, destination leaf, model path as (tail, head) per link) of every leaf pair and
+    entropy pattern in the detour phase with ``link`` dead (every one has a path)."""
+    net = model.Network(g, {link})
+    fwd = model.Forwarding(g, net.port_link, net.fwd.head, {link}, sports=every_pattern(g), converged=False)
+    out = []
+    for *_hosts, sleaf, dleaf, _sr, _dr in leaf_pairs(g):
+        for sport in fwd.sports:
             path = fwd.leaf_path(sleaf, dleaf, sport)
-            assert walk.result == "delivered", (src, dst, sport, walk.where)
-            links = [net.link_at(sw, out) for sw, _in, out in walk.hops[:-1]]
-            if path is None:                  # a bounce through another leaf: longer than any leaf-spine-leaf way
-                assert len(links) > 2, (src, dst, sport, walk.hops)
-            else:
-                assert path == links, (src, dst, sport, walk.hops, path)
-                followed += 1
-    assert followed > 0
+            assert path is not None, (sleaf, dleaf, sport)
+            out.append((sleaf, dleaf, [net.link_ends(x) for x in path]))
+    return out
+
+
+def test_a_spine_that_lost_its_leaf_detours_through_another_leaf_that_bounces_up_another_spine():
+    g = fabric("mini-hpn")
+    bounced = [p for _s, d, p in detour_paths(g, LINKS[1]) if d == "p0l3" and p and p[0][1] == "p0s1"]
+    assert bounced, "some pattern towards p0l3 reaches p0s1"
+    for p in bounced:       # leaf, the spine, another leaf (the source's own, too), another spine, p0l3
+        (_, spine), (_, other), (_, spine2), (_, leaf) = p
+        assert spine == "p0s1" and other != "p0l3" and spine2 != "p0s1" and leaf == "p0l3", p
+
+
+def test_a_core_that_lost_its_pod_detours_through_another_pod_and_up_another_core():
+    g = fabric("fat-tree-4")
+    link = next((u, v, k) for u, v, k in fabric_links(g) if {g.nodes[u]["tier"], g.nodes[v]["tier"]} == {2, 3})
+    core, agg = (link[0], link[1]) if g.nodes[link[0]]["tier"] == 3 else (link[1], link[0])
+    pod = g.nodes[agg]["pod"]
+    through = [p for _s, d, p in detour_paths(g, link) if g.nodes[d]["pod"] == pod and any(t == core for t, _h in p)]
+    assert through, f"some pattern into pod {pod} reaches {core}"
+    for p in through:
+        i = next(i for i, (t, _h) in enumerate(p) if t == core)
+        (_, other), (_, core2) = p[i], p[i + 1]         # down into another pod, bounced up another core
+        assert g.nodes[other]["pod"] != pod and g.nodes[core2]["tier"] == 3 and core2 != core, p
+        assert len(p) == i + 4 and g.nodes[p[i + 2][1]]["pod"] == pod, p    # down into the pod, to the leaf
 
 
 @pytest.mark.parametrize("routing", ["flow", "spray"])
@@ -147,3 +169,15 @@ def test_detect_ms_with_a_study_is_refused_in_one_line(capsys):
     code = main.main(["model", "mini-hpn", "--study", "failures", "--detect-ms", "local=5"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--detect-ms" in err and "--study" in err
+
+
+@pytest.mark.parametrize("routing", ["flow", "spray", "adaptive"])
+def test_a_failure_that_cuts_every_pair_stalls_every_connection(routing):
+    """The failures study's plane failure on a one-plane preset (every link of the plane, host links
+    too): no pair has a path, the collective never completes (spraying used to fail on the step
+    with no live pair instead)."""
+    g = fabric("mini-spine-leaf")
+    every = set(g.edges(keys=True))
+    out = model.failover_chain(g, "all_reduce", 1 << 20, every, routing=routing, placement="packed")
+    assert out["detour_s"] == out["after_repair_s"] == float("inf")
+    assert out["stalled_after_repair"] > 0

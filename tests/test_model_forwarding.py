@@ -42,11 +42,14 @@ def leaf_pairs(g) -> list[tuple]:
     return out
 
 
-def compare(g, failed: set, pairs, sports: list[int]) -> int:
+def compare(g, failed: set, pairs, sports: list[int], converged: bool = True) -> int:
+    """How many (pair, source port) walks the model's paths equal the interpreter's for (an
+    assertion fails on the first that differs). ``converged=False``: the detour phase, the
+    HEALTHY tables with the failed links dead (their fast-failover groups and bounced detours)."""
     failures = compiler.Failures.of(failed)
-    tables = FabricTables(g, compiler.compile_fabric(g, failures), failures)
+    tables = FabricTables(g, compiler.compile_fabric(g, failures if converged else None), failures)
     net = model.Network(g, failed)
-    fwd = model.Forwarding(g, net.port_link, net.fwd.head, failed, sports=sports)
+    fwd = model.Forwarding(g, net.port_link, net.fwd.head, failed, sports=sports, converged=converged)
     checked = 0
     for src, dst, plane, sleaf, dleaf, srail, drail in pairs:
         for sport in sports:
