@@ -82,6 +82,17 @@ def save_budget(doc: dict[str, Any], path: Path | None = None) -> Path:
     return path
 
 
+def busy_warning(load: list[float], load_after: list[float], cpus: int) -> str | None:
+    """A line when the machine was busy while its budget was measured (the 1-minute load average
+    before or after above the core count): other work took CPU from the generators and the
+    switches, so the ceiling read is likely low (pure)."""
+    worst = max([*load[:1], *load_after[:1]], default=0.0)
+    if worst <= cpus:
+        return None
+    return (f"the load average reached {worst:.1f} on {cpus} core(s) while measuring: other work took CPU from the "
+            f"generators and the switches, so this budget is likely low; measure again on a quiet machine")
+
+
 def budget_document(ports: dict[str, Any], *, hops: int, cpus: int, load: list[float],
                     tc_egress: dict[str, bool] | None = None, **extra: Any) -> dict[str, Any]:
     """The budget document from a measurement (pure): per port type, per frame size, the

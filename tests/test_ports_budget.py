@@ -214,3 +214,12 @@ def test_an_mtu_of_4096_sizes_shaping_ecn_and_the_roce_transport_by_its_frame():
     assert kmin >= 4 * frame and kmax > kmin
     assert roce.packets_for(1 << 20, 4096) < roce.packets_for(1 << 20, 1500) / 2.5
     assert _g(mtu=4096).graph["scenario"].emulation.mtu == 4096
+
+
+def test_a_budget_measured_on_a_busy_machine_says_it_is_likely_low():
+    note = sizing.busy_warning([10.5, 5.6, 2.6], [2.72, 4.0, 3.3], cpus=2)
+    assert note is not None and "10.5" in note and "2 core" in note and "quiet" in note
+
+
+def test_a_budget_measured_on_a_quiet_machine_says_nothing_of_load():
+    assert sizing.busy_warning([0.5, 0.4, 0.3], [1.9, 1.0, 0.5], cpus=2) is None

@@ -351,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         b = sizing.pps_at(doc, pt, args.mtu + ETH)
         if b:
             say(f"  budget {pt:<13}: {b:,.0f} packets/s through the chain at the scenario MTU {args.mtu}")
+    busy = sizing.busy_warning(list(load), doc.get("load_after") or [], caps.cpus)
+    if busy:
+        say(f"  note: {busy}")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1))
     if args.save:
