@@ -54,8 +54,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--policy", choices=ROUTING_POLICIES, default="aggregate",
                    help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
-    p.add_argument("--arp", choices=ARP_MODES, default="gateway",
-                   help="how leaves answer ARP while the controller is away: gateway (default: one gateway MAC for "
+    p.add_argument("--arp", choices=ARP_MODES, default=None,
+                   help="how leaves answer ARP while the controller is away (default: $HPNLAB_ARP, else gateway): "
+                        "gateway (one gateway MAC for "
                         "every address, two flows per host port at any size; needs the move action Open vSwitch "
                         "has) or per-host (each peer's own MAC, set-field only, any OpenFlow 1.3 switch; at most "
                         "4,096 flows per leaf, beyond that the controller answers)")
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_SET"] = "\n".join(args.set)
     os.environ["HPNLAB_POLICY"] = args.policy
     os.environ["HPNLAB_FAST_FAILOVER"] = "0" if args.no_fast_failover else "1"
-    os.environ["HPNLAB_ARP"] = args.arp
+    os.environ["HPNLAB_ARP"] = args.arp or os.environ.get("HPNLAB_ARP", "")     # a bad value: one line at app init
     os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
     os.environ["HPNLAB_METRICS_ADDR"] = args.listen
     os.environ["HPNLAB_ECN_POLICY"] = args.ecn_policy

@@ -124,7 +124,15 @@ def _config() -> dict:
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
             "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None,
             "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1",
-            "arp": os.environ.get("HPNLAB_ARP") or "gateway"}
+            "arp": arp_mode(os.environ.get("HPNLAB_ARP") or "gateway")}
+
+
+def arp_mode(value: str) -> str:
+    """HPNLAB_ARP's value when it is an ARP mode, else one line (UserError) before anything is built."""
+    from hpnlab.fabric.errors import UserError
+    if value not in compiler.ARP_MODES:
+        raise UserError(f"HPNLAB_ARP={value!r}: one of {', '.join(compiler.ARP_MODES)} (how leaves answer ARP)")
+    return value
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
