@@ -54,13 +54,14 @@ import logging
 import os
 import struct
 import time
+from collections import OrderedDict
 from typing import Any, ClassVar
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, deployment, reconcile, rollout, telemetry, weights, wiring
+from . import arp_fallback, compiler, deployment, reconcile, rollout, telemetry, weights, wiring
 from .control_file import ControlFile
 from .ofp import (
     CONFIG_DISPATCHER,
@@ -93,6 +94,7 @@ METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are
 TICK_S = 1.0
 MAX_HOSTS_SEEN = 1 << 20           # --deployment auto: host ports remembered (bounds what hostile frames can fill)
 GROUP_KINDS = ("ff", "indirect", "all", "select")
+SENT_FLOWS_KEPT = 1 << 16          # flow-mods remembered by (dpid, xid), so that an error names its flow
 
 LOG = logging.getLogger("hpnlab.controller")
 
@@ -391,6 +393,8 @@ class HpnController(BaseApp):
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"],
                                                compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
+        #: (dpid, xid) -> the flow-mod sent under it (the last SENT_FLOWS_KEPT): an error's flow (ARP fallback)
+        self._sent_flows: OrderedDict[tuple[int, int], reconcile.FlowMod] = OrderedDict()
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.started = time.monotonic()
         self._recompiled_at = (time.time(), self.started)   # (wall, monotonic) of the last compile, for /health
@@ -552,12 +556,39 @@ class HpnController(BaseApp):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
+                if isinstance(msg, reconcile.FlowMod) and msg.command != "delete":
+                    self._sent_flow(dp.id, ofmsg.xid, msg)
             if isinstance(msg, reconcile.WipeTables) and self.wiring_enabled:
                 self._lldp_rule(dp)          # the wipe took it too
         self._update_metrics()
         if isinstance(event, reconcile.BarrierReply):
             self._rollout_poll()
         self._check_installed()
+
+    def _sent_flow(self, dpid: int, xid: int | None, msg: reconcile.FlowMod) -> None:
+        if xid is None:
+            return
+        self._sent_flows[dpid, xid] = msg
+        if len(self._sent_flows) > SENT_FLOWS_KEPT:
+            self._sent_flows.popitem(last=False)
+
+    # ---- the per-leaf ARP fallback (controller/arp_fallback.py decides) ----------------------------
+    def _arp_mode_of(self, name: str) -> str:
+        return self.reconciler.arp_leaves.get(name, self.arp)
+
+    def _arp_fallback(self, name: str, msg) -> None:
+        """An error from ``name``: if it rejects one of the gateway-MAC design's flows, that leaf answers ARP
+        per host from now on (one line, counted); the reconciler then resyncs it as after any error."""
+        sent = self._sent_flows.get((msg.datapath.id, msg.xid))
+        flow = (sent.table, sent.priority, sent.actions) if sent is not None else None
+        fb = arp_fallback.decide(name, self.index.sw[name].tier == 1, self._arp_mode_of(name), flow, msg.type,
+                                 msg.code)
+        if fb is None:
+            return
+        LOG.warning("%s", fb.line())
+        self.handle(reconcile.ArpMode(fb.leaf, fb.mode))
+        if self.metrics:
+            self.metrics.arp_fallbacks.labels(fb.leaf).inc()
 
     # ---- dry run -------------------------------------------------------------------------
     @staticmethod
@@ -972,8 +1003,11 @@ class HpnController(BaseApp):
         if self.weighted is not None:           # weighted multipath: its sets on the adopted numbers
             self.weighted = weights.WeightedTables(g)
             self.weights = weights.Weights()
+        fallen_back = self.reconciler.arp_leaves
         self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
                                                compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
+        for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering
+            self.reconciler.handle(reconcile.ArpMode(leaf, mode))
         self._counted = dict(self.reconciler.counters)
         if self.ecn is not None:                # telemetry polls the ports on their adopted numbers
             self.ecn.telemetry.rebase(telemetry.fabric_ports(g))
@@ -1279,6 +1313,7 @@ class HpnController(BaseApp):
         if name is None:
             LOG.error("datapath %s: OpenFlow error type=%d code=%d", msg.datapath.id, msg.type, msg.code)
             return
+        self._arp_fallback(name, msg)
         self.handle(reconcile.Error(name, msg.xid, msg.type, msg.code))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -1353,7 +1388,7 @@ class HpnController(BaseApp):
             return "ignored"
         if req.opcode != arp.ARP_REQUEST or req.dst_ip == req.src_ip:
             return "ignored"
-        mac = compiler.arp_answer(self.graph, name, req.dst_ip, self.arp, in_port)
+        mac = compiler.arp_answer(self.graph, name, req.dst_ip, self._arp_mode_of(name), in_port)
         if mac is None:
             LOG.info("%s port %d: ARP for %s, no other host of this plane, not answered", name, in_port, req.dst_ip)
             return "ignored"
