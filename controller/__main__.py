@@ -2,7 +2,7 @@
 [--policy aggregate|host-routes] [--arp gateway|per-host] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
 [--ecn-actuator auto|emulated|file:PATH|none] [--routing-weights ecmp|weighted]
-[--on-miswire refuse|planes] [--wiring-out FILE]
+[--on-miswire refuse|planes] [--wiring-out FILE] [--rollout all|staged] [--rollout-probe hosts|leaves]
 [--dry-run [--json] [--dry-run-timeout S]]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
@@ -94,6 +94,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="all (default): every plane at once; staged: one plane at a time, each verified by probes "
                         "through the plane before the next, rolled back when a probe fails (controller/rollout.py)")
     p.add_argument("--rollout-out", metavar="FILE", help="write the staged rollout's stages and results (JSON) to FILE")
+    p.add_argument("--rollout-probe", choices=("hosts", "leaves"), default=None,
+                   help="where a stage's probes end (default: $HPNLAB_ROLLOUT_PROBE, else hosts): hosts (a TCP SYN "
+                        "to each destination host, whose answer comes back through the plane: host to host) or "
+                        "leaves (UDP caught where it enters the destination leaf, before its last hop)")
     p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
                    help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
     p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
@@ -213,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         args.deployment != "auto" else (args.deployment or "")
     os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
     os.environ["HPNLAB_ROLLOUT"] = args.rollout
+    os.environ["HPNLAB_ROLLOUT_PROBE"] = args.rollout_probe or os.environ.get("HPNLAB_ROLLOUT_PROBE", "")
     os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
     os.environ["HPNLAB_DRY_RUN"] = "1" if args.dry_run else ""
 

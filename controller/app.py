@@ -27,6 +27,7 @@ both launchers work the same way:
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
+    HPNLAB_ROLLOUT_PROBE hosts | leaves: where a stage's probes end (controller/rollout.py; default hosts)
     HPNLAB_DRY_RUN       1: read every switch's flows and groups and change nothing (controller/dryrun.py)
     HPNLAB_ARP           gateway | per-host: how leaves answer ARP in the switch (compiler.arp_responders;
                          default gateway)
@@ -78,6 +79,7 @@ from .ofp import (
     ofproto_v1_3,
     packet,
     set_ev_cls,
+    tcp,
     udp,
 )
 
@@ -125,6 +127,7 @@ def _config() -> dict:
             "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
             "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None,
+            "rollout_probe": os.environ.get("HPNLAB_ROLLOUT_PROBE") or "hosts",
             "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1",
             "arp": arp_mode(os.environ.get("HPNLAB_ARP") or "gateway")}
 
@@ -351,14 +354,35 @@ def parse_lldp(data: bytes) -> tuple[int, int] | None:
 
 
 def probe_frame(p: rollout.Probe) -> bytes:
-    """A staged rollout's probe: UDP from the source host to the destination host, to PROBE_UDP_PORT."""
+    """A staged rollout's probe from the source host to the destination host: a TCP SYN to PROBE_PORT with
+    the probe id in its sequence number (hosts mode: the host answers), or UDP to PROBE_PORT (leaves mode)."""
     pkt = packet.Packet()
     pkt.add_protocol(ethernet.ethernet(dst=p.dst_mac, src=p.src_mac, ethertype=ether_types.ETH_TYPE_IP))
-    pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=17, ttl=64))
-    pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_UDP_PORT))
-    pkt.add_protocol(p.payload)
+    if p.mode == "hosts":
+        pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=rollout.IP_TCP, ttl=64))
+        pkt.add_protocol(tcp.tcp(src_port=p.sport, dst_port=rollout.PROBE_PORT, seq=p.seq, bits=tcp.TCP_SYN,
+                                 window_size=1024))
+    else:
+        pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=rollout.IP_UDP, ttl=64))
+        pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_PORT))
+        pkt.add_protocol(p.payload)
     pkt.serialize()
     return bytes(pkt.data)
+
+
+def probe_caught(data: bytes) -> int | None:
+    """The probe id of a caught frame: a UDP probe (leaves mode) or a host's TCP answer to one (hosts mode,
+    acknowledging the SYN's sequence number); None for anything else."""
+    pkt = packet.Packet(bytes(data))
+    seg = pkt.get_protocol(tcp.tcp)
+    if seg is not None:
+        return rollout.probe_id_of_ack(seg.ack) if seg.src_port == rollout.PROBE_PORT and seg.bits & tcp.TCP_ACK \
+            else None
+    dgram = pkt.get_protocol(udp.udp)
+    if dgram is None or dgram.dst_port != rollout.PROBE_PORT:
+        return None
+    payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
+    return rollout.probe_id_of(bytes(payload))
 
 
 def is_lldp(data: bytes) -> bool:
@@ -1030,9 +1054,10 @@ class HpnController(BaseApp):
     def _release_planes(self, planes: tuple[int, ...]) -> None:
         """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
         if self.rollout_mode == "staged" and self.rollout_state is None:
-            self.rollout_state = rollout.Rollout.of(planes)
-            LOG.info("staged rollout: plane(s) %s, one at a time",
-                     ", ".join(map(str, self.rollout_state.planes)) or "none")
+            self.rollout_state = rollout.Rollout.of(planes, self.rollout_probe)
+            LOG.info("staged rollout: plane(s) %s, one at a time, probed %s",
+                     ", ".join(map(str, self.rollout_state.planes)) or "none",
+                     "host to host" if self.rollout_probe == "hosts" else "to the destination leaves' uplinks")
             self._write_rollout()
         for name in sorted(self.datapaths):
             if self.index.sw[name].plane in planes and self._plane_allowed(name):
@@ -1044,7 +1069,11 @@ class HpnController(BaseApp):
             raise RuntimeError(f"HPNLAB_ROLLOUT={cfg['rollout']!r}: one of {', '.join(rollout.MODES)}")
         if cfg["rollout"] == "staged" and not self.wiring_enabled:
             raise RuntimeError("a staged rollout needs the wiring gate (not HPNLAB_ON_MISWIRE=off)")
+        if cfg["rollout_probe"] not in rollout.PROBE_MODES:
+            from hpnlab.fabric.errors import UserError
+            raise UserError(f"HPNLAB_ROLLOUT_PROBE={cfg['rollout_probe']!r}: one of {', '.join(rollout.PROBE_MODES)}")
         self.rollout_mode = cfg["rollout"]
+        self.rollout_probe = cfg["rollout_probe"]
         self.rollout_out = cfg["rollout_out"]
         self._probes: list[rollout.Probe] = []
         self._arrivals: dict[int, str] = {}
@@ -1084,7 +1113,7 @@ class HpnController(BaseApp):
         if r.phase == "catch":
             if now - self._catch_at < 0.3:      # the catching rules in place first (other switches)
                 return
-            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane))
+            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane), mode=self.rollout_probe)
             self._arrivals = {}
             self._send_probes(self._probes)
             self._probe_sent_at, self._probe_resent = now, False
@@ -1136,7 +1165,8 @@ class HpnController(BaseApp):
         return delivered
 
     def _probe_catchers(self, plane: int, add: bool) -> None:
-        """The table-0 rules that send probes arriving at a leaf's uplinks to the controller (or their removal)."""
+        """The table-0 rules that send probes (hosts mode: the hosts' answers) arriving at a leaf's uplinks to the
+        controller (or their removal)."""
         for leaf, ports in rollout.catch_points(self.graph, plane).items():
             dp = self.datapaths.get(leaf)
             if dp is None:
@@ -1150,8 +1180,7 @@ class HpnController(BaseApp):
             inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
                 parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
             for port in ports:
-                match = parser.OFPMatch(in_port=port, eth_type=ether_types.ETH_TYPE_IP, ip_proto=17,
-                                        udp_dst=rollout.PROBE_UDP_PORT)
+                match = parser.OFPMatch(in_port=port, **dict(rollout.catch_match(self.rollout_probe)))
                 dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
                                               priority=PRIO_PROBE, match=match, instructions=inst,
                                               buffer_id=ofp.OFP_NO_BUFFER))
@@ -1166,13 +1195,8 @@ class HpnController(BaseApp):
                                             actions=[parser.OFPActionOutput(ofp.OFPP_TABLE)], data=probe_frame(p)))
 
     def _probe_in(self, name: str, data: bytes) -> str | None:
-        """A probe caught at a leaf: recorded (None: not a probe)."""
-        pkt = packet.Packet(data)
-        seg = pkt.get_protocol(udp.udp)
-        if seg is None or seg.dst_port != rollout.PROBE_UDP_PORT:
-            return None
-        payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
-        pid = rollout.probe_id_of(bytes(payload))
+        """A probe (hosts mode: a host's answer to one) caught at a leaf: recorded (None: not a probe)."""
+        pid = probe_caught(data)
         if pid is None:
             return None
         self._arrivals.setdefault(pid, name)
