@@ -487,7 +487,8 @@ class HpnController(BaseApp):
         tel = telemetry.Telemetry(telemetry.fabric_ports(self.graph), cfg["telemetry_ms"] / 1000)
         out = open(cfg["telemetry_out"], "w") if cfg["telemetry_out"] else None   # noqa: SIM115 (closed in close())
         loop = ecn_loop.EcnLoop(tel, ecn_policy.load(cfg["ecn_policy"], mtu), cfg["ecn_actuator"], mtu, out,
-                                cfg["run_id"], control=cfg["ecn_control"])
+                                cfg["run_id"], control=cfg["ecn_control"],
+                                stage_keys=telemetry.port_renumbering(self.scenario_graph, self.graph))
         LOG.info("telemetry every %g ms, ECN policy %s, actuator %s%s", cfg["telemetry_ms"], loop.policy.name,
                  loop.spec, f", written to {cfg['telemetry_out']}" if out else "")
         return loop
@@ -1021,7 +1022,7 @@ class HpnController(BaseApp):
         info = {dpid_of(n): ports for n, ports in self.port_info.items()}
         heard = {(dpid_of(rx[0]), rx[1]): ((dpid_of(tx[0]), tx[1]), t) for rx, (tx, t) in self.observed.items()}
         had = self.wiring_decision is not None
-        self.graph = g
+        old_graph, self.graph = self.graph, g
         self.index = compiler.index_of(g)
         self.expected_links = wiring.expected_links(g)
         if self.weighted is not None:           # weighted multipath: its sets on the adopted numbers
@@ -1033,8 +1034,9 @@ class HpnController(BaseApp):
         for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering
             self.reconciler.handle(reconcile.ArpMode(leaf, mode))
         self._counted = dict(self.reconciler.counters)
-        if self.ecn is not None:                # telemetry polls the ports on their adopted numbers
-            self.ecn.telemetry.rebase(telemetry.fabric_ports(g))
+        if self.ecn is not None:    # telemetry polls the ports on their adopted numbers, and reads the stage there
+            self.ecn.rebase(telemetry.fabric_ports(g), telemetry.port_renumbering(self.scenario_graph, g),
+                            telemetry.port_renumbering(old_graph, g))
 
         def name_of(dpid: int) -> str:
             return self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}"
