@@ -443,6 +443,8 @@ class HpnController(BaseApp):
         if self.dry_run:        # no LLDP rule, no gate: the switches are only read back
             self.wiring_enabled = False
         self._rollout_init(cfg)
+        #: --on-miswire off: changes wait until every switch told its ports (wiring.release_ungated)
+        self.reconciler.hold = self.on_miswire == "off" and not self.dry_run
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
@@ -588,6 +590,9 @@ class HpnController(BaseApp):
         self._update_metrics()
         if isinstance(event, reconcile.BarrierReply):
             self._rollout_poll()
+        if self.reconciler.hold and not self.wiring_enabled and isinstance(event, (
+                reconcile.FlowStatsReply, reconcile.GroupDescReply, reconcile.PortStatus)):
+            self._ungated_check()
         self._check_installed()
 
     def _sent_flow(self, dpid: int, xid: int | None, msg: reconcile.FlowMod) -> None:
@@ -733,6 +738,23 @@ class HpnController(BaseApp):
             self._lldp_rule(dp)
         return True
 
+    def _ungated_check(self) -> None:
+        """--on-miswire off: send the changes held since start once the wiring is observed (every switch
+        connected and told its ports), discovery settled, or the switches held nothing (a first start)."""
+        rec = self.reconciler
+        if not rec.hold or self.dry_run:
+            return
+        quiet_s = time.monotonic() - self._last_connect
+        told = sum(1 for sw in self.index.sw if sw in self.port_info)
+        if not wiring.release_ungated(len(rec.confirmed), sum(len(t) for t in rec.confirmed.values()),
+                                      len(self.datapaths), told, len(self.index.sw), quiet_s, self.discovery_s):
+            return
+        rec.hold = False
+        LOG.info("on-miswire off: installing now (%d of %d switches connected, %d told their ports, %d read back "
+                 "holding %d entries)", len(self.datapaths), len(self.index.sw), told, len(rec.confirmed),
+                 sum(len(t) for t in rec.confirmed.values()))
+        self.handle(reconcile.Tick())
+
     def _gate_disconnected(self, name: str) -> None:
         self.released.discard(name)
         self.port_info.pop(name, None)
@@ -820,6 +842,7 @@ class HpnController(BaseApp):
         """Every tick: LLDP again (every second until decided, then every 5 s), stale observations
         dropped; decide once discovery is complete or settled; afterwards, report changes."""
         if not self.wiring_enabled:
+            self._ungated_check()          # the hold's time may be up
             return
         now = time.monotonic()
         present = bool(self.datapaths or self.strangers)       # --deployment auto: maybe only strangers yet
@@ -1028,9 +1051,10 @@ class HpnController(BaseApp):
         if self.weighted is not None:           # weighted multipath: its sets on the adopted numbers
             self.weighted = weights.WeightedTables(g)
             self.weights = weights.Weights()
-        fallen_back = self.reconciler.arp_leaves
+        fallen_back, hold = self.reconciler.arp_leaves, self.reconciler.hold
         self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
                                                compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
+        self.reconciler.hold = hold
         for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering
             self.reconciler.handle(reconcile.ArpMode(leaf, mode))
         self._counted = dict(self.reconciler.counters)

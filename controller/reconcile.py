@@ -959,6 +959,9 @@ class Reconciler:
         #: leaves answering ARP in another mode than ``arp`` (ArpMode: the per-leaf fallback)
         self.arp_leaves: dict[str, str] = {}
         self.compile_fn = compile_fn
+        #: while True, switches are read back and events followed, but no change is sent (the app holds a
+        #: restarted controller's installs until the wiring has been observed: wiring.release_ungated)
+        self.hold = False
         #: remote convergence: from an event that changed the target (a port or switch seen down
         #: or up) to every connected switch confirming its new state, in seconds (the last 64)
         self.convergences: deque[float] = deque(maxlen=64)
@@ -1242,7 +1245,7 @@ class Reconciler:
         return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing)
 
     def _step(self, now: float) -> list[Message]:
-        if self._outstanding() or not self.dirty:
+        if self.hold or self._outstanding() or not self.dirty:
             return []
         t0 = time.process_time()
         switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)
