@@ -94,6 +94,15 @@ def ctl_wait() -> float:
     return ctlapp.PROBE_WAIT_S
 
 
+def rolled_out(app, broken=frozenset()) -> ProbedFabric:
+    """The fabric connected and the staged rollout run to its end."""
+    net = ProbedFabric(app, scenario(), broken=broken)
+    net.connect()
+    net.settle()
+    run(app, net)
+    return net
+
+
 def staged(make_app, tmp_path):  # noqa: F811
     return make_app("refuse", HPNLAB_ROLLOUT="staged", HPNLAB_ROLLOUT_OUT=str(tmp_path / "rollout.json"))
 
@@ -121,10 +130,7 @@ def test_a_healthy_fabric_passes_every_stage(make_app, tmp_path):  # noqa: F811
 
 def test_a_plane_whose_probes_are_lost_is_rolled_back_and_the_others_stay(make_app, tmp_path):  # noqa: F811
     app = staged(make_app, tmp_path)
-    net = ProbedFabric(app, scenario(), broken=BROKEN)
-    net.connect()
-    net.settle()
-    run(app, net)
+    net = rolled_out(app, BROKEN)
     assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
     plane1 = {n for n in net.dps if n.startswith("p1")}
     assert app.released == set(net.dps) - plane1
@@ -143,10 +149,7 @@ def catching_matches(net) -> set:
 
 def test_host_probes_are_the_default_and_a_broken_plane_is_rolled_back_with_them(make_app, tmp_path):  # noqa: F811
     app = staged(make_app, tmp_path)
-    net = ProbedFabric(app, scenario(), broken=BROKEN)
-    net.connect()
-    net.settle()
-    run(app, net)
+    net = rolled_out(app, BROKEN)
     assert app.rollout_probe == "hosts" and {p.mode for p in app._probes} == {"hosts"}
     assert catching_matches(net) == {tuple(sorted(rollout.catch_match("hosts")))}
     assert app.rollout_state.rolled_back == [1]
@@ -156,10 +159,7 @@ def test_host_probes_are_the_default_and_a_broken_plane_is_rolled_back_with_them
 def test_leaf_probes_stay_selectable_and_roll_a_broken_plane_back_too(make_app, tmp_path):  # noqa: F811
     app = make_app("refuse", HPNLAB_ROLLOUT="staged", HPNLAB_ROLLOUT_OUT=str(tmp_path / "rollout.json"),
                    HPNLAB_ROLLOUT_PROBE="leaves")
-    net = ProbedFabric(app, scenario(), broken=BROKEN)
-    net.connect()
-    net.settle()
-    run(app, net)
+    net = rolled_out(app, BROKEN)
     assert {p.mode for p in app._probes} == {"leaves"}
     assert catching_matches(net) == {tuple(sorted(rollout.catch_match("leaves")))}
     assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
