@@ -2,7 +2,7 @@
 [--policy aggregate|host-routes] [--arp gateway|per-host] [--metrics-port N]
 [--ecn-policy static|dynamic|MODULE:CLASS|FILE.py] [--telemetry-interval-ms 200] [--telemetry-out FILE]
 [--ecn-actuator auto|emulated|file:PATH|none] [--routing-weights ecmp|weighted]
-[--on-miswire refuse|planes] [--wiring-out FILE]
+[--on-miswire refuse|planes] [--wiring-out FILE] [--rollout all|staged] [--rollout-probe hosts|leaves]
 [--dry-run [--json] [--dry-run-timeout S]]``.
 
 os-ken >= 4 has no manager script; this is the few lines it would run: parse the
@@ -54,8 +54,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--policy", choices=ROUTING_POLICIES, default="aggregate",
                    help="routing policy: aggregate (per-leaf/pod/plane prefixes) or host-routes (baseline)")
-    p.add_argument("--arp", choices=ARP_MODES, default="gateway",
-                   help="how leaves answer ARP while the controller is away: gateway (default: one gateway MAC for "
+    p.add_argument("--arp", choices=ARP_MODES, default=None,
+                   help="how leaves answer ARP while the controller is away (default: $HPNLAB_ARP, else gateway): "
+                        "gateway (one gateway MAC for "
                         "every address, two flows per host port at any size; needs the move action Open vSwitch "
                         "has) or per-host (each peer's own MAC, set-field only, any OpenFlow 1.3 switch; at most "
                         "4,096 flows per leaf, beyond that the controller answers)")
@@ -93,6 +94,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="all (default): every plane at once; staged: one plane at a time, each verified by probes "
                         "through the plane before the next, rolled back when a probe fails (controller/rollout.py)")
     p.add_argument("--rollout-out", metavar="FILE", help="write the staged rollout's stages and results (JSON) to FILE")
+    p.add_argument("--rollout-probe", choices=("hosts", "leaves"), default=None,
+                   help="where a stage's probes end (default: $HPNLAB_ROLLOUT_PROBE, else hosts): hosts (a TCP SYN "
+                        "to each destination host, whose answer comes back through the plane: host to host) or "
+                        "leaves (UDP caught where it enters the destination leaf, before its last hop)")
     p.add_argument("--deployment-out", metavar="FILE", default="deployment-discovered.yaml",
                    help="where --deployment auto writes the discovered map (default deployment-discovered.yaml)")
     p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
@@ -195,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["HPNLAB_SET"] = "\n".join(args.set)
     os.environ["HPNLAB_POLICY"] = args.policy
     os.environ["HPNLAB_FAST_FAILOVER"] = "0" if args.no_fast_failover else "1"
-    os.environ["HPNLAB_ARP"] = args.arp
+    os.environ["HPNLAB_ARP"] = args.arp or os.environ.get("HPNLAB_ARP", "")     # a bad value: one line at app init
     os.environ["HPNLAB_METRICS_PORT"] = str(args.metrics_port)
     os.environ["HPNLAB_METRICS_ADDR"] = args.listen
     os.environ["HPNLAB_ECN_POLICY"] = args.ecn_policy
@@ -212,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
         args.deployment != "auto" else (args.deployment or "")
     os.environ["HPNLAB_DEPLOYMENT_OUT"] = str(Path(args.deployment_out).resolve())
     os.environ["HPNLAB_ROLLOUT"] = args.rollout
+    os.environ["HPNLAB_ROLLOUT_PROBE"] = args.rollout_probe or os.environ.get("HPNLAB_ROLLOUT_PROBE", "")
     os.environ["HPNLAB_ROLLOUT_OUT"] = str(Path(args.rollout_out).resolve()) if args.rollout_out else ""
     os.environ["HPNLAB_DRY_RUN"] = "1" if args.dry_run else ""
 

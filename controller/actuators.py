@@ -116,14 +116,23 @@ class EmulatedActuator:
 
     name = "emulated"
 
-    def __init__(self, stage: Any, ports: Mapping[PortKey, PortInfo]):
+    def __init__(self, stage: Any, ports: Mapping[PortKey, PortInfo],
+                 stage_keys: Mapping[PortKey, PortKey] | None = None):
         self.stage = stage
         self._drops: dict[str, int] = {}
         self._drops_at: float | None = None
         self.intf: dict[PortKey, str] = {}
-        for intf, p in stage.ports.items():
-            if (p.switch, p.port) in ports:
-                self.intf[(p.switch, p.port)] = intf
+        self.rekey(ports, stage_keys)
+
+    def rekey(self, ports: Mapping[PortKey, PortInfo], stage_keys: Mapping[PortKey, PortKey] | None = None) -> None:
+        """Which fabric port each of the stage's interfaces is: the stage knows its ports by the scenario's
+        numbers; ``stage_keys`` (scenario key -> key in ``ports``) follows a deployment's numbers."""
+        keys = stage_keys or {}
+        self.intf = {}
+        for intf, p in self.stage.ports.items():
+            key = keys.get((p.switch, p.port), (p.switch, p.port))
+            if key in ports:
+                self.intf[key] = intf
 
     def current(self) -> dict[PortKey, Thresholds]:
         out = {}

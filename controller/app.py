@@ -27,6 +27,7 @@ both launchers work the same way:
     HPNLAB_ROLLOUT       all | staged: one plane at a time, each proven by probes, rolled back when one fails
                          (controller/rollout.py; default all)
     HPNLAB_ROLLOUT_OUT   the rollout's stages and results (JSON) are written there (unset: none)
+    HPNLAB_ROLLOUT_PROBE hosts | leaves: where a stage's probes end (controller/rollout.py; default hosts)
     HPNLAB_DRY_RUN       1: read every switch's flows and groups and change nothing (controller/dryrun.py)
     HPNLAB_ARP           gateway | per-host: how leaves answer ARP in the switch (compiler.arp_responders;
                          default gateway)
@@ -54,13 +55,14 @@ import logging
 import os
 import struct
 import time
+from collections import OrderedDict
 from typing import Any, ClassVar
 
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric import spec as fspec
 from hpnlab.fabric.addressing import ip_int, ip_str
 
-from . import compiler, deployment, reconcile, rollout, telemetry, weights, wiring
+from . import arp_fallback, compiler, deployment, reconcile, rollout, telemetry, weights, wiring
 from .control_file import ControlFile
 from .ofp import (
     CONFIG_DISPATCHER,
@@ -77,6 +79,7 @@ from .ofp import (
     ofproto_v1_3,
     packet,
     set_ev_cls,
+    tcp,
     udp,
 )
 
@@ -93,6 +96,7 @@ METADATA_MASK = 0xFFFFFFFFFFFFFFFF   # write-metadata: the compiler's values are
 TICK_S = 1.0
 MAX_HOSTS_SEEN = 1 << 20           # --deployment auto: host ports remembered (bounds what hostile frames can fill)
 GROUP_KINDS = ("ff", "indirect", "all", "select")
+SENT_FLOWS_KEPT = 1 << 16          # flow-mods remembered by (dpid, xid), so that an error names its flow
 
 LOG = logging.getLogger("hpnlab.controller")
 
@@ -123,8 +127,17 @@ def _config() -> dict:
             "deployment_out": os.environ.get("HPNLAB_DEPLOYMENT_OUT") or "deployment-discovered.yaml",
             "rollout": os.environ.get("HPNLAB_ROLLOUT") or "all",
             "rollout_out": os.environ.get("HPNLAB_ROLLOUT_OUT") or None,
+            "rollout_probe": os.environ.get("HPNLAB_ROLLOUT_PROBE") or "hosts",
             "dry_run": os.environ.get("HPNLAB_DRY_RUN") == "1",
-            "arp": os.environ.get("HPNLAB_ARP") or "gateway"}
+            "arp": arp_mode(os.environ.get("HPNLAB_ARP") or "gateway")}
+
+
+def arp_mode(value: str) -> str:
+    """HPNLAB_ARP's value when it is an ARP mode, else one line (UserError) before anything is built."""
+    from hpnlab.fabric.errors import UserError
+    if value not in compiler.ARP_MODES:
+        raise UserError(f"HPNLAB_ARP={value!r}: one of {', '.join(compiler.ARP_MODES)} (how leaves answer ARP)")
+    return value
 
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
@@ -341,14 +354,35 @@ def parse_lldp(data: bytes) -> tuple[int, int] | None:
 
 
 def probe_frame(p: rollout.Probe) -> bytes:
-    """A staged rollout's probe: UDP from the source host to the destination host, to PROBE_UDP_PORT."""
+    """A staged rollout's probe from the source host to the destination host: a TCP SYN to PROBE_PORT with
+    the probe id in its sequence number (hosts mode: the host answers), or UDP to PROBE_PORT (leaves mode)."""
     pkt = packet.Packet()
     pkt.add_protocol(ethernet.ethernet(dst=p.dst_mac, src=p.src_mac, ethertype=ether_types.ETH_TYPE_IP))
-    pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=17, ttl=64))
-    pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_UDP_PORT))
-    pkt.add_protocol(p.payload)
+    if p.mode == "hosts":
+        pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=rollout.IP_TCP, ttl=64))
+        pkt.add_protocol(tcp.tcp(src_port=p.sport, dst_port=rollout.PROBE_PORT, seq=p.seq, bits=tcp.TCP_SYN,
+                                 window_size=1024))
+    else:
+        pkt.add_protocol(ipv4.ipv4(src=p.src_ip, dst=p.dst_ip, proto=rollout.IP_UDP, ttl=64))
+        pkt.add_protocol(udp.udp(src_port=p.sport, dst_port=rollout.PROBE_PORT))
+        pkt.add_protocol(p.payload)
     pkt.serialize()
     return bytes(pkt.data)
+
+
+def probe_caught(data: bytes) -> int | None:
+    """The probe id of a caught frame: a UDP probe (leaves mode) or a host's TCP answer to one (hosts mode,
+    acknowledging the SYN's sequence number); None for anything else."""
+    pkt = packet.Packet(bytes(data))
+    seg = pkt.get_protocol(tcp.tcp)
+    if seg is not None:
+        return rollout.probe_id_of_ack(seg.ack) if seg.src_port == rollout.PROBE_PORT and seg.bits & tcp.TCP_ACK \
+            else None
+    dgram = pkt.get_protocol(udp.udp)
+    if dgram is None or dgram.dst_port != rollout.PROBE_PORT:
+        return None
+    payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
+    return rollout.probe_id_of(bytes(payload))
 
 
 def is_lldp(data: bytes) -> bool:
@@ -383,6 +417,8 @@ class HpnController(BaseApp):
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg["fast_failover"],
                                                compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
+        #: (dpid, xid) -> the flow-mod sent under it (the last SENT_FLOWS_KEPT): an error's flow (ARP fallback)
+        self._sent_flows: OrderedDict[tuple[int, int], reconcile.FlowMod] = OrderedDict()
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self.started = time.monotonic()
         self._recompiled_at = (time.time(), self.started)   # (wall, monotonic) of the last compile, for /health
@@ -407,6 +443,8 @@ class HpnController(BaseApp):
         if self.dry_run:        # no LLDP rule, no gate: the switches are only read back
             self.wiring_enabled = False
         self._rollout_init(cfg)
+        #: --on-miswire off: changes wait until every switch told its ports (wiring.release_ungated)
+        self.reconciler.hold = self.on_miswire == "off" and not self.dry_run
         LOG.info("scenario %s: %d switches, policy %s, %d flows compiled",
                  self.scenario.name, len(self.index.sw), self.policy,
                  sum(s.flow_count for s in self.reconciler.states.values()))
@@ -451,7 +489,8 @@ class HpnController(BaseApp):
         tel = telemetry.Telemetry(telemetry.fabric_ports(self.graph), cfg["telemetry_ms"] / 1000)
         out = open(cfg["telemetry_out"], "w") if cfg["telemetry_out"] else None   # noqa: SIM115 (closed in close())
         loop = ecn_loop.EcnLoop(tel, ecn_policy.load(cfg["ecn_policy"], mtu), cfg["ecn_actuator"], mtu, out,
-                                cfg["run_id"], control=cfg["ecn_control"])
+                                cfg["run_id"], control=cfg["ecn_control"],
+                                stage_keys=telemetry.port_renumbering(self.scenario_graph, self.graph))
         LOG.info("telemetry every %g ms, ECN policy %s, actuator %s%s", cfg["telemetry_ms"], loop.policy.name,
                  loop.spec, f", written to {cfg['telemetry_out']}" if out else "")
         return loop
@@ -544,12 +583,42 @@ class HpnController(BaseApp):
                 continue
             for ofmsg in encode(dp, msg):
                 dp.send_msg(ofmsg)
+                if isinstance(msg, reconcile.FlowMod) and msg.command != "delete":
+                    self._sent_flow(dp.id, ofmsg.xid, msg)
             if isinstance(msg, reconcile.WipeTables) and self.wiring_enabled:
                 self._lldp_rule(dp)          # the wipe took it too
         self._update_metrics()
         if isinstance(event, reconcile.BarrierReply):
             self._rollout_poll()
+        if self.reconciler.hold and not self.wiring_enabled and isinstance(event, (
+                reconcile.FlowStatsReply, reconcile.GroupDescReply, reconcile.PortStatus)):
+            self._ungated_check()
         self._check_installed()
+
+    def _sent_flow(self, dpid: int, xid: int | None, msg: reconcile.FlowMod) -> None:
+        if xid is None:
+            return
+        self._sent_flows[dpid, xid] = msg
+        if len(self._sent_flows) > SENT_FLOWS_KEPT:
+            self._sent_flows.popitem(last=False)
+
+    # ---- the per-leaf ARP fallback (controller/arp_fallback.py decides) ----------------------------
+    def _arp_mode_of(self, name: str) -> str:
+        return self.reconciler.arp_leaves.get(name, self.arp)
+
+    def _arp_fallback(self, name: str, msg) -> None:
+        """An error from ``name``: if it rejects one of the gateway-MAC design's flows, that leaf answers ARP
+        per host from now on (one line, counted); the reconciler then resyncs it as after any error."""
+        sent = self._sent_flows.get((msg.datapath.id, msg.xid))
+        flow = (sent.table, sent.priority, sent.actions) if sent is not None else None
+        fb = arp_fallback.decide(name, self.index.sw[name].tier == 1, self._arp_mode_of(name), flow, msg.type,
+                                 msg.code)
+        if fb is None:
+            return
+        LOG.warning("%s", fb.line())
+        self.handle(reconcile.ArpMode(fb.leaf, fb.mode))
+        if self.metrics:
+            self.metrics.arp_fallbacks.labels(fb.leaf).inc()
 
     # ---- dry run -------------------------------------------------------------------------
     @staticmethod
@@ -671,6 +740,23 @@ class HpnController(BaseApp):
             self._lldp_rule(dp)
         return True
 
+    def _ungated_check(self) -> None:
+        """--on-miswire off: send the changes held since start once the wiring is observed (every switch
+        connected and told its ports), discovery settled, or the switches held nothing (a first start)."""
+        rec = self.reconciler
+        if not rec.hold or self.dry_run:
+            return
+        quiet_s = time.monotonic() - self._last_connect
+        told = sum(1 for sw in self.index.sw if sw in self.port_info)
+        if not wiring.release_ungated(len(rec.confirmed), sum(len(t) for t in rec.confirmed.values()),
+                                      len(self.datapaths), told, len(self.index.sw), quiet_s, self.discovery_s):
+            return
+        rec.hold = False
+        LOG.info("on-miswire off: installing now (%d of %d switches connected, %d told their ports, %d read back "
+                 "holding %d entries)", len(self.datapaths), len(self.index.sw), told, len(rec.confirmed),
+                 sum(len(t) for t in rec.confirmed.values()))
+        self.handle(reconcile.Tick())
+
     def _gate_disconnected(self, name: str) -> None:
         self.released.discard(name)
         self.port_info.pop(name, None)
@@ -758,6 +844,7 @@ class HpnController(BaseApp):
         """Every tick: LLDP again (every second until decided, then every 5 s), stale observations
         dropped; decide once discovery is complete or settled; afterwards, report changes."""
         if not self.wiring_enabled:
+            self._ungated_check()          # the hold's time may be up
             return
         now = time.monotonic()
         present = bool(self.datapaths or self.strangers)       # --deployment auto: maybe only strangers yet
@@ -968,17 +1055,22 @@ class HpnController(BaseApp):
         info = {dpid_of(n): ports for n, ports in self.port_info.items()}
         heard = {(dpid_of(rx[0]), rx[1]): ((dpid_of(tx[0]), tx[1]), t) for rx, (tx, t) in self.observed.items()}
         had = self.wiring_decision is not None
-        self.graph = g
+        old_graph, self.graph = self.graph, g
         self.index = compiler.index_of(g)
         self.expected_links = wiring.expected_links(g)
         if self.weighted is not None:           # weighted multipath: its sets on the adopted numbers
             self.weighted = weights.WeightedTables(g)
             self.weights = weights.Weights()
+        fallen_back, hold = self.reconciler.arp_leaves, self.reconciler.hold
         self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
                                                compile_fn=self.weighted or compiler.compile_fabric, arp=self.arp)
+        self.reconciler.hold = hold
+        for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering
+            self.reconciler.handle(reconcile.ArpMode(leaf, mode))
         self._counted = dict(self.reconciler.counters)
-        if self.ecn is not None:                # telemetry polls the ports on their adopted numbers
-            self.ecn.telemetry.rebase(telemetry.fabric_ports(g))
+        if self.ecn is not None:    # telemetry polls the ports on their adopted numbers, and reads the stage there
+            self.ecn.rebase(telemetry.fabric_ports(g), telemetry.port_renumbering(self.scenario_graph, g),
+                            telemetry.port_renumbering(old_graph, g))
 
         def name_of(dpid: int) -> str:
             return self.index.by_dpid.get(dpid) or f"dpid:{dpid:016x}"
@@ -998,9 +1090,10 @@ class HpnController(BaseApp):
     def _release_planes(self, planes: tuple[int, ...]) -> None:
         """Hand the switches of ``planes`` to the reconciler (staged: only the stages reached)."""
         if self.rollout_mode == "staged" and self.rollout_state is None:
-            self.rollout_state = rollout.Rollout.of(planes)
-            LOG.info("staged rollout: plane(s) %s, one at a time",
-                     ", ".join(map(str, self.rollout_state.planes)) or "none")
+            self.rollout_state = rollout.Rollout.of(planes, self.rollout_probe)
+            LOG.info("staged rollout: plane(s) %s, one at a time, probed %s",
+                     ", ".join(map(str, self.rollout_state.planes)) or "none",
+                     "host to host" if self.rollout_probe == "hosts" else "to the destination leaves' uplinks")
             self._write_rollout()
         for name in sorted(self.datapaths):
             if self.index.sw[name].plane in planes and self._plane_allowed(name):
@@ -1012,7 +1105,11 @@ class HpnController(BaseApp):
             raise RuntimeError(f"HPNLAB_ROLLOUT={cfg['rollout']!r}: one of {', '.join(rollout.MODES)}")
         if cfg["rollout"] == "staged" and not self.wiring_enabled:
             raise RuntimeError("a staged rollout needs the wiring gate (not HPNLAB_ON_MISWIRE=off)")
+        if cfg["rollout_probe"] not in rollout.PROBE_MODES:
+            from hpnlab.fabric.errors import UserError
+            raise UserError(f"HPNLAB_ROLLOUT_PROBE={cfg['rollout_probe']!r}: one of {', '.join(rollout.PROBE_MODES)}")
         self.rollout_mode = cfg["rollout"]
+        self.rollout_probe = cfg["rollout_probe"]
         self.rollout_out = cfg["rollout_out"]
         self._probes: list[rollout.Probe] = []
         self._arrivals: dict[int, str] = {}
@@ -1052,7 +1149,7 @@ class HpnController(BaseApp):
         if r.phase == "catch":
             if now - self._catch_at < 0.3:      # the catching rules in place first (other switches)
                 return
-            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane))
+            self._probes = rollout.probes(self.graph, plane, self._delivered_fn(plane), mode=self.rollout_probe)
             self._arrivals = {}
             self._send_probes(self._probes)
             self._probe_sent_at, self._probe_resent = now, False
@@ -1104,7 +1201,8 @@ class HpnController(BaseApp):
         return delivered
 
     def _probe_catchers(self, plane: int, add: bool) -> None:
-        """The table-0 rules that send probes arriving at a leaf's uplinks to the controller (or their removal)."""
+        """The table-0 rules that send probes (hosts mode: the hosts' answers) arriving at a leaf's uplinks to the
+        controller (or their removal)."""
         for leaf, ports in rollout.catch_points(self.graph, plane).items():
             dp = self.datapaths.get(leaf)
             if dp is None:
@@ -1118,8 +1216,7 @@ class HpnController(BaseApp):
             inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [
                 parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)])]
             for port in ports:
-                match = parser.OFPMatch(in_port=port, eth_type=ether_types.ETH_TYPE_IP, ip_proto=17,
-                                        udp_dst=rollout.PROBE_UDP_PORT)
+                match = parser.OFPMatch(in_port=port, **dict(rollout.catch_match(self.rollout_probe)))
                 dp.send_msg(parser.OFPFlowMod(datapath=dp, cookie=PROBE_COOKIE, table_id=0, command=ofp.OFPFC_ADD,
                                               priority=PRIO_PROBE, match=match, instructions=inst,
                                               buffer_id=ofp.OFP_NO_BUFFER))
@@ -1134,13 +1231,8 @@ class HpnController(BaseApp):
                                             actions=[parser.OFPActionOutput(ofp.OFPP_TABLE)], data=probe_frame(p)))
 
     def _probe_in(self, name: str, data: bytes) -> str | None:
-        """A probe caught at a leaf: recorded (None: not a probe)."""
-        pkt = packet.Packet(data)
-        seg = pkt.get_protocol(udp.udp)
-        if seg is None or seg.dst_port != rollout.PROBE_UDP_PORT:
-            return None
-        payload = pkt.protocols[-1] if isinstance(pkt.protocols[-1], (bytes, bytearray)) else b""
-        pid = rollout.probe_id_of(bytes(payload))
+        """A probe (hosts mode: a host's answer to one) caught at a leaf: recorded (None: not a probe)."""
+        pid = probe_caught(data)
         if pid is None:
             return None
         self._arrivals.setdefault(pid, name)
@@ -1281,6 +1373,7 @@ class HpnController(BaseApp):
         if name is None:
             LOG.error("datapath %s: OpenFlow error type=%d code=%d", msg.datapath.id, msg.type, msg.code)
             return
+        self._arp_fallback(name, msg)
         self.handle(reconcile.Error(name, msg.xid, msg.type, msg.code))
 
     @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
@@ -1355,7 +1448,7 @@ class HpnController(BaseApp):
             return "ignored"
         if req.opcode != arp.ARP_REQUEST or req.dst_ip == req.src_ip:
             return "ignored"
-        mac = compiler.arp_answer(self.graph, name, req.dst_ip, self.arp, in_port)
+        mac = compiler.arp_answer(self.graph, name, req.dst_ip, self._arp_mode_of(name), in_port)
         if mac is None:
             LOG.info("%s port %d: ARP for %s, no other host of this plane, not answered", name, in_port, req.dst_ip)
             return "ignored"

@@ -1289,6 +1289,28 @@ def arp_responders(ix: FabricIndex, leaf: str, arp: str = "gateway") -> tuple[Fl
     return flows
 
 
+def with_arp(g: nx.MultiGraph, state: SwitchState, mode: str, compiled: str = "gateway") -> SwitchState:
+    """A leaf's ``state`` (compiled with ARP mode ``compiled``) answering ARP in ``mode`` instead: only
+    its responder flows change (the last-hop routes are the same in both modes). One value per state,
+    so that a state the compile reused stays the same object and diffs skip it. The per-leaf ARP
+    fallback's (controller/arp_fallback.py: a switch that rejects the gateway design's actions)."""
+    ix = index_of(g)
+    sw = ix.sw.get(state.name)
+    if mode == compiled or sw is None or sw.tier != 1:
+        return state
+    memo = ix.shared.setdefault(("with_arp", compiled, mode), {})
+    if len(memo) > 4 * len(ix.sw):       # bounded in a long-running controller
+        memo.clear()
+    hit = memo.get(id(state))
+    if hit is not None and hit[0] is state:
+        return hit[1]
+    old = {f.key() for f in arp_responders(ix, sw.name, compiled)}
+    flows = tuple(f for f in state.flows if f.key() not in old) + arp_responders(ix, sw.name, mode)
+    out = SwitchState(state.name, state.dpid, flows, state.groups)
+    memo[id(state)] = (state, out)
+    return out
+
+
 def _gateway_responder(ix: FabricIndex, sw: _Sw, asker: HostPort) -> tuple[Flow, Flow]:
     """Gateway mode's two flows for one host port (see ``arp_responders``)."""
     plane_net, plane_len = ix.level_prefix[("plane", sw.plane)]

@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
 from . import actuators, ecn_policy, telemetry
 from .control_file import ControlFile
 from .ecn_policy import EcnPolicy, Thresholds
-from .telemetry import OfPortStats, PortKey, PortStatsRequest, PortTelemetry, Telemetry
+from .telemetry import OfPortStats, PortInfo, PortKey, PortStatsRequest, PortTelemetry, Telemetry
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 STAGE_RETRY_S = 1.0
@@ -45,8 +45,11 @@ def _cpu() -> float:
 class EcnLoop:
     def __init__(self, tel: Telemetry, policy: EcnPolicy, actuator_spec: str = "auto", mtu: int = 1500,
                  out: IO[str] | None = None, run_id: str | None = None,
-                 open_stage: Callable[[str | None], Any] = actuators.open_stage, control: str | None = None):
+                 open_stage: Callable[[str | None], Any] = actuators.open_stage, control: str | None = None,
+                 stage_keys: Mapping[PortKey, PortKey] | None = None):
         self.telemetry = tel
+        #: the emulated stage's port (scenario numbers) -> the fabric port telemetry keys it by (a deployment's)
+        self.stage_keys = dict(stage_keys or {})
         self.policy = policy
         self.spec = actuators.check_spec(actuator_spec)
         self.mtu = mtu
@@ -94,11 +97,29 @@ class EcnLoop:
         stage = self._open_stage(self.run_id)
         if stage is None:
             return
-        self.actuator = actuators.EmulatedActuator(stage, self.telemetry.ports)
+        self.actuator = actuators.EmulatedActuator(stage, self.telemetry.ports, self.stage_keys)
         self.current = {**self.current, **self.actuator.current()}
         self.initial = dict(self.current)
         LOG.info("ECN stage found (%s on %d ports): telemetry reads it, policy %s applies to it",
                  stage.mechanism, len(self.actuator.intf), self.policy.name)
+
+    def rebase(self, ports: Mapping[PortKey, PortInfo], stage_keys: Mapping[PortKey, PortKey],
+               moved: Mapping[PortKey, PortKey]) -> None:
+        """The fabric on other port numbers (a deployment adopted at run time): telemetry starts again on
+        the new keys (``Telemetry.rebase``), the stage's counters and thresholds are read and written under
+        them (``stage_keys``: scenario key -> new key), and the thresholds in force move with their ports
+        (``moved``: old key -> new key)."""
+        self.telemetry.rebase(ports)
+        self.stage_keys = dict(stage_keys)
+        self.current = {moved.get(k, k): t for k, t in self.current.items() if moved.get(k, k) in ports}
+        self.initial = {moved.get(k, k): t for k, t in self.initial.items() if moved.get(k, k) in ports}
+        if self.emulated:
+            self.actuator.rekey(ports, self.stage_keys)
+            self.current.update(self.actuator.current())     # what the stage holds, now under the new keys
+        elif isinstance(self.actuator, actuators.NullActuator):
+            self.actuator = actuators.NullActuator(ports, self.mtu)
+            self.current = {**self.actuator.current(), **self.current}
+            self.initial = {**self.actuator.current(), **self.initial}
 
     def tick(self, now: float, switches: Iterable[str]) -> list[PortStatsRequest]:
         """One telemetry interval: sample, decide, apply; returns the port statistics requests to send."""

@@ -77,6 +77,9 @@ class Metrics:
         self.resyncs = Counter("hpnlab_resyncs", "Switches resynchronised from flow stats (error or timeout)",
                                registry=r)
         self.errors = Counter("hpnlab_openflow_errors", "OpenFlow error messages from known switches", registry=r)
+        self.arp_fallbacks = Counter("hpnlab_arp_fallbacks", "Leaves that fell back to per-host ARP responders "
+                                     "because the switch rejected a gateway-MAC action (controller/arp_fallback.py)",
+                                     ["switch"], registry=r)
         self.flow_mods = Counter("hpnlab_flow_mods", "Flow-mod messages sent", ["command"], registry=r)
         self.packet_ins = Counter("hpnlab_packet_ins", "Packet-ins by outcome", ["outcome"], registry=r)
         self.unknown_switches = Counter("hpnlab_unknown_switch_connects",

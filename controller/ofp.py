@@ -8,7 +8,7 @@ try:  # os-ken
     from os_ken.controller import ofp_event
     from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
     from os_ken.lib import hub
-    from os_ken.lib.packet import arp, ether_types, ethernet, ipv4, lldp, packet, udp
+    from os_ken.lib.packet import arp, ether_types, ethernet, ipv4, lldp, packet, tcp, udp
     from os_ken.ofproto import ofproto_v1_3
 
     BaseApp = app_manager.OSKenApp
@@ -18,7 +18,7 @@ except ImportError:  # Ryu
     from ryu.controller import ofp_event
     from ryu.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
     from ryu.lib import hub
-    from ryu.lib.packet import arp, ether_types, ethernet, ipv4, lldp, packet, udp
+    from ryu.lib.packet import arp, ether_types, ethernet, ipv4, lldp, packet, tcp, udp
     from ryu.ofproto import ofproto_v1_3
 
     BaseApp = app_manager.RyuApp
@@ -41,5 +41,6 @@ __all__ = [
     "ofproto_v1_3",
     "packet",
     "set_ev_cls",
+    "tcp",
     "udp",
 ]

@@ -195,7 +195,16 @@ class Restate:
     states: Mapping[str, compiler.SwitchState]
 
 
-Event = SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply | GroupDescReply | Restate
+@dataclass(frozen=True)
+class ArpMode:
+    """From now on ``leaf`` answers ARP in ``mode`` (compiler.ARP_MODES), whatever the fabric's mode: the
+    per-leaf fallback (controller/arp_fallback.py decides). Only that leaf's responders change."""
+    leaf: str
+    mode: str
+
+
+Event = (SwitchUp | SwitchDown | PortStatus | BarrierReply | Error | Tick | FlowStatsReply | GroupDescReply | Restate
+         | ArpMode)
 
 
 # ---- messages (out) ------------------------------------------------------------------------
@@ -947,7 +956,12 @@ class Reconciler:
             compile_fn = functools.partial(compile_fn, arp=arp)
         self.fast_failover = fast_failover
         self.arp = arp
+        #: leaves answering ARP in another mode than ``arp`` (ArpMode: the per-leaf fallback)
+        self.arp_leaves: dict[str, str] = {}
         self.compile_fn = compile_fn
+        #: while True, switches are read back and events followed, but no change is sent (the app holds a
+        #: restarted controller's installs until the wiring has been observed: wiring.release_ungated)
+        self.hold = False
         #: remote convergence: from an event that changed the target (a port or switch seen down
         #: or up) to every connected switch confirming its new state, in seconds (the last 64)
         self.convergences: deque[float] = deque(maxlen=64)
@@ -974,7 +988,8 @@ class Reconciler:
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
         self.counters = {"recompiles": 0, "restates": 0, "resyncs": 0, "reads": 0, "errors": 0, "steps": 0, "cycles": 0,
-                         "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0, "group_delete": 0}
+                         "arp_fallbacks": 0, "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0,
+                         "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
         # CPU seconds spent by the last recompile (compile, compare) and the last step (diff, plan)
         self.timings = {"compile_s": 0.0, "compare_s": 0.0, "diff_s": 0.0, "plan_s": 0.0}
@@ -1023,7 +1038,9 @@ class Reconciler:
             self._read_back(event)
         elif isinstance(event, Restate):
             self.counters["restates"] += 1
-            self._adopt([sw for sw in event.states if sw in self.states], event.states)
+            self._adopt([sw for sw in event.states if sw in self.states], self._arp_of(event.states))
+        elif isinstance(event, ArpMode):
+            self._arp_mode(event.leaf, event.mode)
         else:
             raise TypeError(f"not a reconciler event: {event!r}")
         if recompiles != self.counters["recompiles"] and self._converging_since is None:
@@ -1155,7 +1172,7 @@ class Reconciler:
         self.failures = failures
         wanted = [sw.name for p in sorted(planes) for sw in self.ix.planes[p]]
         t0 = time.process_time()
-        states = self.compile_fn(self.graph, failures, self.policy, switches=wanted)
+        states = self._arp_of(self.compile_fn(self.graph, failures, self.policy, switches=wanted))
         t1 = time.process_time()
         changed = self._adopt(wanted, states)
         self.timings["compile_s"] = t1 - t0
@@ -1165,6 +1182,25 @@ class Reconciler:
         LOG.info("recompiled plane(s) %s in %.0f ms: %d failed links, %d failed switches, %d switches changed",
                  ", ".join(map(str, sorted(planes))), 1000 * (t1 - t0), len(failures.links),
                  len(failures.switches), changed)
+
+    def _arp_of(self, states: Mapping[str, compiler.SwitchState]) -> Mapping[str, compiler.SwitchState]:
+        """Compiled states with the leaves of ``arp_leaves`` answering ARP in their own mode."""
+        if not self.arp_leaves or not self.arp_leaves.keys() & states.keys():
+            return states
+        return {sw: compiler.with_arp(self.graph, st, self.arp_leaves[sw], self.arp) if sw in self.arp_leaves else st
+                for sw, st in states.items()}
+
+    def _arp_mode(self, leaf: str, mode: str) -> None:
+        if leaf not in self.ix.sw or self.arp_leaves.get(leaf, self.arp) == mode:
+            return
+        if mode == self.arp:
+            del self.arp_leaves[leaf]
+        else:
+            self.arp_leaves[leaf] = mode
+            self.counters["arp_fallbacks"] += 1
+        if leaf in self.states:      # a failed leaf gets it when it is compiled again
+            compiled = self.compile_fn(self.graph, self.failures, self.policy, switches=[leaf])
+            self._adopt([leaf], self._arp_of(compiled))
 
     def _adopt(self, wanted: Iterable[str], states: Mapping[str, compiler.SwitchState]) -> int:
         """Make ``states`` the desired states of the ``wanted`` switches (one missing from ``states``
@@ -1209,7 +1245,7 @@ class Reconciler:
         return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing)
 
     def _step(self, now: float) -> list[Message]:
-        if self._outstanding() or not self.dirty:
+        if self.hold or self._outstanding() or not self.dirty:
             return []
         t0 = time.process_time()
         switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)

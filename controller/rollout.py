@@ -7,20 +7,31 @@ up. ``--rollout staged`` (controller/app.py does the plumbing):
 1. ``stages``: the planes the wiring check allows, one per stage, in plane order.
 2. The stage's switches are handed to the reconciler; once every one of them has confirmed its
    whole state (barriers answered), the stage is probed.
-3. Probes (``probes``): for each leaf of the plane, UDP packets to hosts behind ``fanout`` other
+3. Probes (``probes``): for each leaf of the plane, packets to hosts behind ``fanout`` other
    leaves of the plane, from a host behind it, one per entropy branch the leaf's uplinks take
-   (``sports``: consecutive UDP source ports cover every pattern of the masked bits the entropy
+   (``sports``: consecutive source ports cover every pattern of the masked bits the entropy
    tables match). Only pairs the compiled tables say are delivered are probed (a pair the wiring
    check left without a way has no route on purpose). The controller injects each probe at the
    source leaf as a packet-out with ``in_port`` = the source host's port and action TABLE, so it
-   walks the source leaf's real tables, the spines' and arrives at the destination leaf on an
-   uplink; there a temporary table-0 rule (``catch_points``: in_port = an uplink, UDP destination
-   port ``PROBE_UDP_PORT``, highest priority) sends it to the controller. This works the same on
-   real switches and in the emulation (the harness's host probes, fabric/emulation/reachability.py,
-   go further, to the host, and are what the emulated tests check afterwards).
+   walks the source leaf's real tables and the spines'. Where it ends is the probe mode:
+
+   - ``hosts`` (the default: reachability as users understand it, host to host): the probe is a TCP
+     SYN to port ``PROBE_PORT`` of the destination host, its sequence number carrying the probe id
+     (``PROBE_SEQ_BASE`` + id). It goes through the destination leaf's last hop to the host itself,
+     whose TCP stack answers (a RST from a closed port, or a SYN-ACK from an open one: both
+     acknowledge seq + 1) back through the plane; the answer is caught where it enters the source
+     leaf, on an uplink (``catch_points``, ``catch_match``: TCP source port ``PROBE_PORT``). So a
+     probe proves the way there, the host's port and the way back (the return takes one entropy
+     branch: its source port is fixed). Probed pairs are those delivered both ways.
+   - ``leaves`` (the former probe): a UDP packet to port ``PROBE_PORT``, caught where it enters the
+     destination leaf, on an uplink: the destination leaf's own tables and host port are not proven.
+
+   Either way the catching rule is a temporary table-0 entry (in_port = an uplink, highest priority)
+   sending to the controller; this works the same on real switches and in the emulation.
 4. ``evaluate``: a probe that did not arrive within the wait (sent twice), or arrived at another
-   leaf, fails the stage. A failed stage is rolled back: its switches are taken from the
-   reconciler (they count as failed, which touches no other plane) and wiped; the next stage goes on.
+   leaf than it should (``Probe.catch_leaf``), fails the stage. A failed stage is rolled back: its
+   switches are taken from the reconciler (they count as failed, which touches no other plane) and
+   wiped; the next stage goes on.
 """
 from __future__ import annotations
 
@@ -30,9 +41,15 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 MODES = ("all", "staged")
-PROBE_UDP_PORT = 47806          # the probes' UDP destination port (0xBABE)
+#: where a stage's probes end: at the destination host (answered by it) or at the destination leaf's uplink
+PROBE_MODES = ("hosts", "leaves")
+PROBE_PORT = 47806              # the probes' destination port (0xBABE): UDP (leaves) or TCP (hosts)
+PROBE_UDP_PORT = PROBE_PORT
 PROBE_MAGIC = b"hpnlab-probe:"
 SPORT_BASE = 49152
+PROBE_SEQ_BASE = 0x68700000     # hosts mode: a probe's TCP sequence number is this + its id
+PROBE_IDS = 1 << 20             # ids a sequence number can carry
+ETH_IPV4, IP_TCP, IP_UDP = 0x0800, 6, 17
 
 
 @dataclass(frozen=True)
@@ -49,10 +66,34 @@ class Probe:
     dst_mac: str
     dst_ip: str
     sport: int
+    mode: str = "hosts"
 
     @property
     def payload(self) -> bytes:
         return PROBE_MAGIC + str(self.probe_id).encode()
+
+    @property
+    def seq(self) -> int:
+        """hosts mode: the TCP SYN's sequence number (its id inside)."""
+        return PROBE_SEQ_BASE + self.probe_id
+
+    @property
+    def catch_leaf(self) -> str:
+        """Where the probe (hosts: the destination host's answer) is caught when the plane works."""
+        return self.src_leaf if self.mode == "hosts" else self.dst_leaf
+
+
+def probe_id_of_ack(ack: int) -> int | None:
+    """hosts mode: the probe id a host's answer acknowledges (seq + 1); None for any other number."""
+    pid = (ack - 1 - PROBE_SEQ_BASE) & 0xFFFFFFFF
+    return pid if 0 < pid < PROBE_IDS else None
+
+
+def catch_match(mode: str) -> tuple:
+    """The catching rule's match besides its in_port: UDP to PROBE_PORT (leaves) or TCP from it (hosts)."""
+    if mode == "hosts":
+        return (("eth_type", ETH_IPV4), ("ip_proto", IP_TCP), ("tcp_src", PROBE_PORT))
+    return (("eth_type", ETH_IPV4), ("ip_proto", IP_UDP), ("udp_dst", PROBE_PORT))
 
 
 def probe_id_of(payload: bytes) -> int | None:
@@ -108,7 +149,7 @@ def uplinks(g: nx.MultiGraph, leaf: str) -> list[int]:
 
 
 def catch_points(g: nx.MultiGraph, plane: int) -> dict[str, list[int]]:
-    """Where probes are caught: every leaf of the plane, on its uplinks."""
+    """Where probes (or, hosts mode, their answers) are caught: every leaf of the plane, on its uplinks."""
     return {leaf: uplinks(g, leaf) for leaf in leaves(g, plane)}
 
 
@@ -118,11 +159,14 @@ def sports(n: int) -> list[int]:
 
 
 def probes(g: nx.MultiGraph, plane: int, delivered: Callable[[str, str, str, int], bool] | None = None,
-           fanout: int = 3, branches: int = 8, first_id: int = 1) -> list[Probe]:
+           fanout: int = 3, branches: int = 8, first_id: int = 1, mode: str = "hosts") -> list[Probe]:
     """The stage's probes: each leaf of the plane to the next ``fanout`` leaves (in leaf order, wrapping),
     from its first host to the destination's first host, ``branches`` entropy branches each; pairs for
     which ``delivered(src host, dst host, dst ip, sport)`` is False (the compiled tables drop them) are
-    left out."""
+    left out, and in hosts mode those whose answer ``delivered(dst host, src host, src ip, PROBE_PORT)``
+    would not come back."""
+    if mode not in PROBE_MODES:
+        raise ValueError(f"unknown probe mode {mode!r}: one of {', '.join(PROBE_MODES)}")
     ls = leaves(g, plane)
     hosts = {leaf: host_ports_of(g, leaf) for leaf in ls}
     out: list[Probe] = []
@@ -136,20 +180,22 @@ def probes(g: nx.MultiGraph, plane: int, delivered: Callable[[str, str, str, int
             if not hosts[dst]:
                 continue
             _dport, dhost, dmac, dip = hosts[dst][0]
+            if mode == "hosts" and delivered is not None and not delivered(dhost, shost, sip, PROBE_PORT):
+                continue
             for sport in sports(branches):
                 if delivered is not None and not delivered(shost, dhost, dip, sport):
                     continue
-                out.append(Probe(pid, plane, src, port, shost, smac, sip, dst, dhost, dmac, dip, sport))
+                out.append(Probe(pid, plane, src, port, shost, smac, sip, dst, dhost, dmac, dip, sport, mode))
                 pid += 1
     return out
 
 
 def evaluate(plane: int, sent: Iterable[Probe], arrivals: Mapping[int, str]) -> StageResult:
-    """``arrivals``: probe id -> the leaf where it was caught."""
+    """``arrivals``: probe id -> the leaf where it (hosts mode: its answer) was caught."""
     sent = list(sent)
     missing = tuple(p.probe_id for p in sent if p.probe_id not in arrivals)
     wrong = tuple((p.probe_id, arrivals[p.probe_id]) for p in sent
-                  if p.probe_id in arrivals and arrivals[p.probe_id] != p.dst_leaf)
+                  if p.probe_id in arrivals and arrivals[p.probe_id] != p.catch_leaf)
     return StageResult(plane, len(sent), sum(p.probe_id in arrivals for p in sent), missing, wrong)
 
 
@@ -158,6 +204,7 @@ class Rollout:
     """The stages and how far they got. ``phase``: "install" (the stage's switches are being installed),
     "probe" (probes sent, waiting), "done"."""
     planes: list[int]
+    probe: str = "hosts"           # PROBE_MODES: where its probes end
     index: int = 0
     phase: str = "install"
     results: list[StageResult] = field(default_factory=list)
@@ -165,9 +212,9 @@ class Rollout:
     rolled_back: list[int] = field(default_factory=list)
 
     @classmethod
-    def of(cls, planes: Iterable[int]) -> Rollout:
+    def of(cls, planes: Iterable[int], probe: str = "hosts") -> Rollout:
         order = stages(planes)
-        return cls(order, phase="install" if order else "done")
+        return cls(order, probe, phase="install" if order else "done")
 
     @property
     def current(self) -> int | None:
@@ -185,6 +232,6 @@ class Rollout:
         self.phase = "install" if self.index < len(self.planes) else "done"
 
     def as_dict(self) -> dict:
-        return {"planes": self.planes, "done": self.phase == "done", "passed": self.passed,
+        return {"planes": self.planes, "probe": self.probe, "done": self.phase == "done", "passed": self.passed,
                 "rolled_back": self.rolled_back, "stages": [r.as_dict() for r in self.results]}
 

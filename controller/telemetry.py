@@ -78,6 +78,21 @@ def fabric_ports(g: nx.MultiGraph) -> dict[PortKey, PortInfo]:
     return out
 
 
+def port_renumbering(a: nx.MultiGraph, b: nx.MultiGraph) -> dict[PortKey, PortKey]:
+    """Every switch port of graph ``a`` -> the same port in graph ``b``, the same fabric on other port
+    numbers (``controller/deployment.apply`` keeps the edges and renumbers their ends): how the emulated
+    ECN stage's ports, keyed by the scenario's numbers, and the thresholds in force follow a deployment."""
+    out: dict[PortKey, PortKey] = {}
+    for u, v, k, d in a.edges(keys=True, data=True):
+        if not b.has_edge(u, v, k):
+            continue
+        there = b.edges[u, v, k]["ports"]
+        for n, port in d["ports"].items():
+            if a.nodes[n]["tier"] > 0 and n in there:
+                out[(n, port)] = (n, there[n])
+    return out
+
+
 @dataclass(frozen=True)
 class PortStatsRequest:
     """Ask a switch for the statistics of all its ports (OFPMP_PORT_STATS, port OFPP_ANY)."""

@@ -216,6 +216,22 @@ def settled(quiet_s: float, discovery_s: float, connected: int, expected: int) -
     return quiet_s >= discovery_s + (SWITCH_WAIT_S if connected < expected else 0.0)
 
 
+def release_ungated(read_back: int, held_entries: int, connected: int, told: int, expected: int, quiet_s: float,
+                    discovery_s: float) -> bool:
+    """``--on-miswire off`` (no LLDP): may the controller send its changes yet? A controller that restarts
+    beside switches that kept their tables (a failure among them) must not change a switch before it knows
+    the links the others report down, or it sends changes that it then undoes. So changes wait until the
+    wiring has been observed as far as it can be without LLDP -- every switch of the scenario connected and
+    its port states told (``connected``, ``told``, ``expected``) -- or until discovery settled as with the
+    gate on (``settled``). A first start is not held: once a switch has been read back (``read_back``) and
+    none held any entry (``held_entries``), there is nothing that installing early could undo."""
+    if read_back > 0 and held_entries == 0:
+        return True
+    if connected >= expected and told >= expected:
+        return True
+    return settled(quiet_s, discovery_s, connected, expected)
+
+
 def decide(g: nx.MultiGraph, report: Report, mode: str = "refuse", hold_planes: Iterable[int] = ()) -> Decision:
     """The planes to install and the ports to hold down, given the report (see the module docstring).
     ``hold_planes``: planes held back whatever the mode (a switch of theirs whose deployment does not

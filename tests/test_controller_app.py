@@ -412,3 +412,13 @@ def test_a_switch_without_fast_failover_groups_is_reported(app, caplog, types, s
     reply = parser.OFPGroupFeaturesStatsReply(dp, type_=ofp.OFPMP_GROUP_FEATURES, flags=0, body=body)
     app.on_group_features(ofp_event.EventOFPGroupFeaturesStatsReply(reply))
     assert ("does not support fast-failover groups" in caplog.text) is not supported
+
+
+def test_a_bad_arp_mode_in_the_environment_stops_the_app_at_init_in_one_line(monkeypatch):
+    from hpnlab.controller.app import HpnController
+    from hpnlab.fabric.errors import UserError
+    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
+    monkeypatch.setenv("HPNLAB_ARP", "per-leaf")
+    with pytest.raises(UserError, match=r"^HPNLAB_ARP='per-leaf': one of gateway, per-host") as err:
+        HpnController()
+    assert "\n" not in str(err.value)

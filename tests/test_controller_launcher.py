@@ -157,3 +157,13 @@ def test_the_same_app_file_runs_under_ryu_manager():
         assert struct.unpack("!BBHI", header)[:2] == (4, 0)
     finally:
         stop(proc)
+
+
+@pytest.mark.controller
+def test_a_bad_hpnlab_arp_is_one_line_and_exit_code_2_when_the_app_starts():
+    r = subprocess.run([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(free_port())],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env=dict(os.environ, HPNLAB_ARP="per-leaf"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HPNLAB_ARP='per-leaf'" in lines[0] and "Traceback" not in r.stderr

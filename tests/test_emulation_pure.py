@@ -159,3 +159,25 @@ def test_the_emulation_takes_bfd_from_the_scenario_unless_an_interval_is_given()
     emu = Emulation("mini-hpn", overrides=on, bfd_ms=50, log=None)
     assert (emu.bfd_tx_ms, emu.bfd_ms, emu.bfd_mult) == (50, 50, 3)
     assert Emulation("mini-hpn", log=None).bfd_ms == 0
+
+
+def test_the_emulation_hands_its_arp_mode_to_the_controller():
+    from hpnlab.fabric.emulation import Emulation
+    assert Emulation("mini-hpn", arp="per-host", log=None).controller_args[-2:] == ["--arp", "per-host"]
+    assert Emulation("mini-hpn", log=None).controller_args[-2:] == ["--arp", "gateway"]
+
+
+@pytest.mark.parametrize("kwargs,words", [({"arp": "per-leaf"}, "--arp 'per-leaf': one of gateway, per-host"),
+                                          ({"arp": "per-host", "controller": "none"}, "needs the hpnlab controller")])
+def test_a_wrong_arp_mode_is_refused_in_one_line_before_anything_is_built(kwargs, words):
+    from hpnlab.fabric.emulation import Emulation
+    with pytest.raises(UserError, match=words):
+        Emulation("mini-hpn", log=None, **kwargs)
+
+
+@pytest.mark.parametrize("command", ["run", "emulate"])
+def test_run_and_emulate_take_the_arp_mode(command):
+    from hpnlab.cli.main import build_parser
+    args = build_parser().parse_args([command, "mini-hpn", "--arp", "per-host"])
+    assert args.arp == "per-host"
+    assert build_parser().parse_args([command, "mini-hpn"]).arp == "gateway"

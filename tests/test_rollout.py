@@ -39,20 +39,60 @@ def test_pairs_the_tables_do_not_deliver_are_not_probed(g):
     assert ("p0l0", "p0l1") not in pairs and ("p0l1", "p0l0") not in pairs and ("p0l0", "p0l2") in pairs
 
 
-def test_probes_reach_the_destination_leaf_on_an_uplink_in_the_compiled_tables(g):
-    """What the controller's probes rely on: injected at the source leaf as from the source host, a probe
+def test_leaf_probes_reach_the_destination_leaf_on_an_uplink_in_the_compiled_tables(g):
+    """What the controller's leaf probes rely on: injected at the source leaf as from the source host, a probe
     walks to the destination leaf, which it enters on one of the uplinks the catching rules watch."""
     net = FabricTables(g, compiler.compile_fabric(g))
     catch = rollout.catch_points(g, 0)
-    for p in rollout.probes(g, 0):
+    for p in rollout.probes(g, 0, mode="leaves"):
         walk = net.send(p.src_host, p.dst_host, plane=0, sport=p.sport)
         assert walk.result == "delivered"
         entered = [(sw, port) for sw, port, _out in walk.hops if sw == p.dst_leaf]
         assert entered and entered[0][1] in catch[p.dst_leaf]
 
 
-def test_a_stage_passes_only_when_every_probe_arrived_at_its_destination_leaf(g):
+def test_host_probes_reach_the_destination_host_and_its_answer_enters_the_source_leaf_on_an_uplink(g):
+    """Host probes end at the host: the probe is delivered to the destination host's own port (through the
+    destination leaf's last hop), and the host's answer (from PROBE_PORT) walks back to the source leaf,
+    entering it on an uplink the catching rules watch."""
+    net = FabricTables(g, compiler.compile_fabric(g))
+    catch = rollout.catch_points(g, 0)
+    probes = rollout.probes(g, 0)
+    assert probes and {p.mode for p in probes} == {"hosts"}
+    for p in probes:
+        there = net.send(p.src_host, p.dst_host, plane=0, sport=p.sport)
+        assert there.result == "delivered" and there.delivered_to is not None and there.delivered_to[0] == p.dst_host
+        back = net.send(p.dst_host, p.src_host, plane=0, sport=rollout.PROBE_PORT)
+        entered = [(sw, port) for sw, port, _out in back.hops if sw == p.src_leaf]
+        assert back.result == "delivered" and entered and entered[0][1] in catch[p.src_leaf]
+
+
+def test_host_probes_leave_out_pairs_whose_answer_has_no_way_back(g):
+    one_way = lambda s, d, _ip, sport: sport != rollout.PROBE_PORT or d != "h1"  # noqa: E731  (answers to h1 lost)
+    probes = rollout.probes(g, 0, one_way)
+    assert probes and all(p.src_host != "h1" for p in probes)
+    assert any(p.src_host == "h1" for p in rollout.probes(g, 0, one_way, mode="leaves"))
+
+
+def test_a_host_probe_carries_its_id_in_the_sequence_number_its_answer_acknowledges(g):
+    p = rollout.probes(g, 0)[5]
+    assert rollout.probe_id_of_ack(p.seq + 1) == p.probe_id
+    assert rollout.probe_id_of_ack(1) is None and rollout.probe_id_of_ack(rollout.PROBE_SEQ_BASE + 1) is None
+
+
+def test_each_probe_mode_is_caught_by_its_own_match():
+    assert dict(rollout.catch_match("hosts"))["tcp_src"] == rollout.PROBE_PORT
+    assert dict(rollout.catch_match("leaves"))["udp_dst"] == rollout.PROBE_PORT
+
+
+def test_a_host_probe_stage_passes_only_when_every_answer_arrived_at_its_source_leaf(g):
     probes = rollout.probes(g, 0, branches=2)
+    assert rollout.evaluate(0, probes, {p.probe_id: p.src_leaf for p in probes}).ok
+    assert not rollout.evaluate(0, probes, {p.probe_id: p.dst_leaf for p in probes}).ok
+
+
+def test_a_stage_passes_only_when_every_probe_arrived_at_its_destination_leaf(g):
+    probes = rollout.probes(g, 0, branches=2, mode="leaves")
     everywhere = {p.probe_id: p.dst_leaf for p in probes}
     assert rollout.evaluate(0, probes, everywhere).ok
     lost = dict(everywhere)

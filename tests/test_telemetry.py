@@ -363,3 +363,57 @@ def test_the_runs_telemetry_is_the_part_of_the_file_within_the_run(tmp_path):
     assert tel["samples"] == 2 and tel["ports"]["l0:1"]["t"] == [0.0, 0.2]
     assert tel["policy"] == "dynamic" and [c["reason"] for c in tel["changes"]] == ["r"]
     assert experiment.telemetry_of(SimpleNamespace(telemetry_file=tmp_path / "none"), 0, 1) is None
+
+
+# ---- a deployment's port numbers (--deployment FILE or auto) ------------------------------------------------
+
+ADOPTED = {("l0", 101): PortInfo("l0", 101, "h0", RATE), ("l0", 102): PortInfo("l0", 102, "h1", RATE),
+           ("l0", 103): PortInfo("l0", 103, "s0", 2 * RATE), ("s0", 101): PortInfo("s0", 101, "l0", 2 * RATE)}
+TO_ADOPTED = {k: (k[0], k[1] + 100) for k in PORTS}
+
+
+def _stage_loop(ports, stage_keys=None):
+    stage = FakeStage()
+    loop = ecn_loop.EcnLoop(Telemetry(ports, 0.2), ecn_policy.StaticPolicy(), "emulated",
+                            open_stage=lambda run: stage, stage_keys=stage_keys)
+    return loop, stage
+
+
+def test_port_renumbering_follows_a_deployment_onto_foreign_numbers(tmp_path):
+    import yaml
+
+    from hpnlab.controller import deployment
+    from hpnlab.fabric.emulation.rewire import Rewire
+    from hpnlab.fabric.emulation.rewire import deployment as rewire_deployment
+    g = graph.build(spec.load("mini-hpn"))
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(rewire_deployment(g, Rewire(port_offset=100))))
+    moved = telemetry.port_renumbering(g, deployment.apply(g, deployment.load(g, path)))
+    assert moved == {k: (k[0], k[1] + 100) for k in telemetry.fabric_ports(g)}
+
+
+def test_after_adoption_samples_come_from_the_stage_under_the_adopted_numbers():
+    loop, stage = _stage_loop(PORTS)
+    loop.tick(1.0, ["l0"])
+    assert loop.last[("l0", 1)].queue_bytes == 1500            # the stage, on the scenario's numbers
+    loop.rebase(ADOPTED, TO_ADOPTED, TO_ADOPTED)
+    loop.tick(1.2, ["l0"])
+    assert loop.last[("l0", 101)].queue_bytes == 1500          # the same interface, read under its new number
+    assert ("l0", 1) not in loop.last
+    loop.apply(1.4, {("l0", 101): Thresholds(3000, 12000, 0.3)})
+    assert stage.set[-1]["ports"] == "l0-eth1"
+    assert loop.current[("l0", 101)] == Thresholds(3000, 12000, 0.3)
+
+
+def test_a_stage_found_on_a_fabric_already_on_deployment_numbers_is_read_under_them():
+    loop, _stage = _stage_loop(ADOPTED, TO_ADOPTED)
+    loop.tick(1.0, ["l0"])
+    assert loop.last[("l0", 101)].queue_bytes == 1500
+    assert loop.current[("l0", 101)] == Thresholds(6056, 24224, 0.2)
+
+
+def test_without_the_renumbering_the_stage_is_not_read_on_foreign_numbers():
+    """What the renumbering fixes: the stage knows its ports by the scenario's numbers."""
+    loop, _stage = _stage_loop(ADOPTED)
+    loop.tick(1.0, ["l0"])
+    assert loop.last[("l0", 101)].queue_bytes is None

@@ -312,6 +312,36 @@ def test_telemetry_and_weighted_sets_follow_the_ports_a_deployment_resolves_at_r
     assert ports == {105, 106}
 
 
+def test_the_ecn_stage_is_read_under_the_numbers_a_deployment_resolves_at_run_time(make_app, tmp_path):
+    """The emulated ECN stage knows its ports by the scenario's numbers (p0l0-eth6 is p0l0 port 6); once the
+    names resolve to 101-106, its counters reach telemetry under those."""
+    from types import SimpleNamespace
+    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED), HPNLAB_TELEMETRY_MS="200",
+                   HPNLAB_ECN_ACTUATOR="emulated")
+    net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
+    net.connect()
+    assert app.ecn is not None
+    assert app.ecn.stage_keys[("p0l0", 6)] == ("p0l0", 106)
+
+    class Stage:
+        mechanism = "bpf"
+
+        def __init__(self):
+            self.ports = {"p0l0-eth6": SimpleNamespace(switch="p0l0", port=6)}
+
+        def thresholds(self, intf):
+            return {"kmin": 6000, "kmax": 24000, "pmax": 0.2}
+
+        def counters(self):
+            return {"p0l0-eth6": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500}}
+
+        def queue_drops(self):
+            return {}
+    app.ecn._open_stage = lambda run: Stage()
+    app.ecn.tick(1.0, list(app.datapaths))
+    assert app.ecn.last[("p0l0", 106)].queue_bytes == 1500
+
+
 def test_a_port_name_the_switch_lacks_is_one_line_and_holds_its_plane_back(make_app, tmp_path, caplog):
     def rename(data):
         data["switches"]["p1l0"]["ports"][5] = "Ethernet5"

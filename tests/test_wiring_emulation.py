@@ -121,10 +121,14 @@ def test_nothing_installed_black_holes_on_the_miswired_plane(emu):
 
 
 def test_the_broken_plane_is_rolled_back_and_the_other_stays(emu, capsys):
+    """With host probes (the default): plane 0's probes all came back from the destination hosts themselves
+    (their TCP stacks answered), plane 1's did not all."""
     rollout = emu.metadata["rollout"]
     with capsys.disabled():
-        print(f"\nrollout stages: {rollout['stages']}")
+        print(f"\nrollout stages (probes {rollout['probe']}): {rollout['stages']}")
+    assert rollout["probe"] == "hosts"
     assert rollout["passed"] == [0] and rollout["rolled_back"] == [1]
+    assert rollout["stages"][0]["arrived"] == rollout["stages"][0]["probes"] > 0
     failed = rollout["stages"][1]
     assert not failed["ok"] and failed["arrived"] < failed["probes"]
     for sw in fgraph.switches(emu.graph):

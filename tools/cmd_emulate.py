@@ -28,6 +28,15 @@ def add_port_type_arg(p: argparse.ArgumentParser) -> None:
                         f"run needs no switch-port shaping or ECN (AF_XDP bypasses tc egress)")
 
 
+def add_arp_arg(p: argparse.ArgumentParser) -> None:
+    """``--arp`` (shared by `hpnlab emulate` and `hpnlab run`): how the controller's leaves answer ARP."""
+    from hpnlab.controller.compiler import ARP_MODES
+    p.add_argument("--arp", choices=ARP_MODES, default="gateway",
+                   help="how the leaves answer ARP in the switch, also while the controller is away: gateway "
+                        "(default: one gateway MAC, two flows per host port; needs Open vSwitch's move action) or "
+                        "per-host (each peer's own MAC, set-field only; any OpenFlow 1.3 switch)")
+
+
 def port_type_line(md: dict) -> str:
     pt = md.get("port_type") or {}
     return f"switch ports: {pt.get('type', 'system')} ({pt.get('why', '')})"
@@ -60,6 +69,7 @@ def register(sub) -> None:
                         "entropy patterns off loaded uplinks every telemetry interval)")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
     add_port_type_arg(p)
+    add_arp_arg(p)
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", type=output_file,
@@ -157,7 +167,8 @@ def cmd_emulate(args) -> int:
                     ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
                     port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
-                    on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights)
+                    on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights,
+                    arp=args.arp)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
@@ -170,7 +181,8 @@ def cmd_emulate(args) -> int:
             md = emu.metadata
             say(f"up in {emu.timings['up_s']:.1f} s (run {md['run_id']}): datapath {md['datapath']}, "
                 f"shaping {md['shaping']}, ECN {md['ecn']}, delay {md['delay']}, "
-                f"controller {args.controller}" + (f" on 127.0.0.1:{emu.ofp_port}" if emu.ofp_port else ""))
+                f"controller {args.controller}"
+                + (f" on 127.0.0.1:{emu.ofp_port}, ARP {md.get('arp')}" if emu.ofp_port else ""))
             say(port_type_line(md))
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "

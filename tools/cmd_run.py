@@ -28,7 +28,7 @@ from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.placement import PLACEMENTS
 
 from .cmd_collective import add_generator_args, default_out, plan_from_args
-from .cmd_emulate import DEFAULT_BFD_MS, add_port_type_arg, port_type_line
+from .cmd_emulate import DEFAULT_BFD_MS, add_arp_arg, add_port_type_arg, port_type_line
 from .cmd_web import add_web_args, open_web, web_controller_args
 
 DEFAULTS = experiment.RUN_DEFAULTS
@@ -92,6 +92,7 @@ def register(sub) -> None:
     p.add_argument("--controller-tls", metavar="DIR",
                    help="OpenFlow over TLS with the files tools/make_test_ca.sh writes into DIR (as `hpnlab emulate`)")
     add_port_type_arg(p)
+    add_arp_arg(p)
     add_web_args(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
@@ -184,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
                        telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
                        controller_tls=args.controller_tls, controller_args=web_args,
-                       on_controller_loss=args.on_controller_loss,
+                       on_controller_loss=args.on_controller_loss, arp=args.arp,
                        routing_weights="weighted" if args.compare == "routing" else args.routing_weights) as emu, \
                 open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata

@@ -188,6 +188,17 @@ def check_on_controller_loss(choice: str) -> str:
     return choice
 
 
+def check_arp_mode(mode: str, controller: str = "hpnlab") -> str:
+    """``mode`` when it is one of the controller's ARP modes (``compiler.ARP_MODES``) and a controller
+    that answers ARP runs, else a one-line UserError."""
+    from hpnlab.controller.compiler import ARP_MODES  # the compiler owns the modes (no import cycle)
+    if mode not in ARP_MODES:
+        raise UserError(f"--arp {mode!r}: one of {', '.join(ARP_MODES)}")
+    if mode != "gateway" and controller != "hpnlab":
+        raise UserError(f"--arp {mode} needs the hpnlab controller (its leaves answer ARP)")
+    return mode
+
+
 class Watched(Protocol):
     """What a watch follows: the controller's current process (replaced on a restart)."""
     proc: subprocess.Popen | None

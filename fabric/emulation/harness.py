@@ -32,6 +32,7 @@ from .controller_process import (
     ControllerError,
     ControllerProcess,
     ControllerWatch,
+    check_arp_mode,
     check_on_controller_loss,
     ecn_args,
     free_port,
@@ -77,7 +78,7 @@ class Emulation:
                  rewire: Rewire | None = None, wiring_timeout: float = 60.0,
                  on_built: Callable[[Emulation], None] | None = None,
                  controller_tls: str | Path | None = None, on_controller_loss: str = "continue",
-                 routing_weights: str = "ecmp"):
+                 routing_weights: str = "ecmp", arp: str = "gateway"):
         if controller not in CONTROLLERS:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if controller_tls and controller != "hpnlab":
@@ -130,6 +131,10 @@ class Emulation:
         if routing_weights != "ecmp" and controller != "hpnlab":
             raise UserError(f"routing weights {routing_weights!r} need the hpnlab controller (it decides them)")
         self.routing_weights = routing_weights
+        #: how the leaves answer ARP (controller/compiler.py ARP_MODES): gateway (one gateway MAC) or per-host
+        self.arp = check_arp_mode(arp, controller)
+        if controller == "hpnlab":
+            self.controller_args += ["--arp", arp]
         self._weights_control: Path | None = None
         if routing_weights != "ecmp":
             self.controller_args += ["--routing-weights", routing_weights]
@@ -311,6 +316,7 @@ class Emulation:
         self.metadata["telemetry_interval_ms"] = self.telemetry_interval_ms
         self.metadata["fast_failover"] = self.fast_failover
         self.metadata["routing_weights"] = self.routing_weights
+        self.metadata["arp"] = self.arp
         self.metadata["controller_log"] = str(ctl.log_file)
         self._ctl = ctl
         self.controller_proc = ctl.start()
