@@ -256,9 +256,10 @@ class FakeStage:
     def queue_drops(self):
         return {"l0-eth1": 7}
 
-    def counters(self):
+    def counters(self, since=None):
+        self.since = since
         return {"l0-eth1": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500,
-                            "ce_seen": 0, "max_queue_bytes": 3000}}
+                            "ce_seen": 0, "max_queue_bytes": 3000, "queue_peak_bytes": 2500}}
 
 
 def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
@@ -268,7 +269,23 @@ def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
     act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
     assert stage.set == [{"kmin": 3000, "kmax": 12000, "pmax": 0.3, "ports": "l0-eth1"}]
     assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500,
-                                                      drops=7)     # the port buffer's drops
+                                                      drops=7, queue_peak_bytes=2500)   # the port buffer's drops
+
+
+def test_emulated_actuator_reads_each_queue_peak_since_its_previous_read():
+    stage = FakeStage()
+    act = actuators.EmulatedActuator(stage, PORTS)
+    act.counters(10.0)
+    assert stage.since is None                  # the first read: as far back as the stage keeps peaks
+    act.counters(10.2)
+    assert stage.since == 10.0
+
+
+def test_a_sample_carries_the_queue_peak_of_its_interval_once():
+    t = Telemetry(PORTS, 0.2)
+    t.stage_counters(1.0, {("l0", 1): StageCounters(bytes=0, packets=0, queue_bytes=100, queue_peak_bytes=9000)})
+    assert t.sample(1.0)[("l0", 1)].queue_peak_bytes == 9000
+    assert t.sample(1.2)[("l0", 1)].queue_peak_bytes is None       # no read in that interval: no peak
 
 
 def test_a_bad_actuator_is_one_line():
