@@ -300,7 +300,7 @@ def _exported_loop():
     loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "none")
     loop.telemetry.port_stats("l0", 0.8, [OfPortStats(1, tx_bytes=0, tx_dropped=0)])
     loop.telemetry.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=125_000, tx_dropped=2)])
-    loop.telemetry.stage_counters(1.0, {("l0", 1): StageCounters(queue_bytes=4000)})
+    loop.telemetry.stage_counters(1.0, {("l0", 1): StageCounters(queue_bytes=4000, queue_peak_bytes=6000)})
     loop.tick(1.0, ["l0"])
     m = Metrics()
     m.update_ports(loop)
@@ -312,6 +312,7 @@ def test_prometheus_exports_per_port_gauges_labelled_switch_port_peer():
     loop, text = _exported_loop()
     assert 'hpnlab_port_utilisation{peer="h0",port="1",switch="l0"} 0.5' in text
     assert 'hpnlab_port_drops_total{peer="h0",port="1",switch="l0"} 2.0' in text
+    assert 'hpnlab_port_queue_peak_bytes{peer="h0",port="1",switch="l0"} 6000.0' in text
     assert f'hpnlab_port_ecn_kmin_bytes{{peer="h0",port="1",switch="l0"}} {float(loop.current[("l0", 1)].kmin)}' in text
     assert f"hpnlab_ecn_threshold_changes_total {float(loop.n_changes)}" in text
 
