@@ -121,6 +121,7 @@ class EmulatedActuator:
         self.stage = stage
         self._drops: dict[str, int] = {}
         self._drops_at: float | None = None
+        self._read_at: float | None = None       # the last read (monotonic s): the queue peaks start there
         self.intf: dict[PortKey, str] = {}
         self.rekey(ports, stage_keys)
 
@@ -151,8 +152,10 @@ class EmulatedActuator:
 
     def counters(self, now: float | None = None) -> dict[PortKey, StageCounters]:
         """The stage's counters per fabric port, with the port buffers' drops (read at most every
-        ``DROPS_EVERY_S``: one netlink dump of every qdisc costs more than the marker's map reads)."""
-        raw = self.stage.counters()
+        ``DROPS_EVERY_S``: one netlink dump of every qdisc costs more than the marker's map reads)
+        and each queue's peak since the previous read (``now``: ``time.monotonic()``)."""
+        raw = self.stage.counters(since=self._read_at)
+        self._read_at = now
         if now is None or self._drops_at is None or now - self._drops_at >= DROPS_EVERY_S:
             try:
                 self._drops = self.stage.queue_drops()
@@ -165,6 +168,8 @@ class EmulatedActuator:
             out[key] = StageCounters(bytes=int(c.get("bytes") or 0), packets=int(c.get("packets") or 0),
                                      ect=int(c.get("ect") or 0), ce_marked=int(c.get("ce_marked") or 0),
                                      queue_bytes=int(c.get("queue_bytes") or 0),
+                                     queue_peak_bytes=None if c.get("queue_peak_bytes") is None
+                                     else int(c["queue_peak_bytes"]),
                                      drops=int(self._drops.get(intf, c.get("drops") or 0)))
         return out
 

@@ -199,7 +199,9 @@ class DynamicPolicy(EcnPolicy):
                 continue
             st = self.state.setdefault(key, _PortState(default=cur))
             a = 1.0 if st.samples == 0 else p["alpha"]
-            q = int(s.queue_bytes or 0)
+            # the queue's peak over the interval where the stage keeps one (a burst between two ticks
+            # is pressure too), else its depth at the tick
+            q = int(s.queue_peak_bytes if s.queue_peak_bytes is not None else s.queue_bytes or 0)
             st.u += a * (s.utilisation - st.u)
             st.m += a * (s.ce_fraction - st.m)
             st.samples += 1

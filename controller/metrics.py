@@ -95,6 +95,8 @@ class Metrics:
                                labels, registry=r)
         self.port_queue = Gauge("hpnlab_port_queue_bytes", "Switch egress port: the ECN stage's queue estimate",
                                 labels, registry=r)
+        self.port_queue_peak = Gauge("hpnlab_port_queue_peak_bytes", "Switch egress port: the ECN stage's queue "
+                                     "peak over the last telemetry interval", labels, registry=r)
         self.port_ce = Gauge("hpnlab_port_ce_marked_per_second", "Switch egress port: packets/s marked CE",
                              labels, registry=r)
         self.port_ce_fraction = Gauge("hpnlab_port_ce_marked_fraction", "Switch egress port: share of its "
@@ -134,6 +136,8 @@ class Metrics:
             self.port_util.labels(*lab).set(s.utilisation)
             if s.queue_bytes is not None:
                 self.port_queue.labels(*lab).set(s.queue_bytes)
+            if s.queue_peak_bytes is not None:
+                self.port_queue_peak.labels(*lab).set(s.queue_peak_bytes)
             self.port_ce.labels(*lab).set(s.ce_marked_pps)
             self.port_ce_fraction.labels(*lab).set(s.ce_fraction)
             if s.drops:

@@ -23,6 +23,8 @@ What each field means (per switch egress port, over the last interval):
 ``rx_bps``          bits/s received on the same port (its peer's egress towards this switch)
 ``queue_bytes``     the stage's queue estimate at the tick (eBPF: its virtual queue; RED: backlog);
                     None where there is no stage (a real switch: queue depth needs INT or vendor telemetry)
+``queue_peak_bytes`` the queue's peak over the interval (eBPF: the marker's 10 ms peaks since the previous
+                    read), so a burst between two ticks is seen; None where the stage keeps no peaks (RED)
 ``ce_marked_pps``   packets/s the stage marked CE; ``ce_fraction``: marked / packets through the stage
 ``ect_pps``         ECN-capable packets/s through the stage
 ``drops``           packets dropped in the interval: OpenFlow ``tx_dropped`` plus the stage's (emulation: the port
@@ -121,6 +123,7 @@ class StageCounters:
     ce_marked: int = 0
     queue_bytes: int = 0
     drops: int = 0
+    queue_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class PortTelemetry:
     ect_pps: float = 0.0
     drops: int = 0
     fan_in: int = 0
+    queue_peak_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -174,6 +178,7 @@ class Telemetry:
         self._of_rates: dict[PortKey, dict[str, float]] = {}
         self._stage_rates: dict[PortKey, dict[str, float]] = {}
         self._queue: dict[PortKey, int] = {}
+        self._peak: dict[PortKey, int] = {}        # each port's queue peak since the previous sample
         self._next_poll: float | None = None
         self._xid = XID_BASE
         self.outstanding: dict[int, tuple[str, float]] = {}     # xid -> (switch, sent at)
@@ -187,7 +192,7 @@ class Telemetry:
         again on the new keys; nothing measured on the old numbers is carried over."""
         self.ports = dict(ports)
         self.series = {k: deque(maxlen=self.history) for k in self.ports}
-        for kept in (self._of_prev, self._stage_prev, self._of_rates, self._stage_rates, self._queue):
+        for kept in (self._of_prev, self._stage_prev, self._of_rates, self._stage_rates, self._queue, self._peak):
             kept.clear()
 
     # ---- polling -------------------------------------------------------------------------------
@@ -241,6 +246,8 @@ class Telemetry:
             if key not in self.ports:
                 continue
             self._queue[key] = int(c.queue_bytes)
+            if c.queue_peak_bytes is not None:
+                self._peak[key] = int(c.queue_peak_bytes)
             values = (c.bytes, c.packets, c.ect, c.ce_marked, c.drops)
             r = _rates(self._stage_prev.get(key), now, values)
             self._stage_prev[key] = _Reading(now, values)
@@ -287,7 +294,7 @@ class Telemetry:
                 ce_marked_pps=st["ce_marked_pps"] if st is not None else 0.0,
                 ce_fraction=st["ce_fraction"] if st is not None else 0.0,
                 ect_pps=st["ect_pps"] if st is not None else 0.0,
-                drops=int(drops), fan_in=fan_in.get(key[0], 0))
+                drops=int(drops), fan_in=fan_in.get(key[0], 0), queue_peak_bytes=self._peak.pop(key, None))
             self.series[key].append(out[key])
         self._stage_rates.clear()
         if self._last_sample is not None:
@@ -311,21 +318,22 @@ def sample_line(now: float, samples: Mapping[PortKey, PortTelemetry], thresholds
         rows.append({"switch": key[0], "port": key[1], "peer": ports[key].peer if key in ports else "",
                      "tx_mbps": round(s.tx_bps / 1e6, 4), "utilisation": round(s.utilisation, 4),
                      "rx_mbps": round(s.rx_bps / 1e6, 4), "queue_bytes": s.queue_bytes,
+                     "queue_peak_bytes": s.queue_peak_bytes,
                      "ce_marked_pps": round(s.ce_marked_pps, 2), "ce_fraction": round(s.ce_fraction, 4),
                      "ect_pps": round(s.ect_pps, 2), "drops": s.drops, "fan_in": s.fan_in,
                      **({"kmin": th.kmin, "kmax": th.kmax, "pmax": th.pmax} if th is not None else {})})
     return {"kind": "sample", "t": round(now, 4), "ports": rows}
 
 
-_SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "ce_marked_pps", "ce_fraction", "drops",
-                  "kmin", "kmax", "pmax")
+_SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "queue_peak_bytes", "ce_marked_pps",
+                  "ce_fraction", "drops", "kmin", "kmax", "pmax")
 
 
 def _bucket(values: list, field: str) -> Any:
     vals = [v for v in values if v is not None]
     if not vals:
         return None
-    if field == "queue_bytes":
+    if field in ("queue_bytes", "queue_peak_bytes"):
         return max(vals)            # a queue's peak matters more than its mean
     if field == "drops":
         return sum(vals)

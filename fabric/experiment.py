@@ -499,10 +499,11 @@ def queue_percentile(samples: Sequence[float], q: float = 99.0) -> float:
 class QueueSampler:
     """Samples every switch port's queue estimate from the ECN stage while a cell runs.
 
-    The eBPF stage updates a port's virtual queue when a packet passes, so its value is the
-    backlog the last packet found; a port that passed no packet since the previous sample
-    is counted as empty (at the emulated rates any backlog below the port buffer drains
-    within ``interval_s``). ``stop`` returns {"queue_p99_bytes": p99 over the samples of
+    Each sample is the port's peak since the previous one (the eBPF stage's ring of 10 ms peaks,
+    ``queue_peak_bytes``), so a burst between two samples is seen; where the stage has no peaks
+    (RED) it is the backlog the last packet found, and a port that passed no packet since the
+    previous sample counts as empty (at the emulated rates any backlog below the port buffer
+    drains within ``interval_s``). ``stop`` returns {"queue_p99_bytes": p99 over the samples of
     ports that carried packets, "queue_samples": {"interval_s", "t" (wall s), "ports":
     {intf: [bytes per sample]}} for the ports that ever queued}."""
 
@@ -520,9 +521,12 @@ class QueueSampler:
         return self
 
     def _loop(self) -> None:
+        since = time.monotonic()
         while not self._stop.wait(self.interval_s):
             try:
-                counters = self.stage.counters()
+                now = time.monotonic()
+                counters = self.stage.counters(since=since)
+                since = now
             except Exception:      # a sample is informative; never break the run
                 continue
             self.t.append(time.time())
@@ -531,7 +535,8 @@ class QueueSampler:
                 packets = c.get("packets") or 0
                 moved = packets != self._packets.get(intf, 0)
                 self._packets[intf] = packets
-                q = int(c.get("queue_bytes") or 0) if moved else 0
+                peak = c.get("queue_peak_bytes")
+                q = int(peak) if peak is not None else int(c.get("queue_bytes") or 0) if moved else 0
                 if moved:
                     self.active.append(q)
                 if q and intf not in self.series:

@@ -71,6 +71,20 @@ def test_the_last_bursts_queue_on_an_idle_port_is_no_pressure():
     assert set(seen) == {START}
 
 
+def test_a_burst_between_two_ticks_is_pressure_though_the_queue_at_the_tick_is_empty():
+    def burst(t, th):
+        return PortTelemetry(t=t, rate_bps=RATE, tx_bps=0.6 * RATE, utilisation=0.6, queue_bytes=0,
+                             queue_peak_bytes=PRESSURE + 3000, ce_marked_pps=300, ce_fraction=0.4, fan_in=6)
+    assert run(DynamicPolicy(), burst, 3)[-1].kmin < START.kmin
+
+
+def test_a_quiet_interval_is_no_pressure_though_the_last_packet_left_a_deep_queue():
+    def quiet(t, th):
+        return PortTelemetry(t=t, rate_bps=RATE, tx_bps=0.3 * RATE, utilisation=0.3, queue_bytes=PRESSURE + 3000,
+                             queue_peak_bytes=2 * 1514, fan_in=1)
+    assert all(th.kmin >= START.kmin for th in run(DynamicPolicy(), quiet, 5))
+
+
 def test_a_busy_port_without_pressure_raises_kmin_to_keep_its_throughput():
     after = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.98, queue=3 * 1514, fan_in=1), 5)[-1]
     assert after.kmin > START.kmin

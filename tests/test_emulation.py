@@ -188,6 +188,30 @@ def test_ecn_stage_marks_ce_when_the_queue_exceeds_the_threshold(mini_hpn, thres
     assert received["ce"] > 0.3 * received["packets"]
 
 
+def test_a_bursts_queue_peak_is_read_after_it_drained_and_a_quiet_span_shows_none(mini_hpn, thresholds_30k_50k):
+    """The marker keeps the queue's peak per 10 ms: a reader that looks after a burst still sees it,
+    and the span after it, when only the controller's LLDP passes, peaks far below Kmin."""
+    kmin, kmax = thresholds_30k_50k
+    intf, port, py = _bottleneck(mini_hpn), 9010, sys.executable
+    mini_hpn.ecn.reset_counters(intf)
+    recv = mini_hpn.popen("h5", [py, "-m", "hpnlab.fabric.emulation.udp", "recv", mini_hpn.ip("h5"), str(port),
+                                 "--seconds", "3"])
+    assert recv.stdout.readline().strip() == b"listening"
+    start = time.monotonic()
+    senders = [mini_hpn.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", mini_hpn.ip("h5"), str(port),
+                                  "--rate-mbps", "8", "--seconds", "0.4", "--tos", "2"]) for h in ("h1", "h2")]
+    for snd in senders:
+        snd.communicate(timeout=15)
+    time.sleep(0.1)                       # the buffer (62.5 KB at 10 Mbit/s) drains in 50 ms
+    quiet = time.monotonic()
+    time.sleep(0.1)
+    burst_peak = mini_hpn.ecn.counters(intf, since=start)["queue_peak_bytes"]
+    quiet_peak = mini_hpn.ecn.counters(intf, since=quiet)["queue_peak_bytes"]
+    recv.communicate(timeout=15)
+    assert burst_peak > kmax             # 16 Mbit/s offered to a 10 Mbit/s port for 0.4 s
+    assert quiet_peak < kmin
+
+
 def test_live_threshold_change_stops_and_restarts_marking(mini_hpn):
     intf = _bottleneck(mini_hpn)
     before = mini_hpn.ecn.thresholds(intf)
@@ -296,8 +320,8 @@ def test_a_one_sided_link_fault_sets_only_that_end_down(mini_hpn):
         assert not mini_hpn.intf_is_up(f"{u}-eth{pu}")    # ... and loses carrier (a veth's peer is down)
     finally:
         mini_hpn.link_up(u, v, side=v)
-    deadline = time.time() + 2
-    while time.time() < deadline and not mini_hpn.intf_is_up(f"{u}-eth{pu}"):
+    deadline = time.time() + 2                            # both ends report carrier asynchronously
+    while time.time() < deadline and not (mini_hpn.intf_is_up(f"{u}-eth{pu}") and mini_hpn.intf_is_up(f"{v}-eth{pv}")):
         time.sleep(0.01)
     assert mini_hpn.intf_is_up(f"{u}-eth{pu}") and mini_hpn.intf_is_up(f"{v}-eth{pv}")
 

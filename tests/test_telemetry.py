@@ -256,9 +256,10 @@ class FakeStage:
     def queue_drops(self):
         return {"l0-eth1": 7}
 
-    def counters(self):
+    def counters(self, since=None):
+        self.since = since
         return {"l0-eth1": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500,
-                            "ce_seen": 0, "max_queue_bytes": 3000}}
+                            "ce_seen": 0, "max_queue_bytes": 3000, "queue_peak_bytes": 2500}}
 
 
 def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
@@ -268,7 +269,23 @@ def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
     act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
     assert stage.set == [{"kmin": 3000, "kmax": 12000, "pmax": 0.3, "ports": "l0-eth1"}]
     assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500,
-                                                      drops=7)     # the port buffer's drops
+                                                      drops=7, queue_peak_bytes=2500)   # the port buffer's drops
+
+
+def test_emulated_actuator_reads_each_queue_peak_since_its_previous_read():
+    stage = FakeStage()
+    act = actuators.EmulatedActuator(stage, PORTS)
+    act.counters(10.0)
+    assert stage.since is None                  # the first read: as far back as the stage keeps peaks
+    act.counters(10.2)
+    assert stage.since == 10.0
+
+
+def test_a_sample_carries_the_queue_peak_of_its_interval_once():
+    t = Telemetry(PORTS, 0.2)
+    t.stage_counters(1.0, {("l0", 1): StageCounters(bytes=0, packets=0, queue_bytes=100, queue_peak_bytes=9000)})
+    assert t.sample(1.0)[("l0", 1)].queue_peak_bytes == 9000
+    assert t.sample(1.2)[("l0", 1)].queue_peak_bytes is None       # no read in that interval: no peak
 
 
 def test_a_bad_actuator_is_one_line():
@@ -283,7 +300,7 @@ def _exported_loop():
     loop = ecn_loop.EcnLoop(Telemetry(PORTS, 0.2), HalvingPolicy(), "none")
     loop.telemetry.port_stats("l0", 0.8, [OfPortStats(1, tx_bytes=0, tx_dropped=0)])
     loop.telemetry.port_stats("l0", 1.0, [OfPortStats(1, tx_bytes=125_000, tx_dropped=2)])
-    loop.telemetry.stage_counters(1.0, {("l0", 1): StageCounters(queue_bytes=4000)})
+    loop.telemetry.stage_counters(1.0, {("l0", 1): StageCounters(queue_bytes=4000, queue_peak_bytes=6000)})
     loop.tick(1.0, ["l0"])
     m = Metrics()
     m.update_ports(loop)
@@ -295,6 +312,7 @@ def test_prometheus_exports_per_port_gauges_labelled_switch_port_peer():
     loop, text = _exported_loop()
     assert 'hpnlab_port_utilisation{peer="h0",port="1",switch="l0"} 0.5' in text
     assert 'hpnlab_port_drops_total{peer="h0",port="1",switch="l0"} 2.0' in text
+    assert 'hpnlab_port_queue_peak_bytes{peer="h0",port="1",switch="l0"} 6000.0' in text
     assert f'hpnlab_port_ecn_kmin_bytes{{peer="h0",port="1",switch="l0"}} {float(loop.current[("l0", 1)].kmin)}' in text
     assert f"hpnlab_ecn_threshold_changes_total {float(loop.n_changes)}" in text
 

@@ -28,7 +28,8 @@ Python API (for tests, tools and a controller-side dynamic-ECN feature)::
     stage.thresholds("p0l0-eth1")        # {"kmin": bytes, "kmax": bytes, "pmax": 0..1, "enabled"}
     stage.set_thresholds(kmin=3000, kmax=12000, pmax=0.5, ports=["p0l0-eth1"])  # live; ports=None: all
     stage.counters("p0l0-eth1")          # {"bytes", "packets", "ect", "ce_marked", "ce_seen",
-                                         #  "queue_bytes", "max_queue_bytes"}
+                                         #  "queue_bytes", "max_queue_bytes", "queue_peak_bytes"}
+    stage.counters(since=t)              # queue_peak_bytes: the peak since time.monotonic() t (<= 640 ms)
     stage.counters()                     # every port
     stage.reset_counters()
     stage.queue_drops()                  # {intf: packets the port's buffer dropped} (cumulative)
@@ -45,6 +46,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,8 +59,24 @@ SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.bpf.c"
 BPFFS = Path("/sys/fs/bpf")
 CFG_MAP, STATE_MAP = "hpn_ecn_cfg", "hpn_ecn_state"
 _CFG = struct.Struct("<QIIIIII")      # rate_bps kmin kmax pmax limit enabled pad
-_STATE = struct.Struct("<II8Q")       # lock pad queue last_ns bytes packets ect ce_marked ce_seen max_queue
+PEAK_SLOTS, PEAK_SLOT_NS = 64, 10_000_000       # as in ecn_marker.bpf.c: the peak per 10 ms, the last 640 ms
+# lock pad queue last_ns bytes packets ect ce_marked ce_seen max_queue slot_id[64] slot_peak[64]
+_STATE = struct.Struct(f"<II8Q{PEAK_SLOTS}I{PEAK_SLOTS}I")
+_STATE_ZERO = (0,) * (10 + 2 * PEAK_SLOTS)
 PMAX_ONE = 0xFFFFFFFF
+
+
+def window_peak(slot_ids: Iterable[int], slot_peaks: Iterable[int], since_ns: int, now_ns: int) -> int:
+    """The queue's peak over ``[since_ns, now_ns]`` of the monotonic clock from the marker's ring
+    of per-slot peaks (pure): the slots whose id (``ktime // PEAK_SLOT_NS``, low 32 bits) falls in
+    that span, as far back as the ring reaches (``PEAK_SLOTS`` slots); 0 where none does."""
+    now_slot = now_ns // PEAK_SLOT_NS
+    span = min(max(0, now_slot - since_ns // PEAK_SLOT_NS), PEAK_SLOTS - 1)
+    best = 0
+    for sid, peak in zip(slot_ids, slot_peaks, strict=True):
+        if (now_slot - sid) % (1 << 32) <= span:
+            best = max(best, peak)
+    return best
 
 
 def cache_dir() -> Path:
@@ -229,7 +247,7 @@ class EcnStage:
             for port in ports.values():
                 kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
                 stage._write_cfg(port, kmin, kmax, pmax, True)
-                stage._maps()[1].update(port.ifindex, (0,) * 10)
+                stage._maps()[1].update(port.ifindex, _STATE_ZERO)
             lines = []
             for intf in ports:
                 lines.append(f"qdisc add dev {intf} clsact")
@@ -345,17 +363,24 @@ class EcnStage:
                 self._write_cfg(p, new_kmin, new_kmax, new_pmax, on)
 
     # -- counters --------------------------------------------------------------------------------
-    def counters(self, ports: Iterable[str] | str | None = None) -> dict[str, dict[str, Any]] | dict[str, Any]:
-        """Counters of one port (a dict) when ``ports`` is one name, else {intf: counters}."""
+    def counters(self, ports: Iterable[str] | str | None = None,
+                 since: float | None = None) -> dict[str, dict[str, Any]] | dict[str, Any]:
+        """Counters of one port (a dict) when ``ports`` is one name, else {intf: counters}.
+        ``queue_peak_bytes``: the queue's peak since ``since`` (``time.monotonic()`` seconds; None:
+        as far back as the marker's ring reaches, 640 ms), None with RED."""
         out = {}
+        now_ns = time.monotonic_ns()
+        since_ns = now_ns - PEAK_SLOTS * PEAK_SLOT_NS if since is None else int(since * 1e9)
         for p in self._select(ports):
             if self.mechanism == "red":
                 out[p.intf] = self._red_counters(p)
             else:
-                vals = self._maps()[1].lookup(p.ifindex) or (0,) * 10
-                _, _, queue, _, nbytes, packets, ect, marked, seen, maxq = vals
+                vals = self._maps()[1].lookup(p.ifindex) or _STATE_ZERO
+                _, _, queue, _, nbytes, packets, ect, marked, seen, maxq = vals[:10]
+                peak = window_peak(vals[10:10 + PEAK_SLOTS], vals[10 + PEAK_SLOTS:], since_ns, now_ns)
                 out[p.intf] = {"bytes": nbytes, "packets": packets, "ect": ect, "ce_marked": marked,
-                               "ce_seen": seen, "queue_bytes": queue, "max_queue_bytes": maxq}
+                               "ce_seen": seen, "queue_bytes": queue, "max_queue_bytes": maxq,
+                               "queue_peak_bytes": peak}
         return out[ports] if isinstance(ports, str) else out
 
     def _red_counters(self, p: EcnPort) -> dict[str, Any]:
@@ -364,7 +389,7 @@ class EcnStage:
             if q.get("kind") == "red":
                 return {"bytes": q.get("bytes"), "packets": q.get("packets"), "ect": None,
                         "ce_marked": q.get("marked"), "ce_seen": None, "queue_bytes": q.get("backlog"),
-                        "max_queue_bytes": None}
+                        "max_queue_bytes": None, "queue_peak_bytes": None}
         return {}
 
     def queue_drops(self) -> dict[str, int]:
@@ -382,7 +407,7 @@ class EcnStage:
         if self.mechanism != "bpf":
             raise UserError("counters of RED cannot be reset (they are the qdisc's own)")
         for p in self._select(ports):
-            self._maps()[1].update(p.ifindex, (0,) * 10)
+            self._maps()[1].update(p.ifindex, _STATE_ZERO)
 
     def close(self) -> None:
         for m in (self._cfg, self._state):

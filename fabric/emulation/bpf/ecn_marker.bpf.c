@@ -10,6 +10,11 @@
  * (the RED/DCQCN marking profile). Thresholds live in hpn_ecn_cfg and can be changed at
  * any time from user space; counters live in hpn_ecn_state. Non-IPv4 packets are counted
  * into the queue but never touched. The program never drops: it returns TC_ACT_OK.
+ *
+ * The queue's peak per PEAK_SLOT_NS slot of the monotonic clock, over the last PEAK_SLOTS
+ * slots: slot_id[i] names the slot (ktime / PEAK_SLOT_NS, low 32 bits) whose peak slot_peak[i]
+ * holds, so any number of readers take the peak over their own interval without resetting
+ * anything (a burst between two reads is seen, not only the backlog the last packet found).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -29,6 +34,9 @@ struct ecn_cfg {
 	__u32 pad;
 };
 
+#define PEAK_SLOTS 64
+#define PEAK_SLOT_NS 10000000ULL   /* 10 ms: the ring covers the last 640 ms */
+
 struct ecn_state {
 	struct bpf_spin_lock lock;
 	__u32 pad;
@@ -40,6 +48,8 @@ struct ecn_state {
 	__u64 ce_marked;  /* packets this stage marked CE */
 	__u64 ce_seen;    /* packets that arrived already marked CE */
 	__u64 max_queue;
+	__u32 slot_id[PEAK_SLOTS];
+	__u32 slot_peak[PEAK_SLOTS];
 };
 
 struct {
@@ -111,6 +121,14 @@ int hpn_ecn(struct __sk_buff *skb)
 		st->ce_marked += 1;
 	if (q > st->max_queue)
 		st->max_queue = q;
+	__u64 slot = now / PEAK_SLOT_NS;
+	__u32 i = (__u32)slot & (PEAK_SLOTS - 1);
+	if (st->slot_id[i] != (__u32)slot) {
+		st->slot_id[i] = (__u32)slot;
+		st->slot_peak[i] = 0;
+	}
+	if (q > st->slot_peak[i])
+		st->slot_peak[i] = (__u32)q;
 	bpf_spin_unlock(&st->lock);
 
 	if (mark) {
