@@ -332,7 +332,7 @@ def test_the_ecn_stage_is_read_under_the_numbers_a_deployment_resolves_at_run_ti
         def thresholds(self, intf):
             return {"kmin": 6000, "kmax": 24000, "pmax": 0.2}
 
-        def counters(self):
+        def counters(self, since=None):
             return {"p0l0-eth6": {"bytes": 10, "packets": 2, "ect": 2, "ce_marked": 1, "queue_bytes": 1500}}
 
         def queue_drops(self):
