@@ -13,6 +13,7 @@ and so on. No test asserts a speed.
 import errno
 import os
 import threading
+import time
 
 from hpnlab.fabric.transport import make
 from hpnlab.fabric.transport.accounting import exactly_once
@@ -317,3 +318,26 @@ def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_
     assert not any(_after(ts, t_down) and not _after(ts, t_up) for ts in on_1)
     assert any(_after(ts, t_up) for ts in on_1)
     assert tx["timeouts"] == 0
+
+
+
+def test_a_receiver_that_sees_its_port_go_down_answers_again_at_once_on_a_live_plane():
+    """Answers sent on a plane between its port going down and the receiver's next look at its
+    ports are lost; a sender that waits for them (nothing more to send) would wait for its
+    timeout. So a receiver that sees the port down owes the peer a fresh ACK, on another plane."""
+    link = {"port0": True, "port1": True}
+    t0, t1, fwd, back = _pair(BASE + 21, planes=2, ports=1, entropy="spray", nic_names=["port0", "port1"],
+                              link_state=link.get, **NO_NACK_NO_RTO)
+    try:
+        r = t1.rx[0]
+        r.plane, r.expected, r.ack_due = 1, 7, False        # its last answers went out on plane 1,
+        r.plane_t = [time.monotonic() - 0.001] * 2           # where data came a moment ago, as on plane 0
+        link["port1"] = False
+        t1._poll_links(time.monotonic())
+        assert r.ack_due
+        assert t1._answer_plane(r, time.monotonic()) == 0
+    finally:
+        for x in (t0, t1):
+            x.close(linger_s=0.0, quiet_s=0.0)
+        for relay in fwd + back:
+            relay.close()

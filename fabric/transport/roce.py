@@ -766,6 +766,12 @@ class RoceTransport(Transport):
                     dead = f.paths.kill_plane(plane, now)
                     if dead:
                         self._fail_over(f, dead, now)
+            if not up:
+                # answers sent on the plane between its port going down and this poll are lost: answer
+                # again at once on another plane, so the sender is not left waiting for its timeout
+                for r in self.rx.values():
+                    if r.plane == plane and r.expected:
+                        r.ack_due = True
 
     def _check_paths(self, f: _TxFlow, now: float) -> None:
         """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
