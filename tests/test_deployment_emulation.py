@@ -37,8 +37,12 @@ def emu(request, emulation_ready, tmp_path_factory):
     from hpnlab.fabric.emulation import Emulation
 
     site = tmp_path_factory.mktemp("auto") / "site.yaml"
+    # system ports: with neither shaping nor ECN, 'auto' takes AF_XDP where it was measured faster, and on AF_XDP
+    # ports the first host behind leaf 0 was unreachable from the other leaves after adoption in 4 of 10
+    # adoptions here (README, "Switch port types"): a known defect of that port type, not what this test is about
     e = Emulation(request.param, ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
-                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk)
+                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk,
+                  port_type="system")
     e.start()
     try:
         yield e, site
