@@ -7,6 +7,8 @@ tell every leaf apart and installs on it through the wiring check, with no resta
 for the next start. One emulation per scenario (about 30 s each)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hpnlab.controller import deployment, wiring
@@ -32,19 +34,29 @@ def _hosts_talk(e) -> None:
                               f">/dev/null 2>&1 &")
 
 
+def _arp_cycle_s(e) -> float:
+    """How long a host's ARP resolution that began before the routes were installed can still fail after
+    them: the kernel sends ``mcast_solicit`` broadcast probes ``retrans_time_ms`` apart, and when the last
+    one goes unanswered every packet queued for that neighbour, a new ping's included, is returned as
+    'Destination Host Unreachable' (the talking hosts' pings kept such resolutions going while the
+    switches were strangers)."""
+    h = fgraph.hosts(e.graph)[0]
+    intf = fgraph.intf_name(h, fgraph.host_ports(e.graph, h)[0]["intf"])
+    probes, retrans_ms = (int(e.host(h).cmd(f"cat /proc/sys/net/ipv4/neigh/{intf}/{k}"))
+                          for k in ("mcast_solicit", "retrans_time_ms"))
+    return probes * retrans_ms / 1000 + 0.5
+
+
 @pytest.fixture(scope="module", params=["mini-spine-leaf", "mini-hpn"])
 def emu(request, emulation_ready, tmp_path_factory):
     from hpnlab.fabric.emulation import Emulation
 
     site = tmp_path_factory.mktemp("auto") / "site.yaml"
-    # system ports: with neither shaping nor ECN, 'auto' takes AF_XDP where it was measured faster, and on AF_XDP
-    # ports the first host behind leaf 0 was unreachable from the other leaves after adoption in 4 of 10
-    # adoptions here (README, "Switch port types"): a known defect of that port type, not what this test is about
     e = Emulation(request.param, ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
-                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk,
-                  port_type="system")
+                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk)
     e.start()
     try:
+        time.sleep(_arp_cycle_s(e))
         yield e, site
     finally:
         e.stop()
