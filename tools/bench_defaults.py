@@ -16,6 +16,10 @@ on a fabric brought up for it, ``--repeat`` times, and prints per cell, at the l
 median [min-max] over the repetitions, the after/before ratio of the aggregate paired per
 repetition, the share of the machine's CPU left idle during each run and the load average.
 The issue's goal: after >= 3x before in aggregate, with a fraction no lower than before.
+
+A third configuration, ``control`` (``--no-control`` leaves it out), runs after's rank count at
+before's rates, so that a fraction that changes can be told apart: by the rank count (8 ranks
+make every all-to-all receiver a 7-to-1 incast) or by the rates.
 Needs root and Open vSwitch; without them it says so and exits 0 (nothing to measure).
 Exit code 1 if an element came back wrong.
 """
@@ -38,12 +42,17 @@ GB = 1e9
 BEFORE_RANKS = 4          # RUN_DEFAULTS.ranks before the budget (commit f39ea58 raised it to 8)
 
 
-def configs(preset: str) -> dict[str, tuple[dict[str, Any], int, str]]:
-    """``{name: (overrides, ranks, where the rates come from)}`` for before and after."""
+def configs(preset: str, control: bool = True) -> dict[str, tuple[dict[str, Any], int, str]]:
+    """``{name: (overrides, ranks, where the rates come from)}`` for before, after and (``control``)
+    after's ranks at before's rates."""
     g = fgraph.build(spec.load(preset))
-    rates, line = sizing.rates_for_ranks(g, {}, experiment.RUN_DEFAULTS.ranks)
-    return {"before": ({}, BEFORE_RANKS, "the preset's rates (nothing measured), 4 ranks"),
-            "after": (rates, experiment.RUN_DEFAULTS.ranks, line)}
+    ranks = experiment.RUN_DEFAULTS.ranks
+    rates, line = sizing.rates_for_ranks(g, {}, ranks)
+    out = {"before": ({}, BEFORE_RANKS, f"the preset's rates (nothing measured), {BEFORE_RANKS} ranks"),
+           "after": (rates, ranks, line)}
+    if control:
+        out["control"] = ({}, ranks, f"the preset's rates, {ranks} ranks (what the rank count alone changes)")
+    return out
 
 
 def cell_key(r: dict) -> str:
@@ -76,23 +85,25 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
 
 
 def summary(runs: dict[str, list[dict]]) -> list[str]:
-    before, after = runs["before"], runs["after"]
+    before, after, control = runs["before"], runs["after"], runs.get("control", [])
     lines = [f"{'cell':<22} {'before Mbit/s':>22} {'after Mbit/s':>22} {'after/before':>20} "
-             f"{'fraction before':>20} {'fraction after':>20} {'retx b/a':>10}"]
-    keys = sorted(set().union(*(r["cells"] for r in before + after)))
+             f"{'fraction before':>20} {'fraction after':>20}"
+             + (f" {'fraction control':>20}" if control else "") + f" {'retx b/a' + ('/c' if control else ''):>12}"]
+    keys = sorted(set().union(*(r["cells"] for r in before + after + control)))
     agg_ratios = []
     for k in keys:
-        b = [r["cells"][k] for r in before if k in r["cells"]]
-        a = [r["cells"][k] for r in after if k in r["cells"]]
+        b, a, c = ([r["cells"][k] for r in rs if k in r["cells"]] for rs in (before, after, control))
         ratios = [x["aggregate_mbps"] / y["aggregate_mbps"] for x, y in zip(a, b, strict=False)
                   if y["aggregate_mbps"] > 0]
         agg_ratios += ratios
+        retx = "/".join(f"{statistics.median([x['retx'] for x in xs]) if xs else 0:g}"
+                        for xs in ((b, a, c) if control else (b, a)))
         lines.append(f"{k:<22} {spread([x['aggregate_mbps'] for x in b]):>22} "
                      f"{spread([x['aggregate_mbps'] for x in a]):>22} {spread(ratios, '{:.2f}'):>20} "
                      f"{spread([x['fraction'] for x in b], '{:.3f}'):>20} "
-                     f"{spread([x['fraction'] for x in a], '{:.3f}'):>20} "
-                     f"{statistics.median([x['retx'] for x in b]) if b else 0:>4g}/"
-                     f"{statistics.median([x['retx'] for x in a]) if a else 0:<5g}")
+                     f"{spread([x['fraction'] for x in a], '{:.3f}'):>20}"
+                     + (f" {spread([x['fraction'] for x in c], '{:.3f}'):>20}" if control else "")
+                     + f" {retx:>12}")
     for name, rs in runs.items():
         lines.append(f"{name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}; run "
                      f"{spread([r['seconds'] for r in rs], '{:.0f}')} s; CPU idle during the run "
@@ -110,19 +121,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("preset", nargs="?", default="mini-hpn")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    p.add_argument("--no-control", action="store_true",
+                   help="leave out the control run (after's ranks at before's rates)")
     args = p.parse_args(argv)
     say = lambda m: print(m, flush=True)  # noqa: E731
     why = emulation_missing()
     if why:
         say(f"bench_defaults: {why}; nothing measured")
         return 0
-    cfg = configs(args.preset)
+    cfg = configs(args.preset, control=not args.no_control)
     if not cfg["after"][0]:
         say(f"bench_defaults: {cfg['after'][2]}; before and after would be the same run")
         return 0
     for name, (_, ranks, line) in cfg.items():
         say(f"{name}: {ranks} ranks; {line}")
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    runs: dict[str, list[dict]] = {name: [] for name in cfg}
     wrong = 0
     for k in range(args.repeat):
         for name, (overrides, ranks, _) in cfg.items():
