@@ -71,6 +71,7 @@ class Emulation:
     max_mbps: float = 200.0       # cap for any single emulated link
     mtu: int = 1500
     delay_scale: float = 1.0      # multiply configured delays (1.0: real delays)
+    buffer_frames: int = 32       # a port buffer holds at least this many frames (else queue_ms of the rate)
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,8 @@ EMULATION_FIELDS: dict[str, Rule] = {
     "max_mbps": Rule("number", "cap for any single emulated link (Mbit/s)", 0.0, MAX_QUANTITY, positive=True),
     "mtu": _count("MTU of emulated links (bytes)", minimum=68, maximum=65_535),
     "delay_scale": Rule("number", "multiply configured delays (1.0: real delays)", 0.0, MAX_QUANTITY, positive=True),
+    "buffer_frames": _count("least frames an emulated port buffer holds (else 50 ms of the port's rate)",
+                            minimum=4, maximum=100_000),
 }
 SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),

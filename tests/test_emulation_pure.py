@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hpnlab.fabric import graph, spec
-from hpnlab.fabric.emulation import shaping
+from hpnlab.fabric.emulation import nodes, shaping
 from hpnlab.fabric.emulation.ecn import default_thresholds
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
@@ -49,6 +49,21 @@ def test_shaping_uses_htb_and_a_port_buffer_and_netem_only_when_present():
     assert "netem delay 100us" in with_netem[2]
     assert "bfifo limit" in without[2] and "netem" not in " ".join(without)
     assert shape.queue_bytes == max(32 * 1514, int(10e6 / 8 * 0.05))
+
+
+def test_the_scenario_sets_the_least_frames_of_every_port_buffer_hosts_and_switches_alike():
+    g = _g("mini-hpn", emulation={"buffer_frames": 96, "mtu": 4096, "host_mbps": 24, "max_mbps": 48})
+    frame = 4096 + 14
+    host = [line for line in nodes.host_tc_lines(g, "h1", netem=False) if "bfifo" in line]
+    assert host and all(f"bfifo limit {96 * frame}" in line for line in host)     # 96 frames > 50 ms at 24 Mbit/s
+    ports = nodes.switch_ports(g)
+    assert {shaping.port_shape(p, 4096).queue_bytes for p in ports} == {96 * frame}   # 50 ms at 48: 300 KB
+    assert shaping.port_shape(nodes.switch_ports(_g("mini-hpn"))[0], 1500).queue_bytes >= 32 * 1514
+
+
+def test_a_port_buffer_of_fewer_than_four_frames_is_refused_in_one_line():
+    with pytest.raises(UserError, match="buffer_frames"):
+        spec.load("mini-hpn", {"emulation": {"buffer_frames": 2}})
 
 
 def test_ecn_defaults_keep_the_dcqcn_shape_and_at_least_four_frames():

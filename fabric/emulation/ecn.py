@@ -223,14 +223,14 @@ class EcnStage:
     # -- set-up by the harness -------------------------------------------------------
     @classmethod
     def for_emulation(cls, emu, mechanism: str) -> EcnStage:
-        from .shaping import Shape
+        from .shaping import port_shape
         mtu = emu.scenario.emulation.mtu
         ports = {}
         for p in emu.switch_ports():
             if not p["local"]:
                 continue
             ports[p["intf"]] = EcnPort(p["intf"], p["switch"], p["port"], socket.if_nametoindex(p["intf"]),
-                                       p["rate_mbps"], Shape(p["intf"], p["rate_mbps"], 0, mtu).queue_bytes)
+                                       p["rate_mbps"], port_shape(p, mtu, delay=False).queue_bytes)
         state = emu.state
         if mechanism == "bpf":
             obj = compile_marker(emu.log)

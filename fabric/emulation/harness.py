@@ -506,7 +506,7 @@ class Emulation:
         from . import datapath_socket
 
         mtu = self.scenario.emulation.mtu
-        queues = [shaping.Shape(p["intf"], p["rate_mbps"], p["delay_us"], mtu).queue_bytes
+        queues = [shaping.port_shape(p, mtu).queue_bytes
                   for p in self.switch_ports() if p["local"]]
         want = datapath_socket.send_buffer_bytes(queues)
         record = self.state.add_send_buffer if self.state is not None else None

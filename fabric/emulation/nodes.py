@@ -79,7 +79,7 @@ def host_tc_lines(graph: nx.MultiGraph, host: str, netem: bool) -> list[str]:
     lines: list[str] = []
     for p in host_interfaces(graph, host):
         lines += shaping.tc_lines(shaping.Shape(p["name"], emulated_mbps(s, p["rate_gbps"]), 0.0,
-                                                s.emulation.mtu), netem)
+                                                s.emulation.mtu, buffer_frames=s.emulation.buffer_frames), netem)
     return lines
 
 
@@ -95,7 +95,7 @@ def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda 
             out.append({"switch": a, "port": port, "intf": intf_name(a, port), "peer": b,
                         "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
                         "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
-                        "local": is_local(a)})
+                        "local": is_local(a), "buffer_frames": s.emulation.buffer_frames})
     return out
 
 
@@ -122,7 +122,7 @@ def configure_switch_ports(ports: list[dict[str, Any]], mtu: int, shape: bool, n
     if shape and ports:
         tc: list[str] = []
         for p in ports:
-            tc += shaping.tc_lines(shaping.Shape(p["intf"], p["rate_mbps"], p["delay_us"], mtu), netem)
+            tc += shaping.tc_lines(shaping.port_shape(p, mtu), netem)
         batch = run_dir / "tc-switches.txt"
         batch.write_text("\n".join(tc) + "\n")
         r = subprocess.run(["tc", "-batch", str(batch)], capture_output=True, text=True)

@@ -158,11 +158,11 @@ def port_lines(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool,
     if not shape:
         return sh, tc
     for p in ports:
-        s = shaping.Shape(p["intf"], p["rate_mbps"], p["delay_us"], mtu)
+        s = shaping.port_shape(p, mtu)
         if not red:
             tc += shaping.tc_lines(s, netem)
             continue
-        tc += shaping.tc_lines(shaping.Shape(p["intf"], p["rate_mbps"], 0.0, mtu), False)[:2]
+        tc += shaping.tc_lines(shaping.port_shape(p, mtu, delay=False), False)[:2]
         kmin, kmax, pmax = ecn.default_thresholds(p["rate_mbps"], mtu)
         args = ecn.red_args(kmin, kmax, pmax, mtu=mtu, rate_mbps=p["rate_mbps"], limit_bytes=s.queue_bytes)
         tc.append(f"qdisc add dev {p['intf']} parent 1:1 handle 20: {' '.join(args)}")

@@ -8,13 +8,17 @@ The tree on an interface is::
                                                           or netem delay D limit N (when delay > 0
                                                           and the kernel has netem)
 
-The port buffer (bfifo limit) is ``queue_ms`` of the emulated rate, at least 32 MTU, so a
-queue can build beyond the ECN stage's Kmax. Without netem a requested delay is *not*
+The port buffer (bfifo limit) is ``queue_ms`` of the emulated rate, at least ``buffer_frames``
+MTU-sized frames (the scenario's ``emulation.buffer_frames``, default 32), so a queue can build
+beyond the ECN stage's Kmax. Without netem a requested delay is *not*
 applied; ``plan`` returns it in ``missing_delay`` so the run can say so and record it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: the least frames a port buffer holds unless the scenario says otherwise (``emulation.buffer_frames``)
+BUFFER_FRAMES = 32
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,7 @@ class Shape:
     delay_us: float = 0.0
     mtu: int = 1500
     queue_ms: float = 50.0
+    buffer_frames: int = BUFFER_FRAMES
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -31,7 +36,13 @@ class Shape:
 
     @property
     def queue_bytes(self) -> int:
-        return int(max(32 * (self.mtu + 14), self.rate_bytes_per_s * self.queue_ms / 1000))
+        return int(max(self.buffer_frames * (self.mtu + 14), self.rate_bytes_per_s * self.queue_ms / 1000))
+
+
+def port_shape(port: dict, mtu: int, delay: bool = True) -> Shape:
+    """The shape of one switch egress port (a ``nodes.switch_ports`` entry) at this MTU (pure)."""
+    return Shape(port["intf"], port["rate_mbps"], port["delay_us"] if delay else 0.0, mtu,
+                 buffer_frames=port.get("buffer_frames", BUFFER_FRAMES))
 
 
 def tc_lines(shape: Shape, netem: bool) -> list[str]:
