@@ -26,6 +26,7 @@ Exit code 1 if an element came back wrong.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -37,19 +38,25 @@ from hpnlab.cli.bench_emulation import cpu_times
 from hpnlab.fabric import experiment, report, sizing, spec
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric.compare import median_range as spread
+from hpnlab.fabric.errors import UserError
 
 GB = 1e9
 BEFORE_RANKS = 4          # RUN_DEFAULTS.ranks before the budget (commit f39ea58 raised it to 8)
 
 
-def configs(preset: str, control: bool = True) -> dict[str, tuple[dict[str, Any], int, str]]:
+def configs(preset: str, control: bool = True, after_set: dict[str, Any] | None = None
+            ) -> dict[str, tuple[dict[str, Any], int, str]]:
     """``{name: (overrides, ranks, where the rates come from)}`` for before, after and (``control``)
-    after's ranks at before's rates."""
+    after's ranks at before's rates. ``after_set``: scenario overrides of after's run only (``--set``)."""
     g = fgraph.build(spec.load(preset))
     ranks = experiment.RUN_DEFAULTS.ranks
-    rates, line = sizing.rates_for_ranks(g, {}, ranks)
+    given = after_set or {}
+    rates, line = sizing.rates_for_ranks(g, given, ranks)
+    if given:
+        line += f"; set: {json.dumps(given, sort_keys=True)}"
     out = {"before": ({}, BEFORE_RANKS, f"the preset's rates (nothing measured), {BEFORE_RANKS} ranks"),
-           "after": (rates, ranks, line)}
+           "after": (spec.deep_merge(given, rates), ranks, line)}
+    spec.load(preset, out["after"][0])          # a wrong override: one line before anything is built
     if control:
         out["control"] = ({}, ranks, f"the preset's rates, {ranks} ranks (what the rank count alone changes)")
     return out
@@ -81,7 +88,8 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
                               "retx": report.flow_totals(r).get("retransmissions", 0)}
     return {"cells": cells, "wrong": report.wrong_total(doc["results"]), "seconds": seconds,
             "idle": (idle1 - idle0) / max(1e-9, total1 - total0), "load": load,
-            "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu}
+            "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu,
+            "buffer_frames": scenario.emulation.buffer_frames}
 
 
 def summary(runs: dict[str, list[dict]]) -> list[str]:
@@ -105,7 +113,8 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
                      + (f" {spread([x['fraction'] for x in c], '{:.3f}'):>20}" if control else "")
                      + f" {retx:>12}")
     for name, rs in runs.items():
-        lines.append(f"{name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}; run "
+        lines.append(f"{name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}, port buffers of at "
+                     f"least {rs[0].get('buffer_frames', 32)} frames; run "
                      f"{spread([r['seconds'] for r in rs], '{:.0f}')} s; CPU idle during the run "
                      f"{spread([r['idle'] for r in rs], '{:.0%}')}; "
                      f"load average {spread([r['load'] for r in rs], '{:.1f}')}")
@@ -121,15 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("preset", nargs="?", default="mini-hpn")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scenario override for the after run only (repeatable), e.g. emulation.buffer_frames=96")
     p.add_argument("--no-control", action="store_true",
                    help="leave out the control run (after's ranks at before's rates)")
     args = p.parse_args(argv)
     say = lambda m: print(m, flush=True)  # noqa: E731
+    if not 1 <= args.repeat <= 100:
+        say(f"bench_defaults: --repeat must be 1 to 100, got {args.repeat}")
+        return 2
     why = emulation_missing()
     if why:
         say(f"bench_defaults: {why}; nothing measured")
         return 0
-    cfg = configs(args.preset, control=not args.no_control)
+    try:
+        cfg = configs(args.preset, control=not args.no_control, after_set=spec.parse_overrides(args.overrides))
+    except UserError as exc:
+        say(f"bench_defaults: {exc}")
+        return 2
     if not cfg["after"][0]:
         say(f"bench_defaults: {cfg['after'][2]}; before and after would be the same run")
         return 0
