@@ -193,20 +193,44 @@ def place(g: nx.MultiGraph, placement: str = "cross-rail", nranks: int | None = 
         if s.campuses < 2:
             raise UserError(f"cross-campus needs a scenario with several campuses ({s.name} has 1; "
                             f"try mini-cross-campus)")
-        by_campus = [[h for h in hosts if g.nodes[h]["campus"] == c] for c in range(s.campuses)]
-        order = [h for tup in zip(*by_campus, strict=False) for h in tup]
+        groups = [[h for h in hosts if g.nodes[h]["campus"] == c] for c in range(s.campuses)]
     else:
-        order = [h for tup in zip(*by_segment.values(), strict=False) for h in tup]
-    per_job = nranks or len(order) // jobs
+        groups = list(by_segment.values())
+    order = [h for tup in zip(*groups, strict=False) for h in tup]
+    usable = len(order) if jobs == 1 else sum(len(gr) for gr in groups)
+    per_job = nranks or usable // jobs
     if per_job < 2:
-        raise UserError(f"{placement}: {len(order)} hosts cannot give {jobs} jobs of at least 2 ranks")
-    if per_job * jobs > len(order):
+        raise UserError(f"{placement}: {usable} hosts cannot give {jobs} jobs of at least 2 ranks")
+    if per_job * jobs > usable:
         raise UserError(f"{placement}: {jobs} job(s) of {per_job} ranks need {per_job * jobs} hosts, "
-                        f"the scenario has {len(order)} usable")
+                        f"the scenario has {usable} usable")
+    chosen = [order[:per_job]] if jobs == 1 else deal(groups, jobs, per_job)
     out = []
     for j in range(jobs):
-        mine = order[j::jobs][:per_job]     # interleave so every job spans the segments
+        mine = chosen[j]
         planes = [j % s.planes] if placement == "cross-plane" else all_planes
         out.append([rank_on(h, (i % s.rails) if placement != "cross-campus" else 0, planes)
                     for i, h in enumerate(mine)])
+    return out
+
+
+def deal(groups: list[list[str]], jobs: int, per_job: int) -> list[list[str]]:
+    """Disjoint hosts for ``jobs`` jobs of ``per_job`` ranks, each job's rank i from group i mod
+    len(groups) (the next group with a host left when that one has none), the jobs taking turns
+    rank by rank (pure). So every job spans every group (segment or campus) as one job does, and
+    concurrent jobs share the fabric's leaves and uplinks, as jobs of a cluster do: the jobs
+    dealt every ``jobs``-th host of the round-robin order instead (before) sat on disjoint
+    segments whenever the segment count was a multiple of ``jobs`` (2 jobs on mini-hpn's 4
+    segments: no switch port in common), and 2 cross-campus jobs each on one campus."""
+    free = [list(gr) for gr in groups]
+    out: list[list[str]] = [[] for _ in range(jobs)]
+    for i in range(per_job):
+        for j in range(jobs):
+            for k in range(len(free)):
+                group = free[(i + k) % len(free)]
+                if group:
+                    out[j].append(group.pop(0))
+                    break
+            else:
+                raise UserError(f"{jobs} jobs of {per_job} ranks need {jobs * per_job} hosts")
     return out

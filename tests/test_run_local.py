@@ -202,6 +202,26 @@ def test_cross_plane_pins_each_job_to_one_plane_and_jobs_get_disjoint_hosts():
     assert not {p.host for p in jobs[0]} & {p.host for p in jobs[1]}
 
 
+def test_concurrent_cross_rail_jobs_each_span_every_segment_on_disjoint_hosts():
+    g = _graph("mini-hpn")                                 # 4 segments: 2 jobs used to sit on 2 each
+    jobs = place(g, "cross-rail", 4, jobs=2)
+    assert [{g.nodes[p.host]["segment"] for p in job} for job in jobs] == [{0, 1, 2, 3}] * 2
+    assert not {p.host for p in jobs[0]} & {p.host for p in jobs[1]}
+    assert _leaves(g, jobs[0][0].host, {0}) == _leaves(g, jobs[1][0].host, {0})   # they share leaves
+
+
+def test_unequal_jobs_take_turns_until_every_rank_has_a_host():
+    g = _graph("mini-hpn")
+    jobs = place(g, "cross-rail", 8, jobs=2)               # every host of the fabric
+    assert sorted(p.host for job in jobs for p in job) == sorted(h for h in g.nodes if g.nodes[h]["tier"] == 0)
+
+
+def test_two_cross_campus_jobs_each_cross_the_long_haul():
+    g = _graph("mini-cross-campus")
+    jobs = place(g, "cross-campus", 4, jobs=2)
+    assert [[g.nodes[p.host]["campus"] for p in job] for job in jobs] == [[0, 1, 0, 1]] * 2
+
+
 def test_cross_campus_alternates_campuses_and_needs_several():
     g = _graph("mini-cross-campus")
     [job] = place(g, "cross-campus", 4)
