@@ -1004,7 +1004,9 @@ def weighted_network(net: Network, job: Job, step: Step, routing: str, qps: int,
     from hpnlab.controller import compiler
     from hpnlab.controller import weights as cw
     from hpnlab.controller.telemetry import PortTelemetry
-    params = params or cw.WeightParams()
+    # the model's intervals are noiseless steady states: the controller's persistence and slow smoothing
+    # (which keep bursty queues from re-weighting an emulated fabric) would only delay the fixed point
+    params = params or cw.WeightParams(ewma=0.5, persist=1)
     wnet = copy.copy(net)
     wnet.fwd = fwd = copy.copy(net.fwd)
     fwd.wide, fwd.assignments = {}, {}
