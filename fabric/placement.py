@@ -226,11 +226,7 @@ def deal(groups: list[list[str]], jobs: int, per_job: int) -> list[list[str]]:
     out: list[list[str]] = [[] for _ in range(jobs)]
     for i in range(per_job):
         for j in range(jobs):
-            for k in range(len(free)):
-                group = free[(i + k) % len(free)]
-                if group:
-                    out[j].append(group.pop(0))
-                    break
-            else:
-                raise UserError(f"{jobs} jobs of {per_job} ranks need {jobs * per_job} hosts")
+            # place() checked that the groups hold jobs * per_job hosts: one is always left
+            group = next(gr for k in range(len(free)) if (gr := free[(i + k) % len(free)]))
+            out[j].append(group.pop(0))
     return out

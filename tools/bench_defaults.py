@@ -114,7 +114,7 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
                      + f" {retx:>12}")
     for name, rs in runs.items():
         lines.append(f"{name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}, port buffers of at "
-                     f"least {rs[0].get('buffer_frames', 32)} frames; run "
+                     f"least {rs[0]['buffer_frames']} frames; run "
                      f"{spread([r['seconds'] for r in rs], '{:.0f}')} s; CPU idle during the run "
                      f"{spread([r['idle'] for r in rs], '{:.0%}')}; "
                      f"load average {spread([r['load'] for r in rs], '{:.1f}')}")

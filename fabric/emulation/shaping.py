@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: the least frames a port buffer holds unless the scenario says otherwise (``emulation.buffer_frames``)
-BUFFER_FRAMES = 32
+from ..spec import Emulation
+
+#: the least frames a port buffer holds unless the scenario says otherwise (the scenario's default)
+BUFFER_FRAMES: int = Emulation.buffer_frames
 
 
 @dataclass(frozen=True)
