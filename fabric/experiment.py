@@ -38,7 +38,7 @@ from typing import Any, cast
 import networkx as nx
 
 from . import collectives as col
-from . import ecn_settings, ranks
+from . import ecn_settings, ranks, report
 from . import placement as pl
 from .errors import UserError
 from .jobspec import JobSpec
@@ -687,6 +687,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
             say(f"ECN {ecn_meta['setting']}: {line}")
     t0 = time.monotonic()
     load_before = os.getloadavg()
+    cpu_before = report.cpu_times()
     results: list[dict] = []
     for k, (cell, jobs) in enumerate(cells.items()):
         first = jobs[0]
@@ -732,7 +733,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
         results.extend(out)
     meta = {"plan": plan.as_dict(), "target": target.describe(), "time": time.time(),
             "wall_s": time.monotonic() - t0, "load_average": {"before": load_before, "after": os.getloadavg()},
-            "cpus": os.cpu_count()}
+            "machine_busy": round(report.busy_share(cpu_before, report.cpu_times()), 4), "cpus": os.cpu_count()}
     if ecn_meta is not None:
         meta["ecn"] = ecn_meta
     doc: dict[str, Any] = {"meta": meta, "results": results}

@@ -29,11 +29,14 @@ share of the gap it accounts for, and only causes that push the gap the way it g
 
     incast_loss   packets lost and re-sent (switch drops, retransmissions) on a fan-in step
     schedule      the model's own schedule differs from the generators' (pairwise vs concurrent)
+    congestion_control  the same cell emulated again without DCQCN (``--cc dcqcn,none``) took
+                  that much less time: congestion control's share of the gap, measured
     rate_ramp     congestion control cut the senders' rates (DCQCN cuts) or each step pays
                   round trips before its bytes flow (steps x measured RTT)
     timer_ticks   retransmission timeouts (count x the transport's minimum RTO)
-    cpu           a generator rank near a full core (its measured CPU share), or the machine
-                  loaded beyond its cores during the run (load average)
+    cpu           a generator rank near a full core (its measured CPU share), or the machine's
+                  cores busy during the cell (``/proc/stat`` over the cell; for files without
+                  it, the 1-minute load average beyond the cores)
     collisions    per-flow hashing put connections on the same links in one world and not
                   the other: both forward over the compiler's tables and give each connection
                   the same plane and entropy value (``transport.entropy.flow_hash`` and
@@ -66,12 +69,14 @@ MODE_ROUTING: dict[str, tuple[str, int | str]] = {
 ROUTING_ALIASES = {"flow": ("flow", "ecmp"), "ecmp": ("ecmp", "flow")}
 #: relative error above which the report says why
 TOLERANCE = 0.10
+#: the roce transport's congestion control in an emulated cell (``hpnlab fidelity --cc``)
+CONGESTION_CONTROLS = ("dcqcn", "none")
 #: one switch hop's one-way latency on the userspace datapath: 0.3-0.4 ms RTT per switch hop
 #: measured (docs: environment.md, "Open vSwitch"), half of 0.35 ms
 EMULATED_SWITCH_LATENCY_US = 175.0
 #: thresholds of the classifier (fractions; each cause also has to account for a share of the gap)
 LOSS_FRACTION = 0.005        # re-sent packets / packets above which loss is a cause
-CPU_SHARE = 0.85             # a rank's CPU share of one core above which it is saturated
+CPU_SHARE = 0.85             # a rank's CPU share of one core (or the machine's busy share) that saturates it
 MIN_SHARE = 0.25             # a cause must account for at least this share of the time gap
 
 
@@ -141,11 +146,13 @@ def rel_error(model: float | None, emulated: float | None) -> float | None:
 # ---- the emulated side's figures -------------------------------------------------------------
 
 def emulated_figures(result: dict[str, Any], *, load_average: Sequence[float] | None = None,
-                     cpus: int | None = None, uplink_imbalance: float | None = None) -> dict[str, Any]:
+                     cpus: int | None = None, uplink_imbalance: float | None = None,
+                     machine_busy: float | None = None, cc: str | None = None) -> dict[str, Any]:
     """One emulated job result (``report.build_result``) -> busbw, completion time and the
     evidence the classifier reads (all measured on the run): packets, re-sent packets,
-    timeouts, DCQCN rate cuts, switch drops, the RTT, the busiest rank's CPU share, the
-    machine's load average, the uplink imbalance."""
+    timeouts, DCQCN rate cuts, switch drops, the RTT, the busiest rank's CPU share, the share
+    of the machine's cores busy during the cell (and the load average), the uplink imbalance.
+    ``cc``: the congestion control the cell ran with (:data:`CONGESTION_CONTROLS`)."""
     row = result["rows"][-1]["oop"]
     flows = result.get("flows", [])
     info = result.get("transport_info", {}) or {}
@@ -158,7 +165,7 @@ def emulated_figures(result: dict[str, Any], *, load_average: Sequence[float] | 
 
     return {"size_bytes": result["rows"][-1]["size"], "busbw_gbs": row["busbw_gbs"], "time_us": row["time_us"],
             "line_rate_bps": result.get("line_rate_bps"), "nranks": result["nranks"],
-            "collective": result["collective"], "entropy": result.get("entropy"),
+            "collective": result["collective"], "entropy": result.get("entropy"), "cc": cc,
             "wrong": row.get("wrong"),
             "evidence": {"packets": total("packets"), "retransmissions": total("retransmissions"),
                          "timeouts": total("timeouts"), "max_flow_timeouts": max(
@@ -168,19 +175,29 @@ def emulated_figures(result: dict[str, Any], *, load_average: Sequence[float] | 
                                                                                 if srtts else None),
                          "cpu_max_rank_share": cpu.get("max_rank_share"),
                          "load_average": list(load_average) if load_average else None, "cpus": cpus,
+                         "machine_busy": machine_busy,
                          "uplink_imbalance": uplink_imbalance}}
 
 
 # ---- comparison and explanation --------------------------------------------------------------
 
-def compare(emulated: dict[str, Any], model: dict[str, Any] | None) -> dict[str, Any]:
+def compare(emulated: dict[str, Any], model: dict[str, Any] | None, *,
+            without_cc: dict[str, Any] | None = None, spread: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row: both sides' busbw and time, the relative errors, and (beyond the tolerance) why.
-    ``model``: {"busbw_gbs", "time_us", "steps", "own": {...} | None} or None (not modelled)."""
-    row: dict[str, Any] = {"mode": emulated.get("entropy"), "collective": emulated["collective"],
+    ``model``: {"busbw_gbs", "time_us", "steps", "own": {...} | None} or None (not modelled).
+    ``without_cc``: the same cell's figures emulated without congestion control (its time
+    measures congestion control's share of the gap); ``spread``: the repetitions behind
+    ``emulated`` (:func:`median_of`)."""
+    row: dict[str, Any] = {"mode": emulated.get("entropy"), "cc": emulated.get("cc"),
+                           "collective": emulated["collective"],
                            "size_bytes": emulated["size_bytes"], "nranks": emulated["nranks"],
                            "emulated": {k: emulated[k] for k in ("busbw_gbs", "time_us")},
                            "model": None, "model_own": None, "error": None, "within_tolerance": None,
                            "causes": []}
+    if spread:
+        row["emulated"].update(spread)
+    if without_cc:
+        row["without_cc"] = {k: without_cc[k] for k in ("busbw_gbs", "time_us")}
     line = emulated.get("line_rate_bps")
     if line:
         row["emulated"]["of_line"] = emulated["busbw_gbs"] * 8e9 / line
@@ -198,11 +215,25 @@ def compare(emulated: dict[str, Any], model: dict[str, Any] | None) -> dict[str,
     errs = [abs(e) for e in row["error"].values() if e is not None]
     row["within_tolerance"] = bool(errs) and max(errs) <= TOLERANCE
     if not row["within_tolerance"]:
-        row["causes"] = explain(emulated, model)
+        row["causes"] = explain(emulated, model, without_cc=without_cc)
     return row
 
 
-def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, Any]]:
+def median_of(figures: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The repetitions of one cell (each :func:`emulated_figures`) -> the one with the median
+    completion time (the lower median of an even count: a real run, whose evidence explains
+    it) and the spread: {"repeat", "time_us_range", "busbw_gbs_range"}."""
+    if not figures:
+        raise ValueError("no repetitions")
+    ordered = sorted(figures, key=lambda f: f["time_us"])
+    times = [f["time_us"] for f in ordered]
+    busbw = sorted(f["busbw_gbs"] for f in ordered)
+    return ordered[(len(ordered) - 1) // 2], {"repeat": len(ordered), "time_us_range": [times[0], times[-1]],
+                                               "busbw_gbs_range": [busbw[0], busbw[-1]]}
+
+
+def explain(emulated: dict[str, Any], model: dict[str, Any], *,
+            without_cc: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Why the model and the emulation differ, from what the emulated run measured.
 
     Each cause: {"cause", "evidence" (a sentence with the measured figures), "share" (the
@@ -224,6 +255,13 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
 
     steps = max(1, int(model.get("steps") or 1))
     line = emulated.get("line_rate_bps") or 0
+    # measured, either way: the same cell without congestion control
+    if without_cc is not None and emulated.get("cc") not in (None, "none"):
+        t_free = without_cc["time_us"] * 1e-6
+        if (t_emu - t_free) * gap > 0:
+            add("congestion_control", f"the same cell emulated without {emulated['cc'].upper()} took "
+                f"{t_free * 1e3:.1f} ms, against {t_emu * 1e3:.1f} ms with it ({ev.get('rate_cuts') or 0} rate cuts; "
+                f"the model has no congestion control)", min(abs(t_emu - t_free), abs(gap)))
     # slows the emulation: the model is optimistic
     if gap > 0:
         packets, retx = ev.get("packets") or 0, ev.get("retransmissions") or 0
@@ -250,12 +288,18 @@ def explain(emulated: dict[str, Any], model: dict[str, Any]) -> list[dict[str, A
             add("rate_ramp", f"{steps} synchronous step(s), each paying at least one {rtt:.0f} us round trip "
                 f"before and after its bytes (the model starts every flow at its rate)", ramp)
         share = ev.get("cpu_max_rank_share")
+        busy = ev.get("machine_busy")
         load = ev.get("load_average")
         cpus = ev.get("cpus")
         if share is not None and share >= CPU_SHARE:
             add("cpu", f"the busiest generator rank used {share:.0%} of a core", None)
-        elif load and cpus and max(load) > cpus:
-            add("cpu", f"the machine's load average reached {max(load):.1f} on {cpus} cores during the run", None)
+        elif busy is not None:
+            if busy >= CPU_SHARE:
+                add("cpu", f"the machine's {cpus or '?'} cores were {busy:.0%} busy during the cell "
+                    f"(Open vSwitch, the generators and everything else)", None)
+        elif load and cpus and load[0] > cpus:          # a file from before the busy share was measured
+            add("cpu", f"the machine's 1-minute load average was {load[0]:.1f} on {cpus} cores after the cell",
+                None)
     # either way: the schedule, and hashing collisions
     own = model.get("own")
     if own and own.get("time_us"):
@@ -294,22 +338,27 @@ def _pct(x: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The side-by-side table, then one line per cause under each row beyond the tolerance."""
-    head = (f"{'collective':<12} {'mode':<9} {'ranks':>5} {'size(B)':>9}  {'busbw emu':>10} {'model':>10} "
-            f"{'err':>7}  {'time emu(ms)':>12} {'model':>9} {'err':>7}  {'model own(ms)':>13}")
+    """The side-by-side table, then one line per cause under each row beyond the tolerance.
+    ``cc``: the congestion control the emulated cell ran with; ``n``: its repetitions (the
+    emulated figures are the median repetition's, the range beside them)."""
+    head = (f"{'collective':<12} {'mode':<9} {'cc':<6} {'ranks':>5} {'size(B)':>9} {'n':>2}  {'busbw emu':>10} "
+            f"{'model':>10} {'err':>7}  {'time emu(ms)':>12} {'[min-max]':>15} {'model':>9} {'err':>7}  "
+            f"{'model own(ms)':>13}")
     out = [head, "-" * len(head)]
     for r in rows:
         e, m = r["emulated"], r["model"]
         own = r.get("model_own")
+        span = e.get("time_us_range")
+        span_s = f"[{span[0] / 1e3:.1f}-{span[1] / 1e3:.1f}]" if span and e.get("repeat", 1) > 1 else ""
+        lead = (f"{r['collective']:<12} {r['mode'] or '-':<9} {r.get('cc') or '-':<6} {r['nranks']:>5} "
+                f"{r['size_bytes']:>9} {e.get('repeat', 1):>2}  {e['busbw_gbs'] * 1e3:>10.3f} ")
         if m is None:
-            out.append(f"{r['collective']:<12} {r['mode'] or '-':<9} {r['nranks']:>5} {r['size_bytes']:>9}  "
-                       f"{e['busbw_gbs'] * 1e3:>10.3f} {'-':>10} {'':>7}  {e['time_us'] / 1e3:>12.1f} {'-':>9}"
+            out.append(lead + f"{'-':>10} {'':>7}  {e['time_us'] / 1e3:>12.1f} {span_s:>15} {'-':>9}"
                        f"   model: {r.get('model_missing')}")
             continue
-        out.append(f"{r['collective']:<12} {r['mode'] or '-':<9} {r['nranks']:>5} {r['size_bytes']:>9}  "
-                   f"{e['busbw_gbs'] * 1e3:>10.3f} {m['busbw_gbs'] * 1e3:>10.3f} {_pct(r['error']['busbw']):>7}  "
-                   f"{e['time_us'] / 1e3:>12.1f} {m['time_us'] / 1e3:>9.1f} {_pct(r['error']['time']):>7}  "
-                   + (f"{own['time_us'] / 1e3:>13.1f}" if own else f"{'-':>13}"))
+        out.append(lead + f"{m['busbw_gbs'] * 1e3:>10.3f} {_pct(r['error']['busbw']):>7}  "
+                   f"{e['time_us'] / 1e3:>12.1f} {span_s:>15} {m['time_us'] / 1e3:>9.1f} "
+                   f"{_pct(r['error']['time']):>7}  " + (f"{own['time_us'] / 1e3:>13.1f}" if own else f"{'-':>13}"))
         for c in r["causes"]:
             share = "" if c["share"] is None else f" (~{c['share']:.0%} of the gap)"
             out.append(f"    why: {c['cause']}{share}: {c['evidence']}")

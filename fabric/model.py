@@ -1182,6 +1182,50 @@ class JobSpec:
     background: bool = False
 
 
+def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = (), *, routing: str = "flow",
+             qps: int = 4, default_size: int, placement: str = "packed", seed: int = 1) -> list[JobSpec]:
+    """The ``--jobs`` (and ``--background``) items of ``hpnlab.fabric.jobspec`` -- the syntax
+    ``hpnlab run --jobs`` takes -- as the model's jobs on disjoint hosts, in order: ``ranks``
+    counts ranks as the model does (every rail of a host is a rank), so a job takes
+    ranks / rails hosts; ``size`` (one size per job) or ``msg`` (incast: msg x ranks) its
+    bytes, else ``default_size``. Hosts are taken in the fabric's order (``packed``) or a
+    seeded random order (``random``). The emulator's ``iters`` and ``warmup`` change nothing
+    here (the model times one iteration); ``gap`` and ``root`` would, and are refused."""
+    s = g.graph["scenario"]
+    names = [n for n, d in g._node.items() if d["tier"] == 0]
+    if placement == "random":
+        names = random.Random(seed).sample(names, len(names))
+    elif placement != "packed":
+        raise UserError(f"placement must be packed or random, got {placement!r}")
+    out: list[JobSpec] = []
+    taken = 0
+    for flag, specs, is_bg in (("--jobs", jobs, False), ("--background", background, True)):
+        for k, spec in enumerate(specs, 1):
+            where = f"{flag}: job {k} ({spec.describe()})"
+            if spec.gap_s:
+                raise UserError(f"{where}: gap is the emulator's pause between iterations; the model times one "
+                                f"iteration with every job at once")
+            if spec.root:
+                raise UserError(f"{where}: the model's rooted collectives use rank 0 as the root")
+            if spec.sizes is not None and spec.msg_bytes is None and len(spec.sizes) > 1:
+                raise UserError(f"{where}: one size per job in the model")
+            ranks = spec.ranks if spec.ranks is not None else 2 * s.rails
+            if ranks % s.rails:
+                raise UserError(f"{where}: ranks={ranks} is not a whole number of hosts "
+                                f"({s.rails} rail(s), a rank on each, per host)")
+            nhosts = ranks // s.rails
+            if nhosts < 2:
+                raise UserError(f"{where}: a job needs at least 2 hosts ({2 * s.rails} ranks)")
+            if taken + nhosts > len(names):
+                raise UserError(f"{where}: the jobs need more than the {len(names)} hosts of {s.name}")
+            [size] = spec.sizes_for(ranks, (default_size,))
+            out.append(JobSpec(spec.collective, size, names[taken:taken + nhosts], routing, qps, is_bg))
+            taken += nhosts
+    if not any(not j.background for j in out):
+        raise UserError("--jobs: no job to time (every job given is background)")
+    return out
+
+
 def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: set | None = None,
              max_steps: int = 16, switch_latency_us: float = 1.0, network: Network | None = None,
              exact_pairs: int = EXACT_PAIRS, hash_salt: int = 0) -> list[ModelResult]:
@@ -1189,8 +1233,9 @@ def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: se
     traffic. Each step of a job is modelled with the first (steady) step of every other job
     and every background job on the fabric at the same time (jobs of different lengths
     overlap in their steady state: an approximation that is exact for jobs whose steps all
-    look alike, the ring and single-step collectives). A job's links are shared max-min with
-    the others; its time is its own steps' makespans (the others' flows are not timed)."""
+    look alike, the ring and single-step collectives). The others hold their max-min share of
+    every link for the whole of the step, and the job's flows drain over what is left; its time
+    is its own steps' makespans (the others' flows are not timed)."""
     net = network or Network(g, failed)
     s = g.graph["scenario"]
     if not jobs:
@@ -1265,8 +1310,19 @@ def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latenc
             lat, stalled, stalled_pairs = r.latency_us, r.stalled, r.stalled_pairs
     f, lk, w = np.concatenate(f_all), np.concatenate(l_all), np.concatenate(w_all)
     size, mine_mask = np.concatenate(sizes), np.concatenate(owner_mine)
-    finish = drain_times(f, lk, w, net.cap, size)
-    rates = max_min_rates(f, lk, w, net.cap, offset)[mine_mask]
+    all_rates = max_min_rates(f, lk, w, net.cap, offset)
+    # the other jobs keep running through this step: each holds its max-min share of every link
+    # it crosses, and this job's flows drain over what is left (the others' bytes are not
+    # drained: an elephant beside a short step slows it by its share, not by its size)
+    theirs = ~mine_mask[f]
+    held = np.bincount(lk[theirs], weights=w[theirs] * all_rates[f[theirs]], minlength=len(net.cap))
+    left = np.maximum(net.cap - held, net.cap * 1e-9)
+    ours = ~theirs
+    finish = np.zeros(offset)
+    if ours.any():
+        ids = f[ours]
+        finish[ids[np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])]] = drain_times(ids, lk[ours], w[ours], left, size)
+    rates = all_rates[mine_mask]
     flows = int(mine_mask.sum())
     if flows == 0:
         return StepResult(math.inf if stalled else 0.0, 0.0, 0, stalled, 0, math.inf, math.inf, stalled_pairs)

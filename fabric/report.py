@@ -218,6 +218,18 @@ def merge_flows(rank_results: list[dict]) -> list[dict]:
     return sorted(out, key=lambda f: (f["src"], f["dst"]))
 
 
+def cpu_times() -> tuple[float, float]:
+    """The machine's CPU time so far, all cores: (total, idle incl. iowait) in clock ticks (``/proc/stat``)."""
+    vals = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(vals), vals[3] + vals[4]
+
+
+def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """The share of the machine's cores busy between two :func:`cpu_times` readings (0..1)."""
+    total = after[0] - before[0]
+    return 0.0 if total <= 0 else max(0.0, min(1.0, 1.0 - (after[1] - before[1]) / total))
+
+
 def cpu_summary(rank_results: list[dict]) -> dict:
     """Generator CPU during the timed iterations: each rank's share of one core, the busiest
     rank's share, the cores all ranks used together, and headroom = 1 - busiest share."""

@@ -176,6 +176,55 @@ def test_a_saturated_generator_core_is_named():
     assert "cpu" in causes
 
 
+def test_a_busy_machine_during_the_cell_is_named():
+    emu = _emulated(3000.0, machine_busy=0.97)
+    assert "cpu" in [c["cause"] for c in fidelity.compare(emu, _model(1000.0))["causes"]]
+
+
+def test_a_quiet_cell_after_a_busy_quarter_hour_does_not_blame_the_cpu():
+    # the 5- and 15-minute load averages remember work before the cell; the cell's own busy share decides
+    emu = _emulated(3000.0, machine_busy=0.40, load_average=[0.7, 3.4, 5.0])
+    assert "cpu" not in [c["cause"] for c in fidelity.compare(emu, _model(1000.0))["causes"]]
+
+
+def test_without_a_busy_share_only_the_one_minute_load_average_counts():
+    quiet_now = _emulated(3000.0, load_average=[0.7, 3.4, 5.0])
+    busy_now = _emulated(3000.0, load_average=[4.5, 3.4, 1.0])
+    assert "cpu" not in [c["cause"] for c in fidelity.compare(quiet_now, _model(1000.0))["causes"]]
+    assert "cpu" in [c["cause"] for c in fidelity.compare(busy_now, _model(1000.0))["causes"]]
+
+
+def test_the_same_cell_without_congestion_control_measures_its_share_of_the_gap():
+    emu = {**_emulated(3000.0, rate_cuts=40), "cc": "dcqcn"}
+    free = {**_emulated(1500.0), "cc": "none"}
+    row = fidelity.compare(emu, _model(1000.0), without_cc=free)
+    cause = {c["cause"]: c for c in row["causes"]}["congestion_control"]
+    assert cause["share"] == pytest.approx((3000.0 - 1500.0) / (3000.0 - 1000.0))
+    assert "1.5 ms" in cause["evidence"] and "40 rate cuts" in cause["evidence"]
+    assert row["without_cc"]["time_us"] == 1500.0
+
+
+def test_congestion_control_is_not_blamed_when_the_cell_without_it_was_slower():
+    emu = {**_emulated(3000.0), "cc": "dcqcn"}
+    free = {**_emulated(3500.0), "cc": "none"}
+    causes = fidelity.compare(emu, _model(1000.0), without_cc=free)["causes"]
+    assert "congestion_control" not in [c["cause"] for c in causes]
+
+
+def test_the_median_repetition_stands_for_the_cell_with_the_range_of_all():
+    reps = [_emulated(t) for t in (900.0, 3000.0, 1200.0, 1000.0)]
+    fig, spread = fidelity.median_of(reps)
+    assert fig is reps[3]                          # 900, 1000 | 1200, 3000: the lower median, a real run
+    assert spread == {"repeat": 4, "time_us_range": [900.0, 3000.0],
+                      "busbw_gbs_range": [reps[1]["busbw_gbs"], reps[0]["busbw_gbs"]]}
+
+
+def test_the_table_shows_the_repetitions_and_their_range():
+    fig, spread = fidelity.median_of([_emulated(t) for t in (2000.0, 2500.0, 1900.0)])
+    [line] = [x for x in fidelity.table([fidelity.compare(fig, _model(1000.0), spread=spread)]) if "all_to_all" in x]
+    assert " 3 " in line and "[1.9-2.5]" in line
+
+
 def test_no_measured_cause_says_unexplained_with_the_gap():
     [cause] = fidelity.compare(_emulated(3000.0), _model(1000.0))["causes"]
     assert cause["cause"] == "unexplained" and "2.0 ms" in cause["evidence"]

@@ -123,3 +123,13 @@ def test_wrong_elements_are_counted_over_every_run_size_and_column():
     bad = {"rows": [{"oop": {"wrong": 2}, "ip": {"wrong": 3}}, {"oop": {"wrong": None}, "ip": None}]}
     assert report.wrong_total([ok]) == 0
     assert report.wrong_total([ok, bad]) == 5
+
+
+def test_the_machines_busy_share_is_the_non_idle_part_of_the_cpu_time_between_two_readings():
+    assert report.busy_share((1000.0, 400.0), (1200.0, 450.0)) == pytest.approx(0.75)
+    assert report.busy_share((1000.0, 400.0), (1000.0, 400.0)) == 0.0       # no time passed: nothing measured
+
+
+def test_the_machines_cpu_times_count_idle_within_the_total():
+    total, idle = report.cpu_times()
+    assert 0 <= idle <= total

@@ -25,7 +25,7 @@ from hpnlab.fabric.transport.entropy import (
     first_high,
     lay_out,
 )
-from hpnlab.fabric.transport.roce import CE, Dcqcn, DcqcnParams, RoceTransport
+from hpnlab.fabric.transport.roce import CE, DATA, HDR, Dcqcn, DcqcnParams, RoceTransport
 from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
@@ -36,9 +36,11 @@ BASE = 17400 + (os.getpid() % 40) * 100
 class Relay(threading.Thread):
     """UDP relay that impairs what it forwards: drop, duplicate, reorder (hold a packet and
     send it after the next one) and CE-mark (rewrite the ECN bits of the TOS byte), at random
-    (``ce``) or exactly the ECT packets numbered in ``ce_packets`` (0 = the first)."""
+    (``ce``) or exactly the ECT packets numbered in ``ce_packets`` (0 = the first); and drop
+    the roce data packets whose PSNs are in ``drop_data``, the first time each comes through."""
 
-    def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, ce_packets=(), seed=1):
+    def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, ce_packets=(), drop_data=(),
+                 seed=1):
         super().__init__(daemon=True)
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.bind(listen)
@@ -48,6 +50,7 @@ class Relay(threading.Thread):
         self.forward = forward
         self.p = dict(drop=drop, dup=dup, reorder=reorder, ce=ce)
         self.ce_packets = frozenset(ce_packets)
+        self.drop_data = set(drop_data)
         self.rng = random.Random(seed)
         self.stop = False
         self.sources = set()
@@ -72,6 +75,12 @@ class Relay(threading.Thread):
             ect_index = self.counts["ect"] if (tos & 3) == 2 else -1
             self.counts["ect"] += (tos & 3) == 2
             rnd = self.rng.random
+            if self.drop_data:
+                typ, _path, _src, _dst, psn, *_ = HDR.unpack_from(data)
+                if typ == DATA and psn in self.drop_data:
+                    self.drop_data.discard(psn)
+                    self.counts["dropped"] += 1
+                    continue
             if rnd() < self.p["drop"]:
                 self.counts["dropped"] += 1
                 continue
@@ -215,6 +224,26 @@ def test_roce_delivers_every_byte_in_order_under_loss_duplication_and_reordering
         assert rx["max_reorder"] > 0            # held in the reordering buffer
     else:
         assert rx["dropped_out_of_order"] > 0   # a go-back-N receiver discards them
+
+
+@pytest.mark.parametrize("entropy", ["flow", "spray"])
+def test_a_lost_tail_is_resent_after_one_timeout_not_one_per_packet(entropy):
+    """The last 12 of a message's 40 data packets are dropped (once each): nothing follows them
+    for the receiver to NACK from, so only the sender's timer can find them. One timeout re-sends
+    every unacknowledged packet (re-sending only the oldest took 12 timeouts on a flow
+    connection, and 3 sprayed, where two in a row declare the path dead)."""
+    t0, t1, relays = _pair("roce", dict(drop_data=range(28, 40)), None, base=BASE + 15, line_rate_bps=50e6,
+                           min_rto_s=0.05, entropy=entropy)
+    msgs = [bytes(random.Random(3).getrandbits(8) for _ in range(40 * t0.payload))]     # PSNs 0-39
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    got, _ = out[1]
+    assert got == msgs
+    tx = _tx(out[0])
+    assert relays[0].counts["dropped"] == 12 and tx["retransmissions"] >= 12
+    assert tx["timeouts"] <= 2       # one; a second only if a loaded machine delays an ACK past the RTO
 
 
 def test_roce_answers_ce_marks_with_cnps_and_lowers_its_rate():

@@ -34,7 +34,6 @@ import time
 from typing import Any
 
 from hpnlab.cli.bench_collective import emulation_missing
-from hpnlab.cli.bench_emulation import cpu_times
 from hpnlab.fabric import experiment, report, sizing, spec
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric.compare import median_range as spread
@@ -75,11 +74,11 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
     plan = experiment.RUN_DEFAULTS.replace(ranks=ranks)
     with Emulation(scenario, controller="hpnlab", lock_wait_s=600, log=None) as emu:
         load = os.getloadavg()[0]
-        total0, idle0 = cpu_times()
+        cpu0 = report.cpu_times()
         t0 = time.monotonic()
         doc = experiment.run(plan, emu, progress=False)
         seconds = time.monotonic() - t0
-        total1, idle1 = cpu_times()
+        cpu1 = report.cpu_times()
     cells = {}
     for r in doc["results"]:
         busbw = r["rows"][-1]["oop"]["busbw_gbs"] * GB * 8
@@ -87,7 +86,7 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
                               "fraction": report.largest_fraction(r),
                               "retx": report.flow_totals(r).get("retransmissions", 0)}
     return {"cells": cells, "wrong": report.wrong_total(doc["results"]), "seconds": seconds,
-            "idle": (idle1 - idle0) / max(1e-9, total1 - total0), "load": load,
+            "idle": 1.0 - report.busy_share(cpu0, cpu1), "load": load,
             "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu,
             "buffer_frames": scenario.emulation.buffer_frames}
 

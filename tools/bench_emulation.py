@@ -25,11 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def cpu_times() -> tuple[float, float]:
-    vals = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    idle = vals[3] + vals[4]
-    return sum(vals), idle
+from hpnlab.fabric import report
 
 
 def proc_cpu_s(pids) -> float:
@@ -59,13 +55,13 @@ def fabric_pids(emu) -> list[int]:
 
 def busy_share(seconds: float, pids=()) -> tuple[float, float]:
     """(share of all CPUs busy machine-wide, cores used by `pids`) over `seconds`."""
-    t1, i1 = cpu_times()
+    c_before = report.cpu_times()
     c1 = proc_cpu_s(pids)
     w1 = time.monotonic()
     time.sleep(seconds)
-    t2, i2 = cpu_times()
+    c_after = report.cpu_times()
     c2 = proc_cpu_s(pids)
-    return 1.0 - (i2 - i1) / max(t2 - t1, 1e-9), (c2 - c1) / (time.monotonic() - w1)
+    return report.busy_share(c_before, c_after), (c2 - c1) / (time.monotonic() - w1)
 
 
 def load_share(emu, seconds: float) -> tuple[tuple[float, float], float]:

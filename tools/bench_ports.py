@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric import report
+
 PREFIX = "hbp"                        # every name this benchmark creates starts with it
 BRIDGES = ("hbpL", "hbpS", "hbpR")   # leaf, spine, leaf
 ETH, IP_UDP = 14, 28
@@ -146,11 +148,6 @@ def _ns_counter(ns: str, dev: str, what: str) -> int:
     return int(json.loads(r.stdout)[0]["stats64"][what]["packets"])
 
 
-def _cpu() -> tuple[float, float]:
-    vals = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return sum(vals), vals[3] + vals[4]
-
-
 def blast(frame: int, seconds: float, rate: str = "0") -> dict[str, float]:
     """UDP frames of ``frame`` bytes on every path for ``seconds`` (iperf3 ``-b rate`` per path, 0: as
     fast as it can); delivered and offered packets/s, Mbit/s (all paths), CPU share left idle,
@@ -163,7 +160,7 @@ def blast(frame: int, seconds: float, rate: str = "0") -> dict[str, float]:
         time.sleep(0.4)
         tx0 = sum(_ns_counter(ns[0], s0, "tx") for ns, s0, _ in ends)
         rx0 = sum(_ns_counter(ns[1], d0, "rx") for ns, _, d0 in ends)
-        c0 = _cpu()
+        c0 = report.cpu_times()
         t0 = time.monotonic()
         clients = [subprocess.Popen(["ip", "netns", "exec", _ns(i)[0], "iperf3", "-c", _ips(i)[1], "-p", "5299", "-u",
                                      "-b", rate, "-l", str(frame - ETH - IP_UDP), "-t", f"{seconds:g}"],
@@ -176,14 +173,14 @@ def blast(frame: int, seconds: float, rate: str = "0") -> dict[str, float]:
                 c.wait()
         time.sleep(0.3)    # in flight
         dt = time.monotonic() - t0 - 0.3
-        c1 = _cpu()
+        c1 = report.cpu_times()
         tx = sum(_ns_counter(ns[0], s0, "tx") for ns, s0, _ in ends) - tx0
         rx = sum(_ns_counter(ns[1], d0, "rx") for ns, _, d0 in ends) - rx0
     finally:
         for srv in srvs:
             srv.kill()
             srv.wait()
-    idle = (c1[1] - c0[1]) / max(1e-9, c1[0] - c0[0])
+    idle = 1.0 - report.busy_share(c0, c1)
     return {"pps": rx / dt, "mbps": rx * frame * 8 / dt / 1e6, "offered_pps": tx / dt, "cpu_idle": idle}
 
 

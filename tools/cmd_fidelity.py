@@ -42,6 +42,13 @@ def register(sub) -> None:
     p.add_argument("-b", "--size", default="1M", help="bytes per collective (default 1M)")
     p.add_argument("-n", "--iters", type=int_in(1, 1000), default=3, help="timed iterations (default 3)")
     p.add_argument("-w", "--warmup_iters", type=int_in(0, 1000), default=1, help="warm-up iterations (default 1)")
+    p.add_argument("--repeat", type=int_in(1, 50), default=3,
+                   help="emulated repetitions of every cell, interleaved; the table shows the median one's figures "
+                        "and the range (default 3)")
+    p.add_argument("--cc", default="dcqcn",
+                   help="the roce transport's congestion control per cell, a comma list of dcqcn and none "
+                        "(default dcqcn; dcqcn,none runs every cell both ways, and the gap between the two is "
+                        "congestion control's measured share of the model's error)")
     p.add_argument("--out", metavar="DIR", help="results directory (default results/fidelity-...)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="compare the emulated runs of an earlier fidelity.json again (no emulation)")
@@ -59,7 +66,17 @@ def _modes(text: str) -> tuple[str, ...]:
     return modes
 
 
-def _emulate(args: argparse.Namespace, modes: tuple[str, ...], say) -> dict[str, Any]:
+def _ccs(text: str) -> tuple[str, ...]:
+    ccs = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    for c in ccs:
+        if c not in fidelity.CONGESTION_CONTROLS:
+            raise UserError(f"--cc: unknown {c!r} (known: {', '.join(fidelity.CONGESTION_CONTROLS)})")
+    if not ccs:
+        raise UserError("--cc: none given")
+    return ccs
+
+
+def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say) -> dict[str, Any]:
     """Every (collective, mode) cell on one emulated fabric; per cell its result, its hosts and
     the leaf uplinks' byte counts."""
     from hpnlab.fabric import compare_routing, experiment, sizing
@@ -83,54 +100,69 @@ def _emulate(args: argparse.Namespace, modes: tuple[str, ...], say) -> dict[str,
     try:
         with Emulation(scenario) as emu:
             ups_all = compare_routing.uplinks(emu.graph)
-            for coll in plan.collectives:
-                for mode in modes:
-                    cell = plan.replace(collectives=coll, entropies=mode)
-                    [jobs] = cell.jobs_on(emu.graph).values()
-                    hosts = list(jobs[0].labels or [])
-                    rail_of = {p["ip"]: p["rail"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
-                    ranks = [[h, rail_of[a[0]]] for h, a in zip(hosts, jobs[0].addrs, strict=True)]
-                    leaves = {p["leaf"] for h, rail in ranks for p in fgraph.host_ports(emu.graph, h)
-                              if p["rail"] == rail}
-                    ups = [i for lf, i in ups_all if lf in leaves]
-                    before = compare_routing.read_tx_bytes(ups)
-                    doc = experiment.run(cell, emu, progress=False)
-                    after = compare_routing.read_tx_bytes(ups)
-                    [res] = doc["results"]
-                    delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
-                    cells.append({"result": res, "hosts": hosts, "ranks": ranks, "perm": jobs[0].perm,
-                                  "planes_per_rank": len(jobs[0].addrs[0]),
-                                  "uplink_imbalance": compare_routing.imbalance(delta),
-                                  "load_average": doc["meta"]["load_average"]["after"]})
-                    say(f"  emulated {coll} {mode}: busbw {res['rows'][-1]['oop']['busbw_gbs'] * 1e3:.3f} MB/s")
+            order = [(c, m, x) for c in plan.collectives for m in modes for x in ccs]
+            for rep, (coll, mode, cc) in ((r, cell) for r in range(args.repeat) for cell in order):
+                cell = plan.replace(collectives=coll, entropies=mode, dcqcn=cc == "dcqcn")
+                [jobs] = cell.jobs_on(emu.graph).values()
+                hosts = list(jobs[0].labels or [])
+                rail_of = {p["ip"]: p["rail"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
+                ranks = [[h, rail_of[a[0]]] for h, a in zip(hosts, jobs[0].addrs, strict=True)]
+                leaves = {p["leaf"] for h, rail in ranks for p in fgraph.host_ports(emu.graph, h)
+                          if p["rail"] == rail}
+                ups = [i for lf, i in ups_all if lf in leaves]
+                before = compare_routing.read_tx_bytes(ups)
+                doc = experiment.run(cell, emu, progress=False)
+                after = compare_routing.read_tx_bytes(ups)
+                [res] = doc["results"]
+                delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
+                cells.append({"result": res, "cc": cc, "rep": rep, "hosts": hosts, "ranks": ranks, "perm": jobs[0].perm,
+                              "planes_per_rank": len(jobs[0].addrs[0]),
+                              "uplink_imbalance": compare_routing.imbalance(delta),
+                              "load_average": doc["meta"]["load_average"]["after"],
+                              "machine_busy": doc["meta"].get("machine_busy")})
+                busbw = res["rows"][-1]["oop"]["busbw_gbs"]
+                say(f"  emulated {coll} {mode} ({cc}, repetition {rep + 1}/{args.repeat}): "
+                    f"busbw {busbw * 1e3:.3f} MB/s")
     except EmulationError as exc:
         raise UserError(f"emulation failed: {exc}") from None
     return {"scenario": spec.to_dict(scenario), "overrides": overrides, "rates": rates_line, "cells": cells,
             "plan": {"collectives": list(plan.collectives), "modes": list(modes), "ranks": args.ranks,
-                     "placement": args.placement, "size": args.size, "iters": args.iters}}
+                     "placement": args.placement, "size": args.size, "iters": args.iters, "cc": list(ccs),
+                     "repeat": args.repeat}}
 
 
 def compare_cells(emulated: dict[str, Any]) -> list[dict[str, Any]]:
-    """The model for every emulated cell, and the comparison rows (pure given the cells)."""
+    """The model for every emulated cell, and the comparison rows (pure given the cells): one
+    row per (collective, mode, congestion control), from the repetition with the median time
+    and the range of all; a DCQCN row reads the same cell without congestion control, where
+    it ran, for congestion control's share of the gap."""
     from hpnlab.fabric import graph as fgraph
 
     scenario = spec.from_dict(emulated["scenario"])
     g = fgraph.build(scenario)
-    rows = []
+    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for cell in emulated["cells"]:
         res = cell["result"]
-        hosts = cell["hosts"]
-        ge = fidelity.emulated_graph(g, hosts)
+        cc = cell.get("cc", "dcqcn")           # files from before --cc ran DCQCN
+        fig = fidelity.emulated_figures(res, load_average=cell.get("load_average"), cpus=os.cpu_count(),
+                                        uplink_imbalance=cell.get("uplink_imbalance"),
+                                        machine_busy=cell.get("machine_busy"), cc=cc)
+        groups.setdefault((res["collective"], res["entropy"], cc), []).append((fig, cell))
+    medians = {}
+    for key, reps in groups.items():
+        fig, spread = fidelity.median_of([f for f, _ in reps])
+        medians[key] = (fig, spread, next(c for f, c in reps if f is fig))
+    rows = []
+    for (coll, mode, cc), (fig, spread, cell) in medians.items():
         ranks = [(h, int(rail)) for h, rail in cell["ranks"]]
-        emu_fig = fidelity.emulated_figures(res, load_average=cell.get("load_average"), cpus=os.cpu_count(),
-                                            uplink_imbalance=cell.get("uplink_imbalance"))
         if cell.get("planes_per_rank", scenario.planes) != scenario.planes:
             model: dict[str, Any] = {"missing": "the model gives every rank a port on every plane; this placement "
                                                 "uses fewer"}
         else:
-            model = fidelity.run_model(ge, ranks, res["entropy"], res["collective"], emu_fig["size_bytes"],
-                                       perm=cell.get("perm"))
-        rows.append(fidelity.compare(emu_fig, model))
+            model = fidelity.run_model(fidelity.emulated_graph(g, cell["hosts"]), ranks, mode, coll,
+                                       fig["size_bytes"], perm=cell.get("perm"))
+        free = medians.get((coll, mode, "none")) if cc != "none" else None
+        rows.append(fidelity.compare(fig, model, without_cc=free[0] if free else None, spread=spread))
     return rows
 
 
@@ -146,9 +178,10 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
         out = Path(args.from_file).parent
     else:
         modes = _modes(args.modes)
+        ccs = _ccs(args.cc)
         for c in args.collective.split(","):
             col.canonical(c)
-        emulated = _emulate(args, modes, say)
+        emulated = _emulate(args, modes, ccs, say)
         out = Path(args.out) if args.out else default_out("fidelity")
     t_emu = time.monotonic() - t0
     rows = compare_cells(emulated)

@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+from typing import Any
 
 from hpnlab.fabric import graph, model, model_corrections
 from hpnlab.fabric.collectives import parse_size, sweep
@@ -46,6 +47,14 @@ def register(sub) -> None:
                         "--routing-weights weighted policy iterated over the model's own link loads to a fixed point, "
                         f"at most --weight-iterations, default {model.WEIGHT_ITERATIONS}; the iterations are printed)")
     p.add_argument("--weight-iterations", type=int, default=model.WEIGHT_ITERATIONS, help=argparse.SUPPRESS)
+    p.add_argument("--jobs", metavar="SPEC",
+                   help="several jobs at once on disjoint hosts, in hpnlab run's --jobs syntax, e.g. "
+                        "'all_reduce:ranks=64,size=256M;all_to_all:ranks=64,size=16M' (ranks count every rail "
+                        "of a host; -b is the size of a job without one; each job is also run alone for its "
+                        "slowdown)")
+    p.add_argument("--background", metavar="SPEC",
+                   help="with --jobs: jobs in the same syntax that load the fabric for the whole run and "
+                        "are not timed (elephants beside the timed jobs)")
     p.add_argument("--fail-links", type=int, default=0, help="fail this many random leaf-spine links")
     p.add_argument("--detect-ms", default=None,
                    help=f"with --fail-links: name=ms detection+convergence times (default {DEFAULT_DETECT}; "
@@ -183,6 +192,13 @@ def cmd_model(args) -> int:
                             "times per mode from --failover-times FILE): drop it")
         from .cmd_fidelity import cmd_study
         return cmd_study(args)
+    if args.background and not args.jobs:
+        raise UserError("--background needs --jobs (the jobs it runs beside)")
+    if args.jobs:
+        for flag, bad in (("--fail-links", args.fail_links), ("-e", args.maxbytes),
+                          ("--switch-weights weighted", args.switch_weights != "ecmp")):
+            if bad:
+                raise UserError(f"{flag} does not combine with --jobs")
     detect, times = failover_inputs(args)
     scenario = load_scenario(args)
     reuse_freed_memory()
@@ -216,6 +232,8 @@ def cmd_model(args) -> int:
     kw = dict(hosts=args.hosts, placement=args.placement, qps=args.qps, seed=args.seed, max_steps=args.max_steps,
               exact_pairs=args.exact_pairs, switch_weights=args.switch_weights,
               weight_iterations=args.weight_iterations)
+    if args.jobs:
+        return _run_mix(args, g, net, routings, lo, kw)
     results = []
     for size in sizes:
         for routing in routings:
@@ -297,4 +315,50 @@ def cmd_model(args) -> int:
             for name, d in f["by_detection"].items():
                 print(f"#     flat stall: {name:<14} detect+converge {d['detect_ms']:>7g} ms -> "
                       f"{d['time_s'] * 1e3:>9.2f} ms ({d['slowdown']:.2f}x)")
+    return 0
+
+
+def _run_mix(args, g, net, routings: list[str], default_size: int, kw: dict) -> int:
+    """``--jobs`` (and ``--background``): every routing, the jobs together and each alone."""
+    from hpnlab.fabric import jobspec
+
+    jobs = jobspec.parse(args.jobs)
+    background = jobspec.parse(args.background) if args.background else ()
+    if g is None:                              # a cached network carries no graph; the jobs' placement needs it
+        g = graph.build(net.s)
+    runs: list[dict[str, Any]] = []
+    for routing in routings:
+        specs = model.mix_jobs(g, jobs, background, routing=routing, qps=args.qps, default_size=default_size,
+                               placement=args.placement, seed=args.seed)
+        opts = dict(seed=args.seed, network=net, max_steps=kw["max_steps"], exact_pairs=kw["exact_pairs"])
+        together = model.run_jobs(g, specs, **opts)
+        timed = [j for j in specs if not j.background]
+        alone = [model.run_jobs(g, [j], **opts)[0] for j in timed]
+        for i, (j, res, a) in enumerate(zip(timed, together, alone, strict=True)):
+            runs.append({"routing": routing, "job": i, "collective": res.collective, "ranks": res.ranks,
+                         "hosts": len(j.hosts), "size_bytes": res.size_bytes, "time_s": res.time_s,
+                         "busbw_gbs": res.busbw_gbs, "efficiency": res.efficiency, "alone_time_s": a.time_s,
+                         "alone_busbw_gbs": a.busbw_gbs, "slowdown": res.time_s / a.time_s if a.time_s else None,
+                         "stalled_connections": res.stalled_connections})
+    bg = [{"collective": b.collective, "ranks": b.ranks, "size_bytes": b.sizes_for(b.ranks or 0, (default_size,))[0]}
+          for b in background]
+    if args.json:
+        json.dump({"scenario": g.graph["scenario"].name, "jobs": args.jobs, "background": args.background,
+                   "background_jobs": bg, "placement": args.placement, "runs": runs},
+                  sys.stdout, indent=2, default=float)
+        print()
+        return 0
+    s = g.graph["scenario"]
+    print(f"# hpnlab model: {s.name}, {len(jobs)} job(s) at once on disjoint hosts ({args.placement} placement)"
+          + (f", beside {len(background)} background job(s) ({args.background})" if background else "")
+          + f", {args.qps} QPs per pair")
+    print(f"# {'routing':>8} {'job':>3} {'collective':<14} {'ranks':>7} {'size (B)':>12} {'time (us)':>12} "
+          f"{'alone (us)':>12} {'slowdown':>8} {'busbw (GB/s)':>13} {'of line':>8}")
+    for r in runs:
+        slow = f"{r['slowdown']:.2f}x" if r["slowdown"] else "-"
+        print(f"  {r['routing']:>8} {r['job']:>3} {r['collective']:<14} {r['ranks']:>7,} {r['size_bytes']:>12} "
+              f"{r['time_s'] * 1e6:>12.1f} {r['alone_time_s'] * 1e6:>12.1f} {slow:>8} {r['busbw_gbs']:>13.2f} "
+              f"{r['efficiency']:>8.1%}")
+        if r["stalled_connections"]:
+            print(f"#   {r['stalled_connections']} connection(s) stalled")
     return 0

@@ -11,7 +11,9 @@ What is modelled
       out-of-order packet and NACKs the expected PSN (the sender resends from there).
     * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
       (go-back-N from the NACKed PSN in gobackn mode), a retransmission timeout
-      (RTO = srtt + 4 rttvar, at least ``min_rto_s``) for tail losses, and message completion
+      (RTO = srtt + 4 rttvar, at least ``min_rto_s``) for tail losses, which re-sends every
+      unacknowledged packet (a lost tail in one timeout, not one timeout per packet), and
+      message completion
       when every packet of the message is acknowledged (RDMA send completion).
     * ECN: data packets leave with ECT(0) (IP_TOS); the receiver reads the TOS byte of
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
@@ -977,11 +979,13 @@ class RoceTransport(Transport):
             self.policy.on_feedback(f, e[5], "loss", now)
             if not self.policy.per_flow and f.paths.on_timeout(e[5], e[4], now, f.srtt):
                 self._fail_over(f, [e[5]], now)
-        if self.recovery == "gobackn":
-            for p in range(f.una, f.psn):
-                self._requeue(f, p, "timeout")
-        else:
-            self._requeue(f, f.una, "timeout")
+        # every unacknowledged packet goes again, in both recovery modes (as TCP's RTO does):
+        # a lost tail leaves the receiver nothing after the hole to NACK from, so re-sending
+        # only the oldest would cost a timeout per packet of the tail (and two timeouts in a
+        # row move a flow off a healthy path). Those that did arrive, out of order, come
+        # again as duplicates, which the receiver drops.
+        for p in range(f.una, f.psn):
+            self._requeue(f, p, "timeout")
         for p in range(f.una, f.psn):          # restart the clock of what is being resent
             ent = f.unacked.get(p)
             if ent is not None:
