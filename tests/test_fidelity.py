@@ -254,3 +254,19 @@ def test_the_table_prints_both_sides_and_the_reasons():
     rows = [fidelity.compare(_emulated(2000.0, retransmissions=400, switch_drops=3), _model(1000.0))]
     text = "\n".join(fidelity.table(rows))
     assert "2.0" in text and "1.0" in text and "+100.0%" in text and "why: incast_loss" in text
+
+
+def test_a_switch_on_the_emulated_fabric_costs_its_own_latency_and_one_frames_serialization(mini):
+    s = mini.graph["scenario"]
+    ge = fidelity.emulated_graph(mini)
+    frame_us = (s.emulation.mtu + 14) * 8 / emulated_mbps(s, s.host_rate_gbps)
+    assert fidelity.hop_latency_us(ge) == pytest.approx(fidelity.EMULATED_SWITCH_LATENCY_US + frame_us)
+
+
+def test_the_models_step_pays_the_store_and_forward_of_every_switch_on_its_path(mini):
+    # two ranks under different leaves of one plane: host - leaf - spine - leaf - host, 3 switches
+    ge = fidelity.emulated_graph(mini, ["h1", "h5"])
+    ranks = [("h1", 0), ("h5", 0)]
+    bare = fidelity.run_model(ge, ranks, "flow", "all_to_all", 1 << 20, switch_latency_us=0.0)
+    full = fidelity.run_model(ge, ranks, "flow", "all_to_all", 1 << 20)
+    assert full["time_us"] - bare["time_us"] == pytest.approx(3 * fidelity.hop_latency_us(ge))
