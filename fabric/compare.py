@@ -66,7 +66,7 @@ RATIO_METRICS = ("busbw_gbs", "p50_us", "p99_us")
 assert set(STATIC) == set(PRESETS)
 
 
-def _comma_list(text: str, flag: str, what: str, known: Sequence[str],
+def comma_list(text: str, flag: str, what: str, known: Sequence[str],
                 aliases: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """A comma list of known names (case-insensitive, aliases mapped, duplicates dropped);
     an unknown name or an empty list is one line naming ``flag``."""
@@ -84,12 +84,12 @@ def _comma_list(text: str, flag: str, what: str, known: Sequence[str],
 
 def parse_workloads(text: str) -> tuple[str, ...]:
     """``--workloads`` (comma list of incast, allreduce, mix)."""
-    return _comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
+    return comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
 
 
 def parse_settings(text: str) -> tuple[str, ...]:
     """``--settings`` (comma list of the ECN settings)."""
-    return _comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
+    return comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
 
 
 def schedule(workloads: Sequence[str], settings: Sequence[str], repeat: int) -> list[tuple[int, str, str]]:

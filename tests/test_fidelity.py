@@ -270,3 +270,15 @@ def test_the_models_step_pays_the_store_and_forward_of_every_switch_on_its_path(
     bare = fidelity.run_model(ge, ranks, "flow", "all_to_all", 1 << 20, switch_latency_us=0.0)
     full = fidelity.run_model(ge, ranks, "flow", "all_to_all", 1 << 20)
     assert full["time_us"] - bare["time_us"] == pytest.approx(3 * fidelity.hop_latency_us(ge))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--cc", "reno"], "--cc: unknown congestion control 'reno'"),
+    (["--modes", "warp"], "--modes: unknown mode 'warp'"),
+])
+def test_a_bad_fidelity_flag_is_one_line_before_anything_is_built(capsys, argv, message):
+    from hpnlab.cli.main import main
+
+    assert main(["fidelity", "mini-hpn", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

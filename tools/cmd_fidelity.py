@@ -20,6 +20,7 @@ from typing import Any
 
 from hpnlab.fabric import collectives as col
 from hpnlab.fabric import fidelity, report, spec
+from hpnlab.fabric.compare import comma_list
 from hpnlab.fabric.errors import UserError
 
 from .cmd_collective import default_out, int_in
@@ -54,26 +55,6 @@ def register(sub) -> None:
                    help="compare the emulated runs of an earlier fidelity.json again (no emulation)")
     p.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
     p.set_defaults(func=cmd_fidelity)
-
-
-def _modes(text: str) -> tuple[str, ...]:
-    modes = tuple(m.strip() for m in text.split(",") if m.strip())
-    for m in modes:
-        if m not in fidelity.MODE_ROUTING:
-            raise UserError(f"--modes: unknown {m!r} (known: {', '.join(fidelity.MODE_ROUTING)})")
-    if not modes:
-        raise UserError("--modes: none given")
-    return modes
-
-
-def _ccs(text: str) -> tuple[str, ...]:
-    ccs = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
-    for c in ccs:
-        if c not in fidelity.CONGESTION_CONTROLS:
-            raise UserError(f"--cc: unknown {c!r} (known: {', '.join(fidelity.CONGESTION_CONTROLS)})")
-    if not ccs:
-        raise UserError("--cc: none given")
-    return ccs
 
 
 def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say) -> dict[str, Any]:
@@ -177,8 +158,8 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
             raise UserError(f"--from {args.from_file}: not a fidelity.json ({type(exc).__name__})") from None
         out = Path(args.from_file).parent
     else:
-        modes = _modes(args.modes)
-        ccs = _ccs(args.cc)
+        modes = comma_list(args.modes, "--modes", "mode", tuple(fidelity.MODE_ROUTING))
+        ccs = comma_list(args.cc, "--cc", "congestion control", fidelity.CONGESTION_CONTROLS)
         for c in args.collective.split(","):
             col.canonical(c)
         emulated = _emulate(args, modes, ccs, say)
