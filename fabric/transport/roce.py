@@ -12,9 +12,9 @@ What is modelled
     * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
       (go-back-N from the NACKed PSN in gobackn mode), a retransmission timeout
       (RTO = srtt + 4 rttvar, at least ``min_rto_s``) for tail losses, which re-sends the
-      oldest unacknowledged packet and, as a tail-loss probe, the newest one sent (the
-      receiver then NACKs a lost tail's hole instead of the sender timing out once per
-      packet), and message completion
+      oldest unacknowledged packet and, on a one-path (``flow``) connection, the newest one
+      sent as a tail-loss probe (the receiver then NACKs a lost tail's hole instead of the
+      sender timing out once per packet), and message completion
       when every packet of the message is acknowledged (RDMA send completion).
     * ECN: data packets leave with ECT(0) (IP_TOS); the receiver reads the TOS byte of
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
@@ -985,13 +985,16 @@ class RoceTransport(Transport):
                 self._requeue(f, p, "timeout")
         else:
             self._requeue(f, f.una, "timeout")
-            # a tail-loss probe: the newest packet sent goes again too. A lost tail leaves the
-            # receiver nothing after the hole to NACK from, so each of its packets would
-            # otherwise cost a timeout of its own; once the newest arrives, the receiver NACKs
-            # the hole before it. Two packets, not the window: most timeouts on a busy machine
-            # are late ACKs, and re-sending the window on each multiplied the retransmissions
-            # (bench_defaults: 13 -> 287 on the all-reduce) and slowed every collective.
-            if f.psn - 1 > f.una:
+            # a tail-loss probe on a one-path connection: the newest packet sent goes again
+            # too. A lost tail leaves the receiver nothing after the hole to NACK from, so each
+            # of its packets would otherwise cost a timeout of its own; once the newest arrives,
+            # the receiver NACKs the hole before it (3 packets past a hole on one path). Not the
+            # window: most timeouts on a busy machine are late ACKs, and re-sending the window
+            # multiplied the retransmissions (bench_defaults' all-reduce 13 -> 287). Not on
+            # sprayed connections: their receiver waits out a reordering allowance first, so
+            # the probe does not save the timeouts, and with it the sprayed all-reduce of
+            # bench_defaults measured 0.73-0.75 of line where it measured 0.82-0.83 without.
+            if self.policy.per_flow and f.psn - 1 > f.una:
                 self._requeue(f, f.psn - 1, "timeout")
         for p in range(f.una, f.psn):          # restart the clock of what is being resent
             ent = f.unacked.get(p)
