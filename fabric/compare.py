@@ -16,8 +16,8 @@ the budget's rates, about 33 Mbit/s and MTU 4096 here)
                 with 1 warm-up and 20 bursts the whole cell was about three intervals long)
     allreduce   elephants: a ring all-reduce of 1 MiB over 4 ranks
     mix         both at once on disjoint hosts (the incast repeated for about as long as the all-reduce);
-                they share no switch egress port (the incast's root is on another leaf), so a setting
-                helps the mix only by fitting each job's ports
+                each job spans every leaf (``placement.deal``), so their traffic meets in the spines'
+                ports down to the incast root's leaf
 
 Figures per (workload, setting), over the repetitions as median [min, max]
     busbw_gbs        the all-reduce jobs' busbw (out-of-place, mean over sizes; nccl-tests')
