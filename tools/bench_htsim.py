@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: the flow model against UEC's htsim (a packet-level simulator) side by side.
 
-Needs an htsim binary you built yourself from its public source (github.com/ultraethernet/
-uet-htsim: ``cmake -S htsim/sim -B build && cmake --build build --target htsim_uec``); this
-repository carries neither its code nor a recipe that builds it. Give its path with
-``--htsim PATH`` or ``$HTSIM``; without one the benchmark says so and skips.
+Needs an htsim binary built from its public source (github.com/ultraethernet/uet-htsim); this
+repository carries none of its code. Give its path with ``--htsim PATH`` or ``$HTSIM``, or let
+``--build-htsim [SRC]`` build it: SRC is a checkout of uet-htsim or a git URL (default the
+public repository at :data:`HTSIM_COMMIT`, the commit measured here), cloned and built with
+``cmake -S htsim/sim -B build && cmake --build build --target htsim_uec`` under
+``~/.cache/hpnlab/htsim`` (reused on the next run). Where the machine cannot fetch it (no
+network, no git, cmake or a C++ compiler), the benchmark says which and skips, as it does
+without a binary.
 
 Cases, on the same 100 Gbit/s three-tier k-ary fat-tree (hpnlab's ``fat-tree`` preset with
 ``k`` from ``--hosts`` = k^3/4; htsim's default 3-tier fat-tree of the same size, whose host i
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,6 +58,9 @@ MODES: dict[str, tuple[list[str], tuple[str, int]]] = {
 }
 FINITE_ENTROPY = {"oblivious": 64}
 END_US = 10_000_000
+HTSIM_URL = "https://github.com/ultraethernet/uet-htsim"
+#: the uet-htsim commit the README's figures were measured with
+HTSIM_COMMIT = "40ccb05"
 FINISHED = re.compile(r"finished at ([0-9.eE+-]+)")
 SUMMARY = re.compile(r"New: (\d+) Rtx: (\d+)")
 
@@ -174,9 +182,54 @@ def efficiency(case: str, n: int, nbytes: int, seconds: float, steps: int) -> fl
     return sent * 8 / seconds / (LINK_GBPS * 1e9)
 
 
+def build_htsim(src: str, cache: Path, say=print) -> str | None:
+    """htsim_uec built from ``src`` (a checkout of uet-htsim, or a git URL cloned at
+    :data:`HTSIM_COMMIT`) under ``cache``; None, with one line saying why, where it cannot be."""
+    missing = [t for t in ("git", "cmake", "c++") if shutil.which(t) is None]
+    if missing:
+        say(f"bench_htsim: cannot build htsim here: no {', '.join(missing)} on PATH")
+        return None
+    if Path(src).is_dir():
+        tree = Path(src)
+    else:
+        tree = cache / "src"
+        if not (tree / "htsim" / "sim" / "CMakeLists.txt").exists():
+            shutil.rmtree(tree, ignore_errors=True)
+            cache.mkdir(parents=True, exist_ok=True)
+            r = subprocess.run(["git", "clone", "--quiet", src, str(tree)], capture_output=True, text=True,
+                               timeout=600)
+            if r.returncode != 0:
+                say(f"bench_htsim: cannot fetch htsim from {src}: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                return None
+            r = subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", HTSIM_COMMIT], capture_output=True,
+                               text=True)
+            if r.returncode != 0:
+                say(f"bench_htsim: {src} has no commit {HTSIM_COMMIT}; building its default branch")
+    sim = tree / "htsim" / "sim"
+    if not (sim / "CMakeLists.txt").exists():
+        say(f"bench_htsim: {tree} is not a uet-htsim checkout (no htsim/sim/CMakeLists.txt)")
+        return None
+    build = cache / "build"
+    for cmd in (["cmake", "-S", str(sim), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"],
+                ["cmake", "--build", str(build), "--target", "htsim_uec", "-j", str(os.cpu_count() or 1)]):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        if r.returncode != 0:
+            say(f"bench_htsim: building htsim failed at '{' '.join(cmd[:2])}': "
+                f"{(r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ['?'])[-1]}")
+            return None
+    found = [p for p in build.rglob("htsim_uec") if p.is_file() and os.access(p, os.X_OK)]
+    if not found:
+        say(f"bench_htsim: the build left no htsim_uec under {build}")
+        return None
+    return str(found[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--htsim", default=os.environ.get("HTSIM"), help="path of an htsim_uec binary (or $HTSIM)")
+    ap.add_argument("--build-htsim", nargs="?", const=HTSIM_URL, metavar="SRC",
+                    help=f"build htsim_uec from a uet-htsim checkout or git URL (default {HTSIM_URL} at "
+                         f"{HTSIM_COMMIT}) under ~/.cache/hpnlab/htsim, and use it")
     ap.add_argument("--hosts", type=int, default=128, help="fat-tree hosts, k^3/4 (default 128: k=8)")
     ap.add_argument("--cases", default="permutation,all_to_all")
     ap.add_argument("--modes", default="ecmp,spray,reps,oblivious")
@@ -199,9 +252,14 @@ def main() -> int:
                          "and run only the model: htsim is the slow side, and its figures do not depend on the model")
     args = ap.parse_args()
     reused = earlier_htsim_runs(args.htsim_from) if args.htsim_from else None
+    if reused is None and args.build_htsim and not args.htsim:
+        args.htsim = build_htsim(args.build_htsim, Path.home() / ".cache" / "hpnlab" / "htsim")
+        if args.htsim is None:
+            print("bench_htsim: skipped: no htsim binary (see above)")
+            return 0
     if reused is None and not args.htsim:
-        print("bench_htsim: skipped: no htsim binary given (--htsim PATH or $HTSIM; build htsim_uec from "
-              "github.com/ultraethernet/uet-htsim yourself)")
+        print("bench_htsim: skipped: no htsim binary given (--htsim PATH or $HTSIM, or --build-htsim to build "
+              "htsim_uec from github.com/ultraethernet/uet-htsim)")
         return 0
     if reused is None and not os.access(args.htsim, os.X_OK):
         print(f"bench_htsim: skipped: {args.htsim} is not an executable file")
