@@ -70,12 +70,12 @@ def test_htsims_figures_are_reused_from_an_earlier_run_of_the_same_workload_only
 
 
 def test_building_htsim_from_a_folder_that_is_not_its_source_says_so_in_one_line(tmp_path):
-    said = []
+    said: list[str] = []
     assert bench_htsim.build_htsim(str(tmp_path), tmp_path / "cache", say=said.append) is None
     assert len(said) == 1 and "not a uet-htsim checkout" in said[0]
 
 
 def test_building_htsim_where_it_cannot_be_fetched_says_so_in_one_line(tmp_path):
-    said = []
+    said: list[str] = []
     assert bench_htsim.build_htsim(str(tmp_path / "no-such-repo"), tmp_path / "cache", say=said.append) is None
     assert len(said) == 1 and "cannot fetch htsim" in said[0]
