@@ -1187,7 +1187,7 @@ def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = 
     """The ``--jobs`` (and ``--background``) items of ``hpnlab.fabric.jobspec`` -- the syntax
     ``hpnlab run --jobs`` takes -- as the model's jobs on disjoint hosts, in order: ``ranks``
     counts ranks as the model does (every rail of a host is a rank), so a job takes
-    ranks / rails hosts; ``size`` (one size per job) or ``msg`` (incast: msg x ranks) its
+    ranks / rails hosts (2 hosts without ``ranks``); ``size`` (one size per job) or ``msg`` (incast: msg x ranks) its
     bytes, else ``default_size``. Hosts are taken in the fabric's order (``packed``) or a
     seeded random order (``random``). The emulator's ``iters`` and ``warmup`` change nothing
     here (the model times one iteration); ``gap`` and ``root`` would, and are refused."""

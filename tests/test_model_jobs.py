@@ -79,7 +79,9 @@ def test_the_command_prints_each_jobs_time_together_and_alone(capsys):
 def test_the_commands_json_has_every_timed_job_per_routing_with_its_slowdown(capsys):
     assert main(["model", "mini-hpn", "--placement", "packed", "--routing", "flow,spray", "--json",
                  "--jobs", "all_reduce:ranks=4,size=1M", "--background", "permutation:ranks=4,size=64M"]) == 0
-    runs = json.loads(capsys.readouterr().out)["runs"]
+    doc = json.loads(capsys.readouterr().out)
+    runs = doc["runs"]
+    assert doc["background_jobs"] == [{"collective": "permutation", "hosts": 4, "size_bytes": 64 << 20}]
     assert [(r["routing"], r["collective"]) for r in runs] == [("flow", "all_reduce"), ("spray", "all_reduce")]
     for r in runs:
         assert r["slowdown"] == pytest.approx(r["time_s"] / r["alone_time_s"]) and r["slowdown"] >= 1.0

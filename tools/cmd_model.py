@@ -50,8 +50,8 @@ def register(sub) -> None:
     p.add_argument("--jobs", metavar="SPEC",
                    help="several jobs at once on disjoint hosts, in hpnlab run's --jobs syntax, e.g. "
                         "'all_reduce:ranks=64,size=256M;all_to_all:ranks=64,size=16M' (ranks count every rail "
-                        "of a host; -b is the size of a job without one; each job is also run alone for its "
-                        "slowdown)")
+                        "of a host, 2 hosts' worth without ranks=; -b is the size of a job without one; each "
+                        "job is also run alone for its slowdown)")
     p.add_argument("--background", metavar="SPEC",
                    help="with --jobs: jobs in the same syntax that load the fabric for the whole run and "
                         "are not timed (elephants beside the timed jobs)")
@@ -340,8 +340,9 @@ def _run_mix(args, g, net, routings: list[str], default_size: int, kw: dict) -> 
                          "busbw_gbs": res.busbw_gbs, "efficiency": res.efficiency, "alone_time_s": a.time_s,
                          "alone_busbw_gbs": a.busbw_gbs, "slowdown": res.time_s / a.time_s if a.time_s else None,
                          "stalled_connections": res.stalled_connections})
-    bg = [{"collective": b.collective, "ranks": b.ranks, "size_bytes": b.sizes_for(b.ranks or 0, (default_size,))[0]}
-          for b in background]
+    bg = [{"collective": b.collective, "hosts": len(b.hosts), "size_bytes": b.size_bytes}
+          for b in model.mix_jobs(g, jobs, background, qps=args.qps, default_size=default_size,
+                                  placement=args.placement, seed=args.seed) if b.background]
     if args.json:
         json.dump({"scenario": g.graph["scenario"].name, "jobs": args.jobs, "background": args.background,
                    "background_jobs": bg, "placement": args.placement, "runs": runs},
