@@ -74,8 +74,6 @@ CONGESTION_CONTROLS = ("dcqcn", "none")
 #: one switch hop's one-way latency on the userspace datapath: 0.3-0.4 ms RTT per switch hop
 #: measured (docs: environment.md, "Open vSwitch"), half of 0.35 ms
 EMULATED_SWITCH_LATENCY_US = 175.0
-#: Ethernet header the shapers count on top of an MTU-sized IP packet
-ETH_HEADER = 14
 
 
 def hop_latency_us(g_emulated: nx.MultiGraph) -> float:
@@ -84,6 +82,7 @@ def hop_latency_us(g_emulated: nx.MultiGraph) -> float:
     port rate: each switch receives a whole frame before its shaped egress sends it on, which
     the fluid model's rates leave out (0.7 ms a switch at 48 Mbit/s and MTU 4096; 82 ns at
     400 Gbit/s, where it does not matter)."""
+    from .ecn_settings import ETH_HEADER
     from .mn import emulated_mbps
 
     s = g_emulated.graph["scenario"]
