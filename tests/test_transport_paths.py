@@ -257,3 +257,48 @@ def test_answers_follow_a_sender_that_stopped_using_the_current_plane_within_the
                      hysteresis_s=0.002) == 0
     assert ack_plane([1.0015, 1.0], set(), [0.0, 0.0], current=1, now=1.002, fresh_s=0.02,
                      hysteresis_s=0.002) == 1     # spraying: the planes alternate, answers stay
+
+
+# ---- which packet a path is judged by (PathTable.silent) -------------------------------
+
+def test_a_path_is_judged_by_its_second_silent_packet_so_one_queue_drop_does_not_condemn_it():
+    t = _table()
+    t.on_delivered(1, sent_t=0.0007, now=0.002)
+    since, _ = t.silent([(0, 0.0005), (1, 0.0011), (1, 0.0012)])
+    assert 0 not in since                           # one overdue packet: a drop, not a death
+    since, _ = t.silent([(0, 0.0005), (0, 0.0009), (1, 0.0012)])
+    assert since[0] == 0.0009                       # two: the second one's age counts
+    assert t.check(0.0009 + 0.008 + 1e-4, SRTT, since) == []   # no other path delivered after it
+    t.on_delivered(2, sent_t=0.001, now=0.003)
+    assert t.check(0.0009 + 0.008 + 1e-4, SRTT, since) == [0]
+
+
+def test_packets_a_path_already_delivered_past_do_not_count_as_silent():
+    t = _table()
+    t.on_delivered(0, sent_t=0.002, now=0.003)
+    since, last = t.silent([(0, 0.001), (0, 0.0015), (0, 0.003), (0, 0.004)])
+    assert since == {0: 0.004} and last == 0.004     # 0.003 and 0.004 are silent: the second
+
+
+def test_a_lone_silent_packet_that_is_the_flows_newest_is_judged_as_a_message_tail():
+    t = _table()
+    since, last = t.silent([(1, 0.001), (0, 0.002)])
+    assert since == {0: 0.002} and last == 0.002     # path 1's lone packet is not the newest
+
+
+def test_judging_by_the_first_silent_packet_is_one_setting_away():
+    t = PathTable(1, 4, PathParams(dead_losses=1))
+    since, _ = t.silent([(0, 0.0005), (0, 0.0009), (1, 0.0012)])
+    assert since == {0: 0.0005, 1: 0.0012}
+
+
+def test_dead_losses_below_one_is_refused():
+    with pytest.raises(TransportError, match="dead_losses"):
+        PathParams(dead_losses=0)
+
+
+def test_a_lone_silent_packet_counts_when_the_flow_can_send_nothing_more_to_follow_it():
+    t = _table()
+    sends = [(0, 0.0005), (1, 0.0011), (2, 0.0012)]
+    assert 0 not in t.silent(sends, more_coming=True)[0]
+    assert t.silent(sends, more_coming=False)[0][0] == 0.0005   # window full or data all sent

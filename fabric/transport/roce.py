@@ -783,14 +783,7 @@ class RoceTransport(Transport):
         if len(f.paths) < 2 or not f.unacked or self.policy.per_flow:
             return                      # one path in use: no other to compare (the RTO rule migrates)
         table = f.paths
-        unconfirmed: dict[int, float] = {}
-        last_sent = 0.0
-        for e in f.unacked.values():
-            p, sent = e[5], e[4]
-            if sent > last_sent:
-                last_sent = sent
-            if sent and sent > table.delivered_t(p) and sent < unconfirmed.get(p, now):
-                unconfirmed[p] = sent
+        unconfirmed, last_sent = table.silent(((e[5], e[4]) for e in f.unacked.values()), self._peek_ready(f))
         dead = table.check(now, f.srtt, unconfirmed, last_sent)
         if dead:
             self._fail_over(f, dead, now)
