@@ -11,6 +11,7 @@ import random
 import select
 import socket
 import threading
+import time
 
 import pytest
 
@@ -244,6 +245,39 @@ def test_a_lost_tail_on_a_flow_connection_costs_one_timeout_not_one_per_packet()
     tx = _tx(out[0])
     assert relays[0].counts["dropped"] == 12 and tx["retransmissions"] >= 12 and tx["nacks"] > 0
     assert tx["timeouts"] <= 2       # one; a second only if a loaded machine delays an ACK past the RTO
+
+
+def test_a_sprayed_packet_lost_mid_message_is_resent_on_its_paths_next_arrival_not_after_a_timeout():
+    """Four paths, the receiver's reordering allowance and the sender's timer both 2 s: only
+    the path sequence can find the drop. Packets on one path arrive in order, so the next one
+    on the lost packet's path shows the gap, and the receiver names it (PATH_LOSS)."""
+    t0, t1, relays = _pair("roce", dict(drop_data={5, 17}), None, base=BASE + 24, line_rate_bps=50e6,
+                           entropy="spray", ports_per_nic=4, reorder_time_s=2.0, min_rto_s=2.0, max_rto_s=2.0)
+    msgs = [bytes(random.Random(5).getrandbits(8) for _ in range(40 * t0.payload))]
+    start = time.monotonic()
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    assert out[1][0] == msgs
+    tx, rx = _tx(out[0]), _rx(out[1][1])
+    assert relays[0].counts["dropped"] == 2
+    assert tx["timeouts"] == 0 and tx["nacks"] == 0
+    assert tx["path_losses"] == rx["path_losses_sent"] == 2 and tx["retransmissions"] == 2
+    assert time.monotonic() - start < 2.0
+
+
+def test_a_duplicated_packet_is_not_a_path_loss():
+    t0, t1, relays = _pair("roce", dict(dup=0.3), None, base=BASE + 27, line_rate_bps=50e6,
+                           entropy="spray", ports_per_nic=4)
+    msgs = [bytes(range(256)) * 400]
+    try:
+        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+    assert out[1][0] == msgs
+    assert relays[0].counts["duplicated"] > 0
+    assert _rx(out[1][1])["path_losses_sent"] == 0
 
 
 def test_roce_answers_ce_marks_with_cnps_and_lowers_its_rate():
@@ -554,7 +588,7 @@ def test_background_sends_carry_the_data_as_posted_even_if_the_buffer_changes(ki
     assert out[1] == b"A" * 60_000
 
 
-def test_a_nack_cuts_the_rate_because_there_is_no_pfc():
+def test_a_loss_the_receiver_reports_cuts_the_rate_because_there_is_no_pfc():
     t0, t1, relays = _pair("roce", dict(drop=0.1), None, base=BASE + 90, line_rate_bps=50e6)
     msgs = [bytes(range(256)) * 800]
     try:
@@ -563,6 +597,7 @@ def test_a_nack_cuts_the_rate_because_there_is_no_pfc():
         _close(t0, t1, *relays)
     assert out[1][0] == msgs
     tx = _tx(out[0])
-    assert tx["nacks"] > 0 and tx["loss_cuts"] == tx["nacks"]
+    assert tx["path_losses"] + tx["nacks"] > 0
+    assert 0 < tx["loss_cuts"] <= tx["path_losses"] + tx["nacks"]
     assert tx["cnps"] == 0 and tx["rate_cuts"] == tx["loss_cuts"]
     assert_rate_follows_its_cuts(tx, 50e6)

@@ -297,8 +297,16 @@ def test_dead_losses_below_one_is_refused():
         PathParams(dead_losses=0)
 
 
-def test_a_lone_silent_packet_counts_when_the_flow_can_send_nothing_more_to_follow_it():
+def test_a_flows_only_silent_packet_counts_when_the_flow_can_send_nothing_more_to_follow_it():
     t = _table()
-    sends = [(0, 0.0005), (1, 0.0011), (2, 0.0012)]
-    assert 0 not in t.silent(sends, more_coming=True)[0]
-    assert t.silent(sends, more_coming=False)[0][0] == 0.0005   # window full or data all sent
+    for path in (1, 2):
+        t.on_delivered(path, sent_t=0.0012, now=0.003)
+    sends = [(0, 0.0005), (1, 0.0011), (2, 0.0012)]     # paths 1 and 2: delivered past these
+    assert t.silent(sends, more_coming=True)[0] == {}
+    assert t.silent(sends, more_coming=False)[0] == {0: 0.0005}   # window full or data all sent
+
+
+def test_a_lone_silent_packet_among_others_still_in_flight_waits_for_a_second():
+    t = _table()
+    sends = [(0, 0.0005), (1, 0.0011), (1, 0.0012), (2, 0.0013)]   # a queue still holds 1 and 2
+    assert 0 not in t.silent(sends, more_coming=False)[0]

@@ -186,9 +186,11 @@ class PathTable:
                ) -> tuple[dict[int, float], float]:
         """From the flow's packets in flight as (path, send time): per path, the send time
         :meth:`check` judges it by (its ``dead_losses``-th oldest packet sent after the newest
-        one known delivered; with fewer, its oldest, when no second can follow: the flow has
-        nothing more it may send now (``more_coming`` false: its data is all sent or its
-        window is full), or that packet is the flow's newest, a message's tail), and the send
+        one known delivered; with fewer, its oldest, when no second can follow: that packet is
+        the flow's newest, a message's tail; or it is the only silent packet of the flow, which
+        can send nothing more now (``more_coming`` false: its data is all sent or its window
+        is full), so it waits for that packet alone: re-sending it elsewhere costs one packet,
+        where condemning a path with a queue's worth in flight re-sent them all), and the send
         time of the flow's newest packet in flight (0.0: none)."""
         per: dict[int, list[float]] = {}
         last = 0.0
@@ -196,7 +198,9 @@ class PathTable:
             last = max(last, sent)
             if sent and sent > self.paths[path].delivered_t:
                 per.setdefault(path, []).append(sent)
-        k = self.params.dead_losses if more_coming else 1
+        k = self.params.dead_losses
+        if not more_coming and sum(len(times) for times in per.values()) == 1:
+            k = 1
         out = {}
         for path, times in per.items():
             if len(times) >= k:

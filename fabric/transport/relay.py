@@ -48,7 +48,7 @@ class PathRelay(threading.Thread):
             if not r:
                 continue
             data, src = self.rx.recvfrom(65536)
-            typ, path, _s, _d, psn, _m, _o, _l, ts = HDR.unpack_from(data)
+            typ, path, _s, _d, psn, _m, _o, _l, ts, _q = HDR.unpack_from(data)
             if self.watch is not None and src == self.watch[0]:
                 source, after, _repair = self.watch
                 if typ == DATA and not self.blocked:

@@ -6,7 +6,13 @@ What is modelled
     * Receiver: places every packet at its offset (a reordering / reassembly buffer, as NICs
       that accept sprayed packets do), delivers messages in order, sends a cumulative ACK
       (coalesced: one per received batch), and a NACK naming the first missing PSN once
-      ``reorder_threshold`` packets beyond the hole have arrived.
+      ``reorder_threshold`` packets beyond the hole have arrived. Every data packet also
+      carries its number on its path (a 16-bit path sequence); packets on one path arrive
+      in the order they were sent (one route, FIFO queues), so a jump in it is a loss on that
+      path, reported at once (PATH_LOSS: the path and the numbers missing) and re-sent by the
+      sender, where a sprayed flow's PSN hole says nothing until it outlives the reordering
+      allowance that paths of different delay need. Such a loss cuts the DCQCN rate at most
+      once per smoothed RTT (an overflowing queue drops a run of packets).
       ``recovery="gobackn"`` models a classic RoCE NIC instead: it drops every
       out-of-order packet and NACKs the expected PSN (the sender resends from there).
     * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
@@ -98,13 +104,16 @@ from .entropy import (
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
-DATA, ACK, NACK, CNP, ABORT, PROBE = 1, 2, 3, 4, 5, 6
-# type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us);
+DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
+# type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us), path
+# sequence (DATA: the packet's number on its path, 16 bits, wrapping; PATH_LOSS: psn = the
+# first path sequence missing, msg id = how many);
 # an ACK carries in (msg id, offset, length) and a NACK in (offset, length) delivery
 # reports, each path << 24 | the low 24 bits of the send timestamp of the newest packet
 # that arrived on that path (NO_REPORT: none); with the echoed (path, timestamp) of an ACK,
 # the sender learns which of its paths deliver
-HDR = struct.Struct("!BBHHIIIII")
+HDR = struct.Struct("!BBHHIIIIIH")
+PSEQ_MASK = 0xFFFF
 NO_REPORT = 0xFFFFFFFF
 MAX_PATHS = 255
 LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
@@ -162,6 +171,7 @@ class Dcqcn:
         "bytes",
         "cnp_in_period",
         "cuts",
+        "last_cut",
         "p",
         "rate_t",
         "rc",
@@ -178,9 +188,16 @@ class Dcqcn:
         self.bytes = 0
         self.timer_events = self.byte_events = 0
         self.cuts = 0
+        self.last_cut = -math.inf
 
-    def on_cnp(self, now: float) -> None:
+    def on_cnp(self, now: float, hold_s: float = 0.0) -> bool:
+        """A CNP (or a loss) cuts the rate; with ``hold_s``, not again within that long of the
+        last cut (alpha still hears of the congestion). Returns whether it cut."""
         p = self.p
+        if now - self.last_cut < hold_s:
+            self.cnp_in_period = True
+            return False
+        self.last_cut = now
         self.rt = self.rc
         self.rc = max(p.min_rate_bps, self.rc * (1 - self.alpha / 2))
         self.alpha = (1 - p.g) * self.alpha + p.g
@@ -189,6 +206,7 @@ class Dcqcn:
         self.bytes = 0
         self.rate_t = now
         self.cuts += 1
+        return True
 
     def _increase(self) -> None:
         p = self.p
@@ -254,6 +272,7 @@ class _TxFlow:
         "next_check",
         "next_t",
         "paths",
+        "pseq",
         "psn",
         "queue",
         "retx",
@@ -280,7 +299,7 @@ class _TxFlow:
         self.cur_off = 0
         self.psn = 0
         self.una = 0
-        self.unacked: dict[int, list] = {}   # psn -> [msg_id, off, mlen, view, sent_t, path, retx, why]
+        self.unacked: dict[int, list] = {}   # psn -> [msg_id, off, mlen, view, sent_t, path, retx, why, pseq]
         self.retx: deque[Any] = deque()
         self.msg_next = 0
         self.msg_last_psn: dict[int, int] = {}   # msg id -> last psn (set when fully packetised)
@@ -293,8 +312,9 @@ class _TxFlow:
         self.rttvar = 0.0
         self.stats = {"packets": 0, "bytes": 0, "retransmissions": 0, "timeouts": 0, "nacks": 0,
                       "cnps": 0, "acks": 0, "failover_retx": 0, "probes": 0, "migrations": 0,
-                      "link_errors": 0}
+                      "link_errors": 0, "path_losses": 0}
         self.paths = paths
+        self.pseq = [0] * len(paths)       # per path: the sequence number of its last data packet
         self.next_check = 0.0              # when to look for dead paths next
         self.cur_path: int | None = None   # one-path (flow entropy) flows: where they are now
         self.rto_streak = 0                # consecutive timeouts without progress
@@ -334,6 +354,7 @@ class _RxFlow:
         "last_nack",
         "msgs",
         "ooo",
+        "path_seq",
         "pending",
         "plane",
         "plane_t",
@@ -367,10 +388,11 @@ class _RxFlow:
         self.plane = 0
         self.stats = {"packets_received": 0, "ce_marks": 0, "cnps_sent": 0, "duplicates": 0,
                       "max_reorder": 0, "nacks_sent": 0, "dropped_out_of_order": 0, "probes_received": 0,
-                      "ack_plane_switches": 0}
+                      "ack_plane_switches": 0, "path_losses_sent": 0}
         self.plane_t = [0.0] * planes      # per plane: last data (or probe) from the peer
         self.suspect_until = [0.0] * planes   # per plane: our ACKs there seem lost until then
         self.reports: dict[int, int] = {}  # path -> newest send timestamp, not yet reported
+        self.path_seq: dict[int, int] = {}  # path -> sequence number of its newest data packet
         self.probed = False                # a probe arrived since the last ACK
         self.gaps = GapLog(gap_threshold_s)   # between arrivals of new data (the wire's view)
         self.hol = GapLog(gap_threshold_s)    # between advances of the in-order point (the app's view)
@@ -657,7 +679,7 @@ class RoceTransport(Transport):
         f.cur_off += n
         psn = f.psn
         f.psn += 1
-        e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, ""]
+        e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0]
         f.unacked[psn] = e
         if f.cur_off >= len(mv):
             f.msg_last_psn[mid] = psn
@@ -831,7 +853,7 @@ class RoceTransport(Transport):
     def _probe(self, f: _TxFlow, path: int, now: float) -> None:
         """One probe down a dead path; the receiver's delivery report says if it got through."""
         plane = path // self.ports_per_nic
-        HDR.pack_into(self.hdr_buf, 0, PROBE, path, self.rank, f.dst, 0, 0, 0, 0, int(now * 1e6) & 0xFFFFFFFF)
+        HDR.pack_into(self.hdr_buf, 0, PROBE, path, self.rank, f.dst, 0, 0, 0, 0, int(now * 1e6) & 0xFFFFFFFF, 0)
         try:
             f.socks[path].sendto(self.hdr_buf, self.peer_addr[f.dst, plane])
         except OSError:
@@ -940,10 +962,12 @@ class RoceTransport(Transport):
     def _send(self, f: _TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
         plane = path // self.ports_per_nic
+        pseq = f.pseq[path] = (f.pseq[path] + 1) & PSEQ_MASK
         HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen,
-                      int(now * 1e6) & 0xFFFFFFFF)
+                      int(now * 1e6) & 0xFFFFFFFF, pseq)
         e[4] = now
         e[5] = path
+        e[8] = pseq
         st = f.stats
         st["packets"] += 1
         st["bytes"] += len(view)
@@ -1021,13 +1045,13 @@ class RoceTransport(Transport):
     def _on_packet(self, data: bytes, tos: int, plane: int = 0) -> None:
         if len(data) < HDR.size:
             return
-        typ, path, src, dst, psn, mid, off, mlen, ts = HDR.unpack_from(data)
+        typ, path, src, dst, psn, mid, off, mlen, ts, pseq = HDR.unpack_from(data)
         if dst != self.rank or src == self.rank or src >= self.nranks:
             return
         now = time.monotonic()
         self.heard[src] = now
         if typ == DATA:
-            self._on_data(self.rx[src], data, tos, path, psn, mid, off, mlen, ts, now, plane)
+            self._on_data(self.rx[src], data, tos, path, psn, mid, off, mlen, ts, now, plane, pseq)
         elif typ == ACK:
             f = self.tx[src]
             if ts:
@@ -1037,6 +1061,9 @@ class RoceTransport(Transport):
         elif typ == NACK:
             self._reports(self.tx[src], (off, mlen), now)
             self._on_nack(self.tx[src], psn, mid, path, now)
+        elif typ == PATH_LOSS:
+            self._reports(self.tx[src], (off, mlen), now)
+            self._on_path_loss(self.tx[src], path, psn, mid, now)
         elif typ == PROBE:
             r = self.rx[src]
             r.stats["probes_received"] += 1
@@ -1052,8 +1079,10 @@ class RoceTransport(Transport):
         elif typ == ABORT:
             raise PeerLost(src, self.peer_addr[src, 0][0], "aborted the run")
 
-    def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane):
+    def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane, pseq=0):
         st = r.stats
+        if pseq and self.recovery == "selective":
+            self._path_order(r, path, pseq, now)
         st["packets_received"] += 1
         r.plane_t[plane] = now                # answers go on a plane that delivers (_answer_plane)
         r.reports[path] = ts
@@ -1189,7 +1218,7 @@ class RoceTransport(Transport):
 
     def _control(self, typ, peer, plane, path, psn, extra, ts=0, reports=(NO_REPORT, NO_REPORT)) -> None:
         """One control packet; ``extra`` goes in the msg id field (NACK: how many PSNs)."""
-        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, reports[0], reports[1], ts)
+        HDR.pack_into(self.hdr_buf, 0, typ, path, self.rank, peer, psn, extra, reports[0], reports[1], ts, 0)
         try:
             self.rx_socks[plane].sendto(self.hdr_buf, self.peer_addr[peer, plane])
         except OSError:
@@ -1248,6 +1277,39 @@ class RoceTransport(Transport):
         if now - f.last_sample >= self.sample_s:
             f.last_sample = now
             f.samples.append([time.time(), f.acked_bytes, f.dcqcn.rc if f.dcqcn else 0])
+
+    def _path_order(self, r: _RxFlow, path: int, pseq: int, now: float) -> None:
+        """Packets on one path arrive in the order they were sent (one route through FIFO
+        queues), so a jump in a path's sequence numbers is a loss on that path: reported at
+        once (PATH_LOSS), not after the reordering allowance that spraying over paths of
+        different delay needs (a hole in the PSNs says nothing until it is that old)."""
+        last = r.path_seq.get(path)
+        if last is not None:
+            d = (pseq - last) & PSEQ_MASK
+            if d == 0 or d > PSEQ_MASK // 2:
+                return                          # a duplicate or an older packet
+            if d > 1:
+                r.stats["path_losses_sent"] += 1
+                self._control(PATH_LOSS, r.src, self._answer_plane(r, now), path, (last + 1) & PSEQ_MASK,
+                              d - 1, 0, self._take_reports(r, 2))
+        r.path_seq[path] = pseq
+
+    def _on_path_loss(self, f: _TxFlow, path: int, first: int, count: int, now: float) -> None:
+        """The receiver found ``count`` packets missing on ``path`` from path sequence
+        ``first``: those still unacknowledged whose last copy went there are re-sent. The
+        loss cuts the rate as a NACK does, but at most once per smoothed RTT (an overflowing
+        queue drops a run of packets, which the sender caused with the rate it had then)."""
+        f.stats["path_losses"] += 1
+        hit = False
+        for psn in range(f.una, f.psn):
+            e = f.unacked.get(psn)
+            if e is not None and e[5] == path and ((e[8] - first) & PSEQ_MASK) < count:
+                hit = self._requeue(f, psn, "nack") or hit
+        if not hit:
+            return
+        self.policy.on_feedback(f, path, "loss", now)
+        if f.dcqcn and f.dcqcn.on_cnp(now, f.srtt or 0.0):
+            f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
 
     def _on_nack(self, f: _TxFlow, psn: int, count: int, path: int, now: float) -> None:
         f.stats["nacks"] += 1
