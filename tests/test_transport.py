@@ -601,3 +601,15 @@ def test_a_loss_the_receiver_reports_cuts_the_rate_because_there_is_no_pfc():
     assert 0 < tx["loss_cuts"] <= tx["path_losses"] + tx["nacks"]
     assert tx["cnps"] == 0 and tx["rate_cuts"] == tx["loss_cuts"]
     assert_rate_follows_its_cuts(tx, 50e6)
+
+
+def test_tcp_reports_the_namespaces_ecn_and_congestion_control_as_the_kernel_has_them():
+    t = make("tcp", 0, [["127.0.0.2"], ["127.0.0.3"]], base_port=BASE + 49)
+    try:
+        info = t.info()
+    finally:
+        t.close()
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as fh:
+        assert info["tcp_congestion_control"] == fh.read().strip()
+    with open("/proc/sys/net/ipv4/tcp_ecn") as fh:
+        assert info["tcp_ecn"] == fh.read().strip()

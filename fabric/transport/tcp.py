@@ -10,9 +10,10 @@ binds one drawn from a hash of its addresses and destination port (:func:`source
 a switch's 5-tuple hash would spread it. Left to the kernel, every flow of a host would take
 the same path on any fabric whose entropy map reads bit 0: Linux gives ``connect()`` even
 ports only (``bind()`` keeps the odd ones), and the accepting side of a connection sends from
-its one listening port. ECN is whatever the host's ``net.ipv4.tcp_ecn`` says (reported in
-``info()``); the kernel's own counters (TCP_INFO: retransmissions, CE-marked deliveries,
-bytes acked) are the per-flow counters.
+its one listening port. ECN is whatever the host's ``net.ipv4.tcp_ecn`` says and the congestion
+control whatever its ``tcp_congestion_control`` says (both reported in ``info()``); the
+kernel's own counters (TCP_INFO: retransmissions, CE-marked deliveries, bytes acked) are the
+per-flow counters.
 """
 from __future__ import annotations
 
@@ -42,12 +43,17 @@ def source_port(src_ip: str, dst_ip: str, dst_port: int, attempt: int = 0) -> in
     return lo + zlib.crc32(key) % (hi - lo)
 
 
-def tcp_ecn_setting() -> str:
+def tcp_setting(name: str) -> str:
+    """A ``net.ipv4`` sysctl of the network namespace this rank runs in ("unknown" if unreadable)."""
     try:
-        with open("/proc/sys/net/ipv4/tcp_ecn") as fh:
+        with open(f"/proc/sys/net/ipv4/{name}") as fh:
             return fh.read().strip()
     except OSError:
         return "unknown"
+
+
+def tcp_ecn_setting() -> str:
+    return tcp_setting("tcp_ecn")
 
 
 def tcp_info(sock: socket.socket) -> dict:
@@ -113,7 +119,10 @@ class TcpTransport(Transport):
         self.listeners: list[socket.socket] = []
 
     def info(self) -> dict:
-        return {"transport": "tcp", "tcp_ecn": tcp_ecn_setting(), "base_port": self.base_port}
+        # the congestion control a new namespace inherits from the machine (BBR on some, CUBIC
+        # on a stock Debian): the same experiment differs with it, so every run records it
+        return {"transport": "tcp", "tcp_ecn": tcp_ecn_setting(),
+                "tcp_congestion_control": tcp_setting("tcp_congestion_control"), "base_port": self.base_port}
 
     def _plane(self, a: int, b: int) -> int:
         return (a + b) % min(len(self.addrs[a]), len(self.addrs[b]))
