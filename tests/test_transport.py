@@ -183,6 +183,15 @@ def _close(*things):
         t.close()
 
 
+def _deliver(t0, t1, relays, msgs):
+    """Rank 0 sends ``msgs`` to rank 1 (through ``relays``); everything is closed after.
+    Returns ``_run_both``'s results: ``[0]`` rank 0's flow stats, ``[1]`` (what rank 1 got, its stats)."""
+    try:
+        return _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
+    finally:
+        _close(t0, t1, *relays)
+
+
 def _tx(stats, dst=1):
     return next(f for f in stats if f["side"] == "tx" and f["dst"] == dst)
 
@@ -210,10 +219,7 @@ def test_roce_delivers_every_byte_in_order_under_loss_duplication_and_reordering
     t0, t1, relays = _pair("roce", faults, dict(drop=0.05, dup=0.05, reorder=0.1), base=BASE + 10,
                            line_rate_bps=100e6, recovery=recovery, min_rto_s=0.01)
     msgs = _messages(11)
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     got, rx_stats = out[1]
     assert got == msgs
     tx, rx = _tx(out[0]), _rx(rx_stats)
@@ -236,10 +242,7 @@ def test_a_lost_tail_on_a_flow_connection_costs_one_timeout_not_one_per_packet()
     t0, t1, relays = _pair("roce", dict(drop_data=range(28, 40)), None, base=BASE + 15, line_rate_bps=50e6,
                            min_rto_s=0.05, entropy="flow")
     msgs = [bytes(random.Random(3).getrandbits(8) for _ in range(40 * t0.payload))]     # PSNs 0-39
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     got, _ = out[1]
     assert got == msgs
     tx = _tx(out[0])
@@ -255,10 +258,7 @@ def test_a_sprayed_packet_lost_mid_message_is_resent_on_its_paths_next_arrival_n
                            entropy="spray", ports_per_nic=4, reorder_time_s=2.0, min_rto_s=2.0, max_rto_s=2.0)
     msgs = [bytes(random.Random(5).getrandbits(8) for _ in range(40 * t0.payload))]
     start = time.monotonic()
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
     tx, rx = _tx(out[0]), _rx(out[1][1])
     assert relays[0].counts["dropped"] == 2
@@ -271,10 +271,7 @@ def test_a_duplicated_packet_is_not_a_path_loss():
     t0, t1, relays = _pair("roce", dict(dup=0.3), None, base=BASE + 27, line_rate_bps=50e6,
                            entropy="spray", ports_per_nic=4)
     msgs = [bytes(range(256)) * 400]
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
     assert relays[0].counts["duplicated"] > 0
     assert _rx(out[1][1])["path_losses_sent"] == 0
@@ -283,10 +280,7 @@ def test_a_duplicated_packet_is_not_a_path_loss():
 def test_roce_answers_ce_marks_with_cnps_and_lowers_its_rate():
     t0, t1, relays = _pair("roce", dict(ce=0.3), None, base=BASE + 20, line_rate_bps=50e6)
     msgs = [bytes(range(256)) * 800]     # 200 KB
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     got, rx_stats = out[1]
     assert got == msgs
     tx, rx = _tx(out[0]), _rx(rx_stats)
@@ -300,10 +294,7 @@ def test_a_flow_that_is_never_marked_and_cannot_lose_ends_at_line_rate():
     """Go-back-N: a NACK does not cut the rate, so without CE marks nothing can cut it."""
     t0, t1, relays = _pair("roce", dict(), None, base=BASE + 30, line_rate_bps=50e6, recovery="gobackn")
     msgs = [bytes(range(256)) * 800]
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
     tx = _tx(out[0])
     assert relays[0].counts["marked"] == 0
@@ -341,10 +332,7 @@ def test_one_ce_mark_cuts_the_rate_once_and_it_climbs_back_by_halving_the_gap():
     t0, t1, relays = _pair("roce", dict(ce_packets={0}), None, base=BASE + 35, line_rate_bps=line,
                            recovery="gobackn")
     msgs = [bytes(range(256)) * 800]     # 200 KB: ~9 byte-counter events after the cut
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
     tx, rx = _tx(out[0]), _rx(out[1][1])
     assert relays[0].counts["marked"] == rx["ce_marks"] == 1
@@ -440,10 +428,7 @@ def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(e
                            entropy=entropy, ports_per_nic=2, min_rto_s=0.01, flowlet_gap_us=300,
                            entropy_map=MAP.as_dict())
     msgs = _messages(13)
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     got, _rx_stats = out[1]
     assert got == msgs
     tx = _tx(out[0])
@@ -591,10 +576,7 @@ def test_background_sends_carry_the_data_as_posted_even_if_the_buffer_changes(ki
 def test_a_loss_the_receiver_reports_cuts_the_rate_because_there_is_no_pfc():
     t0, t1, relays = _pair("roce", dict(drop=0.1), None, base=BASE + 90, line_rate_bps=50e6)
     msgs = [bytes(range(256)) * 800]
-    try:
-        out = _run_both(t0, t1, _send_all(msgs), _recv_all(msgs))
-    finally:
-        _close(t0, t1, *relays)
+    out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
     tx = _tx(out[0])
     assert tx["path_losses"] + tx["nacks"] > 0
