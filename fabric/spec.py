@@ -72,6 +72,7 @@ class Emulation:
     mtu: int = 1500
     delay_scale: float = 1.0      # multiply configured delays (1.0: real delays)
     buffer_frames: int = 32       # a port buffer holds at least this many frames (else queue_ms of the rate)
+    tcp_congestion: str = ""      # the hosts' TCP congestion control ("": what the machine's namespaces inherit)
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,8 @@ class Rule:
     nullable: bool = False        # null allowed (oversubscription, long_haul)
     max_chars: int | None = None
     why_max: str = ""             # said when the maximum is passed
+    pattern: str | None = None    # text: what the whole value must match (a regular expression)
+    why_pattern: str = ""         # text: said when it does not
 
 
 def _rate(description: str) -> Rule:
@@ -273,6 +276,9 @@ EMULATION_FIELDS: dict[str, Rule] = {
     "delay_scale": Rule("number", "multiply configured delays (1.0: real delays)", 0.0, MAX_QUANTITY, positive=True),
     "buffer_frames": _count("least frames an emulated port buffer holds (else 50 ms of the port's rate)",
                             minimum=4, maximum=100_000),
+    "tcp_congestion": Rule("text", "TCP congestion control of the emulated hosts, e.g. cubic, bbr, dctcp "
+                           "(empty: what the machine's network namespaces inherit)", max_chars=16,
+                           pattern="[a-z0-9_]*", why_pattern="a congestion control's name (a-z, 0-9, _)"),
 }
 SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),
@@ -354,6 +360,8 @@ def _check_text(value: Any, name: str, rule: Rule) -> str:
         raise ScenarioError(name, f"must be text, got {short(value)}")
     if rule.max_chars is not None and len(value) > rule.max_chars:
         raise ScenarioError(name, f"must be at most {rule.max_chars:,} characters, got {len(value):,}")
+    if rule.pattern is not None and not re.fullmatch(rule.pattern, value):
+        raise ScenarioError(name, f"must be {rule.why_pattern or 'text matching ' + rule.pattern}, got {short(value)}")
     if name == "name" and not value.isprintable():
         raise ScenarioError(name, f"must be printable text on one line, got {short(value)}")
     return value
@@ -857,6 +865,8 @@ def _schema_of(rule: Rule, fields: Mapping[str, Rule] | None = None) -> dict[str
         out["type"] = "string"
         if rule.max_chars is not None:
             out["maxLength"] = rule.max_chars
+        if rule.pattern is not None:
+            out["pattern"] = f"^{rule.pattern}$"
     elif rule.type == "bool":
         out["type"] = "boolean"
     elif rule.type == "kind":

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hpnlab.fabric import graph, spec
-from hpnlab.fabric.emulation import nodes, shaping
+from hpnlab.fabric.emulation import nodes, preflight, shaping
 from hpnlab.fabric.emulation.ecn import default_thresholds
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
@@ -64,6 +64,35 @@ def test_the_scenario_sets_the_least_frames_of_every_port_buffer_hosts_and_switc
 def test_a_port_buffer_of_fewer_than_four_frames_is_refused_in_one_line():
     with pytest.raises(UserError, match="buffer_frames"):
         spec.load("mini-hpn", {"emulation": {"buffer_frames": 2}})
+
+
+def test_hosts_set_the_tcp_congestion_control_the_scenario_names_and_otherwise_leave_the_machines():
+    named = nodes.host_commands(_g("mini-hpn", emulation={"tcp_congestion": "cubic"}), "h1", False, None)
+    assert "sysctl -qw net.ipv4.tcp_congestion_control=cubic" in named
+    assert not any("tcp_congestion_control" in c for c in nodes.host_commands(_g("mini-hpn"), "h1", False, None))
+
+
+@pytest.mark.parametrize("bad", ["cubic; reboot", "BBR", "a" * 17, "dc-tcp"])
+def test_a_tcp_congestion_control_that_is_not_a_plain_name_is_refused_in_one_line(bad):
+    with pytest.raises(UserError, match="tcp_congestion"):
+        spec.load("mini-hpn", {"emulation": {"tcp_congestion": bad}})
+
+
+def test_a_tcp_congestion_control_the_kernel_lacks_is_refused_naming_what_it_has():
+    with pytest.raises(UserError, match=r"'dctcp' is not available .*available: reno bbr cubic.*modprobe tcp_dctcp"):
+        preflight.check_tcp_congestion("dctcp", "reno bbr cubic\n", "reno bbr cubic\n")
+
+
+def test_a_tcp_congestion_control_only_the_machines_own_namespace_may_use_is_refused_naming_the_fix():
+    """The kernel lets a namespace other than the machine's make only an allowed one its default."""
+    with pytest.raises(UserError, match=r"'cubic' is available but not allowed .*allowed: reno bbr\).*"
+                                        r"tcp_allowed_congestion_control='reno bbr cubic'"):
+        preflight.check_tcp_congestion("cubic", "reno bbr cubic\n", "reno bbr\n")
+
+
+def test_a_tcp_congestion_control_the_hosts_may_use_or_none_named_passes():
+    preflight.check_tcp_congestion("bbr", "reno bbr cubic\n", "reno bbr\n")
+    preflight.check_tcp_congestion("", "reno", "reno")
 
 
 def test_ecn_defaults_keep_the_dcqcn_shape_and_at_least_four_frames():

@@ -50,6 +50,9 @@ def host_commands(graph: nx.MultiGraph, host: str, tx_checksum_off: bool, tc_bat
     mtu = graph.graph["scenario"].emulation.mtu
     intfs = host_interfaces(graph, host)
     cmds = [f"sysctl -qw {' '.join(HOST_SYSCTLS)}"]
+    congestion = graph.graph["scenario"].emulation.tcp_congestion
+    if congestion:                  # a name spec checked ([a-z0-9_]) and preflight found available
+        cmds.append(f"sysctl -qw net.ipv4.tcp_congestion_control={congestion}")
     planes: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for p in intfs:
         planes[p["plane"]].append(p)

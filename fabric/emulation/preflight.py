@@ -19,6 +19,31 @@ from . import ovsdb
 from .controller_process import port_free
 
 CONTROLLERS = ("hpnlab", "none")
+TCP_SYSCTLS = Path("/proc/sys/net/ipv4")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def check_tcp_congestion(wanted: str, available: str | None, allowed: str | None) -> None:
+    """Refuse a congestion control the hosts cannot be given (pure). ``available``: the text of
+    ``tcp_available_congestion_control``; ``allowed``: of ``tcp_allowed_congestion_control``, the
+    ones a network namespace other than the machine's own may make its default (the kernel
+    refuses the rest there, EPERM); None: unreadable, nothing to check against."""
+    if not wanted:
+        return
+    if available is not None and wanted not in available.split():
+        raise UserError(f"emulation.tcp_congestion {wanted!r} is not available in this kernel "
+                        f"(available: {available.strip() or 'none'}); load it first (modprobe tcp_{wanted}) "
+                        f"or choose another")
+    if allowed is not None and wanted not in allowed.split():
+        raise UserError(f"emulation.tcp_congestion {wanted!r} is available but not allowed outside the machine's "
+                        f"own namespace (allowed: {allowed.strip() or 'none'}); allow it with sysctl -w "
+                        f"net.ipv4.tcp_allowed_congestion_control='{allowed.strip()} {wanted}' or choose another")
 
 
 def planned_root_interfaces(graph: nx.MultiGraph) -> list[str]:
@@ -71,6 +96,8 @@ def check(graph: nx.MultiGraph, controller: str, requested_port: int | None) -> 
         raise UserError(f"OpenFlow port {requested_port} on 127.0.0.1 is taken by another program; "
                         f"pick another with --ofp-port or leave it out to choose a free one")
     estimate = check_fits(graph, caps.cpus, load_budget())
+    check_tcp_congestion(scenario.emulation.tcp_congestion, *(
+        _read(TCP_SYSCTLS / f"tcp_{what}_congestion_control") for what in ("available", "allowed")))
     check_names_free(graph)
     return caps, estimate
 
