@@ -17,8 +17,9 @@ Dead path (spraying, several paths per flow)
     8-rank sprayed all-to-all and all-reduce at 1 MiB, no link down, 4 runs each: judged by
     the first silent packet, 15 paths were condemned (one earlier all-to-all run: 38 paths,
     108 packets re-sent, 0.29 of line where runs without reached 0.59-0.69); by the second,
-    2. A dead link loses every packet sent on it, so its second packet is
-    overdue one spray round after the first. The flow sends no new
+    2 (and 2 and 3 in two runs of the default matrix with the fallback :meth:`silent`
+    describes). A dead link loses every packet sent on it, so its second packet is overdue
+    one spray round after the first. The flow sends no new
     packets there and re-sends at once what was in flight on it (the transport does that on
     the paths :meth:`PathTable.check` returns). A plane all of whose paths are dead, or whose
     NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), is
@@ -213,8 +214,7 @@ class PathTable:
               last_sent: float | None = None) -> list[int]:
         """Paths that turn dead now; they are marked dead. ``unconfirmed`` gives, per path,
         the send time it is judged by (:meth:`silent` reads it off the packets in flight);
-        ``last_sent`` the send time
-        of the flow's newest packet in flight. Evidence that the others still deliver: one
+        ``last_sent`` the send time of the flow's newest packet in flight. Evidence that the others still deliver: one
         delivered a packet sent later; or, when this path holds the newest packet of all (a
         message's tail: nothing later exists to compare), one delivered a packet sent at
         most one limit before it."""
