@@ -26,7 +26,7 @@ from hpnlab.fabric.transport.entropy import (
     first_high,
     lay_out,
 )
-from hpnlab.fabric.transport.roce import CE, DATA, HDR, Dcqcn, DcqcnParams, RoceTransport
+from hpnlab.fabric.transport.roce import CE, DATA, HDR, Dcqcn, DcqcnParams, RoceTransport, path_gap
 from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
@@ -265,6 +265,12 @@ def test_a_sprayed_packet_lost_mid_message_is_resent_on_its_paths_next_arrival_n
     assert tx["timeouts"] == 0 and tx["nacks"] == 0
     assert tx["path_losses"] == rx["path_losses_sent"] == 2 and tx["retransmissions"] == 2
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize("last,pseq,missing", [
+    (7, 8, 0), (7, 11, 3), (0xFFFF, 0, 0), (0xFFFE, 1, 2), (8, 8, None), (8, 7, None), (2, 0xFFF0, None)])
+def test_the_path_gap_counts_missing_packets_across_the_16_bit_wrap(last, pseq, missing):
+    assert path_gap(last, pseq) == missing
 
 
 def test_a_duplicated_packet_is_not_a_path_loss():

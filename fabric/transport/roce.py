@@ -114,6 +114,16 @@ DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
 # the sender learns which of its paths deliver
 HDR = struct.Struct("!BBHHIIIIIH")
 PSEQ_MASK = 0xFFFF
+
+
+def path_gap(last: int, pseq: int) -> int | None:
+    """How many packets are missing on a path between its newest path sequence ``last`` and a
+    packet that arrives with ``pseq`` (16 bits, wrapping; pure): 0 in order, None for a
+    duplicate or an older packet (half the number space behind)."""
+    d = (pseq - last) & PSEQ_MASK
+    if d == 0 or d > PSEQ_MASK // 2:
+        return None
+    return d - 1
 NO_REPORT = 0xFFFFFFFF
 MAX_PATHS = 255
 LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
@@ -1079,9 +1089,9 @@ class RoceTransport(Transport):
         elif typ == ABORT:
             raise PeerLost(src, self.peer_addr[src, 0][0], "aborted the run")
 
-    def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane, pseq=0):
+    def _on_data(self, r: _RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane, pseq):
         st = r.stats
-        if pseq and self.recovery == "selective":
+        if self.recovery == "selective":
             self._path_order(r, path, pseq, now)
         st["packets_received"] += 1
         r.plane_t[plane] = now                # answers go on a plane that delivers (_answer_plane)
@@ -1284,14 +1294,13 @@ class RoceTransport(Transport):
         once (PATH_LOSS), not after the reordering allowance that spraying over paths of
         different delay needs (a hole in the PSNs says nothing until it is that old)."""
         last = r.path_seq.get(path)
-        if last is not None:
-            d = (pseq - last) & PSEQ_MASK
-            if d == 0 or d > PSEQ_MASK // 2:
-                return                          # a duplicate or an older packet
-            if d > 1:
-                r.stats["path_losses_sent"] += 1
-                self._control(PATH_LOSS, r.src, self._answer_plane(r, now), path, (last + 1) & PSEQ_MASK,
-                              d - 1, 0, self._take_reports(r, 2))
+        missing = 0 if last is None else path_gap(last, pseq)
+        if missing is None:
+            return                              # a duplicate or an older packet
+        if missing:
+            r.stats["path_losses_sent"] += 1
+            self._control(PATH_LOSS, r.src, self._answer_plane(r, now), path, (last + 1) & PSEQ_MASK,
+                          missing, 0, self._take_reports(r, 2))
         r.path_seq[path] = pseq
 
     def _on_path_loss(self, f: _TxFlow, path: int, first: int, count: int, now: float) -> None:
