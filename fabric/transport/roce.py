@@ -1294,13 +1294,14 @@ class RoceTransport(Transport):
         once (PATH_LOSS), not after the reordering allowance that spraying over paths of
         different delay needs (a hole in the PSNs says nothing until it is that old)."""
         last = r.path_seq.get(path)
-        missing = 0 if last is None else path_gap(last, pseq)
-        if missing is None:
-            return                              # a duplicate or an older packet
-        if missing:
-            r.stats["path_losses_sent"] += 1
-            self._control(PATH_LOSS, r.src, self._answer_plane(r, now), path, (last + 1) & PSEQ_MASK,
-                          missing, 0, self._take_reports(r, 2))
+        if last is not None:
+            missing = path_gap(last, pseq)
+            if missing is None:
+                return                          # a duplicate or an older packet
+            if missing:
+                r.stats["path_losses_sent"] += 1
+                self._control(PATH_LOSS, r.src, self._answer_plane(r, now), path, (last + 1) & PSEQ_MASK,
+                              missing, 0, self._take_reports(r, 2))
         r.path_seq[path] = pseq
 
     def _on_path_loss(self, f: _TxFlow, path: int, first: int, count: int, now: float) -> None:
