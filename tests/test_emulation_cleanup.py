@@ -217,3 +217,39 @@ def test_kill_9_during_start_then_clean_leaves_nothing(bystanders, after_s):
     left = _leftovers(state, host_netns)
     assert left == {k: [] for k in left}
     _assert_bystanders_survive(bystanders)
+
+
+def test_a_second_run_waits_for_the_first_instead_of_calling_its_bridges_leftovers(emulation_ready):
+    """The names are checked under the machine-wide lock: a run in progress holds it, so a second
+    run of the same fabric is told another is running (after its wait), not that the first one's
+    bridges are left over (which told the user to clean a live run)."""
+    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.errors import UserError
+
+    first = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=300, log=None)
+    first.start()
+    try:
+        second = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=1, log=None)
+        with pytest.raises(UserError, match="another emulation is running"):
+            second.start()
+    finally:
+        first.stop()
+    assert not any(b.startswith("p0") for b in _bridges())
+
+
+def test_a_foreign_bridge_with_a_switchs_name_is_refused_left_alone_and_the_lock_freed(emulation_ready):
+    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.state import Lock
+    from hpnlab.fabric.errors import UserError
+
+    subprocess.run(["ovs-vsctl", "add-br", "p0l0", "--", "set", "bridge", "p0l0", "datapath_type=netdev"], check=True)
+    try:
+        e = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=60, log=None)
+        with pytest.raises(UserError, match="p0l0 exists and is not hpnlab's"):
+            e.start()
+        assert "p0l0" in _bridges()
+        lock = Lock()
+        lock.acquire("the test", wait_s=0)         # free again: nothing waits behind a refused run
+        lock.release()
+    finally:
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "p0l0"])

@@ -44,8 +44,11 @@ What ``start()`` (``__enter__``) does, in order:
 1. preflight, each failure one line (``UserError``): root, OVS installed and running,
    Mininet present, htb present, the controller known and installed, the OpenFlow port free
    when one was asked for, the scenario small enough for this machine (hosts + switches
-   per core, packets/s budget of userspace OVS), no bridge or interface name taken;
-2. takes the machine-wide lock (``/run/hpnlab/lock``) and writes the run's state file
+   per core, packets/s budget of userspace OVS), the hosts' TCP congestion control
+   (``emulation.tcp_congestion``) available and allowed in their namespaces;
+2. takes the machine-wide lock (``/run/hpnlab/lock``; a run in progress holds it, so a second
+   waits), checks that no bridge or interface name is taken (under the lock: what it finds is
+   left over, not a live run's), and writes the run's state file
    (``/run/hpnlab/runs/<id>.json``); every bridge, veth, process and BPF pin is recorded
    there *before* it is created, bridges are marked ``external_ids:hpnlab-run=<id>`` and
    children inherit ``HPNLAB_RUN=<id>``, so ``hpnlab clean`` removes exactly them after a

@@ -225,6 +225,11 @@ class Emulation:
         self.caps = self.preflight()
         self._lock.acquire(f"scenario {self.scenario.name}", self.lock_wait_s)
         try:
+            preflight.check_names_free(self.graph)     # under the lock: a live run holds it
+        except BaseException:
+            self._lock.release()
+            raise
+        try:
             self._signals.install()
             self.state = RunState.new(self.scenario.name)
             self._stopped = False

@@ -52,7 +52,10 @@ def planned_root_interfaces(graph: nx.MultiGraph) -> list[str]:
 
 
 def check_names_free(graph: nx.MultiGraph) -> None:
-    """No OVS bridge and no interface of ours may exist yet (a clash says whose it is)."""
+    """No OVS bridge and no interface of ours may exist yet (a clash says whose it is). Called
+    with the machine-wide lock held: a run in progress holds it, so what is found then is left
+    over, not another run's (checked before the lock, a second run found the first one's
+    bridges and told the user to clean them)."""
     clash = sorted(ovsdb.bridges() & set(fgraph.switches(graph)))
     if clash:
         marked = ovsdb.marked_bridges()
@@ -98,7 +101,6 @@ def check(graph: nx.MultiGraph, controller: str, requested_port: int | None) -> 
     estimate = check_fits(graph, caps.cpus, load_budget())
     check_tcp_congestion(scenario.emulation.tcp_congestion, *(
         _read(TCP_SYSCTLS / f"tcp_{what}_congestion_control") for what in ("available", "allowed")))
-    check_names_free(graph)
     return caps, estimate
 
 
