@@ -327,9 +327,12 @@ def _run_mix(args, g, net, routings: list[str], default_size: int, kw: dict) -> 
     if g is None:                              # a cached network carries no graph; the jobs' placement needs it
         g = graph.build(net.s)
     runs: list[dict[str, Any]] = []
+    bg: list[dict[str, Any]] = []
     for routing in routings:
         specs = model.mix_jobs(g, jobs, background, routing=routing, qps=args.qps, default_size=default_size,
                                placement=args.placement, seed=args.seed)
+        bg = [{"collective": b.collective, "hosts": len(b.hosts), "size_bytes": b.size_bytes}
+              for b in specs if b.background]       # placed alike under every routing
         opts = dict(seed=args.seed, network=net, max_steps=kw["max_steps"], exact_pairs=kw["exact_pairs"])
         together = model.run_jobs(g, specs, **opts)
         timed = [j for j in specs if not j.background]
@@ -340,9 +343,6 @@ def _run_mix(args, g, net, routings: list[str], default_size: int, kw: dict) -> 
                          "busbw_gbs": res.busbw_gbs, "efficiency": res.efficiency, "alone_time_s": a.time_s,
                          "alone_busbw_gbs": a.busbw_gbs, "slowdown": res.time_s / a.time_s if a.time_s else None,
                          "stalled_connections": res.stalled_connections})
-    bg = [{"collective": b.collective, "hosts": len(b.hosts), "size_bytes": b.size_bytes}
-          for b in model.mix_jobs(g, jobs, background, qps=args.qps, default_size=default_size,
-                                  placement=args.placement, seed=args.seed) if b.background]
     if args.json:
         json.dump({"scenario": g.graph["scenario"].name, "jobs": args.jobs, "background": args.background,
                    "background_jobs": bg, "placement": args.placement, "runs": runs},

@@ -15,20 +15,11 @@ from ..errors import UserError
 from ..graph import intf_name
 from ..mn import emulated_delay_us
 from ..sizing import check_fits, has_loops, load_budget
+from ..transport.tcp import tcp_setting
 from . import ovsdb
 from .controller_process import port_free
 
 CONTROLLERS = ("hpnlab", "none")
-TCP_SYSCTLS = Path("/proc/sys/net/ipv4")
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def check_tcp_congestion(wanted: str, available: str | None, allowed: str | None) -> None:
     """Refuse a congestion control the hosts cannot be given (pure). ``available``: the text of
     ``tcp_available_congestion_control``; ``allowed``: of ``tcp_allowed_congestion_control``, the
@@ -100,7 +91,7 @@ def check(graph: nx.MultiGraph, controller: str, requested_port: int | None) -> 
                         f"pick another with --ofp-port or leave it out to choose a free one")
     estimate = check_fits(graph, caps.cpus, load_budget())
     check_tcp_congestion(scenario.emulation.tcp_congestion, *(
-        _read(TCP_SYSCTLS / f"tcp_{what}_congestion_control") for what in ("available", "allowed")))
+        tcp_setting(f"tcp_{what}_congestion_control") for what in ("available", "allowed")))
     return caps, estimate
 
 

@@ -43,17 +43,13 @@ def source_port(src_ip: str, dst_ip: str, dst_port: int, attempt: int = 0) -> in
     return lo + zlib.crc32(key) % (hi - lo)
 
 
-def tcp_setting(name: str) -> str:
-    """A ``net.ipv4`` sysctl of the network namespace this rank runs in ("unknown" if unreadable)."""
+def tcp_setting(name: str) -> str | None:
+    """A ``net.ipv4`` sysctl of the network namespace this process runs in (None: unreadable)."""
     try:
         with open(f"/proc/sys/net/ipv4/{name}") as fh:
             return fh.read().strip()
     except OSError:
-        return "unknown"
-
-
-def tcp_ecn_setting() -> str:
-    return tcp_setting("tcp_ecn")
+        return None
 
 
 def tcp_info(sock: socket.socket) -> dict:
@@ -121,8 +117,9 @@ class TcpTransport(Transport):
     def info(self) -> dict:
         # the congestion control a new namespace inherits from the machine (BBR on some, CUBIC
         # on a stock Debian): the same experiment differs with it, so every run records it
-        return {"transport": "tcp", "tcp_ecn": tcp_ecn_setting(),
-                "tcp_congestion_control": tcp_setting("tcp_congestion_control"), "base_port": self.base_port}
+        return {"transport": "tcp", "tcp_ecn": tcp_setting("tcp_ecn") or "unknown",
+                "tcp_congestion_control": tcp_setting("tcp_congestion_control") or "unknown",
+                "base_port": self.base_port}
 
     def _plane(self, a: int, b: int) -> int:
         return (a + b) % min(len(self.addrs[a]), len(self.addrs[b]))
