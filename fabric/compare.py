@@ -1,6 +1,6 @@
 """The ECN comparison: every workload under every ECN setting, side by side, with spread.
 
-``hpnlab run SCENARIO --compare ecn [--repeat 5] [--workloads incast,allreduce,mix]`` runs,
+``hpnlab run SCENARIO --compare ecn [--repeat 5] [--workloads incast,allreduce,mix,shared]`` runs,
 on one emulation, each workload under the static settings (``hpnlab.fabric.ecn_settings``
 presets ``low``, ``high``, ``dcqcn``, ``default``) and ``dynamic`` (the controller's dynamic-ECN
 policy, when the run supports it), ``repeat`` times. The settings are *interleaved*: every
@@ -18,9 +18,15 @@ the budget's rates, about 33 Mbit/s and MTU 4096 here)
     mix         both at once on disjoint hosts (the incast repeated for about as long as the all-reduce);
                 each job spans every leaf (``placement.deal``), so their traffic meets in the spines'
                 ports down to the incast root's leaf
+    shared      an all-to-all of 2 MiB over 4 ranks (elephants converging 3 to 1 on every host port, as an
+                expert-parallel exchange does) and, on the same 4 hosts (``on=1``: their NICs shared, as a
+                training job's short pipeline messages share the NICs of its elephants), 3 senders x 4 KiB to
+                one root 100 times 20 ms apart after 15 warm-up bursts: the short messages wait in the
+                queue the elephants keep at the root's port, which the thresholds set
 
 Figures per (workload, setting), over the repetitions as median [min, max]
-    busbw_gbs        the all-reduce jobs' busbw (out-of-place, mean over sizes; nccl-tests')
+    busbw_gbs        the elephant jobs' busbw (every job but the incast: out-of-place, mean over sizes;
+                     nccl-tests')
     p50_us, p99_us   the incast jobs' per-message completion time (send start to last byte at
                      the root), pooled over the run's messages
     queue_p99_bytes  99th percentile of the switch ports' sampled queue estimate
@@ -54,6 +60,7 @@ WORKLOADS = {
     "incast": "incast:ranks=5,msg=16K,iters=60,warmup=15,gap=20ms",
     "allreduce": "all_reduce:ranks=4,size=1M,iters=3,warmup=1",
     "mix": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=5,msg=16K,iters=100,warmup=15,gap=20ms",
+    "shared": "all_to_all:ranks=4,size=2M,iters=3,warmup=1;incast:ranks=4,msg=4K,iters=100,warmup=15,gap=20ms,on=1",
 }
 _WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-reduce": "allreduce"}
 
@@ -83,7 +90,7 @@ def comma_list(text: str, flag: str, what: str, known: Sequence[str],
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
-    """``--workloads`` (comma list of incast, allreduce, mix)."""
+    """``--workloads`` (comma list of incast, allreduce, mix, shared)."""
     return comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
 
 
@@ -120,7 +127,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     """The comparison's figures of one run's document (``experiment.run``'s), None where the
     run has no such figure (no all-reduce job: no busbw)."""
     results = doc.get("results", [])
-    busbw = [r["avg_busbw_gbs"] for r in results if r.get("collective", "").startswith("all_reduce")]
+    busbw = [r["avg_busbw_gbs"] for r in results if r.get("collective") not in (None, "incast")]
     times = [t for r in results if r.get("collective") == "incast" for row in r.get("rows", [])
              for t in (row.get("oop") or {}).get("message_times_s", [])]
     p50, p99 = _pooled_summary(times)

@@ -23,6 +23,7 @@ document ``results.json`` holds (``hpnlab.fabric.report`` makes tables and plots
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import random
@@ -41,7 +42,7 @@ from . import collectives as col
 from . import ecn_settings, ranks, report
 from . import placement as pl
 from .errors import UserError
-from .jobspec import JobSpec
+from .jobspec import JobSpec, host_job
 from .jobspec import label as mix_label
 from .jobspec import parse as parse_jobs
 from .placement import Job
@@ -161,6 +162,12 @@ class Plan:
         if specs and self.jobs != 1:
             raise UserError("--jobs takes either a number of identical jobs or job specs, not both")
         for k, spec in enumerate(specs):
+            if spec.on is not None and not (0 <= spec.on < k and specs[spec.on].on is None):
+                raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): on= must name an earlier job "
+                                f"that has hosts of its own")
+            if spec.on is not None and self.ranks_of(k) > self.ranks_of(spec.on):
+                raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): {self.ranks_of(k)} ranks on job "
+                                f"{spec.on + 1}'s {self.ranks_of(spec.on)} hosts (at most one rank per host)")
             if self.ranks_of(k) <= spec.root:
                 raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): root {spec.root} is not a rank "
                                 f"(0..{self.ranks_of(k) - 1})")
@@ -247,11 +254,26 @@ class Plan:
                       labels=labels[j] if labels else None, gap_s=spec.gap_s if spec else 0.0)
             pl.validate(job)
             jobs.append(job)
-        flat = [a for job in jobs for addrs in job.addrs for a in addrs]
-        if len(set(flat)) != len(flat):
-            raise UserError("concurrent jobs must use disjoint addresses" if len(jobs) > 1
-                            else "two ranks of one job share an address")
+        for job in jobs:
+            own = [a for addrs in job.addrs for a in addrs]
+            if len(set(own)) != len(own):
+                raise UserError("two ranks of one job share an address")
+        for a, b in itertools.combinations(range(len(jobs)), 2):
+            shared = {x for addrs in jobs[a].addrs for x in addrs} & {x for addrs in jobs[b].addrs for x in addrs}
+            if shared and not (self.specs and self.specs[b].on == a):
+                raise UserError(f"jobs {a + 1} and {b + 1} share address {min(shared)}: concurrent jobs "
+                                f"use disjoint hosts unless one names the other with on=")
         return jobs
+
+    def host_jobs(self) -> list[int]:
+        """The jobs that get hosts of their own (the others run on theirs, ``on=``)."""
+        return [j for j in range(self.job_count) if host_job(self.specs, j) == j]
+
+    def share_hosts(self, placed: list[list[Any]]) -> list[list[Any]]:
+        """Per job, its ranks' places, from ``placed`` (one list per :meth:`host_jobs` job): a job with
+        ``on=`` takes the first of its host job's."""
+        own = dict(zip(self.host_jobs(), placed, strict=True))
+        return [own[host_job(self.specs, j)][:self.ranks_of(j)] for j in range(self.job_count)]
 
     def jobs_on(self, g: nx.MultiGraph) -> dict[Run, list[Job]]:
         """Every run's jobs on a fabric graph: ranks placed by ``placement`` (their hosts are
@@ -262,9 +284,10 @@ class Plan:
         if self.specs:
             # every job placed as if it had the most ranks (the placements' rules, job j's
             # segment or plane included), then cut to its own ranks: disjoint hosts
-            widest = max(self.ranks_of(j) for j in range(self.job_count))
-            placed = [job[:self.ranks_of(j)] for j, job in
-                      enumerate(pl.place(g, self.placement, widest, self.job_count))]
+            hosted = self.host_jobs()
+            widest = max(self.ranks_of(j) for j in hosted)
+            placed = self.share_hosts([job[:self.ranks_of(j)] for j, job in
+                                       zip(hosted, pl.place(g, self.placement, widest, len(hosted)), strict=True)])
         else:
             placed = pl.place(g, self.placement, self.ranks, self.jobs)
         addrs = [[p.addrs for p in job] for job in placed]
@@ -340,8 +363,8 @@ class Loopback:
         widest = max(plan.ranks_of(j) for j in range(plan.job_count))
         if self.first + widest > 255:
             raise UserError(f"loopback has room for {255 - self.first} ranks per job, asked for {widest}")
-        return [[[f"127.{p}.{j}.{self.first + r}" for p in range(self.planes)] for r in range(plan.ranks_of(j))]
-                for j in range(plan.job_count)]
+        return plan.share_hosts([[[f"127.{p}.{j}.{self.first + r}" for p in range(self.planes)]
+                                  for r in range(plan.ranks_of(j))] for j in plan.host_jobs()])
 
     def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
         addrs = self.addresses(plan)

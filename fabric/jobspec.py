@@ -18,6 +18,9 @@ Each item is ``COLLECTIVE[:key=value,...]``; keys (all optional):
     gap      pause before each iteration after the first (``20ms``, ``0.5s``; a bare number
              is milliseconds): repeated short messages rather than back-to-back ones
     root     the root rank of rooted collectives (default 0)
+    on       run on the hosts of an earlier job (``on=1``: rank r on job 1's rank r's host), sharing
+             their NICs, as a training job's data-parallel elephants and its pipeline or expert
+             messages share them; at most as many ranks as that job. Without it jobs get disjoint hosts
 
 A mistake gives one line naming the job and the key.
 """
@@ -30,7 +33,7 @@ from typing import Any
 from . import collectives as col
 from .errors import UserError
 
-KEYS = ("ranks", "size", "msg", "iters", "warmup", "gap", "root")
+KEYS = ("ranks", "size", "msg", "iters", "warmup", "gap", "root", "on")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class JobSpec:
     warmup: int | None = None
     gap_s: float = 0.0
     root: int = 0
+    on: int | None = None        # 0-based index of the earlier job whose hosts this one shares
 
     def sizes_for(self, nranks: int, default: tuple[int, ...]) -> tuple[int, ...]:
         """The nccl-tests sizes this job runs with ``nranks`` ranks."""
@@ -67,6 +71,8 @@ class JobSpec:
             parts.append(f"gap={self.gap_s * 1e3:g}ms")
         if self.root:
             parts.append(f"root={self.root}")
+        if self.on is not None:
+            parts.append(f"on={self.on + 1}")
         return self.collective + (":" + ",".join(parts) if parts else "")
 
 
@@ -116,7 +122,7 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
         try:
             if key == "ranks":
                 fields[key] = _int(value, 2)
-            elif key in ("iters",):
+            elif key in ("iters", "on"):
                 fields[key] = _int(value, 1)
             elif key in ("warmup", "root"):
                 fields[key] = _int(value, 0)
@@ -131,7 +137,8 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
             want = {"ranks": "a whole number of at least 2", "iters": "a whole number of at least 1",
                     "warmup": "a whole number of 0 or more", "root": "a whole number of 0 or more",
                     "gap": "a duration (20ms, 0.5s)", "size": "sizes in bytes (64K, 1M, 64K/1M)",
-                    "msg": "a size in bytes (16K)"}[key]
+                    "msg": "a size in bytes (16K)",
+                    "on": "the number of an earlier job (1 for the first)"}[key]
             raise UserError(f"{where}: {key}={value.strip()!r} is not {want}") from None
     if "msg" in fields:
         if collective != "incast":
@@ -140,6 +147,10 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
             raise UserError(f"{where}: give size= or msg=, not both")
         if len(fields["msg"]) != 1:
             raise UserError(f"{where}: msg= takes one size")
+    on = fields.get("on")
+    if on is not None and on >= index:
+        raise UserError(f"{where}: on={on} must name an earlier job (1..{index - 1})" if index > 1
+                        else f"{where}: on= names an earlier job; the first job has none")
     ranks = fields.get("ranks")
     root = fields.get("root", 0)
     if ranks is not None and root >= ranks:
@@ -147,7 +158,7 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
     return JobSpec(collective, ranks=ranks, sizes=fields.get("size"),
                    msg_bytes=fields["msg"][0] if "msg" in fields else None,
                    iterations=fields.get("iters"), warmup=fields.get("warmup"),
-                   gap_s=fields.get("gap", 0.0), root=root)
+                   gap_s=fields.get("gap", 0.0), root=root, on=None if on is None else on - 1)
 
 
 def parse(text: str) -> tuple[JobSpec, ...]:
@@ -155,7 +166,19 @@ def parse(text: str) -> tuple[JobSpec, ...]:
     items = [i for i in str(text).split(";") if i.strip()]
     if not items:
         raise UserError("--jobs: no job given (example: all_reduce:ranks=4,size=1M;incast:ranks=5,msg=16K)")
-    return tuple(parse_one(item, k + 1) for k, item in enumerate(items))
+    specs = tuple(parse_one(item, k + 1) for k, item in enumerate(items))
+    for k, spec in enumerate(specs):
+        further = specs[spec.on].on if spec.on is not None else None
+        if spec.on is not None and further is not None:
+            raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): job {spec.on + 1} runs on job "
+                            f"{further + 1}'s hosts itself; name job {further + 1}")
+    return specs
+
+
+def host_job(specs: tuple[JobSpec, ...], job: int) -> int:
+    """The job whose placed hosts job ``job`` runs on (itself unless it has ``on=``)."""
+    on = specs[job].on if specs else None
+    return job if on is None else on
 
 
 def is_count(text: str) -> bool:

@@ -61,6 +61,12 @@ def test_summarize_reads_busbw_pooled_message_percentiles_and_switch_figures():
     assert (s["queue_p99_bytes"], s["ce_fraction"], s["drops"], s["wall_s"]) == (9000.0, 0.25, 3, 4.0)
 
 
+def test_summarize_takes_busbw_from_every_job_but_the_incast():
+    d = doc(busbw=0.002, msg_ms=[1.0])
+    d["results"][0]["collective"] = "all_to_all"
+    assert compare.summarize(d)["busbw_gbs"] == 0.002
+
+
 def test_summarize_without_an_incast_has_no_message_times():
     s = compare.summarize(doc(busbw=0.001))
     assert s["p99_us"] is None and s["messages"] == 0

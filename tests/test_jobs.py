@@ -43,6 +43,10 @@ def test_unset_keys_fall_back_to_the_plan():
     ("incast:ranks=3,ranks=4", "ranks given twice"),
     ("incast:ranks=3,root=3", "root 3 is not a rank"),
     (":ranks=3", "no collective"),
+    ("all_reduce;incast:on=2", "on=2 must name an earlier job"),
+    ("all_reduce:on=1", "the first job has none"),
+    ("all_reduce;incast:on=0", "on='0' is not the number of an earlier job"),
+    ("all_reduce;incast:on=1;incast:on=2", "job 2 runs on job 1's hosts itself; name job 1"),
 ])
 def test_a_mistake_is_one_line_naming_the_job(text, why):
     with pytest.raises(UserError, match=why) as exc:
@@ -95,6 +99,50 @@ def test_too_many_ranks_for_the_fabric_is_one_line(mini):
 def test_specs_and_a_job_count_together_are_refused():
     with pytest.raises(UserError, match="either a number of identical jobs or job specs"):
         experiment.Plan(job_specs=MIX, jobs=2)
+
+
+SHARED = "all_to_all:ranks=4,size=1M;incast:ranks=3,msg=4K,on=1"
+
+
+def test_on_reads_the_earlier_job_it_names_and_round_trips():
+    a2a, inc = jobspec.parse(SHARED)
+    assert a2a.on is None and inc.on == 0
+    assert jobspec.parse_one(inc.describe(), 2) == inc
+
+
+def test_a_job_with_on_runs_on_the_first_hosts_of_the_job_it_names(mini: nx.MultiGraph):
+    plan = experiment.Plan(job_specs=SHARED, transports="roce")
+    (jobs,) = plan.jobs_on(mini).values()
+    a2a, inc = jobs
+    assert a2a.labels and inc.labels == a2a.labels[:3] and inc.addrs == a2a.addrs[:3]
+    assert inc.base_port != a2a.base_port          # their sockets do not collide on a shared host
+
+
+def test_a_job_with_on_takes_no_hosts_of_its_own(mini: nx.MultiGraph):
+    # 16 hosts: two jobs of 8 fit only if the co-located incast takes none
+    plan = experiment.Plan(job_specs="all_reduce:ranks=8;incast:ranks=4,on=1;all_to_all:ranks=8", transports="roce")
+    (jobs,) = plan.jobs_on(mini).values()
+    first, shared, third = (set(j.labels or ()) for j in jobs)
+    assert len(shared) == 4 and shared <= first
+    assert not third & first
+
+
+def test_on_with_more_ranks_than_the_job_it_names_is_one_line():
+    with pytest.raises(UserError, match=r"job 2 .*5 ranks on job 1's 4 hosts"):
+        experiment.Plan(job_specs="all_reduce:ranks=4;incast:ranks=5,on=1")
+
+
+def test_jobs_without_on_may_not_share_an_address():
+    plan = experiment.Plan(job_specs="all_reduce:ranks=2;incast:ranks=2", transports="tcp", base_port=20000)
+    addrs = [[["10.0.0.1"], ["10.0.0.2"]], [["10.0.0.2"], ["10.0.0.3"]]]
+    with pytest.raises(UserError, match=r"jobs 1 and 2 share address 10\.0\.0\.2"):
+        plan.jobs_at(plan.matrix()[0], addrs, 1e7)
+
+
+def test_loopback_puts_a_job_with_on_on_the_addresses_of_the_job_it_names():
+    plan = experiment.Plan(job_specs=SHARED, transports="tcp", base_port=20000)
+    a2a, inc = experiment.Loopback().addresses(plan)
+    assert inc == a2a[:3]
 
 
 def test_loopback_gives_each_job_its_own_rank_count():

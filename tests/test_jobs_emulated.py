@@ -1,7 +1,7 @@
 """Two different jobs at once on the emulated mini-hpn (real OVS, the controller, shaped links,
-the ECN stage): an all-reduce and an incast on disjoint hosts, overlapping in time, every
-element checked, the incast's per-message completion times reported, under a static ECN preset
-applied to every switch port."""
+the ECN stage): an all-reduce and an incast on disjoint hosts, or an incast on an all-to-all's own
+hosts (on=), overlapping in time, every element checked, the incast's per-message completion
+times reported, under a static ECN preset applied to every switch port."""
 from __future__ import annotations
 
 import pytest
@@ -44,3 +44,16 @@ def test_an_allreduce_and_an_incast_run_at_once_on_disjoint_hosts(mini_hpn):
     want = ecn_settings.preset("low", port.rate_mbps, mini_hpn.scenario.emulation.mtu, port.limit_bytes)
     assert doc["meta"]["ecn"]["by_rate_mbps"][f"{port.rate_mbps:g}"]["kmin"] == want.kmin
     assert {"ce_fraction", "drops", "queue_p99_bytes"} <= set(ar["switch_ecn"])
+
+
+def test_a_job_with_on_shares_the_hosts_of_the_job_it_names(mini_hpn):
+    jobs = "all_to_all:ranks=4,size=512K,iters=2;incast:ranks=4,msg=4K,iters=10,gap=10ms,on=1"
+    plan = experiment.Plan(job_specs=jobs, transports="roce", entropies="flow", inplace=False)
+    doc = experiment.run(plan, mini_hpn, progress=False)
+    a2a, inc = doc["results"]
+    assert inc["hosts"] == a2a["hosts"]                           # one host each rank of both jobs
+    for res in (a2a, inc):
+        assert res["rows"][0]["oop"]["wrong"] == 0              # every element checked at every rank
+    (a0, a1), (i0, i1) = _span(a2a), _span(inc)
+    assert a0 < i1 and i0 < a1                                   # they ran at once, through the same NICs
+    assert inc["rows"][0]["oop"]["messages"]["messages"] == 3 * 10

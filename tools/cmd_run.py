@@ -152,7 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=1, job_specs=args.jobs)
     ecn = ecn_settings.parse(args.ecn) if args.ecn else None
-    total_ranks = (sum(js.ranks or plan.ranks for js in plan.specs) if plan.specs else plan.ranks * plan.jobs)
+    total_ranks = (sum(plan.ranks_of(j) for j in plan.host_jobs()) if plan.specs else plan.ranks * plan.jobs)
     rates, rates_line = sizing.rates_for_ranks(g, overrides, total_ranks)
     if rates:
         scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
