@@ -1189,7 +1189,8 @@ def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = 
     counts ranks as the model does (every rail of a host is a rank), so a job takes
     ranks / rails hosts (2 hosts without ``ranks``); ``size`` (one size per job) or ``msg`` (incast: msg x ranks) its
     bytes, else ``default_size``. Hosts are taken in the fabric's order (``packed``) or a
-    seeded random order (``random``). The emulator's ``iters`` and ``warmup`` change nothing
+    seeded random order (``random``); a job with ``on=`` takes the first hosts of the job it names
+    instead. The emulator's ``iters`` and ``warmup`` change nothing
     here (the model times one iteration); ``gap`` and ``root`` would, and are refused."""
     s = g.graph["scenario"]
     names = [n for n, d in g._node.items() if d["tier"] == 0]
@@ -1216,9 +1217,17 @@ def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = 
             nhosts = ranks // s.rails
             if nhosts < 2:
                 raise UserError(f"{where}: a job needs at least 2 hosts ({2 * s.rails} ranks)")
+            [size] = spec.sizes_for(ranks, (default_size,))
+            if spec.on is not None:          # on the hosts of an earlier job: their links shared
+                if is_bg:
+                    raise UserError(f"{where}: on= is for --jobs; a background job takes hosts of its own")
+                shared = out[spec.on].hosts
+                if nhosts > len(shared):
+                    raise UserError(f"{where}: {nhosts} hosts on job {spec.on + 1}'s {len(shared)}")
+                out.append(JobSpec(spec.collective, size, shared[:nhosts], routing, qps, is_bg))
+                continue
             if taken + nhosts > len(names):
                 raise UserError(f"{where}: the jobs need more than the {len(names)} hosts of {s.name}")
-            [size] = spec.sizes_for(ranks, (default_size,))
             out.append(JobSpec(spec.collective, size, names[taken:taken + nhosts], routing, qps, is_bg))
             taken += nhosts
     if not any(not j.background for j in out):

@@ -51,6 +51,17 @@ def test_an_incast_message_size_makes_the_job_size_as_in_the_emulator(mini):
     assert job.size_bytes == 5 * 16 * 1024
 
 
+def test_a_job_with_on_shares_the_first_hosts_of_the_job_it_names(mini):
+    a2a, inc, other = _mix(mini, "all_to_all:ranks=4;incast:ranks=3,on=1;all_reduce:ranks=2")
+    hosts = graph.hosts(mini)
+    assert inc.hosts == a2a.hosts[:3] and other.hosts == hosts[4:6]     # it took no hosts of its own
+
+
+def test_a_background_job_with_on_is_one_line(mini):
+    with pytest.raises(UserError, match="on= is for --jobs"):
+        _mix(mini, "all_reduce:ranks=4", "permutation:ranks=4;incast:ranks=2,on=1")
+
+
 def test_background_jobs_come_after_the_timed_ones_and_are_marked(mini):
     a, bg = _mix(mini, "all_reduce:ranks=4", "permutation:ranks=4,size=1G")
     assert (a.background, bg.background) == (False, True) and bg.size_bytes == 1 << 30

@@ -48,7 +48,8 @@ def register(sub) -> None:
                         f"at most --weight-iterations, default {model.WEIGHT_ITERATIONS}; the iterations are printed)")
     p.add_argument("--weight-iterations", type=int, default=model.WEIGHT_ITERATIONS, help=argparse.SUPPRESS)
     p.add_argument("--jobs", metavar="SPEC",
-                   help="several jobs at once on disjoint hosts, in hpnlab run's --jobs syntax, e.g. "
+                   help="several jobs at once on disjoint hosts (or on an earlier job's, on=), in hpnlab run's "
+                        "--jobs syntax, e.g. "
                         "'all_reduce:ranks=64,size=256M;all_to_all:ranks=64,size=16M' (ranks count every rail "
                         "of a host, 2 hosts' worth without ranks=; -b is the size of a job without one; each "
                         "job is also run alone for its slowdown)")
