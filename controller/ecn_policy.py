@@ -52,10 +52,14 @@ samples: port statistics arrive up to an interval or two after the stage's count
    port buffer (``hpnlab.fabric.emulation.shaping``: max(32 frames, 50 ms)). With fan-in >=
    ``incast_fan_in`` the change is logged as an incast.
 2. **no pressure, marks would only slow senders** (slow rise) — traffic (``u >= u_idle`` or marks in
-   this interval) and the queue below ``P``, and any of: the port is busy in this interval
-   (utilisation ``>= u_busy``: elephants, keep their throughput), it marks (``m >= m_low``), or the
-   queue stood above Kmin (``q > Kmin``: the next packets would be marked): Kmin x ``step_up``,
-   Pmax - ``pmax_step``, at most once per ``hold_up_s``.
+   this interval), the queue below ``P``, the port not busy in this interval (utilisation below
+   ``u_busy``), and either it marks (``m >= m_low``) or the queue stood above Kmin (``q > Kmin``: the
+   next packets would be marked): Kmin x ``step_up``, Pmax - ``pmax_step``, at most once per
+   ``hold_up_s``. A busy port keeps its thresholds: it carries all it can, so a higher Kmin would
+   add only queue, the delay of every short message behind the elephants (ACC's reward weighs
+   both). The rule raised Kmin on busy ports until 2026-12-02. On the ``shared`` workload of
+   ``hpnlab run --compare ecn``, an incast waiting behind an all-to-all's queue, that gave
+   ``default``'s busbw at ``high``'s message p99.
 3. **idle** — ``u < u_idle`` and nothing marked for ``relax_s``: one step back towards the port's
    default (start-up) thresholds per ``hold_up_s``, so a setting made for past traffic does not stay.
 4. otherwise keep the thresholds.
@@ -220,7 +224,9 @@ class DynamicPolicy(EcnPolicy):
                 what = f"incast (fan-in {fan_in})" if fan_in >= p["incast_fan_in"] else "buffer pressure"
                 why = f"{what}: queue {q} B (pressure at {pressure} B), drops {s.drops}"
                 hold = p["hold_down_s"]
-            elif traffic and (s.utilisation >= p["u_busy"] or st.m >= p["m_low"] or q > cur.kmin):
+            elif traffic and s.utilisation >= p["u_busy"]:
+                continue          # busy already: a higher Kmin would only add queue (rule 2)
+            elif traffic and (st.m >= p["m_low"] or q > cur.kmin):
                 direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
                 why = (f"no buffer pressure: queue {q} B < {pressure} B, utilisation {st.u:.0%}, "
                        f"marked {st.m:.1%}: marks would only slow the senders")

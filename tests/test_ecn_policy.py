@@ -85,10 +85,10 @@ def test_a_quiet_interval_is_no_pressure_though_the_last_packet_left_a_deep_queu
     assert all(th.kmin >= START.kmin for th in run(DynamicPolicy(), quiet, 5))
 
 
-def test_a_busy_port_without_pressure_raises_kmin_to_keep_its_throughput():
-    after = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.98, queue=3 * 1514, fan_in=1), 5)[-1]
-    assert after.kmin > START.kmin
-    assert after.pmax < START.pmax
+def test_a_busy_port_keeps_its_thresholds_since_a_higher_kmin_would_only_add_queue():
+    seen = run(DynamicPolicy(), lambda t, th: port(t, utilisation=0.98, queue=th.kmin + 1514, marked=0.05,
+                                                    fan_in=1), 10)
+    assert set(seen) == {START}
 
 
 def test_low_utilisation_while_marking_raises_kmin_and_lowers_pmax():
@@ -219,7 +219,7 @@ def test_ports_are_tuned_independently():
     current = {KEY: START, other: START}
     for i in range(5):
         t = i * DT
-        ports = {KEY: incast(t, current[KEY]), other: port(t, utilisation=0.9, queue=3 * 1514, fan_in=1)}
+        ports = {KEY: incast(t, current[KEY]), other: underused_marking(t, current[other])}
         current.update(policy.decide(t, ports, current))
     assert current[KEY].kmin < START.kmin < current[other].kmin
 
