@@ -79,6 +79,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,9 +298,11 @@ def policy_class(spec: str) -> type[EcnPolicy]:
         if mod_spec is None or mod_spec.loader is None:
             raise UserError(f"cannot load ECN policy file {path}")
         module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[mod_spec.name] = module       # as an import does: dataclasses look their module up there
         try:
             mod_spec.loader.exec_module(module)
         except Exception as exc:
+            sys.modules.pop(mod_spec.name, None)
             raise UserError(f"ECN policy file {path} failed to load: {type(exc).__name__}: {exc}") from None
         return _from_module(module, attr or None, str(path))
     if not attr:

@@ -253,6 +253,16 @@ def test_a_policy_in_a_file_is_loaded_by_path(tmp_path):
     assert ecn_policy.load(f"{f}:Mine").name == "mine"
 
 
+def test_a_policy_file_may_use_dataclasses(tmp_path):
+    # a dataclass looks its module up in sys.modules while the file is being executed
+    f = tmp_path / "with_state.py"
+    f.write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n"
+                 "from hpnlab.controller.ecn_policy import EcnPolicy\n"
+                 "@dataclass\nclass State:\n    kmin: int = 0\n"
+                 "class WithState(EcnPolicy):\n    name = 'with-state'\n")
+    assert ecn_policy.load(str(f)).name == "with-state"
+
+
 def test_a_policy_is_loaded_as_module_colon_class():
     assert isinstance(ecn_policy.load("hpnlab.controller.ecn_policy:DynamicPolicy"), DynamicPolicy)
 
