@@ -45,8 +45,11 @@ BUDGET_FILE = "budget.json"
 #: the node cap reaches at most this many times the largest emulation that came up within UP_TARGET_S
 #: (measured: 56 nodes came up in 21 s here, 104 did not within 150 s: verifying every pair grows faster)
 NODES_EXTRAPOLATE = 1.5
-#: bring-up samples kept (newest last)
-BRINGUP_KEEP = 20
+#: bring-up samples kept (newest last): at most BRINGUP_PER_SIZE of each node count (the newest),
+#: BRINGUP_KEEP in all. Per size, so that a test run's many small bring-ups do not push out the
+#: few large ones that set the node cap
+BRINGUP_KEEP = 48
+BRINGUP_PER_SIZE = 3
 ETH = 14
 
 
@@ -140,13 +143,27 @@ def pps_budget(budget: dict[str, Any] | None, cpus: int, frame: int, port_type: 
     return float(PPS_PER_CORE * cpus), f"constant {PPS_PER_CORE}/core (nothing measured: hpnlab doctor --measure)"
 
 
+def trim_bringups(samples: list[dict[str, Any]], keep: int = BRINGUP_KEEP,
+                  per_size: int = BRINGUP_PER_SIZE) -> list[dict[str, Any]]:
+    """The bring-up samples to keep (pure; newest last): the newest ``per_size`` of each node
+    count, at most ``keep`` in all."""
+    seen: dict[Any, int] = {}
+    out = []
+    for sample in reversed(samples):
+        n = sample.get("nodes")
+        if seen.get(n, 0) < per_size:
+            seen[n] = seen.get(n, 0) + 1
+            out.append(sample)
+    return out[::-1][-keep:]
+
+
 def record_bringup(nodes: int, up_s: float, path: Path | None = None, keep: int = BRINGUP_KEEP) -> None:
     """Add one bring-up sample (an emulation built, connected and verified in ``up_s``)."""
     path = path or budget_path()
     doc = load_budget(path) or {"version": 1, "ports": {}}
     sample = {"nodes": int(nodes), "up_s": round(float(up_s), 2),
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    doc["bringup"] = [*doc.get("bringup", []), sample][-keep:]
+    doc["bringup"] = trim_bringups([*doc.get("bringup", []), sample], keep)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

@@ -203,6 +203,23 @@ def test_the_budget_is_cached_where_the_environment_says_and_keeps_its_bring_ups
     assert sizing.load_budget(path) is None
 
 
+def test_a_test_runs_many_small_bring_ups_do_not_push_out_the_large_ones_that_set_the_cap(tmp_path):
+    path = tmp_path / "budget.json"
+    sizing.record_bringup(140, 53.0, path)
+    for _ in range(3 * sizing.BRINGUP_KEEP):
+        sizing.record_bringup(28, 12.5, path)
+    doc = sizing.load_budget(path)
+    assert doc is not None
+    kept = doc["bringup"]
+    assert [s["nodes"] for s in kept] == [140] + [28] * sizing.BRINGUP_PER_SIZE
+    assert sizing.nodes_max({"bringup": kept}, 2)[0] > 140
+
+
+def test_the_bring_ups_kept_are_bounded_in_all():
+    many = [{"nodes": n, "up_s": 1.0} for n in range(16, 200)]
+    assert [s["nodes"] for s in sizing.trim_bringups(many, keep=10)] == list(range(190, 200))
+
+
 # ---- RoCE-sized frames: every MTU-dependent piece follows the scenario's MTU --------------------
 
 def test_an_mtu_of_4096_sizes_shaping_ecn_and_the_roce_transport_by_its_frame():
