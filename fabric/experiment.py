@@ -42,7 +42,7 @@ from . import collectives as col
 from . import ecn_settings, ranks, report
 from . import placement as pl
 from .errors import UserError
-from .jobspec import JobSpec, host_job
+from .jobspec import JobSpec, check_on, host_job
 from .jobspec import label as mix_label
 from .jobspec import parse as parse_jobs
 from .placement import Job
@@ -161,10 +161,8 @@ class Plan:
         put("job_specs", specs)
         if specs and self.jobs != 1:
             raise UserError("--jobs takes either a number of identical jobs or job specs, not both")
+        check_on(specs)
         for k, spec in enumerate(specs):
-            if spec.on is not None and not (0 <= spec.on < k and specs[spec.on].on is None):
-                raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): on= must name an earlier job "
-                                f"that has hosts of its own")
             if spec.on is not None and self.ranks_of(k) > self.ranks_of(spec.on):
                 raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): {self.ranks_of(k)} ranks on job "
                                 f"{spec.on + 1}'s {self.ranks_of(spec.on)} hosts (at most one rank per host)")

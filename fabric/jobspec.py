@@ -148,9 +148,6 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
         if len(fields["msg"]) != 1:
             raise UserError(f"{where}: msg= takes one size")
     on = fields.get("on")
-    if on is not None and on >= index:
-        raise UserError(f"{where}: on={on} must name an earlier job (1..{index - 1})" if index > 1
-                        else f"{where}: on= names an earlier job; the first job has none")
     ranks = fields.get("ranks")
     root = fields.get("root", 0)
     if ranks is not None and root >= ranks:
@@ -167,12 +164,23 @@ def parse(text: str) -> tuple[JobSpec, ...]:
     if not items:
         raise UserError("--jobs: no job given (example: all_reduce:ranks=4,size=1M;incast:ranks=5,msg=16K)")
     specs = tuple(parse_one(item, k + 1) for k, item in enumerate(items))
-    for k, spec in enumerate(specs):
-        further = specs[spec.on].on if spec.on is not None else None
-        if spec.on is not None and further is not None:
-            raise UserError(f"--jobs: job {k + 1} ({spec.describe()}): job {spec.on + 1} runs on job "
-                            f"{further + 1}'s hosts itself; name job {further + 1}")
+    check_on(specs)
     return specs
+
+
+def check_on(specs: tuple[JobSpec, ...]) -> None:
+    """Every ``on=`` names an earlier job that has hosts of its own (a mistake: one line naming the job)."""
+    for k, spec in enumerate(specs):
+        if spec.on is None:
+            continue
+        where = f"--jobs: job {k + 1} ({spec.describe()})"
+        if not 0 <= spec.on < k:
+            raise UserError(f"{where}: on={spec.on + 1} must name an earlier job (1..{k})" if k
+                            else f"{where}: on= names an earlier job; the first job has none")
+        further = specs[spec.on].on
+        if further is not None:
+            raise UserError(f"{where}: job {spec.on + 1} runs on job {further + 1}'s hosts itself; "
+                            f"name job {further + 1}")
 
 
 def host_job(specs: tuple[JobSpec, ...], job: int) -> int:
