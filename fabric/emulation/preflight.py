@@ -20,6 +20,8 @@ from . import ovsdb
 from .controller_process import port_free
 
 CONTROLLERS = ("hpnlab", "none")
+
+
 def check_tcp_congestion(wanted: str, available: str | None, allowed: str | None) -> None:
     """Refuse a congestion control the hosts cannot be given (pure). ``available``: the text of
     ``tcp_available_congestion_control``; ``allowed``: of ``tcp_allowed_congestion_control``, the

@@ -114,6 +114,13 @@ DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
 # the sender learns which of its paths deliver
 HDR = struct.Struct("!BBHHIIIIIH")
 PSEQ_MASK = 0xFFFF
+NO_REPORT = 0xFFFFFFFF
+MAX_PATHS = 255
+LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
+IP_UDP = 28          # IPv4 + UDP headers
+ETH = 14             # what an htb shaper counts on top of the IP packet
+ECT0, CE = 0x02, 0x03
+IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 
 def path_gap(last: int, pseq: int) -> int | None:
@@ -124,13 +131,6 @@ def path_gap(last: int, pseq: int) -> int | None:
     if d == 0 or d > PSEQ_MASK // 2:
         return None
     return d - 1
-NO_REPORT = 0xFFFFFFFF
-MAX_PATHS = 255
-LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
-IP_UDP = 28          # IPv4 + UDP headers
-ETH = 14             # what an htb shaper counts on top of the IP packet
-ECT0, CE = 0x02, 0x03
-IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 
 @dataclass(frozen=True)
