@@ -147,7 +147,7 @@ def convert(key: str, action: argparse.Action, value: Any) -> Any:
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):
         if not isinstance(value, bool):
             raise UserError(f"{key}: expected true or false (as {_flag(action)}), got {_shown(value)}")
-        return value              # the key is the dest: `ovs_realtime: false` is what --no-ovs-realtime stores
+        return value              # the key is the dest: `no_verify: true` is what --no-verify stores
     if isinstance(action, argparse._StoreConstAction):
         if not isinstance(value, bool):
             raise UserError(f"{key}: expected true or false (as {_flag(action)}), got {_shown(value)}")

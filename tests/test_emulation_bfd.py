@@ -144,10 +144,11 @@ def test_the_fabric_is_whole_after_repair(emu):
     assert result["failed"] == []
 
 
-def test_ovs_vswitchd_forwards_with_a_real_time_policy_during_the_run(emu):
+def test_ovs_vswitchd_forwards_at_nice_minus_20_and_not_real_time_during_the_run(emu):
     import os
-    pid = emu.metadata["ovs_realtime"]["pid"]
-    assert os.sched_getscheduler(pid) == os.SCHED_RR
+    pid = emu.metadata["ovs_sched"]["pid"]
+    assert os.sched_getscheduler(pid) == os.SCHED_OTHER       # real-time throttling stalled it
+    assert os.getpriority(os.PRIO_PROCESS, pid) == -20
 
 
 def test_the_failover_probe_sees_a_gray_failure_end_before_its_repair_and_accounts_for_every_packet(emu):

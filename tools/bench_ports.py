@@ -23,7 +23,7 @@ spine's egress port, UDP offered at 50 Mbit/s, and the delivered rate and the pa
 
 ``--save`` writes the result as the machine's measured budget (``hpnlab.fabric.sizing``:
 the size check and the default emulated rates derive from it; ``hpnlab doctor --measure``
-runs this with ``--save``). As during an emulation, ovs-vswitchd's main thread runs SCHED_RR
+runs this with ``--save``). As during an emulation, ovs-vswitchd's main thread runs at nice -20
 while it measures (put back after). Needs root, Open vSwitch and iperf3; without them it says so
 and exits 0 (nothing to measure). Takes the emulation lock (/run/hpnlab/lock) while it runs.
 """
@@ -201,16 +201,17 @@ def tc_check(port_type: str, run_id: str, seconds: float) -> dict[str, Any]:
             "passes_tc_egress": packets > 0 and r["mbps"] < 12.0}
 
 
-def realtime_ovs(priority: int = 5) -> tuple[int, int, int] | None:
-    """ovs-vswitchd's main thread SCHED_RR, as an emulation runs it (``Emulation._realtime_ovs``);
-    returns (pid, old policy, old priority) to put back."""
+def boost_ovs() -> tuple[int, int, int, int] | None:
+    """ovs-vswitchd's main thread at nice -20, as an emulation runs it (``ovs_sched``); returns
+    (pid, old policy, old priority, old nice) to put back."""
+    from hpnlab.fabric.emulation import ovs_sched
     try:
-        pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().split()[0])
-        old = (pid, os.sched_getscheduler(pid), os.sched_getparam(pid).sched_priority)
-        os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
+        pid = ovs_sched.ovs_pid()
+        old = ovs_sched.saved(pid)
+        ovs_sched.boost(pid)
     except (OSError, ValueError):
         return None
-    return old
+    return (pid, *old)
 
 
 def summary(values: list[float]) -> dict[str, float]:
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # unwind (teardown) on SIGTERM too
     lock = Lock()
     lock.acquire("bench_ports", wait_s=600)
-    old_sched = realtime_ovs()
+    old_sched = boost_ovs()
     run_id = f"bench-ports-{os.getpid()}"
     load = os.getloadavg()
     say(f"bench_ports: leaf-spine-leaf chain (3 userspace bridges, {args.paths} parallel paths), {caps.cpus} cores, "
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         teardown()
         if old_sched is not None:
             try:
-                os.sched_setscheduler(old_sched[0], old_sched[1], os.sched_param(old_sched[2]))
+                from hpnlab.fabric.emulation import ovs_sched
+                ovs_sched.restore(*old_sched)
             except OSError:
                 pass
         lock.release()

@@ -8,6 +8,7 @@ import time
 
 from hpnlab.fabric import spec
 from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
+from hpnlab.fabric.emulation.ovs_sched import MODES as OVS_SCHED_MODES
 from hpnlab.fabric.errors import UserError
 
 from .argtypes import output_file
@@ -79,10 +80,14 @@ def register(sub) -> None:
                         f"{DEFAULT_BFD_MS} ms, the shortest that never flapped on a busy 2-core machine); a port whose "
                         f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
-    p.add_argument("--no-ovs-realtime", dest="ovs_realtime", action="store_false",
-                   help="leave ovs-vswitchd's scheduling alone (by default its main thread runs SCHED_RR during the "
-                        "run: on the userspace datapath it forwards every packet, and on a busy machine its waits "
-                        "for the CPU stall every flow; README: failures)")
+    p.add_argument("--ovs-sched", choices=OVS_SCHED_MODES, default="nice",
+                   help="ovs-vswitchd's main thread during the run: nice (default: nice -20; on the userspace "
+                        "datapath it forwards every packet, and on a busy machine its waits for the CPU stall "
+                        "every flow), rr (SCHED_RR, as earlier releases: under traffic real-time throttling "
+                        "takes its CPU away for tens of ms; README: failures), deadline (SCHED_DEADLINE, 0.9 ms "
+                        "of every 1 ms) or off (left alone)")
+    p.add_argument("--no-ovs-realtime", dest="ovs_sched", action="store_const", const="off",
+                   help="the same as --ovs-sched off (its earlier name)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
                         "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, link-idle, "
@@ -164,7 +169,7 @@ def cmd_emulate(args) -> int:
                     verify_branches=args.verify_branches,
                     servers=args.servers.split(",") if args.servers else None, placement=args.placement,
                     controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
-                    ovs_realtime=args.ovs_realtime, fast_failover=not args.no_fast_failover,
+                    ovs_sched=args.ovs_sched, fast_failover=not args.no_fast_failover,
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
                     port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
                     on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights,

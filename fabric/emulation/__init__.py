@@ -23,8 +23,9 @@ Python API (stable; tools and tests build on it)::
         emu.link_drop("p0l0", "p0s1", side="p0l0")   # gray: p0l0's egress drops all, carrier stays
         emu.link_restore("p0l0", "p0s1", side="p0l0")
         # Emulation(..., bfd_ms=50): BFD on every fabric port (a failed session: port not live)
-        # Emulation(..., ovs_realtime=False): leave ovs-vswitchd's scheduling alone (default: its
-        # main thread runs SCHED_RR for the run; it forwards every packet on the userspace datapath)
+        # Emulation(..., ovs_sched="off"): leave ovs-vswitchd's scheduling alone (default "nice": its
+        # main thread runs at nice -20 for the run, it forwards every packet on the userspace datapath;
+        # "rr": SCHED_RR as earlier releases did, which real-time throttling stalls under traffic)
         # Emulation(..., rewire=Rewire(swap=[...], drop=[...], dpid_base=..., port_offset=...)): cabled
         # differently from the scenario, or on foreign dpids/ofports (emulation/rewire.py); the
         # controller's wiring report is emu.metadata["wiring"], a staged rollout's emu.metadata["rollout"]

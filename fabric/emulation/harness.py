@@ -27,6 +27,7 @@ from .. import kernel, sizing, spec
 from ..errors import UserError
 from ..mn import FabricTopo, host_interfaces
 from . import nodes, ovsdb, preflight, reachability, shaping, walks
+from . import ovs_sched as ovs_sched_mod
 from .controller_process import (
     DEFAULT_OFP_PORT,
     ControllerError,
@@ -72,7 +73,7 @@ class Emulation:
                  connect_timeout: float = 60.0, controller_args: Iterable[str] = (), lock_wait_s: float = 0.0,
                  ready_timeout: float = 30.0, inactivity_probe_ms: int | None = None,
                  servers: list[str] | None = None, placement: str = "plane", controller_ip: str = "127.0.0.1",
-                 bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_realtime: bool = True,
+                 bfd_ms: int = 0, bfd_mult: int = ovsdb.BFD_MULT, ovs_sched: str = "nice",
                  fast_failover: bool = True, ecn_policy: str = "static", telemetry_interval_ms: int = 200,
                  log: Callable[[str], None] | None = _log_default, port_type: str | None = None,
                  rewire: Rewire | None = None, wiring_timeout: float = 60.0,
@@ -156,14 +157,17 @@ class Emulation:
         if not bfd_ms and self.scenario.bfd.enabled:
             self.bfd_ms, self.bfd_tx_ms = self.scenario.bfd.min_rx_ms, self.scenario.bfd.min_tx_ms
             self.bfd_mult = self.scenario.bfd.mult
-        #: run ovs-vswitchd's main thread SCHED_RR while the emulation runs (``_realtime_ovs``;
-        #: on by default: without it, healthy paths stall 9-26 ms whenever the machine is busy)
-        self.ovs_realtime = ovs_realtime
+        #: ovs-vswitchd's main thread while the emulation runs (``ovs_sched``): nice -20 (default:
+        #: without it, healthy paths stall whenever the machine is busy), rr (SCHED_RR, as earlier
+        #: releases did: real-time throttling stalls it), deadline (SCHED_DEADLINE) or off
+        if ovs_sched not in ovs_sched_mod.MODES:
+            raise UserError(f"ovs_sched must be one of {', '.join(ovs_sched_mod.MODES)}, got {ovs_sched!r}")
+        self.ovs_sched = ovs_sched
         #: switch port type asked for: auto|system|afxdp|afxdp-nonpmd (None: $HPNLAB_PORT_TYPE, else auto);
         #: the one used is ``metadata["port_type"]["type"]`` once started
         self.requested_port_type = kernel.port_type_request(port_type)
         self.port_type = "system"
-        self._ovs_sched: tuple[int, int, Any] | None = None
+        self._ovs_sched: tuple[int, int, int, int] | None = None
         #: ovs-vswitchd's send socket(s) whose buffer this run raised: (pid, fd, old size)
         self.log = log or (lambda m: None)
         self.graph = fgraph.build(self.scenario)
@@ -250,8 +254,8 @@ class Emulation:
             self.timings["built_s"] = time.monotonic() - t0
             if self.on_built is not None:
                 self.on_built(self)
-            if self.ovs_realtime and self.metadata.get("datapath") == "user":
-                self._realtime_ovs()     # only the userspace datapath forwards in that thread
+            if self.ovs_sched != "off" and self.metadata.get("datapath") == "user":
+                self._boost_ovs()     # only the userspace datapath forwards in that thread
             if self.bfd_ms:
                 self._enable_bfd()
                 self.timings["bfd_s"] = time.monotonic() - t0
@@ -475,33 +479,23 @@ class Emulation:
         except nodes.NodeError as exc:
             raise EmulationError(str(exc)) from None
 
-    def _realtime_ovs(self, priority: int = 5) -> None:
-        """Give ovs-vswitchd's main thread a real-time policy (SCHED_RR) for the run.
-
-        Why: on the userspace datapath the `system` (AF_PACKET) ports are not polled by PMD
-        threads but by ovs-vswitchd's main thread (lib/dpif-netdev.c, dpif_netdev_run: every
-        non-PMD port through the NON_PMD_CORE_ID context), the same loop that handles OpenFlow
-        messages, ovsdb, netlink and port changes. On a busy 2-core machine that thread waits
-        for the CPU, and every flow in the fabric stops with it: measured with the failover
-        probe (README: failures), a link failure's gaps on flows that never crossed it lost
-        their network share (arrival gap minus send gap: 10-55 ms down to 0-8 ms), and carrier
-        loss reached the controller in 14-16 ms instead of 28-34 ms. The thread sleeps in poll()
-        when idle, so the policy costs nothing then. The old policy is written into the run's
-        state file first, so stop, and `hpnlab clean` after a crash, put it back."""
+    def _boost_ovs(self) -> None:
+        """Raise ovs-vswitchd's main thread for the run as ``self.ovs_sched`` says (``ovs_sched``:
+        it forwards every packet of a `system` port on the userspace datapath; on a busy machine
+        its waits for the CPU stall every flow). The old policy and nice value go into the run's
+        state file first, so stop, and `hpnlab clean` after a crash, put them back."""
         try:
-            pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().split()[0])
-            old = (pid, os.sched_getscheduler(pid), os.sched_getparam(pid))
-            if old[1] == os.SCHED_RR and old[2].sched_priority == priority:
-                # left by a run killed before this fix recorded the policy: restore the default
-                old = (pid, os.SCHED_OTHER, os.sched_param(0))
+            pid = ovs_sched_mod.ovs_pid()
+            old = ovs_sched_mod.saved(pid)
             if self.state is not None:
-                self.state.add_scheduling(pid, old[1], old[2].sched_priority)
-            os.sched_setscheduler(pid, os.SCHED_RR, os.sched_param(priority))
+                self.state.add_scheduling(pid, *old)
+            now = ovs_sched_mod.boost(pid, self.ovs_sched)
         except (OSError, ValueError) as exc:
-            self.log(f"ovs-vswitchd could not be given a real-time policy ({exc}); forwarding may stall under load")
+            self.log(f"ovs-vswitchd's priority could not be raised ({exc}); forwarding may stall under load")
             return
-        self._ovs_sched = old
-        self.metadata["ovs_realtime"] = {"pid": pid, "policy": "SCHED_RR", "priority": priority}
+        self._ovs_sched = (pid, *old)
+        self.metadata["ovs_sched"] = {"pid": pid, "mode": self.ovs_sched, **now,
+                                      "before": {"policy": old[0], "priority": old[1], "nice": old[2]}}
 
     def _size_ovs_send_buffer(self) -> None:
         """Raise ovs-vswitchd's one send socket to hold every switch port's full queue
@@ -528,10 +522,10 @@ class Emulation:
 
     def _restore_ovs(self) -> None:
         if self._ovs_sched is not None:
-            pid, policy, param = self._ovs_sched
+            pid, policy, priority, nice = self._ovs_sched
             self._ovs_sched = None
             try:
-                os.sched_setscheduler(pid, policy, param)
+                ovs_sched_mod.restore(pid, policy, priority, nice)
             except OSError:
                 pass
 

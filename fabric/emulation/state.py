@@ -10,8 +10,8 @@ Everything an emulation creates on the machine is written into its state file
                  start time so that a reused pid is never killed
 ``bpf_pins``     bpffs paths (pinned ECN program and maps)
 ``dirs``         run directories (logs, compiled objects)
-``scheduling``   processes of the machine whose scheduling policy the run changed (ovs-vswitchd's
-                 main thread on the userspace datapath), with the policy to restore
+``scheduling``   processes of the machine whose scheduling the run changed (ovs-vswitchd's main
+                 thread on the userspace datapath), with the policy and nice value to restore
 ``send_buffers`` sockets of the machine whose send buffer the run raised (ovs-vswitchd's packet
                  socket on the userspace datapath, :mod:`.datapath_socket`): pid, start time,
                  descriptor, inode and the size to restore while that process still holds it
@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from . import ovsdb
+from . import ovs_sched, ovsdb
 
 __all__ = ["ENV_MARK", "Lock", "RunState", "all_runs", "clean", "marked_pids", "pid_alive", "teardown"]
 
@@ -207,9 +207,11 @@ class RunState:
             self.empty_dirs.append(path)
             self.save()
 
-    def add_scheduling(self, pid: int, policy: int, priority: int) -> None:
-        """Record a process's scheduling policy before the run changes it (restored at teardown)."""
-        self.scheduling.append({"pid": pid, "start": _pid_start(pid), "policy": policy, "priority": priority})
+    def add_scheduling(self, pid: int, policy: int, priority: int, nice: int | None = None) -> None:
+        """Record a thread's scheduling policy and nice value before the run changes them (restored
+        at teardown)."""
+        self.scheduling.append({"pid": pid, "start": _pid_start(pid), "policy": policy, "priority": priority,
+                                "nice": nice})
         self.save()
 
     def add_send_buffer(self, pid: int, fd: int, inode: str, size: int) -> None:
@@ -325,11 +327,11 @@ def restore_send_buffers(entries: list[dict[str, Any]], log: Callable[[str], Non
 def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> dict[str, int]:
     """Remove everything one run's state lists. Returns counts of what was removed."""
     removed = {"processes": 0, "bridges": 0, "interfaces": 0, "bpf_pins": 0, "dirs": 0}
-    # 0. scheduling policies the run changed on processes it did not create: put them back
+    # 0. scheduling policies and nice values the run changed on processes it did not create: put them back
     for entry in state.scheduling:
         if pid_alive(entry["pid"], entry.get("start")):
             try:
-                os.sched_setscheduler(entry["pid"], entry["policy"], os.sched_param(entry["priority"]))
+                ovs_sched.restore(entry["pid"], entry["policy"], entry["priority"], entry.get("nice"))
             except OSError as exc:
                 log(f"could not restore the scheduling policy of pid {entry['pid']}: {exc}")
     removed["send_buffers"] = restore_send_buffers(state.send_buffers, log)    # put back, in fact
