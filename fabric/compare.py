@@ -364,9 +364,12 @@ def dynamic_supported(run: Callable[..., Any]) -> bool:
 
 
 def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequence[str], repeat: int, *,
-                   say: Callable[[str], None] = print, run: Callable[..., Any] | None = None) -> dict[str, Any]:
+                   say: Callable[[str], None] = print, run: Callable[..., Any] | None = None,
+                   dynamic_policy: str = "dynamic") -> dict[str, Any]:
     """Run the :func:`schedule` on ``emu`` (``base``: an ``experiment.Plan`` giving transport,
-    entropy and the generator's options; each workload replaces its jobs). Returns the
+    entropy and the generator's options; each workload replaces its jobs). The ``dynamic``
+    setting runs the controller policy ``dynamic_policy`` (a built-in name, MODULE:CLASS or
+    FILE.py: a policy of one's own, measured beside the statics). Returns the
     comparison document: {"meta", "records": [{"rep", "workload", "setting", "summary",
     "doc"} or {..., "unavailable"}], "aggregate", "ratios"}."""
     from . import experiment
@@ -388,7 +391,7 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
         say(f"[{k + 1}/{len(order)}] repetition {rep + 1}, {w}, ECN {s}")
         kwargs: dict[str, Any] = {"ecn_thresholds": "default" if s == DYNAMIC else s}
         if s == DYNAMIC:
-            kwargs["ecn_policy"] = "dynamic"
+            kwargs["ecn_policy"] = dynamic_policy
         started = time.monotonic()
         try:
             doc = run(plans[w], emu, progress=False, say=lambda m: None, **kwargs)
@@ -414,7 +417,7 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
     agg = aggregate(records)
     meta = {"workloads": {w: WORKLOADS[w] for w in workloads}, "settings": list(settings), "repeat": repeat,
             "order": [list(x) for x in order], "wall_s": time.monotonic() - t0,
-            "dynamic_available": dynamic_ok, "plan": base.as_dict()}
+            "dynamic_available": dynamic_ok, "dynamic_policy": dynamic_policy, "plan": base.as_dict()}
     return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
 
 

@@ -197,6 +197,18 @@ def test_run_comparison_passes_the_policy_for_dynamic_when_the_run_takes_it():
     assert calls == [("default", "dynamic")]
 
 
+def test_the_dynamic_setting_runs_a_policy_of_ones_own_and_records_which():
+    calls = []
+
+    def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None, ecn_policy=None):
+        calls.append((ecn_thresholds, ecn_policy))
+        return doc(busbw=0.001)
+    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["low", "dynamic"], 1, say=lambda m: None,
+                                  run=run, dynamic_policy="mine.py:Mine")
+    assert sorted(calls, key=str) == sorted([("low", None), ("default", "mine.py:Mine")], key=str)
+    assert comp["meta"]["dynamic_policy"] == "mine.py:Mine"
+
+
 def test_a_failed_run_is_reported_and_the_others_kept():
     n = [0]
 

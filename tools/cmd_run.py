@@ -71,7 +71,8 @@ def register(sub) -> None:
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
     p.add_argument("--ecn-policy", default="static", metavar="NAME",
-                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
+                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py; "
+                        "with --compare ecn, the policy its dynamic setting runs (default dynamic)")
     p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
                    help="the controller polls port statistics and the ECN stage every N ms (default 200)")
     p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
@@ -197,7 +198,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.compare == "routing":
                 return _compare_routing(args, emu, plan, say, sized=sizes_given, collectives=routing_collectives)
             if comparing is not None:
-                doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say)
+                doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say,
+                                             dynamic_policy=args.ecn_policy if args.ecn_policy != "static"
+                                             else "dynamic")
             else:
                 doc = experiment.run(plan, emu, progress=web.source.progress if web else not args.quiet,
                                      say=say, timeline=events,
