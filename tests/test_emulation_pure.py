@@ -225,3 +225,14 @@ def test_run_and_emulate_take_the_arp_mode(command):
     args = build_parser().parse_args([command, "mini-hpn", "--arp", "per-host"])
     assert args.arp == "per-host"
     assert build_parser().parse_args([command, "mini-hpn"]).arp == "gateway"
+
+
+@pytest.mark.parametrize("argv, mode", [([], "nice"), (["--ovs-sched", "deadline"], "deadline"),
+                                        (["--no-ovs-realtime"], "off")])
+def test_ovs_sched_defaults_to_nice_and_the_old_flag_still_leaves_the_daemon_alone(argv, mode):
+    import argparse
+
+    from hpnlab.cli import cmd_emulate
+    p = argparse.ArgumentParser()
+    cmd_emulate.register(p.add_subparsers())
+    assert p.parse_args(["emulate", "mini-hpn", *argv]).ovs_sched == mode
