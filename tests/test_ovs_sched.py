@@ -52,3 +52,15 @@ def test_an_unknown_mode_is_refused_and_changes_nothing(proc):
     with pytest.raises(ValueError, match="known: nice, rr, deadline"):
         ovs_sched.boost(proc, "fifo")
     assert ovs_sched.saved(proc) == before
+
+
+def test_apply_records_what_to_put_back_before_it_changes_anything(proc, tmp_path, monkeypatch):
+    pid_file = tmp_path / "ovs-vswitchd.pid"
+    pid_file.write_text(f"{proc}\n")
+    monkeypatch.setattr(ovs_sched, "PID_FILE", pid_file)
+    before = ovs_sched.saved(proc)
+    seen = []
+    old, now = ovs_sched.apply(record=lambda *entry: seen.append((entry, ovs_sched.saved(proc))))
+    assert seen == [((proc, *before), before)]          # recorded while the thread was still untouched
+    assert old == (proc, *before) and now == {"policy": "SCHED_OTHER", "nice": ovs_sched.NICE}
+    assert os.getpriority(os.PRIO_PROCESS, proc) == ovs_sched.NICE

@@ -206,12 +206,9 @@ def boost_ovs() -> tuple[int, int, int, int] | None:
     (pid, old policy, old priority, old nice) to put back."""
     from hpnlab.fabric.emulation import ovs_sched
     try:
-        pid = ovs_sched.ovs_pid()
-        old = ovs_sched.saved(pid)
-        ovs_sched.boost(pid)
+        return ovs_sched.apply()[0]
     except (OSError, ValueError):
         return None
-    return (pid, *old)
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -485,17 +485,15 @@ class Emulation:
         its waits for the CPU stall every flow). The old policy and nice value go into the run's
         state file first, so stop, and `hpnlab clean` after a crash, put them back."""
         try:
-            pid = ovs_sched_mod.ovs_pid()
-            old = ovs_sched_mod.saved(pid)
-            if self.state is not None:
-                self.state.add_scheduling(pid, *old)
-            now = ovs_sched_mod.boost(pid, self.ovs_sched)
+            old, now = ovs_sched_mod.apply(self.ovs_sched,
+                                           self.state.add_scheduling if self.state is not None else None)
         except (OSError, ValueError) as exc:
             self.log(f"ovs-vswitchd's priority could not be raised ({exc}); forwarding may stall under load")
             return
-        self._ovs_sched = (pid, *old)
+        self._ovs_sched = old
+        pid, policy, priority, nice = old
         self.metadata["ovs_sched"] = {"pid": pid, "mode": self.ovs_sched, **now,
-                                      "before": {"policy": old[0], "priority": old[1], "nice": old[2]}}
+                                      "before": {"policy": policy, "priority": priority, "nice": nice}}
 
     def _size_ovs_send_buffer(self) -> None:
         """Raise ovs-vswitchd's one send socket to hold every switch port's full queue

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 PID_FILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
@@ -69,6 +70,18 @@ def boost(pid: int, mode: str = "nice") -> dict[str, int | str]:
     os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0))
     os.setpriority(os.PRIO_PROCESS, pid, NICE)
     return {"policy": "SCHED_OTHER", "nice": NICE}
+
+
+def apply(mode: str = "nice", record: Callable[[int, int, int, int], None] | None = None
+          ) -> tuple[tuple[int, int, int, int], dict[str, int | str]]:
+    """Raise ovs-vswitchd's main thread as ``mode`` says. ``record(pid, policy, priority, nice)``
+    gets what to put back before anything changes (a run's state file: crash-safe). Returns
+    ((pid, policy, priority, nice) to put back with ``restore``, what was set)."""
+    pid = ovs_pid()
+    old = (pid, *saved(pid))
+    if record is not None:
+        record(*old)
+    return old, boost(pid, mode)
 
 
 def restore(pid: int, policy: int, priority: int, nice: int | None) -> None:
