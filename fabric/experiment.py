@@ -298,10 +298,23 @@ class Plan:
                 for run in self.matrix()}
 
 
+#: the default sweep's share of each rank (size / ranks), smallest and largest: what a ring all-reduce
+#: step or an all-to-all peer carries. 32-256 KiB, as the 128K-1M sweep gave the 4 ranks of earlier
+#: defaults; with 8 ranks and the same sizes an all-to-all peer's 128 KiB took a few RTTs and the TCP
+#: all-to-all reached 0.44-0.46 of line where 2 MiB gave 0.70 (mini-hpn, 18 Mbit/s, MTU 4096)
+CHUNKS = (32 * 1024, 256 * 1024)
+
+
+def run_sizes(ranks: int) -> tuple[int, ...]:
+    """The default sweep of a run of ``ranks`` ranks: ``CHUNKS`` times the rank count, doubling."""
+    return sweep(CHUNKS[0] * max(1, ranks), CHUNKS[1] * max(1, ranks))
+
+
 #: the matrix `hpnlab run` and `hpnlab demo` run by default
-#: (8 ranks: the measured budget, ``hpnlab.fabric.sizing.run_rates``, carries every host port at once)
+#: (8 ranks: the measured budget, ``hpnlab.fabric.sizing.run_rates``, carries every host port at once;
+#: a run with other ranks takes ``run_sizes`` of its own)
 RUN_DEFAULTS = Plan(collectives=("all_reduce", "all_to_all"), transports=("roce", "tcp"),
-                    entropies=("flow", "spray"), sizes=sweep("128K", "1M"), iterations=3, inplace=False, ranks=8)
+                    entropies=("flow", "spray"), sizes=run_sizes(8), iterations=3, inplace=False, ranks=8)
 
 
 # ---- targets -------------------------------------------------------------------------------

@@ -127,6 +127,53 @@ def pps_at(budget: dict[str, Any] | None, port_type: str, frame: int) -> float |
     return points[-1][1]
 
 
+#: the generators keep up at a rate where the calibration cell's busbw fraction is at least this share of
+#: its fraction at the lowest rung (where the CPU is not the limit); measured on mini-hpn (8 ranks, MTU
+#: 4096, 2026-12-02): the sprayed all-reduce gave 0.957 at 18 Mbit/s, 0.866 at 27, 0.74 at 36, 0.55 at 54
+GENERATOR_KEEP = 0.95
+#: the calibration's rates, as shares of the rate the switches' budget gives (``default_rates``)
+GENERATOR_RUNGS = (0.25, 0.375, 0.5, 0.75, 1.0)
+
+
+def generator_rungs(host_mbps: float) -> list[float]:
+    """The host-port rates (Mbit/s) the generators' calibration runs (pure): ``GENERATOR_RUNGS`` of the
+    rate the switches carry, rounded down like ``default_rates``, distinct, at least 1 Mbit/s."""
+    out = []
+    for share in GENERATOR_RUNGS:
+        r = host_mbps * share
+        r = math.floor(r) if r >= 10 else math.floor(r * 10) / 10
+        if r >= 1 and r not in out:
+            out.append(float(r))
+    return out
+
+
+def generator_ceiling(gen: dict[str, Any] | None, keep: float = GENERATOR_KEEP) -> tuple[float, str] | None:
+    """The packets/s all sending host ports together may carry with the generators still keeping
+    up (pure), and a line saying how it was found; None without a calibration. ``gen``: the budget's
+    ``generators`` (``tools/bench_generators.py``): per rung its host-port rate and the busbw
+    fractions its repetitions reached. The median fraction against rate, linear between rungs,
+    is followed up from the lowest rung until it first falls below ``keep`` times the lowest
+    rung's; that rate (the highest rung when it never falls) over the frame size is the ceiling,
+    scaled to the calibration's sending ports: a run with fewer sending ports gets more per port
+    (the generators' cost is taken to be per packet)."""
+    rungs = sorted(((float(r["host_mbps"]), statistics.median(r["fractions"]))
+                    for r in (gen or {}).get("rungs", []) if r.get("fractions")), key=lambda x: x[0])
+    if not rungs or not gen:
+        return None
+    floor = keep * rungs[0][1]
+    rate = rungs[-1][0]
+    for (r0, f0), (r1, f1) in itertools.pairwise(rungs):
+        if f1 < floor:
+            rate = r0 + (r1 - r0) * (f0 - floor) / (f0 - f1) if f0 > floor else r0
+            break
+    frame_bits = 8 * (int(gen["mtu"]) + ETH)
+    pps = rate * 1e6 / frame_bits * int(gen["sending_ports"])
+    return pps, (f"the generators keep up to {rate:.1f} Mbit/s per host port at {gen['sending_ports']} ports and MTU "
+                 f"{gen['mtu']} (the {gen.get('cell', 'calibration')} cell's busbw fraction stays at least "
+                 f"{keep:.0%} of its {rungs[0][1]:.3f} at {rungs[0][0]:g} Mbit/s; "
+                 f"measured {gen.get('measured_at', '?')})")
+
+
 def max_frame(budget: dict[str, Any] | None, port_type: str) -> int | None:
     """The largest frame size this port type carried in the measurement (None: unmeasured)."""
     frames = ((budget or {}).get("ports", {}).get(port_type) or {}).get("frames", {})
@@ -301,19 +348,27 @@ def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any
     if "host_mbps" in given or "max_mbps" in given:
         return {}, f"rates as set: host ports {emu.host_mbps:g} Mbit/s"
     ports = sending_ports or host_ports(g)
+    gen = generator_ceiling((budget or {}).get("generators"))
     options = []
     for mtu in [emu.mtu] + ([ROCE_MTU] if "mtu" not in given and emu.mtu < ROCE_MTU else []):
         pps, source = pps_budget(budget, cpus, mtu + ETH)
         if not source.startswith("measured") or (mtu != emu.mtu and (max_frame(budget, "system") or 0) < mtu + ETH):
             continue                  # the RoCE MTU only where frames that large were measured
-        options.append((default_rates(g, pps, ports, mtu=mtu), mtu, pps, source))
+        usable = HEADROOM * pps
+        bound = (f"{ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a "
+                 f"leaf-spine-leaf path carries at {mtu + ETH} B frames, {source}")
+        if gen is not None and gen[0] < usable:
+            usable, bound = gen[0], (f"below the {HEADROOM:.0%} of the {pps:,.0f} packets/s the switches carry at "
+                                     f"{mtu + ETH} B frames ({source}): {gen[1]}")
+        options.append((default_rates(g, usable, ports, headroom=1.0, mtu=mtu), mtu, bound))
     if not options:
         return {}, (f"rates of the preset: host ports {emu.host_mbps:g} Mbit/s "
                     f"(nothing measured: hpnlab doctor --measure)")
-    rates, mtu, pps, source = max(options, key=lambda o: (o[0]["host_mbps"], -o[1]))
+    rates, mtu, bound = max(options, key=lambda o: (o[0]["host_mbps"], -o[1]))
     out: dict[str, Any] = dict(rates)
     if mtu != emu.mtu:
         out["mtu"] = mtu
+    if gen is None:
+        bound += "; the generators' ceiling was not measured (hpnlab doctor --measure)"
     return ({"emulation": out}, f"rates from the measured budget: host ports {rates['host_mbps']:g} Mbit/s at MTU "
-            f"{mtu} ({ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a "
-            f"leaf-spine-leaf path carries at {mtu + ETH} B frames, {source})")
+            f"{mtu} ({bound})")

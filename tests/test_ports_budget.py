@@ -240,3 +240,71 @@ def test_a_budget_measured_on_a_busy_machine_says_it_is_likely_low():
 
 def test_a_budget_measured_on_a_quiet_machine_says_nothing_of_load():
     assert sizing.busy_warning([0.5, 0.4, 0.3], [1.9, 1.0, 0.5], cpus=2) is None
+
+
+# ---- the generators' ceiling ------------------------------------------------------------------
+
+def _gen(curve: dict[float, list[float]], mtu: int = 4096, ports: int = 16) -> dict:
+    return {"mtu": mtu, "sending_ports": ports, "cell": "all_reduce roce spray",
+            "rungs": [{"host_mbps": r, "fractions": fs} for r, fs in curve.items()]}
+
+
+def _mbps(pps: float, ports: int = 16, mtu: int = 4096) -> float:
+    return pps / ports * 8 * (mtu + sizing.ETH) / 1e6
+
+
+def _ceiling(gen: dict) -> tuple[float, str]:
+    out = sizing.generator_ceiling(gen)
+    assert out is not None
+    return out
+
+
+def test_generator_rungs_run_from_a_quarter_of_the_switches_rate_to_all_of_it():
+    assert sizing.generator_rungs(54) == [13, 20, 27, 40, 54]
+    assert sizing.generator_rungs(8) == [2, 3, 4, 6, 8]
+
+
+def test_the_generators_ceiling_is_where_the_median_fraction_falls_below_the_kept_share_of_the_lowest_rungs():
+    # 0.95 x 0.96 = 0.912 is crossed a third of the way from 20 (0.93) to 27 (0.876)
+    pps, line = _ceiling(_gen({13: [0.96, 0.96], 20: [0.92, 0.94], 27: [0.87, 0.882],
+                                               40: [0.7], 54: [0.55]}))
+    assert _mbps(pps) == pytest.approx(20 + 7 * (0.93 - 0.912) / (0.93 - 0.876))
+    assert "95%" in line and "13 Mbit/s" in line
+
+
+def test_the_generators_ceiling_is_the_highest_rung_when_the_fraction_never_falls():
+    pps, _ = _ceiling(_gen({13: [0.9], 27: [0.91], 54: [0.89]}))
+    assert _mbps(pps) == pytest.approx(54)
+
+
+def test_the_generators_ceiling_stops_at_the_first_fall_even_when_a_higher_rung_recovers():
+    pps, _ = _ceiling(_gen({10: [0.9], 20: [0.5], 30: [0.9]}))
+    assert _mbps(pps) < 20
+
+
+def test_without_a_calibration_there_is_no_generators_ceiling():
+    assert sizing.generator_ceiling(None) is None
+    assert sizing.generator_ceiling(_gen({})) is None
+
+
+def test_run_rates_take_the_generators_ceiling_where_it_is_below_the_switches_share_and_say_so():
+    g = _g()
+    b = _budget({"system": {1514: [9_000], 4110: [30_000]}})
+    switches, line = sizing.run_rates(g, {}, b, 2, sending_ports=16)
+    assert "not measured" in line
+    top = switches["emulation"]["host_mbps"]
+    b["generators"] = _gen({top / 4: [0.95], top / 2: [0.6]})
+    capped, line = sizing.run_rates(g, {}, b, 2, sending_ports=16)
+    assert capped["emulation"]["host_mbps"] < top / 2
+    assert capped["emulation"]["mtu"] == 4096 and "generators keep up" in line
+    # a ceiling above the switches' share changes nothing
+    b["generators"] = _gen({top: [0.95], 2 * top: [0.95]})
+    assert sizing.run_rates(g, {}, b, 2, sending_ports=16)[0] == switches
+
+
+def test_the_generators_ceiling_is_shared_by_the_sending_ports():
+    g = _g()
+    b = {**_budget({"system": {4110: [300_000]}}), "generators": _gen({10: [0.9], 20: [0.9]}, ports=16)}
+    eight = sizing.run_rates(g, {}, b, 2, sending_ports=8)[0]["emulation"]["host_mbps"]
+    sixteen = sizing.run_rates(g, {}, b, 2, sending_ports=16)[0]["emulation"]["host_mbps"]
+    assert sixteen == 20 and eight == 40

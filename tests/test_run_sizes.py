@@ -33,3 +33,10 @@ def test_compare_routing_with_both_runs_the_b_size():
 
 def test_compare_routing_without_sizes_leaves_them_to_the_comparison():
     assert size_bounds(None, None, one_size=True) == (SMALLEST, LARGEST)
+
+
+def test_the_default_sweep_gives_every_rank_32_to_256_kib_whatever_the_rank_count():
+    from hpnlab.fabric import experiment
+    assert experiment.run_sizes(4) == experiment.sweep("128K", "1M")
+    assert experiment.run_sizes(8) == experiment.sweep("256K", "2M") == DEFAULTS.size_list
+    assert size_bounds(None, None, ranks=4) == (str(128 * 1024), str(1024 * 1024))

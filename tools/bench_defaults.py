@@ -2,10 +2,11 @@
 """Benchmark: the default run before and after the measured budget (issue 18), side by side.
 
 ``hpnlab run mini-hpn`` runs ``experiment.RUN_DEFAULTS`` (all-reduce and all-to-all over roce
-flow, roce spray and tcp, 128 KiB to 1 MiB). Before the budget it ran 4 ranks on the preset's
-rates (host ports 10 Mbit/s, fabric 40, MTU 1500); now it runs 8 ranks at the rates
-``sizing.rates_for_ranks`` derives from this machine's measured budget (``hpnlab doctor
---measure``). This benchmark runs both, interleaved (before, after, before, after, ...), each
+flow, roce spray and tcp, ``experiment.run_sizes``: 32-256 KiB per rank). Before the budget it ran
+4 ranks on the preset's rates (host ports 10 Mbit/s, fabric 40, MTU 1500) at 128 KiB to 1 MiB;
+now it runs 8 ranks at 256 KiB to 2 MiB at the rates ``sizing.rates_for_ranks`` derives from this
+machine's measured budget (``hpnlab doctor --measure``: the switches' ceiling and the
+generators'). This benchmark runs both, interleaved (before, after, before, after, ...), each
 on a fabric brought up for it, ``--repeat`` times, and prints per cell, at the largest size:
 
   aggregate  the bytes every rank puts on its ports per second, summed over the ranks
@@ -71,7 +72,7 @@ def one_run(preset: str, overrides: dict, ranks: int) -> dict:
     from hpnlab.fabric.emulation import Emulation
 
     scenario = spec.load(preset, overrides)
-    plan = experiment.RUN_DEFAULTS.replace(ranks=ranks)
+    plan = experiment.RUN_DEFAULTS.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
     with Emulation(scenario, controller="hpnlab", lock_wait_s=600, log=None) as emu:
         load = os.getloadavg()[0]
         t0 = time.monotonic()

@@ -46,7 +46,13 @@ def cmd_demo(args) -> int:
             say(f"[0/5] this machine's packet budget was never measured: measuring it once (about 2 min, "
                 f"cached in {sizing.budget_path()}; --no-measure skips)")
             bench_ports.main(["--save", "--tc-check"])
-        plan = plan.replace(ranks=default_ranks(g, plan.jobs))
+        if not args.no_measure and "generators" not in (sizing.load_budget() or {"generators": None}):
+            from . import bench_generators
+            say("[0/5] the rate up to which the collective generators keep up was never measured here: "
+                "measuring it once (about 3 min, cached beside the budget; --no-measure skips)")
+            bench_generators.main(["--save"])
+        ranks = default_ranks(g, plan.jobs)
+        plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
         rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)
         overrides = spec.deep_merge(overrides, rates)
         say(rates_line)

@@ -12,7 +12,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--measure", action="store_true",
                    help="(re)measure this machine's budget first: packets/s per switch port type and frame size "
-                        "(tools/bench_ports.py, ~2 min, root; cached for the size check and the default rates)")
+                        "(tools/bench_ports.py, ~2 min), then the rate up to which the collective generators keep "
+                        "up (tools/bench_generators.py, ~3 min); root; cached for the size check and the default "
+                        "rates")
     p.add_argument("--port-type", default=None, metavar="TYPE",
                    help="say what this port type (auto|system|afxdp|afxdp-nonpmd; default $HPNLAB_PORT_TYPE or "
                         "auto) means here")
@@ -108,6 +110,10 @@ def port_type_findings(caps, budget, requested: str, mtu: int) -> list[str]:
         lines.append(f"measured budget: {sizing.budget_path()} ({budget.get('measured_at', '?')}, load "
                      f"{' '.join(str(v) for v in budget.get('load', []))}"
                      + (f" before, {' '.join(str(v) for v in after)} after" if after else "") + ")")
+        gen = sizing.generator_ceiling(budget.get("generators"))
+        lines.append(f"generators: {gen[1]}" if gen else
+                     "generators: their ceiling was never measured; the default rates come from the switches alone "
+                     "(hpnlab doctor --measure)")
     return lines
 
 
@@ -117,6 +123,8 @@ def cmd_doctor(args) -> int:
     if args.measure:
         from hpnlab.cli import bench_ports
         bench_ports.main(["--save", "--tc-check"])
+        from hpnlab.cli import bench_generators
+        bench_generators.main(["--save"])
     caps = kernel.probe()
     rows = findings(caps)
     requested = kernel.port_type_request(args.port_type)

@@ -113,17 +113,20 @@ def default_ranks(g, jobs: int) -> int:
     return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
 
 
-def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = False) -> tuple[str, str]:
-    """(-b, -e) of the run's sweep, as nccl-tests reads them: what is given, the run's defaults for
-    the rest; a lone -e below the default smallest size is the sweep's only size. ``one_size``
-    (``--compare routing``, one size per collective): the size given, -b's when both are."""
+def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = False,
+                ranks: int = DEFAULTS.ranks) -> tuple[str, str]:
+    """(-b, -e) of the run's sweep, as nccl-tests reads them: what is given, the defaults of a run
+    of ``ranks`` ranks (``experiment.run_sizes``) for the rest; a lone -e below the default smallest
+    size is the sweep's only size. ``one_size`` (``--compare routing``, one size per collective):
+    the size given, -b's when both are."""
     if one_size and (minbytes or maxbytes):
         size = str(minbytes or maxbytes)
         return size, size
-    smallest = min(DEFAULTS.size_list)
+    defaults = experiment.run_sizes(ranks)
+    smallest = min(defaults)
     if minbytes is None and maxbytes is not None and col.parse_size(maxbytes) < smallest:
         return maxbytes, maxbytes
-    return minbytes or str(smallest), maxbytes or str(max(DEFAULTS.size_list))
+    return minbytes or str(smallest), maxbytes or str(max(defaults))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -141,13 +144,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         routing_collectives = tuple(c.strip() for c in args.collective.split(",") if c.strip())
         args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
                                                  for c in routing_collectives))
-    args.minbytes, args.maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing")
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
     g = fgraph.build(scenario)
     counted = jobspec.is_count(args.jobs)
     ranks = args.ranks if args.ranks is not None else default_ranks(g, int(args.jobs) if counted else 1)
+    args.minbytes, args.maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing",
+                                               ranks=ranks)
     if counted:
         plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=int(args.jobs))
     else:
