@@ -601,3 +601,14 @@ def test_tcp_reports_the_namespaces_ecn_and_congestion_control_as_the_kernel_has
         assert info["tcp_congestion_control"] == fh.read().strip()
     with open("/proc/sys/net/ipv4/tcp_ecn") as fh:
         assert info["tcp_ecn"] == fh.read().strip()
+
+
+def test_the_nic_serves_its_queue_pairs_round_robin_starting_past_the_rank_itself():
+    from hpnlab.fabric.transport.roce import serve_order
+    peers = [0, 1, 2, 4, 5, 6, 7]                       # rank 3's peers
+    assert [peers[i] for i in serve_order(peers, after=3)] == [4, 5, 6, 7, 0, 1, 2]
+    assert [peers[i] for i in serve_order(peers, after=5)] == [6, 7, 0, 1, 2, 4, 5]
+    assert [peers[i] for i in serve_order(peers, after=7)] == peers
+    # every rank of an all-to-all starts with a different peer: a permutation, not an incast
+    firsts = [[d for d in range(8) if d != r][serve_order([d for d in range(8) if d != r], r)[0]] for r in range(8)]
+    assert sorted(firsts) == list(range(8))

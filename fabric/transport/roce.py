@@ -123,6 +123,16 @@ ECT0, CE = 0x02, 0x03
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 
+def serve_order(dsts: list[int], after: int) -> list[int]:
+    """Indexes into ``dsts`` (ascending peer ranks) in the order a NIC serves their queue pairs:
+    round robin, starting with the first peer past ``after`` (the last one served; at first the
+    rank itself, so that rank r starts with r+1, as NCCL orders its peers). A fixed order would
+    give the lowest-numbered peer every free slot of the port: in an all-to-all every rank would
+    send to rank 0 first, a 7-to-1 incast, then to rank 1, and so on."""
+    k = next((i for i, d in enumerate(dsts) if d > after), 0)
+    return list(range(k, len(dsts))) + list(range(k))
+
+
 def path_gap(last: int, pseq: int) -> int | None:
     """How many packets are missing on a path between its newest path sequence ``last`` and a
     packet that arrives with ``pseq`` (16 bits, wrapping; pure): 0 in order, None for a
@@ -436,6 +446,7 @@ class RoceTransport(Transport):
         if not 0.1 <= pace <= 1.0:
             raise TransportError(f"pace must be between 0.1 and 1 (a fraction of line rate), got {pace}")
         self.pace = pace
+        self.last_served = -1                        # the peer whose flow the NIC served last (serve_order)
         self.line_rate_bps = float(line_rate_bps)    # per NIC port (plane)
         self.payload = mtu - IP_UDP - HDR.size
         if self.payload < 64:
@@ -557,6 +568,7 @@ class RoceTransport(Transport):
                 sock = self._link_sock = netlink_socket()
                 self._link_state = lambda name: link_up(name, sock)
         self.link_ok = [True] * self.planes
+        self.last_served = self.rank
         now = time.monotonic()
         for r in range(self.nranks):
             if r != self.rank:
@@ -734,7 +746,8 @@ class RoceTransport(Transport):
         progressed = True
         while progressed:
             progressed = False
-            for f in flows:
+            for i in serve_order([f.dst for f in flows], self.last_served):
+                f = flows[i]
                 # pacing with a small lookahead: a packet may leave up to `la` before its
                 # slot (the sending port's queue holds at most that), so one wake-up sends a
                 # few packets instead of one
@@ -755,6 +768,7 @@ class RoceTransport(Transport):
                 f.held_path = None
                 psn, e, is_retx = self._next_packet(f)
                 self._send(f, psn, e, path, now, is_retx)
+                self.last_served = f.dst
                 f.seq += 1
                 wire = (len(e[3]) + HDR.size + IP_UDP + ETH) * 8
                 # credit for a late wake-up (a busy CPU): catch up by at most max(2 packets,
