@@ -168,10 +168,10 @@ def generator_ceiling(gen: dict[str, Any] | None, keep: float = GENERATOR_KEEP) 
             break
     frame_bits = 8 * (int(gen["mtu"]) + ETH)
     pps = rate * 1e6 / frame_bits * int(gen["sending_ports"])
-    return pps, (f"the generators keep up to {rate:.1f} Mbit/s per host port at {gen['sending_ports']} ports and MTU "
-                 f"{gen['mtu']} (the {gen.get('cell', 'calibration')} cell's busbw fraction stays at least "
-                 f"{keep:.0%} of its {rungs[0][1]:.3f} at {rungs[0][0]:g} Mbit/s; "
-                 f"measured {gen.get('measured_at', '?')})")
+    return pps, (f"the generators keep up to {rate:.1f} Mbit/s per host port with {gen['sending_ports']} sending, "
+                 f"MTU {gen['mtu']}: the {gen.get('cell', 'calibration')} cell keeps {keep:.0%} of the busbw "
+                 f"fraction it reaches at {rungs[0][0]:g} Mbit/s ({rungs[0][1]:.3f}), measured "
+                 f"{gen.get('measured_at', '?')}")
 
 
 def max_frame(budget: dict[str, Any] | None, port_type: str) -> int | None:
@@ -358,8 +358,8 @@ def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any
         bound = (f"{ports} host ports sending at once use {HEADROOM:.0%} of the {pps:,.0f} packets/s a "
                  f"leaf-spine-leaf path carries at {mtu + ETH} B frames, {source}")
         if gen is not None and gen[0] < usable:
-            usable, bound = gen[0], (f"below the {HEADROOM:.0%} of the {pps:,.0f} packets/s the switches carry at "
-                                     f"{mtu + ETH} B frames ({source}): {gen[1]}")
+            usable, bound = gen[0], (f"{gen[1]}; below the switches' share: {HEADROOM:.0%} of the {pps:,.0f} "
+                                     f"packets/s they carry at {mtu + ETH} B frames, {source}")
         options.append((default_rates(g, usable, ports, headroom=1.0, mtu=mtu), mtu, bound))
     if not options:
         return {}, (f"rates of the preset: host ports {emu.host_mbps:g} Mbit/s "

@@ -308,3 +308,20 @@ def test_the_generators_ceiling_is_shared_by_the_sending_ports():
     eight = sizing.run_rates(g, {}, b, 2, sending_ports=8)[0]["emulation"]["host_mbps"]
     sixteen = sizing.run_rates(g, {}, b, 2, sending_ports=16)[0]["emulation"]["host_mbps"]
     assert sixteen == 20 and eight == 40
+
+
+def test_the_generators_calibration_runs_the_default_matrixs_sprayed_all_reduce_at_its_largest_size():
+    from hpnlab.cli import bench_generators
+    from hpnlab.fabric import experiment
+    p = bench_generators.plan()
+    assert (p.collectives, p.transports, p.entropies) == (("all_reduce",), ("roce",), ("spray",))
+    assert p.size_list == (max(experiment.RUN_DEFAULTS.size_list),) and p.ranks == experiment.RUN_DEFAULTS.ranks
+
+
+def test_the_generators_calibration_takes_its_rungs_from_the_switches_alone():
+    from hpnlab.cli import bench_generators
+    b = _budget({"system": {4110: [30_000]}})
+    alone, sending = bench_generators.switch_rates("mini-hpn", b)
+    b["generators"] = _gen({1: [0.9], 2: [0.1]})
+    assert bench_generators.switch_rates("mini-hpn", b) == (alone, sending) and sending == 16
+    assert sizing.generator_rungs(alone["host_mbps"])[-1] == alone["host_mbps"]
