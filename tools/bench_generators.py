@@ -107,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for k in range(args.repeat):
         for r in rungs:
-            res = one_run(args.preset, r, ratio, mtu)
+            try:
+                res = one_run(args.preset, r, ratio, mtu)
+            except (UserError, RuntimeError, OSError) as exc:     # the emulation's own errors are RuntimeErrors
+                say(f"bench_generators: the run at {r:g} Mbit/s failed ({str(exc).splitlines()[0][:300]}); "
+                    f"nothing saved")
+                return 1
             wrong += res["wrong"]
             runs[r].append(res)
             say(f"  rep {k + 1}/{args.repeat} {r:g} Mbit/s: fraction {res['fraction']:.3f}, retx {res['retx']}, "

@@ -49,7 +49,7 @@ def cmd_demo(args) -> int:
         if not args.no_measure and "generators" not in (sizing.load_budget() or {"generators": None}):
             from . import bench_generators
             say("[0/5] the rate up to which the collective generators keep up was never measured here: "
-                "measuring it once (about 3 min, cached beside the budget; --no-measure skips)")
+                "measuring it once (about 6 min, cached beside the budget; --no-measure skips)")
             bench_generators.main(["--save"])
         ranks = default_ranks(g, plan.jobs)
         plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
