@@ -19,7 +19,8 @@ def register(sub) -> None:
                    help="skip the collective experiment (the default 'hpnlab run' matrix)")
     p.add_argument("--no-measure", action="store_true",
                    help="on a machine whose budget was never measured, run at the preset's rates instead of "
-                        "measuring it first (hpnlab doctor --measure, about 2 min, once: it is cached)")
+                        "measuring it first (hpnlab doctor --measure: the switches, about 2 min, and the "
+                        "generators, about 6; once: it is cached)")
     p.set_defaults(func=cmd_demo)
 
 
