@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--no-measure", action="store_true",
                    help="on a machine whose budget was never measured, run at the preset's rates instead of "
                         "measuring it first (hpnlab doctor --measure: the switches, about 2 min, and the "
-                        "generators, about 6; once: it is cached)")
+                        "generators, 2-5 min; once: it is cached)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -50,7 +50,7 @@ def cmd_demo(args) -> int:
         if not args.no_measure and "generators" not in (sizing.load_budget() or {"generators": None}):
             from . import bench_generators
             say("[0/5] the rate up to which the collective generators keep up was never measured here: "
-                "measuring it once (about 6 min, cached beside the budget; --no-measure skips)")
+                "measuring it once (2-5 min, cached beside the budget; --no-measure skips)")
             bench_generators.main(["--save"])
         ranks = default_ranks(g, plan.jobs)
         plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))

@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("--measure", action="store_true",
                    help="(re)measure this machine's budget first: packets/s per switch port type and frame size "
                         "(tools/bench_ports.py, ~2 min), then the rate up to which the collective generators keep "
-                        "up (tools/bench_generators.py, ~6 min); root; cached for the size check and the default "
+                        "up (tools/bench_generators.py, 2-5 min); root; cached for the size check and the default "
                         "rates")
     p.add_argument("--port-type", default=None, metavar="TYPE",
                    help="say what this port type (auto|system|afxdp|afxdp-nonpmd; default $HPNLAB_PORT_TYPE or "
