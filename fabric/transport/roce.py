@@ -743,10 +743,11 @@ class RoceTransport(Transport):
                 oldest = f.unacked.get(f.una)
                 if oldest is not None and oldest[4] and now - oldest[4] > self._rto(f):
                     self._timeout(f, now)
+        dsts = [f.dst for f in flows]
         progressed = True
         while progressed:
             progressed = False
-            for i in serve_order([f.dst for f in flows], self.last_served):
+            for i in serve_order(dsts, self.last_served):
                 f = flows[i]
                 # pacing with a small lookahead: a packet may leave up to `la` before its
                 # slot (the sending port's queue holds at most that), so one wake-up sends a
