@@ -25,6 +25,7 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from hpnlab.fabric import experiment, report
@@ -70,6 +71,20 @@ def summary(title: str, rows: list[dict], line_bps: float) -> str:
     best = max(r["spray"] for r in rows)
     lines.append(f"spray best {best:.3f} vs the field's {GOAL} ({best / GOAL:.2f} of it)")
     return "\n".join(lines)
+
+
+def refuse(name: str, repeat: int, most: int, say: Callable[[str], None]) -> int | None:
+    """The exit code an emulated benchmark stops with before measuring, having said why in one
+    line: 2 for ``--repeat`` outside 1..``most``, 0 without root or Open vSwitch (nothing to
+    measure); None when it can run."""
+    if not 1 <= repeat <= most:
+        say(f"{name}: --repeat must be 1 to {most}, got {repeat}")
+        return 2
+    why = emulation_missing()
+    if why:
+        say(f"{name}: {why}; nothing measured")
+        return 0
+    return None
 
 
 def emulation_missing() -> str | None:

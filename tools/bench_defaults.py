@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from hpnlab.cli.bench_collective import emulation_missing
+from hpnlab.cli.bench_collective import refuse
 from hpnlab.fabric import experiment, report, sizing, spec
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric.compare import median_range as spread
@@ -134,13 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="leave out the control run (after's ranks at before's rates)")
     args = p.parse_args(argv)
     say = lambda m: print(m, flush=True)  # noqa: E731
-    if not 1 <= args.repeat <= 100:
-        say(f"bench_defaults: --repeat must be 1 to 100, got {args.repeat}")
-        return 2
-    why = emulation_missing()
-    if why:
-        say(f"bench_defaults: {why}; nothing measured")
-        return 0
+    refused = refuse("bench_defaults", args.repeat, 100, say)
+    if refused is not None:
+        return refused
     try:
         cfg = configs(args.preset, control=not args.no_control, after_set=spec.parse_overrides(args.overrides))
     except UserError as exc:

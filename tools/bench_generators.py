@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from hpnlab.cli.bench_collective import emulation_missing
+from hpnlab.cli.bench_collective import refuse
 from hpnlab.fabric import experiment, report, sizing, spec
 from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric.compare import median_range as spread
@@ -75,13 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save", action="store_true", help="add the result to this machine's budget")
     args = p.parse_args(argv)
     say = lambda m: print(m, flush=True)  # noqa: E731
-    if not 1 <= args.repeat <= 20:
-        say(f"bench_generators: --repeat must be 1 to 20, got {args.repeat}")
-        return 2
-    why = emulation_missing()
-    if why:
-        say(f"bench_generators: {why}; nothing measured")
-        return 0
+    refused = refuse("bench_generators", args.repeat, 20, say)
+    if refused is not None:
+        return refused
     budget = sizing.load_budget()
     if not (budget or {}).get("ports"):
         say("bench_generators: the switches' budget was never measured (tools/bench_ports.py --save first)")
