@@ -47,7 +47,8 @@ def cmd_demo(args) -> int:
             say(f"[0/5] this machine's packet budget was never measured: measuring it once (about 2 min, "
                 f"cached in {sizing.budget_path()}; --no-measure skips)")
             bench_ports.main(["--save", "--tc-check"])
-        if not args.no_measure and "generators" not in (sizing.load_budget() or {"generators": None}):
+        budget = sizing.load_budget() or {}
+        if not args.no_measure and budget.get("ports") and "generators" not in budget:
             from . import bench_generators
             say("[0/5] the rate up to which the collective generators keep up was never measured here: "
                 "measuring it once (2-5 min, cached beside the budget; --no-measure skips)")
