@@ -471,7 +471,13 @@ class _OnEmulation:
             stage.reset_counters()
         except UserError:
             pass                      # RED's counters are the qdisc's own; they are not reset
-        return QueueSampler(stage).start(), switch_drops(list(stage.ports))
+        return QueueSampler(stage).start(), {**switch_drops(list(stage.ports)), **self._ingress_drops()}
+
+    def _ingress_drops(self) -> dict[str, int]:
+        """What the switches' ingress dropped so far, keyed ``ingress:INTF`` (the harness's
+        ``ingress_drops``: OVS's receive sockets on the userspace datapath; {} elsewhere)."""
+        read = getattr(self.emu, "ingress_drops", None)
+        return {f"ingress:{k}": v for k, v in (read() if read else {}).items()}
 
     def after_run(self, results: list[dict], before: dict[str, dict[str, int]],
                   sampler: QueueSampler | None = None, drops_before: dict[str, int] | None = None) -> None:
@@ -487,6 +493,10 @@ class _OnEmulation:
                 ecn = ecn_summary(ecn_stage.counters())
                 drops = switch_drops(list(ecn_stage.ports))
                 ecn["drops"] = sum(max(0, v - (drops_before or {}).get(k, 0)) for k, v in drops.items())
+                ingress = self._ingress_drops()
+                if ingress:
+                    ecn["ingress_drops"] = sum(max(0, v - (drops_before or {}).get(k, 0))
+                                               for k, v in ingress.items())
                 if queues is not None:
                     ecn.update(queues)
                 ecn_stage.reset_counters()

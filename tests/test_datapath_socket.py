@@ -29,8 +29,24 @@ def test_only_the_owners_unbound_packet_sockets_are_its_send_sockets():
     assert ds.send_sockets(PACKET_TABLE, {}) == []           # another process's socket is left alone
 
 
+def test_a_ports_receive_buffer_holds_the_stall_allowance_at_its_rate_in_truesize():
+    frame = 4096 + 14
+    at_20 = ds.receive_buffer_bytes(20, 4096)
+    assert at_20 == 2 * frame * -(-20e6 / 8 * ds.RX_STALL_S // frame)
+    assert at_20 > 212_992                                   # the default that dropped packets unseen
+    assert ds.receive_buffer_bytes(0.1, 4096) == 2 * 64 * frame      # a slow port: still 64 frames
+    assert ds.receive_buffer_bytes(100_000, 4096) == ds.RX_MAX        # a fast one: bounded
+
+
+def test_a_ports_receive_socket_is_the_owners_packet_socket_bound_to_that_interface():
+    owner = {"11530": 73, "18197623": 218}
+    assert ds.receive_sockets(PACKET_TABLE, owner, {1252: "p0l0-eth1"}) == {218: ("18197623", "p0l0-eth1")}
+    assert ds.receive_sockets(PACKET_TABLE, owner, {1253: "p0l0-eth2"}) == {}       # another interface
+    assert ds.receive_sockets(PACKET_TABLE, {"11530": 73}, {1252: "p0l0-eth1"}) == {}  # another process's
+
+
 class FakeSocket:
-    """A send socket as ``raise_sockets`` reaches it: its size, and what happened to it in order."""
+    """A socket as ``raise_sockets`` reaches it: its size, and what happened to it in order."""
 
     def __init__(self, size: int, events: list):
         self.size, self.events = size, events
@@ -39,8 +55,15 @@ class FakeSocket:
         return self.size
 
     def setsockopt(self, level, option, value):
-        self.events.append(("set", value))
+        self.events.append(("set", value) if option == ds.SO_SNDBUFFORCE else ("set", option, value))
         self.size = 2 * value                                # the kernel doubles what it is given
+
+
+def test_a_receive_buffer_is_raised_with_the_receive_option():
+    events: list = []
+    out = ds.raise_sockets(42, {7: "111"}, 1_000_000, with_socket=lambda pid, fd, use: use(FakeSocket(212_992, events)),
+                           direction="receive")
+    assert events == [("set", ds.SO_RCVBUFFORCE, 500_000)] and out == [(42, 7, 212_992, 1_000_000)]
 
 
 def test_each_socket_is_recorded_before_its_buffer_is_raised():

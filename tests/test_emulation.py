@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -91,6 +92,19 @@ def _htb_class(emu, host, intf):
     sent = re.search(r"Sent (\d+) bytes", out)
     assert rate and sent, out
     return float(rate.group(1)) * _UNIT[rate.group(2)], int(sent.group(1))
+
+
+def test_every_switch_ports_ingress_socket_holds_the_stall_allowance_and_its_drops_are_read(mini_hpn):
+    from hpnlab.fabric.emulation import datapath_socket as ds
+    if mini_hpn.metadata.get("datapath") != "user" or mini_hpn.port_type != "system":
+        pytest.skip("no ovs-vswitchd receive sockets: not the userspace datapath with system ports")
+    ports = [p for p in mini_hpn.switch_ports() if p["local"]]
+    pid, socks = ds._port_sockets([p["intf"] for p in ports])
+    want = {p["intf"]: ds.receive_buffer_bytes(p["rate_mbps"], mini_hpn.scenario.emulation.mtu) for p in ports}
+    got = {intf: ds._with_socket(pid, fd, lambda s: s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+           for fd, (_inode, intf) in socks.items()}
+    assert set(got) == set(want) and all(got[i] >= want[i] for i in want)
+    assert set(mini_hpn.ingress_drops()) == set(want)
 
 
 def test_each_host_interface_is_shaped_by_htb_at_its_emulated_rate(mini_hpn):

@@ -274,6 +274,7 @@ class Emulation:
                 self._verify_branches()
             if self.metadata.get("datapath") == "user" and self.port_type == "system" and self.want_shape:
                 self._size_ovs_send_buffer()     # after traffic crossed it: OVS opens the socket on first use
+                self._size_ovs_receive_buffers()
             self.timings["up_s"] = time.monotonic() - t0
             if self.verify and not self.servers:
                 sizing.record_bringup(self.graph.number_of_nodes(), self.timings["up_s"])
@@ -510,13 +511,42 @@ class Emulation:
         try:
             done = datapath_socket.raise_send_buffer(want, record)    # each old size recorded before it changes
         except (OSError, ValueError) as exc:
-            line = (f"ovs-vswitchd's send buffer could not be raised to {want:,} B ({exc}): switch queues "
-                    f"beyond it lose packets no counter shows")
-            self.log(line)
-            self.metadata.setdefault("not_emulated", []).append(line)
-            return
+            return self._not_emulated(f"ovs-vswitchd's send buffer could not be raised to {want:,} B ({exc}): "
+                                      f"switch queues beyond it lose packets no counter shows")
         self.metadata["ovs_send_buffer"] = {"wanted_bytes": want, "before_bytes": [d[2] for d in done],
                                             "after_bytes": [d[3] for d in done]}
+
+    def _size_ovs_receive_buffers(self) -> None:
+        """Raise ovs-vswitchd's receive socket of every local switch port to hold a stall of
+        ``datapath_socket.RX_STALL_S`` at the port's rate (below that, a busy machine made OVS's
+        ingress drop packets no counter saw). The sockets go with their ports: nothing to put back."""
+        from . import datapath_socket
+
+        mtu = self.scenario.emulation.mtu
+        wants = {p["intf"]: datapath_socket.receive_buffer_bytes(p["rate_mbps"], mtu)
+                 for p in self.switch_ports() if p["local"]}
+        try:
+            done = datapath_socket.raise_receive_buffers(wants)
+        except (OSError, ValueError) as exc:
+            return self._not_emulated(f"ovs-vswitchd's receive buffers could not be raised ({exc}): a busy "
+                                      f"machine makes the switches' ingress drop packets (counted per run as "
+                                      f"ingress drops)")
+        self.metadata["ovs_receive_buffers"] = {
+            "ports": len(done), "wanted_bytes": sorted(set(wants.values())),
+            "before_bytes": sorted({d[1] for d in done}), "after_bytes": sorted({d[2] for d in done})}
+
+    def _not_emulated(self, line: str) -> None:
+        """Say, in the log and the run's metadata, what this machine could not emulate."""
+        self.log(line)
+        self.metadata.setdefault("not_emulated", []).append(line)
+
+    def ingress_drops(self) -> dict[str, int]:
+        """Packets each local switch port's ingress (ovs-vswitchd's receive socket on the userspace
+        datapath) dropped so far: {} where there is no such socket or it cannot be read."""
+        if self.metadata.get("datapath") != "user" or self.port_type != "system":
+            return {}
+        from . import datapath_socket
+        return datapath_socket.ingress_drops([p["intf"] for p in self.switch_ports() if p["local"]])
 
     def _restore_ovs(self) -> None:
         if self._ovs_sched is not None:
