@@ -73,6 +73,16 @@ MODEL_ROUTING = {"ecmp": "flow", "flowlet": "flowlet", "spray": "spray", "adapti
 
 # ---- pure: figures of one cell, and the summary --------------------------------------------
 
+def parse_modes(text: str) -> tuple[str, ...]:
+    """``--modes``: a comma list of :data:`MODES` (one clear error for an unknown one), in
+    :data:`MODES`' order, with ``ecmp`` always among them: every ratio is to it."""
+    given = {m.strip() for m in text.split(",") if m.strip()}
+    unknown = sorted(given - set(MODES))
+    if not given or unknown:
+        raise UserError(f"unknown routing mode(s) {', '.join(unknown) or repr(text)}: use {', '.join(MODES)}")
+    return tuple(m for m in MODES if m in given or m == "ecmp")
+
+
 def uplinks(g: Any, leaves: set[str] | None = None) -> list[tuple[str, str]]:
     """(leaf, its switch-side interface) of every leaf uplink (of ``leaves`` only, if given)."""
     out = []
@@ -105,7 +115,8 @@ def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
             "retransmissions": sum(f.get("retransmissions", 0) for f in flows),
             "timeouts": sum(f.get("timeouts", 0) for f in flows),
             "duplicates": sum(f.get("duplicates", 0) for f in flows),
-            "switch_drops": _ecn_total(results, "drops"), "ce_marked": _ecn_total(results, "ce_marked"),
+            "switch_drops": _ecn_total(results, "drops"), "ingress_drops": _ecn_total(results, "ingress_drops"),
+            "ce_marked": _ecn_total(results, "ce_marked"),
             "exactly_once": all(exactly_once(f) is not False for f in flows)}
 
 
@@ -201,7 +212,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
         mine = [r for r in runs if (r["fabric"], r["collective"], r["mode"]) == (fabric, coll, mode)]
         row: dict[str, Any] = {"fabric": fabric, "collective": coll, "mode": mode}
         for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts",
-                    "duplicates", "switch_drops", "ce_marked"):
+                    "duplicates", "switch_drops", "ingress_drops", "ce_marked"):
             row[fig] = _spread([r.get(fig) for r in mine])
         row["load"] = _spread([x for r in mine for x in r.get("load", ())])
         row["weight_changes"] = sum(len(r.get("weight_changes", ())) for r in mine)
@@ -377,7 +388,8 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                                      "uplink_bytes": dict(zip(ups, delta, strict=True))})
                         say(f"  {fabric} rep {rep + 1}/{reps} {coll} {mode}: busbw {fig['busbw_gbs']:.5f} GB/s, "
                             f"imbalance {fig['uplink_imbalance'] or 0:.2f}, retx {fig['retransmissions']}, "
-                            f"RTOs {fig['timeouts']}, load {load0:.1f}-{load1:.1f}"
+                            f"RTOs {fig['timeouts']}, drops {fig['switch_drops']} (ingress {fig['ingress_drops']}), "
+                            f"load {load0:.1f}-{load1:.1f}"
                             + (f", {len(changes)} weight changes" if changes else ""))
                         if save is not None:
                             save(doc())

@@ -169,3 +169,27 @@ def test_a_cell_counts_the_switch_drops_once_and_the_duplicates_of_every_flow():
     fig = cr.cell_figures(res, [1, 1])
     assert (fig["switch_drops"], fig["ce_marked"], fig["duplicates"], fig["retransmissions"]) == (7, 4, 4, 6)
     assert cr.cell_figures(dict(res[0], switch_ecn=None), [1])["switch_drops"] is None
+
+
+def test_modes_keep_the_comparisons_order_and_always_run_the_ecmp_baseline():
+    assert cr.parse_modes("adaptive, spray") == ("ecmp", "spray", "adaptive")
+    assert cr.parse_modes("ecmp,adaptive+w") == ("ecmp", "adaptive+w")
+
+
+@pytest.mark.parametrize("text", ["reps", "spray,,bogus", ","])
+def test_an_unknown_routing_mode_in_modes_is_one_clear_error(text):
+    with pytest.raises(cr.UserError, match="routing mode"):
+        cr.parse_modes(text)
+
+
+@pytest.mark.parametrize("argv", [["--modes", "spray"], ["--compare", "routing", "--modes", "bogus"]])
+def test_a_wrong_modes_flag_is_one_line_before_anything_is_built(argv, monkeypatch, capsys):
+    from hpnlab.cli import main
+    from hpnlab.fabric import emulation
+
+    def built(*a, **kw):
+        raise AssertionError("an emulation was built")
+    monkeypatch.setattr(emulation, "Emulation", built)
+    assert main.main(["run", "mini-hpn", *argv]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("--compare routing" in err[0] or "routing mode" in err[0])

@@ -67,6 +67,9 @@ def register(sub) -> None:
                    help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
                    help=f"--compare: comma list of {', '.join(compare.SETTINGS)} (default all)")
+    p.add_argument("--modes", default=None,
+                   help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (default all; "
+                        "ecmp always runs, the ratios are to it)")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
@@ -140,10 +143,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     sizes_given = args.minbytes is not None or args.maxbytes is not None
     routing_collectives = None
     if args.compare == "routing":             # its own row names (two_jobs) are not the plan's collectives
+        from hpnlab.fabric import compare_routing
         from hpnlab.fabric.compare_routing import TWO_JOBS, TWO_JOBS_COLLECTIVE
         routing_collectives = tuple(c.strip() for c in args.collective.split(",") if c.strip())
+        if args.modes:
+            compare_routing.parse_modes(args.modes)       # a wrong mode: one line before anything is built
         args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
                                                  for c in routing_collectives))
+    elif args.modes:
+        raise UserError("--modes chooses the routing modes of --compare routing (add --compare routing)")
     overrides = spec.parse_overrides(args.overrides)
     scenario = spec.load(args.scenario, overrides)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
@@ -242,8 +250,9 @@ def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, 
         return report.write_json({**doc, "meta": meta}, out / "compare-routing.json")
 
     sizes = dict.fromkeys(collectives or plan.collectives, plan.size_list[0]) if sized else None
+    modes = compare_routing.parse_modes(args.modes) if args.modes else compare_routing.MODES
     doc = compare_routing.compare(emu, plan, reps=args.repeat, collectives=collectives, sizes=sizes, say=say,
-                                  save=save)
+                                  save=save, modes=modes)
     path = save(doc)
     for line in compare_routing.table(doc["summary"]):
         say(line)
