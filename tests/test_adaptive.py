@@ -139,31 +139,14 @@ def _flow(planes: int, ports: int, dst: int = 1) -> SimpleNamespace:
     return SimpleNamespace(dst=dst, hash=0, paths=PathTable(planes, ports))
 
 
-def test_adaptive_entropy_reads_the_transports_feedback_per_flow_and_plane():
+def test_adaptive_entropy_reads_the_transports_feedback_per_flow():
     pol = AdaptiveEntropy(2, 2, clock=lambda: 1.0)
     f, g = _flow(2, 2, dst=1), _flow(2, 2, dst=2)
-    pol.on_feedback(f, 3, "ack", 1.0)                            # plane 1, value 1
-    assert list(pol.of(f, 1).tokens) == [1] and not pol.of(f, 0).tokens and not pol.of(g, 1).tokens
-    assert pol.path(f, 1) == 3
+    pol.on_feedback(f, 3, "ack", 1.0)
+    assert list(pol.of(f).tokens) == [3] and not pol.of(g).tokens
+    assert pol.path(f, 0) == 3
     pol.on_feedback(f, 3, "ce", 1.0)
-    assert pol.path(f, 3) == 2                                   # plane 1's other value
-
-
-def test_adaptive_entropy_deals_packets_over_the_planes_in_strict_turn():
-    pol = AdaptiveEntropy(2, 4, clock=lambda: 1.0)
-    f = _flow(2, 4)
-    for p in (1, 2, 5, 6):                                       # plane 0's value 1 and plane 1's 1, 2 ...
-        pol.on_feedback(f, p, "ack", 1.0)
-    pol.on_feedback(f, 5, "ack", 1.0)                            # ... and plane 1's value 1 once more
-    paths = [pol.path(f, k) for k in range(40)]
-    assert [p // 4 for p in paths] == [0, 1] * 20                # tokens do not tilt the planes
-
-
-def test_adaptive_entropy_leaves_a_plane_with_no_live_path():
-    pol = AdaptiveEntropy(2, 2, clock=lambda: 1.0)
-    f = _flow(2, 2)
-    f.paths.kill_plane(0, 0.0)
-    assert {pol.path(f, k) // 2 for k in range(10)} == {1}
+    assert pol.path(f, 1) != 3
 
 
 class Clock:

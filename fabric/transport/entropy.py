@@ -139,16 +139,8 @@ class SprayEntropy(EntropyPolicy):
 
 
 class AdaptiveEntropy(EntropyPolicy):
-    """Host-side adaptive routing per packet (REPS-like, :mod:`.adaptive`), fed by the
-    transport's feedback. The planes take a flow's packets in strict turn, as ``spray`` and
-    ``ecmp`` deal them (skipping a plane with no live path); the adaptive choice is the
-    entropy value within the plane: one :class:`.adaptive.AdaptivePaths` per flow and plane.
-
-    Why not one recycle buffer over every (plane, value): tokens are conserved, so a flow's
-    mix of planes drifts at random, and the receiver's port on the plane that drifted up
-    overflows while its other port idles -- DCQCN's rate is per flow, not per plane. With one
-    buffer, the sprayed all-to-all of ``--compare routing`` lost 190-240 packets per run at
-    the receivers' leaf ports where spray lost none (mini-hpn, 20 Mbit/s)."""
+    """Host-side adaptive routing per packet (REPS-like, :mod:`.adaptive`): one
+    :class:`.adaptive.AdaptivePaths` per flow, fed by the transport's feedback."""
     name = "adaptive"
 
     def __init__(self, planes, ports_per_nic, clock=time.monotonic,
@@ -158,46 +150,34 @@ class AdaptiveEntropy(EntropyPolicy):
             self.params = adaptive if isinstance(adaptive, AdaptiveParams) else AdaptiveParams(**(adaptive or {}))
         except TypeError as exc:
             raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
-        self.flows: dict[tuple[int, int], AdaptivePaths] = {}
+        self.flows: dict[int, AdaptivePaths] = {}
 
-    def of(self, flow, plane: int = 0) -> AdaptivePaths:
-        st = self.flows.get((flow.dst, plane))
+    def of(self, flow) -> AdaptivePaths:
+        st = self.flows.get(flow.dst)
         if st is None:
-            st = self.flows[flow.dst, plane] = AdaptivePaths(self.ports, self.params, start=flow.hash)
+            st = self.flows[flow.dst] = AdaptivePaths(self.n_paths, self.params, start=flow.hash)
         return st
 
     def path(self, flow, seq):
-        live = flow.paths.live
-        for k in range(self.planes):
-            plane = (seq + flow.hash + k) % self.planes
-            base = plane * self.ports
-            if k == self.planes - 1 or any(live(base + j) for j in range(self.ports)):
-                break
-
-        def live_here(j: int) -> bool:
-            return live(base + j)
-        return base + self.of(flow, plane).choose(self.clock(), live_here)
+        return self.of(flow).choose(self.clock(), flow.paths.live)
 
     def on_feedback(self, flow, path, kind, now=0.0, rtt=None):
         if path >= self.n_paths:
             return
-        st = self.of(flow, path // self.ports)
-        k = path % self.ports
+        st = self.of(flow)
         now = now or self.clock()
         if kind == "ack":
-            st.on_ack(k, now)
+            st.on_ack(path, now)
         elif kind == "rtt" and rtt is not None:
-            st.on_rtt(k, rtt)
+            st.on_rtt(path, rtt)
         elif kind == "ce":
-            st.on_mark(k, now)
+            st.on_mark(path, now)
         elif kind == "loss":
-            st.on_loss(k, now)
+            st.on_loss(path, now)
 
     def summary(self, flow):
-        per_plane = [st.summary() for (dst, _plane), st in self.flows.items() if dst == flow.dst]
-        if not per_plane:
-            return None
-        return {k: sum(s[k] for s in per_plane) for k in per_plane[0]}
+        st = self.flows.get(flow.dst)
+        return st.summary() if st else None
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
