@@ -64,6 +64,7 @@ MODE_ROUTING: dict[str, tuple[str, int | str]] = {
     "flowlet": ("flowlet", "planes"),
     "spray": ("spray", 1),
     "adaptive": ("adaptive", 1),
+    "reps": ("adaptive", 1),
 }
 #: the model's routing aliases (``flow`` is also called ``ecmp``)
 ROUTING_ALIASES = {"flow": ("flow", "ecmp"), "ecmp": ("ecmp", "flow")}
@@ -328,7 +329,7 @@ def explain(emulated: dict[str, Any], model: dict[str, Any], *,
     # the side whose hashing loaded its busiest leaf uplink more must be the slower one
     if imb is not None and m_imb is not None and abs(imb - m_imb) > TOLERANCE * min(imb, m_imb) \
             and (imb - m_imb) * gap > 0:
-        sprayed = emulated.get("entropy") in ("spray", "adaptive")
+        sprayed = emulated.get("entropy") in ("spray", "adaptive", "reps")
         how = ("the model spreads a pair's bytes over every live path (spray: evenly, adaptive: max-min), the "
                "transport's packets took its entropy values unevenly" if sprayed
                else "both put each connection on the same plane and entropy value (one hash, "

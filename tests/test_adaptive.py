@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from hpnlab.fabric.transport import TransportError
-from hpnlab.fabric.transport.adaptive import AdaptiveParams, AdaptivePaths
-from hpnlab.fabric.transport.entropy import AdaptiveEntropy, EcmpEntropy, FlowletEntropy
+from hpnlab.fabric.transport.adaptive import AdaptiveParams, AdaptivePaths, WeightedPaths, WeightParams
+from hpnlab.fabric.transport.entropy import AdaptiveEntropy, EcmpEntropy, FlowletEntropy, RepsEntropy, SprayEntropy
 from hpnlab.fabric.transport.paths import PathTable
 
 PATHS = 4
@@ -131,6 +131,10 @@ def test_bad_adaptive_parameters_are_one_clear_error():
         AdaptiveParams(rtt_factor=0.5)
     with pytest.raises(TransportError, match="bad adaptive entropy parameters"):
         AdaptiveEntropy(1, 2, adaptive={"colour": 1})
+    with pytest.raises(TransportError, match="bad reps entropy parameters"):
+        RepsEntropy(1, 2, adaptive={"colour": 1})
+    with pytest.raises(TransportError, match="w_min"):
+        WeightParams(w_min=0)
 
 
 # ---- the policies as the transport sees them -----------------------------------------
@@ -139,8 +143,8 @@ def _flow(planes: int, ports: int, dst: int = 1) -> SimpleNamespace:
     return SimpleNamespace(dst=dst, hash=0, paths=PathTable(planes, ports))
 
 
-def test_adaptive_entropy_reads_the_transports_feedback_per_flow():
-    pol = AdaptiveEntropy(2, 2, clock=lambda: 1.0)
+def test_reps_entropy_reads_the_transports_feedback_per_flow():
+    pol = RepsEntropy(2, 2, clock=lambda: 1.0)
     f, g = _flow(2, 2, dst=1), _flow(2, 2, dst=2)
     pol.on_feedback(f, 3, "ack", 1.0)
     assert list(pol.of(f).tokens) == [3] and not pol.of(g).tokens
@@ -195,3 +199,89 @@ def test_ecmp_deals_packets_over_one_hashed_connection_per_plane():
     paths = [pol.path(f, k) for k in range(8)]
     assert [p // 4 for p in paths] == [0, 1] * 4                # connection k on plane k
     assert len(set(paths)) == 2                                 # each keeps its hashed entropy value
+
+
+# ---- the adaptive entropy: spray weighted by each path's own evidence -------------------
+
+class WeightedFabric:
+    """Drives a WeightedPaths: every packet's RTT comes back one window later, ``base`` plus the
+    queue of its path (``queue_s``); a packet on a ``hot`` path is marked."""
+
+    def __init__(self, policy: WeightedPaths, base: float = 0.002):
+        self.policy, self.base = policy, base
+        self.t = 0.0
+        self.inflight: deque = deque()
+        self.queue_s: dict[int, float] = {}
+        self.hot: set[int] = set()
+
+    def run(self, packets: int, live=lambda p: True) -> Counter:
+        used: Counter = Counter()
+        for _ in range(packets):
+            self.t += PKT_S
+            p = self.policy.choose(self.t, live)
+            used[p] += 1
+            self.inflight.append(p)
+            if len(self.inflight) > RTT_PKTS:
+                q = self.inflight.popleft()
+                self.policy.on_rtt(q, self.base + self.queue_s.get(q, 0.0), self.t)
+                if q in self.hot:
+                    self.policy.on_mark(q, self.t)
+        return used
+
+
+def test_with_nothing_to_tell_paths_apart_adaptive_is_sprays_rotation():
+    pol, spray = AdaptiveEntropy(2, 4, clock=lambda: 1.0), SprayEntropy(2, 4)
+    f = _flow(2, 4)
+    assert [pol.path(f, k) for k in range(16)] == [spray.path(f, k) for k in range(16)]
+
+
+def test_congestion_every_path_shares_moves_no_traffic():
+    fab = WeightedFabric(WeightedPaths(PATHS))
+    fab.queue_s = dict.fromkeys(range(PATHS), 0.040)        # the receiver's port: every path waits as long
+    used = fab.run(4000)
+    assert set(used.values()) == {1000}
+
+
+def test_a_path_with_a_longer_queue_than_the_others_carries_less_and_comes_back_when_it_drains():
+    fab = WeightedFabric(WeightedPaths(PATHS))
+    fab.run(1000)
+    fab.queue_s = {2: 0.020}                                # 10 x the base RTT on path 2 alone
+    fab.run(1000)
+    during = fab.run(4000)
+    assert during[2] / 4000 < 0.1 and during[2] > 0         # less, not nothing: it is still sampled
+    fab.queue_s = {}
+    fab.run(4000)
+    after = fab.run(4000)
+    assert after[2] / 4000 > 0.8 / PATHS
+
+
+def test_a_path_that_marks_carries_less_while_it_marks_and_its_share_returns_after():
+    fab = WeightedFabric(WeightedPaths(PATHS))
+    fab.run(1000)
+    fab.hot = {1}
+    fab.run(1000)
+    during = fab.run(4000)
+    assert during[1] / 4000 < 0.5 / PATHS
+    fab.hot = set()
+    fab.run(4000)
+    after = fab.run(4000)
+    assert after[1] / 4000 > 0.8 / PATHS
+
+
+def test_the_weighted_rule_never_sends_on_a_dead_path():
+    table = PathTable(2, 2)
+    fab = WeightedFabric(WeightedPaths(PATHS))
+    fab.run(100)
+    table.kill(3, fab.t)
+    used = fab.run(2000, live=table.live)
+    assert used[3] == 0 and set(used) == {0, 1, 2}
+
+
+def test_a_loss_cuts_a_path_more_than_a_mark_and_both_recover_with_time():
+    w = WeightedPaths(2)
+    w.on_mark(0, 1.0)
+    w.on_loss(1, 1.0)
+    now = w.weights(1.0, lambda _p: True)
+    assert now[1] < now[0] < 1.0
+    later = w.weights(1.0 + 10 * w.p.recover_s, lambda _p: True)     # 10 time constants on
+    assert later == pytest.approx([1.0, 1.0], abs=1e-3)

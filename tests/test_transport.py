@@ -21,6 +21,7 @@ from hpnlab.fabric.transport.entropy import (
     EcmpEntropy,
     FlowEntropy,
     FlowletEntropy,
+    RepsEntropy,
     SprayEntropy,
     connection_values,
     first_high,
@@ -427,7 +428,7 @@ def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
     assert k == 2 and got & 0b11 == taken & 0b11 == 2 and got != taken
 
 
-@pytest.mark.parametrize("entropy", [FlowletEntropy.name, AdaptiveEntropy.name])
+@pytest.mark.parametrize("entropy", [FlowletEntropy.name, AdaptiveEntropy.name, RepsEntropy.name])
 def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(entropy):
     faults = dict(drop=0.03, reorder=0.1, ce=0.05)
     t0, t1, relays = _pair("roce", faults, dict(drop=0.03), base=BASE + 65, planes=2, line_rate_bps=100e6,
@@ -441,6 +442,8 @@ def test_flowlet_and_adaptive_deliver_every_byte_in_order_under_loss_and_marks(e
     assert tx["retransmissions"] > 0 and tx["cnps"] > 0
     state = tx["entropy_policy"]
     if entropy == AdaptiveEntropy.name:
+        assert state["marks"] > 0 and state["cut"] >= state["marks"] and len(state["weights"]) == 4
+    elif entropy == RepsEntropy.name:
         assert state["recycled"] > 0 and state["marks"] > 0 and state["explored"] > 0
     else:
         assert state["flowlets"] > 2 and state["gap_us"] == 300          # 2: one per plane at the start
@@ -450,7 +453,7 @@ def test_entropy_names_are_the_keys_of_the_one_policy_table():
     assert tuple(ENTROPY_POLICIES) == ENTROPIES
     assert all(ENTROPY_POLICIES[name].name == name for name in ENTROPIES)
     assert {FlowEntropy.name, EcmpEntropy.name, FlowletEntropy.name, SprayEntropy.name,
-            AdaptiveEntropy.name} == set(ENTROPIES)
+            AdaptiveEntropy.name, RepsEntropy.name} == set(ENTROPIES)
 
 
 def test_an_unknown_entropy_is_refused_naming_the_known_ones():

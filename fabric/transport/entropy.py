@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from .adaptive import AdaptiveParams, AdaptivePaths
+from .adaptive import AdaptiveParams, AdaptivePaths, WeightedPaths, WeightParams
 from .base import TransportError
 
 if TYPE_CHECKING:
@@ -139,9 +139,54 @@ class SprayEntropy(EntropyPolicy):
 
 
 class AdaptiveEntropy(EntropyPolicy):
-    """Host-side adaptive routing per packet (REPS-like, :mod:`.adaptive`): one
-    :class:`.adaptive.AdaptivePaths` per flow, fed by the transport's feedback."""
+    """Host-side adaptive routing per packet (:class:`.adaptive.WeightedPaths`): spray weighted
+    by each path's own evidence (its RTT against the flow's best path's, its marks and losses),
+    one state per flow over every (plane, value), fed by the transport's feedback."""
     name = "adaptive"
+
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic,
+                 adaptive: WeightParams | dict | None = None, **params):
+        super().__init__(planes, ports_per_nic, clock)
+        try:
+            self.params = adaptive if isinstance(adaptive, WeightParams) else WeightParams(**(adaptive or {}))
+        except TypeError as exc:
+            raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
+        self.flows: dict[int, WeightedPaths] = {}
+
+    def of(self, flow) -> WeightedPaths:
+        st = self.flows.get(flow.dst)
+        if st is None:
+            n = self.n_paths
+            start = flow.hash % n
+            order = [self.rotation(start + i) for i in range(n)]
+            st = self.flows[flow.dst] = WeightedPaths(n, self.params, order=order)
+        return st
+
+    def path(self, flow, seq):
+        return self.of(flow).choose(self.clock(), flow.paths.live)
+
+    def on_feedback(self, flow, path, kind, now=0.0, rtt=None):
+        if path >= self.n_paths:
+            return
+        st = self.of(flow)
+        now = now or self.clock()
+        if kind == "rtt" and rtt is not None:
+            st.on_rtt(path, rtt, now)
+        elif kind == "ce":
+            st.on_mark(path, now)
+        elif kind == "loss":
+            st.on_loss(path, now)
+
+    def summary(self, flow):
+        st = self.flows.get(flow.dst)
+        return st.summary(self.clock()) if st else None
+
+
+class RepsEntropy(EntropyPolicy):
+    """REPS's recycling (:class:`.adaptive.AdaptivePaths`): one recycle buffer per flow, fed by
+    the transport's feedback. Kept beside ``adaptive`` for comparison (see :mod:`.adaptive` for
+    what it measured)."""
+    name = "reps"
 
     def __init__(self, planes, ports_per_nic, clock=time.monotonic,
                  adaptive: AdaptiveParams | dict | None = None, **params):
@@ -149,7 +194,7 @@ class AdaptiveEntropy(EntropyPolicy):
         try:
             self.params = adaptive if isinstance(adaptive, AdaptiveParams) else AdaptiveParams(**(adaptive or {}))
         except TypeError as exc:
-            raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
+            raise TransportError(f"bad reps entropy parameters: {exc}") from None
         self.flows: dict[int, AdaptivePaths] = {}
 
     def of(self, flow) -> AdaptivePaths:
@@ -181,7 +226,8 @@ class AdaptiveEntropy(EntropyPolicy):
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
-    cls.name: cls for cls in (FlowEntropy, EcmpEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy)}
+    cls.name: cls for cls in (FlowEntropy, EcmpEntropy, FlowletEntropy, SprayEntropy, AdaptiveEntropy,
+                                RepsEntropy)}
 """Entropy policy by name: the one source of the entropy names (``ENTROPIES`` is its keys).
 Not to be confused with the controller compiler's routing policies."""
 
