@@ -55,9 +55,11 @@ from .tail import LineTail
 from .transport.accounting import exactly_once
 
 MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
+#: what --modes also takes: REPS's recycling (the ``reps`` entropy), for comparison with ``adaptive``
+MORE_MODES = ("reps",)
 #: mode -> (the transport's entropy policy, the switches' routing weights)
 MODE_SETTINGS = {"ecmp": ("ecmp", "ecmp"), "flowlet": ("flowlet", "ecmp"), "spray": ("spray", "ecmp"),
-                 "adaptive": ("adaptive", "ecmp"), "adaptive+w": ("adaptive", "weighted")}
+                 "adaptive": ("adaptive", "ecmp"), "adaptive+w": ("adaptive", "weighted"), "reps": ("reps", "ecmp")}
 COLLECTIVES = ("all_to_all", "all_reduce", "permutation")
 #: the "two concurrent jobs" row: two all-to-all jobs of half the ranks each, at once on disjoint hosts
 #: (``Plan(jobs=2)``); its busbw is the jobs' mean, its time the slower job's
@@ -68,19 +70,20 @@ TWO_JOBS_COLLECTIVE = "all_to_all"
 #: the comparison does not use the model's weighted switches (``run_collective(switch_weights="weighted")``,
 #: `hpnlab model --switch-weights weighted`; single collectives only, ``run_jobs`` has none)
 MODEL_ROUTING = {"ecmp": "flow", "flowlet": "flowlet", "spray": "spray", "adaptive": "adaptive",
-                 "adaptive+w": "adaptive"}
+                 "adaptive+w": "adaptive", "reps": "adaptive"}
 
 
 # ---- pure: figures of one cell, and the summary --------------------------------------------
 
 def parse_modes(text: str) -> tuple[str, ...]:
-    """``--modes``: a comma list of :data:`MODES` (one clear error for an unknown one), in
-    :data:`MODES`' order, with ``ecmp`` always among them: every ratio is to it."""
+    """``--modes``: a comma list of :data:`MODES` and :data:`MORE_MODES` (one clear error for an
+    unknown one), in that order, with ``ecmp`` always among them: every ratio is to it."""
+    known = MODES + MORE_MODES
     given = {m.strip() for m in text.split(",") if m.strip()}
-    unknown = sorted(given - set(MODES))
+    unknown = sorted(given - set(known))
     if not given or unknown:
-        raise UserError(f"unknown routing mode(s) {', '.join(unknown) or repr(text)}: use {', '.join(MODES)}")
-    return tuple(m for m in MODES if m in given or m == "ecmp")
+        raise UserError(f"unknown routing mode(s) {', '.join(unknown) or repr(text)}: use {', '.join(known)}")
+    return tuple(m for m in known if m in given or m == "ecmp")
 
 
 def uplinks(g: Any, leaves: set[str] | None = None) -> list[tuple[str, str]]:
@@ -205,7 +208,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
     (1-minute average before and after each cell); ``model``: {(fabric, collective): :func:`predicted`},
     whose ratio goes beside the measured one."""
     keys = sorted({(r["fabric"], r["collective"], r["mode"]) for r in runs},
-                  key=lambda k: (k[0], k[1], MODES.index(k[2]) if k[2] in MODES else 99))
+                  key=lambda k: (k[0], k[1], (MODES + MORE_MODES).index(k[2]) if k[2] in MODES + MORE_MODES else 99))
     by = {(r["fabric"], r["collective"], r["mode"], r["rep"]): r for r in runs}
     out = []
     for fabric, coll, mode in keys:

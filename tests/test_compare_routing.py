@@ -174,9 +174,10 @@ def test_a_cell_counts_the_switch_drops_once_and_the_duplicates_of_every_flow():
 def test_modes_keep_the_comparisons_order_and_always_run_the_ecmp_baseline():
     assert cr.parse_modes("adaptive, spray") == ("ecmp", "spray", "adaptive")
     assert cr.parse_modes("ecmp,adaptive+w") == ("ecmp", "adaptive+w")
+    assert cr.parse_modes("reps,adaptive") == ("ecmp", "adaptive", "reps")      # REPS's recycling beside it
 
 
-@pytest.mark.parametrize("text", ["reps", "spray,,bogus", ","])
+@pytest.mark.parametrize("text", ["repss", "spray,,bogus", ","])
 def test_an_unknown_routing_mode_in_modes_is_one_clear_error(text):
     with pytest.raises(cr.UserError, match="routing mode"):
         cr.parse_modes(text)

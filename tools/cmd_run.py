@@ -68,8 +68,8 @@ def register(sub) -> None:
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
                    help=f"--compare: comma list of {', '.join(compare.SETTINGS)} (default all)")
     p.add_argument("--modes", default=None,
-                   help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (default all; "
-                        "ecmp always runs, the ratios are to it)")
+                   help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (the default) "
+                        "and reps (REPS's recycling); ecmp always runs, the ratios are to it")
     p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
