@@ -1,5 +1,5 @@
 """Per-packet and flowlet routing on the emulated mini-hpn (real OVS, the controller, shaped
-links, the ECN stage): spray, flowlet and adaptive entropy each deliver every byte of an
+links, the ECN stage): spray, flowlet, adaptive and reps entropy each deliver every byte of an
 all-to-all exactly once (bytes and CRC-32 at both ends of every flow,
 ``hpnlab.fabric.transport.accounting``) with the data verified at every rank, on source
 ports bound to the controller's entropy map. How fast each goes is for
@@ -17,12 +17,12 @@ from hpnlab.fabric.transport.entropy import EntropyMap
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
 
-def test_spray_flowlet_and_adaptive_deliver_every_byte_exactly_once(mini_hpn):
-    plan = Plan(collectives="all_to_all", transports="roce", entropies="spray,flowlet,adaptive", ranks=4,
+def test_spray_flowlet_adaptive_and_reps_deliver_every_byte_exactly_once(mini_hpn):
+    plan = Plan(collectives="all_to_all", transports="roce", entropies="spray,flowlet,adaptive,reps", ranks=4,
                 placement="cross-rail", sizes="128K", iterations=1, warmup=0, inplace=False)
     results = experiment.run(plan, mini_hpn, progress=False)["results"]
     emap = entropy_map(mini_hpn.graph)
-    assert [r["entropy"] for r in results] == ["spray", "flowlet", "adaptive"]
+    assert [r["entropy"] for r in results] == ["spray", "flowlet", "adaptive", "reps"]
     for res in results:
         assert res["rows"][0]["oop"]["wrong"] == 0
         flows = [f for f in res["flows"] if f.get("app_bytes_sent")]

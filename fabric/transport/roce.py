@@ -36,9 +36,10 @@ What is modelled
       than ``flowlet_gap_us`` (default: 4 packet times at line rate, at least 500 us), ``spray``
       rotates per packet over every plane of the rank and ``ports_per_nic`` source ports
       per plane (several sockets bound to different source ports on each interface),
-      ``adaptive`` recycles the paths whose packets are acknowledged cleanly (REPS-like,
-      :mod:`.adaptive`), fed per path: each packet acknowledged, RTT samples, CNPs, NACKs
-      and timeouts. With ``entropy_map`` (the controller's, :class:`.entropy.EntropyMap`)
+      ``adaptive`` sprays weighted by each path's own evidence (its RTT against the flow's
+      best path's, its CNPs, path losses and timeouts; :class:`.adaptive.WeightedPaths`) and
+      ``reps`` recycles the paths whose packets are acknowledged cleanly (REPS,
+      :class:`.adaptive.AdaptivePaths`), both fed per path. With ``entropy_map`` (the controller's, :class:`.entropy.EntropyMap`)
       the source ports are bound to the map's entropy values (at most as many per plane as
       the map has distinct paths), so N paths are N known, distinct ways through the
       fabric; each connection (rank pair and plane) takes its own N values,
