@@ -39,10 +39,10 @@ What is modelled
       ``adaptive`` sprays weighted by each path's own evidence (its RTT against the flow's
       best path's, its CNPs, path losses and timeouts; :class:`.adaptive.WeightedPaths`) and
       ``reps`` recycles the paths whose packets are acknowledged cleanly (REPS,
-      :class:`.adaptive.AdaptivePaths`), both fed per path. With ``entropy_map`` (the controller's, :class:`.entropy.EntropyMap`)
-      the source ports are bound to the map's entropy values (at most as many per plane as
-      the map has distinct paths), so N paths are N known, distinct ways through the
-      fabric; each connection (rank pair and plane) takes its own N values,
+      :class:`.adaptive.AdaptivePaths`), both fed per path. With ``entropy_map`` (the
+      controller's, :class:`.entropy.EntropyMap`) the source ports are bound to the map's
+      entropy values (at most as many per plane as the map has distinct paths), so N paths
+      are N known, distinct ways through the fabric; each connection (rank pair and plane) takes its own N values,
       :func:`.entropy.connection_values` (the flow model takes the same), so different
       connections use different uplinks, as real NICs' queue pairs do. Without a map the
       kernel assigns the ports (a real fabric whose hashing is unknown), one set per rank.
