@@ -133,8 +133,8 @@ class AdaptivePaths:
         return pick
 
     # ---- feedback -------------------------------------------------------------------
-    def on_rtt(self, path: int, rtt: float) -> None:
-        """An RTT sample of a packet sent on ``path``."""
+    def on_rtt(self, path: int, rtt: float, now: float = 0.0) -> None:
+        """An RTT sample of a packet sent on ``path`` (``now``: unused here, the weighted rule's)."""
         if rtt <= 0:
             return
         if self.min_rtt is None or rtt < self.min_rtt:
@@ -175,7 +175,7 @@ class AdaptivePaths:
         self.stats["losses"] += 1
         self._rest(path, now)
 
-    def summary(self) -> dict:
+    def summary(self, now: float | None = None) -> dict:
         return {**self.stats, "tokens": len(self.tokens)}
 
 

@@ -138,69 +138,27 @@ class SprayEntropy(EntropyPolicy):
         return self.rotation(seq + flow.hash)
 
 
-class AdaptiveEntropy(EntropyPolicy):
-    """Host-side adaptive routing per packet (:class:`.adaptive.WeightedPaths`): spray weighted
-    by each path's own evidence (its RTT against the flow's best path's, its marks and losses),
-    one state per flow over every (plane, value), fed by the transport's feedback."""
-    name = "adaptive"
+class _PerFlowState(EntropyPolicy):
+    """A policy that keeps a path state per flow (``new_state``), fed by the transport's feedback;
+    ``params_class`` holds its knobs, given as ``adaptive=`` (a dict or an instance)."""
+    params_class: type = AdaptiveParams
 
-    def __init__(self, planes, ports_per_nic, clock=time.monotonic,
-                 adaptive: WeightParams | dict | None = None, **params):
+    def __init__(self, planes, ports_per_nic, clock=time.monotonic, adaptive: Any = None, **params):
         super().__init__(planes, ports_per_nic, clock)
+        self.params: Any
         try:
-            self.params = adaptive if isinstance(adaptive, WeightParams) else WeightParams(**(adaptive or {}))
+            self.params = adaptive if isinstance(adaptive, self.params_class) else self.params_class(**(adaptive or {}))
         except TypeError as exc:
-            raise TransportError(f"bad adaptive entropy parameters: {exc}") from None
-        self.flows: dict[int, WeightedPaths] = {}
+            raise TransportError(f"bad {self.name} entropy parameters: {exc}") from None
+        self.flows: dict[int, Any] = {}
 
-    def of(self, flow) -> WeightedPaths:
+    def new_state(self, flow) -> Any:
+        raise NotImplementedError
+
+    def of(self, flow) -> Any:
         st = self.flows.get(flow.dst)
         if st is None:
-            n = self.n_paths
-            start = flow.hash % n
-            order = [self.rotation(start + i) for i in range(n)]
-            st = self.flows[flow.dst] = WeightedPaths(n, self.params, order=order)
-        return st
-
-    def path(self, flow, seq):
-        return self.of(flow).choose(self.clock(), flow.paths.live)
-
-    def on_feedback(self, flow, path, kind, now=0.0, rtt=None):
-        if path >= self.n_paths:
-            return
-        st = self.of(flow)
-        now = now or self.clock()
-        if kind == "rtt" and rtt is not None:
-            st.on_rtt(path, rtt, now)
-        elif kind == "ce":
-            st.on_mark(path, now)
-        elif kind == "loss":
-            st.on_loss(path, now)
-
-    def summary(self, flow):
-        st = self.flows.get(flow.dst)
-        return st.summary(self.clock()) if st else None
-
-
-class RepsEntropy(EntropyPolicy):
-    """REPS's recycling (:class:`.adaptive.AdaptivePaths`): one recycle buffer per flow, fed by
-    the transport's feedback. Kept beside ``adaptive`` for comparison (see :mod:`.adaptive` for
-    what it measured)."""
-    name = "reps"
-
-    def __init__(self, planes, ports_per_nic, clock=time.monotonic,
-                 adaptive: AdaptiveParams | dict | None = None, **params):
-        super().__init__(planes, ports_per_nic, clock)
-        try:
-            self.params = adaptive if isinstance(adaptive, AdaptiveParams) else AdaptiveParams(**(adaptive or {}))
-        except TypeError as exc:
-            raise TransportError(f"bad reps entropy parameters: {exc}") from None
-        self.flows: dict[int, AdaptivePaths] = {}
-
-    def of(self, flow) -> AdaptivePaths:
-        st = self.flows.get(flow.dst)
-        if st is None:
-            st = self.flows[flow.dst] = AdaptivePaths(self.n_paths, self.params, start=flow.hash)
+            st = self.flows[flow.dst] = self.new_state(flow)
         return st
 
     def path(self, flow, seq):
@@ -214,7 +172,7 @@ class RepsEntropy(EntropyPolicy):
         if kind == "ack":
             st.on_ack(path, now)
         elif kind == "rtt" and rtt is not None:
-            st.on_rtt(path, rtt)
+            st.on_rtt(path, rtt, now)
         elif kind == "ce":
             st.on_mark(path, now)
         elif kind == "loss":
@@ -222,7 +180,30 @@ class RepsEntropy(EntropyPolicy):
 
     def summary(self, flow):
         st = self.flows.get(flow.dst)
-        return st.summary() if st else None
+        return st.summary(self.clock()) if st else None
+
+
+class AdaptiveEntropy(_PerFlowState):
+    """Host-side adaptive routing per packet (:class:`.adaptive.WeightedPaths`): spray weighted
+    by each path's own evidence (its RTT against the flow's best path's, its marks and losses),
+    one state per flow over every (plane, value)."""
+    name = "adaptive"
+    params_class = WeightParams
+
+    def new_state(self, flow) -> WeightedPaths:
+        n = self.n_paths
+        start = flow.hash % n
+        return WeightedPaths(n, self.params, order=[self.rotation(start + i) for i in range(n)])
+
+
+class RepsEntropy(_PerFlowState):
+    """REPS's recycling (:class:`.adaptive.AdaptivePaths`): one recycle buffer per flow. Kept
+    beside ``adaptive`` for comparison (see :mod:`.adaptive` for what it measured)."""
+    name = "reps"
+    params_class = AdaptiveParams
+
+    def new_state(self, flow) -> AdaptivePaths:
+        return AdaptivePaths(self.n_paths, self.params, start=flow.hash)
 
 
 ENTROPY_POLICIES: dict[str, type[EntropyPolicy]] = {
