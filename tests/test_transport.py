@@ -594,6 +594,22 @@ def test_a_loss_the_receiver_reports_cuts_the_rate_because_there_is_no_pfc():
     assert_rate_follows_its_cuts(tx, 50e6)
 
 
+@pytest.mark.parametrize("entropy,cut", [(FlowEntropy.name, True), (SprayEntropy.name, False)])
+def test_a_nack_cuts_the_rate_on_a_one_path_connection_only(entropy, cut):
+    """On a sprayed connection a PSN hole past the reordering allowance may be a packet late on
+    a slower path: it is re-sent, and only the path's own sequence numbers (PATH_LOSS) cut."""
+    t0 = RoceTransport(0, [["127.0.0.2"], ["127.0.0.3"]], base_port=BASE + 93, line_rate_bps=50e6,
+                       entropy=entropy)
+    try:
+        t0.start()
+        f = t0.tx[1]
+        t0._on_nack(f, 0, 1, 0, time.monotonic())
+        assert f.stats["nacks"] == 1
+        assert (f.stats.get("loss_cuts", 0), f.dcqcn.rc < 50e6) == ((1, True) if cut else (0, False))
+    finally:
+        t0.close(linger_s=0)
+
+
 def test_tcp_reports_the_namespaces_ecn_and_congestion_control_as_the_kernel_has_them():
     t = make("tcp", 0, [["127.0.0.2"], ["127.0.0.3"]], base_port=BASE + 49)
     try:

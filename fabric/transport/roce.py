@@ -42,8 +42,8 @@ What is modelled
       :class:`.adaptive.AdaptivePaths`), both fed per path. With ``entropy_map`` (the
       controller's, :class:`.entropy.EntropyMap`) the source ports are bound to the map's
       entropy values (at most as many per plane as the map has distinct paths), so N paths
-      are N known, distinct ways through the fabric; each connection (rank pair and plane) takes its own N values,
-      :func:`.entropy.connection_values` (the flow model takes the same), so different
+      are N known, distinct ways through the fabric; each connection (rank pair and plane)
+      takes its own N values, :func:`.entropy.connection_values` (the flow model takes the same), so different
       connections use different uplinks, as real NICs' queue pairs do. Without a map the
       kernel assigns the ports (a real fabric whose hashing is unknown), one set per rank.
 
@@ -1347,13 +1347,11 @@ class RoceTransport(Transport):
         # (PATH_LOSS), which only a loss can break. Cutting on every such NACK held the sprayed
         # all-to-all of --compare routing at 0.54-0.63 of line where it reached 0.92 without
         # (mini-hpn, 20 Mbit/s: 430-490 NACKs a run, no packet dropped anywhere). Timeouts do
-        # not cut either: on a busy machine most are a late ACK, not a loss.
-        if self.policy.per_flow:
-            if f.dcqcn and self.recovery == "selective":
-                f.dcqcn.on_cnp(now)
-                f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
-            lost = f.unacked.get(psn)        # the policy hears of the missing packet's path
-            self.policy.on_feedback(f, lost[5] if lost is not None else path, "loss", now)
+        # not cut either: on a busy machine most are a late ACK, not a loss. (A one-path
+        # policy takes no per-path feedback, so the NACK tells the policy nothing.)
+        if self.policy.per_flow and f.dcqcn and self.recovery == "selective":
+            f.dcqcn.on_cnp(now)
+            f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
         if psn > f.una:                       # a NACK acknowledges everything before it
             self._on_ack(f, psn, 0, path, now)
         if self.recovery == "gobackn":
