@@ -278,10 +278,28 @@ def test_the_weighted_rule_never_sends_on_a_dead_path():
 
 
 def test_a_loss_cuts_a_path_more_than_a_mark_and_both_recover_with_time():
-    w = WeightedPaths(2)
+    w = WeightedPaths(4)                                    # paths 2 and 3 stay clean
     w.on_mark(0, 1.0)
     w.on_loss(1, 1.0)
     now = w.weights(1.0, lambda _p: True)
-    assert now[1] < now[0] < 1.0
+    assert now[1] < now[0] < 1.0 and now[2:] == [1.0, 1.0]
     later = w.weights(1.0 + 10 * w.p.recover_s, lambda _p: True)     # 10 time constants on
-    assert later == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert later == pytest.approx([1.0] * 4, abs=1e-3)
+
+
+def test_marks_every_path_shares_move_no_traffic():
+    fab = WeightedFabric(WeightedPaths(PATHS))
+    fab.hot = set(range(PATHS))                             # the receiver's port marks every path alike
+    fab.run(1000)
+    used = fab.run(4000)
+    assert all(abs(n / 4000 - 1 / PATHS) < 0.02 for n in used.values()) and len(used) == PATHS
+
+
+def test_a_mark_counts_against_the_median_path_not_against_a_clean_one():
+    rel, absolute = WeightedPaths(4), WeightedPaths(4, WeightParams(relative_marks=False))
+    for w in (rel, absolute):
+        for p in range(4):
+            w.on_mark(p, 1.0)                               # every path marked once ...
+        w.on_mark(0, 1.0)                                   # ... and path 0 once more
+    assert rel.weights(1.0, lambda _p: True) == pytest.approx([0.5, 1.0, 1.0, 1.0])
+    assert absolute.weights(1.0, lambda _p: True) == pytest.approx([0.25, 0.5, 0.5, 0.5])

@@ -631,3 +631,74 @@ def test_the_nic_serves_its_queue_pairs_round_robin_starting_past_the_rank_itsel
     # every rank of an all-to-all starts with a different peer: a permutation, not an incast
     firsts = [[d for d in range(8) if d != r][serve_order([d for d in range(8) if d != r], r)[0]] for r in range(8)]
     assert sorted(firsts) == list(range(8))
+
+
+def _receiver(entropy: str, base: int) -> RoceTransport:
+    """Rank 0, started, for packets fed to it by hand from rank 1."""
+    t = RoceTransport(0, [["127.0.0.2"], ["127.0.0.3"]], base_port=base, line_rate_bps=50e6, entropy=entropy)
+    t.start()
+    return t
+
+
+def _arrive(t: RoceTransport, psn: int, now: float, ts: int, paths: int = 4) -> None:
+    """Data packet ``psn`` of a 100-packet message from rank 1 arrives, sprayed over ``paths``
+    paths in turn (each path's own sequence unbroken, so only the PSNs show the hole)."""
+    mlen, size = 1000, 10
+    data = HDR.pack(DATA, psn % paths, 1, 0, psn, 0, psn * size, mlen, ts, psn // paths + 1) + b"x" * size
+    t._on_data(t.rx[1], data, 0, psn % paths, psn, 0, psn * size, mlen, ts, now, 0, psn // paths + 1)
+
+
+def test_on_a_sprayed_connection_no_count_of_packets_past_a_hole_makes_it_a_loss():
+    t = _receiver(SprayEntropy.name, BASE + 96)
+    try:
+        r, now = t.rx[1], time.monotonic()
+        for psn in range(1, 71):                         # 70 packets past the hole, within the allowance
+            _arrive(t, psn, now, ts=1000 + psn)
+        assert r.stats["nacks_sent"] == 0
+        _arrive(t, 0, now + 0.001, ts=1000)              # the late packet fills it
+        assert r.expected == 71 and r.stats["nacks_sent"] == 0
+    finally:
+        t.close(linger_s=0)
+
+
+def test_on_a_one_path_connection_three_packets_past_a_hole_make_it_a_loss():
+    t = _receiver(FlowEntropy.name, BASE + 96)
+    try:
+        now = time.monotonic()
+        for psn in range(1, 4):
+            _arrive(t, psn, now, ts=1000 + psn, paths=1)
+        assert t.rx[1].stats["nacks_sent"] == 1
+    finally:
+        t.close(linger_s=0)
+
+
+def test_on_a_sprayed_connection_a_hole_older_than_the_reordering_allowance_is_nacked():
+    t = _receiver(SprayEntropy.name, BASE + 96)
+    try:
+        r, now = t.rx[1], time.monotonic()
+        for psn in range(1, 4):
+            _arrive(t, psn, now, ts=1000 + psn)
+        _arrive(t, 4, now + r.reorder_time * 0.9, ts=1004)
+        assert r.stats["nacks_sent"] == 0
+        _arrive(t, 5, now + r.reorder_time * 1.1, ts=1005)
+        assert r.stats["nacks_sent"] == 1
+    finally:
+        t.close(linger_s=0)
+
+
+@pytest.mark.parametrize("late,widens", [(True, True), (False, False)])
+def test_a_hole_filled_late_by_its_first_copy_widens_the_reordering_allowance_to_its_age(late, widens):
+    """A hole filled by a packet sent before the one that showed it was late on a slower path;
+    one filled by a packet sent after it was re-sent (a loss PATH_LOSS found), which says nothing
+    of the paths' delays."""
+    t = _receiver(SprayEntropy.name, BASE + 96)
+    try:
+        r, now = t.rx[1], time.monotonic()
+        allowance = r.reorder_time
+        for psn in range(1, 4):
+            _arrive(t, psn, now, ts=1000 + psn)
+        _arrive(t, 0, now + 4 * allowance, ts=1000 if late else 5000)
+        assert r.expected == 4 and r.stats["nacks_sent"] == 0
+        assert r.reorder_time == (pytest.approx(5 * allowance) if widens else allowance)
+    finally:
+        t.close(linger_s=0)

@@ -189,6 +189,7 @@ class WeightParams:
     loss_cut: float = 0.75          # a loss, by (1 - this)
     recover_s: float = 0.1          # the mark factor's way back to 1: time constant, seconds
     rtt_gain: float = 0.25          # the per-path smoothed RTT's gain per sample
+    relative_marks: bool = True     # a path's mark factor over the median path's (False: over 1)
 
     def __post_init__(self) -> None:
         if not 0 < self.w_min <= 1:
@@ -197,6 +198,15 @@ class WeightParams:
             raise TransportError("mark_cut and loss_cut must be in [0, 1)")
         if self.recover_s <= 0 or not 0 < self.rtt_gain <= 1 or self.rtt_slack < 0 or self.rtt_slack_s < 0:
             raise TransportError("recover_s and rtt_gain must be above 0 (rtt_gain at most 1), the slacks at least 0")
+
+
+def _median(xs: list[float]) -> float:
+    """The median of ``xs`` (1.0 for none)."""
+    if not xs:
+        return 1.0
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2
 
 
 class WeightedPaths:
@@ -229,14 +239,19 @@ class WeightedPaths:
     def weights(self, now: float, live: Callable[[int], bool]) -> list[float]:
         """Each path's weight now (0 for a dead one)."""
         p = self.p
-        known = [s for i, s in enumerate(self.srtt) if s is not None and live(i)]
+        alive = [live(i) for i in range(self.n)]
+        known = [s for s, a in zip(self.srtt, alive, strict=True) if s is not None and a]
         best = min(known) if known else None
+        marks = [self._mark_factor(i, now) if a else 0.0 for i, a in enumerate(alive)]
+        # marks every path shares (the receiver's own port, in an all-to-all) move nothing: a
+        # path's mark factor counts against the flow's median live path's, not against 1
+        ref = _median([m for m, a in zip(marks, alive, strict=True) if a]) if p.relative_marks else 1.0
         out = []
         for i in range(self.n):
-            if not live(i):
+            if not alive[i]:
                 out.append(0.0)
                 continue
-            w = self._mark_factor(i, now)
+            w = min(1.0, marks[i] / ref)
             s = self.srtt[i]
             if best is not None and s is not None:
                 # a path that carries little is seldom sampled: its excess fades without samples

@@ -5,14 +5,18 @@ What is modelled
       length; a flow is one direction of a rank pair (a QP).
     * Receiver: places every packet at its offset (a reordering / reassembly buffer, as NICs
       that accept sprayed packets do), delivers messages in order, sends a cumulative ACK
-      (coalesced: one per received batch), and a NACK naming the first missing PSN once
-      ``reorder_threshold`` packets beyond the hole have arrived. Every data packet also
-      carries its number on its path (a 16-bit path sequence); packets on one path arrive
-      in the order they were sent (one route, FIFO queues), so a jump in it is a loss on that
-      path, reported at once (PATH_LOSS: the path and the numbers missing) and re-sent by the
-      sender, where a sprayed flow's PSN hole says nothing until it outlives the reordering
-      allowance that paths of different delay need. Such a loss cuts the DCQCN rate at most
-      once per smoothed RTT (an overflowing queue drops a run of packets).
+      (coalesced: one per received batch), and a NACK naming the first missing PSN: on a
+      one-path connection once ``reorder_threshold`` (3) packets beyond the hole have
+      arrived; on a multi-path one only once the hole outlives the reordering allowance
+      (``reorder_time_s`` at first, widened to 1.25x the age of any hole that a late first
+      copy filled, and doubled after a NACK that turned out spurious; at most 0.2 s). Every
+      data packet also carries its number on its path (a 16-bit path sequence); packets on
+      one path arrive in the order they were sent (one route, FIFO queues), so a jump in it
+      is a loss on that path, reported at once (PATH_LOSS: the path and the numbers missing)
+      and re-sent by the sender, where a sprayed flow's PSN hole says nothing until it
+      outlives the reordering allowance that paths of different delay need. Such a loss cuts
+      the DCQCN rate at most once per smoothed RTT (an overflowing queue drops a run of
+      packets).
       ``recovery="gobackn"`` models a classic RoCE NIC instead: it drops every
       out-of-order packet and NACKs the expected PSN (the sender resends from there).
     * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
@@ -106,6 +110,10 @@ from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane
 
 DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
+#: reorder_threshold of a multi-path connection: no count of packets past a hole makes it a loss
+NO_COUNT = 1 << 30
+#: the longest a hole waits for a late packet before the receiver NACKs it (the reordering allowance's cap)
+REORDER_TIME_MAX_S = 0.2
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us), path
 # sequence (DATA: the packet's number on its path, 16 bits, wrapping; PATH_LOSS: psn = the
 # first path sequence missing, msg id = how many);
@@ -371,6 +379,7 @@ class _RxFlow:
         "hol",
         "hole_psn",
         "hole_since",
+        "hole_ts",
         "last_cnp",
         "last_nack",
         "msgs",
@@ -400,6 +409,7 @@ class _RxFlow:
         self.pending = 0              # packets received since the last ACK
         self.hole_psn = -1            # the missing PSN being timed, and since when
         self.hole_since = 0.0
+        self.hole_ts = 0              # the send timestamp of the packet that showed the hole
         self.reorder_time = 0.0       # set by the transport; grows after a spurious NACK
         self.ack_at = 0.0             # when a delayed ACK is due (0: none)
         self.ack_path = 0
@@ -470,8 +480,10 @@ class RoceTransport(Transport):
         per_flow = self.policy.per_flow
         self.entropy = entropy
         self.window = window_pkts
+        # on a multi-path connection a hole's count says only how far its paths differ in delay
+        # (PATH_LOSS finds the losses): a hole is a loss only by its age there (NO_COUNT)
         self.reorder_threshold = reorder_threshold if reorder_threshold is not None else (
-            3 if per_flow else window_pkts)
+            3 if per_flow else NO_COUNT)
         self.reorder_time_s = reorder_time_s if reorder_time_s is not None else (
             0.0 if per_flow else 0.008)
         self.ecn = ecn
@@ -1127,7 +1139,7 @@ class RoceTransport(Transport):
             if r.last_nack[0] >= 0 and psn >= r.last_nack[0] and r.reorder_time:
                 # the NACKed packet came twice: it was late, not lost (like RACK's reo_wnd
                 # growing on a DSACK) - wait longer before calling a hole a loss
-                r.reorder_time = min(0.2, r.reorder_time * 2)
+                r.reorder_time = min(REORDER_TIME_MAX_S, r.reorder_time * 2)
                 r.last_nack = (-1, r.last_nack[1])
             r.ack_due, r.ack_ts, r.ack_path = True, ts, path
             return
@@ -1160,6 +1172,14 @@ class RoceTransport(Transport):
             r.ready.append(bytearray())
             r.deliver_next += 1
         if psn == r.expected:
+            if (r.ooo and psn == r.hole_psn and r.reorder_time and r.last_nack[0] != psn
+                    and (r.hole_ts - ts) & 0xFFFFFFFF < 1 << 31):
+                # the hole filled without a NACK, by a packet sent before the one that showed
+                # the hole (late, not re-sent): paths differ in delay by at least the hole's
+                # age, so a hole must be older than that (with a quarter more) before it counts
+                # as a loss (RACK's reordering window, learnt from what arrived late, not only
+                # from a NACK that turned out spurious)
+                r.reorder_time = min(REORDER_TIME_MAX_S, max(r.reorder_time, 1.25 * (now - r.hole_since)))
             r.hol.arrival(now, psn, bool(r.ooo or r.msgs))
             r.expected += 1
             while r.expected in r.ooo:
@@ -1181,7 +1201,7 @@ class RoceTransport(Transport):
         if r.ooo and self.recovery == "selective":
             beyond = max(r.ooo) - r.expected
             if r.hole_psn != r.expected:
-                r.hole_psn, r.hole_since = r.expected, now
+                r.hole_psn, r.hole_since, r.hole_ts = r.expected, now, ts
             # a hole is a loss once `reorder_threshold` packets passed it, or (RACK-like,
             # for sprayed packets whose paths differ in delay) once it is older than
             # reorder_time_s with at least 3 packets past it
