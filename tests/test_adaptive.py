@@ -296,10 +296,24 @@ def test_marks_every_path_shares_move_no_traffic():
 
 
 def test_a_mark_counts_against_the_median_path_not_against_a_clean_one():
-    rel, absolute = WeightedPaths(4), WeightedPaths(4, WeightParams(relative_marks=False))
+    rel, absolute = WeightedPaths(4), WeightedPaths(4, WeightParams(reference="best"))
     for w in (rel, absolute):
         for p in range(4):
             w.on_mark(p, 1.0)                               # every path marked once ...
         w.on_mark(0, 1.0)                                   # ... and path 0 once more
     assert rel.weights(1.0, lambda _p: True) == pytest.approx([0.5, 1.0, 1.0, 1.0])
     assert absolute.weights(1.0, lambda _p: True) == pytest.approx([0.25, 0.5, 0.5, 0.5])
+
+
+def test_an_rtt_counts_against_the_median_path_so_only_paths_slower_than_most_lose_weight():
+    rel, best = WeightedPaths(4), WeightedPaths(4, WeightParams(reference="best"))
+    for w in (rel, best):
+        for p, rtt in enumerate((0.010, 0.020, 0.030, 0.040)):
+            w.on_rtt(p, rtt, 1.0)
+    assert rel.weights(1.0, lambda _p: True) == pytest.approx([1.0, 1.0, 1.0, 0.025 * 1.25 / 0.040])
+    assert best.weights(1.0, lambda _p: True) == pytest.approx([1.0, 0.0125 / 0.020, 0.0125 / 0.030, 0.0125 / 0.040])
+
+
+def test_a_reference_other_than_median_or_best_is_refused():
+    with pytest.raises(TransportError, match="reference"):
+        WeightParams(reference="mean")

@@ -189,13 +189,17 @@ class WeightParams:
     loss_cut: float = 0.75          # a loss, by (1 - this)
     recover_s: float = 0.1          # the mark factor's way back to 1: time constant, seconds
     rtt_gain: float = 0.25          # the per-path smoothed RTT's gain per sample
-    relative_marks: bool = True     # a path's mark factor over the median path's (False: over 1)
+    #: what a path is measured against: "median" (the flow's median live path: its RTT and its mark
+    #: factor) or "best" (the path of least RTT, and a mark factor of 1: the rule before 2026-12-03)
+    reference: str = "median"
 
     def __post_init__(self) -> None:
         if not 0 < self.w_min <= 1:
             raise TransportError(f"w_min must be in (0, 1], got {self.w_min}")
         if not (0 <= self.mark_cut < 1 and 0 <= self.loss_cut < 1):
             raise TransportError("mark_cut and loss_cut must be in [0, 1)")
+        if self.reference not in ("median", "best"):
+            raise TransportError(f"reference must be median or best, got {self.reference!r}")
         if self.recover_s <= 0 or not 0 < self.rtt_gain <= 1 or self.rtt_slack < 0 or self.rtt_slack_s < 0:
             raise TransportError("recover_s and rtt_gain must be above 0 (rtt_gain at most 1), the slacks at least 0")
 
@@ -241,11 +245,15 @@ class WeightedPaths:
         p = self.p
         alive = [live(i) for i in range(self.n)]
         known = [s for s, a in zip(self.srtt, alive, strict=True) if s is not None and a]
-        best = min(known) if known else None
         marks = [self._mark_factor(i, now) if a else 0.0 for i, a in enumerate(alive)]
-        # marks every path shares (the receiver's own port, in an all-to-all) move nothing: a
-        # path's mark factor counts against the flow's median live path's, not against 1
-        ref = _median([m for m, a in zip(marks, alive, strict=True) if a]) if p.relative_marks else 1.0
+        # congestion every path shares (the receiver's own port, in an all-to-all) moves nothing,
+        # and neither does its noise: a path counts against the flow's median live path, so only
+        # the paths worse than most lose weight
+        if p.reference == "median":
+            best = _median(known) if known else None
+            ref = _median([m for m, a in zip(marks, alive, strict=True) if a])
+        else:
+            best, ref = (min(known) if known else None), 1.0
         out = []
         for i in range(self.n):
             if not alive[i]:
