@@ -252,11 +252,14 @@ def test_a_lost_tail_on_a_flow_connection_costs_one_timeout_not_one_per_packet()
 
 
 def test_a_sprayed_packet_lost_mid_message_is_resent_on_its_paths_next_arrival_not_after_a_timeout():
-    """Four paths, the receiver's reordering allowance and the sender's timer both 2 s: only
-    the path sequence can find the drop. Packets on one path arrive in order, so the next one
-    on the lost packet's path shows the gap, and the receiver names it (PATH_LOSS)."""
+    """Four paths, the receiver's reordering allowance, the sender's timer and its dead-path
+    rule all 2 s: only the path sequence can find the drop. Packets on one path arrive in
+    order, so the next one on the lost packet's path shows the gap, and the receiver names it
+    (PATH_LOSS). (With the dead-path rule at its 5 ms floor, a loaded machine that delayed the
+    ACKs past it had the path left and its flight re-sent: a failover, not this rule.)"""
     t0, t1, relays = _pair("roce", dict(drop_data={5, 17}), None, base=BASE + 24, line_rate_bps=50e6,
-                           entropy="spray", ports_per_nic=4, reorder_time_s=2.0, min_rto_s=2.0, max_rto_s=2.0)
+                           entropy="spray", ports_per_nic=4, reorder_time_s=2.0, min_rto_s=2.0, max_rto_s=2.0,
+                           paths={"dead_floor_s": 2.0})
     msgs = [bytes(random.Random(5).getrandbits(8) for _ in range(40 * t0.payload))]
     start = time.monotonic()
     out = _deliver(t0, t1, relays, msgs)
