@@ -218,6 +218,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
                     "duplicates", "switch_drops", "ingress_drops", "ce_marked"):
             row[fig] = _spread([r.get(fig) for r in mine])
         row["load"] = _spread([x for r in mine for x in r.get("load", ())])
+        row["machine_busy"] = _spread([r.get("machine_busy") for r in mine])
         row["weight_changes"] = sum(len(r.get("weight_changes", ())) for r in mine)
         ratios, time_ratios = [], []
         for r in mine:
@@ -238,7 +239,8 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
 def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
     key = "busbw_ratio_to_" + baseline
     lines = [f"{'fabric':<11} {'collective':<12} {'mode':<10} {'busbw GB/s':>11} {'x ' + baseline:>17} "
-             f"{'model':>5} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9}  exactly once"]
+             f"{'model':>5} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9} {'CPU':>4}  "
+             "exactly once"]
     for r in summary:
         b, q = r["busbw_gbs"], r[key]
         ratio = spread_text(q, "{:.2f}", centre="mean")
@@ -247,12 +249,31 @@ def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
         ld = r.get("load") or {"n": 0}
         load = f"{ld['min']:.1f}-{ld['max']:.1f}" if ld["n"] else "-"
         rto = (r.get("timeouts") or {}).get("mean")
+        busy = (r.get("machine_busy") or {}).get("mean")
+        cpu = "-" if busy is None else format(busy, ".0%")
         lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<10} {b['mean']:>11.5f} {ratio:>17} "
                      f"{'-' if pred is None else format(pred, '.2f'):>5} "
                      f"{imb if imb is None else format(imb, '.2f'):>9} {r['max_reorder']['max']:>7} "
                      f"{r['retransmissions']['mean']:>6.0f} {'-' if rto is None else format(rto, '.0f'):>5} "
-                     f"{load:>9}  {'yes' if r['exactly_once'] else 'NO'}")
+                     f"{load:>9} {cpu:>4}  {'yes' if r['exactly_once'] else 'NO'}")
+    bound = cpu_bound(summary)
+    if bound:
+        lines.append(f"CPU-bound: {len(bound)} of {len(summary)} rows ran with the machine's cores at least "
+                     f"{CPU_BOUND:.0%} busy on average ({', '.join(bound)}): there the generators and the switches "
+                     "share too little CPU, and the ratios measure that rather than the routing; lower the rates "
+                     "(--set emulation.host_mbps=N)")
     return lines
+
+
+#: a row whose cells kept the machine's cores this busy on average is CPU-bound
+CPU_BOUND = 0.95
+
+
+def cpu_bound(summary: list[dict], threshold: float = CPU_BOUND) -> list[str]:
+    """"fabric collective mode" of each row whose cells kept the machine's cores at least
+    ``threshold`` busy on average (``/proc/stat`` over each cell)."""
+    return [f"{r['fabric']} {r['collective']} {r['mode']}" for r in summary
+            if ((r.get("machine_busy") or {}).get("mean") or 0.0) >= threshold]
 
 
 # ---- side effects: counters and shaping on the emulation ------------------------------------
@@ -380,19 +401,23 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         telemetry.lines()                  # what came before this cell
                         load0, t0 = os.getloadavg()[0], time.monotonic()
                         before = read_tx_bytes(ups)
-                        res = experiment.run(plan, emu, progress=False)["results"]
+                        out = experiment.run(plan, emu, progress=False)
+                        res = out["results"]
+                        busy = (out.get("meta") or {}).get("machine_busy")
                         after = read_tx_bytes(ups)
                         load1, t1 = os.getloadavg()[0], time.monotonic()
                         delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
                         fig = cell_figures(res, delta)
                         changes = weight_changes(telemetry.lines(), t0, t1)
                         runs.append({"fabric": fabric, "collective": coll, "mode": mode, "rep": rep, **fig,
-                                     "size_bytes": sizes[coll], "load": [load0, load1], "weight_changes": changes,
+                                     "size_bytes": sizes[coll], "load": [load0, load1], "machine_busy": busy,
+                                     "weight_changes": changes,
                                      "uplink_bytes": dict(zip(ups, delta, strict=True))})
                         say(f"  {fabric} rep {rep + 1}/{reps} {coll} {mode}: busbw {fig['busbw_gbs']:.5f} GB/s, "
                             f"imbalance {fig['uplink_imbalance'] or 0:.2f}, retx {fig['retransmissions']}, "
                             f"RTOs {fig['timeouts']}, drops {fig['switch_drops']} (ingress {fig['ingress_drops']}), "
                             f"load {load0:.1f}-{load1:.1f}"
+                            + ("" if busy is None else f", CPU {busy:.0%} busy")
                             + (f", {len(changes)} weight changes" if changes else ""))
                         if save is not None:
                             save(doc())
