@@ -123,6 +123,14 @@ def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
             "exactly_once": all(exactly_once(f) is not False for f in flows)}
 
 
+def machine_busy(res: dict | list[dict]) -> float | None:
+    """The share of the machine's cores busy over a cell's timed iterations (its jobs' mean of
+    ``report.cpu_summary``'s ``machine_busy``; None where the ranks did not read it)."""
+    results = res if isinstance(res, list) else [res]
+    busy = [b for r in results if (b := (r.get("cpu") or {}).get("machine_busy")) is not None]
+    return statistics.fmean(busy) if busy else None
+
+
 def weight_changes(lines: Iterable[str], t0: float, t1: float) -> list[dict]:
     """The routing weights' changes the controller wrote to its telemetry file (records of kind
     "weights", ``hpnlab.controller.weights.Change.as_dict``) between monotonic times ``t0`` and ``t1``."""
@@ -256,24 +264,7 @@ def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
                      f"{imb if imb is None else format(imb, '.2f'):>9} {r['max_reorder']['max']:>7} "
                      f"{r['retransmissions']['mean']:>6.0f} {'-' if rto is None else format(rto, '.0f'):>5} "
                      f"{load:>9} {cpu:>4}  {'yes' if r['exactly_once'] else 'NO'}")
-    bound = cpu_bound(summary)
-    if bound:
-        lines.append(f"CPU-bound: {len(bound)} of {len(summary)} rows ran with the machine's cores at least "
-                     f"{CPU_BOUND:.0%} busy on average ({', '.join(bound)}): there the generators and the switches "
-                     "share too little CPU, and the ratios measure that rather than the routing; lower the rates "
-                     "(--set emulation.host_mbps=N)")
     return lines
-
-
-#: a row whose cells kept the machine's cores this busy on average is CPU-bound
-CPU_BOUND = 0.95
-
-
-def cpu_bound(summary: list[dict], threshold: float = CPU_BOUND) -> list[str]:
-    """"fabric collective mode" of each row whose cells kept the machine's cores at least
-    ``threshold`` busy on average (``/proc/stat`` over each cell)."""
-    return [f"{r['fabric']} {r['collective']} {r['mode']}" for r in summary
-            if ((r.get("machine_busy") or {}).get("mean") or 0.0) >= threshold]
 
 
 # ---- side effects: counters and shaping on the emulation ------------------------------------
@@ -403,7 +394,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         before = read_tx_bytes(ups)
                         out = experiment.run(plan, emu, progress=False)
                         res = out["results"]
-                        busy = (out.get("meta") or {}).get("machine_busy")
+                        busy = machine_busy(res)
                         after = read_tx_bytes(ups)
                         load1, t1 = os.getloadavg()[0], time.monotonic()
                         delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]

@@ -73,6 +73,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         sizes_out = []
         cpu0, wall0 = _cpu_s(), time.monotonic()
         timed_cpu = timed_wall = 0.0
+        machine = [0.0, 0.0]                           # the machine's (total, idle) ticks, timed spans
         # per-message times (incast): wall clock, so that a sender's start and the root's
         # arrival compare across hosts (one machine's clock here; synchronised clocks on a cluster)
         mono_to_wall = time.time() - time.monotonic()
@@ -102,6 +103,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                         src_in = inp
                     t.barrier()
                     c0 = _cpu_s()
+                    m0 = report.cpu_times()
                     t0 = time.perf_counter()
                     if mode == "oop":
                         col.apply_prologue(sched, rank, inp, work)
@@ -130,6 +132,9 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                             recv_at.append(arrivals)
                         timed_wall += time.perf_counter() - t0   # CPU share over the same span
                         timed_cpu += _cpu_s() - c0
+                        m1 = report.cpu_times()        # the machine's cores over the same span
+                        machine[0] += m1[0] - m0[0]
+                        machine[1] += m1[1] - m0[1]
                         if expected is not None:
                             off, nb = sched.result_slice(rank)
                             got_res = work.view(np.uint8)[off:off + nb].view(col.DTYPE)
@@ -145,7 +150,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         flows = t.flow_stats()
         result = {"event": "result", "rank": rank, "sizes": sizes_out, "flows": flows,
                   "transport_info": t.info(),
-                  "cpu": {"timed_cpu_s": timed_cpu, "timed_wall_s": timed_wall,
+                  "cpu": {"timed_cpu_s": timed_cpu, "timed_wall_s": timed_wall, "machine_ticks": machine,
                           "total_cpu_s": _cpu_s() - cpu0, "total_wall_s": time.monotonic() - wall0},
                   "host": socket.gethostname(), "pid": os.getpid()}
         emit(result)

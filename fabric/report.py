@@ -23,6 +23,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -232,14 +233,19 @@ def busy_share(before: tuple[float, float], after: tuple[float, float]) -> float
 
 def cpu_summary(rank_results: list[dict]) -> dict:
     """Generator CPU during the timed iterations: each rank's share of one core, the busiest
-    rank's share, the cores all ranks used together, and headroom = 1 - busiest share."""
+    rank's share, the cores all ranks used together, headroom = 1 - busiest share, and
+    ``machine_busy``: the share of the machine's cores busy over the timed iterations, with
+    everything else on it (``/proc/stat``; the median over the ranks' readings; None without)."""
     shares = []
     for rr in rank_results:
         c = rr["cpu"]
         shares.append(c["timed_cpu_s"] / c["timed_wall_s"] if c["timed_wall_s"] > 0 else 0.0)
     top = max(shares) if shares else 0.0
+    busy = [1.0 - idle / total for total, idle in (rr["cpu"].get("machine_ticks") or (0.0, 0.0) for rr in rank_results)
+            if total > 0]
     return {"rank_shares": shares, "max_rank_share": top, "cores_used": sum(shares),
-            "headroom": 1.0 - top, "machine_cores": os.cpu_count()}
+            "headroom": 1.0 - top, "machine_cores": os.cpu_count(),
+            "machine_busy": statistics.median(busy) if busy else None}
 
 
 def build_result(job: Job, rank_results: list[dict]) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpnlab.fabric import collectives as col
-from hpnlab.fabric import experiment, ranks
+from hpnlab.fabric import experiment, ranks, report
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiment import Plan, sweep
 from hpnlab.fabric.placement import Job, place
@@ -88,6 +88,7 @@ def test_the_command_line_writes_tables_json_and_plots(tmp_path):
     assert [row["size"] for row in result["rows"]] == [16384, 32768]
     assert (out / "busbw.png").stat().st_size > 0 and len(list(out.glob("flows-*-job0.png"))) == 1
     assert 0 < result["cpu"]["max_rank_share"] <= 1.5
+    assert 0 < result["cpu"]["machine_busy"] <= 1.0          # the ranks themselves kept it busy
     assert doc["meta"]["kernel"] and doc["meta"]["plan"]["collectives"] == ["all_reduce"]
 
 
@@ -247,3 +248,11 @@ def test_the_progress_line_carries_nccl_tests_busbw_of_the_size_just_done():
     # 1 MiB in 10 ms: algbw 0.839 Gbit/s; all-reduce on 4 ranks: x 2*3/4 = 1.26 Gbit/s
     assert ranks._busbw_so_far(job, 1 << 20, 0.01) == ", busbw 1.26 Gbit/s (rank 0)"
     assert ranks._busbw_so_far(job, 1 << 20, None) == ""
+
+
+def test_the_machines_busy_share_is_the_median_of_the_ranks_readings_over_their_timed_spans():
+    def rank(total, idle):
+        return {"cpu": {"timed_cpu_s": 1.0, "timed_wall_s": 2.0, "machine_ticks": [total, idle]}}
+    summary = report.cpu_summary([rank(100, 25), rank(200, 100), rank(400, 80), rank(0, 0)])
+    assert summary["machine_busy"] == pytest.approx(0.75)        # of 0.75, 0.5, 0.8; no ticks: no reading
+    assert report.cpu_summary([{"cpu": {"timed_cpu_s": 1.0, "timed_wall_s": 2.0}}])["machine_busy"] is None
