@@ -317,3 +317,31 @@ def test_an_rtt_counts_against_the_median_path_so_only_paths_slower_than_most_lo
 def test_a_reference_other_than_median_or_best_is_refused():
     with pytest.raises(TransportError, match="reference"):
         WeightParams(reference="mean")
+
+
+def test_a_timeout_moves_no_weight_by_default_where_a_path_loss_does():
+    """On a sprayed connection a timeout is most often a packet still queued; a loss on the path
+    shows in its own sequence (PATH_LOSS) as soon as a later packet of the path arrives."""
+    w = WeightedPaths(4)
+    w.on_timeout(0, 1.0)
+    assert w.weights(1.0, lambda _p: True) == [1.0] * 4 and w.stats["timeouts"] == 1
+    w.on_loss(1, 1.0)
+    assert w.weights(1.0, lambda _p: True)[1] < 1.0
+
+
+def test_a_timeout_cuts_by_timeout_cut_when_one_is_set():
+    w = WeightedPaths(4, WeightParams(timeout_cut=0.5))
+    w.on_timeout(0, 1.0)
+    assert w.weights(1.0, lambda _p: True)[0] == pytest.approx(0.5)
+    with pytest.raises(TransportError, match="timeout_cut"):
+        WeightParams(timeout_cut=1.0)
+
+
+def test_the_transports_timeout_reaches_the_policy_as_a_timeout_and_reps_counts_it_a_loss():
+    pol, reps = AdaptiveEntropy(2, 2, clock=lambda: 1.0), RepsEntropy(2, 2, clock=lambda: 1.0)
+    f = _flow(2, 2)
+    for p in (pol, reps):
+        p.path(f, 0)
+        p.on_feedback(f, 1, "timeout", 1.0)
+    assert pol.of(f).stats["timeouts"] == 1 and pol.of(f).stats["losses"] == 0
+    assert reps.of(f).stats["losses"] == 1

@@ -6,13 +6,16 @@ Two rules live here. :class:`WeightedPaths` is the ``adaptive`` entropy; :class:
 The ``adaptive`` rule (:class:`WeightedPaths`): spray, weighted by path-specific evidence
     Every live path has a weight in [``w_min``, 1], and packets go out in smooth weighted round
     robin (nginx's SWRR): equal weights are exactly ``spray``'s rotation. A path's weight is the
-    product of two factors. Its *delay* factor is the flow's best path's smoothed RTT (plus a
-    slack) over this path's, so a path whose queue is longer than the others' gets less, and
-    congestion every path shares -- the receiver's own port, in an all-to-all -- moves nothing.
-    Its *mark* factor drops by ``mark_cut`` on a congestion mark (a CNP naming the path) and by
-    ``loss_cut`` on a loss on the path (PATH_LOSS or a timeout), and recovers towards 1 with time
-    constant ``recover_s``: a path that marks more often than the others carries less while it
-    does. Nothing is taken away for good, so a path that clears comes back on its own.
+    product of two factors. Its *delay* factor is the flow's median live path's smoothed RTT
+    (plus a slack) over this path's, so a path whose queue is longer than most others' gets
+    less, and congestion every path shares -- the receiver's own port, in an all-to-all --
+    moves nothing, nor does its noise. Its *mark* factor drops by ``mark_cut`` on a congestion
+    mark (a CNP naming the path) and by ``loss_cut`` on a loss the path's own sequence showed
+    (PATH_LOSS), recovers towards 1 with time constant ``recover_s``, and counts against the
+    median live path's: a path that marks more often than most carries less while it does. A
+    retransmission timeout cuts by ``timeout_cut``, 0 by default: on a sprayed connection it is
+    most often a packet still queued (``reference="best"``, ``timeout_cut=0.75``: the rule
+    before 2026-12-03). Nothing is taken away for good, so a path that clears comes back.
     Why not REPS's recycling here: with few paths per flow (mini-hpn's map has 2 per plane, 4 per
     flow), the recycled tokens concentrate a flow's packets on whichever paths acknowledged first,
     a rested path moves all of its plane's share to the other at once, and the sprayed all-to-all
@@ -175,6 +178,10 @@ class AdaptivePaths:
         self.stats["losses"] += 1
         self._rest(path, now)
 
+    def on_timeout(self, path: int, now: float) -> None:
+        """The retransmission timer fired for a packet of ``path``: a loss, as REPS counts it."""
+        self.on_loss(path, now)
+
     def summary(self, now: float | None = None) -> dict:
         return {**self.stats, "tokens": len(self.tokens)}
 
@@ -187,6 +194,7 @@ class WeightParams:
     rtt_slack_s: float = 0.001      # ... and within this many seconds of it
     mark_cut: float = 0.5           # a mark multiplies the path's mark factor by (1 - this)
     loss_cut: float = 0.75          # a loss, by (1 - this)
+    timeout_cut: float = 0.0        # a retransmission timeout, by (1 - this): nothing by default
     recover_s: float = 0.1          # the mark factor's way back to 1: time constant, seconds
     rtt_gain: float = 0.25          # the per-path smoothed RTT's gain per sample
     #: what a path is measured against: "median" (the flow's median live path: its RTT and its mark
@@ -196,8 +204,8 @@ class WeightParams:
     def __post_init__(self) -> None:
         if not 0 < self.w_min <= 1:
             raise TransportError(f"w_min must be in (0, 1], got {self.w_min}")
-        if not (0 <= self.mark_cut < 1 and 0 <= self.loss_cut < 1):
-            raise TransportError("mark_cut and loss_cut must be in [0, 1)")
+        if not (0 <= self.mark_cut < 1 and 0 <= self.loss_cut < 1 and 0 <= self.timeout_cut < 1):
+            raise TransportError("mark_cut, loss_cut and timeout_cut must be in [0, 1)")
         if self.reference not in ("median", "best"):
             raise TransportError(f"reference must be median or best, got {self.reference!r}")
         if self.recover_s <= 0 or not 0 < self.rtt_gain <= 1 or self.rtt_slack < 0 or self.rtt_slack_s < 0:
@@ -230,7 +238,7 @@ class WeightedPaths:
         self.mark = [1.0] * n                # the mark factor
         self.mark_t = [0.0] * n              # when it was last brought up to date
         self.current = [0.0] * n             # SWRR's running credit
-        self.stats = {"marks": 0, "losses": 0, "cut": 0}
+        self.stats = {"marks": 0, "losses": 0, "timeouts": 0, "cut": 0}
 
     # ---- the weights ----------------------------------------------------------------
     def _mark_factor(self, path: int, now: float) -> float:
@@ -312,6 +320,14 @@ class WeightedPaths:
     def on_loss(self, path: int, now: float) -> None:
         self.stats["losses"] += 1
         self._cut(path, now, self.p.loss_cut)
+
+    def on_timeout(self, path: int, now: float) -> None:
+        """The retransmission timer fired for a packet of ``path``: cut by ``timeout_cut``. On a
+        sprayed connection that is most often a packet still queued: a loss on the path shows in
+        its own sequence (PATH_LOSS, ``on_loss``) as soon as a later packet of the path arrives."""
+        self.stats["timeouts"] += 1
+        if self.p.timeout_cut:
+            self._cut(path, now, self.p.timeout_cut)
 
     def summary(self, now: float | None = None) -> dict:
         t = max(self.mark_t) if now is None else now

@@ -40,8 +40,9 @@ class EntropyPolicy:
 
     ``paths`` is planes x ports_per_nic. ``on_feedback(flow, path, kind, now, rtt)`` is called
     with kind "ack" (one packet sent once on that path acknowledged), "rtt" (an RTT sample
-    of a packet of that path), "ce" (a CNP for a packet of that path) or "loss" (a NACK or
-    timeout): the hook the adaptive policy uses.
+    of a packet of that path), "ce" (a CNP for a packet of that path), "loss" (a loss the
+    path's own sequence showed) or "timeout" (the retransmission timer fired for a packet of
+    that path): the hook the adaptive policy uses.
     """
     name = "base"
     per_flow = False        # True: every packet of a flow takes the same path
@@ -177,6 +178,8 @@ class _PerFlowState(EntropyPolicy):
             st.on_mark(path, now)
         elif kind == "loss":
             st.on_loss(path, now)
+        elif kind == "timeout":
+            st.on_timeout(path, now)
 
     def summary(self, flow):
         st = self.flows.get(flow.dst)

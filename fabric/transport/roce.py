@@ -1032,7 +1032,7 @@ class RoceTransport(Transport):
         f.rto_streak += 1
         e = f.unacked.get(f.una)
         if e is not None:
-            self.policy.on_feedback(f, e[5], "loss", now)
+            self.policy.on_feedback(f, e[5], "timeout", now)
             if not self.policy.per_flow and f.paths.on_timeout(e[5], e[4], now, f.srtt):
                 self._fail_over(f, [e[5]], now)
         if self.recovery == "gobackn":
