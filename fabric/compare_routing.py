@@ -392,8 +392,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                         telemetry.lines()                  # what came before this cell
                         load0, t0 = os.getloadavg()[0], time.monotonic()
                         before = read_tx_bytes(ups)
-                        out = experiment.run(plan, emu, progress=False)
-                        res = out["results"]
+                        res = experiment.run(plan, emu, progress=False)["results"]
                         busy = machine_busy(res)
                         after = read_tx_bytes(ups)
                         load1, t1 = os.getloadavg()[0], time.monotonic()

@@ -241,8 +241,8 @@ def cpu_summary(rank_results: list[dict]) -> dict:
         c = rr["cpu"]
         shares.append(c["timed_cpu_s"] / c["timed_wall_s"] if c["timed_wall_s"] > 0 else 0.0)
     top = max(shares) if shares else 0.0
-    busy = [1.0 - idle / total for total, idle in (rr["cpu"].get("machine_ticks") or (0.0, 0.0) for rr in rank_results)
-            if total > 0]
+    ticks = [tuple(rr["cpu"].get("machine_ticks") or (0.0, 0.0)) for rr in rank_results]
+    busy = [busy_share((0.0, 0.0), t) for t in ticks if t[0] > 0]
     return {"rank_shares": shares, "max_rank_share": top, "cores_used": sum(shares),
             "headroom": 1.0 - top, "machine_cores": os.cpu_count(),
             "machine_busy": statistics.median(busy) if busy else None}

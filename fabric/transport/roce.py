@@ -410,7 +410,7 @@ class _RxFlow:
         self.hole_psn = -1            # the missing PSN being timed, and since when
         self.hole_since = 0.0
         self.hole_ts = 0              # the send timestamp of the packet that showed the hole
-        self.reorder_time = 0.0       # set by the transport; grows after a spurious NACK
+        self.reorder_time = 0.0       # set by the transport; grows with late fills and spurious NACKs
         self.ack_at = 0.0             # when a delayed ACK is due (0: none)
         self.ack_path = 0
         self.ack_ts = 0
