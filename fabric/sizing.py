@@ -336,6 +336,29 @@ def rates_for_ranks(g: nx.MultiGraph, overrides: dict[str, Any], ranks: int) -> 
     return run_rates(g, overrides, load_budget(), os.cpu_count() or 1, sending)
 
 
+def rates_as_set(host_mbps: float, mtu: int, mtu_given: bool, budget: dict[str, Any] | None,
+                 gen: tuple[float, str] | None, ports: int) -> tuple[dict[str, Any], str]:
+    """A rate the user set (pure): kept, at ``ROCE_MTU`` where the budget measured frames that large
+    and the user set no MTU (the MTU the budget's own rates take: the same rate in fewer packets;
+    at 1500 B, 8 Mbit/s per host port is as many packets as 22 at 4096, past this machine's
+    generators on 2026-12-03, where a routing comparison measured the ranks' CPU), and a line that
+    says so, and warns when the rate's packets/s per sending port are more than the generators'
+    ceiling (``generator_ceiling``) allows."""
+    out: dict[str, Any] = {}
+    if not mtu_given and mtu < ROCE_MTU and (max_frame(budget, "system") or 0) >= ROCE_MTU + ETH:
+        mtu = ROCE_MTU
+        out = {"emulation": {"mtu": mtu}}
+    line = f"rates as set: host ports {host_mbps:g} Mbit/s at MTU {mtu}"
+    if gen is not None:
+        frame_bits = 8 * (mtu + ETH)
+        ceiling = gen[0] / max(1, ports) * frame_bits / 1e6
+        if host_mbps > ceiling:
+            line += (f"; WARNING: above the {ceiling:.1f} Mbit/s per host port at MTU {mtu} that this machine's "
+                     f"generators keep up with for {ports} sending ports, so the ranks' CPU, not the fabric, "
+                     f"may set the busbw ({gen[1]})")
+    return out, line
+
+
 def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any] | None,
               cpus: int, sending_ports: int | None = None) -> tuple[dict[str, Any], str]:
     """The emulation overrides that give a run the rates the measured budget carries for its
@@ -345,10 +368,10 @@ def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any
     or when nothing was measured (the preset's rates); an MTU the user set is kept."""
     emu = g.graph["scenario"].emulation
     given = overrides.get("emulation", {})
-    if "host_mbps" in given or "max_mbps" in given:
-        return {}, f"rates as set: host ports {emu.host_mbps:g} Mbit/s"
     ports = sending_ports or host_ports(g)
     gen = generator_ceiling((budget or {}).get("generators"))
+    if "host_mbps" in given or "max_mbps" in given:
+        return rates_as_set(emu.host_mbps, emu.mtu, "mtu" in given, budget, gen, ports)
     options = []
     for mtu in [emu.mtu] + ([ROCE_MTU] if "mtu" not in given and emu.mtu < ROCE_MTU else []):
         pps, source = pps_budget(budget, cpus, mtu + ETH)

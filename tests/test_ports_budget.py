@@ -159,7 +159,8 @@ def test_default_rates_for_every_port_sending_fit_the_size_check():
 def test_run_rates_keep_a_rate_the_user_set_and_the_preset_when_nothing_was_measured():
     g = _g()
     b = _budget({"system": {1514: [9_000]}})
-    assert sizing.run_rates(g, {"emulation": {"host_mbps": 3}}, b, 2)[0] == {}
+    over, line = sizing.run_rates(g, {"emulation": {"host_mbps": 3}}, b, 2)
+    assert over == {} and "rates as set" in line and "MTU 1500" in line
     over, line = sizing.run_rates(g, {}, None, 2)
     assert over == {} and "nothing measured" in line
     over, line = sizing.run_rates(g, {}, b, 2, sending_ports=16)
@@ -300,6 +301,31 @@ def test_run_rates_take_the_generators_ceiling_where_it_is_below_the_switches_sh
     # a ceiling above the switches' share changes nothing
     b["generators"] = _gen({top: [0.95], 2 * top: [0.95]})
     assert sizing.run_rates(g, {}, b, 2, sending_ports=16)[0] == switches
+
+
+def test_a_rate_the_user_set_takes_the_roce_mtu_where_the_budget_measured_it_unless_an_mtu_was_set():
+    g = _g(host_mbps=8)                                        # MTU 1500
+    b = _budget({"system": {1514: [9_000], 4110: [6_000]}})
+    over, line = sizing.run_rates(g, {"emulation": {"host_mbps": 8}}, b, 2, sending_ports=16)
+    assert over == {"emulation": {"mtu": sizing.ROCE_MTU}} and "8 Mbit/s at MTU 4096" in line
+    assert sizing.run_rates(g, {"emulation": {"host_mbps": 8, "mtu": 1500}}, b, 2, 16)[0] == {}
+    small_frames_only = _budget({"system": {1514: [9_000]}})
+    assert sizing.run_rates(g, {"emulation": {"host_mbps": 8}}, small_frames_only, 2, 16)[0] == {}
+
+
+def test_a_rate_the_user_set_above_the_generators_ceiling_is_kept_with_a_warning():
+    b = {**_budget({"system": {1514: [9_000], 4110: [300_000]}}), "generators": _gen({10: [0.9], 20: [0.5]})}
+    ceiling = _mbps(_ceiling(b["generators"])[0])      # per port at MTU 4096, 16 sending as calibrated
+
+    def line_at(mbps: float, **given: float) -> tuple[dict, str]:
+        return sizing.run_rates(_g(host_mbps=mbps, **given), {"emulation": {"host_mbps": mbps, **given}}, b, 2, 16)
+
+    under, line = line_at(ceiling * 0.9)
+    assert "WARNING" not in line
+    over, line = line_at(ceiling * 1.1)
+    assert over == under and "WARNING: above the" in line and "generators keep up" in line
+    # the same rate at 1500 B is 2.7 times the packets: over the ceiling
+    assert "WARNING" in line_at(ceiling * 0.9, mtu=1500)[1]
 
 
 def test_the_generators_ceiling_is_shared_by_the_sending_ports():
