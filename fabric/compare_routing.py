@@ -31,7 +31,9 @@ the machine's load average before and after, and the routing weights' changes th
 made meanwhile (its telemetry file's "weights" records). Per (fabric, collective, mode): mean,
 min, max and stdev over repetitions, and the ratio to ecmp computed repetition by repetition
 (same position in the interleaving), beside the flow model's ratio for the same ranks, sizes and
-fabric (:func:`predicted`). JSON first (``compare-routing.json``), then a table.
+fabric (:func:`predicted`), and to spray where it ran. JSON first (``compare-routing.json``),
+then a table and a plot (``compare-routing.png``, :func:`plot`; ``python -m
+hpnlab.fabric.compare_routing compare-routing.json --out DIR`` draws them again).
 """
 from __future__ import annotations
 
@@ -111,7 +113,10 @@ def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
     results = res if isinstance(res, list) else [res]
     rows = [r["rows"][0]["oop"] for r in results]
     flows = [f for r in results for f in r.get("flows", [])]
+    lines = [row["busbw_gbs"] * 8e9 / r["line_rate_bps"] for row, r in zip(rows, results, strict=True)
+             if r.get("line_rate_bps")]
     return {"busbw_gbs": statistics.fmean(r["busbw_gbs"] for r in rows), "time_us": max(r["time_us"] for r in rows),
+            "line": statistics.fmean(lines) if lines else None,
             "wrong": sum(r["wrong"] for r in rows),
             "uplink_imbalance": imbalance(uplink_bytes),
             "max_reorder": max((f.get("max_reorder", 0) for f in flows), default=0),
@@ -210,9 +215,12 @@ def _spread(values: list[Any]) -> dict:
             "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = None) -> list[dict]:
-    """Per (fabric, collective, mode): every figure's spread, and the per-repetition ratio
-    of busbw (and completion time) to the baseline mode's same repetition; the machine's load
+def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = None,
+              versus: tuple[str, ...] = ("spray",)) -> list[dict]:
+    """Per (fabric, collective, mode): every figure's spread (``line``: busbw over the rank's line
+    rate, every plane's port), and the per-repetition ratio of busbw (and completion time) to the
+    baseline mode's same repetition, and of busbw to each mode of ``versus`` that ran (the
+    issue's other yardstick: adaptive against oblivious spray); the machine's load
     (1-minute average before and after each cell); ``model``: {(fabric, collective): :func:`predicted`},
     whose ratio goes beside the measured one."""
     keys = sorted({(r["fabric"], r["collective"], r["mode"]) for r in runs},
@@ -222,7 +230,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
     for fabric, coll, mode in keys:
         mine = [r for r in runs if (r["fabric"], r["collective"], r["mode"]) == (fabric, coll, mode)]
         row: dict[str, Any] = {"fabric": fabric, "collective": coll, "mode": mode}
-        for fig in ("busbw_gbs", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts",
+        for fig in ("busbw_gbs", "line", "time_us", "uplink_imbalance", "max_reorder", "retransmissions", "timeouts",
                     "duplicates", "switch_drops", "ingress_drops", "ce_marked"):
             row[fig] = _spread([r.get(fig) for r in mine])
         row["load"] = _spread([x for r in mine for x in r.get("load", ())])
@@ -236,6 +244,11 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
                 time_ratios.append(r["time_us"] / base["time_us"])
         row["busbw_ratio_to_" + baseline] = _spread(ratios)
         row["time_ratio_to_" + baseline] = _spread(time_ratios)
+        for other in versus:
+            if any(k[:3] == (fabric, coll, other) for k in by):
+                row["busbw_ratio_to_" + other] = _spread(
+                    [r["busbw_gbs"] / o["busbw_gbs"] for r in mine
+                     if (o := by.get((fabric, coll, other, r["rep"]))) and o["busbw_gbs"]])
         pred = (model or {}).get((fabric, coll), {}).get(mode)
         row["model_ratio_to_" + baseline] = pred["ratio_to_ecmp"] if pred else None
         row["exactly_once"] = all(r["exactly_once"] for r in mine)
@@ -244,14 +257,18 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
     return out
 
 
-def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
+def table(summary: list[dict], baseline: str = "ecmp", versus: str = "spray") -> list[str]:
+    """The summary as text: per row busbw, its share of line rate, the ratios to ``baseline`` and
+    to ``versus`` (mean [min-max] of the per-repetition ratios; "-" where ``versus`` did not run)."""
     key = "busbw_ratio_to_" + baseline
-    lines = [f"{'fabric':<11} {'collective':<12} {'mode':<10} {'busbw GB/s':>11} {'x ' + baseline:>17} "
-             f"{'model':>5} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9} {'CPU':>4}  "
-             "exactly once"]
+    lines = [f"{'fabric':<11} {'collective':<12} {'mode':<10} {'busbw GB/s':>11} {'line':>5} {'x ' + baseline:>17} "
+             f"{'model':>5} {'x ' + versus:>17} {'imbalance':>9} {'reorder':>7} {'retx':>6} {'RTOs':>5} {'load':>9} "
+             f"{'CPU':>4}  exactly once"]
     for r in summary:
         b, q = r["busbw_gbs"], r[key]
         ratio = spread_text(q, "{:.2f}", centre="mean")
+        vs_text = spread_text(r.get("busbw_ratio_to_" + versus), "{:.2f}", centre="mean")
+        ln = (r.get("line") or {}).get("mean")
         pred = r.get("model_ratio_to_" + baseline)
         imb = r["uplink_imbalance"]["mean"]
         ld = r.get("load") or {"n": 0}
@@ -259,12 +276,81 @@ def table(summary: list[dict], baseline: str = "ecmp") -> list[str]:
         rto = (r.get("timeouts") or {}).get("mean")
         busy = (r.get("machine_busy") or {}).get("mean")
         cpu = "-" if busy is None else format(busy, ".0%")
-        lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<10} {b['mean']:>11.5f} {ratio:>17} "
-                     f"{'-' if pred is None else format(pred, '.2f'):>5} "
+        lines.append(f"{r['fabric']:<11} {r['collective']:<12} {r['mode']:<10} {b['mean']:>11.5f} "
+                     f"{'-' if ln is None else format(ln, '.2f'):>5} {ratio:>17} "
+                     f"{'-' if pred is None else format(pred, '.2f'):>5} {vs_text:>17} "
                      f"{imb if imb is None else format(imb, '.2f'):>9} {r['max_reorder']['max']:>7} "
                      f"{r['retransmissions']['mean']:>6.0f} {'-' if rto is None else format(rto, '.0f'):>5} "
                      f"{load:>9} {cpu:>4}  {'yes' if r['exactly_once'] else 'NO'}")
     return lines
+
+
+def plot(summary: list[dict], path: str | Path, baseline: str = "ecmp") -> Path:
+    """Per fabric, bars of each mode's busbw ratio to ``baseline`` per collective (mean of the
+    per-repetition ratios, min-max whiskers), the flow model's ratio as a black tick on each bar,
+    and a dashed line at 1.25 (the issue's target)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import _save
+
+    key = "busbw_ratio_to_" + baseline
+    fabrics = sorted({r["fabric"] for r in summary}, key=lambda f: (f != "symmetric", f))
+    order = MODES + MORE_MODES
+    modes = sorted({r["mode"] for r in summary}, key=lambda m: order.index(m) if m in order else 99)
+    fig, axes = plt.subplots(1, max(1, len(fabrics)), figsize=(5.5 * max(1, len(fabrics)), 3.8), squeeze=False)
+    width = 0.8 / max(1, len(modes))
+    for ax, fabric in zip(axes[0], fabrics, strict=False):
+        rows = [r for r in summary if r["fabric"] == fabric]
+        colls = list(dict.fromkeys(r["collective"] for r in rows))
+        for j, mode in enumerate(modes):
+            for i, coll in enumerate(colls):
+                r = next((x for x in rows if x["collective"] == coll and x["mode"] == mode), None)
+                sp = (r or {}).get(key) or {}
+                if not sp.get("n"):
+                    continue
+                x = i + (j - (len(modes) - 1) / 2) * width
+                ax.bar(x, sp["mean"], width, color=f"C{j}", label=mode if i == 0 else None)
+                ax.errorbar(x, sp["mean"], yerr=[[sp["mean"] - sp["min"]], [sp["max"] - sp["mean"]]],
+                            color="black", capsize=2, lw=0.8)
+                pred = r.get("model_ratio_to_" + baseline) if r else None
+                if pred is not None:
+                    ax.plot([x - width / 2, x + width / 2], [pred, pred], color="black", lw=1.5)
+        ax.axhline(1.25, color="grey", ls="--", lw=0.8)
+        ax.set_xticks(range(len(colls)), colls, fontsize=8)
+        ax.set_ylabel(f"busbw / {baseline} (per repetition)")
+        ax.set_title(f"{fabric} (bars: measured; ticks: flow model)", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpnlab.fabric.compare_routing compare-routing.json --out DIR``: the table and the
+    plot again from a comparison file (the summary recomputed from its runs)."""
+    import argparse
+    import sys
+
+    from .report import read_json
+
+    p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.compare_routing", description=main.__doc__)
+    p.add_argument("file", help="compare-routing.json written by hpnlab run --compare routing")
+    p.add_argument("--out", required=True, help="folder for the plot")
+    args = p.parse_args(argv)
+    try:
+        doc = read_json(args.file)
+        model = {(m["fabric"], m["collective"]): m["modes"] for m in doc.get("model", [])}
+        summary = summarize(doc["runs"], model=model)
+        lines = table(summary)
+        path = plot(summary, Path(args.out) / "compare-routing.png")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"hpnlab: cannot read a routing comparison from {args.file}: {exc}", file=sys.stderr)
+        return 2
+    for line in lines:
+        print(line)
+    print(f"plot: {path}")
+    return 0
 
 
 # ---- side effects: counters and shaping on the emulation ------------------------------------
@@ -426,3 +512,7 @@ def _doc(scenario: str, reps: int, modes: tuple, collectives: tuple, asym_factor
             "sizes": sizes, "hosts": hosts, "plan": base.as_dict(),
             "model": [{"fabric": f, "collective": c, "modes": m} for (f, c), m in model.items()],
             "summary": summarize(runs, model=model), "runs": runs}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

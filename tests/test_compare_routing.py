@@ -209,3 +209,58 @@ def test_the_table_shows_each_rows_mean_share_of_the_machines_cores_busy():
     lines = cr.table(rows)
     assert " 98% " in lines[1] and " 85% " in lines[2]
     assert "   - " in cr.table(cr.summarize([_run("symmetric", "ecmp", 0, 1.0)]))[1]     # not measured
+
+
+def test_a_cells_line_share_is_its_busbw_over_the_ranks_line_rate():
+    res = {"rows": [{"oop": {"busbw_gbs": 0.0015, "time_us": 5.0, "wrong": 0}}], "flows": [],
+           "line_rate_bps": 16e6}                          # 2 planes x 8 Mbit/s: 0.002 GB/s
+    assert cr.cell_figures(res, [1])["line"] == pytest.approx(0.75)
+    assert cr.cell_figures(dict(res, line_rate_bps=None), [1])["line"] is None
+
+
+def test_ratios_to_spray_are_taken_repetition_by_repetition_where_spray_ran():
+    cells = (("ecmp", 0, 1.0), ("ecmp", 1, 1.0), ("spray", 0, 1.0), ("spray", 1, 2.0), ("adaptive", 0, 1.5),
+             ("adaptive", 1, 2.0))
+    runs = [_run("asymmetric", m, rep, b) for m, rep, b in cells]
+    rows = {r["mode"]: r for r in cr.summarize(runs)}
+    q = rows["adaptive"]["busbw_ratio_to_spray"]
+    assert (q["min"], q["max"], q["mean"]) == (1.0, 1.5, 1.25)
+    no_spray = cr.summarize([r for r in runs if r["mode"] != "spray"])
+    assert all("busbw_ratio_to_spray" not in r for r in no_spray)
+    assert cr.table(no_spray)[-1].count("[") == 1                 # x ecmp's spread only: "-" for x spray
+    assert cr.table(cr.summarize(runs))[-1].count("[") == 2
+
+
+def test_the_table_shows_the_share_of_line_rate_and_the_ratio_to_spray():
+    runs = [dict(_run("symmetric", m, 0, b), line=b / 2) for m, b in (("ecmp", 1.0), ("spray", 1.8), ("adaptive", 1.9))]
+    head, *lines = cr.table(cr.summarize(runs))
+    assert " line " in head and "x spray" in head
+    assert " 0.95 " in lines[-1] and "1.06 [1.06-1.06]" in lines[-1]
+
+
+def test_the_plot_draws_every_fabric_and_the_model_beside_the_measured_ratios(tmp_path):
+    runs = [_run(f, m, r, b * (1 + r / 10)) for f in ("symmetric", "asymmetric") for r in range(2)
+            for m, b in (("ecmp", 1.0), ("spray", 1.5), ("adaptive", 1.7))]
+    model = {(f, "all_to_all"): {"ecmp": {"ratio_to_ecmp": 1.0}, "spray": {"ratio_to_ecmp": 1.4},
+                                 "adaptive": {"ratio_to_ecmp": 1.6}} for f in ("symmetric", "asymmetric")}
+    path = cr.plot(cr.summarize(runs, model=model), tmp_path / "sub" / "compare-routing.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_redrawing_from_a_file_that_is_not_a_comparison_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "compare-routing.json"
+    bad.write_text('{"kind": "something else"}')
+    assert cr.main([str(bad), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read a routing comparison" in err
+
+
+def test_redrawing_a_comparison_prints_its_table_and_writes_its_plot(tmp_path, capsys):
+    import json
+
+    runs = [_run("symmetric", m, 0, b) for m, b in (("ecmp", 1.0), ("spray", 1.5))]
+    f = tmp_path / "compare-routing.json"
+    f.write_text(json.dumps({"kind": "compare-routing", "runs": runs, "model": []}))
+    assert cr.main([str(f), "--out", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "x spray" in out and (tmp_path / "plots" / "compare-routing.png").exists()

@@ -256,5 +256,5 @@ def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, 
     path = save(doc)
     for line in compare_routing.table(doc["summary"]):
         say(line)
-    say(f"wrote {path}")
+    say(f"wrote {path} and {compare_routing.plot(doc['summary'], out / 'compare-routing.png')}")
     return 0 if all(r["exactly_once"] and not r["wrong"] for r in doc["summary"]) else 1
