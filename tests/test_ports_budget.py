@@ -317,8 +317,10 @@ def test_a_rate_the_user_set_above_the_generators_ceiling_is_kept_with_a_warning
     b = {**_budget({"system": {1514: [9_000], 4110: [300_000]}}), "generators": _gen({10: [0.9], 20: [0.5]})}
     ceiling = _mbps(_ceiling(b["generators"])[0])      # per port at MTU 4096, 16 sending as calibrated
 
-    def line_at(mbps: float, **given: float) -> tuple[dict, str]:
-        return sizing.run_rates(_g(host_mbps=mbps, **given), {"emulation": {"host_mbps": mbps, **given}}, b, 2, 16)
+    def line_at(mbps: float, mtu: int | None = None) -> tuple[dict, str]:
+        given = {"host_mbps": mbps} if mtu is None else {"host_mbps": mbps, "mtu": mtu}
+        g = graph.build(spec.load("mini-hpn", {"emulation": given}))
+        return sizing.run_rates(g, {"emulation": given}, b, 2, 16)
 
     under, line = line_at(ceiling * 0.9)
     assert "WARNING" not in line
