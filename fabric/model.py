@@ -1293,7 +1293,9 @@ def run_jobs(g: nx.MultiGraph, jobs: list[JobSpec], *, seed: int = 1, failed: se
 
 
 def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latency_us: float) -> StepResult:
-    """One step of several jobs' flows on the network at once; timed for the flows marked ``mine``."""
+    """One step of several jobs' flows on the network at once; timed for the flows marked ``mine``
+    as :func:`run_step` times them: flows by their busiest link's drain, adaptive sub-flows by
+    their max-min rates (on what the others leave), a pair's rate their sum."""
     routed = []
     for x, routing, qps, base, mine in parts:
         r = route_step(net, union, (x.src + base, x.dst + base), x.nbytes, routing, qps, seed, switch_latency_us,
@@ -1303,6 +1305,7 @@ def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latenc
     offset = 0
     lat = 0.0
     stalled, stalled_pairs = 0, []
+    mine_r, mine_at, mine_n = None, 0, 0
     for r, mine, scale in routed:
         n = len(r.size_bits) if r.conn is None else len(r.conn)
         f_all.append(r.flow_idx + offset)
@@ -1317,6 +1320,7 @@ def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latenc
         offset += n
         if mine:
             lat, stalled, stalled_pairs = r.latency_us, r.stalled, r.stalled_pairs
+            mine_r, mine_at, mine_n = r, offset - n, n
     f, lk, w = np.concatenate(f_all), np.concatenate(l_all), np.concatenate(w_all)
     size, mine_mask = np.concatenate(sizes), np.concatenate(owner_mine)
     all_rates = max_min_rates(f, lk, w, net.cap, offset)
@@ -1328,13 +1332,24 @@ def _shared_step(net: Network, union: Job, parts: list, seed: int, switch_latenc
     left = np.maximum(net.cap - held, net.cap * 1e-9)
     ours = ~theirs
     finish = np.zeros(offset)
+    rates = all_rates[mine_mask]
     if ours.any():
         ids = f[ours]
-        finish[ids[np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])]] = drain_times(ids, lk[ours], w[ours], left, size)
-    rates = all_rates[mine_mask]
+        if mine_r is None or mine_r.conn is None:
+            first = ids[np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])]
+            finish[first] = drain_times(ids, lk[ours], w[ours], left, size)
+        else:                         # adaptive, as run_step: sub-flows max-min, a pair's rate their sum
+            sub = max_min_rates(ids - mine_at, lk[ours], w[ours], left, mine_n)
+            rates = np.bincount(mine_r.conn, weights=sub, minlength=len(mine_r.size_bits))
+            pair_s = mine_r.size_bits / np.maximum(rates * 1e9, 1e-30)
+            finish[mine_at:mine_at + mine_n] = pair_s[mine_r.conn]
     flows = int(mine_mask.sum())
     if flows == 0:
         return StepResult(math.inf if stalled else 0.0, 0.0, 0, stalled, 0, math.inf, math.inf, stalled_pairs)
+    if mine_r is not None and mine_r.per_flow_connections > 1:     # per connection, as run_step's rates
+        k = mine_r.per_flow_connections
+        rates = np.repeat(rates / k, k)
+    flows = len(rates)
     time_s = math.inf if stalled else float(finish[mine_mask].max()) + lat * 1e-6
     return StepResult(time_s=time_s, latency_s=lat * 1e-6, flows=flows, stalled=stalled, hit=0,
                       rate_gbps_min=float(rates.min()), rate_gbps_mean=float(rates.mean()),

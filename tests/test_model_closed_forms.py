@@ -164,3 +164,31 @@ def test_background_traffic_on_the_same_nics_halves_a_jobs_rate_whatever_its_siz
     (alone,) = model.run_jobs(g, [job], switch_latency_us=0.0)
     (shared,) = model.run_jobs(g, [job, noise], switch_latency_us=0.0)
     assert shared.time_s == pytest.approx(2 * alone.time_s, rel=1e-9)
+
+
+def test_adaptive_jobs_run_together_move_off_a_half_rate_uplink():
+    """Two all-to-all jobs, one host of each on every leaf (2 planes, 2 spines a plane, 200G links):
+    leaf p0l0's two hosts fill its four uplinks exactly (2 x 200G up and down per plane). With one
+    of them at half rate, the leaf has 700G of the 800G it needs: adaptive routing, which moves
+    bytes by their max-min rates as it does for one collective (run_collective), takes 8/7 of the
+    symmetric time. Spraying's even split keeps a quarter of each of the leaf's pairs on the slow
+    link, as much as on a full-rate one: twice the time (adaptive used to be timed as spray here)."""
+    g = fabric("mini-hpn", leaf_spine_rate_gbps=200, oversubscription=2)
+    slow = g.copy()
+    slow.edges["p0s0", "p0l0", 0]["rate_gbps"] *= 0.5
+    hosts = ["h1", "h5", "h9", "h13", "h2", "h6", "h10", "h14"]
+
+    def times(fab, routing):
+        jobs = [model.JobSpec("all_to_all", 1 << 21, h, routing, qps=2) for h in (hosts[:4], hosts[4:])]
+        return [r.time_s for r in model.run_jobs(fab, jobs, switch_latency_us=0.0)]
+
+    even = times(g, "adaptive")
+    assert times(g, "spray") == pytest.approx(even, rel=1e-9)
+    assert times(slow, "adaptive") == pytest.approx([t * 8 / 7 for t in even], rel=1e-6)
+    assert times(slow, "spray") == pytest.approx([t * 2 for t in even], rel=1e-9)
+    # one job alone: run_jobs times adaptive routing as run_collective does
+    (alone,) = model.run_jobs(slow, [model.JobSpec("all_to_all", 1 << 21, hosts[:4], "adaptive", qps=2)],
+                              switch_latency_us=0.0)
+    single = model.run_collective(slow, "all_to_all", 1 << 21, routing="adaptive", hosts=hosts[:4], qps=2,
+                                  switch_latency_us=0.0)
+    assert alone.time_s == pytest.approx(single.time_s, rel=1e-9)
