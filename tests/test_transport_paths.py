@@ -310,3 +310,16 @@ def test_a_lone_silent_packet_among_others_still_in_flight_waits_for_a_second():
     t = _table()
     sends = [(0, 0.0005), (1, 0.0011), (1, 0.0012), (2, 0.0013)]   # a queue still holds 1 and 2
     assert 0 not in t.silent(sends, more_coming=False)[0]
+
+
+def test_each_path_keeps_its_own_rtt_estimate_and_timeout():
+    t = PathTable(1, 2)
+    assert t.rto(0) is None
+    for _ in range(20):
+        t.on_rtt(0, 0.010)
+        t.on_rtt(1, 0.060)
+    assert t.rto(0) == pytest.approx(0.010, rel=0.05)       # steady: srtt, and rttvar decays toward 0
+    assert t.rto(1) == pytest.approx(0.060, rel=0.05)
+    t.on_rtt(0, 0.030)                  # a jump: srtt 0.0125, rttvar ~ a quarter of the 0.020 jump
+    assert t.rto(0) == pytest.approx(0.0125 + 4 * 0.005, rel=0.02)
+    assert t.rto(1) == pytest.approx(0.060, rel=0.05)          # the other path's is its own

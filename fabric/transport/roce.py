@@ -21,7 +21,9 @@ What is modelled
       out-of-order packet and NACKs the expected PSN (the sender resends from there).
     * Sender: a window of unacknowledged packets, selective retransmission of NACKed PSNs
       (go-back-N from the NACKed PSN in gobackn mode), a retransmission timeout
-      (RTO = srtt + 4 rttvar, at least ``min_rto_s``) for tail losses, which re-sends the
+      (RTO = srtt + 4 rttvar, at least ``min_rto_s``; on a multi-path connection a packet's
+      timer is at least its own path's srtt + 4 rttvar, ``PathParams.path_rto``, so that a
+      slow path's packets are not overdue at the flow's mixed estimate) for tail losses, which re-sends the
       oldest unacknowledged packet and, on a one-path (``flow``) connection, the newest one
       sent as a tail-loss probe (the receiver then NACKs a lost tail's hole instead of the
       sender timing out once per packet), and message completion
@@ -739,6 +741,16 @@ class RoceTransport(Transport):
     def _rto(self, f: _TxFlow) -> float:
         return f.rto or min(self.max_rto_s, max(self.min_rto_s, 0.2))
 
+    def _rto_of(self, f: _TxFlow, path: int) -> float:
+        """The timeout of a packet sent on ``path``: the flow's; with ``path_rto`` on a multi-path
+        flow, at least the path's own srtt + 4 rttvar (a slow path's packet is not overdue at the
+        flow's mixed estimate; the dead-path rule, not the timer, finds a path that stopped)."""
+        base = self._rto(f)
+        if not self.path_params.path_rto or self.policy.per_flow or path >= len(f.paths):
+            return base
+        own = f.paths.rto(path)
+        return base if own is None else max(base, own)
+
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
         la = self.lookahead_s
@@ -754,7 +766,7 @@ class RoceTransport(Transport):
                 self._probe(f, path, now)
             if f.unacked:
                 oldest = f.unacked.get(f.una)
-                if oldest is not None and oldest[4] and now - oldest[4] > self._rto(f):
+                if oldest is not None and oldest[4] and now - oldest[4] > self._rto_of(f, oldest[5]):
                     self._timeout(f, now)
         dsts = [f.dst for f in flows]
         progressed = True
@@ -800,7 +812,7 @@ class RoceTransport(Transport):
             if f.unacked:
                 oldest = f.unacked.get(f.una)
                 if oldest is not None and oldest[4]:
-                    wake = min(wake, oldest[4] + self._rto(f))
+                    wake = min(wake, oldest[4] + self._rto_of(f, oldest[5]))
             nxt = f.paths.next_probe()
             if nxt is not None:
                 wake = min(wake, nxt)
@@ -1298,6 +1310,8 @@ class RoceTransport(Transport):
                     f.rttvar = 0.75 * f.rttvar + 0.25 * abs(f.srtt - rtt)
                     f.srtt = 0.875 * f.srtt + 0.125 * rtt
                 f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar)
+                if path < len(f.paths):
+                    f.paths.on_rtt(path, rtt)
                 self.policy.on_feedback(f, path, "rtt", now, rtt)
         if cum <= f.una:
             return
