@@ -707,6 +707,12 @@ def test_a_hole_filled_late_by_its_first_copy_widens_the_reordering_allowance_to
         t.close(linger_s=0)
 
 
+def _roce(addrs, **opts) -> RoceTransport:
+    t = make("roce", 0, addrs, min_rto_s=0.01, **opts)
+    assert isinstance(t, RoceTransport)
+    return t
+
+
 def _flow_with_path_rtts(t, rtts):
     from hpnlab.fabric.transport.paths import PathTable
     from hpnlab.fabric.transport.roce import _TxFlow
@@ -721,15 +727,15 @@ def _flow_with_path_rtts(t, rtts):
 
 def test_a_sprayed_packet_on_a_slow_path_waits_out_its_own_paths_timeout_not_the_flows():
     addrs = [["127.0.0.2", "127.0.1.2"], ["127.0.0.3", "127.0.1.3"]]
-    t = make("roce", 0, addrs, entropy="spray", ports_per_nic=2, min_rto_s=0.01)
+    t = _roce(addrs, entropy="spray", ports_per_nic=2)
     f = _flow_with_path_rtts(t, {0: 0.005, 3: 0.060})
     assert t._rto_of(f, 3) == pytest.approx(0.060, rel=0.02)       # the slow path's own srtt + 4 rttvar
     assert t._rto_of(f, 0) == 0.02                                  # never below the flow's
     assert t._rto_of(f, 1) == 0.02                                  # a path without samples: the flow's
-    off = make("roce", 0, addrs, entropy="spray", ports_per_nic=2, min_rto_s=0.01, paths={"path_rto": False})
+    off = _roce(addrs, entropy="spray", ports_per_nic=2, paths={"path_rto": False})
     assert off._rto_of(_flow_with_path_rtts(off, {3: 0.060}), 3) == 0.02
 
 
 def test_a_one_path_connection_keeps_the_flows_timeout():
-    t = make("roce", 0, [["127.0.0.2"], ["127.0.0.3"]], entropy="flow", min_rto_s=0.01)
+    t = _roce([["127.0.0.2"], ["127.0.0.3"]], entropy="flow")
     assert t._rto_of(_flow_with_path_rtts(t, {0: 0.060}), 0) == 0.02
