@@ -186,6 +186,29 @@ def predicted(g: Any, collective: str, size_bytes: int, hosts: list[str], modes:
 CELL_S = 1.0
 
 
+#: ``--compare routing`` without a rate set runs at this share of the budget's rates: at the generators'
+#: ceiling (14 Mbit/s, 2026-12-03) spray still showed the routing but adaptive, whose per-packet work
+#: needs CPU, fell to 0.73-0.89x spray on the symmetric fabric; at about half of it (8 Mbit/s) it was
+#: level with spray there and 1.35-1.45x spray on the asymmetric all-to-all and permutation
+RATE_SHARE = 0.5
+
+
+def comparison_rates(rates: dict[str, Any], line: str, share: float = RATE_SHARE) -> tuple[dict[str, Any], str]:
+    """The budget's rates (``sizing.run_rates``' overrides and line) at ``share`` for a routing
+    comparison (pure); a rate the user set (no ``host_mbps`` among them) is left as it is."""
+    from .sizing import round_rate
+
+    emu = dict(rates.get("emulation", {}))
+    if "host_mbps" not in emu:
+        return rates, line
+    host = round_rate(emu["host_mbps"] * share)
+    emu["max_mbps"] = round(emu["max_mbps"] * host / emu["host_mbps"], 3)
+    emu["host_mbps"] = host
+    return ({**rates, "emulation": emu},
+            f"{line}; --compare routing runs at {share:.0%} of that: host ports {host:g} Mbit/s (the ranks' CPU "
+            f"for adaptive's per-packet work; --set emulation.host_mbps to choose)")
+
+
 def cell_bytes(collective: str, ranks: int, host_mbps: float, planes: int, target_s: float = CELL_S) -> int:
     """The size (bytes, a power of two) at which ``collective`` over ``ranks`` ranks takes about
     ``target_s`` at line rate (every plane's host port at ``host_mbps``; busbw = size x the

@@ -261,12 +261,15 @@ def default_rates(g: nx.MultiGraph, pps: float, sending_ports: int | None = None
     s = g.graph["scenario"]
     ports = sending_ports or host_ports(g)
     frame_bits = 8 * ((mtu or s.emulation.mtu) + ETH)
-    host_mbps = headroom * pps * frame_bits / max(1, ports) / 1e6
-    # rounded down (two significant figures below 10 Mbit/s, whole ones above): never over the share
-    step = 10.0 ** (math.floor(math.log10(host_mbps)) - 1) if 0 < host_mbps < 10 else 1.0
-    host_mbps = round(math.floor(host_mbps / step + 1e-9) * step, 6)
+    host_mbps = round_rate(headroom * pps * frame_bits / max(1, ports) / 1e6)
     top = max(d["rate_gbps"] for _, _, d in g.edges(data=True))
     return {"host_mbps": host_mbps, "max_mbps": round(host_mbps * top / s.host_rate_gbps, 3)}
+
+
+def round_rate(mbps: float) -> float:
+    """A rate rounded down (two significant figures below 10 Mbit/s, whole ones above): never over a share."""
+    step = 10.0 ** (math.floor(math.log10(mbps)) - 1) if 0 < mbps < 10 else 1.0
+    return round(math.floor(mbps / step + 1e-9) * step, 6)
 
 
 def host_ports(g: nx.MultiGraph) -> int:

@@ -264,3 +264,15 @@ def test_redrawing_a_comparison_prints_its_table_and_writes_its_plot(tmp_path, c
     assert cr.main([str(f), "--out", str(tmp_path / "plots")]) == 0
     out = capsys.readouterr().out
     assert "x spray" in out and (tmp_path / "plots" / "compare-routing.png").exists()
+
+
+def test_a_routing_comparison_runs_at_half_the_budgets_rates_and_keeps_a_rate_the_user_set():
+    budget = {"emulation": {"host_mbps": 14.0, "max_mbps": 28.0, "mtu": 4096}}
+    rates, line = cr.comparison_rates(budget, "rates from the measured budget: host ports 14 Mbit/s")
+    assert rates == {"emulation": {"host_mbps": 7.0, "max_mbps": 14.0, "mtu": 4096}}
+    assert "host ports 7 Mbit/s" in line and "50%" in line
+    set_by_hand = {"emulation": {"mtu": 4096}}
+    assert cr.comparison_rates(set_by_hand, "rates as set") == (set_by_hand, "rates as set")
+    assert cr.comparison_rates({}, "rates as set") == ({}, "rates as set")
+    assert cr.comparison_rates({"emulation": {"host_mbps": 15.0, "max_mbps": 30.0}}, "x")[0]["emulation"][
+        "host_mbps"] == 7.5                                    # rounded down, two figures below 10

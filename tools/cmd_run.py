@@ -167,6 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     ecn = ecn_settings.parse(args.ecn) if args.ecn else None
     total_ranks = (sum(plan.ranks_of(j) for j in plan.host_jobs()) if plan.specs else plan.ranks * plan.jobs)
     rates, rates_line = sizing.rates_for_ranks(g, overrides, total_ranks)
+    if args.compare == "routing":
+        rates, rates_line = compare_routing.comparison_rates(rates, rates_line)
     if rates:
         scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
         g = fgraph.build(scenario)
