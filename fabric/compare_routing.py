@@ -53,6 +53,7 @@ from . import graph as fgraph
 from .compare import spread_text
 from .errors import UserError
 from .experiment import Plan
+from .sizing import round_rate
 from .tail import LineTail
 from .transport.accounting import exactly_once
 
@@ -196,8 +197,6 @@ RATE_SHARE = 0.5
 def comparison_rates(rates: dict[str, Any], line: str, share: float = RATE_SHARE) -> tuple[dict[str, Any], str]:
     """The budget's rates (``sizing.run_rates``' overrides and line) at ``share`` for a routing
     comparison (pure); a rate the user set (no ``host_mbps`` among them) is left as it is."""
-    from .sizing import round_rate
-
     emu = dict(rates.get("emulation", {}))
     if "host_mbps" not in emu:
         return rates, line
@@ -249,6 +248,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
     keys = sorted({(r["fabric"], r["collective"], r["mode"]) for r in runs},
                   key=lambda k: (k[0], k[1], (MODES + MORE_MODES).index(k[2]) if k[2] in MODES + MORE_MODES else 99))
     by = {(r["fabric"], r["collective"], r["mode"], r["rep"]): r for r in runs}
+    ran = {k[:3] for k in by}
     out = []
     for fabric, coll, mode in keys:
         mine = [r for r in runs if (r["fabric"], r["collective"], r["mode"]) == (fabric, coll, mode)]
@@ -268,7 +268,7 @@ def summarize(runs: list[dict], baseline: str = "ecmp", model: dict | None = Non
         row["busbw_ratio_to_" + baseline] = _spread(ratios)
         row["time_ratio_to_" + baseline] = _spread(time_ratios)
         for other in versus:
-            if any(k[:3] == (fabric, coll, other) for k in by):
+            if (fabric, coll, other) in ran:
                 row["busbw_ratio_to_" + other] = _spread(
                     [r["busbw_gbs"] / o["busbw_gbs"] for r in mine
                      if (o := by.get((fabric, coll, other, r["rep"]))) and o["busbw_gbs"]])

@@ -367,8 +367,9 @@ def run_rates(g: nx.MultiGraph, overrides: dict[str, Any], budget: dict[str, Any
     """The emulation overrides that give a run the rates the measured budget carries for its
     ``sending_ports`` host ports (``default_rates``), and a line saying where they come from
     (pure). The MTU is the scenario's, or ``ROCE_MTU`` where the measured budget carries a higher
-    rate with it. Nothing changes when the user set a rate (``emulation.host_mbps``/``max_mbps``)
-    or when nothing was measured (the preset's rates); an MTU the user set is kept."""
+    rate with it. A rate the user set (``emulation.host_mbps``/``max_mbps``) is kept
+    (``rates_as_set``: its MTU may still rise to ``ROCE_MTU``), and so are the preset's rates when
+    nothing was measured; an MTU the user set is kept."""
     emu = g.graph["scenario"].emulation
     given = overrides.get("emulation", {})
     ports = sending_ports or host_ports(g)

@@ -82,6 +82,13 @@ class PathParams:
         return max(self.dead_rtts * (srtt or 0.0), self.dead_floor_s)
 
 
+def rtt_update(srtt: float | None, rttvar: float, rtt: float) -> tuple[float, float]:
+    """RFC 6298's smoothed RTT and RTT variation after the sample ``rtt`` (``srtt`` None: the first)."""
+    if srtt is None:
+        return rtt, rtt / 2
+    return 0.875 * srtt + 0.125 * rtt, 0.75 * rttvar + 0.25 * abs(srtt - rtt)
+
+
 class _Path:
     __slots__ = ("dead", "dead_since", "deaths", "delivered_t", "probe_t", "revivals", "rttvar", "srtt")
 
@@ -156,11 +163,7 @@ class PathTable:
     def on_rtt(self, path: int, rtt: float) -> None:
         """An RTT sample of a packet sent on ``path``: its smoothed RTT and variation (RFC 6298)."""
         p = self.paths[path]
-        if p.srtt is None:
-            p.srtt, p.rttvar = rtt, rtt / 2
-        else:
-            p.rttvar = 0.75 * p.rttvar + 0.25 * abs(p.srtt - rtt)
-            p.srtt = 0.875 * p.srtt + 0.125 * rtt
+        p.srtt, p.rttvar = rtt_update(p.srtt, p.rttvar, rtt)
 
     def rto(self, path: int) -> float | None:
         """``path``'s own retransmission timeout, srtt + 4 rttvar (None: no sample yet)."""

@@ -109,7 +109,7 @@ from .entropy import (
     flow_hash,
 )
 from .nic import interface_of, link_up, netlink_socket
-from .paths import PathParams, PathTable, ack_plane
+from .paths import PathParams, PathTable, ack_plane, rtt_update
 
 DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
 #: reorder_threshold of a multi-path connection: no count of packets past a hole makes it a loss
@@ -1304,11 +1304,7 @@ class RoceTransport(Transport):
                 if f.min_rtt is None or rtt < f.min_rtt:
                     f.min_rtt = rtt
                     f.window = self._bdp_window(rtt)
-                if f.srtt is None:
-                    f.srtt, f.rttvar = rtt, rtt / 2
-                else:
-                    f.rttvar = 0.75 * f.rttvar + 0.25 * abs(f.srtt - rtt)
-                    f.srtt = 0.875 * f.srtt + 0.125 * rtt
+                f.srtt, f.rttvar = rtt_update(f.srtt, f.rttvar, rtt)
                 f.rto = max(self.min_rto_s, f.srtt + 4 * f.rttvar)
                 if path < len(f.paths):
                     f.paths.on_rtt(path, rtt)
