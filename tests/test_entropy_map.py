@@ -17,7 +17,7 @@ from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 from hpnlab.fabric.transport.entropy import EntropyMap, lay_out
 
-SMALL = ["mini-hpn", "small-hpn", "mini-spine-leaf", "mini-rail", "mini-cross-campus", "fat-tree-4"]
+SMALL = ["mini-hpn", "mini-hpn-wide", "small-hpn", "mini-spine-leaf", "mini-rail", "mini-cross-campus", "fat-tree-4"]
 _G: dict = {}
 
 

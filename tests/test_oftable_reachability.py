@@ -18,7 +18,7 @@ from oftable import FabricTables, valley_free_reachable
 from hpnlab.controller import compiler
 from hpnlab.fabric import graph, spec
 
-SMALL = ["mini-hpn", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
+SMALL = ["mini-hpn", "mini-hpn-wide", "fat-tree-4", "mini-rail", "mini-cross-campus", "mini-spine-leaf"]
 WALK_BUDGET = 20_000    # per failure trial on a large preset (cross-campus: 512 branches per pair)
 
 
