@@ -54,6 +54,7 @@ class Job:
     job: int = 0
     labels: list | None = None      # per rank: where it runs (host name), for messages
     gap_s: float = 0.0              # pause before each iteration after the first (repeated short messages)
+    hold: bool = False              # once up, wait for the launcher's "go" on stdin (concurrent jobs start together)
 
     @property
     def nranks(self) -> int:

@@ -7,7 +7,11 @@ schedule (``hpnlab.fabric.collectives``): a barrier, the timer, every step's sen
 (``Transport.exchange``), the timer; with ``check`` it compares its result, element by
 element, with the collective's definition. It writes JSON lines on stdout: ``ready``,
 ``progress`` and finally ``result`` (or ``error`` with a one-line message) and exits
-0 (or 3). The job description travels on the command line; nothing goes through files.
+0 (or 3). The job description travels on the command line; nothing goes through files. Ranks of
+concurrent jobs are *held*: after ``ready`` each waits for one ``go`` line on its standard input,
+which the launcher sends once every rank of every job is ready, so that the jobs' iterations
+overlap (each job's own barrier let one job finish its iterations while the other's ranks were
+still starting).
 
 What a job is, its validation and where ranks sit on a fabric are pure and live in
 ``hpnlab.fabric.placement``; merging the ranks' results into one is ``hpnlab.fabric.report``.
@@ -21,6 +25,7 @@ rank by pid and raises one ``UserError`` naming the rank. Nothing is left runnin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -68,6 +73,9 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         t.start()
         t.barrier()                                    # everyone is up (over the data network)
         emit({"event": "ready", "rank": rank})
+        if job.hold:
+            wait_go(hold_timeout_s(job))
+        started_at = time.time()                       # wall clock: concurrent jobs' starts compare
         name = col.canonical(job.collective)
         perm = tuple(job.perm) if job.perm else None
         sizes_out = []
@@ -152,7 +160,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
                   "transport_info": t.info(),
                   "cpu": {"timed_cpu_s": timed_cpu, "timed_wall_s": timed_wall, "machine_ticks": machine,
                           "total_cpu_s": _cpu_s() - cpu0, "total_wall_s": time.monotonic() - wall0},
-                  "host": socket.gethostname(), "pid": os.getpid()}
+                  "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}
         emit(result)
         return result
     except BaseException:
@@ -162,6 +170,26 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         raise
     finally:
         t.close()
+
+
+def hold_timeout_s(job: Job) -> float:
+    """How long a held rank waits for ``go``: the other jobs' ranks start beside it (the launcher
+    stops every rank sooner when one of them fails or falls silent)."""
+    return 60.0 + 4 * job.timeout_s
+
+
+def wait_go(timeout_s: float, stream: Any = None) -> None:
+    """Wait for the launcher's ``go`` line on ``stream`` (stdin): every rank of every job is up, so
+    concurrent jobs start their iterations together instead of whenever their own ranks were up."""
+    import select
+
+    stream = sys.stdin if stream is None else stream
+    readable, _, _ = select.select([stream], [], [], timeout_s)
+    if not readable:
+        raise UserError(f"the launcher did not start the jobs within {timeout_s:g} s of this rank being up")
+    line = stream.readline()
+    if line.strip() != "go":
+        raise UserError("the launcher closed this rank's input before starting the jobs")
 
 
 def worker_main(argv: list[str]) -> int:
@@ -221,7 +249,7 @@ class LocalSpawner:
 
     def spawn(self, job: Job, rank: int) -> subprocess.Popen:
         return subprocess.Popen(worker_argv(job, rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, cwd=self.cwd, start_new_session=True)
+                                stdin=_stdin(job), cwd=self.cwd, start_new_session=True)
 
 
 class SshSpawner:
@@ -242,7 +270,7 @@ class SshSpawner:
         host = job.addrs[rank][0]
         remote = shlex.join(worker_argv(job, rank, self.remote_python))
         return subprocess.Popen([self.ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", host, remote],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=_stdin(job),
                                 start_new_session=True)
 
 
@@ -261,7 +289,12 @@ class EmulationSpawner:
     def spawn(self, job: Job, rank: int) -> subprocess.Popen:
         host = self.hosts_of_job[job.job][rank]
         return self.emu.popen(host, worker_argv(job, rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              stdin=subprocess.DEVNULL, cwd=_project_root())
+                              stdin=_stdin(job), cwd=_project_root())
+
+
+def _stdin(job: Job) -> int:
+    """A rank's standard input: a pipe for the launcher's ``go`` when the job is held, else nothing."""
+    return subprocess.PIPE if job.hold else subprocess.DEVNULL
 
 
 def _project_root() -> str:
@@ -282,6 +315,7 @@ class _Proc:
         self.result: dict | None = None
         self.error: str | None = None
         self.done = False
+        self.ready = False          # said "ready": its transport is up and its job's barrier passed
         self.last_heard = time.monotonic()
 
 
@@ -320,6 +354,11 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
     for job in jobs:
         validate(job)
         spawner.check(job)
+    # concurrent jobs start their iterations together: each rank, once up, waits for "go", sent when every
+    # rank of every job is up (each job's own barrier alone let one job run ahead while the other's ranks started)
+    held = len(jobs) > 1
+    if held:
+        jobs = [dataclasses.replace(job, hold=True) for job in jobs]
     procs: list[_Proc] = []
     sel = selectors.DefaultSelector()
     bar = Progress(len(jobs[0].sizes), enabled=bool(progress),
@@ -353,6 +392,9 @@ def run_jobs(jobs: list[Job], spawner, *, progress: bool | Callable[[int, int, s
                 while b"\n" in p.buf:
                     line, p.buf = p.buf.split(b"\n", 1)
                     _handle_line(p, line, bar, jobs)
+            if held and all(p.ready for p in procs):
+                _say_go(procs)
+                held = False
             now = time.monotonic()
             for p in procs:
                 if p.done:
@@ -417,6 +459,8 @@ def _handle_line(p: _Proc, line: bytes, bar: Progress, jobs: list[Job]) -> None:
     elif ev == "error":
         if p.error is None:
             p.error = msg.get("message", "failed")
+    elif ev == "ready":
+        p.ready = True
     elif ev == "progress" and p.rank == 0:
         slowest = msg["done"]
         bar.update(slowest, f"{p.job.collective} size {msg['size']} B"
@@ -431,6 +475,20 @@ def _busbw_so_far(job: Job, size: Any, time_s: Any) -> str:
         return ""
     busbw = size * 8 / time_s * col.busbw_factor(job.collective, job.nranks) / 1e9
     return f", busbw {busbw:.3g} Gbit/s (rank 0)"
+
+
+def _say_go(procs: list[_Proc]) -> None:
+    """Start every held rank: one ``go`` line on its standard input, which is then closed (a rank that
+    has died meanwhile is the failure the launcher reports next)."""
+    for p in procs:
+        pipe = p.popen.stdin
+        if pipe is None:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            pipe.write(b"go\n")
+            pipe.flush()
+        with contextlib.suppress(OSError, ValueError):
+            pipe.close()
 
 
 def _stop_all(procs: list[_Proc]) -> None:

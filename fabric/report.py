@@ -262,7 +262,7 @@ def build_result(job: Job, rank_results: list[dict]) -> dict:
             "rows": rows, "avg_busbw_gbs": avg_busbw(rows),
             "flows": merge_flows(rank_results), "cpu": cpu_summary(rank_results),
             "transport_info": rank_results[0].get("transport_info", {}), "params": json.loads(job.to_json()),
-            "ranks": [{"rank": r["rank"], "host": r.get("host"), "pid": r.get("pid"),
+            "ranks": [{"rank": r["rank"], "host": r.get("host"), "pid": r.get("pid"), "started_at": r.get("started_at"),
                        "cpu": r["cpu"]} for r in sorted(rank_results, key=lambda r: r["rank"])]}
 
 

@@ -256,3 +256,61 @@ def test_the_machines_busy_share_is_the_median_of_the_ranks_readings_over_their_
     summary = report.cpu_summary([rank(100, 25), rank(200, 100), rank(400, 80), rank(0, 0)])
     assert summary["machine_busy"] == pytest.approx(0.75)        # of 0.75, 0.5, 0.8; no ticks: no reading
     assert report.cpu_summary([{"cpu": {"timed_cpu_s": 1.0, "timed_wall_s": 2.0}}])["machine_busy"] is None
+
+
+# ---- concurrent jobs start together -------------------------------------------------------
+
+class _LateSecondJob(ranks.LocalSpawner):
+    """Spawns job 1's ranks ``delay_s`` after job 0's: a job whose ranks are slow to start."""
+
+    def __init__(self, delay_s):
+        super().__init__()
+        self.delay_s, self.waited = delay_s, False
+
+    def spawn(self, job, rank):
+        if job.job == 1 and not self.waited:
+            time.sleep(self.delay_s)
+            self.waited = True
+        return super().spawn(job, rank)
+
+
+def test_concurrent_jobs_start_their_iterations_together_when_one_jobs_ranks_start_late():
+    jobs = [Job("all_gather", [[f"127.0.{j}.{i}"] for i in range(2, 4)], [12 << 10], iters=2, warmup=0,
+                line_rate_bps=50e6, base_port=22200 + 100 * j, timeout_s=15, job=j) for j in (0, 1)]
+    results = ranks.run_jobs(jobs, _LateSecondJob(2.0), progress=False)
+    starts = [r["started_at"] for res in results for r in res["ranks"]]
+    assert all(res["rows"][0]["oop"]["wrong"] == 0 for res in results)
+    # without the hold, job 0 would have started (and finished) about 2 s before job 1
+    assert max(starts) - min(starts) < 0.5
+
+
+def test_a_single_job_is_not_held():
+    job = Job("all_gather", [["127.0.0.2"], ["127.0.0.3"]], [12 << 10], iters=1, warmup=0,
+              line_rate_bps=50e6, base_port=22400, timeout_s=15)
+    [res] = ranks.run_jobs([job], ranks.LocalSpawner(), progress=False)
+    assert res["params"]["hold"] is False
+
+
+def test_a_held_rank_starts_on_go():
+    r, w = os.pipe()
+    os.write(w, b"go\n")
+    with os.fdopen(r) as stream:
+        ranks.wait_go(1.0, stream)
+
+
+def test_a_held_rank_whose_launcher_closes_its_input_says_so():
+    r, w = os.pipe()
+    os.close(w)
+    with os.fdopen(r) as stream, pytest.raises(UserError, match="closed this rank's input"):
+        ranks.wait_go(1.0, stream)
+
+
+def test_a_held_rank_that_never_hears_go_gives_up_within_its_bound():
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try:
+        with os.fdopen(r) as stream, pytest.raises(UserError, match=r"did not start the jobs within 0\.2 s"):
+            ranks.wait_go(0.2, stream)
+    finally:
+        os.close(w)
+    assert time.monotonic() - t0 < 2.0
