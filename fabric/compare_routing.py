@@ -126,7 +126,15 @@ def cell_figures(res: dict | list[dict], uplink_bytes: list[int]) -> dict:
             "duplicates": sum(f.get("duplicates", 0) for f in flows),
             "switch_drops": _ecn_total(results, "drops"), "ingress_drops": _ecn_total(results, "ingress_drops"),
             "ce_marked": _ecn_total(results, "ce_marked"),
-            "exactly_once": all(exactly_once(f) is not False for f in flows)}
+            "exactly_once": all(exactly_once(f) is not False for f in flows),
+            "jobs_busbw_gbs": [r["busbw_gbs"] for r in rows], "start_skew_s": start_skew(results)}
+
+
+def start_skew(results: list[dict]) -> float | None:
+    """How far apart the ranks of a cell's jobs started their iterations (s, wall clock: max - min of
+    the ranks' ``started_at``); None where the ranks did not record it."""
+    starts = [r["started_at"] for res in results for r in res.get("ranks", []) if r.get("started_at") is not None]
+    return max(starts) - min(starts) if starts else None
 
 
 def machine_busy(res: dict | list[dict]) -> float | None:
@@ -517,7 +525,11 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                             f"RTOs {fig['timeouts']}, drops {fig['switch_drops']} (ingress {fig['ingress_drops']}), "
                             f"load {load0:.1f}-{load1:.1f}"
                             + ("" if busy is None else f", CPU {busy:.0%} busy")
-                            + (f", {len(changes)} weight changes" if changes else ""))
+                            + (f", {len(changes)} weight changes" if changes else "")
+                            + ("" if len(fig["jobs_busbw_gbs"]) < 2 else
+                               ", jobs " + "/".join(f"{b:.5f}" for b in fig["jobs_busbw_gbs"])
+                               + ("" if fig["start_skew_s"] is None else
+                                  f" GB/s, started {fig['start_skew_s'] * 1e3:.0f} ms apart")))
                         if save is not None:
                             save(doc())
         finally:

@@ -170,6 +170,7 @@ def test_a_cell_counts_the_switch_drops_once_and_the_duplicates_of_every_flow():
     res = [{"rows": [{"oop": {"busbw_gbs": 1.0, "time_us": 5.0, "wrong": 0}}],
             "flows": [{"retransmissions": 3, "duplicates": 2}], "switch_ecn": {"drops": 7, "ce_marked": 4}}] * 2
     fig = cr.cell_figures(res, [1, 1])
+    assert fig["jobs_busbw_gbs"] == [1.0, 1.0] and fig["start_skew_s"] is None
     assert (fig["switch_drops"], fig["ce_marked"], fig["duplicates"], fig["retransmissions"]) == (7, 4, 4, 6)
     assert cr.cell_figures(dict(res[0], switch_ecn=None), [1])["switch_drops"] is None
 
@@ -276,3 +277,11 @@ def test_a_routing_comparison_runs_at_half_the_budgets_rates_and_keeps_a_rate_th
     assert cr.comparison_rates({}, "rates as set") == ({}, "rates as set")
     assert cr.comparison_rates({"emulation": {"host_mbps": 15.0, "max_mbps": 30.0}}, "x")[0]["emulation"][
         "host_mbps"] == 7.5                                    # rounded down, two figures below 10
+
+
+def test_a_cells_start_skew_is_the_spread_of_every_jobs_ranks_starts():
+    job = {"rows": [{"oop": {"busbw_gbs": 1.0, "time_us": 5.0, "wrong": 0}}]}
+    res = [dict(job, ranks=[{"started_at": 100.0}, {"started_at": 100.25}]),
+           dict(job, ranks=[{"started_at": 100.5}, {"started_at": None}])]
+    assert cr.start_skew(res) == pytest.approx(0.5)
+    assert cr.start_skew([job]) is None
