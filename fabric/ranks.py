@@ -506,9 +506,10 @@ def _stop_all(procs: list[_Proc]) -> None:
                 p.popen.kill()
             p.popen.wait(timeout=5)
     for p in procs:
-        for f in (p.stdout, p.stderr):
-            with contextlib.suppress(OSError, AttributeError):
-                f.close()
+        for f in (p.stdout, p.stderr, p.popen.stdin):     # stdin: a held rank's, when no go was sent
+            if f is not None:
+                with contextlib.suppress(OSError, AttributeError):
+                    f.close()
 
 
 if __name__ == "__main__":
