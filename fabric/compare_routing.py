@@ -137,6 +137,15 @@ def start_skew(results: list[dict]) -> float | None:
     return max(starts) - min(starts) if starts else None
 
 
+def _jobs_text(fig: dict) -> str:
+    """", jobs A/B GB/s, started N ms apart" for a cell of several jobs ("" for one job)."""
+    if len(fig["jobs_busbw_gbs"]) < 2:
+        return ""
+    text = ", jobs " + "/".join(f"{b:.5f}" for b in fig["jobs_busbw_gbs"]) + " GB/s"
+    skew = fig["start_skew_s"]
+    return text if skew is None else f"{text}, started {skew * 1e3:.0f} ms apart"
+
+
 def machine_busy(res: dict | list[dict]) -> float | None:
     """The share of the machine's cores busy over a cell's timed iterations (its jobs' mean of
     ``report.cpu_summary``'s ``machine_busy``; None where the ranks did not read it)."""
@@ -525,11 +534,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                             f"RTOs {fig['timeouts']}, drops {fig['switch_drops']} (ingress {fig['ingress_drops']}), "
                             f"load {load0:.1f}-{load1:.1f}"
                             + ("" if busy is None else f", CPU {busy:.0%} busy")
-                            + (f", {len(changes)} weight changes" if changes else "")
-                            + ("" if len(fig["jobs_busbw_gbs"]) < 2 else
-                               ", jobs " + "/".join(f"{b:.5f}" for b in fig["jobs_busbw_gbs"])
-                               + ("" if fig["start_skew_s"] is None else
-                                  f" GB/s, started {fig['start_skew_s'] * 1e3:.0f} ms apart")))
+                            + (f", {len(changes)} weight changes" if changes else "") + _jobs_text(fig))
                         if save is not None:
                             save(doc())
         finally:
