@@ -22,7 +22,14 @@ Per flow and per event:
   the network's); the **network gap** is the largest arrival gap minus send gap there: how
   long the path itself held packets back;
 - a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
-  gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped.
+  gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped;
+- a packet is **late** when it arrives more than ``late_ms`` after a packet of its flow with a
+  higher sequence number: it counts as lost where it was missing (its gap, ``lost``, the loss
+  window), and ``late`` says how many of the lost did arrive after all. A switch can hold
+  packets instead of dropping them: Open vSwitch's AF_XDP ports keep what they could not send
+  to a port without carrier in the socket's ring and send it when the carrier returns, a
+  second later in the failover probe; to the application such a packet is as lost as a
+  dropped one (a transport retransmits it long before).
 """
 from __future__ import annotations
 
@@ -34,10 +41,14 @@ import numpy as np
 NS = 1_000_000_000
 #: a lost packet sent this long before an event still counts for it (queueing, clock read)
 SLACK_MS = 2.0
+#: a packet arriving this long after a later packet of its flow is late: lost to the application
+LATE_MS = 10.0
 
 
-def per_flow(arrivals: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-    """Split arrival records by flow, sorted by sequence number, duplicates dropped."""
+def per_flow(arrivals: Mapping[str, np.ndarray], late_ms: float = LATE_MS) -> dict[int, dict[str, np.ndarray]]:
+    """Split arrival records by flow, sorted by sequence number, duplicates dropped (the first
+    arrival kept); packets that arrived more than ``late_ms`` after a higher sequence number of
+    their flow are moved out of the flow's packets into ``late_seq``."""
     flow = np.asarray(arrivals["flow"], dtype=np.int64)
     seq = np.asarray(arrivals["seq"], dtype=np.int64)
     sent = np.asarray(arrivals["sent_ns"], dtype=np.int64)
@@ -45,8 +56,16 @@ def per_flow(arrivals: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarr
     out: dict[int, dict[str, np.ndarray]] = {}
     for f in np.unique(flow):
         m = flow == f
-        s, idx = np.unique(seq[m], return_index=True)
-        out[int(f)] = {"seq": s, "sent_ns": sent[m][idx], "arrival_ns": arr[m][idx]}
+        order = np.lexsort((arr[m], seq[m]))          # by sequence number, earliest arrival first
+        s_all, first = np.unique(seq[m][order], return_index=True)
+        idx = order[first]
+        a = arr[m][idx]
+        # the earliest arrival of any higher sequence number, per packet
+        after = np.append(np.minimum.accumulate(a[::-1])[::-1][1:], np.iinfo(np.int64).max)
+        late = a - after > int(late_ms * 1e6)
+        keep = ~late
+        out[int(f)] = {"seq": s_all[keep], "sent_ns": sent[m][idx][keep], "arrival_ns": a[keep],
+                       "late_seq": s_all[late]}
     return out
 
 
@@ -61,7 +80,7 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
     """One flow during one event that started at ``t0`` (the next at ``t1``): loss window,
     packets lost, largest gap."""
     seq, sent, arr = f["seq"], f["sent_ns"], f["arrival_ns"]
-    res: dict[str, Any] = {"lost": 0, "loss_window_ms": 0.0, "loss_gaps": 0, "max_gap_ms": 0.0,
+    res: dict[str, Any] = {"lost": 0, "late": 0, "loss_window_ms": 0.0, "loss_gaps": 0, "max_gap_ms": 0.0,
                            "max_gap_send_ms": 0.0, "max_gap_at_ms": None, "max_network_gap_ms": 0.0}
     if len(seq) < 2:
         return res
@@ -72,6 +91,10 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
     if loss.any():
         i = np.flatnonzero(loss)
         res["lost"] = int((dseq[i] - 1).sum())
+        late = f.get("late_seq")
+        if late is not None and len(late):
+            pos = np.searchsorted(seq, late)          # the gap each late packet is missing from
+            res["late"] = int(np.isin(pos - 1, i).sum())
         res["loss_gaps"] = len(i)
         res["loss_window_ms"] = float(arr[i[-1] + 1] - arr[i[0]]) / 1e6
         res["loss_window_start_ms"] = float(arr[i[0]] - t0_ns) / 1e6
@@ -91,15 +114,15 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
 
 def analyse(arrivals: Mapping[str, np.ndarray], events: Sequence[Mapping[str, Any]], *,
             horizon_s: float = 0.5, stall_ms: float | None = None, slack_ms: float = SLACK_MS,
-            end_s: float | None = None) -> dict[str, Any]:
+            end_s: float | None = None, late_ms: float = LATE_MS) -> dict[str, Any]:
     """Per event (each a mapping with ``wall``: seconds, same clock as the arrivals, or
     ``start_wall`` when the change began, and ``action``), per flow: loss window, lost,
     largest gap; and the event's summary.
 
     ``stall_ms`` (default: three times the flows' nominal packet interval) is the gap above
     which an unaffected flow counts as stalled. ``end_s``: the capture's end (default: the
-    last arrival)."""
-    flows = per_flow(arrivals)
+    last arrival). ``late_ms``: see the module's docstring."""
+    flows = per_flow(arrivals, late_ms)
     nominal = nominal_interval_ms(flows)
     stall = stall_ms if stall_ms is not None else 3 * nominal
     last = int(np.max(arrivals["arrival_ns"])) if len(arrivals["arrival_ns"]) else 0
@@ -112,8 +135,9 @@ def analyse(arrivals: Mapping[str, np.ndarray], events: Sequence[Mapping[str, An
         per = {fid: flow_event(f, t0, t1, int(horizon_s * NS), int(slack_ms * 1e6)) for fid, f in flows.items()}
         out_events.append({"action": ev.get("action"), "target": ev.get("target"), "side": ev.get("side"),
                            "wall": ev["wall"], **summarise_event(per, stall), "flows": per})
-    return {"flows": len(flows), "nominal_interval_ms": nominal, "stall_ms": stall,
-            "packets": len(arrivals["seq"]), "events": out_events}
+    return {"flows": len(flows), "nominal_interval_ms": nominal, "stall_ms": stall, "late_ms": late_ms,
+            "packets": len(arrivals["seq"]), "late": int(sum(len(f["late_seq"]) for f in flows.values())),
+            "events": out_events}
 
 
 def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> dict[str, Any]:
@@ -124,6 +148,7 @@ def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> di
     stalled = sorted(f for f, r in per.items() if not r["lost"] and r["max_gap_ms"] > stall_ms)
     widest = max(healthy, key=lambda r: r["max_gap_ms"], default=None)
     return {"affected": affected, "lost": int(sum(per[f]["lost"] for f in affected)),
+            "late": int(sum(per[f]["late"] for f in affected)),
             "loss_window_ms": max(windows) if windows else 0.0,
             # when the last affected flow delivered again, ms after the event (the repair's end)
             "delivering_again_ms": max((per[f]["loss_window_end_ms"] for f in affected), default=None),

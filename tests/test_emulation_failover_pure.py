@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 
 from hpnlab.fabric import graph, spec
-from hpnlab.fabric.emulation import failover, faults, ovsdb
+from hpnlab.fabric.emulation import failover, faults, ovsdb, send_trace
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.mn import host_interfaces
@@ -193,3 +193,61 @@ def test_the_link_idle_stall_probe_is_a_kind_that_fails_and_repairs_nothing_of_t
     failover.Probe(kind="link-idle").check()
     assert "link-idle" not in failover.ACTIONS      # its events flap a veth pair outside Open vSwitch
     assert all(len(name) <= 15 for name in failover.IDLE_LINK)   # IFNAMSIZ
+
+
+TRACE = """# tracer: nop
+#
+    ovs-vswitchd-4469    [000] ..... 1796316633.460622: sys_sendmmsg -> 0xffffffffffffff9c
+    ovs-vswitchd-4469    [001] ..... 1796316633.461788: sys_sendto -> 0xfffffffffffffff5
+    ovs-vswitchd-4469    [000] ..... 1796316633.463616: sys_sendmmsg -> 0xffffffffffffff9c
+    revalidator231-18822 [001] ..... 1796316633.470000: sys_sendmsg -> 0xffffffffffffff9c
+"""
+
+
+def test_failed_sends_are_the_enetdown_returns_of_the_send_calls_in_wall_time():
+    times = send_trace.parse(TRACE, tai_offset_s=37.0)
+    assert times == pytest.approx([1796316596.460622, 1796316596.463616, 1796316596.470000])  # EAGAIN (-11) left out
+
+
+def test_the_dead_port_window_counts_the_failed_sends_between_fault_and_repair():
+    t0 = 1000.0
+    w = send_trace.window([999.9, 1000.0012, 1000.0051, 1000.0098, 1000.9], t0, t0 + 0.5)
+    assert w == {"dead_port_sends": 3, "dead_port_first_ms": pytest.approx(1.2),
+                 "dead_port_last_ms": pytest.approx(9.8)}
+    assert send_trace.window([], t0, t0 + 0.5) == {"dead_port_sends": 0, "dead_port_first_ms": None,
+                                                   "dead_port_last_ms": None}
+
+
+def test_stages_place_the_datapaths_last_send_into_the_dead_port_when_traced():
+    t0 = _utc("2026-12-01T01:02:05.337")
+    records = [{"start_wall": t0, "wall": t0 + 0.002}, {"start_wall": t0 + 0.9, "wall": t0 + 0.901}]
+    st = failover.stages(records, {"delivering_again_ms": 11.0}, None, {}, [t0 + 0.001, t0 + 0.0085, t0 + 0.95])
+    assert st["dead_port_sends"] == 2 and st["dead_port_last_ms"] == pytest.approx(8.5)
+    assert "dead_port_sends" not in failover.stages(records, {}, None, {})     # not traced: no stage
+
+
+def test_tracing_is_unavailable_without_tracefs_or_syscall_tracepoints(tmp_path):
+    assert "no tracefs" in str(send_trace.unavailable(tmp_path / "none"))
+    (tmp_path / "instances").mkdir()
+    assert "syscall tracepoints" in str(send_trace.unavailable(tmp_path))
+    for ev in send_trace.EVENTS:
+        (tmp_path / "events" / "syscalls" / ev).mkdir(parents=True)
+    assert send_trace.unavailable(tmp_path) is None
+
+
+def test_a_dead_runs_ftrace_instances_are_removed_by_its_teardown(tmp_path):
+    inst = tmp_path / "instances" / "hpnlab-run1-0"
+    inst.mkdir(parents=True)
+    other = tmp_path / "instances" / "someone-else"
+    other.mkdir()
+    assert send_trace.teardown({"ftrace_instances": [str(inst)]}) == 1
+    assert not inst.exists() and other.exists()
+
+
+def test_the_summary_gives_each_stage_in_a_failures_order():
+    st = {"delivering_again_ms": {"n": 5, "median": 9.5}, "port_status_p0l0_ms": {"n": 5, "median": 1.9},
+          "applied_ms": {"n": 5, "median": 1.1}, "dead_port_last_ms": {"n": 5, "median": 8.0},
+          "stall_unaffected_ms": {"n": 5, "median": 3.0}}
+    assert failover.stages_text(st) == ("; stages (ms after the fault, median): fault in place 1.1, PortStatus p0l0 "
+                                        "1.9, last send into the dead port 8.0, delivering again 9.5")
+    assert failover.stages_text({}) == ""

@@ -121,3 +121,34 @@ def test_delivering_again_is_when_the_last_affected_flow_received_its_first_pack
 def test_no_affected_flow_means_no_time_of_delivering_again():
     ev = losswindow.analyse(_merge(_flow(0), _flow(1)), _events(300, 800))["events"][0]
     assert ev["delivering_again_ms"] is None
+
+
+def _held(f: dict[str, np.ndarray], seqs: range, until_ms: float) -> dict[str, np.ndarray]:
+    """The packets ``seqs`` of ``f`` arrive only at ``until_ms`` (held by a switch, then sent)."""
+    out = {k: v.copy() for k, v in f.items()}
+    out["arrival_ns"][np.isin(out["seq"], np.asarray(seqs))] = T0 + int(until_ms * MS)
+    return out
+
+
+def test_packets_held_until_the_repair_count_as_lost_and_late():
+    # an AF_XDP port keeps what it could not send without carrier and sends it on repair
+    arrivals = _merge(_held(_flow(0), range(300, 312), 800.0), _flow(1))
+    failure, repair = losswindow.analyse(arrivals, _events(300, 800))["events"]
+    assert failure["affected"] == [0]
+    assert failure["lost"] == 12 and failure["late"] == 12
+    assert failure["loss_window_ms"] == pytest.approx(13.0)    # packet 299 at 299.5 ms, 312 at 312.5 ms
+    assert repair["lost"] == 0
+
+
+def test_a_packet_reordered_by_less_than_the_late_threshold_is_delivered():
+    arrivals = _held(_flow(0), range(300, 301), 303.0)           # 2 ms behind packet 301
+    ev = losswindow.analyse(arrivals, _events(300, 800))["events"][0]
+    assert ev["lost"] == 0 and ev["late"] == 0 and ev["affected"] == []
+
+
+def test_late_and_never_arrived_packets_are_told_apart():
+    arrivals = _held(_flow(0, missing=range(305, 310)), range(300, 305), 900.0)
+    result = losswindow.analyse(arrivals, _events(300, 800))
+    ev = result["events"][0]
+    assert ev["lost"] == 10 and ev["late"] == 5
+    assert result["late"] == 5

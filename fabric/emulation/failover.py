@@ -40,6 +40,7 @@ import numpy as np
 from .. import losswindow
 from ..compare import spread_text
 from ..errors import UserError
+from . import send_trace
 from . import timeline as tl
 
 KINDS = ("both", "one-side", "gray", "tc-idle", "link-idle", "none")
@@ -231,12 +232,14 @@ def port_status_sent(text: str, intf: str) -> list[float]:
 
 
 def stages(records: list[dict[str, Any]], event: dict[str, Any], ovs_log: str | None,
-           intfs: dict[str, str]) -> dict[str, Any]:
+           intfs: dict[str, str], dead_sends: list[float] | None = None) -> dict[str, Any]:
     """Where the loss window's time goes, ms after the fault began (pure): the fault in place
     (the netlink calls returned), ovs-vswitchd sending its PortStatus per switch (its own log:
     it noticed the carrier and updated the port's liveness, which the fast-failover buckets
-    read), and the last affected flow delivering again (receiver); beside them the largest gap
-    on flows that never crossed the link (a stall of the whole datapath)."""
+    read), its datapath's last failed send into the downed port (``dead_sends``: wall times
+    from :mod:`.send_trace`; after it the cached flows point at the backup), and the last
+    affected flow delivering again (receiver); beside them the largest gap on flows that never
+    crossed the link (a stall of the whole datapath)."""
     t0 = records[0]["start_wall"]
     out: dict[str, Any] = {"applied_ms": round((records[0]["wall"] - t0) * 1000, 3),
                            "delivering_again_ms": event.get("delivering_again_ms"),
@@ -246,6 +249,9 @@ def stages(records: list[dict[str, Any]], event: dict[str, Any], ovs_log: str | 
         for sw, intf in intfs.items():
             hits = [t for t in port_status_sent(ovs_log, intf) if t0 - 0.002 <= t < end]
             out[f"port_status_{sw}_ms"] = round((min(hits) - t0) * 1000, 1) if hits else None
+    if dead_sends is not None:
+        end = records[1]["start_wall"] if len(records) > 1 else float("inf")
+        out.update(send_trace.window(dead_sends, t0, end))
     return out
 
 
@@ -307,6 +313,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
                            "--size", str(probe.size)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     frozen = False
     vconn = VconnDebug().begin() if probe.stages else None
+    sends = (send_trace.FailedSends(f"{emu.state.run_id}-{rep}", state=emu.state).begin()
+             if probe.stages and emu.state is not None and not getattr(emu, "servers", None) else None)
     try:
         if probe.kind in ("tc-idle", "link-idle", "none"):
             target: Any = idle or TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
@@ -329,6 +337,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     finally:
         if vconn is not None:
             vconn.end()
+        if sends is not None:
+            sends.end()
         if idle is not None:
             idle.close()
         if frozen:
@@ -346,7 +356,10 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s))
     texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
     result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
-    result["stages"] = stages(records, result["events"][0], vconn.text() if vconn else None, intfs)
+    result["stages"] = stages(records, result["events"][0], vconn.text() if vconn else None, intfs,
+                              sends.times() if sends is not None and sends.reason is None else None)
+    if sends is not None and sends.reason is not None:
+        result["stages"]["dead_port_trace"] = sends.reason
     result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine],
                   src=src, dst=dst, sent=sent.get("sent"),
                   timeline=records, controller_frozen=frozen)
@@ -354,7 +367,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
         ev.pop("flows")   # per-flow detail stays in the .npz; the summary is enough for the JSON
     e0 = result["events"][0]
     log(f"{probe.kind} #{rep}: loss window {e0['loss_window_ms']:.1f} ms on {len(e0['affected'])}/"
-        f"{result['flows']} flows, {e0['lost']} lost, largest gap on the others "
+        f"{result['flows']} flows, {e0['lost']} lost ({e0['late']} of them late), largest gap on the others "
         f"{e0['max_gap_unaffected_ms']:.1f} ms ({len(e0['stalled'])} stalled), detection "
         f"{result['detection_ms']}" + (f", stages {result['stages']}" if probe.stages else ""))
     return result
@@ -393,6 +406,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             det.setdefault(sw, []).append(ms)
     return {"loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in fail),
             "lost": losswindow.spread(e["lost"] for e in fail),
+            "late": losswindow.spread(e.get("late", 0) for e in fail),
             "affected_flows": losswindow.spread(len(e["affected"]) for e in fail),
             "max_gap_unaffected_ms": losswindow.spread(e["max_gap_unaffected_ms"] for e in fail),
             "stalled_flows": losswindow.spread(len(e["stalled"]) for e in fail),
@@ -400,7 +414,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "detection_ms": {sw: losswindow.spread(v for v in vals if v is not None) | {
                 "missed": sum(v is None for v in vals)} for sw, vals in det.items()},
             "repair_loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in repair),
-            "repair_max_gap_ms": losswindow.spread(e["max_gap_ms"] for e in repair)}
+            "repair_max_gap_ms": losswindow.spread(e["max_gap_ms"] for e in repair),
+            "stages": {k: losswindow.spread(r["stages"].get(k) for r in runs)
+                       for k in sorted({k for r in runs for k, v in r.get("stages", {}).items()
+                                        if k.endswith("_ms") and isinstance(v, (int, float))})}}
 
 
 def describe(kind: str, s: dict[str, Any]) -> str:
@@ -409,8 +426,27 @@ def describe(kind: str, s: dict[str, Any]) -> str:
         return spread_text(d, "{:.1f}", unit=unit)
     det = ", ".join(f"{sw} {f(d, ' ms')}" + (f" ({d['missed']} missed)" if d.get("missed") else "")
                     for sw, d in s["detection_ms"].items())
-    return (f"{kind}: loss window {f(s['loss_window_ms'], ' ms')}, lost {f(s['lost'])}, affected flows "
+    late = f", of them late {f(s['late'])}" if s.get("late", {}).get("max") else ""
+    return (f"{kind}: loss window {f(s['loss_window_ms'], ' ms')}, lost {f(s['lost'])}{late}, affected flows "
             f"{f(s['affected_flows'])}, largest gap on unaffected flows {f(s['max_gap_unaffected_ms'], ' ms')} "
             f"(stalled {f(s['stalled_flows'])}; the network's share {f(s['max_network_gap_unaffected_ms'], ' ms')}); "
             f"detection: {det or '-'}; after repair: loss window "
-            f"{f(s['repair_loss_window_ms'], ' ms')}")
+            f"{f(s['repair_loss_window_ms'], ' ms')}" + stages_text(s.get("stages", {})))
+
+
+#: the stages in the order a failure goes through them, and how the summary names them
+STAGE_NAMES = (("applied_ms", "fault in place"), ("port_status", "PortStatus"),
+               ("dead_port_last_ms", "last send into the dead port"),
+               ("delivering_again_ms", "delivering again"))
+
+
+def stages_text(st: dict[str, Any]) -> str:
+    """The stages' medians in a failure's order, e.g. "; stages (ms after the fault, median):
+    fault in place 1.2, PortStatus p0l0 1.9, ..." (empty without stages)."""
+    parts = []
+    for key, name in STAGE_NAMES:
+        for k in sorted(st):
+            if (k == key or (key == "port_status" and k.startswith("port_status_"))) and st[k].get("n"):
+                who = f" {k[len('port_status_'):-3]}" if key == "port_status" else ""
+                parts.append(f"{name}{who} {st[k]['median']:.1f}")
+    return f"; stages (ms after the fault, median): {', '.join(parts)}" if parts else ""

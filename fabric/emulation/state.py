@@ -15,6 +15,9 @@ Everything an emulation creates on the machine is written into its state file
 ``send_buffers`` sockets of the machine whose send buffer the run raised (ovs-vswitchd's packet
                  socket on the userspace datapath, :mod:`.datapath_socket`): pid, start time,
                  descriptor, inode and the size to restore while that process still holds it
+``notes``        among others ``ftrace_instances`` (tracefs instances the failover probe makes to
+                 see ovs-vswitchd's failed sends) and ``tracefs_mounted`` (where the run mounted
+                 tracefs because nothing had)
 ``remote``       per cluster server: the ssh command that reaches it, the bridges and the
                  interfaces the run makes there (``hpnlab.fabric.emulation.remote`` cleans them)
 
@@ -405,6 +408,10 @@ def teardown(state: RunState, log: Callable[[str], None] = lambda s: None) -> di
         error = ovsdb.restore_ssl(state.notes["ovs_ssl"].get("previous"))
         if error:
             log(f"could not restore Open vSwitch's SSL settings: {error}")
+    # 7. ftrace instances (the failover probe's trace of failed sends) and tracefs if the run mounted it
+    if state.notes.get("ftrace_instances") or state.notes.get("tracefs_mounted"):
+        from . import send_trace
+        removed["ftrace_instances"] = send_trace.teardown(state.notes)
     state.path.unlink(missing_ok=True)
     return removed
 
