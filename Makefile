@@ -10,7 +10,7 @@ VPY        := $(VENV)/bin/python
 HPNLAB     := $(VENV)/bin/hpnlab
 PYTEST     := $(VENV)/bin/pytest
 # apt packages the project uses at run time and in its tests.
-APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps \
+APT_PKGS   := mininet openvswitch-switch iperf3 iputils-ping ethtool iproute2 procps strace \
               python3-venv python3-dev clang llvm libbpf-dev bpftool make chromium
 PIP_EXTRAS := emulation,controller,report,test,lint
 # The pure tests run in this many pytest-xdist workers (0: in one process); the emulation
