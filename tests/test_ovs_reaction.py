@@ -34,3 +34,13 @@ def test_requests_are_sorted_into_dumps_and_per_interface_queries_from_the_fault
     q = kinds["per-interface link query"]
     assert q["count"] == 2 and q["interfaces"] == 2
     assert q["first_ms"] == 6.21 and q["last_ms"] == 6.51
+
+
+def test_coverage_reads_the_totals_and_a_counter_never_hit_is_zero():
+    text = ("Event coverage, avg rate over last: 5 seconds, last minute, last hour,  hash=1a2b3c4d:\n"
+            "bridge_reconfigure         0.0/sec     4.733/sec        1.1225/sec   total: 4046\n"
+            "rev_port_toggled           0.0/sec     0.000/sec        0.0331/sec   total: 122\n"
+            "175 events never hit\n")
+    c = ovs_reaction.coverage(text)
+    assert c["bridge_reconfigure"] == 4046 and c["rev_port_toggled"] == 122
+    assert c["rev_reconfigure"] == 0

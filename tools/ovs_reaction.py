@@ -17,6 +17,13 @@ sent from the fault to the end of its burst of them into:
   how many distinct interfaces, against the switch ports the run has;
 - anything else, by message type.
 
+Beside them it prints how much of ovs-vswitchd's own bookkeeping the repetition (the failure
+and its repair: two link events) cost, from its coverage counters (``ovs-appctl
+coverage/show``): ``bridge_reconfigure`` (bridge.c reconfigures every bridge when its
+interface notifier hears of any link change), ``rev_reconfigure`` and ``rev_port_toggled``
+(the reasons its flows were revalidated). Open vSwitch 3.1 counts no routing-table re-read:
+the route dumps above show them.
+
 strace stops the thread at every system call it traces, so the times printed are stretched
 (a repetition under strace can even miss the failover): read the requests and their order,
 and take the durations from the probe's own stages.
@@ -108,6 +115,26 @@ def sort(reqs: list[dict[str, Any]], since_ms: float = 0.0) -> dict[str, dict[st
     return {k: {**v, "interfaces": len(v["interfaces"])} for k, v in kinds.items()}
 
 
+COUNTERS = ("bridge_reconfigure", "rev_reconfigure", "rev_port_toggled", "rev_flow_table")
+_COVERAGE = re.compile(r"^(\w+)\s+.*total: (\d+)\s*$")
+
+
+def coverage(text: str) -> dict[str, int]:
+    """ovs-vswitchd's coverage counters' totals from ``ovs-appctl coverage/show`` (pure); a
+    counter never hit is not listed there and reads 0."""
+    out = dict.fromkeys(COUNTERS, 0)
+    for line in text.splitlines():
+        m = _COVERAGE.match(line.strip())
+        if m:
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def _coverage_now() -> dict[str, int]:
+    r = subprocess.run(["ovs-appctl", "coverage/show"], capture_output=True, text=True)
+    return coverage(r.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", nargs="?", default="mini-hpn")
@@ -142,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 time.sleep(0.5)
                 probe = failover.Probe(kind=args.kind, flows=4, pps=4000.0, freeze_controller=True)
+                before = _coverage_now()
                 result = failover.run_once(emu, probe, 0)
+                after = _coverage_now()
             finally:
                 st.terminate()
                 st.wait(timeout=10)
@@ -155,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.scenario}, {args.kind} failure of {'-'.join(result['link'])}, controller frozen, port type "
           f"{args.port_type}; the run's switch-side interfaces: {ports}")
     print(f"probe (under strace, times stretched): stages {result['stages']}")
+    print("ovs-vswitchd's counters over the repetition (the failure and its repair: 2 link events): "
+          + ", ".join(f"{k} +{after.get(k, 0) - before.get(k, 0)}" for k in COUNTERS))
     print(f"netlink requests of ovs-vswitchd's main thread, 0-{args.window_ms:g} ms after the fault:")
     for kind, k in sorted(sort(reqs).items(), key=lambda kv: kv[1]["first_ms"]):
         extra = f", {k['interfaces']} distinct interfaces" if k["interfaces"] else ""
