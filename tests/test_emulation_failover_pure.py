@@ -251,3 +251,27 @@ def test_the_summary_gives_each_stage_in_a_failures_order():
     assert failover.stages_text(st) == ("; stages (ms after the fault, median): fault in place 1.1, PortStatus p0l0 "
                                         "1.9, last send into the dead port 8.0, delivering again 9.5")
     assert failover.stages_text({}) == ""
+
+
+def _switch(t: str, prev: tuple[str, int, str], nxt: tuple[str, int]) -> str:
+    return (f"   {prev[0]}-{prev[1]} [000] d..2. {t}: sched_switch: prev_comm={prev[0]} prev_pid={prev[1]} "
+            f"prev_prio=110 prev_state={prev[2]} ==> next_comm={nxt[0]} next_pid={nxt[1]} next_prio=110")
+
+
+SCHED = "\n".join(["# tracer: nop",
+                   _switch("1000.001000", ("python", 8844, "S"), ("revalidator621", 8706)),
+                   _switch("1000.001500", ("revalidator621", 8706, "S"), ("ovs-vswitchd", 4469)),
+                   _switch("1000.004000", ("ovs-vswitchd", 4469, "R"), ("revalidator621", 8706)),
+                   _switch("1000.004250", ("revalidator621", 8706, "S"), ("swapper/0", 0))])
+
+
+def test_on_cpu_gives_each_threads_runs_from_the_scheduler_switches():
+    runs = send_trace.on_cpu(SCHED, 0.0, {"8706": "revalidator621", "4469": "ovs-vswitchd"})
+    assert runs["revalidator621/8706"] == [(1000.001, 1000.0015, "S"), (1000.004, 1000.00425, "S")]
+    assert runs["ovs-vswitchd/4469"] == [(1000.0015, 1000.004, "R")]           # preempted, not asleep
+
+
+def test_on_cpu_leaves_out_a_switch_out_whose_switch_in_was_lost():
+    text = SCHED + "\n" + _switch("1000.009000", ("revalidator621", 8706, "S"), ("swapper/0", 0))
+    runs = send_trace.on_cpu(text, 0.0, {"8706": "revalidator621"})
+    assert [r[:2] for r in runs["revalidator621/8706"]] == [(1000.001, 1000.0015), (1000.004, 1000.00425)]

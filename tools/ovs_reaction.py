@@ -26,7 +26,11 @@ the route dumps above show them.
 
 strace stops the thread at every system call it traces, so the times printed are stretched
 (a repetition under strace can even miss the failover): read the requests and their order,
-and take the durations from the probe's own stages.
+and take the durations from the probe's own stages. A second repetition runs without strace
+and with a scheduler trace of ovs-vswitchd's threads instead (``sched_switch`` in an ftrace
+instance of the run's own, :class:`hpnlab.fabric.emulation.send_trace.Scheduling`): its
+stages beside when the revalidator threads ran and how busy the main thread was, ms after
+the fault.
 """
 from __future__ import annotations
 
@@ -178,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             t0 = result["timeline"][0]["start_wall"]
             reqs = [r for r in requests(out.read_text().splitlines(), t0) if r["ms"] <= args.window_ms]
             ports = len(state.interfaces)
+            sched = failover.send_trace.Scheduling(f"{state.run_id}-sched", pid=pid, state=state).begin()
+            try:
+                second = failover.run_once(emu, probe, 1)
+            finally:
+                sched.end()
     except UserError as e:
         print(f"ovs_reaction: {e}", file=sys.stderr)
         return 1
@@ -190,6 +199,19 @@ def main(argv: list[str] | None = None) -> int:
     for kind, k in sorted(sort(reqs).items(), key=lambda kv: kv[1]["first_ms"]):
         extra = f", {k['interfaces']} distinct interfaces" if k["interfaces"] else ""
         print(f"  {kind:26s} {k['count']:4d}  from {k['first_ms']:7.2f} to {k['last_ms']:7.2f} ms{extra}")
+    if sched.reason is not None:
+        print(f"scheduler trace: not taken ({sched.reason})")
+        return 0
+    t1 = second["timeline"][0]["start_wall"]
+    print(f"without strace, scheduler traced: stages {second['stages']}")
+    for name, spans in sorted(sched.runs().items()):
+        near = [(round((a - t1) * 1000, 2), round((b - a) * 1000, 2), st) for a, b, st in spans
+                if -1 <= (a - t1) * 1000 <= 15]
+        busy = sum(min(b, t1 + 0.015) - max(a, t1) for a, b, _ in spans if b > t1 and a < t1 + 0.015)
+        if near or busy > 0:
+            print(f"  {name:22s} on the CPU {busy * 1000 / 15 * 100:3.0f}% of 0-15 ms; runs (start ms+length ms, "
+                  "then left preempted R or asleep S): "
+                  + ", ".join(f"{a}+{d}{st}" for a, d, st in near[:60]) + (" ..." if len(near) > 60 else ""))
     return 0
 
 

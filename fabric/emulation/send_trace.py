@@ -14,6 +14,9 @@ stamped with CLOCK_TAI, so nothing of the machine's own tracing set-up is touche
 instance is removed at the end. Where tracefs or the syscall tracepoints are missing,
 :func:`unavailable` says why and the stage is left out.
 
+:class:`Scheduling` uses the same kind of instance for ``sched_switch``: when each of
+ovs-vswitchd's threads ran (``tools/ovs_reaction.py --sched``).
+
 A failure that drops silently is not seen here: a gray failure (a tc drop filter) or a
 carrier-less peer (a veth whose other end is down still accepts packets and drops them).
 """
@@ -25,11 +28,12 @@ import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ("sys_exit_sendmmsg", "sys_exit_sendto", "sys_exit_sendmsg")
 ENETDOWN = 100
+_T = TypeVar("_T", bound="Trace")
 _LINE = re.compile(r"^\s*.+-(\d+)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): sys_(\w+) -> (0x[0-9a-f]+|-?\d+)")
 
 
@@ -81,8 +85,9 @@ def ovs_pid() -> int | None:
     return int(pids[0]) if pids else None
 
 
-class FailedSends:
-    """Trace ovs-vswitchd's failed sends between :meth:`begin` and :meth:`end` (root)."""
+class Trace:
+    """An ftrace instance of the run's own on ovs-vswitchd's threads, between :meth:`begin`
+    and :meth:`end` (root); :meth:`configure` says which events."""
 
     def __init__(self, name: str, pid: int | None = None, root: Path = TRACEFS, state=None) -> None:
         self.name = f"hpnlab-{name}"
@@ -94,6 +99,7 @@ class FailedSends:
         self.offset = 0.0
         self.text = ""
         self.reason: str | None = None
+        self.tids: dict[str, str] = {}
 
     def _note(self, key: str, value: str, present: bool) -> None:
         if self.state is None:
@@ -105,14 +111,17 @@ class FailedSends:
             listed.remove(value)
         self.state.save()
 
-    def begin(self) -> FailedSends:
+    def configure(self, inst: Path, tids: list[str]) -> None:
+        raise NotImplementedError
+
+    def begin(self: _T) -> _T:
         needs_mount = not (self.root / "instances").is_dir()
         if needs_mount:
             self._note("tracefs_mounted", str(self.root), True)
         self.mounted = _ensure_tracefs(self.root)
         if needs_mount and not self.mounted:
             self._note("tracefs_mounted", str(self.root), False)
-        self.reason = unavailable(self.root)
+        self.reason = self.missing()
         pid = self.pid or ovs_pid()
         if self.reason is None and pid is None:
             self.reason = "ovs-vswitchd is not running"
@@ -123,12 +132,10 @@ class FailedSends:
         try:
             inst.mkdir(exist_ok=True)
             self.inst = inst
-            tids = " ".join(os.listdir(f"/proc/{pid}/task"))
+            self.tids = {t: Path(f"/proc/{pid}/task/{t}/comm").read_text().strip()
+                         for t in os.listdir(f"/proc/{pid}/task")}
             (inst / "trace_clock").write_text("tai")
-            (inst / "set_event_pid").write_text(tids)
-            for ev in EVENTS:
-                (inst / "events" / "syscalls" / ev / "filter").write_text("ret < 0")
-                (inst / "events" / "syscalls" / ev / "enable").write_text("1")
+            self.configure(inst, list(self.tids))
             self.offset = time.clock_gettime(time.CLOCK_TAI) - time.time()
             (inst / "tracing_on").write_text("1")
         except OSError as e:
@@ -153,8 +160,67 @@ class FailedSends:
             self._note("tracefs_mounted", str(self.root), False)
             self.mounted = False
 
+    def missing(self) -> str | None:
+        return None if (self.root / "instances").is_dir() else f"no tracefs at {self.root}"
+
+
+class FailedSends(Trace):
+    """ovs-vswitchd's failed sends (syscall exit tracepoints with a negative return)."""
+
+    def missing(self) -> str | None:
+        return unavailable(self.root)
+
+    def configure(self, inst: Path, tids: list[str]) -> None:
+        (inst / "set_event_pid").write_text(" ".join(tids))
+        for ev in EVENTS:
+            (inst / "events" / "syscalls" / ev / "filter").write_text("ret < 0")
+            (inst / "events" / "syscalls" / ev / "enable").write_text("1")
+
     def times(self) -> list[float]:
         return parse(self.text, self.offset)
+
+
+class Scheduling(Trace):
+    """When each of ovs-vswitchd's threads ran (``sched_switch`` into and out of them)."""
+
+    def configure(self, inst: Path, tids: list[str]) -> None:
+        ev = inst / "events" / "sched" / "sched_switch"
+        ev.joinpath("filter").write_text(" || ".join(f"prev_pid == {t} || next_pid == {t}" for t in tids))
+        ev.joinpath("enable").write_text("1")
+
+    def runs(self) -> dict[str, list[tuple[float, float, str]]]:
+        return on_cpu(self.text, self.offset, self.tids)
+
+
+_SWITCH = re.compile(r"\s(\d+\.\d+): sched_switch: .*prev_pid=(\d+) .*prev_state=(\S+) ==> .*next_pid=(\d+) ")
+
+
+def on_cpu(text: str, tai_offset_s: float, tids: dict[str, str]) -> dict[str, list[tuple[float, float, str]]]:
+    """Per thread, named "name/tid" (``tids``: tid -> name), the wall-clock intervals it ran
+    and the state it left the CPU in (``R`` preempted, ``S`` asleep, ``D`` waiting in the
+    kernel), from a ``sched_switch`` trace (pure); a thread already running when the trace began starts
+    at the trace's first switch, and a switch out without the switch in before it (an event
+    the buffer lost) is left out."""
+    runs: dict[str, list[tuple[float, float, str]]] = {}
+    start: dict[str, float] = {}
+    first: float | None = None
+    for line in text.splitlines():
+        m = _SWITCH.search(line)
+        if not m:
+            continue
+        t = float(m.group(1)) - tai_offset_s
+        first = t if first is None else first
+        prev, nxt = m.group(2), m.group(4)
+        if prev in tids:
+            name = f"{tids[prev]}/{prev}"
+            state = m.group(3).rstrip("+")
+            if prev in start:
+                runs.setdefault(name, []).append((start.pop(prev), t, state))
+            elif name not in runs:                 # running since before the trace
+                runs[name] = [(first, t, state)]
+        if nxt in tids:
+            start[nxt] = t
+    return runs
 
 
 def remove(inst: Path) -> None:
