@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scheduler trace: not taken ({sched.reason})")
         return 0
     t1 = second["timeline"][0]["start_wall"]
-    print(f"without strace, scheduler traced: stages {second['stages']}")
+    print(f"without strace, scheduler traced: stages {second['stages']}"
+          + (f" ({sched.overrun} scheduler events lost: the runs below may be incomplete)" if sched.overrun else ""))
     for name, spans in sorted(sched.runs().items()):
         near = [(round((a - t1) * 1000, 2), round((b - a) * 1000, 2), st) for a, b, st in spans
                 if -1 <= (a - t1) * 1000 <= 15]

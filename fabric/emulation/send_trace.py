@@ -100,6 +100,7 @@ class Trace:
         self.text = ""
         self.reason: str | None = None
         self.tids: dict[str, str] = {}
+        self.overrun = 0             # events the ring buffer overwrote (lost)
 
     def _note(self, key: str, value: str, present: bool) -> None:
         if self.state is None:
@@ -150,6 +151,8 @@ class Trace:
             try:
                 (self.inst / "tracing_on").write_text("0")
                 self.text = (self.inst / "trace").read_text(errors="replace")
+                self.overrun = sum(int(m) for f in (self.inst / "per_cpu").glob("cpu*/stats")
+                                   for m in re.findall(r"^overrun: (\d+)", f.read_text(), re.M))
             except OSError:
                 pass
             remove(self.inst)
@@ -184,6 +187,7 @@ class Scheduling(Trace):
     """When each of ovs-vswitchd's threads ran (``sched_switch`` into and out of them)."""
 
     def configure(self, inst: Path, tids: list[str]) -> None:
+        (inst / "buffer_size_kb").write_text("65536")      # per CPU: a few seconds of a busy datapath
         ev = inst / "events" / "sched" / "sched_switch"
         ev.joinpath("filter").write_text(" || ".join(f"prev_pid == {t} || next_pid == {t}" for t in tids))
         ev.joinpath("enable").write_text("1")
