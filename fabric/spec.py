@@ -73,6 +73,7 @@ class Emulation:
     delay_scale: float = 1.0      # multiply configured delays (1.0: real delays)
     buffer_frames: int = 32       # a port buffer holds at least this many frames (else queue_ms of the rate)
     tcp_congestion: str = ""      # the hosts' TCP congestion control ("": what the machine's namespaces inherit)
+    ranks: int | None = None      # ranks per job of `hpnlab run` and the demo without --ranks (None: theirs)
 
 
 @dataclass(frozen=True)
@@ -279,6 +280,8 @@ EMULATION_FIELDS: dict[str, Rule] = {
     "tcp_congestion": Rule("text", "TCP congestion control of the emulated hosts, e.g. cubic, bbr, dctcp "
                            "(empty: what the machine's network namespaces inherit)", max_chars=16,
                            pattern="[a-z0-9_]*", why_pattern="a congestion control's name (a-z, 0-9, _)"),
+    "ranks": Rule("int", "ranks per job of 'hpnlab run' and the demo when --ranks is not given (null: 8, or "
+                  "every host of a smaller fabric; never more hosts than a job gets)", 2, MAX_COUNT, nullable=True),
 }
 SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),

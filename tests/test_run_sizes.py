@@ -40,3 +40,15 @@ def test_the_default_sweep_gives_every_rank_32_to_256_kib_whatever_the_rank_coun
     assert experiment.run_sizes(4) == experiment.sweep("128K", "1M")
     assert experiment.run_sizes(8) == experiment.sweep("256K", "2M") == DEFAULTS.size_list
     assert size_bounds(None, None, ranks=4) == (str(128 * 1024), str(1024 * 1024))
+
+
+def test_the_default_ranks_are_the_scenarios_own_when_it_names_them():
+    from hpnlab.cli.cmd_run import default_ranks
+    from hpnlab.fabric import graph, spec
+    wide = spec.load("mini-hpn-wide")
+    assert wide.emulation.ranks == 12
+    assert default_ranks(graph.build(wide), 1, wide.emulation.ranks) == 12      # one per host
+    assert default_ranks(graph.build(wide), 2, wide.emulation.ranks) == 6       # never more than a job's hosts
+    mini = spec.load("mini-hpn")
+    assert mini.emulation.ranks is None
+    assert default_ranks(graph.build(mini), 1, mini.emulation.ranks) == DEFAULTS.ranks

@@ -241,3 +241,8 @@ def test_a_wrong_bfd_field_is_one_line(override, message):
     with pytest.raises(spec.ScenarioError, match=message) as err:
         spec.load("mini-hpn", spec.parse_overrides([override]))
     assert "\n" not in str(err.value)
+
+
+def test_a_scenarios_default_ranks_below_two_is_one_line_naming_the_field():
+    err = _error(emulation={"ranks": 1})
+    assert err.field == "emulation.ranks"

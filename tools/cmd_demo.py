@@ -41,7 +41,8 @@ def cmd_demo(args) -> int:
         from hpnlab.fabric import sizing
 
         from .cmd_run import default_ranks
-        g = fgraph.build(spec.load(args.scenario, overrides))
+        scenario = spec.load(args.scenario, overrides)
+        g = fgraph.build(scenario)
         if not args.no_measure and not (sizing.load_budget() or {}).get("ports"):
             from . import bench_ports
             say(f"[0/5] this machine's packet budget was never measured: measuring it once (about 2 min, "
@@ -53,7 +54,7 @@ def cmd_demo(args) -> int:
             say("[0/5] the rate up to which the collective generators keep up was never measured here: "
                 "measuring it once (2-5 min, cached beside the budget; --no-measure skips)")
             bench_generators.main(["--save"])
-        ranks = default_ranks(g, plan.jobs)
+        ranks = default_ranks(g, plan.jobs, scenario.emulation.ranks)
         plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
         rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)
         overrides = spec.deep_merge(overrides, rates)

@@ -46,7 +46,8 @@ def register(sub) -> None:
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
                    help="where the ranks sit (default cross-rail: across leaves, through the spines)")
     p.add_argument("--ranks", type=int, default=None,
-                   help=f"ranks per job (default {DEFAULTS.ranks}, or every host of a smaller fabric; one per host; "
+                   help=f"ranks per job (default: the scenario's emulation.ranks, else {DEFAULTS.ranks}, never more "
+                        f"than the hosts a job gets; one per host; "
                         f"the emulated rates come from the measured budget: hpnlab doctor --measure)")
     p.add_argument("--jobs", default=str(DEFAULTS.jobs), metavar="N|SPECS",
                    help="concurrent jobs on disjoint hosts: a number of identical jobs (default 1), or different "
@@ -110,10 +111,11 @@ def register(sub) -> None:
                    help="also run the in-place columns (off by default in runs: halves the time)")
 
 
-def default_ranks(g, jobs: int) -> int:
-    """The default ranks per job: ``RUN_DEFAULTS.ranks``, or every host a job gets on a smaller fabric."""
+def default_ranks(g, jobs: int, preferred: int | None = None) -> int:
+    """The default ranks per job: the scenario's ``emulation.ranks`` (``preferred``) or
+    ``RUN_DEFAULTS.ranks``, and never more than the hosts a job gets."""
     from hpnlab.fabric import graph as fgraph
-    return max(2, min(DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
+    return max(2, min(preferred or DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
 
 
 def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = False,
@@ -157,7 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
     g = fgraph.build(scenario)
     counted = jobspec.is_count(args.jobs)
-    ranks = args.ranks if args.ranks is not None else default_ranks(g, int(args.jobs) if counted else 1)
+    ranks = (args.ranks if args.ranks is not None
+             else default_ranks(g, int(args.jobs) if counted else 1, scenario.emulation.ranks))
     args.minbytes, args.maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing",
                                                ranks=ranks)
     if counted:
