@@ -155,14 +155,14 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("strace") is None:
         print("ovs_reaction: strace is not installed (apt-get install strace)", file=sys.stderr)
         return 2
-    from hpnlab.fabric.emulation import failover
+    from hpnlab.fabric.emulation import failover, send_trace
     from hpnlab.fabric.emulation.harness import Emulation
     from hpnlab.fabric.errors import UserError
     try:
         emu = Emulation(args.scenario, port_type=args.port_type)
         with emu:
             time.sleep(args.settle)
-            pid = failover.send_trace.ovs_pid()
+            pid = send_trace.running_ovs_pid()
             if pid is None:
                 raise UserError("ovs-vswitchd is not running")
             state = emu._st
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = result["timeline"][0]["start_wall"]
             reqs = [r for r in requests(out.read_text().splitlines(), t0) if r["ms"] <= args.window_ms]
             ports = len(state.interfaces)
-            sched = failover.send_trace.Scheduling(f"{state.run_id}-sched", pid=pid, state=state).begin()
+            sched = send_trace.Scheduling(f"{state.run_id}-sched", pid=pid, state=state).begin()
             try:
                 second = failover.run_once(emu, probe, 1)
             finally:

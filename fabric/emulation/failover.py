@@ -241,16 +241,15 @@ def stages(records: list[dict[str, Any]], event: dict[str, Any], ovs_log: str | 
     affected flow delivering again (receiver); beside them the largest gap on flows that never
     crossed the link (a stall of the whole datapath)."""
     t0 = records[0]["start_wall"]
+    end = records[1]["start_wall"] if len(records) > 1 else float("inf")       # the repair
     out: dict[str, Any] = {"applied_ms": round((records[0]["wall"] - t0) * 1000, 3),
                            "delivering_again_ms": event.get("delivering_again_ms"),
                            "stall_unaffected_ms": event.get("max_gap_unaffected_ms")}
     if ovs_log is not None:
-        end = records[1]["start_wall"] if len(records) > 1 else float("inf")
         for sw, intf in intfs.items():
             hits = [t for t in port_status_sent(ovs_log, intf) if t0 - 0.002 <= t < end]
             out[f"port_status_{sw}_ms"] = round((min(hits) - t0) * 1000, 1) if hits else None
     if dead_sends is not None:
-        end = records[1]["start_wall"] if len(records) > 1 else float("inf")
         out.update(send_trace.window(dead_sends, t0, end))
     return out
 

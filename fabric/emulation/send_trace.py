@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import ovs_sched
+
 TRACEFS = Path("/sys/kernel/tracing")
 EVENTS = ("sys_exit_sendmmsg", "sys_exit_sendto", "sys_exit_sendmsg")
 ENETDOWN = 100
@@ -79,10 +81,14 @@ def _ensure_tracefs(root: Path) -> bool:
     return r.returncode == 0 and (root / "instances").is_dir()
 
 
-def ovs_pid() -> int | None:
-    r = subprocess.run(["pidof", "ovs-vswitchd"], capture_output=True, text=True)
-    pids = r.stdout.split()
-    return int(pids[0]) if pids else None
+def running_ovs_pid() -> int | None:
+    """ovs-vswitchd's pid from its pid file (:func:`.ovs_sched.ovs_pid`), or None when it is not
+    running."""
+    try:
+        pid = ovs_sched.ovs_pid()
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(f"/proc/{pid}").is_dir() else None
 
 
 class Trace:
@@ -123,7 +129,7 @@ class Trace:
         if needs_mount and not self.mounted:
             self._note("tracefs_mounted", str(self.root), False)
         self.reason = self.missing()
-        pid = self.pid or ovs_pid()
+        pid = self.pid or running_ovs_pid()
         if self.reason is None and pid is None:
             self.reason = "ovs-vswitchd is not running"
         if self.reason is not None:
