@@ -689,6 +689,24 @@ def test_on_a_sprayed_connection_a_hole_older_than_the_reordering_allowance_is_n
         t.close(linger_s=0)
 
 
+def test_a_hole_the_in_order_point_reaches_is_as_old_as_the_first_packet_that_showed_it():
+    """Two packets lost on a path (PSNs 0 and 2): once the first is re-sent and fills its hole,
+    the second hole has been showing since packets 3-5 arrived, so it is NACKed at once, not
+    timed again from zero (which left it to the sender's retransmission timer)."""
+    t = _receiver(SprayEntropy.name, BASE + 96)
+    try:
+        r, now = t.rx[1], time.monotonic()
+        allowance = r.reorder_time
+        for psn in (1, 3, 4, 5):
+            _arrive(t, psn, now, ts=1000 + psn)
+        assert r.stats["nacks_sent"] == 0
+        _arrive(t, 0, now + 2 * allowance, ts=5000)      # PSN 0 re-sent (its timer), sent after the rest
+        assert r.expected == 2
+        assert r.stats["nacks_sent"] == 1 and r.last_nack[0] == 2
+    finally:
+        t.close(linger_s=0)
+
+
 @pytest.mark.parametrize("late,widens", [(True, True), (False, False)])
 def test_a_hole_filled_late_by_its_first_copy_widens_the_reordering_allowance_to_its_age(late, widens):
     """A hole filled by a packet sent before the one that showed it was late on a slower path;

@@ -200,6 +200,36 @@ def test_an_idle_gap_is_not_a_loss_window():
     assert w["loss_window_s"] == 0.0 and w["packets_lost"] == 0
 
 
+def test_a_flow_that_re_sent_nothing_near_the_event_was_not_hurt_by_it():
+    """A pause of a few ms that any flow has is no loss window, even at the failure's time."""
+    [w] = failure_windows([_flow(retx_bursts=[[50.0, 50.0, 1, {"nack": 1}]])], [("link_down", 10.03)])
+    assert w["loss_window_s"] == 0.0 and w["packets_lost"] == 0
+
+
+def test_a_gray_failure_s_loss_window_is_the_largest_stall_of_the_flow_s_recovery():
+    """Packets dropped silently on one path while the others deliver: the flow pauses a little
+    at once, then stalls once its window is spent, until its re-sends get through."""
+    gaps = [[10.001, 10.006, 5, 6, True], [10.04, 10.10, 40, 12, True], [10.3, 10.35, 90, 91, True]]
+    bursts = [[10.02, 10.02, 1, {"nack": 1}], [10.09, 10.12, 6, {"timeout": 1, "nack": 5}]]
+    [w] = failure_windows([_flow(gaps=gaps, retx_bursts=bursts)], [("link_drop", 10.0)])
+    assert (w["last_before"], w["first_after"]) == (10.04, 10.10)
+    assert w["packets_lost"] == 7
+
+
+def test_a_stall_after_the_flow_s_recovery_is_not_the_failure_s():
+    gaps = [[10.001, 10.006, 5, 6, True], [10.3, 10.5, 90, 91, True]]
+    [w] = failure_windows([_flow(gaps=gaps, retx_bursts=[[10.002, 10.002, 1, {"nack": 1}]])], [("link_down", 10.0)])
+    assert (w["last_before"], w["first_after"]) == (10.001, 10.006)
+
+
+def test_the_repair_s_re_sends_do_not_count_for_the_failure_before_it():
+    bursts = [[10.002, 10.002, 1, {"nack": 1}], [11.01, 11.02, 4, {"nack": 4}]]
+    gaps = [[10.001, 10.006, 5, 6, True], [11.0, 11.3, 90, 91, True]]
+    down, up = failure_windows([_flow(gaps=gaps, retx_bursts=bursts)], [("link_down", 10.0), ("link_up", 11.0)])
+    assert down["packets_lost"] == 1 and down["loss_window_s"] == pytest.approx(0.005)
+    assert up["packets_lost"] == 4 and up["loss_window_s"] == pytest.approx(0.3)
+
+
 @pytest.mark.parametrize("over", [dict(app_bytes_delivered=99), dict(app_crc_delivered="deadbeef")])
 def test_a_byte_missing_or_corrupted_breaks_exactly_once(over):
     assert exactly_once(_flow(**over)) is False

@@ -117,12 +117,11 @@ def exactly_once(flow: dict) -> bool | None:
             and flow["app_crc_sent"] == flow["app_crc_delivered"])
 
 
-def _gap_at(gaps: list, t: float, horizon_s: float) -> tuple[float, float] | None:
-    """The busy gap containing ``t``, else the first starting within ``horizon_s`` after it."""
+def _largest_gap(gaps: list, t: float, until: float) -> tuple[float, float] | None:
+    """The largest busy gap containing ``t`` or starting in ``(t, until]``."""
     found = None
     for start, end, _p0, _p1, busy in gaps:
-        hit = busy and (start <= t <= end or t < start <= t + horizon_s)
-        if hit and (found is None or start < found[0]):
+        if busy and (start <= t <= end or t < start <= until) and (found is None or end - start > found[1] - found[0]):
             found = (start, end)
     return found
 
@@ -131,33 +130,41 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
     """Per failure event (name, wall-clock time) and per flow: the loss window and its cost.
 
     ``flows`` are merged flow records (``report.merge_flows``: tx and rx counters of one
-    directed flow in one dict). For each event at ``t`` and each flow, the loss window is the
-    arrival gap that contains ``t`` (or, if the failure was noticed a little late, the first
-    gap starting within ``horizon_s`` after ``t``) and is ``busy`` (the flow had a message in
-    flight); a flow with no such gap was not hurt (loss window 0); ``stall_s`` is the same
-    for the in-order point (``hol_gaps``). Packets lost are the
-    retransmissions of the bursts overlapping ``[t, t + horizon_s]`` (``resent_by_cause``:
-    nack, timeout, failover, migrate; a failover re-send may repeat a packet that was only
-    late, so this is an upper bound); ``completion_s`` is the
-    slowest message under way at ``t``; ``exactly_once`` checks bytes and CRC of the whole flow.
+    directed flow in one dict). For each event at ``t`` and each flow: packets lost are the
+    retransmissions of the bursts overlapping ``[t, t + horizon_s]`` (cut short at the next
+    event; ``resent_by_cause``: nack, timeout, failover, migrate; a failover re-send may repeat
+    a packet that was only late, so this is an upper bound). A flow that re-sent nothing there
+    lost nothing: it was not hurt (loss window 0), whatever pauses it had. Otherwise the loss
+    window is the largest arrival gap, while the flow had a message in flight (``busy``), that
+    contains ``t`` or starts after it and before the flow's last re-send near the event: the
+    flow's recovery. A link taken down shows at ``t``; a gray failure, which drops a path's
+    packets silently while the others deliver, stalls the flow later, once its window is spent
+    (before 2026-12-03 the first busy gap after ``t`` was taken, often a pause of a few ms that
+    any flow has, not the failure's). ``stall_s`` is the same for the in-order point
+    (``hol_gaps``); ``completion_s`` is the slowest message under way at ``t``;
+    ``exactly_once`` checks bytes and CRC of the whole flow.
     """
     out = []
+    times = sorted(t for _name, t in events)
     for name, t in events:
+        later = [u for u in times if u > t]
+        end = min([t + horizon_s] + later[:1])
         for f in flows:
-            gap = _gap_at(f.get("gaps", []), t, horizon_s)
-            hol = _gap_at(f.get("hol_gaps", []), t, horizon_s)
-            near = [(n, why) for first, last, n, why in f.get("retx_bursts", [])
-                    if last >= t and first <= t + horizon_s]
+            near = [(last, n, why) for first, last, n, why in f.get("retx_bursts", [])
+                    if last >= t and first <= end]
             causes: dict[str, int] = {}
-            for _n, why in near:
+            for _last, _n, why in near:
                 for k, v in why.items():
                     causes[k] = causes.get(k, 0) + v
+            until = min(end, max((last for last, _n, _why in near), default=t))
+            gap = _largest_gap(f.get("gaps", []), t, until) if near else None
+            hol = _largest_gap(f.get("hol_gaps", []), t, until) if near else None
             under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
             out.append({"event": name, "t": t, "src": f["src"], "dst": f["dst"],
                         "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
                         "stall_s": (hol[1] - hol[0]) if hol else 0.0,
                         "last_before": gap[0] if gap else None, "first_after": gap[1] if gap else None,
-                        "packets_lost": sum(n for n, _ in near), "resent_by_cause": causes,
+                        "packets_lost": sum(n for _last, n, _why in near), "resent_by_cause": causes,
                         "completion_s": max(under_way) if under_way else None,
                         "bytes_sent": f.get("app_bytes_sent"), "bytes_delivered": f.get("app_bytes_delivered"),
                         "exactly_once": exactly_once(f)})

@@ -402,7 +402,9 @@ class _RxFlow:
     def __init__(self, src, planes: int = 1, gap_threshold_s: float = 0.002):
         self.src = src
         self.expected = 0
-        self.ooo: set[int] = set()
+        # PSNs received beyond the next expected one -> (arrival time, send timestamp): a hole is
+        # visible from the arrival of the first packet past it, not from when it became the next
+        self.ooo: dict[int, tuple[float, int]] = {}
         self.msgs: dict[int, list] = {}   # msg id -> [bytearray, received bytes]
         self.complete: dict[int, bytearray] = {}   # msg id -> bytearray (complete, not yet delivered)
         self.deliver_next = 0
@@ -1195,10 +1197,10 @@ class RoceTransport(Transport):
             r.hol.arrival(now, psn, bool(r.ooo or r.msgs))
             r.expected += 1
             while r.expected in r.ooo:
-                r.ooo.discard(r.expected)
+                del r.ooo[r.expected]
                 r.expected += 1
         else:
-            r.ooo.add(psn)
+            r.ooo[psn] = (now, ts)
             depth = psn - r.expected
             if depth > st["max_reorder"]:
                 st["max_reorder"] = depth
@@ -1213,7 +1215,12 @@ class RoceTransport(Transport):
         if r.ooo and self.recovery == "selective":
             beyond = max(r.ooo) - r.expected
             if r.hole_psn != r.expected:
-                r.hole_psn, r.hole_since, r.hole_ts = r.expected, now, ts
+                # timed from the first arrival past it: when the in-order point reaches a hole that
+                # later packets showed long ago (a run of losses on a path, recovered one hole at a
+                # time), it is that old, not new; restarting its clock here left each further hole
+                # to the retransmission timer, one per RTO, while the window stood still
+                r.hole_psn = r.expected
+                r.hole_since, r.hole_ts = min(r.ooo.values())
             # a hole is a loss once `reorder_threshold` packets passed it, or (RACK-like,
             # for sprayed packets whose paths differ in delay) once it is older than
             # reorder_time_s with at least 3 packets past it
