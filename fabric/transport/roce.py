@@ -9,7 +9,9 @@ What is modelled
       one-path connection once ``reorder_threshold`` (3) packets beyond the hole have
       arrived; on a multi-path one only once the hole outlives the reordering allowance
       (``reorder_time_s`` at first, widened to 1.25x the age of any hole that a late first
-      copy filled, and doubled after a NACK that turned out spurious; at most 0.2 s). Every
+      copy filled, and doubled after a NACK that turned out spurious; at most 0.2 s; once a
+      re-send has filled a hole, the next one is timed from the first packet past it that
+      arrived, so a run of losses is NACKed hole after hole, not one hole per timeout). Every
       data packet also carries its number on its path (a 16-bit path sequence); packets on
       one path arrive in the order they were sent (one route, FIFO queues), so a jump in it
       is a loss on that path, reported at once (PATH_LOSS: the path and the numbers missing)
@@ -402,8 +404,8 @@ class _RxFlow:
     def __init__(self, src, planes: int = 1, gap_threshold_s: float = 0.002):
         self.src = src
         self.expected = 0
-        # PSNs received beyond the next expected one -> (arrival time, send timestamp): a hole is
-        # visible from the arrival of the first packet past it, not from when it became the next
+        # PSNs received beyond the next expected one -> (arrival time, send timestamp): once a
+        # re-send fills a hole, the next is timed from the first arrival past it
         self.ooo: dict[int, tuple[float, int]] = {}
         self.msgs: dict[int, list] = {}   # msg id -> [bytearray, received bytes]
         self.complete: dict[int, bytearray] = {}   # msg id -> bytearray (complete, not yet delivered)
@@ -1186,8 +1188,10 @@ class RoceTransport(Transport):
             r.ready.append(bytearray())
             r.deliver_next += 1
         if psn == r.expected:
+            # a copy sent after the packet that showed the hole: a re-send, so the hole was a loss
+            resent_fill = bool(r.ooo) and psn == r.hole_psn and (r.hole_ts - ts) & 0xFFFFFFFF >= 1 << 31
             if (r.ooo and psn == r.hole_psn and r.reorder_time and r.last_nack[0] != psn
-                    and (r.hole_ts - ts) & 0xFFFFFFFF < 1 << 31):
+                    and not resent_fill):
                 # the hole filled without a NACK, by a packet sent before the one that showed
                 # the hole (late, not re-sent): paths differ in delay by at least the hole's
                 # age, so a hole must be older than that (with a quarter more) before it counts
@@ -1199,6 +1203,18 @@ class RoceTransport(Transport):
             while r.expected in r.ooo:
                 del r.ooo[r.expected]
                 r.expected += 1
+            if resent_fill and r.ooo:
+                # the next hole is as old as the first packet past it that arrived: a run of
+                # losses on a path (a gray link, before BFD finds it) shows its holes together,
+                # and once a re-send fills the first, the next is no new reordering to wait out.
+                # Timing it from now left each further hole to the sender's retransmission
+                # timer, one hole per RTO while the window stood still. Only after a re-send:
+                # holes that late first copies fill keep a fresh clock each (timed from the
+                # first arrival past them, the same run of sprayed packets on paths of unequal
+                # delay NACKed 6-64 packets a run where it NACKed 0-4 and lost up to 0.35 of
+                # the all-reduce's busbw on bench_failover's mini-hpn)
+                r.hole_psn = r.expected
+                r.hole_since, r.hole_ts = min(r.ooo.values())
         else:
             r.ooo[psn] = (now, ts)
             depth = psn - r.expected
@@ -1215,12 +1231,7 @@ class RoceTransport(Transport):
         if r.ooo and self.recovery == "selective":
             beyond = max(r.ooo) - r.expected
             if r.hole_psn != r.expected:
-                # timed from the first arrival past it: when the in-order point reaches a hole that
-                # later packets showed long ago (a run of losses on a path, recovered one hole at a
-                # time), it is that old, not new; restarting its clock here left each further hole
-                # to the retransmission timer, one per RTO, while the window stood still
-                r.hole_psn = r.expected
-                r.hole_since, r.hole_ts = min(r.ooo.values())
+                r.hole_psn, r.hole_since, r.hole_ts = r.expected, now, ts
             # a hole is a loss once `reorder_threshold` packets passed it, or (RACK-like,
             # for sprayed packets whose paths differ in delay) once it is older than
             # reorder_time_s with at least 3 packets past it
