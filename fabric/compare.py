@@ -94,9 +94,39 @@ def parse_workloads(text: str) -> tuple[str, ...]:
     return comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
 
 
+def is_static(setting: str) -> bool:
+    """A preset or a user's own ``KMIN:KMAX:PMAX`` (both static: set once before the run)."""
+    return setting in STATIC or ":" in setting
+
+
+def thresholds_arg(setting: str) -> str:
+    """What ``experiment.run(ecn_thresholds=...)`` takes for a setting: a preset's name, or
+    ``kmin,kmax,pmax`` for a user's ``KMIN:KMAX:PMAX``."""
+    return setting.replace(":", ",")
+
+
 def parse_settings(text: str) -> tuple[str, ...]:
-    """``--settings`` (comma list of the ECN settings)."""
-    return comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
+    """``--settings``: a comma list of the ECN settings (presets and ``dynamic``) and static
+    settings of one's own as ``KMIN:KMAX:PMAX`` (sizes in bytes, "6K" allowed: a threshold sweep
+    beside the presets), each checked as ``--ecn`` checks it; one line per mistake."""
+    from .ecn_settings import parse as parse_ecn
+
+    items = [i.strip() for i in str(text).split(",") if i.strip()]
+    own = [i.upper() for i in items if ":" in i]
+    if not own:
+        return comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
+    for item in own:
+        if item.count(":") != 2:
+            raise UserError(f"--settings: {item!r} is not KMIN:KMAX:PMAX (example: 8K:128K:0.01)")
+        try:
+            parse_ecn(thresholds_arg(item))
+        except UserError as exc:
+            raise UserError(f"--settings: {item}: {str(exc).removeprefix('--ecn: ')}") from None
+    named = [i for i in items if ":" not in i]
+    names = comma_list(",".join(named), "--settings", "ECN setting", tuple(SETTINGS)) if named else ()
+    order = [i.upper() if ":" in i else i.lower() for i in items]
+    chosen = set(names) | set(own)
+    return tuple(dict.fromkeys(i for i in order if i in chosen))
 
 
 def schedule(workloads: Sequence[str], settings: Sequence[str], repeat: int) -> list[tuple[int, str, str]]:
@@ -172,7 +202,7 @@ def best_static(per_setting: dict[str, dict[str, Any]], metric: str) -> tuple[st
     """(setting, median) of the best static setting for ``metric`` (None when none has it)."""
     higher = METRICS[metric]
     have = [(s, f[metric]["median"]) for s, f in per_setting.items()
-            if s in STATIC and "unavailable" not in f and f.get(metric)]
+            if is_static(s) and "unavailable" not in f and f.get(metric)]
     if not have:
         return None
     return max(have, key=lambda x: x[1]) if higher else min(have, key=lambda x: x[1])
@@ -213,38 +243,39 @@ def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[
     """Per workload: one line per setting with every figure as median [min-max]; then the
     ratios to the best static setting."""
     lines = []
-    head = (f"{'setting':<9} {'runs':>4} {'busbw Mbit/s':>20} {'msg p50 ms':>20} {'msg p99 ms':>20} "
+    sw = max([9] + [len(s) for s in settings])       # a setting of one's own, KMIN:KMAX:PMAX, is longer
+    head = (f"{'setting':<{sw}} {'runs':>4} {'busbw Mbit/s':>20} {'msg p50 ms':>20} {'msg p99 ms':>20} "
             f"{'queue p99 KB':>18} {'CE fraction':>20} {'drops':>14} {'wall s':>16}")
     for w, per in agg.items():
         lines += [f"## workload {w}: median [min-max] over repetitions", head, "-" * len(head)]
         for s in [s for s in settings if s in per]:
             f = per[s]
             if "unavailable" in f:
-                lines.append(f"{s:<9} {'':>4} {f['unavailable']}")
+                lines.append(f"{s:<{sw}} {'':>4} {f['unavailable']}")
                 continue
             cols = [(spread_text(f["busbw_gbs"], "{:.2f}", 8e3), 20), (spread_text(f["p50_us"], "{:.1f}", 1e-3), 20),
                     (spread_text(f["p99_us"], "{:.1f}", 1e-3), 20),
                     (spread_text(f["queue_p99_bytes"], "{:.1f}", 1e-3), 18),
                     (spread_text(f["ce_fraction"], "{:.3f}"), 20), (spread_text(f["drops"], "{:.0f}"), 14),
                     (spread_text(f["wall_s"], "{:.1f}"), 16)]
-            lines.append(f"{s:<9} {f['runs']:>4} " + " ".join(text.rjust(width) for text, width in cols))
+            lines.append(f"{s:<{sw}} {f['runs']:>4} " + " ".join(text.rjust(width) for text, width in cols))
             if f.get("wrong"):
-                lines.append(f"{'':<9} {'':>4} WRONG ELEMENTS: {f['wrong']}")
+                lines.append(f"{'':<{sw}} {'':>4} WRONG ELEMENTS: {f['wrong']}")
             for why in f.get("failed", []):
-                lines.append(f"{'':<9} {'':>4} one repetition {why}")
+                lines.append(f"{'':<{sw}} {'':>4} one repetition {why}")
         lines.append("")
     rat = ratios(agg)
-    head = f"{'workload':<10} {'setting':<9} " + " ".join(f"{m:>10}" for m in RATIO_METRICS) + "   best static"
+    head = f"{'workload':<10} {'setting':<{sw}} " + " ".join(f"{m:>10}" for m in RATIO_METRICS) + "   best static"
     lines += ["## ratio to the best static setting per workload (busbw: higher is better; times: lower)",
               head, "-" * len(head)]
     for w, per in rat.items():
         best = ", ".join(f"{m} {b[0]}" for m in RATIO_METRICS if (b := best_static(agg[w], m)))
         for s in [s for s in settings if s in per]:
             if "unavailable" in agg[w][s]:
-                lines.append(f"{w:<10} {s:<9} {agg[w][s]['unavailable']}")
+                lines.append(f"{w:<10} {s:<{sw}} {agg[w][s]['unavailable']}")
                 continue
             cells = " ".join(f"{'-' if per[s][m] is None else format(per[s][m], '.3f'):>10}" for m in RATIO_METRICS)
-            lines.append(f"{w:<10} {s:<9} {cells}   {best}")
+            lines.append(f"{w:<10} {s:<{sw}} {cells}   {best}")
     return "\n".join(lines)
 
 
@@ -321,6 +352,15 @@ def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Pat
     return _save(fig, path)
 
 
+def _colour(setting: str, own: list[str]) -> str:
+    """A setting's colour in the plots: the presets and dynamic their own, settings of one's
+    own the next ones in the order given (grey beyond)."""
+    if setting in SETTINGS:
+        return f"C{SETTINGS.index(setting)}"
+    k = len(SETTINGS) + own.index(setting) if setting in own else 9
+    return f"C{min(k, 9)}"
+
+
 def plot_figures(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) -> Path:
     """Bars with min-max whiskers: busbw, message p99 and queue p99 per workload and setting."""
     import matplotlib
@@ -332,6 +372,7 @@ def plot_figures(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) ->
     figures = (("busbw_gbs", "busbw (Mbit/s)", 8e3), ("p99_us", "message p99 (ms)", 1e-3),
                ("queue_p99_bytes", "queue p99 (KB)", 1e-3))
     fig, axes = plt.subplots(1, len(figures), figsize=(13, 3.8))
+    own = list(dict.fromkeys(s for per in agg.values() for s in per if s not in SETTINGS))
     for ax, (m, title, scale) in zip(axes, figures, strict=False):
         x = 0
         ticks, labels = [], []
@@ -339,7 +380,7 @@ def plot_figures(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) ->
             for s, f in per.items():
                 sp = f.get(m) if "unavailable" not in f else None
                 if sp:
-                    ax.bar(x, sp["median"] * scale, color=f"C{SETTINGS.index(s) if s in SETTINGS else 9}")
+                    ax.bar(x, sp["median"] * scale, color=_colour(s, own))
                     ax.errorbar(x, sp["median"] * scale, yerr=[[(sp["median"] - sp["min"]) * scale],
                                                                [(sp["max"] - sp["median"]) * scale]],
                                 color="black", capsize=2)
@@ -389,7 +430,7 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
             records.append(rec)
             continue
         say(f"[{k + 1}/{len(order)}] repetition {rep + 1}, {w}, ECN {s}")
-        kwargs: dict[str, Any] = {"ecn_thresholds": "default" if s == DYNAMIC else s}
+        kwargs: dict[str, Any] = {"ecn_thresholds": "default" if s == DYNAMIC else thresholds_arg(s)}
         if s == DYNAMIC:
             kwargs["ecn_policy"] = dynamic_policy
         started = time.monotonic()

@@ -46,6 +46,47 @@ def test_workloads_and_settings_parse_with_one_line_per_mistake():
         compare.parse_settings("low,medium")
 
 
+def test_settings_take_static_thresholds_of_ones_own_beside_the_presets():
+    assert compare.parse_settings("high, 8k:128K:0.01,dynamic,8K:128K:0.01") == ("high", "8K:128K:0.01", "dynamic")
+    assert compare.parse_settings("4K:64K:0.2") == ("4K:64K:0.2",)
+    assert compare.is_static("8K:128K:0.01") and not compare.is_static("dynamic")
+    assert compare.thresholds_arg("8K:128K:0.01") == "8K,128K,0.01"
+
+
+@pytest.mark.parametrize("text,line", [
+    ("high,8K:128K", "--settings: '8K:128K' is not KMIN:KMAX:PMAX"),
+    ("64K:8K:0.1", "--settings: 64K:8K:0.1: ECN thresholds need 0 <= kmin <= kmax"),
+    ("8K:LOTS:0.1", "--settings: 8K:LOTS:0.1: kmax 'LOTS' is not a size in bytes"),
+    ("8K:64K:2", "--settings: 8K:64K:2: ECN pmax must be between 0 and 1"),
+    ("8K:64K:0.1,medium", "--settings: unknown ECN setting 'medium'"),
+])
+def test_a_wrong_setting_of_ones_own_is_one_line(text, line):
+    with pytest.raises(UserError) as exc:
+        compare.parse_settings(text)
+    assert str(exc.value).startswith(line)
+
+
+def test_a_setting_of_ones_own_counts_as_a_static_for_the_best():
+    per = {"high": {"busbw_gbs": {"median": 0.02}, "p99_us": {"median": 30_000}},
+           "8K:128K:0.01": {"busbw_gbs": {"median": 0.019}, "p99_us": {"median": 15_000}},
+           "dynamic": {"busbw_gbs": {"median": 0.03}, "p99_us": {"median": 10_000}}}
+    assert compare.best_static(per, "p99_us") == ("8K:128K:0.01", 15_000)
+    assert compare.best_static(per, "busbw_gbs") == ("high", 0.02)
+
+
+def test_run_comparison_passes_a_setting_of_ones_own_as_thresholds():
+    seen = []
+
+    def run(plan, emu, progress=False, say=None, ecn_thresholds=None, ecn_policy="static"):
+        seen.append(ecn_thresholds)
+        return doc(busbw=0.002)
+
+    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["8K:128K:0.01"], 1, say=lambda m: None,
+                                  run=run)
+    assert seen == ["8K,128K,0.01"]
+    assert "8K:128K:0.01" in compare.format_report(comp["aggregate"], ["8K:128K:0.01"])
+
+
 def test_every_workload_is_valid_jobs_syntax():
     from hpnlab.fabric import jobspec
     for spec in compare.WORKLOADS.values():

@@ -67,7 +67,9 @@ def register(sub) -> None:
     p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
                    help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
-                   help=f"--compare: comma list of {', '.join(compare.SETTINGS)} (default all)")
+                   help=f"--compare ecn: comma list of {', '.join(compare.SETTINGS)} (default all) and static "
+                        "settings of one's own as KMIN:KMAX:PMAX (e.g. 8K:128K:0.01, every switch port), compared "
+                        "as statics")
     p.add_argument("--modes", default=None,
                    help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (the default) "
                         "and reps (REPS's recycling); ecmp always runs, the ratios are to it")
