@@ -166,6 +166,11 @@ def encode_action(ofp, parser, act: tuple):
         return parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)
     if act[0] == "group":
         return parser.OFPActionGroup(act[1])
+    if act[0] == "set_field" and act[1] == "in_port":
+        # Open vSwitch refuses OpenFlow 1.3's set-field on in_port (OFPBAC_BAD_SET_ARGUMENT for
+        # port 0) but takes its NXM load, load:0->NXM_OF_IN_PORT[]: what lets a detour bucket
+        # send a packet back to the switch it came from (compiler's _Protection.detour)
+        return parser.NXActionRegLoad(ofs_nbits=15, dst="in_port_nxm", value=act[2])
     if act[0] == "set_field":
         return parser.OFPActionSetField(**{act[1]: ip_str(act[2]) if act[1] in compiler.IPV4_FIELDS else act[2]})
     if act[0] == "move":       # a whole field into another of the same width (Open vSwitch's NXM move)
@@ -264,6 +269,9 @@ def decode_action(ofp, parser, act) -> tuple | None:
         return ("group", act.group_id)
     if isinstance(act, parser.OFPActionSetField):
         return ("set_field", act.key, ip_int(act.value) if act.key in compiler.IPV4_FIELDS else act.value)
+    load: Any = getattr(parser, "NXActionRegLoad", ())
+    if isinstance(act, load) and act.dst == "in_port_nxm" and act.ofs_nbits == 15:
+        return ("set_field", "in_port", act.value)
     move: Any = getattr(parser, "NXActionRegMove", ())
     if isinstance(act, move) and act.src_ofs == act.dst_ofs == 0:
         # Open vSwitch reports the fields by their NXM headers, which os-ken names "arp_tpa_nxm"

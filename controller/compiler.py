@@ -51,7 +51,10 @@ entries go through fast-failover groups, so a dead port's patterns move to the n
 of the set. A spine's one-port way down to a leaf is a group [that port, then up to 3 other
 leaves of its pod]: a spine that lost its link to a leaf (a two-tier Clos has no loop-free
 way down then) detours through another leaf, which bounces the packet up another spine
-(table 0), marked; that spine sends bounced packets straight down (table 3). A core's
+(table 0), marked; that spine sends bounced packets straight down (table 3). The detour
+may be the very leaf the packet came from (every leaf sends up every spine): OpenFlow skips
+an output to the ingress port, so a detour bucket clears in_port first (``_Protection.detour``;
+on Open vSwitch an NXM load, see controller/app.py). A core's
 one-port way down to a pod likewise detours through spines of other pods, which bounce up
 another core; a spine's single uplink detours through its leaves. Not covered: a long-haul
 link with no parallel link to the same far campus, and, in a fat-tree, a failed
@@ -1371,6 +1374,27 @@ class _Protection:
             self.groups[buckets] = g
         return (("group", g.group_id),)
 
+    def detour(self, port: int, detours: tuple, shared: dict) -> tuple:
+        """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
+        lead back to the switch the packet came from (a spine's detour for a dead way down to a
+        leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
+        to the ingress port, so each detour bucket first sets in_port to 0 (Open vSwitch takes
+        set-field on in_port, as ``ovs-actions(7)`` describes for this case). That leaf bounces
+        the packet up another spine as it would any other's."""
+        key = ("detour", port, *detours)
+        g = self.groups.get(key)
+        if g is None:
+            gid = group_id(key)
+            while gid in self.group_ids:
+                gid = gid % 0x7FFFFFFF + 1
+            self.group_ids.add(gid)
+            g = shared.get((gid, key))
+            if g is None:
+                g = shared[gid, key] = Group(gid, "ff", ((port, (("output", port),)),) + tuple(
+                    (q, (("set_field", "in_port", 0), ("output", q))) for q in detours))
+            self.groups[key] = g
+        return (("group", g.group_id),)
+
     def set_outs(self, ports: tuple, shared: dict) -> tuple:
         """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set]."""
         return tuple(self.group(_rotation(ports, i, 1 + FF_BACKUPS), shared) for i in range(len(ports)))
@@ -1470,7 +1494,7 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     detours = _detours(ix, sw, singles)
     for p in singles:
         d = detours.get(p, ())
-        pr.single[p] = pr.group((p,) + d, shared) if d else (("output", p),)
+        pr.single[p] = pr.detour(p, d, shared) if d else (("output", p),)
     flows: list[Flow] = []
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)

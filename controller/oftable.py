@@ -4,8 +4,9 @@ It walks a packet through the compiled tables of every switch it reaches, hop by
 across the fabric graph, with no switch running: table lookup (highest priority wins;
 two different matching entries at the same priority are an error, as the outcome would
 be undefined on a real switch), write-metadata, set-field, move (one field copied into another),
-goto-table, output (to a port, or
-back out of the port it came in on: ``compiler.OFPP_IN_PORT``, as ARP responder flows do), and groups
+goto-table, output (to a port -- never the one the packet came in on, which OpenFlow skips --,
+or back out of the port it came in on: ``compiler.OFPP_IN_PORT``, as ARP responder flows do, or
+after a set-field of in_port, as detour buckets do), and groups
 (``SwitchState.groups``): a fast-failover ("ff") group forwards by its first bucket whose
 watch port is live, "indirect" by its only bucket. A failed link or switch swallows the
 packet. The walk ends delivered (at a host interface), dropped (table miss or a drop
@@ -543,15 +544,18 @@ class FabricTables:
             elif act[0] == "goto":
                 goto = act[1]
             elif act[0] == "output":
-                out = pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else act[1]
+                out = pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else self._not_back(pkt, act[1])
+                if out is None:
+                    return None, None
             elif act[0] == "set_field":
                 pkt[act[1]] = act[2]
-                changes.append((act[1], act[2]))
+                if act[1] != "in_port":        # the switch's own view: the next hop has its own
+                    changes.append((act[1], act[2]))
             elif act[0] == "move":
                 pkt[act[2]] = pkt.get(act[1])
                 changes.append((act[2], pkt[act[2]]))
             elif act[0] == "group":
-                out = self.group_output(switch, act[1])
+                out = self.group_output(switch, act[1], pkt, changes)
                 if out is None:
                     return None, None
             elif act[0] == "controller":
@@ -562,8 +566,17 @@ class FabricTables:
             return None, None
         return None, goto
 
-    def group_output(self, switch: str, group_id: int) -> int | None:
-        """The port a group forwards to now (None: no live bucket, or a bucket that drops)."""
+    @staticmethod
+    def _not_back(pkt: dict, port: int) -> int | None:
+        """``port``, or None when it is the port the packet came in on: OpenFlow does not send a
+        packet back out of its ingress port unless told to by OFPP_IN_PORT (Open vSwitch:
+        "skipping output to input port"), or unless in_port was set to another value first."""
+        return None if port == pkt.get("in_port") else port
+
+    def group_output(self, switch: str, group_id: int, pkt: dict | None = None,
+                     changes: list | None = None) -> int | None:
+        """The port a group forwards to now (None: no live bucket, or a bucket that drops); the
+        bucket's set-fields apply to ``pkt`` (and are added to ``changes``) before its output."""
         gr = self.groups(switch).get(group_id)
         if gr is None:
             raise KeyError(f"{switch}: a flow refers to group {group_id}, which does not exist")
@@ -575,8 +588,15 @@ class FabricTables:
             raise NotImplementedError(f"{switch}: group kind {gr.kind!r} is not interpreted")
         if bucket is None:
             return None
-        out = [a[1] for a in bucket[1] if a[0] == "output"]
-        return out[0] if out else None
+        pkt = dict(pkt or {})
+        for act in bucket[1]:
+            if act[0] == "set_field":
+                pkt[act[1]] = act[2]
+                if changes is not None and act[1] != "in_port":
+                    changes.append((act[1], act[2]))
+            elif act[0] == "output":
+                return pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else self._not_back(pkt, act[1])
+        return None
 
     # ---- all pairs ------------------------------------------------------------------------
     def all_pairs(self, planes: list[int] | None = None) -> list[tuple]:

@@ -302,7 +302,8 @@ def group_desc(group_mod) -> object:
     compiler.Group(8, "indirect", ((None, (("output", 2),)),)),
     compiler.Group(9, "all", ((None, (("output", 2),)), (None, (("output", 6),)))),
     compiler.Group(10, "select", ((None, (("output", 2),)), (None, (("controller",),)))),
-], ids=lambda g: g.kind)
+    compiler.Group(11, "ff", ((3, (("output", 3),)), (4, (("set_field", "in_port", 0), ("output", 4))))),
+], ids=lambda g: g.kind + ("-detour" if g.group_id == 11 else ""))
 def test_a_group_encodes_to_a_group_mod_and_decodes_back_from_its_description(group):
     from hpnlab.controller.app import decode_group_desc, encode
     dp = FakeDatapath(1)
@@ -318,6 +319,15 @@ def test_a_fast_failover_bucket_watches_its_port_and_no_group():
     assert mod.type == ofp.OFPGT_FF and mod.command == ofp.OFPGC_MODIFY
     assert [(b.watch_port, b.watch_group) for b in mod.buckets] == [(3, ofp.OFPG_ANY), (4, ofp.OFPG_ANY),
                                                                     (5, ofp.OFPG_ANY)]
+
+
+def test_a_detour_bucket_clears_in_port_with_an_nxm_load_which_open_vswitch_takes():
+    """OpenFlow 1.3's set-field on in_port with port 0 is refused by Open vSwitch
+    (OFPBAC_BAD_SET_ARGUMENT); its NXM load, load:0->NXM_OF_IN_PORT[], is taken."""
+    from hpnlab.controller.app import encode_action
+    act = encode_action(ofp, parser, ("set_field", "in_port", 0))
+    assert isinstance(act, parser.NXActionRegLoad) and act.dst == "in_port_nxm" and act.value == 0
+    assert act.ofs_nbits == 15                          # bits 0-15: the whole 16-bit NXM in_port
 
 
 def test_a_group_deletion_names_only_the_group():
