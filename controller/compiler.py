@@ -116,7 +116,7 @@ import gc
 import socket
 import zlib
 from collections import ChainMap, Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -1361,27 +1361,9 @@ class _Protection:
         self.meta_values: set[int] = set()
         self.group_ids: set[int] = set()
 
-    def group(self, buckets: tuple, shared: dict) -> tuple:
-        g = self.groups.get(buckets)
-        if g is None:
-            gid = group_id(buckets)
-            while gid in self.group_ids:
-                gid = gid % 0x7FFFFFFF + 1
-            self.group_ids.add(gid)
-            g = shared.get((gid, buckets))
-            if g is None:
-                g = shared[gid, buckets] = Group(gid, "ff", tuple((q, (("output", q),)) for q in buckets))
-            self.groups[buckets] = g
-        return (("group", g.group_id),)
-
-    def detour(self, port: int, detours: tuple, shared: dict) -> tuple:
-        """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
-        lead back to the switch the packet came from (a spine's detour for a dead way down to a
-        leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
-        to the ingress port, so each detour bucket first sets in_port to 0 (Open vSwitch takes
-        set-field on in_port, as ``ovs-actions(7)`` describes for this case). That leaf bounces
-        the packet up another spine as it would any other's."""
-        key = ("detour", port, *detours)
+    def _interned(self, key: tuple, shared: dict, buckets: Callable[[], tuple]) -> tuple:
+        """The group action for ``key``: one fast-failover group per switch and key (its id a CRC
+        of the key, probed on past a collision inside the switch), shared between switches."""
         g = self.groups.get(key)
         if g is None:
             gid = group_id(key)
@@ -1390,10 +1372,22 @@ class _Protection:
             self.group_ids.add(gid)
             g = shared.get((gid, key))
             if g is None:
-                g = shared[gid, key] = Group(gid, "ff", ((port, (("output", port),)),) + tuple(
-                    (q, (("set_field", "in_port", 0), ("output", q))) for q in detours))
+                g = shared[gid, key] = Group(gid, "ff", buckets())
             self.groups[key] = g
         return (("group", g.group_id),)
+
+    def group(self, buckets: tuple, shared: dict) -> tuple:
+        return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
+
+    def detour(self, port: int, detours: tuple, shared: dict) -> tuple:
+        """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
+        lead back to the switch the packet came from (a spine's detour for a dead way down to a
+        leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
+        to the ingress port, so each detour bucket first sets in_port to 0 (Open vSwitch takes
+        that as an NXM load, as ``ovs-actions(7)`` describes for this case). That leaf bounces
+        the packet up another spine as it would any other's."""
+        return self._interned(("detour", port, *detours), shared, lambda: ((port, (("output", port),)),) + tuple(
+            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours))
 
     def set_outs(self, ports: tuple, shared: dict) -> tuple:
         """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set]."""

@@ -689,16 +689,22 @@ def test_on_a_sprayed_connection_a_hole_older_than_the_reordering_allowance_is_n
         t.close(linger_s=0)
 
 
+def _two_holes():
+    """A sprayed receiver that got PSNs 1, 3, 4 and 5 (holes at 0 and 2), all now: (transport,
+    its flow from rank 1, now, the reordering allowance)."""
+    t = _receiver(SprayEntropy.name, BASE + 96)
+    r, now = t.rx[1], time.monotonic()
+    for psn in (1, 3, 4, 5):
+        _arrive(t, psn, now, ts=1000 + psn)
+    return t, r, now, r.reorder_time
+
+
 def test_after_a_re_send_fills_a_hole_the_next_is_as_old_as_the_first_packet_that_showed_it():
     """Two packets lost on a path (PSNs 0 and 2): once the first is re-sent and fills its hole,
     the second hole has been showing since packets 3-5 arrived, so it is NACKed at once, not
     timed again from zero (which left it to the sender's retransmission timer)."""
-    t = _receiver(SprayEntropy.name, BASE + 96)
+    t, r, now, allowance = _two_holes()
     try:
-        r, now = t.rx[1], time.monotonic()
-        allowance = r.reorder_time
-        for psn in (1, 3, 4, 5):
-            _arrive(t, psn, now, ts=1000 + psn)
         assert r.stats["nacks_sent"] == 0
         _arrive(t, 0, now + 2 * allowance, ts=5000)      # PSN 0 re-sent (its timer), sent after the rest
         assert r.expected == 2
@@ -711,12 +717,8 @@ def test_after_a_late_first_copy_fills_a_hole_the_next_gets_a_reordering_allowan
     """Sprayed packets on paths of unequal delay: holes that late first copies fill are
     reordering, so the next hole is timed afresh (NACKing it at once re-sent many packets that
     were only late, and cost the sprayed all-reduce up to a third of its busbw)."""
-    t = _receiver(SprayEntropy.name, BASE + 96)
+    t, r, now, allowance = _two_holes()
     try:
-        r, now = t.rx[1], time.monotonic()
-        allowance = r.reorder_time
-        for psn in (1, 3, 4, 5):
-            _arrive(t, psn, now, ts=1000 + psn)
         _arrive(t, 0, now + 0.5 * allowance, ts=1000)    # PSN 0's first copy, late
         assert r.expected == 2 and r.stats["nacks_sent"] == 0
         _arrive(t, 6, now + 1.2 * allowance, ts=1006)     # 1.2 allowances after PSN 3 showed it
