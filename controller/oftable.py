@@ -544,13 +544,11 @@ class FabricTables:
             elif act[0] == "goto":
                 goto = act[1]
             elif act[0] == "output":
-                out = pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else self._not_back(pkt, act[1])
+                out = self._out_port(pkt, act[1])
                 if out is None:
                     return None, None
             elif act[0] == "set_field":
-                pkt[act[1]] = act[2]
-                if act[1] != "in_port":        # the switch's own view: the next hop has its own
-                    changes.append((act[1], act[2]))
+                self._set_field(pkt, act[1], act[2], changes)
             elif act[0] == "move":
                 pkt[act[2]] = pkt.get(act[1])
                 changes.append((act[2], pkt[act[2]]))
@@ -567,11 +565,22 @@ class FabricTables:
         return None, goto
 
     @staticmethod
-    def _not_back(pkt: dict, port: int) -> int | None:
-        """``port``, or None when it is the port the packet came in on: OpenFlow does not send a
-        packet back out of its ingress port unless told to by OFPP_IN_PORT (Open vSwitch:
-        "skipping output to input port"), or unless in_port was set to another value first."""
+    def _out_port(pkt: dict, port: int) -> int | None:
+        """Where an output to ``port`` goes: OFPP_IN_PORT is the port the packet came in on; any
+        other port that is the ingress port sends nothing (None): OpenFlow does not send a packet
+        back that way unless told to by OFPP_IN_PORT (Open vSwitch: "skipping output to input
+        port"), or unless in_port was set to another value first."""
+        if port == compiler.OFPP_IN_PORT:
+            return pkt.get("in_port")
         return None if port == pkt.get("in_port") else port
+
+    @staticmethod
+    def _set_field(pkt: dict, name: str, value, changes: list | None) -> None:
+        """A set-field on ``pkt``; recorded in ``changes`` unless it is in_port (the switch's own
+        view: the next hop has its own)."""
+        pkt[name] = value
+        if changes is not None and name != "in_port":
+            changes.append((name, value))
 
     def group_output(self, switch: str, group_id: int, pkt: dict | None = None,
                      changes: list | None = None) -> int | None:
@@ -591,11 +600,9 @@ class FabricTables:
         pkt = dict(pkt or {})
         for act in bucket[1]:
             if act[0] == "set_field":
-                pkt[act[1]] = act[2]
-                if changes is not None and act[1] != "in_port":
-                    changes.append((act[1], act[2]))
+                self._set_field(pkt, act[1], act[2], changes)
             elif act[0] == "output":
-                return pkt.get("in_port") if act[1] == compiler.OFPP_IN_PORT else self._not_back(pkt, act[1])
+                return self._out_port(pkt, act[1])
         return None
 
     # ---- all pairs ------------------------------------------------------------------------

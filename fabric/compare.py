@@ -111,22 +111,22 @@ def parse_settings(text: str) -> tuple[str, ...]:
     beside the presets), each checked as ``--ecn`` checks it; one line per mistake."""
     from .ecn_settings import parse as parse_ecn
 
-    items = [i.strip() for i in str(text).split(",") if i.strip()]
-    own = [i.upper() for i in items if ":" in i]
-    if not own:
-        return comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))
-    for item in own:
+    out: list[str] = []
+    for item in (i.strip() for i in str(text).split(",") if i.strip()):
+        if ":" not in item:
+            out += comma_list(item, "--settings", "ECN setting", tuple(SETTINGS))
+            continue
+        item = item.upper()
         if item.count(":") != 2:
             raise UserError(f"--settings: {item!r} is not KMIN:KMAX:PMAX (example: 8K:128K:0.01)")
         try:
             parse_ecn(thresholds_arg(item))
         except UserError as exc:
             raise UserError(f"--settings: {item}: {str(exc).removeprefix('--ecn: ')}") from None
-    named = [i for i in items if ":" not in i]
-    names = comma_list(",".join(named), "--settings", "ECN setting", tuple(SETTINGS)) if named else ()
-    order = [i.upper() if ":" in i else i.lower() for i in items]
-    chosen = set(names) | set(own)
-    return tuple(dict.fromkeys(i for i in order if i in chosen))
+        out.append(item)
+    if not out:
+        comma_list(text, "--settings", "ECN setting", tuple(SETTINGS))      # one line: none given
+    return tuple(dict.fromkeys(out))
 
 
 def schedule(workloads: Sequence[str], settings: Sequence[str], repeat: int) -> list[tuple[int, str, str]]:

@@ -1188,10 +1188,10 @@ class RoceTransport(Transport):
             r.ready.append(bytearray())
             r.deliver_next += 1
         if psn == r.expected:
+            at_hole = bool(r.ooo) and psn == r.hole_psn
             # a copy sent after the packet that showed the hole: a re-send, so the hole was a loss
-            resent_fill = bool(r.ooo) and psn == r.hole_psn and (r.hole_ts - ts) & 0xFFFFFFFF >= 1 << 31
-            if (r.ooo and psn == r.hole_psn and r.reorder_time and r.last_nack[0] != psn
-                    and not resent_fill):
+            resent_fill = at_hole and (r.hole_ts - ts) & 0xFFFFFFFF >= 1 << 31
+            if at_hole and not resent_fill and r.reorder_time and r.last_nack[0] != psn:
                 # the hole filled without a NACK, by a packet sent before the one that showed
                 # the hole (late, not re-sent): paths differ in delay by at least the hole's
                 # age, so a hole must be older than that (with a quarter more) before it counts
