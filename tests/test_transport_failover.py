@@ -21,14 +21,15 @@ from hpnlab.fabric.transport.relay import PathRelay
 from hpnlab.fabric.transport.roce import ACK, DATA
 
 # per process; clear of test_transport (17400s), run_local (22000s) and the benchmarks (23000-24999)
-BASE = 25000 + (os.getpid() % 40) * 25
+BASE = 25000 + (os.getpid() % 40) * 27
 MSG = 12_000
 US = 1 << 32
 
 
-def _pair(base, planes=1, ports=4, **opts):
+def _pair(base, planes=1, ports=4, rank1=None, **opts):
     """Rank 0 on 127.0.p.2, rank 1 on 127.0.p.3; every packet between them crosses a relay:
-    fwd[p] (rank 0 -> 1, on 127.0.p.50) and back[p] (rank 1 -> 0, on 127.0.p.51)."""
+    fwd[p] (rank 0 -> 1, on 127.0.p.50) and back[p] (rank 1 -> 0, on 127.0.p.51). ``rank1``:
+    options for rank 1 only."""
     fwd = [PathRelay((f"127.0.{p}.50", base + 1), (f"127.0.{p}.3", base + 1)) for p in range(planes)]
     back = [PathRelay((f"127.0.{p}.51", base), (f"127.0.{p}.2", base)) for p in range(planes)]
     for r in fwd + back:
@@ -37,7 +38,8 @@ def _pair(base, planes=1, ports=4, **opts):
     a1 = [f"127.0.{p}.3" for p in range(planes)]
     opts.setdefault("line_rate_bps", 100e6)
     t0 = make("roce", 0, [a0, [f"127.0.{p}.50" for p in range(planes)]], base_port=base, ports_per_nic=ports, **opts)
-    t1 = make("roce", 1, [[f"127.0.{p}.51" for p in range(planes)], a1], base_port=base, ports_per_nic=ports, **opts)
+    t1 = make("roce", 1, [[f"127.0.{p}.51" for p in range(planes)], a1], base_port=base, ports_per_nic=ports,
+              **{**opts, **(rank1 or {})})
     t0.start()
     t1.start()
     return t0, t1, fwd, back
@@ -173,6 +175,27 @@ def test_a_whole_plane_that_stops_delivering_is_avoided():
     t_plane = _mono_us(t0, max(t for t, _ in dead))
     assert not any(typ == DATA and _after(ts, t_plane) for _s, typ, _p, _psn, ts, _d in fwd[1].log)
     assert tx["timeouts"] == 0 and tx["failover_retx"] > 0
+
+
+def test_a_plane_that_stops_delivering_is_found_dead_even_when_timeouts_fire_faster_than_the_dead_limit():
+    # the timer (5-10 ms) fires well inside the 20 ms dead limit, again and again: a timeout
+    # restarts the timer, not the send times the dead-path rule judges the plane's packets by
+    t0, t1, fwd, back = _pair(BASE + 24, planes=2, ports=2, entropy="spray", paths=SLOW_FLOOR,
+                              reorder_threshold=10**6, reorder_time_s=10.0, min_rto_s=0.005, max_rto_s=0.01)
+    done = []
+
+    def plane_dead():
+        if 1 in t0.tx[1].paths.dead_planes():
+            done.append(len(fwd[1].log))
+        return len(done) > 5
+
+    fwd[1].fail(t0.tx_socks[2].getsockname(), after=10, whole=True)
+    out = _run(t0, t1, _stream(plane_dead), _sink, fwd + back)
+    (sent, tx_stats), (got, rx_stats) = out[0], out[1]
+    assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
+    tx = _flow(tx_stats, "tx", 0, 1)
+    assert sorted(idx for _, idx in _events(tx, "dead")) == [2, 3]
+    assert tx["timeouts"] > 0                  # the timer did fire before the plane was found dead
 
 
 def test_a_flow_entropy_connection_migrates_to_another_plane_and_port_after_two_timeouts():
@@ -311,14 +334,58 @@ def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_
     assert [(p, what) for _, p, what in info["link_events"]] == [(1, "down"), (1, "up")]
     tx = _flow(tx_stats, "tx", 0, 1)
     kinds = [(w, idx) for _, w, idx in tx["paths"]["events"]]
-    assert kinds[0] == ("plane_down", 1) and {("alive", 2), ("alive", 3)} <= set(kinds)
+    # both ends watch the one link: whichever saw it down first took the plane out
+    assert kinds[0] in (("plane_down", 1), ("peer_plane_down", 1)) and {("alive", 2), ("alive", 3)} <= set(kinds)
     t_down = _mono_us(t0, info["link_events"][0][0])
-    t_up = _mono_us(t0, info["link_events"][1][0])
+    # back when this rank saw its port up, or earlier, when a probe got through (the peer,
+    # watching its own end of the link, may see it up first and say so)
+    t_up = _mono_us(t0, min(info["link_events"][1][0], _events(tx, "alive")[0][0]))
     on_1 = [ts for _s, typ, _p, _psn, ts, _d in fwd[1].log if typ == DATA]
     assert not any(_after(ts, t_down) and not _after(ts, t_up) for ts in on_1)
     assert any(_after(ts, t_up) for ts in on_1)
     assert tx["timeouts"] == 0
 
+
+
+def test_a_receiver_whose_port_goes_down_tells_its_sender_which_leaves_the_plane_and_probes_it_when_told_it_is_back():
+    """Only the receiver watches its ports here (the sender's are fine), and the sender's
+    dead-path rule and timer cannot fire within the run: the sender leaves the plane, and
+    comes back to it, on the receiver's word alone (PLANE notices)."""
+    link = {"port0": True, "port1": True}
+    never = dict(dead_floor_s=60.0, probe_interval_s=60.0)
+    t0, t1, fwd, back = _pair(BASE, planes=2, ports=2, entropy="spray", paths=never,
+                              rank1=dict(nic_names=["port0", "port1"], link_state=link.get), **NO_NACK_NO_RTO)
+    sent_up = []
+
+    def script(t):
+        out = []
+        for i in range(400):
+            if i == 10:                      # the receiver's port on plane 1 goes down
+                fwd[1].down = back[1].down = True
+                link["port1"] = False
+            if i == 30:
+                link["port1"] = True
+                fwd[1].down = back[1].down = False
+                sent_up.append(len(fwd[1].log))
+            last = (i >= 30 and any(typ == DATA for _s, typ, *_ in fwd[1].log[sent_up[0]:])) or i == 399
+            m = bytes([1 if last else 0]) + bytes((i + k) % 251 for k in range(MSG - 1))
+            t.exchange([(1, m)], [])
+            out.append(m)
+            if last:
+                return out, t.flow_stats()
+        raise AssertionError("unreachable")
+
+    out = _run(t0, t1, script, _sink, fwd + back)
+    (sent, tx_stats), (got, rx_stats) = out[0], out[1]
+    assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
+    tx = _flow(tx_stats, "tx", 0, 1)
+    kinds = [(w, idx) for _, w, idx in tx["paths"]["events"]]
+    assert kinds[0] == ("peer_plane_down", 1) and {("alive", 2), ("alive", 3)} <= set(kinds)
+    assert tx["plane_notices"] == 2 and tx["timeouts"] == 0
+    t_down = _mono_us(t0, tx["paths"]["events"][0][0])
+    on_1 = [ts for _s, typ, _p, _psn, ts, _d in fwd[1].log if typ == DATA]
+    assert not any(_after(ts, t_down) and not _after(ts, _mono_us(t0, _events(tx, "alive")[0][0])) for ts in on_1)
+    assert tx["failover_retx"] > 0
 
 
 def test_a_receiver_that_sees_its_port_go_down_answers_again_at_once_on_a_live_plane():

@@ -22,10 +22,11 @@ Dead path (spraying, several paths per flow)
     one spray round after the first. The flow sends no new
     packets there and re-sends at once what was in flight on it (the transport does that on
     the paths :meth:`PathTable.check` returns). A plane all of whose paths are dead, or whose
-    NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), is
-    avoided the same way. When the silent packet is the flow's newest (a message's tail: no
-    later one exists to compare), a delivery on another path of a packet sent at most one
-    limit before it is the evidence instead; a retransmission timeout is judged the same
+    NIC port refused to send (:meth:`PathTable.kill_plane`: ``ENETUNREACH``/``ENETDOWN``), or
+    whose peer said its own port on that plane went down, is avoided the same way. When the
+    silent packet is the flow's newest (a message's tail: no later one exists to compare), a
+    delivery on another path of a packet sent at most one limit before it is the evidence
+    instead; a retransmission timeout is judged the same
     way (:meth:`PathTable.on_timeout`). The table never kills the last live path: with
     nothing alive there is nothing to prefer, and every path keeps being tried.
 Probing and repair
@@ -183,9 +184,10 @@ class PathTable:
         self.events.append((now, why, path))
         return True
 
-    def kill_plane(self, plane: int, now: float) -> list[int]:
-        """The NIC port of ``plane`` cannot send: every path of it dead (as long as another
-        plane has a live path). Returns the paths newly marked."""
+    def kill_plane(self, plane: int, now: float, why: str = "plane_down") -> list[int]:
+        """The NIC port of ``plane`` cannot send (or the peer's cannot receive: ``why``
+        "peer_plane_down"): every path of it dead (as long as another plane has a live path).
+        Returns the paths newly marked."""
         mine = range(plane * self.ports, (plane + 1) * self.ports)
         if not any(not self.paths[i].dead for i in range(len(self.paths)) if i not in mine):
             return []
@@ -198,7 +200,7 @@ class PathTable:
                 out.append(i)
         if out:
             self._dead_planes = self._n_dead = None
-            self.events.append((now, "plane_down", plane))
+            self.events.append((now, why, plane))
         return out
 
     def probe_plane_now(self, plane: int, now: float) -> None:

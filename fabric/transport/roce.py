@@ -63,8 +63,10 @@ What is modelled
       goes there, what was in flight there is re-sent at once on live paths, and one probe per
       ``probe_interval_s`` tests it until it delivers again. A NIC port the kernel refuses to
       send on (``ENETUNREACH``, ``ENETDOWN``...), or whose carrier is lost (polled every
-      ``link_poll_s`` through rtnetlink, :mod:`.nic`), takes its plane out at once. The last
-      live path is never given up.
+      ``link_poll_s`` through rtnetlink, :mod:`.nic`), takes its plane out at once; the rank
+      also tells every peer, on a live plane (PLANE), so that their flows to it leave that
+      plane at once too (and probe it at once when the port is back). The last live path is
+      never given up.
     * Path migration (NCCL/UEC-style): a one-path (``flow``) connection whose retransmission
       timer fires ``migrate_after_rtos`` times in a row (default 2) moves to a new entropy
       value: another source port, on another plane if the rank has several (with a single
@@ -113,14 +115,14 @@ from .entropy import (
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane, rtt_update
 
-DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS = 1, 2, 3, 4, 5, 6, 7
+DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS, PLANE = 1, 2, 3, 4, 5, 6, 7, 8
 #: reorder_threshold of a multi-path connection: no count of packets past a hole makes it a loss
 NO_COUNT = 1 << 30
 #: the longest a hole waits for a late packet before the receiver NACKs it (the reordering allowance's cap)
 REORDER_TIME_MAX_S = 0.2
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us), path
 # sequence (DATA: the packet's number on its path, 16 bits, wrapping; PATH_LOSS: psn = the
-# first path sequence missing, msg id = how many);
+# first path sequence missing, msg id = how many; PLANE: path = the plane, psn = 1 up, 0 down);
 # an ACK carries in (msg id, offset, length) and a NACK in (offset, length) delivery
 # reports, each path << 24 | the low 24 bits of the send timestamp of the newest packet
 # that arrived on that path (NO_REPORT: none); with the echoed (path, timestamp) of an ACK,
@@ -318,6 +320,7 @@ class _TxFlow:
         "socks",
         "srtt",
         "stats",
+        "timer_from",
         "una",
         "unacked",
         "values",
@@ -345,12 +348,17 @@ class _TxFlow:
         self.rttvar = 0.0
         self.stats = {"packets": 0, "bytes": 0, "retransmissions": 0, "timeouts": 0, "nacks": 0,
                       "cnps": 0, "acks": 0, "failover_retx": 0, "probes": 0, "migrations": 0,
-                      "link_errors": 0, "path_losses": 0, "send_refused": 0}
+                      "link_errors": 0, "path_losses": 0, "send_refused": 0, "plane_notices": 0}
         self.paths = paths
         self.pseq = [0] * len(paths)       # per path: the sequence number of its last data packet
         self.next_check = 0.0              # when to look for dead paths next
         self.cur_path: int | None = None   # one-path (flow entropy) flows: where they are now
         self.rto_streak = 0                # consecutive timeouts without progress
+        # when the retransmission timer last restarted (a timeout): the oldest packet's timer
+        # runs from its send time or this, whichever is later. Not written into the packets'
+        # send times: the dead-path rule and the delivery reports read those, and a restart
+        # there made a path that lost everything look freshly sent after every timeout
+        self.timer_from = 0.0
         self.bursts = BurstLog()
         self.app_bytes = 0                 # what the application posted, and its running CRC
         self.app_crc = 0
@@ -770,7 +778,7 @@ class RoceTransport(Transport):
                 self._probe(f, path, now)
             if f.unacked:
                 oldest = f.unacked.get(f.una)
-                if oldest is not None and oldest[4] and now - oldest[4] > self._rto_of(f, oldest[5]):
+                if oldest is not None and oldest[4] and now - max(oldest[4], f.timer_from) > self._rto_of(f, oldest[5]):
                     self._timeout(f, now)
         dsts = [f.dst for f in flows]
         progressed = True
@@ -816,7 +824,7 @@ class RoceTransport(Transport):
             if f.unacked:
                 oldest = f.unacked.get(f.una)
                 if oldest is not None and oldest[4]:
-                    wake = min(wake, oldest[4] + self._rto_of(f, oldest[5]))
+                    wake = min(wake, max(oldest[4], f.timer_from) + self._rto_of(f, oldest[5]))
             nxt = f.paths.next_probe()
             if nxt is not None:
                 wake = min(wake, nxt)
@@ -851,6 +859,20 @@ class RoceTransport(Transport):
                 for r in self.rx.values():
                     if r.plane == plane and r.expected:
                         r.ack_due = True
+            self._notify_plane(plane, up)
+
+    def _notify_plane(self, plane: int, up: bool) -> None:
+        """Tell every peer, on another plane whose port is up, that this rank's port on ``plane``
+        went down (or came back): a peer sending here leaves that plane at once (or probes it
+        at once), where its dead-path rule would need its in-flight packets there to age
+        ``max(K x srtt, floor)`` (a loaded all-reduce's srtt made that 70-140 ms) and the
+        probes of a repaired plane would wait for their interval."""
+        via = [q for q in range(self.planes) if q != plane and self.link_ok[q]]
+        if not via:
+            return
+        for peer, r in self.rx.items():
+            q = r.plane if r.plane in via else via[0]
+            self._control(PLANE, peer, q, plane, int(up), 0)
 
     def _check_paths(self, f: _TxFlow, now: float) -> None:
         """Apply the dead-path rule (a scan of the packets in flight, a few times per limit)."""
@@ -1067,10 +1089,7 @@ class RoceTransport(Transport):
             # bench_defaults measured 0.73-0.75 of line where it measured 0.82-0.83 without.
             if self.policy.per_flow and f.psn - 1 > f.una:
                 self._requeue(f, f.psn - 1, "timeout")
-        for p in range(f.una, f.psn):          # restart the clock of what is being resent
-            ent = f.unacked.get(p)
-            if ent is not None:
-                ent[4] = now
+        f.timer_from = now                     # restart the timer (not the packets' send times)
         # backoff, capped low: a dead path is left (below) rather than waited out
         f.rto = min(self.max_rto_s, self._rto(f) * 2)
         if self.policy.per_flow and f.rto_streak >= self.path_params.migrate_after_rtos:
@@ -1130,6 +1149,9 @@ class RoceTransport(Transport):
             self.policy.on_feedback(f, path, "ce", now)
             if f.dcqcn:
                 f.dcqcn.on_cnp(now)
+        elif typ == PLANE:
+            if path < self.planes:
+                self._on_plane_notice(self.tx[src], path, bool(psn), now)
         elif typ == ABORT:
             raise PeerLost(src, self.peer_addr[src, 0][0], "aborted the run")
 
@@ -1313,6 +1335,17 @@ class RoceTransport(Transport):
         for rep in reports:
             if rep != NO_REPORT:
                 self._delivered(f, rep >> 24, rep & 0xFFFFFF, 24, now)
+
+    def _on_plane_notice(self, f: _TxFlow, plane: int, up: bool, now: float) -> None:
+        """The peer says its port on ``plane`` went down (its paths there are left and what was
+        in flight on them re-sent) or came back (they are probed at once)."""
+        f.stats["plane_notices"] += 1
+        if up:
+            f.paths.probe_plane_now(plane, now)
+            return
+        dead = f.paths.kill_plane(plane, now, "peer_plane_down")
+        if dead:
+            self._fail_over(f, dead, now)
 
     def _on_ack(self, f: _TxFlow, cum: int, ts: int, path: int, now: float) -> None:
         f.stats["acks"] += 1
