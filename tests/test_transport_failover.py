@@ -388,6 +388,31 @@ def test_a_receiver_whose_port_goes_down_tells_its_sender_which_leaves_the_plane
     assert tx["failover_retx"] > 0
 
 
+def test_a_pause_between_messages_is_an_idle_gap_not_a_stall():
+    """The loss window and the stall count only gaps while the flow had data under way: the
+    wait before a new message (a collective's step) ends with that message's first packet,
+    which must not make the wait look busy."""
+    t0, t1, fwd, back = _pair(BASE + 3, planes=1, ports=1, entropy="flow")
+
+    def two_with_a_pause(t):
+        sent = []
+        for i in (0, 1):
+            if i:
+                time.sleep(0.06)
+            m = bytes([i]) + bytes((i + k) % 251 for k in range(MSG - 1))
+            t.exchange([(1, m)], [])
+            sent.append(m)
+        return sent, t.flow_stats()
+
+    out = _run(t0, t1, two_with_a_pause, _sink, fwd + back)
+    (sent, tx_stats), (got, rx_stats) = out[0], out[1]
+    assert got == sent
+    rx = _flow(rx_stats, "rx", 0, 1)
+    for kind in ("gaps", "hol_gaps"):
+        pauses = [g for g in rx[kind] if g[1] - g[0] >= 0.05]
+        assert len(pauses) == 1 and pauses[0][4] is False, (kind, rx[kind])
+
+
 def test_a_receiver_that_sees_its_port_go_down_answers_again_at_once_on_a_live_plane():
     """Answers sent on a plane between its port going down and the receiver's next look at its
     ports are lost; a sender that waits for them (nothing more to send) would wait for its

@@ -1189,7 +1189,10 @@ class RoceTransport(Transport):
                 self._control(NACK, r.src, self._answer_plane(r, now), path, r.expected, 1, 0,
                               self._take_reports(r, 2))
             return
-        r.gaps.arrival(now, psn, bool(r.msgs or r.ooo))
+        # busy: part of a message, or data past a hole, was waiting before this packet came;
+        # a gap that a new message's first packet ends was idle (the collective's own wait)
+        busy = bool(r.msgs or r.ooo)
+        r.gaps.arrival(now, psn, busy)
         # place the payload (reassembly buffer keyed by message)
         completed = False
         if mid >= r.deliver_next and mid not in r.complete:
@@ -1220,7 +1223,7 @@ class RoceTransport(Transport):
                 # as a loss (RACK's reordering window, learnt from what arrived late, not only
                 # from a NACK that turned out spurious)
                 r.reorder_time = min(REORDER_TIME_MAX_S, max(r.reorder_time, 1.25 * (now - r.hole_since)))
-            r.hol.arrival(now, psn, bool(r.ooo or r.msgs))
+            r.hol.arrival(now, psn, busy)
             r.expected += 1
             while r.expected in r.ooo:
                 del r.ooo[r.expected]
