@@ -405,7 +405,7 @@ def test_a_pause_between_messages_is_an_idle_gap_not_a_stall():
         return sent, t.flow_stats()
 
     out = _run(t0, t1, two_with_a_pause, _sink, fwd + back)
-    (sent, tx_stats), (got, rx_stats) = out[0], out[1]
+    (sent, _tx_stats), (got, rx_stats) = out[0], out[1]
     assert got == sent
     rx = _flow(rx_stats, "rx", 0, 1)
     for kind in ("gaps", "hol_gaps"):
