@@ -302,12 +302,10 @@ def test_a_nic_port_the_kernel_refuses_to_send_on_takes_its_plane_out_at_once():
     assert tx["failover_retx"] >= 1                 # the refused packet went out on plane 0 at once
 
 
-def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_when_up():
-    """The transport watches each plane's port (here two named ports whose state the test
-    sets: the kernel's answer to SIOCGIFFLAGS); plane 1's port goes down mid-stream, then up."""
-    link = {"port0": True, "port1": True}
-    t0, t1, fwd, back = _pair(BASE + 18, planes=2, ports=2, entropy="spray", nic_names=["port0", "port1"],
-                              link_state=link.get, paths=SLOW_FLOOR, **NO_NACK_NO_RTO)
+def _port1_down_then_up(link, fwd, back):
+    """A sender of MSG-byte messages during which plane 1's port (``link["port1"]``, and the
+    relays of plane 1) goes down at message 10 and comes back at 30; it stops once data
+    crossed plane 1 again. Returns (sent, flow_stats, info)."""
     sent_up = []
 
     def script(t):
@@ -327,8 +325,16 @@ def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_
             if last:
                 return out, t.flow_stats(), t.info()
         raise AssertionError("unreachable")
+    return script
 
-    out = _run(t0, t1, script, _sink, fwd + back)
+
+def test_a_nic_port_whose_link_goes_down_takes_its_plane_out_and_brings_it_back_when_up():
+    """The transport watches each plane's port (here two named ports whose state the test
+    sets: the kernel's answer to SIOCGIFFLAGS); plane 1's port goes down mid-stream, then up."""
+    link = {"port0": True, "port1": True}
+    t0, t1, fwd, back = _pair(BASE + 18, planes=2, ports=2, entropy="spray", nic_names=["port0", "port1"],
+                              link_state=link.get, paths=SLOW_FLOOR, **NO_NACK_NO_RTO)
+    out = _run(t0, t1, _port1_down_then_up(link, fwd, back), _sink, fwd + back)
     (sent, tx_stats, info), (got, rx_stats) = out[0], out[1]
     assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
     assert [(p, what) for _, p, what in info["link_events"]] == [(1, "down"), (1, "up")]
@@ -355,28 +361,8 @@ def test_a_receiver_whose_port_goes_down_tells_its_sender_which_leaves_the_plane
     never = dict(dead_floor_s=60.0, probe_interval_s=60.0)
     t0, t1, fwd, back = _pair(BASE, planes=2, ports=2, entropy="spray", paths=never,
                               rank1=dict(nic_names=["port0", "port1"], link_state=link.get), **NO_NACK_NO_RTO)
-    sent_up = []
-
-    def script(t):
-        out = []
-        for i in range(400):
-            if i == 10:                      # the receiver's port on plane 1 goes down
-                fwd[1].down = back[1].down = True
-                link["port1"] = False
-            if i == 30:
-                link["port1"] = True
-                fwd[1].down = back[1].down = False
-                sent_up.append(len(fwd[1].log))
-            last = (i >= 30 and any(typ == DATA for _s, typ, *_ in fwd[1].log[sent_up[0]:])) or i == 399
-            m = bytes([1 if last else 0]) + bytes((i + k) % 251 for k in range(MSG - 1))
-            t.exchange([(1, m)], [])
-            out.append(m)
-            if last:
-                return out, t.flow_stats()
-        raise AssertionError("unreachable")
-
-    out = _run(t0, t1, script, _sink, fwd + back)
-    (sent, tx_stats), (got, rx_stats) = out[0], out[1]
+    out = _run(t0, t1, _port1_down_then_up(link, fwd, back), _sink, fwd + back)
+    (sent, tx_stats, _info), (got, rx_stats) = out[0], out[1]
     assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
     tx = _flow(tx_stats, "tx", 0, 1)
     kinds = [(w, idx) for _, w, idx in tx["paths"]["events"]]
