@@ -763,6 +763,15 @@ class RoceTransport(Transport):
         own = f.paths.rto(path)
         return base if own is None else max(base, own)
 
+    def _rto_due(self, f: _TxFlow) -> float | None:
+        """When the retransmission timer of ``f``'s oldest unacknowledged packet fires: from its
+        send time or the timer's last restart (``timer_from``), whichever is later (None: no
+        packet sent and unacknowledged)."""
+        oldest = f.unacked.get(f.una)
+        if oldest is None or not oldest[4]:
+            return None
+        return max(oldest[4], f.timer_from) + self._rto_of(f, oldest[5])
+
     def _send_and_timers(self, now: float) -> float:
         wake = now + 0.005
         la = self.lookahead_s
@@ -776,10 +785,9 @@ class RoceTransport(Transport):
                 self._check_paths(f, now)
             for path in f.paths.probes_due(now):
                 self._probe(f, path, now)
-            if f.unacked:
-                oldest = f.unacked.get(f.una)
-                if oldest is not None and oldest[4] and now - max(oldest[4], f.timer_from) > self._rto_of(f, oldest[5]):
-                    self._timeout(f, now)
+            due = self._rto_due(f)
+            if due is not None and now > due:
+                self._timeout(f, now)
         dsts = [f.dst for f in flows]
         progressed = True
         while progressed:
@@ -821,10 +829,9 @@ class RoceTransport(Transport):
             if progressed:
                 now = time.monotonic()
         for f in flows:
-            if f.unacked:
-                oldest = f.unacked.get(f.una)
-                if oldest is not None and oldest[4]:
-                    wake = min(wake, max(oldest[4], f.timer_from) + self._rto_of(f, oldest[5]))
+            due = self._rto_due(f)
+            if due is not None:
+                wake = min(wake, due)
             nxt = f.paths.next_probe()
             if nxt is not None:
                 wake = min(wake, nxt)
@@ -850,9 +857,7 @@ class RoceTransport(Transport):
                 if up:
                     f.paths.probe_plane_now(plane, now)
                 else:
-                    dead = f.paths.kill_plane(plane, now)
-                    if dead:
-                        self._fail_over(f, dead, now)
+                    self._leave_plane(f, plane, now)
             if not up:
                 # answers sent on the plane between its port going down and this poll are lost: answer
                 # again at once on another plane, so the sender is not left waiting for its timeout
@@ -914,6 +919,13 @@ class RoceTransport(Transport):
         e[7] = why
         f.retx.append(psn)
         return True
+
+    def _leave_plane(self, f: _TxFlow, plane: int, now: float, why: str = "plane_down") -> None:
+        """Every path of ``plane`` dead for ``f`` (:meth:`.paths.PathTable.kill_plane`), and what
+        was in flight on them re-sent at once."""
+        dead = f.paths.kill_plane(plane, now, why)
+        if dead:
+            self._fail_over(f, dead, now)
 
     def _fail_over(self, f: _TxFlow, dead: list[int], now: float) -> None:
         """``dead`` paths were just found dead: what was in flight on them is re-sent at once
@@ -1061,9 +1073,7 @@ class RoceTransport(Transport):
             # the NIC port cannot send (its link is down, its address gone): avoid the plane
             st["link_errors"] += 1
             for g in self.tx.values():
-                dead = g.paths.kill_plane(plane, now)
-                if dead:
-                    self._fail_over(g, dead, now)
+                self._leave_plane(g, plane, now)
 
     def _timeout(self, f: _TxFlow, now: float) -> None:
         f.stats["timeouts"] += 1
@@ -1345,10 +1355,8 @@ class RoceTransport(Transport):
         f.stats["plane_notices"] += 1
         if up:
             f.paths.probe_plane_now(plane, now)
-            return
-        dead = f.paths.kill_plane(plane, now, "peer_plane_down")
-        if dead:
-            self._fail_over(f, dead, now)
+        else:
+            self._leave_plane(f, plane, now, "peer_plane_down")
 
     def _on_ack(self, f: _TxFlow, cum: int, ts: int, path: int, now: float) -> None:
         f.stats["acks"] += 1
