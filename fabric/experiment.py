@@ -656,14 +656,19 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     """Per failure of a timeline run under a collective, from the transports' per-packet
     records (roce: arrival gaps at the receivers, re-sends, byte counts and CRCs at both
     ends): flows hurt, loss window and stall, packets re-sent, every byte exactly once
-    (``accounting.summarize_windows``). Empty when the transport keeps no such records."""
+    (``accounting.summarize_windows``); and the same per repair, whose own reroute can hurt
+    flows too. Each event's figures end at the timeline's next record of any kind (a repair
+    ends its failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair).
+    Empty when the transport keeps no such records."""
     from .transport.accounting import failure_windows, summarize_windows
-    events = [(f"{rec['action']} {'-'.join(rec['target'])}", rec.get("start_wall", rec["wall"]))
-              for rec in records if rec["action"] in _REPAIRS]
+    changes = set(_REPAIRS) | set(_REPAIRS.values())
+    when = [(rec, rec.get("start_wall", rec["wall"])) for rec in records]
+    events = [(f"{rec['action']} {'-'.join(rec['target'])}", t) for rec, t in when if rec["action"] in changes]
     flows = [f for f in result.get("flows", []) if "gaps" in f]
     if not events or not flows:
         return []
-    return summarize_windows(failure_windows(flows, events))
+    others = [t for rec, t in when if rec["action"] not in changes]
+    return summarize_windows(failure_windows(flows, events, boundaries=others))
 
 
 def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[str, Any] | None:

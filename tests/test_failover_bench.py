@@ -94,3 +94,27 @@ def test_the_comparison_writes_one_plot_per_failure_kind(tmp_path):
     path = tmp_path / "failover-link.png"
     bench_failover.plot("link", {"local": [{"plot": shown, "loss_window_ms": 34.0}], "controller": []}, str(path))
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def _record(action, wall, target=("p0l0", "p0s0")):
+    return {"action": action, "target": list(target), "wall": wall}
+
+
+def _flow(bursts, gaps):
+    return {"src": 0, "dst": 1, "app_bytes_sent": 10, "app_bytes_delivered": 10, "app_crc_sent": "1",
+            "app_crc_delivered": "1", "gaps": gaps, "retx_bursts": bursts}
+
+
+def test_a_failure_s_figures_end_at_its_repair_which_has_figures_of_its_own():
+    """The repair's reroute back hurts flows too; its stall is not the failure's."""
+    records = [_record("controller_freeze", 9.8, ()), _record("link_down", 10.0), _record("link_up", 11.0),
+               _record("controller_thaw", 11.3, ())]
+    flow = _flow(bursts=[[10.01, 10.01, 2, {"nack": 2}], [11.05, 11.06, 3, {"nack": 3}],
+                         [11.35, 11.35, 1, {"nack": 1}]],
+                 gaps=[[10.005, 10.012, 5, 6, True], [11.04, 11.09, 50, 51, True], [11.30, 11.40, 70, 71, True]])
+    down, up = experiment.failover_figures({"flows": [flow]}, records)
+    assert down["event"] == "link_down p0l0-p0s0" and down["packets_lost"] == 2
+    assert down["loss_window_ms_max"] == pytest.approx(7.0)
+    # the repair's figures end at the thaw: the stall after it is neither the failure's nor the repair's
+    assert up["event"] == "link_up p0l0-p0s0" and up["packets_lost"] == 3
+    assert up["loss_window_ms_max"] == pytest.approx(50.0)

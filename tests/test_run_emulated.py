@@ -124,8 +124,9 @@ def test_a_collective_runs_through_a_link_failure_and_repair_with_every_byte_ver
     assert all(row["oop"]["wrong"] == 0 for row in res["rows"])
     assert [r["action"] for r in res["timeline"]] == ["link_down", "link_up"]
     assert all(t0 < r["wall"] < time.time() for r in res["timeline"])
-    [fail] = res["failover"]                      # figures of the failure, from the receivers' records
+    fail, repair = res["failover"]                # the failure's figures and the repair's, from the receivers
     assert fail["event"] == f"link_down {leaf}-{spine}" and fail["exactly_once"]
-    assert fail["flows"] == len(res["flows"])
+    assert repair["event"] == f"link_up {leaf}-{spine}" and repair["t"] > fail["t"]
+    assert fail["flows"] == repair["flows"] == len(res["flows"])
     ports = g.edges[leaf, spine, 0]["ports"]
     assert all(mini_hpn.intf_is_up(graph.intf_name(n, ports[n])) for n in (leaf, spine))   # repaired

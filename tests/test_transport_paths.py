@@ -230,6 +230,30 @@ def test_the_repair_s_re_sends_do_not_count_for_the_failure_before_it():
     assert up["packets_lost"] == 4 and up["loss_window_s"] == pytest.approx(0.3)
 
 
+def test_a_re_send_long_after_the_failure_s_recovery_is_not_the_failure_s():
+    """A flow that re-sends one reordered packet half a second after the failure, having re-sent
+    nothing before, was not hurt by it: its largest gap until then is no loss window."""
+    gaps = [[10.001, 10.006, 5, 6, True], [10.45, 10.47, 90, 91, True]]
+    [w] = failure_windows([_flow(gaps=gaps, retx_bursts=[[10.5, 10.5, 1, {"nack": 1}]])], [("link_down", 10.0)])
+    assert w["loss_window_s"] == 0.0 and w["packets_lost"] == 0
+
+
+def test_re_sends_that_follow_each_other_within_the_join_are_one_recovery():
+    """Timer-paced rounds (a gray failure, a dead plane) stay one recovery; the largest gap of it counts."""
+    gaps = [[10.001, 10.006, 5, 6, True], [10.30, 10.45, 90, 91, True]]
+    bursts = [[10.1, 10.1, 1, {"timeout": 1}], [10.3, 10.3, 1, {"timeout": 1}], [10.5, 10.5, 1, {"timeout": 1}],
+              [11.5, 11.5, 1, {"nack": 1}]]
+    [w] = failure_windows([_flow(gaps=gaps, retx_bursts=bursts)], [("link_drop", 10.0)], horizon_s=5.0)
+    assert w["packets_lost"] == 3 and w["loss_window_s"] == pytest.approx(0.15)
+
+
+def test_a_boundary_ends_an_event_s_figures_without_figures_of_its_own():
+    bursts = [[10.002, 10.002, 1, {"nack": 1}], [10.31, 10.32, 4, {"nack": 4}]]
+    gaps = [[10.001, 10.006, 5, 6, True], [10.30, 10.40, 90, 91, True]]
+    [w] = failure_windows([_flow(gaps=gaps, retx_bursts=bursts)], [("link_down", 10.0)], boundaries=[10.2])
+    assert w["packets_lost"] == 1 and w["loss_window_s"] == pytest.approx(0.005)
+
+
 @pytest.mark.parametrize("over", [dict(app_bytes_delivered=99), dict(app_crc_delivered="deadbeef")])
 def test_a_byte_missing_or_corrupted_breaks_exactly_once(over):
     assert exactly_once(_flow(**over)) is False

@@ -32,7 +32,9 @@ from the receivers' per-packet records (``hpnlab.fabric.transport.accounting``):
 loss window and in-order stall over the flows the failure hurt, flows hurt, packets re-sent,
 every byte exactly once (byte counts and CRCs at both ends), the collective's busbw
 against a run without failure in the same mode (slowdown), and the controller's remote
-convergence (its log: from the PortStatus to every switch confirming the update). Median and [min-max] over the
+convergence (its log: from the PortStatus to every switch confirming the update); the same loss
+window and flows hurt for the repair, whose reroute back can hurt flows too. A failure's figures
+end at its repair. Median and [min-max] over the
 repetitions, the load average beside them; JSON with every repetition via ``--json``.
 
 The userspace datapath here is far slower than a real switch: compare the modes as ratios in
@@ -57,11 +59,23 @@ MODES = {"controller": {"fast_failover": False, "host_failover": False, "remote"
          "local": {"fast_failover": True, "host_failover": False, "remote": False},
          "local+remote": {"fast_failover": True, "host_failover": False, "remote": True},
          "local+remote+host": {"fast_failover": True, "host_failover": True, "remote": True}}
+#: a mode's name with this suffix: the same mode with the control class on every port
+#: (``emulation.control_priority``: the transport's ACKs, NACKs, CNPs and notices ahead of data)
+PRIO = "/prio"
+
+
+def base_mode(mode: str) -> str:
+    """The mode of ``MODES`` that a mode's name (``local``, ``local/prio``) runs."""
+    return mode.removesuffix(PRIO)
+
+
 #: the controller stops this long before the failure and continues this long after the repair (mode local)
 FREEZE_LEAD_S, THAW_AFTER_S = 0.2, 0.3
 KINDS = ("link", "one-side", "gray", "spine", "nic")
 #: timeline actions that fail something
 FAILURES = ("link_down", "link_down_one_side", "link_drop", "switch_down")
+#: timeline actions that repair them
+REPAIRS = ("link_up", "link_restore", "switch_up")
 BFD_MS = 50
 
 
@@ -198,10 +212,12 @@ def one_run(emu, p: experiment.Plan, events: list | None, remote: bool = True) -
     conv, _ = converged_ms(emu, mark)
     [res] = doc["results"]
     shown = plot_data(res, conv, remote) if events else None
-    fails = [f for f in res.get("failover", []) if not f["event"].startswith(("link_up", "switch_up"))]
-    f = fails[0] if fails else {}
+    rows = res.get("failover", [])
+    f: dict[str, Any] = next((r for r in rows if r["event"].split()[0] in FAILURES), {})
+    up: dict[str, Any] = next((r for r in rows if r["event"].split()[0] in REPAIRS), {})
     return {"busbw": report.largest_fraction(res), "wrong": report.wrong_total(doc["results"]), "load": load,
             "loss_window_ms": f.get("loss_window_ms_max"), "stall_ms": f.get("stall_ms_max"),
+            "repair_loss_window_ms": up.get("loss_window_ms_max"), "repair_flows_hurt": up.get("flows_hurt"),
             "flows_hurt": f.get("flows_hurt"), "flows": f.get("flows"), "packets_resent": f.get("packets_lost"),
             "exactly_once": f.get("exactly_once"),
             # frozen through the failure, the controller's later update is no remote convergence
@@ -218,7 +234,9 @@ def spread(vals: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=5, help="repetitions per mode and kind (default 5)")
-    p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma list of {', '.join(MODES)}; a mode with {PRIO} (e.g. local+remote+host{PRIO}) runs "
+                        f"with the control class on every port (emulation.control_priority)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {', '.join(KINDS)}")
     p.add_argument("--fail-at", type=float, default=1.5, help="seconds after the ranks start (default 1.5)")
     p.add_argument("--hold", type=float, default=1.0, help="seconds until the repair (default 1)")
@@ -230,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
-    bad = [m for m in modes if m not in MODES] + [k for k in kinds if k not in KINDS]
+    bad = [m for m in modes if base_mode(m) not in MODES] + [k for k in kinds if k not in KINDS]
     if bad or args.repeat < 1:
         print(f"bench_failover: unknown mode or kind {bad[0]!r}" if bad else "--repeat must be >= 1", file=sys.stderr)
         return 2
@@ -247,9 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     wrong = 0
     t0 = time.monotonic()
     for mode in modes:
-        cfg = MODES[mode]
-        with Emulation("mini-hpn", controller="hpnlab", ecn=False, lock_wait_s=600, log=None, bfd_ms=BFD_MS,
-                       fast_failover=cfg["fast_failover"], port_type=args.port_type) as emu:
+        cfg = MODES[base_mode(mode)]
+        prio = {"emulation": {"control_priority": True}} if mode.endswith(PRIO) else None
+        with Emulation("mini-hpn", overrides=prio, controller="hpnlab", ecn=False, lock_wait_s=600, log=None,
+                       bfd_ms=BFD_MS, fast_failover=cfg["fast_failover"], port_type=args.port_type) as emu:
             pl = plan(cfg["host_failover"], args.iterations)
             [job] = next(iter(pl.jobs_on(emu.graph).values()))
             t = targets(emu.graph, list(job.labels or []))
@@ -268,20 +287,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"exactly once {sum(bool(r['exactly_once']) for r in reps)}/{len(reps)}")
     say(f"\nfailover on mini-hpn: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
         f"{args.repeat} repetitions, median [min-max]; {time.monotonic() - t0:.0f} s")
-    say(f"{'kind':<9} {'mode':<18} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
-        f"{'re-sent':>8} {'slowdown':>9} {'once':>5} {'load':>5}")
+    say(f"{'kind':<9} {'mode':<23} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
+        f"{'re-sent':>8} {'slowdown':>9} {'once':>5} {'load':>5} {'repair: loss window ms':>24} {'hurt':>5}")
     for kind in kinds:
         for mode in modes:
             reps = rows[mode][kind]
             base = statistics.median(r["busbw"] for r in baseline[mode])
             slow = statistics.median(base / r["busbw"] for r in reps if r["busbw"]) if base else float("nan")
-            say(f"{kind:<9} {mode:<18} {spread([r['loss_window_ms'] for r in reps]):>22} "
+            say(f"{kind:<9} {mode:<23} {spread([r['loss_window_ms'] for r in reps]):>22} "
                 f"{spread([r['stall_ms'] for r in reps]):>22} "
                 f"{spread([r['convergence_ms'] for r in reps]):>22} "
                 f"{statistics.median(r['flows_hurt'] or 0 for r in reps):>6.0f} "
                 f"{statistics.median(r['packets_resent'] or 0 for r in reps):>8.0f} {slow:>8.2f}x "
                 f"{sum(bool(r['exactly_once']) for r in reps)}/{len(reps):<3} "
-                f"{statistics.mean(r['load'] for r in reps):>5.1f}")
+                f"{statistics.mean(r['load'] for r in reps):>5.1f} "
+                f"{spread([r['repair_loss_window_ms'] for r in reps]):>24} "
+                f"{statistics.median(r['repair_flows_hurt'] or 0 for r in reps):>5.0f}")
         if "controller" in modes and "local" in modes:
             c = [r["loss_window_ms"] for r in rows["controller"][kind] if r["loss_window_ms"] is not None]
             lo = [r["loss_window_ms"] for r in rows["local"][kind] if r["loss_window_ms"] is not None]

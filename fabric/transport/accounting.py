@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -126,37 +127,61 @@ def _largest_gap(gaps: list, t: float, until: float) -> tuple[float, float] | No
     return found
 
 
-def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_s: float = 2.0) -> list[dict]:
+#: a flow's recovery from an event: its re-send bursts from the event on, each beginning within
+#: this long of the event or of the previous burst's end; a later re-send is not the event's
+RECOVERY_JOIN_S = 0.25
+
+
+def recovery(bursts: list, t: float, end: float, join_s: float = RECOVERY_JOIN_S) -> list:
+    """The re-send bursts (``[first, last, count, reasons]``) of a flow's recovery from an event at
+    ``t`` that lasts until ``end`` (pure): from the first burst that ends at or after ``t`` and
+    begins within ``join_s`` of it, each next one beginning within ``join_s`` of the previous
+    end, none beginning at or after ``end``. A flow re-sends now and then without any failure
+    (0-3 packets in a 4-second all-reduce here, a NACK for a reordered packet); such a re-send
+    half a second after the failure is not its recovery (before 2026-12-04 any re-send until the
+    next event made a flow hurt, and its largest gap until then the loss window)."""
+    chain, reach = [], t
+    for b in sorted((b for b in bursts if b[1] >= t and b[0] < end), key=lambda b: b[0]):
+        if b[0] > reach + join_s:
+            break
+        chain.append(b)
+        reach = max(reach, b[1])
+    return chain
+
+
+def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_s: float = 2.0,
+                    boundaries: Sequence[float] = (), join_s: float = RECOVERY_JOIN_S) -> list[dict]:
     """Per failure event (name, wall-clock time) and per flow: the loss window and its cost.
 
     ``flows`` are merged flow records (``report.merge_flows``: tx and rx counters of one
-    directed flow in one dict). For each event at ``t`` and each flow: packets lost are the
-    retransmissions of the bursts overlapping ``[t, t + horizon_s]`` (cut short at the next
-    event; ``resent_by_cause``: nack, timeout, failover, migrate; a failover re-send may repeat
-    a packet that was only late, so this is an upper bound). A flow that re-sent nothing there
+    directed flow in one dict). An event at ``t`` lasts until ``t + horizon_s``, the next event
+    or the next of ``boundaries`` (other changes of the timeline that end it without figures of
+    their own), whichever comes first. For each event and each flow: packets lost are the
+    retransmissions of the flow's :func:`recovery` from it (``resent_by_cause``: nack, timeout,
+    failover, migrate; a failover re-send may repeat a packet that was only late, so this is
+    an upper bound). A flow that re-sent nothing there
     lost nothing: it was not hurt (loss window 0), whatever pauses it had. Otherwise the loss
     window is the largest arrival gap, while the flow had a message in flight (``busy``), that
-    contains ``t`` or starts after it and before the flow's last re-send near the event: the
-    flow's recovery. A link taken down shows at ``t``; a gray failure, which drops a path's
-    packets silently while the others deliver, stalls the flow later, once its window is spent
-    (before 2026-12-03 the first busy gap after ``t`` was taken, often a pause of a few ms that
-    any flow has, not the failure's). ``stall_s`` is the same for the in-order point
-    (``hol_gaps``); ``completion_s`` is the slowest message under way at ``t``;
-    ``exactly_once`` checks bytes and CRC of the whole flow.
+    contains ``t`` or starts after it and before the recovery's last re-send. A link taken
+    down shows at ``t``; a gray failure, which drops a path's packets silently while the
+    others deliver, stalls the flow later, once its window is spent (before 2026-12-03 the
+    first busy gap after ``t`` was taken, often a pause of a few ms that any flow has, not the
+    failure's). ``stall_s`` is the same for the in-order point (``hol_gaps``);
+    ``completion_s`` is the slowest message under way at ``t``; ``exactly_once`` checks bytes
+    and CRC of the whole flow.
     """
     out = []
-    times = sorted(t for _name, t in events)
+    times = sorted([t for _name, t in events] + list(boundaries))
     for name, t in events:
         later = [u for u in times if u > t]
         end = min([t + horizon_s] + later[:1])
         for f in flows:
-            near = [(last, n, why) for first, last, n, why in f.get("retx_bursts", [])
-                    if last >= t and first <= end]
+            near = recovery(f.get("retx_bursts", []), t, end, join_s)
             causes: dict[str, int] = {}
-            for _last, _n, why in near:
+            for _first, _last, _n, why in near:
                 for k, v in why.items():
                     causes[k] = causes.get(k, 0) + v
-            until = min(end, max((last for last, _n, _why in near), default=t))
+            until = min(end, max((b[1] for b in near), default=t))
             gap = _largest_gap(f.get("gaps", []), t, until) if near else None
             hol = _largest_gap(f.get("hol_gaps", []), t, until) if near else None
             under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
@@ -164,7 +189,7 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
                         "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
                         "stall_s": (hol[1] - hol[0]) if hol else 0.0,
                         "last_before": gap[0] if gap else None, "first_after": gap[1] if gap else None,
-                        "packets_lost": sum(n for _last, n, _why in near), "resent_by_cause": causes,
+                        "packets_lost": sum(b[2] for b in near), "resent_by_cause": causes,
                         "completion_s": max(under_way) if under_way else None,
                         "bytes_sent": f.get("app_bytes_sent"), "bytes_delivered": f.get("app_bytes_delivered"),
                         "exactly_once": exactly_once(f)})
