@@ -74,6 +74,7 @@ class Emulation:
     buffer_frames: int = 32       # a port buffer holds at least this many frames (else queue_ms of the rate)
     tcp_congestion: str = ""      # the hosts' TCP congestion control ("": what the machine's namespaces inherit)
     ranks: int | None = None      # ranks per job of `hpnlab run` and the demo without --ranks (None: theirs)
+    control_priority: bool = False  # DSCP 48 (CNPs, ACKs, NACKs) in a strict-priority class of every port
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,8 @@ EMULATION_FIELDS: dict[str, Rule] = {
                            pattern="[a-z0-9_]*", why_pattern="a congestion control's name (a-z, 0-9, _)"),
     "ranks": Rule("int", "ranks per job of 'hpnlab run' and the demo when --ranks is not given (null: 8, or "
                   "every host of a smaller fabric; never more hosts than a job gets)", 2, MAX_COUNT, nullable=True),
+    "control_priority": Rule("bool", "send packets marked DSCP 48 (the roce transport's CNPs, ACKs, NACKs and "
+                             "notices) ahead of data on every emulated port, as RoCE fabrics queue CNPs"),
 }
 SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),

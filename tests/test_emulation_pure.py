@@ -51,6 +51,35 @@ def test_shaping_uses_htb_and_a_port_buffer_and_netem_only_when_present():
     assert shape.queue_bytes == max(32 * 1514, int(10e6 / 8 * 0.05))
 
 
+def test_control_priority_puts_dscp_48_in_a_class_of_its_own_ahead_of_the_port_buffer():
+    shape = shaping.Shape("p0l0-eth1", 10.0, control_priority=True)
+    lines = shaping.tc_lines(shape, netem=False)
+    assert "htb default 11" in lines[0] and "classid 1:1 htb rate 10mbit ceil 10mbit" in lines[1]
+    control = next(line for line in lines if "classid 1:10" in line)
+    data = next(line for line in lines if "classid 1:11" in line)
+    assert "prio 0" in control and "ceil 10mbit" in control and "prio 1" in data and "ceil 10mbit" in data
+    assert any("u32 match ip tos 0xc0 0xfc flowid 1:10" in line for line in lines)
+    assert f"parent 1:11 handle 10: bfifo limit {shape.queue_bytes}" in lines[-1]
+    assert shaping.data_class(shape) == "1:11"
+    # the link's delay applies to control packets as to the data
+    delayed = shaping.tc_lines(shaping.Shape("x", 10.0, delay_us=500.0, control_priority=True), netem=True)
+    assert sum("netem delay 500us" in line for line in delayed) == 2
+
+
+def test_without_control_priority_the_port_is_one_class_with_the_buffer_under_it():
+    shape = shaping.Shape("p0l0-eth1", 10.0)
+    lines = shaping.tc_lines(shape, netem=False)
+    assert len(lines) == 3 and "htb default 1 " in lines[0] and shaping.data_class(shape) == "1:1"
+    assert shaping.tc_lines(shape, netem=False, leaf=False) == lines[:2]
+
+
+def test_the_scenario_s_control_priority_reaches_host_and_switch_ports():
+    g = _g("mini-hpn", emulation={"control_priority": True})
+    assert any("classid 1:10" in line for line in nodes.host_tc_lines(g, "h1", netem=False))
+    assert all(shaping.port_shape(p, 1500).control_priority for p in nodes.switch_ports(g))
+    assert not any(shaping.port_shape(p, 1500).control_priority for p in nodes.switch_ports(_g("mini-hpn")))
+
+
 def test_the_scenario_sets_the_least_frames_of_every_port_buffer_hosts_and_switches_alike():
     g = _g("mini-hpn", emulation={"buffer_frames": 96, "mtu": 4096, "host_mbps": 24, "max_mbps": 48})
     frame = 4096 + 14

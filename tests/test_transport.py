@@ -27,7 +27,9 @@ from hpnlab.fabric.transport.entropy import (
     first_high,
     lay_out,
 )
-from hpnlab.fabric.transport.roce import CE, DATA, HDR, Dcqcn, DcqcnParams, RoceTransport, path_gap
+from hpnlab.fabric.transport.roce import (
+    ACK, CE, CNP, CONTROL_TOS, DATA, ECT0, HDR, NACK, Dcqcn, DcqcnParams, RoceTransport, path_gap,
+)
 from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
 # per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
@@ -57,6 +59,7 @@ class Relay(threading.Thread):
         self.stop = False
         self.sources = set()
         self.counts = dict(forwarded=0, dropped=0, duplicated=0, reordered=0, marked=0, ect=0)
+        self.tos_of: dict[int, set[int]] = {}      # roce packet type -> the TOS bytes it came with
 
     def _send(self, data, tos):
         self.tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
@@ -74,6 +77,8 @@ class Relay(threading.Thread):
             data, anc, _, src = self.rx.recvmsg(65536, 64)
             self.sources.add(src)
             tos = anc[0][2][0] if anc else 0
+            if data:
+                self.tos_of.setdefault(data[0], set()).add(tos)
             ect_index = self.counts["ect"] if (tos & 3) == 2 else -1
             self.counts["ect"] += (tos & 3) == 2
             rnd = self.rng.random
@@ -583,6 +588,19 @@ def test_background_sends_carry_the_data_as_posted_even_if_the_buffer_changes(ki
     finally:
         _close(t0, t1, *relays)
     assert out[1] == b"A" * 60_000
+
+
+def test_control_packets_leave_with_dscp_48_and_data_with_dscp_0_and_ect():
+    """ACKs, NACKs and CNPs are what a RoCE fabric queues ahead of data (``emulation.control_priority``
+    classifies them by this DSCP); data stays best effort and ECN-capable."""
+    t0, t1, relays = _pair("roce", dict(drop=0.05, ce=0.2), {}, base=BASE + 86, line_rate_bps=50e6)
+    fwd, back = relays
+    msgs = [bytes(range(256)) * 400]
+    out = _deliver(t0, t1, relays, msgs)
+    assert out[1][0] == msgs
+    assert fwd.tos_of[DATA] == {ECT0}                       # marked CE by the relay only after it read them
+    assert back.tos_of[ACK] == {CONTROL_TOS} == {48 << 2}
+    assert back.tos_of.get(NACK, {CONTROL_TOS}) == {CONTROL_TOS} and back.tos_of[CNP] == {CONTROL_TOS}
 
 
 def test_a_loss_the_receiver_reports_cuts_the_rate_because_there_is_no_pfc():

@@ -203,6 +203,8 @@ class EcnPort:
     ifindex: int
     rate_mbps: float
     limit_bytes: int
+    #: the htb class whose leaf is the port buffer (``shaping.data_class``): 1:11 beside a control class
+    data_class: str = "1:1"
 
 
 class EcnStage:
@@ -223,14 +225,15 @@ class EcnStage:
     # -- set-up by the harness -------------------------------------------------------
     @classmethod
     def for_emulation(cls, emu, mechanism: str) -> EcnStage:
-        from .shaping import port_shape
+        from .shaping import data_class, port_shape
         mtu = emu.scenario.emulation.mtu
         ports = {}
         for p in emu.switch_ports():
             if not p["local"]:
                 continue
+            shape = port_shape(p, mtu, delay=False)
             ports[p["intf"]] = EcnPort(p["intf"], p["switch"], p["port"], socket.if_nametoindex(p["intf"]),
-                                       p["rate_mbps"], port_shape(p, mtu, delay=False).queue_bytes)
+                                       p["rate_mbps"], shape.queue_bytes, data_class(shape))
         state = emu.state
         if mechanism == "bpf":
             obj = compile_marker(emu.log)
@@ -310,7 +313,8 @@ class EcnStage:
                                         int(port.limit_bytes), 1 if enabled else 0, 0))
 
     def _apply_red(self, port: EcnPort, kmin: int, kmax: int, pmax: float, verb: str) -> None:
-        """RED with ecn as the port's leaf qdisc (handle 20: under the htb class 1:1).
+        """RED with ecn as the port's leaf qdisc (handle 20: under the htb class of the port buffer,
+        ``EcnPort.data_class``: 1:1, or 1:11 beside a control class).
 
         The shaping put a bfifo (or netem) there as 10:; a qdisc of another kind cannot
         replace it under the same handle, so RED takes 20: and a netem delay that was there
@@ -321,12 +325,12 @@ class EcnStage:
         if verb == "replace":
             shown = subprocess.run(["tc", "qdisc", "show", "dev", port.intf], capture_output=True, text=True).stdout
             netem = re.search(r"netem 10: .*?limit (\d+) delay (\S+)", shown)
-            cmds = [["tc", "qdisc", "replace", "dev", port.intf, "parent", "1:1", "handle", "20:", *red]]
+            cmds = [["tc", "qdisc", "replace", "dev", port.intf, "parent", port.data_class, "handle", "20:", *red]]
             if netem:
                 cmds.append(["tc", "qdisc", "add", "dev", port.intf, "parent", "20:", "handle", "30:", "netem",
                              "delay", netem.group(2), "limit", netem.group(1)])
         else:
-            cmds = [["tc", "qdisc", "change", "dev", port.intf, "parent", "1:1", "handle", "20:", *red]]
+            cmds = [["tc", "qdisc", "change", "dev", port.intf, "parent", port.data_class, "handle", "20:", *red]]
         for cmd in cmds:
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:

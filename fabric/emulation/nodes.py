@@ -82,7 +82,8 @@ def host_tc_lines(graph: nx.MultiGraph, host: str, netem: bool) -> list[str]:
     lines: list[str] = []
     for p in host_interfaces(graph, host):
         lines += shaping.tc_lines(shaping.Shape(p["name"], emulated_mbps(s, p["rate_gbps"]), 0.0,
-                                                s.emulation.mtu, buffer_frames=s.emulation.buffer_frames), netem)
+                                                s.emulation.mtu, buffer_frames=s.emulation.buffer_frames,
+                                                control_priority=s.emulation.control_priority), netem)
     return lines
 
 
@@ -98,7 +99,8 @@ def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda 
             out.append({"switch": a, "port": port, "intf": intf_name(a, port), "peer": b,
                         "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
                         "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
-                        "local": is_local(a), "buffer_frames": s.emulation.buffer_frames})
+                        "local": is_local(a), "buffer_frames": s.emulation.buffer_frames,
+                        "control_priority": s.emulation.control_priority})
     return out
 
 

@@ -162,10 +162,10 @@ def port_lines(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool,
         if not red:
             tc += shaping.tc_lines(s, netem)
             continue
-        tc += shaping.tc_lines(shaping.port_shape(p, mtu, delay=False), False)[:2]
+        tc += shaping.tc_lines(shaping.port_shape(p, mtu, delay=False), False, leaf=False)
         kmin, kmax, pmax = ecn.default_thresholds(p["rate_mbps"], mtu)
         args = ecn.red_args(kmin, kmax, pmax, mtu=mtu, rate_mbps=p["rate_mbps"], limit_bytes=s.queue_bytes)
-        tc.append(f"qdisc add dev {p['intf']} parent 1:1 handle 20: {' '.join(args)}")
+        tc.append(f"qdisc add dev {p['intf']} parent {shaping.data_class(s)} handle 20: {' '.join(args)}")
         if netem and p["delay_us"] > 0:
             limit = max(64, s.queue_bytes // (mtu + 14))
             tc.append(f"qdisc add dev {p['intf']} parent 20: handle 30: netem delay {p['delay_us']:g}us limit {limit}")

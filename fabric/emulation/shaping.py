@@ -12,6 +12,17 @@ The port buffer (bfifo limit) is ``queue_ms`` of the emulated rate, at least ``b
 MTU-sized frames (the scenario's ``emulation.buffer_frames``, default 32), so a queue can build
 beyond the ECN stage's Kmax. Without netem a requested delay is *not*
 applied; ``plan`` returns it in ``missing_delay`` so the run can say so and record it.
+
+With ``control_priority`` (the scenario's ``emulation.control_priority``) the class splits in two,
+as RoCE fabrics give CNPs a queue of their own with strict priority::
+
+    root htb (default 1:11) ── class 1:1 rate R ── class 1:10 prio 0 (DSCP 48) ── 11: pfifo or netem
+                                                └─ class 1:11 prio 1 (the rest) ── 10: the port buffer
+
+A u32 filter sends packets whose DSCP is 48 (the roce transport's ACKs, NACKs, CNPs and notices)
+to 1:10. Both classes may use the whole rate R; 1:10 is assured ``CONTROL_SHARE`` of it, and htb
+serves a class within its assured rate before any that borrows, the higher priority first, so a
+control packet waits for at most the frame on the wire, not for the data queued ahead of it.
 """
 from __future__ import annotations
 
@@ -21,6 +32,10 @@ from ..spec import Emulation
 
 #: the least frames a port buffer holds unless the scenario says otherwise (the scenario's default)
 BUFFER_FRAMES: int = Emulation.buffer_frames
+#: the share of a port's rate assured to its control class (strict priority within it)
+CONTROL_SHARE = 0.1
+#: the DSCP that goes to the control class (CS6: what the roce transport marks its control packets)
+CONTROL_DSCP = 48
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,7 @@ class Shape:
     mtu: int = 1500
     queue_ms: float = 50.0
     buffer_frames: int = BUFFER_FRAMES
+    control_priority: bool = False
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -44,24 +60,45 @@ class Shape:
 def port_shape(port: dict, mtu: int, delay: bool = True) -> Shape:
     """The shape of one switch egress port (a ``nodes.switch_ports`` entry) at this MTU (pure)."""
     return Shape(port["intf"], port["rate_mbps"], port["delay_us"] if delay else 0.0, mtu,
-                 buffer_frames=port.get("buffer_frames", BUFFER_FRAMES))
+                 buffer_frames=port.get("buffer_frames", BUFFER_FRAMES),
+                 control_priority=port.get("control_priority", False))
 
 
-def tc_lines(shape: Shape, netem: bool) -> list[str]:
-    """`tc -batch` lines (without the leading 'tc') that shape one interface."""
+def data_class(shape: Shape) -> str:
+    """The htb class whose leaf is the port buffer (where the ECN stage's RED goes)."""
+    return "1:11" if shape.control_priority else "1:1"
+
+
+def tc_lines(shape: Shape, netem: bool, leaf: bool = True) -> list[str]:
+    """`tc -batch` lines (without the leading 'tc') that shape one interface. ``leaf=False``: without
+    the port buffer's qdisc under :func:`data_class` (a caller that puts RED there)."""
     rate = f"{shape.rate_mbps:g}mbit"
     # burst: at least one MTU-sized frame plus a little; quantum = one frame
     frame = shape.mtu + 14
     burst = max(2 * frame, int(shape.rate_bytes_per_s / 1000))  # ~1 ms of traffic
-    lines = [
-        f"qdisc replace dev {shape.dev} root handle 1: htb default 1 r2q 1",
-        f"class add dev {shape.dev} parent 1: classid 1:1 htb rate {rate} ceil {rate} "
-        f"burst {burst} cburst {burst} quantum {frame}",
-    ]
-    if netem and shape.delay_us > 0:
-        limit = max(64, shape.queue_bytes // frame)
-        lines.append(f"qdisc add dev {shape.dev} parent 1:1 handle 10: netem delay {shape.delay_us:g}us "
-                     f"limit {limit}")
-    else:
-        lines.append(f"qdisc add dev {shape.dev} parent 1:1 handle 10: bfifo limit {shape.queue_bytes}")
+    klass = f"htb rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {frame}"
+    dev = shape.dev
+    delayed = netem and shape.delay_us > 0
+    lines = [f"qdisc replace dev {dev} root handle 1: htb default {11 if shape.control_priority else 1} r2q 1",
+             f"class add dev {dev} parent 1: classid 1:1 {klass}"]
+    if shape.control_priority:
+        control = f"{shape.rate_mbps * CONTROL_SHARE:g}mbit"
+        data = f"{shape.rate_mbps * (1 - CONTROL_SHARE):g}mbit"
+        lines += [f"class add dev {dev} parent 1:1 classid 1:10 htb rate {control} ceil {rate} burst {burst} "
+                  f"cburst {burst} quantum {frame} prio 0",
+                  f"class add dev {dev} parent 1:1 classid 1:11 htb rate {data} ceil {rate} burst {burst} "
+                  f"cburst {burst} quantum {frame} prio 1",
+                  # the control class's own queue: small packets, the link's delay as the data's
+                  f"qdisc add dev {dev} parent 1:10 handle 11: "
+                  + (f"netem delay {shape.delay_us:g}us limit 256" if delayed else "pfifo limit 256"),
+                  f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip tos {CONTROL_DSCP << 2:#x} 0xfc "
+                  f"flowid 1:10"]
+    if leaf:
+        parent = data_class(shape)
+        if delayed:
+            limit = max(64, shape.queue_bytes // frame)
+            lines.append(f"qdisc add dev {dev} parent {parent} handle 10: netem delay {shape.delay_us:g}us "
+                         f"limit {limit}")
+        else:
+            lines.append(f"qdisc add dev {dev} parent {parent} handle 10: bfifo limit {shape.queue_bytes}")
     return lines

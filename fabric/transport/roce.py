@@ -30,6 +30,8 @@ What is modelled
       sent as a tail-loss probe (the receiver then NACKs a lost tail's hole instead of the
       sender timing out once per packet), and message completion
       when every packet of the message is acknowledged (RDMA send completion).
+    * Control packets (ACK, NACK, CNP, PLANE) leave with DSCP 48 (``CONTROL_TOS``), which RoCE
+      fabrics give a strict-priority queue (here ``emulation.control_priority``); data with DSCP 0.
     * ECN: data packets leave with ECT(0) (IP_TOS); the receiver reads the TOS byte of
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
@@ -135,6 +137,9 @@ LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, 
 IP_UDP = 28          # IPv4 + UDP headers
 ETH = 14             # what an htb shaper counts on top of the IP packet
 ECT0, CE = 0x02, 0x03
+#: the TOS byte of control packets (ACK, NACK, CNP, PLANE): DSCP 48 (CS6), not ECN-capable, the class
+#: RoCE fabrics give CNPs a strict-priority queue for (``emulation.control_priority`` does so here)
+CONTROL_TOS = 48 << 2
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 
@@ -575,6 +580,7 @@ class RoceTransport(Transport):
                 raise TransportError(f"rank {self.rank}: cannot bind UDP {ip}:{port}: {exc.strerror} "
                                      f"(is {ip} an address of this host?)") from None
             rs.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
+            rs.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, CONTROL_TOS)     # what this socket sends: control
             rs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
             rs.setblocking(False)
             self.rx_socks.append(rs)
