@@ -28,7 +28,18 @@ from hpnlab.fabric.transport.entropy import (
     lay_out,
 )
 from hpnlab.fabric.transport.roce import (
-    ACK, CE, CNP, CONTROL_TOS, DATA, ECT0, HDR, NACK, Dcqcn, DcqcnParams, RoceTransport, path_gap,
+    ACK,
+    CE,
+    CNP,
+    CONTROL_TOS,
+    DATA,
+    ECT0,
+    HDR,
+    NACK,
+    Dcqcn,
+    DcqcnParams,
+    RoceTransport,
+    path_gap,
 )
 from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
