@@ -17,7 +17,9 @@ emulation.delay_scale knob): 2.5 ms one way, 5 ms more round trip across the cam
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -252,6 +254,32 @@ def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
         assert raised * 10 <= at_defaults
     finally:
         stage.close()
+
+
+def test_red_goes_under_the_data_class_beside_a_control_class_and_changes_live_there():
+    """``emulation.control_priority`` on a kernel with sch_red: the ECN stage's RED is the port
+    buffer under htb class 1:11, beside the control class 1:10, and a live change reaches it.
+    On a veth pair of the test's own (no emulation needed), removed after."""
+    from hpnlab.fabric.emulation import shaping
+    from hpnlab.fabric.emulation.ecn import EcnPort, EcnStage
+
+    a, b = f"hpk{os.getpid() % 100000}a", f"hpk{os.getpid() % 100000}b"
+    subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
+    try:
+        subprocess.run(["ip", "link", "set", a, "up"], check=True)
+        shape = shaping.Shape(a, 10.0, control_priority=True)
+        r = subprocess.run(["tc", "-batch", "-"], input="\n".join(shaping.tc_lines(shape, False, leaf=False)) + "\n",
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        port = EcnPort(a, "s", 1, socket.if_nametoindex(a), 10.0, shape.queue_bytes, shaping.data_class(shape))
+        stage = EcnStage("red", {a: port}, None)
+        stage._apply_red(port, 6000, 24000, 0.2, "replace")
+        stage.set_thresholds(kmin=30000, kmax=60000, ports=[a])
+        shown = subprocess.run(["tc", "qdisc", "show", "dev", a], capture_output=True, text=True).stdout
+        assert re.search(r"red 20: parent 1:11 .*min (30000b|29\d*Kb|30Kb) max (60000b|58\d*Kb|60Kb)", shown), shown
+        assert re.search(r"pfifo 11: parent 1:10", shown), shown
+    finally:
+        subprocess.run(["ip", "link", "del", a], capture_output=True)
 
 
 def test_doctor_reports_the_full_kernel():
