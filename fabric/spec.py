@@ -348,14 +348,15 @@ def _check_number(value: Any, name: str, rule: Rule) -> float:
         raise ScenarioError(name, f"must be a number, got {short(value)}")
     if rule.maximum is not None and isinstance(value, int) and value > rule.maximum:
         raise _too_big(name, rule, value)   # before float(): a huge int does not convert
-    number = float(value)
+    # a huge negative int does not convert either: it fails the rules below as a float would
+    number = float(value) if not isinstance(value, int) or value > -MAX_QUANTITY else -math.inf
     if rule.positive and not number > 0:
         raise ScenarioError(name, f"must be positive, got {short(value)}")
-    if not math.isfinite(number):
-        raise ScenarioError(name, f"must be finite, got {short(value)}")
     if rule.minimum is not None and number < rule.minimum:
         what = "must not be negative" if rule.minimum == 0 else f"must be at least {rule.minimum:g}"
         raise ScenarioError(name, f"{what}, got {short(value)}")
+    if not math.isfinite(number):
+        raise ScenarioError(name, f"must be finite, got {short(value)}")
     if rule.maximum is not None and number > rule.maximum:
         raise _too_big(name, rule, value)
     return number

@@ -246,3 +246,14 @@ def test_a_wrong_bfd_field_is_one_line(override, message):
 def test_a_scenarios_default_ranks_below_two_is_one_line_naming_the_field():
     err = _error(emulation={"ranks": 1})
     assert err.field == "emulation.ranks"
+
+
+@pytest.mark.parametrize("fields,says", [
+    ({"spine_core_rate_gbps": -10 ** 400}, "must be positive"),
+    ({"long_haul": {"buffer_mb": -10 ** 400}}, "must not be negative"),
+    ({"spine_core_rate_gbps": 10 ** 400}, "at most"),
+])
+def test_a_number_too_large_for_a_float_gets_one_line_whatever_its_sign(fields, says):
+    """Found by Hypothesis (2026-12-04): a huge negative int did not convert to float (a traceback)."""
+    with pytest.raises(spec.ScenarioError, match=says):
+        spec.load("mini-hpn", fields)
