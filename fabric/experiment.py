@@ -657,7 +657,7 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     records (roce: arrival gaps at the receivers, re-sends, byte counts and CRCs at both
     ends): flows hurt, loss window and stall, packets re-sent, every byte exactly once
     (``accounting.summarize_windows``); and the same per repair, whose own reroute can hurt
-    flows too. Each event's figures end at the timeline's next record of any kind (a repair
+    flows too (what begins after it: a pause under way when it comes is the failure's). Each event's figures end at the timeline's next record of any kind (a repair
     ends its failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair).
     Empty when the transport keeps no such records."""
     from .transport.accounting import failure_windows, summarize_windows
@@ -668,7 +668,8 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     if not events or not flows:
         return []
     others = [t for rec, t in when if rec["action"] not in changes]
-    return summarize_windows(failure_windows(flows, events, boundaries=others))
+    repairs = {f"{rec['action']} {'-'.join(rec['target'])}" for rec, _t in when if rec["action"] in _REPAIRS.values()}
+    return summarize_windows(failure_windows(flows, events, boundaries=others, repairs=repairs))
 
 
 def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[str, Any] | None:

@@ -118,3 +118,14 @@ def test_a_failure_s_figures_end_at_its_repair_which_has_figures_of_its_own():
     # the repair's figures end at the thaw: the stall after it is neither the failure's nor the repair's
     assert up["event"] == "link_up p0l0-p0s0" and up["packets_lost"] == 3
     assert up["loss_window_ms_max"] == pytest.approx(50.0)
+
+
+def test_a_pause_under_way_when_the_link_comes_back_is_the_failure_s_not_the_repair_s():
+    """A dead plane recovered in timer-paced rounds until the repair: its last round's pause and
+    re-sends straddle the repair and belong to the failure."""
+    records = [_record("link_down", 10.0), _record("link_up", 11.0)]
+    flow = _flow(bursts=[[10.04, 10.8, 8, {"timeout": 8}], [10.99, 11.01, 3, {"timeout": 3}]],
+                 gaps=[[10.0, 10.04, 5, 6, True], [10.96, 11.005, 50, 51, True]])
+    down, up = experiment.failover_figures({"flows": [flow]}, records)
+    assert down["packets_lost"] == 11 and down["loss_window_ms_max"] == pytest.approx(45.0)
+    assert up["flows_hurt"] == 0 and up["loss_window_ms_max"] == 0.0 and up["packets_lost"] == 0

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -118,11 +118,12 @@ def exactly_once(flow: dict) -> bool | None:
             and flow["app_crc_sent"] == flow["app_crc_delivered"])
 
 
-def _largest_gap(gaps: list, t: float, until: float) -> tuple[float, float] | None:
-    """The largest busy gap containing ``t`` or starting in ``(t, until]``."""
+def _largest_gap(gaps: list, t: float, until: float, containing: bool = True) -> tuple[float, float] | None:
+    """The largest busy gap containing ``t`` (unless not ``containing``) or starting in ``(t, until]``."""
     found = None
     for start, end, _p0, _p1, busy in gaps:
-        if busy and (start <= t <= end or t < start <= until) and (found is None or end - start > found[1] - found[0]):
+        if busy and ((containing and start <= t <= end) or t <= start <= until) \
+                and (found is None or end - start > found[1] - found[0]):
             found = (start, end)
     return found
 
@@ -132,16 +133,17 @@ def _largest_gap(gaps: list, t: float, until: float) -> tuple[float, float] | No
 RECOVERY_JOIN_S = 0.25
 
 
-def recovery(bursts: list, t: float, end: float, join_s: float = RECOVERY_JOIN_S) -> list:
+def recovery(bursts: list, t: float, end: float, join_s: float = RECOVERY_JOIN_S, begun: bool = True) -> list:
     """The re-send bursts (``[first, last, count, reasons]``) of a flow's recovery from an event at
     ``t`` that lasts until ``end`` (pure): from the first burst that ends at or after ``t`` and
     begins within ``join_s`` of it, each next one beginning within ``join_s`` of the previous
-    end, none beginning at or after ``end``. A flow re-sends now and then without any failure
+    end, none beginning at or after ``end`` (nor, unless ``begun``, before ``t``: a burst under way
+    at a repair is the failure's). A flow re-sends now and then without any failure
     (0-3 packets in a 4-second all-reduce here, a NACK for a reordered packet); such a re-send
     half a second after the failure is not its recovery (before 2026-12-04 any re-send until the
     next event made a flow hurt, and its largest gap until then the loss window)."""
     chain, reach = [], t
-    for b in sorted((b for b in bursts if b[1] >= t and b[0] < end), key=lambda b: b[0]):
+    for b in sorted((b for b in bursts if b[1] >= t and b[0] < end and (begun or b[0] >= t)), key=lambda b: b[0]):
         if b[0] > reach + join_s:
             break
         chain.append(b)
@@ -150,7 +152,8 @@ def recovery(bursts: list, t: float, end: float, join_s: float = RECOVERY_JOIN_S
 
 
 def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_s: float = 2.0,
-                    boundaries: Sequence[float] = (), join_s: float = RECOVERY_JOIN_S) -> list[dict]:
+                    boundaries: Sequence[float] = (), join_s: float = RECOVERY_JOIN_S,
+                    repairs: Collection[str] = ()) -> list[dict]:
     """Per failure event (name, wall-clock time) and per flow: the loss window and its cost.
 
     ``flows`` are merged flow records (``report.merge_flows``: tx and rx counters of one
@@ -166,7 +169,10 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
     down shows at ``t``; a gray failure, which drops a path's packets silently while the
     others deliver, stalls the flow later, once its window is spent (before 2026-12-03 the
     first busy gap after ``t`` was taken, often a pause of a few ms that any flow has, not the
-    failure's). ``stall_s`` is the same for the in-order point (``hol_gaps``);
+    failure's). Events named in ``repairs`` take only what begins at or after them: a pause or
+    a re-send under way when a link comes back is the failure's, not the repair's (before
+    2026-12-04 a dead plane's timer-paced recovery, 40-45 ms pauses, read as the repair's).
+    ``stall_s`` is the same for the in-order point (``hol_gaps``);
     ``completion_s`` is the slowest message under way at ``t``; ``exactly_once`` checks bytes
     and CRC of the whole flow.
     """
@@ -176,14 +182,15 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
         later = [u for u in times if u > t]
         end = min([t + horizon_s] + later[:1])
         for f in flows:
-            near = recovery(f.get("retx_bursts", []), t, end, join_s)
+            fresh = name in repairs
+            near = recovery(f.get("retx_bursts", []), t, end, join_s, begun=not fresh)
             causes: dict[str, int] = {}
             for _first, _last, _n, why in near:
                 for k, v in why.items():
                     causes[k] = causes.get(k, 0) + v
             until = min(end, max((b[1] for b in near), default=t))
-            gap = _largest_gap(f.get("gaps", []), t, until) if near else None
-            hol = _largest_gap(f.get("hol_gaps", []), t, until) if near else None
+            gap = _largest_gap(f.get("gaps", []), t, until, not fresh) if near else None
+            hol = _largest_gap(f.get("hol_gaps", []), t, until, not fresh) if near else None
             under_way = [done - posted for posted, done, _nb in f.get("slowest_msgs", []) if posted <= t <= done]
             out.append({"event": name, "t": t, "src": f["src"], "dst": f["dst"],
                         "loss_window_s": (gap[1] - gap[0]) if gap else 0.0,
