@@ -657,9 +657,10 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     records (roce: arrival gaps at the receivers, re-sends, byte counts and CRCs at both
     ends): flows hurt, loss window and stall, packets re-sent, every byte exactly once
     (``accounting.summarize_windows``); and the same per repair, whose own reroute can hurt
-    flows too (what begins after it: a pause under way when it comes is the failure's). Each event's figures end at the timeline's next record of any kind (a repair
-    ends its failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair).
-    Empty when the transport keeps no such records."""
+    flows too (what begins after it: a pause under way when it comes is the failure's). Each
+    event's figures end at the timeline's next record of any kind (a repair ends its
+    failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair). Empty when
+    the transport keeps no such records."""
     from .transport.accounting import failure_windows, summarize_windows
     changes = set(_REPAIRS) | set(_REPAIRS.values())
     when = [(rec, rec.get("start_wall", rec["wall"])) for rec in records]
