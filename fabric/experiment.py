@@ -663,13 +663,14 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     the transport keeps no such records."""
     from .transport.accounting import failure_windows, summarize_windows
     changes = set(_REPAIRS) | set(_REPAIRS.values())
-    when = [(rec, rec.get("start_wall", rec["wall"])) for rec in records]
-    events = [(f"{rec['action']} {'-'.join(rec['target'])}", t) for rec, t in when if rec["action"] in changes]
+    named = [(f"{rec['action']} {'-'.join(rec['target'])}", rec.get("start_wall", rec["wall"]), rec["action"])
+             for rec in records]
+    events = [(name, t) for name, t, action in named if action in changes]
     flows = [f for f in result.get("flows", []) if "gaps" in f]
     if not events or not flows:
         return []
-    others = [t for rec, t in when if rec["action"] not in changes]
-    repairs = {f"{rec['action']} {'-'.join(rec['target'])}" for rec, _t in when if rec["action"] in _REPAIRS.values()}
+    others = [t for _name, t, action in named if action not in changes]
+    repairs = {name for name, _t, action in named if action in _REPAIRS.values()}
     return summarize_windows(failure_windows(flows, events, boundaries=others, repairs=repairs))
 
 

@@ -76,18 +76,19 @@ def tc_lines(shape: Shape, netem: bool, leaf: bool = True) -> list[str]:
     # burst: at least one MTU-sized frame plus a little; quantum = one frame
     frame = shape.mtu + 14
     burst = max(2 * frame, int(shape.rate_bytes_per_s / 1000))  # ~1 ms of traffic
-    klass = f"htb rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {frame}"
     dev = shape.dev
+
+    def klass(parent: str, classid: str, assured_mbps: float) -> str:
+        """An htb class assured ``assured_mbps`` that may borrow up to the port's rate."""
+        return (f"class add dev {dev} parent {parent} classid {classid} htb rate {assured_mbps:g}mbit ceil {rate} "
+                f"burst {burst} cburst {burst} quantum {frame}")
+
     delayed = netem and shape.delay_us > 0
     lines = [f"qdisc replace dev {dev} root handle 1: htb default {11 if shape.control_priority else 1} r2q 1",
-             f"class add dev {dev} parent 1: classid 1:1 {klass}"]
+             klass("1:", "1:1", shape.rate_mbps)]
     if shape.control_priority:
-        control = f"{shape.rate_mbps * CONTROL_SHARE:g}mbit"
-        data = f"{shape.rate_mbps * (1 - CONTROL_SHARE):g}mbit"
-        lines += [f"class add dev {dev} parent 1:1 classid 1:10 htb rate {control} ceil {rate} burst {burst} "
-                  f"cburst {burst} quantum {frame} prio 0",
-                  f"class add dev {dev} parent 1:1 classid 1:11 htb rate {data} ceil {rate} burst {burst} "
-                  f"cburst {burst} quantum {frame} prio 1",
+        lines += [klass("1:1", "1:10", shape.rate_mbps * CONTROL_SHARE) + " prio 0",
+                  klass("1:1", "1:11", shape.rate_mbps * (1 - CONTROL_SHARE)) + " prio 1",
                   # the control class's own queue: small packets, the link's delay as the data's
                   f"qdisc add dev {dev} parent 1:10 handle 11: "
                   + (f"netem delay {shape.delay_us:g}us limit 256" if delayed else "pfifo limit 256"),

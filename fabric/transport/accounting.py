@@ -181,8 +181,8 @@ def failure_windows(flows: list[dict], events: list[tuple[str, float]], horizon_
     for name, t in events:
         later = [u for u in times if u > t]
         end = min([t + horizon_s] + later[:1])
+        fresh = name in repairs
         for f in flows:
-            fresh = name in repairs
             near = recovery(f.get("retx_bursts", []), t, end, join_s, begun=not fresh)
             causes: dict[str, int] = {}
             for _first, _last, _n, why in near:
