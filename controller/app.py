@@ -200,9 +200,10 @@ def encode_buckets(ofp, parser, kind: str, buckets: tuple) -> list:
     out = []
     for watch, actions in buckets:
         acts = [a for a in (encode_action(ofp, parser, act) for act in actions) if a is not None]
+        port = watch if isinstance(watch, int) else ofp.OFPP_ANY
+        group = watch[1] if isinstance(watch, tuple) else ofp.OFPG_ANY
         out.append(parser.OFPBucket(weight=1 if kind == "select" else 0,
-                                    watch_port=ofp.OFPP_ANY if watch is None else watch,
-                                    watch_group=ofp.OFPG_ANY, actions=acts))
+                                    watch_port=port, watch_group=group, actions=acts))
     return out
 
 
@@ -307,6 +308,15 @@ def decode_flow_stats(dp, body) -> tuple:
                  for st in body if st.cookie not in OUT_OF_BAND_COOKIES)
 
 
+def _watch(ofp, kind: str, bucket):
+    """A decoded bucket's watch, as compiler.Group has it: a port, ("group", id) or None."""
+    if kind != "ff":
+        return None
+    if bucket.watch_port != ofp.OFPP_ANY:
+        return bucket.watch_port
+    return ("group", bucket.watch_group) if bucket.watch_group != ofp.OFPG_ANY else None
+
+
 def decode_group_desc(dp, body) -> tuple:
     """Every group of a group description reply, as compiler.Group values (every group on a fabric
     switch is the controller's: see reconcile's docstring)."""
@@ -318,7 +328,7 @@ def decode_group_desc(dp, body) -> tuple:
         if kind is None:
             LOG.warning("group %d of unknown type %d ignored", st.group_id, st.type)
             continue
-        buckets = tuple((b.watch_port if kind == "ff" and b.watch_port != ofp.OFPP_ANY else None,
+        buckets = tuple((_watch(ofp, kind, b),
                          tuple(a for a in (decode_action(ofp, parser, act) for act in b.actions) if a is not None))
                         for b in st.buckets)
         out.append(compiler.Group(st.group_id, kind, buckets))
@@ -700,7 +710,7 @@ class HpnController(BaseApp):
         #: when every switch the decision allows first held its desired tables (written into the report:
         #: the harness waits for it before the first packet, as a user's readiness check would)
         self.installed: dict | None = None
-        self._last_lldp = 0.0
+        self._lldp_sent: dict[str, float] = {}    # switch (or stranger) -> when it last sent LLDP
         self.wiring_gauges = None
         if self.metrics:
             from prometheus_client import Gauge
@@ -802,13 +812,18 @@ class HpnController(BaseApp):
                                       priority=PRIO_LLDP, match=parser.OFPMatch(eth_type=ether_types.ETH_TYPE_LLDP),
                                       instructions=inst, buffer_id=ofp.OFP_NO_BUFFER))
 
+    def _lldp_senders(self) -> dict[str, Any]:
+        """Every connected switch, and every stranger (``--deployment auto``) by its dpid name."""
+        return {**self.datapaths, **{f"dpid:{dpid:016x}": dp for dpid, dp in self.strangers.items()}}
+
     def _send_lldp(self, name: str | None = None) -> None:
         """LLDP out of every port of one switch (every connected switch when None)."""
         if not self.wiring_enabled:
             return
-        strangers = {f"dpid:{dpid:016x}": dp for dpid, dp in self.strangers.items()}
-        for sw in [name] if name else list(self.datapaths) + list(strangers):
-            dp = self.datapaths.get(sw) or strangers.get(sw)
+        senders = self._lldp_senders()
+        now = time.monotonic()
+        for sw in [name] if name else list(senders):
+            dp = senders.get(sw)
             if dp is None:
                 continue
             ofp, parser = dp.ofproto, dp.ofproto_parser
@@ -818,7 +833,7 @@ class HpnController(BaseApp):
                 dp.send_msg(parser.OFPPacketOut(datapath=dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
                                                 actions=[parser.OFPActionOutput(port)],
                                                 data=lldp_frame(dp.id, port, mac)))
-        self._last_lldp = time.monotonic()
+            self._lldp_sent[sw] = now
 
     def _lldp_in(self, name: str, in_port: int | None, data: bytes) -> str:
         sender = parse_lldp(data)
@@ -856,9 +871,12 @@ class HpnController(BaseApp):
             return
         now = time.monotonic()
         present = bool(self.datapaths or self.strangers)       # --deployment auto: maybe only strangers yet
-        if present and now - self._last_lldp >= (1.0 if self.wiring_decision is None else 5.0):
-            self._send_lldp()
-        stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > 16.0]
+        senders = self._lldp_senders()
+        for sw in wiring.lldp_due(self._lldp_sent, senders, now, decided=self.wiring_decision is not None):
+            self._send_lldp(sw)
+        for gone in set(self._lldp_sent) - set(senders):
+            del self._lldp_sent[gone]          # bounded: only the switches connected now
+        stale = [rx for rx, (_tx, t) in self.observed.items() if now - t > wiring.STALE_S]
         for rx in stale:
             del self.observed[rx]
         if self.wiring_decision is not None or (present and (self._discovery_complete() or wiring.settled(

@@ -30,6 +30,7 @@ planes      only the planes that check out (no miswired port and no unexpected n
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -201,6 +202,24 @@ def _swap_partner(port: Port, seen: Port | None, expected: Mapping[Port, Port],
     if observed.get(partner) == exp or observed.get(exp) == partner:
         return (partner, seen)
     return None
+
+
+#: LLDP goes out of every port of every switch this often: until the wiring is decided, and after
+LLDP_DISCOVERY_EVERY_S, LLDP_EVERY_S = 1.0, 5.0
+#: an LLDP observation this old is forgotten: the link counts as missing until it is heard again
+STALE_S = 16.0
+
+
+def lldp_due(last_sent: Mapping[str, float], switches: Iterable[str], now: float, decided: bool) -> list[str]:
+    """The switches whose LLDP is due (pure): never sent, or last sent ``LLDP_EVERY_S`` ago or more
+    (``LLDP_DISCOVERY_EVERY_S`` until the wiring is decided). Each switch keeps its own time, so a
+    switch that sends out of turn (a port of it came up: who is on the other end now?) puts off no
+    other. Before 2026-12-04 one time was shared: a port coming up every few seconds on one switch
+    stopped every other switch's LLDP, and ``STALE_S`` later the controller held every link it had
+    not heard again down as missing and routed around them (the failover probe, failing one link
+    every 6 s, lost 1.9 s of its flows, on every link of the fabric but that switch's)."""
+    every = LLDP_EVERY_S if decided else LLDP_DISCOVERY_EVERY_S
+    return [sw for sw in switches if now - last_sent.get(sw, -math.inf) >= every]
 
 
 #: Open vSwitch retries a lost controller connection with a backoff of up to 8 s (``max_backoff``)

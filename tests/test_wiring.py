@@ -166,3 +166,10 @@ def test_discovery_waits_out_a_switch_reconnect_backoff_while_a_switch_is_absent
     without it would reroute around its links."""
     assert not wiring.settled(3.0 + wiring.SWITCH_WAIT_S - 0.1, 3.0, connected=11, expected=12)
     assert wiring.settled(3.0 + wiring.SWITCH_WAIT_S, 3.0, connected=11, expected=12)
+
+
+def test_lldp_is_due_per_switch_so_one_that_sends_out_of_turn_puts_off_no_other():
+    sent = {"a": 100.0, "b": 104.0}        # b sent out of turn (a port of it came up) at 104
+    assert wiring.lldp_due(sent, ["a", "b", "c"], now=105.0, decided=True) == ["a", "c"]   # c never sent
+    assert wiring.lldp_due(sent, ["a", "b"], now=104.5, decided=True) == []
+    assert wiring.lldp_due(sent, ["a", "b"], now=104.5, decided=False) == ["a"]           # every second before

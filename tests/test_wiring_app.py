@@ -4,6 +4,8 @@ puts the peer port, and the app installs only what the wiring decision allows.""
 from __future__ import annotations
 
 import json
+import time
+import types
 
 import pytest
 
@@ -204,6 +206,28 @@ def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
         app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dp, reason=ofp.OFPPR_ADD, desc=desc)))
     right.deliver()
     app._decide_wiring()
+    assert app.wiring_report.clean and app.reconciler.down_ports == set()
+
+
+def test_a_port_that_keeps_coming_up_on_one_switch_does_not_stop_the_others_lldp(make_app, monkeypatch):
+    """Before 2026-12-04 the LLDP of a port coming up reset the fabric-wide LLDP timer: a port coming
+    up every 2 s (the failover probe's failures) kept every other switch from sending again, and 16 s
+    later the app held all their links down as missing and routed around them."""
+    clock = [1000.0]
+    monkeypatch.setattr(ctlapp, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    app = make_app()
+    fab = Fabric(app, scenario())
+    fab.connect()
+    assert app.wiring_report is not None and app.wiring_report.clean
+    desc = parser.OFPPort(port_no=5, hw_addr="02:00:00:00:00:05", name=b"x", config=0, state=ofp.OFPPS_LIVE,
+                          curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
+    for second in range(1, 41):
+        clock[0] += 1.0
+        if second % 2 == 0:
+            msg = parser.OFPPortStatus(fab.dps["p0l0"], reason=ofp.OFPPR_MODIFY, desc=desc)
+            app.on_port_status(ofp_event.EventOFPPortStatus(msg))
+        app._wiring_tick()
+        fab.deliver()
     assert app.wiring_report.clean and app.reconciler.down_ports == set()
 
 
