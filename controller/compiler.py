@@ -56,7 +56,11 @@ may be the very leaf the packet came from (every leaf sends up every spine): Ope
 an output to the ingress port, so a detour bucket clears in_port first (``_Protection.detour``;
 on Open vSwitch an NXM load, see controller/app.py). A core's
 one-port way down to a pod likewise detours through spines of other pods, which bounce up
-another core; a spine's single uplink detours through its leaves. Not covered: a long-haul
+another core; a spine's single uplink detours through its leaves. A switch whose neighbours
+are all below it and bounce (a two-tier spine, a fat-tree core) ends its detour groups with a
+bucket back out of the ingress port (``_returns``): when it sees none of its ports live, as when
+it comes back from a failure before its BFD sessions are up while its neighbours' are, the
+sender bounces the packet instead of the switch dropping it. Not covered: a long-haul
 link with no parallel link to the same far campus, and, in a fat-tree, a failed
 aggregation switch (every core of its group loses the pod at once: only the controller
 repairs that). tests/test_failover_tables.py proves the rest on the small presets.
@@ -201,7 +205,9 @@ class Group(NamedTuple):
 
     kind     "ff" (fast failover: the first bucket whose watch port is live forwards),
              "indirect", "all" or "select".
-    buckets  ((watch_port, actions), ...): ``watch_port`` an int for "ff" buckets, None
+    buckets  ((watch, actions), ...): ``watch`` for "ff" buckets the port it watches (an int),
+             or ("group", group_id), the group it watches (live while that group has a live
+             bucket: Open vSwitch refuses a fast-failover bucket that watches nothing); None
              otherwise; ``actions`` as in :class:`Flow` apply-actions (("output", port), ...).
     A flow sends a packet to a group with the action ("group", group_id).
     """
@@ -1340,6 +1346,16 @@ def _bounces(sw: _Sw, ix: FabricIndex) -> bool:
     return sw.tier in (1, 2) and len(sw.up) >= 2 and (sw.tier == 1 or any(ix.sw[n].tier == 3 for _, n, _ in sw.up))
 
 
+def _returns(ix: FabricIndex, sw: _Sw) -> bool:
+    """May ``sw`` send a packet it cannot forward back where it came from? Only if every neighbour
+    is below it and bounces what comes down to it for someone else (a two-tier fabric's spine; a
+    fat-tree's core): the sender then sends it up another way, marked, and a marked packet never
+    takes a detour, so it cannot come back. A switch with a neighbour that does not bounce (a
+    spine under cores, a core with long-haul links) could get the packet straight back: no."""
+    return (not sw.up and not sw.lateral and bool(sw.down)
+            and all(_bounces(ix.sw[n], ix) for _, n, _ in sw.down))
+
+
 class _Protection:
     """What a switch holds whatever fails: computed once per graph from its healthy compile.
 
@@ -1361,9 +1377,10 @@ class _Protection:
         self.meta_values: set[int] = set()
         self.group_ids: set[int] = set()
 
-    def _interned(self, key: tuple, shared: dict, buckets: Callable[[], tuple]) -> tuple:
-        """The group action for ``key``: one fast-failover group per switch and key (its id a CRC
-        of the key, probed on past a collision inside the switch), shared between switches."""
+    def _interned(self, key: tuple, shared: dict, buckets: Callable[[], tuple], kind: str = "ff") -> tuple:
+        """The group action for ``key``: one group (fast-failover unless ``kind`` says) per switch
+        and key (its id a CRC of the key, probed on past a collision inside the switch), shared
+        between switches."""
         g = self.groups.get(key)
         if g is None:
             gid = group_id(key)
@@ -1372,22 +1389,38 @@ class _Protection:
             self.group_ids.add(gid)
             g = shared.get((gid, key))
             if g is None:
-                g = shared[gid, key] = Group(gid, "ff", buckets())
+                g = shared[gid, key] = Group(gid, kind, buckets())
             self.groups[key] = g
         return (("group", g.group_id),)
 
     def group(self, buckets: tuple, shared: dict) -> tuple:
         return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
 
-    def detour(self, port: int, detours: tuple, shared: dict) -> tuple:
+    def detour(self, port: int, detours: tuple, shared: dict, back: bool = False) -> tuple:
         """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
         lead back to the switch the packet came from (a spine's detour for a dead way down to a
         leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
         to the ingress port, so each detour bucket first sets in_port to 0 (Open vSwitch takes
         that as an NXM load, as ``ovs-actions(7)`` describes for this case). That leaf bounces
-        the packet up another spine as it would any other's."""
-        return self._interned(("detour", port, *detours), shared, lambda: ((port, (("output", port),)),) + tuple(
-            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours))
+        the packet up another spine as it would any other's.
+
+        With ``back`` (see :func:`_returns`) a last bucket sends the packet back out of the port it
+        came in on when the port and every detour are dead: the sender bounces it. That is the
+        state of a spine coming back from a failure: its leaves may see a link live before it
+        does (a BFD session comes up on one end first), and they send it traffic while it sees no
+        port live at all. The bucket goes to :meth:`back` and watches that group, which is always
+        live (Open vSwitch refuses a fast-failover bucket that watches nothing)."""
+        key = ("detour", port, *detours) + (("back",) if back else ())
+        tail: tuple = ()
+        if back:
+            ((_, gid),) = self.back(shared)
+            tail = ((("group", gid), (("group", gid),)),)
+        return self._interned(key, shared, lambda: ((port, (("output", port),)),) + tuple(
+            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
+
+    def back(self, shared: dict) -> tuple:
+        """The indirect group that sends a packet back out of the port it came in on (OFPP_IN_PORT)."""
+        return self._interned(("back",), shared, lambda: ((None, (("output", OFPP_IN_PORT),)),), kind="indirect")
 
     def set_outs(self, ports: tuple, shared: dict) -> tuple:
         """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set]."""
@@ -1486,9 +1519,10 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     up_meta = pr.metas.get(up)
     singles = sorted(a[0] for a in actions if len(a) == 1)
     detours = _detours(ix, sw, singles)
+    back = _returns(ix, sw)
     for p in singles:
         d = detours.get(p, ())
-        pr.single[p] = pr.detour(p, d, shared) if d else (("output", p),)
+        pr.single[p] = pr.detour(p, d, shared, back) if d else (("output", p),)
     flows: list[Flow] = []
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)

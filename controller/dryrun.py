@@ -45,13 +45,18 @@ def _actions(actions: Iterable[tuple]) -> str:
     return ",".join(out) or "drop"
 
 
+def _watch(w) -> str:
+    if isinstance(w, tuple):
+        return f"watch_group:{w[1]},"
+    return "" if w is None else f"watch_port:{w},"
+
+
 def describe(key: tuple, value) -> str:
     """One flow entry or group in one line (``ovs-ofctl dump-flows``-like)."""
     if isinstance(key, GroupKey):
         if value is None:
             return f"group_id={key.group_id}"
-        buckets = ",".join(f"bucket=watch_port:{w},actions={_actions(a)}" if w is not None
-                           else f"bucket=actions={_actions(a)}" for w, a in value.buckets)
+        buckets = ",".join(f"bucket={_watch(w)}actions={_actions(a)}" for w, a in value.buckets)
         return f"group_id={key.group_id},type={value.kind},{buckets}"
     table, priority, match = key
     head = ",".join([f"table={table}", f"priority={priority}"] + [_field(n, v) for n, v in match])

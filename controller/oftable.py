@@ -8,11 +8,12 @@ goto-table, output (to a port -- never the one the packet came in on, which Open
 or back out of the port it came in on: ``compiler.OFPP_IN_PORT``, as ARP responder flows do, or
 after a set-field of in_port, as detour buckets do), and groups
 (``SwitchState.groups``): a fast-failover ("ff") group forwards by its first bucket whose
-watch port is live, "indirect" by its only bucket. A failed link or switch swallows the
-packet. The walk ends delivered (at a host interface), dropped (table miss or a drop
-action, a dead link, a group with no live bucket, or a frame a host does not take: not its
-address, or an Ethernet destination that is not its MAC, as a NIC filters) or looping (a switch met twice in
-the same state -- same in_port and header -- or too many hops).
+watch port is live (or whose watched group has a live bucket), "indirect" by its only
+bucket. A failed link or switch swallows the packet. The walk ends delivered (at a host
+interface), dropped (table miss or a drop action, a dead link, a group with no live bucket,
+or a frame a host does not take: not its address, or an Ethernet destination that is not its
+MAC, as a NIC filters) or looping (a switch met twice in the same state -- same in_port and
+header -- or too many hops).
 
 Port liveness, per (switch, port), is what a fast-failover group watches. It follows the
 failures: a failed link kills the ports at both ends, a failed switch the ports of its
@@ -20,7 +21,9 @@ neighbours towards it. ``one_sided`` adds (switch, port) pairs whose link is cut
 that end noticing (one end taken down, a gray failure seen by one side): the link carries
 nothing either way, but the far end still thinks its port is live and keeps sending into
 it -- without BFD a black hole until the controller reacts; with BFD both ends see the
-port down, which is the same as a failed link.
+port down, which is the same as a failed link. ``not_live`` adds (switch, port) pairs that
+their switch does not see live although the link carries packets both ways: a link coming
+back, whose BFD session is up at one end and not yet at the other.
 
     net = FabricTables(graph, compiler.compile_fabric(graph, failures), failures)
     walk = net.send("h1", "h5", plane=0, sport=49152)
@@ -117,11 +120,12 @@ class FabricTables:
     MAX_HOPS = 16
 
     def __init__(self, g: nx.MultiGraph, states: dict, failures: compiler.Failures | None = None,
-                 one_sided: frozenset = frozenset()):
+                 one_sided: frozenset = frozenset(), not_live: frozenset = frozenset()):
         self.g = g
         self.states = states
         self.failures = failures or compiler.Failures()
         self.one_sided = frozenset(one_sided)
+        self.not_live = frozenset(not_live)
         self._groups: dict[str, dict[int, compiler.Group]] = {}       # switches whose groups were replaced
         self.ix = compiler.index_of(g)
         self._tables: dict[str, dict[int, list]] = {}
@@ -171,7 +175,7 @@ class FabricTables:
 
     def port_live(self, switch: str, port: int) -> bool:
         """Does ``switch`` see ``port`` live (what its fast-failover groups watch)?"""
-        if (switch, port) in self.one_sided:
+        if (switch, port) in self.one_sided or (switch, port) in self.not_live:
             return False
         nxt = self.peer.get((switch, port))
         if nxt is None:
@@ -590,7 +594,7 @@ class FabricTables:
         if gr is None:
             raise KeyError(f"{switch}: a flow refers to group {group_id}, which does not exist")
         if gr.kind == "ff":
-            bucket = next((b for b in gr.buckets if self.port_live(switch, b[0])), None)
+            bucket = next((b for b in gr.buckets if self.watch_live(switch, b[0])), None)
         elif gr.kind == "indirect":
             bucket = gr.buckets[0]
         else:
@@ -603,7 +607,19 @@ class FabricTables:
                 self._set_field(pkt, act[1], act[2], changes)
             elif act[0] == "output":
                 return self._out_port(pkt, act[1])
+            elif act[0] == "group":
+                return self.group_output(switch, act[1], pkt, changes)
         return None
+
+    def watch_live(self, switch: str, watch, depth: int = 0) -> bool:
+        """Is a fast-failover bucket's watch live: a port (``port_live``), or ("group", id), a group
+        with a live bucket (an indirect group's one bucket is always live)?"""
+        if isinstance(watch, tuple):
+            gr = self.groups(switch).get(watch[1])
+            if gr is None or depth > 8:
+                return False
+            return gr.kind != "ff" or any(self.watch_live(switch, b[0], depth + 1) for b in gr.buckets)
+        return watch is not None and self.port_live(switch, watch)
 
     # ---- all pairs ------------------------------------------------------------------------
     def all_pairs(self, planes: list[int] | None = None) -> list[tuple]:

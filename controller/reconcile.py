@@ -557,8 +557,8 @@ class _Forwarding:
                     continue
                 ff = group.kind == "ff"
                 for watch, bucket_actions in group.buckets:
-                    if ff and watch is not None and not self.live(watch):
-                        continue
+                    if ff and isinstance(watch, int) and not self.live(watch):
+                        continue          # a watched group (always live here: an indirect one) is not skipped
                     if depth < _MAX_DEPTH and len(bucket_actions) == 1 and bucket_actions[0][0] == "output":
                         ports.add(bucket_actions[0][1])      # the usual bucket: one output
                     else:

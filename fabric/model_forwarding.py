@@ -254,7 +254,8 @@ class Forwarding:
             return -1, len(choice_rows) - 1
         if kind == "group":
             buckets = next(g.buckets for g in pr.groups.values() if g.group_id == value)
-            port = next((q for q, _out in buckets if q not in dead), None)
+            # a bucket that watches a group sends the packet back where it came from: not modelled (a drop)
+            port = next((q for q, _out in buckets if isinstance(q, int) and q not in dead), None)
         else:
             assert kind == "output", actions
             port = None if value in dead else value

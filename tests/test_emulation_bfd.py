@@ -135,6 +135,37 @@ def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or
     assert [e for e, _ in events if e in faults.ROUTE_EVENTS] == []      # ... and no route or address change
 
 
+def test_a_spine_coming_back_sends_back_what_it_cannot_forward_yet_and_the_leaf_bounces_it(emu):
+    """A spine coming back from a failure: its leaves' BFD sessions are up and they send it traffic
+    while its own ends do not forward yet. Made here with ``ovs-appctl bfd/set-forwarding IF false``
+    on every port of the spine (not live to its groups; the sessions, and so the leaves, untouched)
+    and the controller stopped. Every entropy branch of every pair from under a leaf still arrives:
+    the spine sends what it cannot forward back out of the port it came in on and the leaf bounces
+    it up the other spine. Before 2026-12-04 those branches were lost until the spine's sessions
+    came up (the failover benchmark: a spine's repair under local protection cost flows 60-122 ms)."""
+    import signal
+    import subprocess
+
+    from hpnlab.fabric.emulation.timeline import signal_controller
+
+    spine_ifs = [i for i in emu.fabric_interfaces() if i.startswith(f"{SPINE}-")]
+    leaf_if = _ports(emu)[0]
+    assert len(spine_ifs) == 4
+    signal_controller(emu, signal.SIGSTOP)
+    try:
+        for name in spine_ifs:
+            subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
+        assert _wait(lambda: not any("LIVE" in ovsdb.port_states(SPINE).get(i, {"LIVE"}) for i in spine_ifs))
+        assert "LIVE" in ovsdb.port_states(LEAF)[leaf_if]          # the leaf still sends up to the spine
+        walk = emu.walk_branches(pairs=_pairs_through_the_leaf(emu))
+        assert walk["probes"] > 0 and walk["missing"] == []
+    finally:
+        for name in spine_ifs:
+            subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "normal"], capture_output=True)
+        signal_controller(emu, signal.SIGCONT)
+    assert _wait(lambda: all("LIVE" in ovsdb.port_states(SPINE).get(i, set()) for i in spine_ifs))
+
+
 def test_the_fabric_is_whole_after_repair(emu):
     time.sleep(0.5)
     result = emu.ping_all()
