@@ -21,6 +21,12 @@ Per flow and per event:
   with the send-time gap of the same two packets beside it (a gap the sender made itself is not
   the network's); the **network gap** is the largest arrival gap minus send gap there: how
   long the path itself held packets back;
+- with the sender's count per flow (``sent_per_flow``), the packets sent after a flow's last
+  arrival are lost too: a **tail** that no later packet closes. It belongs to the event in which
+  its last packet arrived, and its loss window runs to the capture's end (``open``: the flow never
+  delivered again). Before 2026-12-04 a tail was not seen at all: a probe repetition whose flows
+  all stopped for good read "0 flows affected" with two thirds of its packets lost. A tail that
+  began before the first event is no event's: ``stopped_before_events`` names those flows;
 - a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
   gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped;
 - a packet is **late** when it arrives more than ``late_ms`` after a packet of its flow with a
@@ -76,9 +82,10 @@ def nominal_interval_ms(flows: Mapping[int, Mapping[str, np.ndarray]]) -> float:
 
 
 def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: int,
-               slack_ns: int) -> dict[str, Any]:
+               slack_ns: int, tail: tuple[int, int] | None = None) -> dict[str, Any]:
     """One flow during one event that started at ``t0`` (the next at ``t1``): loss window,
-    packets lost, largest gap."""
+    packets lost, largest gap. ``tail``: (packets lost after the flow's last arrival, the
+    capture's end in ns), when the sender sent more than arrived."""
     seq, sent, arr = f["seq"], f["sent_ns"], f["arrival_ns"]
     res: dict[str, Any] = {"lost": 0, "late": 0, "loss_window_ms": 0.0, "loss_gaps": 0, "max_gap_ms": 0.0,
                            "max_gap_send_ms": 0.0, "max_gap_at_ms": None, "max_network_gap_ms": 0.0}
@@ -99,6 +106,14 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
         res["loss_window_ms"] = float(arr[i[-1] + 1] - arr[i[0]]) / 1e6
         res["loss_window_start_ms"] = float(arr[i[0]] - t0_ns) / 1e6
         res["loss_window_end_ms"] = float(arr[i[-1] + 1] - t0_ns) / 1e6
+    if tail is not None and tail[0] > 0 and t0_ns - slack_ns <= arr[-1] < t1_ns - slack_ns:
+        start = arr[np.flatnonzero(loss)[0]] if loss.any() else arr[-1]
+        res["lost"] += tail[0]
+        res["loss_gaps"] += 1
+        res["loss_window_ms"] = float(tail[1] - start) / 1e6
+        res["loss_window_start_ms"] = float(start - t0_ns) / 1e6
+        res["loss_window_end_ms"] = float(tail[1] - t0_ns) / 1e6
+        res["open"] = True
     end = min(t1_ns, t0_ns + horizon_ns)
     overlap = (middle >= t0_ns - slack_ns) & (middle < end - slack_ns)
     if overlap.any():
@@ -114,30 +129,47 @@ def flow_event(f: Mapping[str, np.ndarray], t0_ns: int, t1_ns: int, horizon_ns: 
 
 def analyse(arrivals: Mapping[str, np.ndarray], events: Sequence[Mapping[str, Any]], *,
             horizon_s: float = 0.5, stall_ms: float | None = None, slack_ms: float = SLACK_MS,
-            end_s: float | None = None, late_ms: float = LATE_MS) -> dict[str, Any]:
+            end_s: float | None = None, late_ms: float = LATE_MS,
+            sent_per_flow: Sequence[int] | None = None) -> dict[str, Any]:
     """Per event (each a mapping with ``wall``: seconds, same clock as the arrivals, or
     ``start_wall`` when the change began, and ``action``), per flow: loss window, lost,
     largest gap; and the event's summary.
 
     ``stall_ms`` (default: three times the flows' nominal packet interval) is the gap above
     which an unaffected flow counts as stalled. ``end_s``: the capture's end (default: the
-    last arrival). ``late_ms``: see the module's docstring."""
+    last arrival). ``late_ms``: see the module's docstring. ``sent_per_flow``: packets the
+    sender sent per flow id (tails, see the module's docstring), and then ``sent`` and
+    ``received`` (distinct packets, late ones included) for the whole capture."""
     flows = per_flow(arrivals, late_ms)
     nominal = nominal_interval_ms(flows)
     stall = stall_ms if stall_ms is not None else 3 * nominal
     last = int(np.max(arrivals["arrival_ns"])) if len(arrivals["arrival_ns"]) else 0
     end_ns = int(end_s * NS) if end_s is not None else last + 1
     times = [int(float(e.get("start_wall", e["wall"])) * NS) for e in events]
+    slack = int(slack_ms * 1e6)
+    tails: dict[int, tuple[int, int]] = {}
+    if sent_per_flow is not None:
+        for fid, f in flows.items():
+            got = int(f["seq"][-1]) if len(f["seq"]) else -1
+            if fid < len(sent_per_flow) and sent_per_flow[fid] - 1 > got:
+                tails[fid] = (int(sent_per_flow[fid]) - 1 - got, end_ns)
     out_events = []
     for n, ev in enumerate(events):
         t0 = times[n]
         t1 = times[n + 1] if n + 1 < len(times) else end_ns
-        per = {fid: flow_event(f, t0, t1, int(horizon_s * NS), int(slack_ms * 1e6)) for fid, f in flows.items()}
+        per = {fid: flow_event(f, t0, t1, int(horizon_s * NS), slack, tails.get(fid)) for fid, f in flows.items()}
         out_events.append({"action": ev.get("action"), "target": ev.get("target"), "side": ev.get("side"),
                            "wall": ev["wall"], **summarise_event(per, stall), "flows": per})
-    return {"flows": len(flows), "nominal_interval_ms": nominal, "stall_ms": stall, "late_ms": late_ms,
-            "packets": len(arrivals["seq"]), "late": int(sum(len(f["late_seq"]) for f in flows.values())),
-            "events": out_events}
+    out: dict[str, Any] = {"flows": len(flows), "nominal_interval_ms": nominal, "stall_ms": stall,
+                           "late_ms": late_ms, "packets": len(arrivals["seq"]),
+                           "late": int(sum(len(f["late_seq"]) for f in flows.values())), "events": out_events}
+    if sent_per_flow is not None:
+        out["sent"] = int(sum(sent_per_flow))
+        out["received"] = int(sum(len(f["seq"]) + len(f["late_seq"]) for f in flows.values()))
+        first = times[0] if times else end_ns
+        out["stopped_before_events"] = sorted(fid for fid in tails if flows[fid]["arrival_ns"][-1] < first - slack)
+        out["never_heard"] = [fid for fid, n in enumerate(sent_per_flow) if n and fid not in flows]
+    return out
 
 
 def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> dict[str, Any]:
@@ -148,6 +180,8 @@ def summarise_event(per: Mapping[int, Mapping[str, Any]], stall_ms: float) -> di
     stalled = sorted(f for f, r in per.items() if not r["lost"] and r["max_gap_ms"] > stall_ms)
     widest = max(healthy, key=lambda r: r["max_gap_ms"], default=None)
     return {"affected": affected, "lost": int(sum(per[f]["lost"] for f in affected)),
+            # flows whose loss in this event lasted to the capture's end: they never delivered again
+            "open": sorted(f for f in affected if per[f].get("open")),
             "late": int(sum(per[f]["late"] for f in affected)),
             "loss_window_ms": max(windows) if windows else 0.0,
             # when the last affected flow delivered again, ms after the event (the repair's end)

@@ -152,3 +152,32 @@ def test_late_and_never_arrived_packets_are_told_apart():
     ev = result["events"][0]
     assert ev["lost"] == 10 and ev["late"] == 5
     assert result["late"] == 5
+
+
+def _flow_until(flow: int, stop_ms: float, n: int = 1000) -> dict[str, np.ndarray]:
+    """A flow whose packets stop arriving for good from ``stop_ms`` on (n were sent)."""
+    return _flow(flow, n=n, missing=range(int(stop_ms), n))
+
+
+def test_a_flow_that_never_delivers_again_is_lost_to_the_capture_s_end():
+    """Its lost packets have no later packet to close a gap: the sender's count tells them."""
+    end_s = (T0 + 1000 * MS) / 1e9
+    result = losswindow.analyse(_merge(_flow_until(0, 300), _flow(1)), _events(300, 800), end_s=end_s,
+                                sent_per_flow=[1000, 1000])
+    failure, repair = result["events"]
+    assert failure["affected"] == [0] and failure["open"] == [0]
+    assert failure["lost"] == 700
+    assert failure["loss_window_ms"] == pytest.approx(700, abs=2)
+    assert repair["affected"] == [] and result["received"] == 1300 and result["sent"] == 2000
+
+
+def test_without_the_sender_s_counts_a_tail_is_not_seen():
+    ev = losswindow.analyse(_merge(_flow_until(0, 300), _flow(1)), _events(300, 800))["events"][0]
+    assert ev["affected"] == [] and "sent" not in losswindow.analyse(_flow(1), _events(300))
+
+
+def test_a_flow_that_stopped_before_the_first_event_is_named_not_counted_for_it():
+    result = losswindow.analyse(_merge(_flow_until(0, 100), _flow(1)), _events(300, 800),
+                                end_s=(T0 + 1000 * MS) / 1e9, sent_per_flow=[1000, 1000])
+    assert result["stopped_before_events"] == [0]
+    assert [e["affected"] for e in result["events"]] == [[], []]

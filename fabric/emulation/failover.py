@@ -352,7 +352,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     sent = _last_json(send_out)
     with np.load(out) as z:
         arrivals = {k: z[k] for k in z.files}
-    result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s))
+    result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s), end_s=sent.get("end_wall"),
+                                sent_per_flow=sent.get("per_flow"))
     texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
     result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
     result["stages"] = stages(records, result["events"][0], vconn.text() if vconn else None, intfs,
@@ -368,7 +369,12 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     log(f"{probe.kind} #{rep}: loss window {e0['loss_window_ms']:.1f} ms on {len(e0['affected'])}/"
         f"{result['flows']} flows, {e0['lost']} lost ({e0['late']} of them late), largest gap on the others "
         f"{e0['max_gap_unaffected_ms']:.1f} ms ({len(e0['stalled'])} stalled), detection "
-        f"{result['detection_ms']}" + (f", stages {result['stages']}" if probe.stages else ""))
+        f"{result['detection_ms']}" + (f", stages {result['stages']}" if probe.stages else "")
+        + f"; {result.get('received', result['packets'])} of {result.get('sent')} packets received"
+        + "".join(f"; flows {e['open']} never delivered again after the {e['action']}"
+                  for e in result["events"] if e.get("open"))
+        + (f"; flows {result['stopped_before_events']} stopped delivering before the failure"
+           if result.get("stopped_before_events") else ""))
     return result
 
 
@@ -404,6 +410,8 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for sw, ms in r["detection_ms"].items():
             det.setdefault(sw, []).append(ms)
     return {"loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in fail),
+            # packets sent and never received, whatever the events (a fabric that stopped delivering)
+            "undelivered": losswindow.spread(r["sent"] - r["received"] for r in runs if "received" in r),
             "lost": losswindow.spread(e["lost"] for e in fail),
             "late": losswindow.spread(e.get("late", 0) for e in fail),
             "affected_flows": losswindow.spread(len(e["affected"]) for e in fail),
@@ -430,7 +438,9 @@ def describe(kind: str, s: dict[str, Any]) -> str:
             f"{f(s['affected_flows'])}, largest gap on unaffected flows {f(s['max_gap_unaffected_ms'], ' ms')} "
             f"(stalled {f(s['stalled_flows'])}; the network's share {f(s['max_network_gap_unaffected_ms'], ' ms')}); "
             f"detection: {det or '-'}; after repair: loss window "
-            f"{f(s['repair_loss_window_ms'], ' ms')}" + stages_text(s.get("stages", {})))
+            f"{f(s['repair_loss_window_ms'], ' ms')}"
+            + (f"; packets never received {f(s['undelivered'])}" if s.get("undelivered", {}).get("n") else "")
+            + stages_text(s.get("stages", {})))
 
 
 #: the stages in the order a failure goes through them, and how the summary names them

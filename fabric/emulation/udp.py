@@ -129,7 +129,7 @@ def flows(dst: str, port: int, n_flows: int, pps: float, seconds: float, src: st
         # catch up at most one slot: a sender stall shows as a gap in send times, not a burst
         next_t = max(next_t + interval, time.monotonic() - interval)
     return {"sent": k, "send_errors": errors, "flows": n_flows, "per_flow": seq, "sport_base": sport_base,
-            "seconds": time.monotonic() - start}
+            "seconds": time.monotonic() - start, "end_wall": time.time()}
 
 
 def flowrecv(bind: str, port: int, seconds: float, out: Path) -> dict:
