@@ -135,17 +135,20 @@ def test_a_failed_fat_tree_aggregation_switch_needs_the_controller():
         assert all(any(f"{c} port" in p and f"link to {sw} is down" in p for c in cores) for p in problems)
 
 
+def h5_to_h1_via_p0s0(net: FabricTables) -> list:
+    """mini-hpn's walks from h5 (under p0l1) to h1 (under p0l0) on the branches p0l1 sends up to p0s0."""
+    spine_port = {n: p for p, n, _ in compiler.index_of(net.g).sw["p0l1"].up}
+    via = [w for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]
+           if w.hops[0][2] == spine_port["p0s0"]]
+    assert via, "some branch of h5->h1 leaves p0l1 towards p0s0"
+    return via
+
+
 def test_a_spine_that_loses_its_link_to_a_leaf_detours_through_another_leaf_that_bounces_up():
     """mini-hpn: p0s0-p0l0 fails; p0s0 sends what it has for p0l0 down to another leaf, which
     marks it and sends it up a different spine; that spine takes it straight down to p0l0."""
-    g = fabric("mini-hpn")
-    failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
-    net = local_only("mini-hpn", failures)
-    spine_port = {n: p for p, n, _ in compiler.index_of(g).sw["p0l1"].up}
-    detoured = [w for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]
-                if w.hops[0][2] == spine_port["p0s0"]]
-    assert detoured, "some branch of h5->h1 leaves p0l1 towards p0s0"
-    for walk in detoured:
+    net = local_only("mini-hpn", compiler.Failures.of([("p0l0", "p0s0", 0)]))
+    for walk in h5_to_h1_via_p0s0(net):
         path = [h[0] for h in walk.hops]
         assert walk.result == "delivered"
         assert path[:2] == ["p0l1", "p0s0"] and path[-2:] == ["p0s1", "p0l0"]
@@ -242,13 +245,7 @@ def test_a_spine_coming_back_with_one_port_live_delivers_every_branch():
 
 
 def test_a_packet_sent_back_is_bounced_once_by_its_sender():
-    g = fabric("mini-hpn")
-    net = coming_back("mini-hpn", "p0s0")
-    spine_port = {n: p for p, n, _ in compiler.index_of(g).sw["p0l1"].up}
-    via = [w for s in net.entropy_ports() for w in [net.send("h5", "h1", 0, sport=s)]
-           if w.hops[0][2] == spine_port["p0s0"]]
-    assert via, "some branch of h5->h1 leaves p0l1 towards p0s0"
-    for walk in via:
+    for walk in h5_to_h1_via_p0s0(coming_back("mini-hpn", "p0s0")):
         path = [h[0] for h in walk.hops]
         assert walk.result == "delivered"
         assert path[:3] == ["p0l1", "p0s0", "p0l1"] and path[3] != "p0s0" and path[-1] == "p0l0"
