@@ -80,7 +80,13 @@ def test_the_controller_killed_during_a_collective_is_restarted_every_byte_arriv
     plan = Plan(collectives="all_reduce", transports="roce", entropies="spray", ranks=4,
                 placement="cross-rail", sizes="1M", iterations=4)
     before, t0 = flows(emu), time.monotonic()
-    send, recv = udp_stream(emu, "h1", "h13", seconds=20.0)
+    # the stream runs between hosts the collective does not use (it takes h1, h5, h9 and h13). From h1
+    # to h13 it shared their NIC and host port with the all-reduce at line rate, and once (CI,
+    # 2026-12-04, a faster machine) lost 1 of 3,572 packets while the collective re-sent one: most
+    # likely that shared queue (not proven); the controller's restart is what this test is about
+    src, dst = "h2", "h14"
+    assert not {src, dst} & set(next(iter(plan.jobs_on(emu.graph).values()))[0].labels or [])
+    send, recv = udp_stream(emu, src, dst, seconds=20.0)
     tl = timeline.load({"events": [{"at": 1.0, "action": "controller_kill"}]}, emu.graph)
     [res] = run(plan, emu, progress=False, timeline=tl)["results"]
     assert wait_for(lambda: emu.controller_losses and "restart_s" in emu.controller_losses[0], 60)
@@ -91,7 +97,7 @@ def test_the_controller_killed_during_a_collective_is_restarted_every_byte_arriv
     assert loss["action"] == "restart" and loss["code"] == -9
     [kill] = res["failover"]
     assert kill["event"] == "controller_kill controller" and kill["exactly_once"]     # every byte, once
-    print(f"controller killed under load and restarted in {loss['restart_s']:.1f} s: UDP stream h1->h13 "
+    print(f"controller killed under load and restarted in {loss['restart_s']:.1f} s: UDP stream {src}->{dst} "
           f"{sent['sent']} sent, {got['packets']} received, {sent['sent'] - got['packets']} lost; collective: "
           f"{kill['packets_lost']} packets re-sent, {kill['flows_hurt']} of {kill['flows']} flows with a loss "
           f"window (max {kill['loss_window_ms_max']:.1f} ms), every byte exactly once")
