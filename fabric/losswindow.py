@@ -26,7 +26,8 @@ Per flow and per event:
   its last packet arrived, and its loss window runs to the capture's end (``open``: the flow never
   delivered again). Before 2026-12-04 a tail was not seen at all: a probe repetition whose flows
   all stopped for good read "0 flows affected" with two thirds of its packets lost. A tail that
-  began before the first event is no event's: ``stopped_before_events`` names those flows;
+  began before the first event is no event's: ``stopped_before_events`` names those flows, and
+  ``never_heard`` the flows of which nothing arrived at all;
 - a flow is **affected** when it lost packets in the event; an unaffected flow whose largest
   gap exceeds ``stall_ms`` is **stalled**: it never lost a packet but its path stopped;
 - a packet is **late** when it arrives more than ``late_ms`` after a packet of its flow with a

@@ -181,3 +181,8 @@ def test_a_flow_that_stopped_before_the_first_event_is_named_not_counted_for_it(
                                 end_s=(T0 + 1000 * MS) / 1e9, sent_per_flow=[1000, 1000])
     assert result["stopped_before_events"] == [0]
     assert [e["affected"] for e in result["events"]] == [[], []]
+
+
+def test_a_flow_of_which_nothing_arrived_is_named():
+    result = losswindow.analyse(_flow(1), _events(300), end_s=(T0 + 1000 * MS) / 1e9, sent_per_flow=[1000, 1000])
+    assert result["never_heard"] == [0] and result["received"] == 1000 and result["sent"] == 2000

@@ -374,7 +374,8 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
         + "".join(f"; flows {e['open']} never delivered again after the {e['action']}"
                   for e in result["events"] if e.get("open"))
         + (f"; flows {result['stopped_before_events']} stopped delivering before the failure"
-           if result.get("stopped_before_events") else ""))
+           if result.get("stopped_before_events") else "")
+        + (f"; nothing of flows {result['never_heard']} arrived" if result.get("never_heard") else ""))
     return result
 
 
