@@ -13,9 +13,11 @@ Tables (the same on every switch; OpenFlow 1.3)
                   IPv4 -> table 1; everything else misses and is dropped. Detours (see
                   "Fast failover"): a *bounced* packet (Ethernet source BOUNCE_MAC) goes to
                   table 3 on spines and cores and is dropped on a leaf unless it is for the
-                  leaf's own prefix; a switch that bounces (a leaf; a spine under cores, with
-                  two uplinks or more) sends what comes down an uplink for someone else
-                  (not its own prefix or pod) back up avoiding that uplink, marked bounced.
+                  leaf's own prefix; a packet a core detoured *deep* (Ethernet source
+                  DEEP_MAC) goes down to a leaf, unmarked, from a spine under cores; a
+                  switch that bounces (a leaf; a spine under cores, with two uplinks or
+                  more) sends what comes down an uplink for someone else (not its own
+                  prefix or pod) back up avoiding that uplink, marked bounced.
     1  route      IPv4 destination, longest prefix first (priority = 1000 + prefix
                   length). An action is a one-port choice (the port's fast-failover
                   group when it has detours, else output), a *next-hop set* (write its id,
@@ -56,14 +58,17 @@ may be the very leaf the packet came from (every leaf sends up every spine): Ope
 an output to the ingress port, so a detour bucket clears in_port first (``_Protection.detour``;
 on Open vSwitch an NXM load, see controller/app.py). A core's
 one-port way down to a pod likewise detours through spines of other pods, which bounce up
-another core; a spine's single uplink detours through its leaves. A switch whose neighbours
+another core; where every such core would reach the pod through the same spine alone (a
+fat-tree: a failed aggregation switch takes its whole group of cores out of its pod), the core
+marks the packet deep instead (``DEEP_MAC``, ``_deep``): the spine of the other pod sends it down
+to one of its leaves, which bounces it up another spine of that pod and so up a core of another
+group. A spine's single uplink detours through its leaves. A switch whose neighbours
 are all below it and bounce (a two-tier spine, a fat-tree core) ends its detour groups with a
 bucket back out of the ingress port (``_returns``): when it sees none of its ports live, as when
 it comes back from a failure before its BFD sessions are up while its neighbours' are, the
 sender bounces the packet instead of the switch dropping it. Not covered: a long-haul
-link with no parallel link to the same far campus, and, in a fat-tree, a failed
-aggregation switch (every core of its group loses the pod at once: only the controller
-repairs that). tests/test_failover_tables.py proves the rest on the small presets.
+link with no parallel link to the same far campus (no path is left in that plane).
+tests/test_failover_tables.py proves the rest on the small presets.
 
 Remote convergence, per affected route. What a switch holds whatever fails -- table 0,
 the groups, the entropy tables of its *healthy* next-hop sets with their "avoid one port"
@@ -137,13 +142,15 @@ TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY, TABLE_BOUNCED = 0, 1, 2, 3
 ETH_IPV4, ETH_ARP = 0x0800, 0x0806
 PROTO_TCP, PROTO_UDP = 6, 17
 PRIO_ARP, PRIO_IPV4 = 100, 10
-PRIO_MARKED, PRIO_OWN, PRIO_MARKED_DROP, PRIO_BOUNCE = 50, 40, 30, 20    # table 0: detours
+PRIO_MARKED, PRIO_DEEP, PRIO_OWN, PRIO_MARKED_DROP, PRIO_BOUNCE = 50, 45, 40, 30, 20    # table 0: detours
 PRIO_ROUTE_BASE = 1000
 PRIO_L4, PRIO_OTHER = 300, 200
 FULL = 0xFFFFFFFF
 FF_BACKUPS = 3          # backup buckets of a next-hop set's fast-failover groups
 DETOURS = 3             # detour buckets of a one-port choice's fast-failover group
 BOUNCE_MAC = "0e:00:00:00:00:01"    # Ethernet source of a bounced packet (locally administered)
+#: Ethernet source of a packet a core detours *deep* (see ``_deep``): the spine it reaches sends it down
+DEEP_MAC = "0e:00:00:00:00:03"
 OFPP_IN_PORT = 0xFFFFFFF8           # OpenFlow's reserved port: back out of the port the packet came in on
 ARP_REQUEST, ARP_REPLY = 1, 2
 IPV4_FIELDS = ("ipv4_dst", "ipv4_src", "arp_spa", "arp_tpa")    # fields holding an IPv4 address (an int here)
@@ -1356,6 +1363,34 @@ def _returns(ix: FabricIndex, sw: _Sw) -> bool:
             and all(_bounces(ix.sw[n], ix) for _, n, _ in sw.down))
 
 
+def _deep(ix: FabricIndex, sw: _Sw) -> bool:
+    """Must core ``sw`` detour *deep*? A core's one-port way down into a pod goes through the one
+    spine of that pod it is wired to. Its detour is a spine of another pod, which bounces the
+    packet up one of its other cores. Where every such core also has that same spine as its only
+    way into the pod (a fat-tree: the cores of an aggregation switch's group each reach a pod
+    through that pod's switch of the group alone), a failed spine leaves the bounce nowhere to go:
+    every core of the group loses the pod at once. Then the core marks the packet ``DEEP_MAC``
+    instead, and the spine it reaches sends it down to one of its leaves (table 0, ``PRIO_DEEP``),
+    which bounces it up another spine of its own pod, marked (a spine of another group, so up
+    other cores, which reach the pod through another of its spines). A packet is marked deep
+    once, by a core, and bounced once, by that leaf: it cannot loop."""
+    if sw.tier != 3:
+        return False
+    down = {n: ix.sw[n] for _p, n, _k in sw.down}
+    for t in down.values():
+        others = [n for n in down.values() if n.pod != t.pod and _bounces(n, ix)]
+        for n in others:
+            cores = [ix.sw[c] for _p, c, _k in n.up if c != sw.name and ix.sw[c].tier == 3]
+            if cores and all({m for _p, m, _k in c.down if ix.sw[m].pod == t.pod} == {t.name} for c in cores):
+                return True
+    return False
+
+
+def _deep_target(ix: FabricIndex, sw: _Sw) -> bool:
+    """Does spine ``sw`` get packets a core detours deep (see :func:`_deep`)?"""
+    return sw.tier == 2 and any(_deep(ix, ix.sw[c]) for _p, c, _k in sw.up if ix.sw[c].tier == 3)
+
+
 class _Protection:
     """What a switch holds whatever fails: computed once per graph from its healthy compile.
 
@@ -1396,7 +1431,7 @@ class _Protection:
     def group(self, buckets: tuple, shared: dict) -> tuple:
         return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
 
-    def detour(self, port: int, detours: tuple, shared: dict, back: bool = False) -> tuple:
+    def detour(self, port: int, detours: tuple, shared: dict, back: bool = False, deep: bool = False) -> tuple:
         """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
         lead back to the switch the packet came from (a spine's detour for a dead way down to a
         leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
@@ -1409,14 +1444,18 @@ class _Protection:
         state of a spine coming back from a failure: its leaves may see a link live before it
         does (a BFD session comes up on one end first), and they send it traffic while it sees no
         port live at all. The bucket goes to :meth:`back` and watches that group, which is always
-        live (Open vSwitch refuses a fast-failover bucket that watches nothing)."""
-        key = ("detour", port, *detours) + (("back",) if back else ())
+        live (Open vSwitch refuses a fast-failover bucket that watches nothing).
+
+        With ``deep`` (a core, see :func:`_deep`) each detour bucket also marks the packet
+        ``DEEP_MAC``."""
+        key = ("detour", port, *detours) + (("back",) if back else ()) + (("deep",) if deep else ())
+        mark = (("set_field", "eth_src", DEEP_MAC),) if deep else ()
         tail: tuple = ()
         if back:
             ((_, gid),) = self.back(shared)
             tail = ((("group", gid), (("group", gid),)),)
         return self._interned(key, shared, lambda: ((port, (("output", port),)),) + tuple(
-            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
+            (q, mark + (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
 
     def back(self, shared: dict) -> tuple:
         """The indirect group that sends a packet back out of the port it came in on (OFPP_IN_PORT)."""
@@ -1520,15 +1559,22 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     singles = sorted(a[0] for a in actions if len(a) == 1)
     detours = _detours(ix, sw, singles)
     back = _returns(ix, sw)
+    deep = _deep(ix, sw)
     for p in singles:
         d = detours.get(p, ())
-        pr.single[p] = pr.detour(p, d, shared, back) if d else (("output", p),)
+        pr.single[p] = pr.detour(p, d, shared, back, deep) if d else (("output", p),)
     flows: list[Flow] = []
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)
     else:
         flows.extend(_CLASSIFY_OTHER)
         flows.append(_MARKED_TO_BOUNCED)
+        if _deep_target(ix, sw):     # down to a leaf that bounces it, unmarked (it comes down an uplink)
+            leaves = tuple(sorted(p for p, n, _ in sw.down if _bounces(ix.sw[n], ix)))
+            if leaves:
+                flows.append(Flow(TABLE_CLASSIFY, PRIO_DEEP, (("eth_type", ETH_IPV4), ("eth_src", DEEP_MAC)),
+                                  (("set_field", "eth_src", GATEWAY_MAC),)
+                                  + pr.group(leaves[:1 + FF_BACKUPS], shared)))
     if bounce:
         if sw.tier == 1:
             flows.append(_MARKED_DROP)

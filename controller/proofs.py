@@ -101,6 +101,8 @@ from hpnlab.controller.oftable import FabricTables, valley_free_reachable
 
 RULE = "failure-tolerance"
 MAX_HOPS = FabricTables.MAX_HOPS
+#: the Ethernet sources the compiled tables match (the detours' marks, compiler's "Fast failover")
+MARKS = frozenset({compiler.BOUNCE_MAC, compiler.DEEP_MAC})
 
 
 # ---- objects and their symmetry keys ----------------------------------------------------------
@@ -474,14 +476,14 @@ class SetWalker:
 
     def _check(self, switch: str) -> bool:
         """Do ``switch``'s tables look at no more of a packet than the shared results key on
-        (the destination, whether it is bounced, the source address's bits in ``_src_mask``)?
+        (the destination, its detour mark if any, the source address's bits in ``_src_mask``)?
         A switch that looks at more source bits widens the mask (and drops what was shared)."""
         ok = self._conforms.get(switch)
         if ok is None:
             ok = True
             for k, values, mask in self._spec(switch, 0):
                 if k == "eth_src":
-                    ok &= values is not None and values <= {compiler.BOUNCE_MAC}
+                    ok &= values is not None and values <= MARKS
                 elif k == "ipv4_src":
                     ok &= values is None
                     if mask & ~self._src_mask:
@@ -670,7 +672,8 @@ class SetWalker:
                 # the port a packet came in by matters only where the tables match it
                 seen = self._in_ports.get(peer, frozenset())
                 in_port = peer_port if seen is None or peer_port in seen else ()
-                mkey: tuple = (peer, in_port, pkt["ipv4_dst"], pkt.get("eth_src") == compiler.BOUNCE_MAC,
+                mark = pkt.get("eth_src")
+                mkey: tuple = (peer, in_port, pkt["ipv4_dst"], mark if mark in MARKS else None,
                                pkt["ipv4_src"] & self._src_mask)
             else:
                 memo, mkey = local, (peer, peer_port) + tuple(sorted(pkt.items()))

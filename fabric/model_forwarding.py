@@ -45,6 +45,9 @@ import numpy as np
 
 MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
 DETOUR_HOPS = 2       # a bounced detour's extra links: down to the switch that bounces, back up
+DEEP_HOPS = 4         # a deep detour's: down to a spine, down to its leaf, back up twice
+#: in ``multi``: the one-port way's detour marks the packet deep (``compiler._deep``), no choice row
+DEEP_ROW = -3
 SPORTS_LISTED = 4096  # source ports Forwarding.sports lists for the tests at most
 
 
@@ -84,6 +87,7 @@ class Forwarding:
         self.port_link = port_link
         self.max_hops = MAX_HOPS
         self._detour_links: set[int] = set()    # the links dead one-port ways' detour groups pick
+        self._deep = False                      # does one of them detour deep (``DEEP_ROW``)?
         dead_ports = cc._dead_ports(ix, self.failures) if self.failures else {}
         self.dead_ports = dead_ports
         acts = cc.switch_actions(g, self.failures) if converged else cc.switch_actions(g, None)
@@ -208,6 +212,7 @@ class Forwarding:
                     got = self._decode(cc, sw, si, pr, pr.single.get(p, (("output", p),)), dead, choice_rows)
                     if got[0] >= 0:
                         self._detour_links.add(got[0])
+                    self._deep |= got[1] == DEEP_ROW
                 else:
                     got = (int(self.port_link[si, p]), -1)
             else:
@@ -255,7 +260,9 @@ class Forwarding:
         if kind == "group":
             buckets = next(g.buckets for g in pr.groups.values() if g.group_id == value)
             # a bucket that watches a group sends the packet back where it came from: not modelled (a drop)
-            port = next((q for q, _out in buckets if isinstance(q, int) and q not in dead), None)
+            port, out = next(((q, o) for q, o in buckets if isinstance(q, int) and q not in dead), (None, ()))
+            if port is not None and ("set_field", "eth_src", cc.DEEP_MAC) in out:
+                return int(self.port_link[si, port]), DEEP_ROW      # a core's deep detour
         else:
             assert kind == "output", actions
             port = None if value in dead else value
@@ -304,9 +311,27 @@ class Forwarding:
             dead = dead_ports.get(name, set())
             out = [next((int(self.port_link[si, p]) for p in ports if p not in dead), -1) for _n, _m, ports in table3]
             marked[si, cols] = np.array(out + [-1], dtype=np.int32)[which]
+        # a deep detour (``compiler._deep``): the spine it reaches sends it down to a leaf that bounces
+        deep_way = np.full(n_sw, -1, dtype=np.int32)
+        deep_links: set[int] = set()
+        if self._deep:
+            for name in self.switches:
+                sw = ix.sw[name]
+                if sw.tier != 2 or sw.plane not in planes or name in self.failures.switches:
+                    continue
+                pr = ix.protection(sw)
+                down = next((f.actions for f in pr.flows if f.table == cc.TABLE_CLASSIFY
+                             and f.priority == cc.PRIO_DEEP), None)
+                if down is not None:
+                    si = self.sw_index[name]
+                    lk, _row = self._decode(cc, sw, si, pr, down, dead_ports.get(name, set()), choice_rows)
+                    deep_way[si] = lk
+                    if lk >= 0:
+                        deep_links.add(lk)
+        self.deep_way = deep_way
         in_row = np.full(len(self.head) + 1, -1, dtype=np.int32)
         rows: list[tuple[int, int, int, int]] = []
-        for link in sorted(self._detour_links):
+        for link in sorted(self._detour_links | deep_links):
             si = int(self.head[link])
             sw = ix.sw[self.switches[si]]
             pr = ix.protection(sw)
@@ -321,7 +346,7 @@ class Forwarding:
         self.marked = marked
         b = np.array(rows, dtype=np.int64).reshape(-1, 4)
         self.bounce = (in_row, b[:, 0].astype(np.int32), b[:, 1].astype(np.int32), b[:, 2], b[:, 3], leaf_net)
-        self.max_hops = MAX_HOPS + DETOUR_HOPS
+        self.max_hops = MAX_HOPS + (DEEP_HOPS if self._deep else DETOUR_HOPS)
 
     @staticmethod
     def _entries(cc: Any, pr: Any, memo: dict) -> tuple[bool, dict, list]:
@@ -372,9 +397,10 @@ class Forwarding:
         single, multi = self.single.ravel(), self.multi.ravel()
         choice, width = self.choice.ravel(), self.choice.shape[1]
         detours = self.bounce is not None
-        if detours:                                     # the link each came in by (-1: a host), marked?
+        if detours:                                     # the link each came in by (-1: a host), marked? deep?
             came = np.full(len(idx), -1, dtype=np.int64)
             marked = np.zeros(len(idx), dtype=bool)
+            deep = np.zeros(len(idx), dtype=bool)
         for h in range(self.max_hops):
             if not len(idx):
                 break
@@ -382,7 +408,7 @@ class Forwarding:
             lk = single[at]
             row = multi[at]
             if detours:
-                marked = self._detour_step(at, dst, came, marked, lk, row)
+                marked, deep = self._detour_step(at, dst, came, marked, deep, lk, row)
             chosen = np.flatnonzero(row >= 0)
             if len(chosen):
                 r = row[chosen]
@@ -400,20 +426,28 @@ class Forwarding:
             on = ~(arrived | dead_end)
             idx, cur, dst, tgt, sp = idx[on], nxt[on], dst[on], tgt[on], sp[on]
             if detours:
-                came, marked = lk[on], marked[on]
+                came, marked, deep = lk[on], marked[on], deep[on]
         if len(idx):                                    # out of hops: no path
             by_hop[:, idx] = -1
         return by_hop.T, ok
 
     def _detour_step(self, at: np.ndarray, dst: np.ndarray, came: np.ndarray, marked: np.ndarray,
-                     lk: np.ndarray, row: np.ndarray) -> np.ndarray:
+                     deep: np.ndarray, lk: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Table 0's detour entries for the walks at switch/destination ``at`` (``cur * leaves +
-        dst``): a marked packet takes the switch's :attr:`marked` way; an unmarked one that came
-        down an uplink of a switch that bounces, for someone outside its own prefix, that
-        switch's bounce entry (and is marked from then on). Changes ``lk`` and ``row`` in place;
-        returns the walks' marks."""
+        dst``): a marked packet takes the switch's :attr:`marked` way; a packet marked deep, the
+        spine's way down to a leaf (:attr:`deep_way`), unmarked from then on; an unmarked one that
+        came down an uplink of a switch that bounces, for someone outside its own prefix, that
+        switch's bounce entry (and is marked from then on); one whose one-port way here detours
+        deep (``DEEP_ROW``) is marked deep. Changes ``lk`` and ``row`` in place; returns the walks'
+        marks."""
         assert self.bounce is not None
         in_row, b_link, b_row, b_net, b_mask, leaf_net = self.bounce
+        was_deep = deep
+        if deep.any():
+            on = np.flatnonzero(deep)
+            lk[on] = self.deep_way[at[on] // self.single.shape[1]]
+            row[on] = -1
+            deep = np.zeros_like(deep)
         if marked.any():
             on = np.flatnonzero(marked)
             way = self.marked.ravel()[at[on]]
@@ -422,7 +456,7 @@ class Forwarding:
             lk[on] = way
             row[on] = -1
         b = in_row[came]
-        bounced = np.flatnonzero((b >= 0) & ~marked)
+        bounced = np.flatnonzero((b >= 0) & ~marked & ~was_deep)
         if len(bounced):
             bb = b[bounced]
             out = (leaf_net[dst[bounced]] & b_mask[bb]) != b_net[bb]       # not its own prefix
@@ -431,7 +465,11 @@ class Forwarding:
             row[bounced] = b_row[bb]
             marked = marked.copy()
             marked[bounced] = True
-        return marked
+        going = row == DEEP_ROW
+        if going.any():
+            deep = going & ~marked
+            row[going] = -1
+        return marked, deep
 
     def leaf_path(self, src_leaf: str, dst_leaf: str, sport: int) -> list[int] | None:
         """One source port's directed links from leaf to leaf (None: no path), for the tests."""

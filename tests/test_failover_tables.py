@@ -104,35 +104,47 @@ def test_fast_failover_alone_delivers_every_live_pair_under_any_single_link_fail
         assert not problems, f"{len(problems)} problems under {lid}, e.g.:\n" + "\n".join(problems[:5])
 
 
-def three_tier_spine(g, sw: str) -> bool:
-    return g.nodes[sw]["tier"] == 2 and any(g.nodes[n]["tier"] == 3 for n in g.adj[sw])
-
-
 @pytest.mark.parametrize("name", SMALL)
 def test_fast_failover_alone_delivers_every_live_pair_under_any_single_switch_failure(name):
-    """Except a spine under cores (see the next test)."""
-    g = fabric(name)
     for sw in swept(name)[1]:
-        if three_tier_spine(g, sw) and g.graph["scenario"].kind == "fat-tree":
-            continue
         failures = compiler.Failures(switches=frozenset([sw]))
         problems, _ = problems_of(local_only(name, failures), failures)
         assert not problems, f"{len(problems)} problems under {sw} down, e.g.:\n" + "\n".join(problems[:5])
 
 
-def test_a_failed_fat_tree_aggregation_switch_needs_the_controller():
-    """Not covered by local protection: in a fat-tree every core of an aggregation switch's
-    group loses its only way into that pod at once, and every other pod reaches those cores
-    only through aggregation switches whose uplinks are all still live. Fast failover alone
-    never loops here, and the only losses are packets a core of that group cannot take down;
-    the controller's state (test_oftable_reachability) delivers them."""
+def test_only_a_fat_trees_cores_detour_deep():
+    """compiler._deep: where a failed spine would take every core that a bounce reaches out of its
+    pod at once (a fat-tree's aggregation switch and its group of cores); nowhere else."""
+    for name in SMALL:
+        g = fabric(name)
+        ix = compiler.index_of(g)
+        deep = {sw for sw in graph.switches(g) if compiler._deep(ix, ix.sw[sw])}
+        cores = {sw for sw in graph.switches(g) if g.nodes[sw]["tier"] == 3}
+        assert deep == (cores if name == "fat-tree-4" else set()), name
+
+
+def test_a_failed_fat_tree_aggregation_switch_is_detoured_deep_by_its_cores():
+    """Every core of a0's group lost pod 0 at once: each detours what it has for pod 0 down an
+    edge switch of another pod, which bounces it up that pod's other aggregation switch, so up a
+    core of the other group. Without the deep mark (a bounce up another core of the same group)
+    those packets were dropped until the controller reacted."""
     g = fabric("fat-tree-4")
-    for sw in [n for n in graph.switches(g) if three_tier_spine(g, n)]:
-        failures = compiler.Failures(switches=frozenset([sw]))
-        problems, _ = problems_of(local_only("fat-tree-4", failures), failures)
-        assert not [p for p in problems if p.startswith("LOOP")]
-        cores = {n for n in g.adj[sw] if g.nodes[n]["tier"] == 3}
-        assert all(any(f"{c} port" in p and f"link to {sw} is down" in p for c in cores) for p in problems)
+    agg = "a0"
+    cores = {n for n in g.adj[agg] if g.nodes[n]["tier"] == 3}
+    net = local_only("fat-tree-4", compiler.Failures(switches=frozenset([agg])))
+    pod = g.nodes[agg]["pod"]
+    into = [(s, d) for s in graph.hosts(g) for d in graph.hosts(g)
+            if g.nodes[graph.host_ports(g, d)[0]["leaf"]]["pod"] == pod
+            and g.nodes[graph.host_ports(g, s)[0]["leaf"]]["pod"] != pod]
+    via = [w for s, d in into for sp in net.entropy_ports() for w in [net.send(s, d, 0, sport=sp)]
+           if any(h[0] in cores for h in w.hops)]
+    assert via, "some branch into pod 0 reaches a core of a0's group"
+    for w in via:
+        path = [h[0] for h in w.hops]
+        i = next(i for i, n in enumerate(path) if n in cores)
+        assert w.result == "delivered", (w.where, w.hops)
+        assert g.nodes[path[i + 2]]["tier"] == 1 and g.nodes[path[i + 2]]["pod"] != pod, path   # the bounce edge
+        assert not cores & set(path[i + 1:]), path                                             # another group
 
 
 def h5_to_h1_via_p0s0(net: FabricTables) -> list:

@@ -6,8 +6,9 @@ model's detour path for every leaf pair and entropy pattern of the small presets
 single fabric-link failure, is the table interpreter's walk of those tables link for link --
 the fast-failover backups of a next-hop set, and the bounced detours of a dead one-port way
 (a spine that lost its leaf sends the packet down another leaf, which bounces it up another
-spine, marked; a core that lost its pod, through another pod's spine or aggregation switch and
-up another core) -- and a pair the tables drop has no model path.
+spine, marked; a core that lost its pod, in a fat-tree, deep: through an edge switch of another
+pod and up that pod's other aggregation switch, compiler._deep) -- and a pair the tables drop
+has no model path.
 """
 from __future__ import annotations
 
@@ -53,18 +54,27 @@ def test_a_spine_that_lost_its_leaf_detours_through_another_leaf_that_bounces_up
         assert spine == "p0s1" and other != "p0l3" and spine2 != "p0s1" and leaf == "p0l3", p
 
 
-def test_a_core_that_lost_its_pod_detours_through_another_pod_and_up_another_core():
+def test_a_core_that_lost_its_pod_detours_deep_through_a_leaf_of_another_pod_and_up_another_group():
+    """fat-tree-4: a core that lost its link into a pod marks the packet deep; the aggregation
+    switch of another pod it reaches sends it down to an edge switch, which bounces it up the
+    pod's other aggregation switch, so up a core of another group, which reaches the pod through
+    its own aggregation switch there (compiler._deep: what survives a failed aggregation switch)."""
     g = fabric("fat-tree-4")
     link = next((u, v, k) for u, v, k in fabric_links(g) if {g.nodes[u]["tier"], g.nodes[v]["tier"]} == {2, 3})
     core, agg = (link[0], link[1]) if g.nodes[link[0]]["tier"] == 3 else (link[1], link[0])
     pod = g.nodes[agg]["pod"]
-    through = [p for _s, d, p in detour_paths(g, link) if g.nodes[d]["pod"] == pod and any(t == core for t, _h in p)]
+    through = [(d, p) for _s, d, p in detour_paths(g, link)
+               if g.nodes[d]["pod"] == pod and any(t == core for t, _h in p)]
     assert through, f"some pattern into pod {pod} reaches {core}"
-    for p in through:
+    for d, p in through:
         i = next(i for i, (t, _h) in enumerate(p) if t == core)
-        (_, other), (_, core2) = p[i], p[i + 1]         # down into another pod, bounced up another core
-        assert g.nodes[other]["pod"] != pod and g.nodes[core2]["tier"] == 3 and core2 != core, p
-        assert len(p) == i + 4 and g.nodes[p[i + 2][1]]["pod"] == pod, p    # down into the pod, to the leaf
+        heads = [h for _t, h in p[i:]]
+        assert len(heads) == 6, p
+        agg2, edge, agg3, core2, agg4, leaf = heads
+        assert g.nodes[agg2]["pod"] != pod and g.nodes[edge]["tier"] == 1, p      # down into another pod's edge
+        assert g.nodes[agg3]["pod"] == g.nodes[agg2]["pod"] and agg3 != agg2, p   # bounced up its other switch
+        assert g.nodes[core2]["tier"] == 3 and agg not in g.adj[core2], p         # a core of another group
+        assert g.nodes[agg4]["pod"] == pod and agg4 != agg and leaf == d, p
 
 
 @pytest.mark.parametrize("routing", ["flow", "spray"])
