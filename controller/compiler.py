@@ -66,7 +66,11 @@ group. A spine's single uplink detours through its leaves. A switch whose neighb
 are all below it and bounce (a two-tier spine, a fat-tree core) ends its detour groups with a
 bucket back out of the ingress port (``_returns``): when it sees none of its ports live, as when
 it comes back from a failure before its BFD sessions are up while its neighbours' are, the
-sender bounces the packet instead of the switch dropping it. Not covered: a long-haul
+sender bounces the packet instead of the switch dropping it. A spine under cores does the same
+in every group but the deep one (``_returns_below``: its leaves bounce, each core has one link
+to it), and a core that gets back what it brought down to a spine for that spine's pod sends
+it another way (``_returned_flows``, table 0: the detours of its way into the pod, or its set
+into the pod without that spine, marked). Not covered: a long-haul
 link with no parallel link to the same far campus (no path is left in that plane).
 tests/test_failover_tables.py proves the rest on the small presets.
 
@@ -142,7 +146,7 @@ TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY, TABLE_BOUNCED = 0, 1, 2, 3
 ETH_IPV4, ETH_ARP = 0x0800, 0x0806
 PROTO_TCP, PROTO_UDP = 6, 17
 PRIO_ARP, PRIO_IPV4 = 100, 10
-PRIO_MARKED, PRIO_DEEP, PRIO_OWN, PRIO_MARKED_DROP, PRIO_BOUNCE = 50, 45, 40, 30, 20    # table 0: detours
+PRIO_MARKED, PRIO_DEEP, PRIO_OWN, PRIO_MARKED_DROP, PRIO_RETURNED, PRIO_BOUNCE = 50, 45, 40, 30, 25, 20  # table 0
 PRIO_ROUTE_BASE = 1000
 PRIO_L4, PRIO_OTHER = 300, 200
 FULL = 0xFFFFFFFF
@@ -1391,6 +1395,21 @@ def _deep_target(ix: FabricIndex, sw: _Sw) -> bool:
     return sw.tier == 2 and any(_deep(ix, ix.sw[c]) for _p, c, _k in sw.up if ix.sw[c].tier == 3)
 
 
+def _returns_below(ix: FabricIndex, sw: _Sw) -> bool:
+    """May spine ``sw``, under cores, send a packet it cannot forward back where it came from? Yes
+    when every neighbour below bounces and every core above is wired to it by one link. A
+    neighbour below bounces what it gets back (or drops it, if it is marked already). A core that
+    gets back what it sent down sends it another way (:func:`_returned_flows`), or drops it: its
+    route would send it down the link it came back by, and OpenFlow skips an output to the
+    ingress port. A core with parallel links would send it down another of them: no. What a core
+    marked deep never comes back this way (the deep group has no such bucket)."""
+    if sw.tier != 2 or not sw.down or sw.lateral:
+        return False
+    cores = [n for _p, n, _k in sw.up if ix.sw[n].tier == 3]
+    return (bool(cores) and len(cores) == len(set(cores)) == len(sw.up)
+            and all(_bounces(ix.sw[n], ix) for _p, n, _k in sw.down))
+
+
 class _Protection:
     """What a switch holds whatever fails: computed once per graph from its healthy compile.
 
@@ -1428,8 +1447,14 @@ class _Protection:
             self.groups[key] = g
         return (("group", g.group_id),)
 
-    def group(self, buckets: tuple, shared: dict) -> tuple:
-        return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
+    def group(self, buckets: tuple, shared: dict, back: bool = False) -> tuple:
+        """A fast-failover group over ``buckets`` (ports); with ``back``, ending with the bucket back
+        out of the ingress port (see :meth:`detour` and :func:`_returns_below`)."""
+        if not back:
+            return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
+        ((_, gid),) = self.back(shared)
+        return self._interned(buckets + (("back",),), shared, lambda: tuple(
+            (q, (("output", q),)) for q in buckets) + ((("group", gid), (("group", gid),)),))
 
     def detour(self, port: int, detours: tuple, shared: dict, back: bool = False, deep: bool = False) -> tuple:
         """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
@@ -1457,13 +1482,21 @@ class _Protection:
         return self._interned(key, shared, lambda: ((port, (("output", port),)),) + tuple(
             (q, mark + (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
 
+    def returned(self, port: int, detours: tuple, shared: dict, deep: bool = False) -> tuple:
+        """The detours of a one-port choice alone (see :func:`_returned_flows`): the group of
+        :meth:`detour` without its first bucket, and with no way back."""
+        key = ("returned", port, *detours) + (("deep",) if deep else ())
+        mark = (("set_field", "eth_src", DEEP_MAC),) if deep else ()
+        return self._interned(key, shared, lambda: tuple(
+            (q, mark + (("set_field", "in_port", 0), ("output", q))) for q in detours))
+
     def back(self, shared: dict) -> tuple:
         """The indirect group that sends a packet back out of the port it came in on (OFPP_IN_PORT)."""
         return self._interned(("back",), shared, lambda: ((None, (("output", OFPP_IN_PORT),)),), kind="indirect")
 
-    def set_outs(self, ports: tuple, shared: dict) -> tuple:
+    def set_outs(self, ports: tuple, shared: dict, back: bool = False) -> tuple:
         """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set]."""
-        return tuple(self.group(_rotation(ports, i, 1 + FF_BACKUPS), shared) for i in range(len(ports)))
+        return tuple(self.group(_rotation(ports, i, 1 + FF_BACKUPS), shared, back) for i in range(len(ports)))
 
     def encode(self, ports: tuple) -> tuple | None:
         """Route actions for a next-hop set from what is installed anyway, or None (needs new entries)."""
@@ -1558,12 +1591,13 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     up_meta = pr.metas.get(up)
     singles = sorted(a[0] for a in actions if len(a) == 1)
     detours = _detours(ix, sw, singles)
-    back = _returns(ix, sw)
+    below = _returns_below(ix, sw)
+    back = _returns(ix, sw) or below
     deep = _deep(ix, sw)
     for p in singles:
         d = detours.get(p, ())
         pr.single[p] = pr.detour(p, d, shared, back, deep) if d else (("output", p),)
-    flows: list[Flow] = []
+    flows: list[Flow] = _returned_flows(ix, sw, hacts, detours, pr, deep)
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)
     else:
@@ -1588,7 +1622,7 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             flows.append(Flow(TABLE_CLASSIFY, PRIO_BOUNCE, (("in_port", p), ("eth_type", ETH_IPV4)),
                               (("set_field", "eth_src", BOUNCE_MAC),) + act if act else ()))
     for ports, meta in pr.metas.items():
-        outs = pr.set_outs(ports, shared)
+        outs = pr.set_outs(ports, shared, below)
         field = _field(ix, sw, ports)
         flows.extend(entropy_flows(ports, field, meta, outs))
         flows.extend(avoid_flows(ports, field, meta, outs))
@@ -1599,13 +1633,47 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             by_prefix[ix.level_prefix[level]] = ports
         for prefix, ports in by_prefix.items():
             if len(ports) >= 2:
-                act = pr.group(_rotation(ports, 0, 1 + FF_BACKUPS), shared)
+                act = pr.group(_rotation(ports, 0, 1 + FF_BACKUPS), shared, below)
             else:
                 act = tuple(("output", p) for p in ports)
             flows.append(Flow(TABLE_BOUNCED, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix), act))
     pr.flows = tuple(flows)
     pr.group_values = tuple(sorted(pr.groups.values()))
     return pr
+
+
+def _returned_flows(ix: FabricIndex, sw: _Sw, hacts: tuple, detours: Mapping[int, tuple], pr: _Protection,
+                    deep: bool) -> list[Flow]:
+    """A core's table-0 entries for what a spine sent back (:func:`_returns_below`): a packet that
+    comes up from spine t for t's own pod never does otherwise (a spine sends up only what is
+    for outside its pod), so t could not forward it. The core's way into the pod would send it
+    back down to t, an output to the ingress port, which OpenFlow skips: instead, where t is the
+    core's only link into the pod, it takes that way's detours at once (marked deep where the
+    core detours deep); where the way is a next-hop set, the set without t, marked bounced (a
+    marked packet is never sent back by a spine's table 3 to a core that would return it: no
+    ping-pong between two spines coming back at once)."""
+    if sw.tier != 3:
+        return []
+    default, exceptions = hacts
+    out = []
+    for p, n, _k in sw.down:
+        t = ix.sw[n]
+        if not _returns_below(ix, t):
+            continue
+        ways = {exceptions.get(d, default) for _q, d, _k2 in t.down}
+        if len(ways) != 1:
+            continue
+        (way,) = ways
+        act: tuple | None = None
+        if way == (p,) and detours.get(p):
+            act = pr.returned(p, detours[p], ix.shared, deep)
+        elif len(way) >= 2 and p in way and way in pr.metas:
+            act = (("set_field", "eth_src", BOUNCE_MAC), ("metadata", avoid_meta(pr.metas[way], way.index(p))),
+                   ("goto", TABLE_ENTROPY))
+        if act is not None:
+            own = ix.level_prefix[next(iter(_scope(ix, t)))]
+            out.append(Flow(TABLE_CLASSIFY, PRIO_RETURNED, (("in_port", p),) + _route_match(own), act))
+    return out
 
 
 def _own_flow(ix: FabricIndex, sw: _Sw) -> tuple:

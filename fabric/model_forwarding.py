@@ -24,7 +24,12 @@ sends a UDP source port to one port of a set:
   its first 4 ports, whatever the entropy); a leaf that bounces drops a marked packet for
   someone else. The walk keeps, beside the switch, the link it came in by and whether the
   packet is marked (:meth:`Forwarding.walk`); a detour adds two links at most (a packet is
-  detoured once, :attr:`Forwarding.max_hops`).
+  detoured once, :attr:`Forwarding.max_hops`). A fat-tree's core detours *deep*
+  (``compiler._deep``): the aggregation switch it reaches sends the packet down to an edge
+  switch (its table-0 entry for ``DEEP_MAC``: the first live port of its group), unmarked, and
+  that edge bounces it as above; four links more. A bucket back out of the ingress port (a
+  switch coming back before its BFD sessions are up) is not modelled: the model's liveness is
+  the failures', the same at both ends of a link.
 
 A next-hop set reads only its role's bit field, so its choice is tabulated per value of
 that field (a row of the choice table: one column per field pattern, with the row's bit
@@ -355,7 +360,8 @@ class Forwarding:
         whose first live one forwards) longest prefix first)."""
         got = memo.get(id(pr))
         if got is None:
-            groups = {g.group_id: tuple(q for q, _out in g.buckets) for g in pr.groups.values()}
+            # a bucket that watches a group (back where the packet came from) is not modelled: a drop
+            groups = {g.group_id: tuple(q for q, _out in g.buckets if isinstance(q, int)) for g in pr.groups.values()}
             drop, bounce, table3 = False, {}, []
             for f in pr.flows:
                 if f.table == cc.TABLE_CLASSIFY:

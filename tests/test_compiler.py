@@ -132,8 +132,9 @@ def test_spine_under_a_core_drops_its_pod_beyond_its_leaves_and_sends_the_rest_u
     r = routes(compiler.compile_fabric(g)["p0s0"])
     assert r[plan.pod_prefix(0, 0, 0)] == ()
     st = compiler.compile_fabric(g)["p0s0"]
-    up = buckets(st, r[plan.plane_prefix(0)])      # its one uplink, then detours down to its leaves
-    assert up[0] == uplink_ports(g, "p0s0")[0] and len(up) == 3
+    # its one uplink, then detours down to its two leaves, then back where the packet came from
+    up = buckets(st, r[plan.plane_prefix(0)])
+    assert up[0] == uplink_ports(g, "p0s0")[0] and len(up) == 4 and up[3][0] == "group"
     assert len(r) == 2 + 2      # two leaves in its pod
 
 
