@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark: the loss window of a running collective through a failure, failover modes side by side.
 
-One invocation, on the emulated mini-hpn (real OVS, the controller process, BFD on every fabric
-port), runs an all-reduce over the ``roce`` transport (sprayed entropy, 4 ranks across leaves)
+One invocation, on the emulated mini-hpn (``--scenario``: another preset, e.g. fat-tree-4, where
+``spine`` fails an aggregation switch of rank 0's pod; real OVS, the controller process, BFD on every
+fabric port), runs an all-reduce over the ``roce`` transport (sprayed entropy, 4 ranks across leaves)
 through a failure timeline, for each failover mode and each kind of failure, repeated:
 
 modes   ``controller``    no local protection (fast-failover groups keep only their primary
@@ -52,7 +53,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from hpnlab.fabric import experiment, report
+from hpnlab.fabric import experiment, graph, report
 from hpnlab.fabric.errors import UserError
 
 MODES = {"controller": {"fast_failover": False, "host_failover": False, "remote": True},
@@ -169,7 +170,7 @@ def plot_data(res: dict, conv: list[tuple[float, float]], remote: bool) -> dict 
     return out
 
 
-def plot(kind: str, runs: dict[str, list[dict]], path: str) -> None:
+def plot(kind: str, runs: dict[str, list[dict]], path: str, scenario: str = "mini-hpn") -> None:
     """One figure per failure kind: a row per mode (its first repetition), a line per flow with its
     arrival gaps as bars; the failure, detection, delivering again, controller update and repair
     marked."""
@@ -199,7 +200,7 @@ def plot(kind: str, runs: dict[str, list[dict]], path: str) -> None:
         ax.legend(fontsize=6, loc="upper right")
     axes[-1, 0].set_xlabel("ms after the failure (bars: a flow's arrival gaps of 2 ms or more, a message in flight)")
     axes[-1, 0].set_xlim(-100, 1000 * max((runs[m][0]["plot"].get("repair_s") or 1.0) for m in modes) + 200)
-    fig.suptitle(f"failover on mini-hpn: {kind}", fontsize=10)
+    fig.suptitle(f"failover on {scenario}: {kind}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -234,6 +235,7 @@ def spread(vals: list[float]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=5, help="repetitions per mode and kind (default 5)")
+    p.add_argument("--scenario", default="mini-hpn", help="the preset or scenario file to emulate (default mini-hpn)")
     p.add_argument("--modes", default=",".join(MODES),
                    help=f"comma list of {', '.join(MODES)}; a mode with {PRIO} (e.g. local+remote+host{PRIO}) runs "
                         f"with the control class on every port (emulation.control_priority)")
@@ -267,11 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         cfg = MODES[base_mode(mode)]
         prio = {"emulation": {"control_priority": True}} if mode.endswith(PRIO) else None
-        with Emulation("mini-hpn", overrides=prio, controller="hpnlab", ecn=False, lock_wait_s=600, log=None,
+        with Emulation(args.scenario, overrides=prio, controller="hpnlab", ecn=False, lock_wait_s=600, log=None,
                        bfd_ms=BFD_MS, fast_failover=cfg["fast_failover"], port_type=args.port_type) as emu:
             pl = plan(cfg["host_failover"], args.iterations)
             [job] = next(iter(pl.jobs_on(emu.graph).values()))
             t = targets(emu.graph, list(job.labels or []))
+            if "nic" in kinds and len(graph.host_ports(emu.graph, t["host"])) < 2:
+                raise UserError(f"{t['host']} has one NIC port on {args.scenario}: a NIC failure would cut it off "
+                                f"(run the other kinds, --kinds link,one-side,gray,spine)")
             baseline[mode] = [one_run(emu, pl, None) for _ in range(2)]
             say(f"{mode}: without failure busbw/line {spread([r['busbw'] * 1e3 for r in baseline[mode]])} (x1e-3)")
             for kind in kinds:
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"stall ms {spread([r['stall_ms'] for r in reps])}  "
                     f"controller converged ms {spread([r['convergence_ms'] for r in reps])}  "
                     f"exactly once {sum(bool(r['exactly_once']) for r in reps)}/{len(reps)}")
-    say(f"\nfailover on mini-hpn: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
+    say(f"\nfailover on {args.scenario}: all_reduce 1 MiB over roce (spray), 4 ranks, BFD {BFD_MS} ms, "
         f"{args.repeat} repetitions, median [min-max]; {time.monotonic() - t0:.0f} s")
     say(f"{'kind':<9} {'mode':<23} {'loss window ms':>22} {'stall ms':>22} {'converged ms':>22} {'hurt':>6} "
         f"{'re-sent':>8} {'slowdown':>9} {'once':>5} {'load':>5} {'repair: loss window ms':>24} {'hurt':>5}")
@@ -311,12 +316,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"{statistics.median(c) / statistics.median(lo):.1f}x")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"modes": MODES, "kinds": kinds, "bfd_ms": BFD_MS, "baseline": baseline, "runs": rows,
-                       "cpus": os.cpu_count()}, fh, indent=1)
+            json.dump({"scenario": args.scenario, "modes": MODES, "kinds": kinds, "bfd_ms": BFD_MS,
+                       "baseline": baseline, "runs": rows, "cpus": os.cpu_count()}, fh, indent=1)
         say(f"wrote {args.json}")
         for kind in kinds:
             png = os.path.join(os.path.dirname(os.path.abspath(args.json)), f"failover-{kind}.png")
-            plot(kind, {mode: rows[mode][kind] for mode in modes}, png)
+            plot(kind, {mode: rows[mode][kind] for mode in modes}, png, args.scenario)
             say(f"wrote {png}")
     if wrong:
         say(f"{wrong} wrong elements")
