@@ -15,23 +15,19 @@ import signal
 import time
 
 import pytest
+from test_emulation_bfd import BFD_MS, _wait, failed_pings_after_repair
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
 AGG = "a0"
-BFD_MS = 50   # the shortest interval that never flapped on this 2-core machine (README: failures)
 
 
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
 
-    e = Emulation("fat-tree-4", controller="hpnlab", bfd_ms=BFD_MS, lock_wait_s=300)
-    e.start()
-    try:
+    with Emulation("fat-tree-4", controller="hpnlab", bfd_ms=BFD_MS, lock_wait_s=300) as e:
         yield e
-    finally:
-        e.stop()
 
 
 def _pod_ips(emu, pod: int) -> set[str]:
@@ -50,13 +46,6 @@ def _live(emu) -> list[bool]:
     return ["LIVE" in states.get(i, set()) for i in _agg_ports(emu)]
 
 
-def _until(cond, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return cond()
-
-
 def _walk(emu, pairs: list) -> dict:
     walk = emu.walk_branches(pairs=pairs)
     if walk["missing"]:                              # a pair's first packets can wait for ARP
@@ -72,7 +61,7 @@ def test_with_the_controller_stopped_a_failed_aggregation_switch_leaves_every_br
     inside = _pod_ips(emu, pod)
     pairs = [p for p in emu.all_pairs() if (p[3] in inside) != (p[1] in inside)]
     assert pairs and len(emu.entropy_source_ports()) > 1
-    assert _until(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
+    assert _wait(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
     assert _walk(emu, pairs)["missing"] == []            # healthy first: every branch delivers
     signal_controller(emu, signal.SIGSTOP)
     try:
@@ -97,12 +86,12 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
     pairs = [p for p in emu.all_pairs() if p[3] in inside or p[1] in inside]
     ifs = _agg_ports(emu)
     assert len(ifs) == 4
-    assert _until(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
+    assert _wait(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
     signal_controller(emu, signal.SIGSTOP)
     try:
         for name in ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
-        assert _until(lambda: not any(_live(emu)), 5.0)
+        assert _wait(lambda: not any(_live(emu)), 5.0)
         walk = _walk(emu, pairs)
         assert not any(_live(emu))                      # the state held for the whole walk
         assert walk["probes"] > 0 and walk["missing"] == []
@@ -113,9 +102,4 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
 
 
 def test_the_fat_tree_is_whole_after_the_aggregation_switch_comes_back(emu):
-    time.sleep(0.5)
-    result = emu.ping_all()
-    if result["failed"]:
-        time.sleep(1.5)
-        result = emu.ping_all(pairs=result["failed"])
-    assert result["failed"] == []
+    assert failed_pings_after_repair(emu) == []
