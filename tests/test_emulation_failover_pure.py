@@ -212,10 +212,19 @@ def test_failed_sends_are_the_enetdown_returns_of_the_send_calls_in_wall_time():
 def test_the_dead_port_window_counts_the_failed_sends_between_fault_and_repair():
     t0 = 1000.0
     w = send_trace.window([999.9, 1000.0012, 1000.0051, 1000.0098, 1000.9], t0, t0 + 0.5)
-    assert w == {"dead_port_sends": 3, "dead_port_first_ms": pytest.approx(1.2),
+    assert w == {"dead_port_sends": 3, "dead_port_sends_later": 0, "dead_port_first_ms": pytest.approx(1.2),
                  "dead_port_last_ms": pytest.approx(9.8)}
-    assert send_trace.window([], t0, t0 + 0.5) == {"dead_port_sends": 0, "dead_port_first_ms": None,
-                                                   "dead_port_last_ms": None}
+    assert send_trace.window([], t0, t0 + 0.5) == {"dead_port_sends": 0, "dead_port_sends_later": 0,
+                                                   "dead_port_first_ms": None, "dead_port_last_ms": None}
+
+
+def test_the_last_send_into_the_dead_port_ends_the_datapaths_burst_not_at_bfds_later_packets():
+    t0 = 1000.0
+    datapath = [t0 + 0.001 + k * 0.0005 for k in range(12)]            # every 0.5 ms until 6.5 ms
+    bfd = [t0 + 0.05, t0 + 0.1, t0 + 0.946]                             # the session's own packets
+    w = send_trace.window(datapath + bfd, t0, t0 + 1.0)
+    assert w["dead_port_last_ms"] == pytest.approx(6.5)
+    assert w["dead_port_sends"] == 12 and w["dead_port_sends_later"] == 3
 
 
 def test_stages_place_the_datapaths_last_send_into_the_dead_port_when_traced():
