@@ -1,0 +1,83 @@
+"""Open vSwitch's own fast failover without hpnlab (tools/ovs_floor.py): what it builds, what
+it takes down, and, on a live Open vSwitch, that a link down moves every flow to the backup
+and that it leaves nothing of its own behind."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpnlab.cli import ovs_floor
+
+
+def test_every_name_fits_a_linux_interface_name_for_the_largest_pid():
+    n = ovs_floor.names(4194304)          # pid_max's ceiling on 64-bit Linux
+    assert all(len(v) <= 15 for k, v in n.items() if not k.startswith("ns_"))
+    assert len(set(n.values())) == len(n)
+
+
+def test_each_kind_takes_down_its_ends_of_link_one():
+    n = ovs_floor.names(7)
+    assert ovs_floor.fault_ends("both", n) == ["hf7a1", "hf7b1"]
+    assert ovs_floor.fault_ends("near", n) == ["hf7a1"]      # the group's own port
+    assert ovs_floor.fault_ends("far", n) == ["hf7b1"]       # its peer: the group's port loses carrier
+
+
+def test_the_first_bridge_sends_through_a_group_that_watches_link_one_then_link_two():
+    flows = ovs_floor.openflow(ovs_floor.names(7))
+    group, = [line for line in flows["hff7a"] if line.startswith("group:")]
+    assert "type=fast_failover" in group
+    assert group.index("watch_port:2,actions=output:2") < group.index("watch_port:3,actions=output:3")
+    assert "flow:in_port=1,actions=group:1" in flows["hff7a"]
+
+
+DESC = """OFPST_PORT_DESC reply (OF1.3) (xid=0x2):
+ 1(hf7as): addr:aa:bb:cc:dd:ee:01
+     config:     0
+     state:      LIVE
+ 2(hf7a1): addr:aa:bb:cc:dd:ee:02
+     config:     0
+     state:      LINK_DOWN
+ 3(hf7a2): addr:aa:bb:cc:dd:ee:03
+     config:     0
+     state:      LIVE
+ LOCAL(hff7a): addr:aa:bb:cc:dd:ee:04
+     config:     PORT_DOWN
+     state:      LINK_DOWN
+"""
+
+
+def test_a_port_is_live_only_when_its_state_says_live():
+    assert ovs_floor.live_ports(DESC) == {"hf7as", "hf7a2"}
+
+
+def test_an_unknown_kind_is_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        ovs_floor.main(["--kinds", "both,sideways"])
+    assert e.value.code == 2
+    assert "sideways: not one of both, near, far" in capsys.readouterr().err
+
+
+@pytest.mark.emulation
+def test_a_link_down_moves_every_flow_to_the_backup_and_nothing_is_left_behind(emulation_ready, tmp_path):
+    out = tmp_path / "floor.json"
+    p = subprocess.Popen([sys.executable, "-m", "hpnlab.cli.ovs_floor", "--kinds", "near,far", "--repeat", "1",
+                          "--flows", "2", "--pps", "1000", "--hold", "0.5", "--json", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr
+    reps = json.loads(out.read_text())["repetitions"]
+    assert [r["kind"] for r in reps] == ["near", "far"]
+    for r in reps:
+        assert r["affected"] == 2 and r["lost"] > 0 and r["loss_window_ms"] > 0   # both flows crossed link 1
+        assert not r["open"]                                                        # and delivered again
+        assert r["received"] + r["lost"] + r["repair_lost"] == r["sent"]
+    n = ovs_floor.names(p.pid)
+    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
+    assert not {n["br_a"], n["br_b"]} & set(bridges)
+    assert not [v for k, v in n.items() if not k.startswith(("ns_", "br_")) and Path(f"/sys/class/net/{v}").exists()]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert n["ns_s"] not in netns and n["ns_r"] not in netns
