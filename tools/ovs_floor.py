@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def stop(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, stop)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
     reps: list[dict] = []
     loads = [os.getloadavg()[0]]
     try:
