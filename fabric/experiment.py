@@ -661,7 +661,7 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     event's figures end at the timeline's next record of any kind (a repair ends its
     failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair). Empty when
     the transport keeps no such records."""
-    from .transport.accounting import failure_windows, summarize_windows
+    from .transport.accounting import failure_windows, recovery_join_s, summarize_windows
     changes = set(_REPAIRS) | set(_REPAIRS.values())
     named = [(f"{rec['action']} {'-'.join(rec['target'])}", rec.get("start_wall", rec["wall"]), rec["action"])
              for rec in records]
@@ -671,7 +671,8 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
         return []
     others = [t for _name, t, action in named if action not in changes]
     repairs = {name for name, _t, action in named if action in _REPAIRS.values()}
-    return summarize_windows(failure_windows(flows, events, boundaries=others, repairs=repairs))
+    join_s = recovery_join_s((result.get("transport_info") or {}).get("max_rto_s"))
+    return summarize_windows(failure_windows(flows, events, boundaries=others, repairs=repairs, join_s=join_s))
 
 
 def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[str, Any] | None:

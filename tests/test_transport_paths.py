@@ -4,7 +4,7 @@ and the bounded per-flow loss accounting with the failure-window figures made fr
 import pytest
 
 from hpnlab.fabric.transport import TransportError
-from hpnlab.fabric.transport.accounting import BurstLog, GapLog, Largest, exactly_once, failure_windows
+from hpnlab.fabric.transport.accounting import BurstLog, GapLog, Largest, exactly_once, failure_windows, recovery_join_s
 from hpnlab.fabric.transport.nic import interface_of, link_up
 from hpnlab.fabric.transport.paths import PathParams, PathTable, ack_plane
 
@@ -245,6 +245,25 @@ def test_re_sends_that_follow_each_other_within_the_join_are_one_recovery():
               [11.5, 11.5, 1, {"nack": 1}]]
     [w] = failure_windows([_flow(gaps=gaps, retx_bursts=bursts)], [("link_drop", 10.0)], horizon_s=5.0)
     assert w["packets_lost"] == 3 and w["loss_window_s"] == pytest.approx(0.15)
+
+
+def test_the_join_is_two_and_a_half_of_the_runs_longest_retransmission_timeouts():
+    assert recovery_join_s(0.1) == pytest.approx(0.25)
+    assert recovery_join_s(1.0) == pytest.approx(2.5)
+    assert recovery_join_s(None) == pytest.approx(0.25) and recovery_join_s(0) == pytest.approx(0.25)
+
+
+def test_a_recovery_paced_by_a_timer_backed_off_to_one_second_stays_one_recovery_where_the_run_allows_it():
+    """Without host-side failover the roce timer backs off to 1 s: its rounds 0.2, 0.4 and 0.8 s
+    apart are one recovery, and the stall before the last one is its loss window."""
+    gaps = [[10.001, 10.006, 5, 6, True], [10.7, 11.5, 90, 91, True]]
+    bursts = [[10.1, 10.1, 1, {"timeout": 1}], [10.3, 10.3, 1, {"timeout": 1}], [10.7, 10.7, 1, {"timeout": 1}],
+              [11.5, 11.5, 1, {"timeout": 1}]]
+    flow = _flow(gaps=gaps, retx_bursts=bursts)
+    [cut] = failure_windows([flow], [("link_down", 10.0)], horizon_s=5.0, join_s=recovery_join_s(0.1))
+    [whole] = failure_windows([flow], [("link_down", 10.0)], horizon_s=5.0, join_s=recovery_join_s(1.0))
+    assert cut["packets_lost"] == 2 and cut["loss_window_s"] == pytest.approx(0.005)   # cut at the 0.4 s round
+    assert whole["packets_lost"] == 4 and whole["loss_window_s"] == pytest.approx(0.8)
 
 
 def test_a_boundary_ends_an_event_s_figures_without_figures_of_its_own():

@@ -129,8 +129,22 @@ def _largest_gap(gaps: list, t: float, until: float, containing: bool = True) ->
 
 
 #: a flow's recovery from an event: its re-send bursts from the event on, each beginning within
-#: this long of the event or of the previous burst's end; a later re-send is not the event's
+#: this many of the run's longest retransmission timeouts of the event or of the previous burst's
+#: end; a later re-send is not the event's
+RECOVERY_JOIN_RTOS = 2.5
+#: the join for the roce transport's default longest timeout, 100 ms
 RECOVERY_JOIN_S = 0.25
+
+
+def recovery_join_s(max_rto_s: float | None) -> float:
+    """How far apart a flow's re-sends may be and still be one recovery (pure): 2.5 times the
+    run's longest retransmission timeout, so that a timer backing off to it keeps its rounds in
+    one recovery (``Plan(host_failover=False)`` lets it back off to 1 s: 2.5 s); the default's
+    0.25 s where the run does not say. Before 2026-12-05 it was 0.25 s for every run, and a
+    recovery whose timer had backed off past 250 ms was cut short."""
+    if max_rto_s is None or not max_rto_s > 0:
+        return RECOVERY_JOIN_S
+    return RECOVERY_JOIN_RTOS * max_rto_s
 
 
 def recovery(bursts: list, t: float, end: float, join_s: float = RECOVERY_JOIN_S, begun: bool = True) -> list:
