@@ -54,6 +54,27 @@ def test_a_port_is_live_only_when_its_state_says_live():
     assert ovs_floor.live_ports(DESC) == {"hf7as", "hf7a2"}
 
 
+def test_the_summary_pools_the_kinds_per_port_count_and_compares_with_the_fewest_ports():
+    windows = {0: (3.0, 4.0, 8.0), 30: (9.0, 10.0, 11.0)}          # both, near, far
+    reps = [{"idle_links": n, "kind": k, "loss_window_ms": w, "fault_in_place_ms": 1.0}
+            for n, ws in windows.items() for k, w in zip(("both", "near", "far"), ws, strict=True)]
+    s = ovs_floor.summarise(reps, [0, 30], ["both", "near", "far"])
+    assert s[0]["ports"] == 6 and s[30]["ports"] == 66
+    assert s[0]["all"]["median"] == 4.0 and s[30]["all"]["median"] == 10.0
+    assert s[0]["at_most_5ms"] == 2 and s[30]["at_most_5ms"] == 0
+    assert s[0]["ratio"] == 1.0 and s[30]["ratio"] == 2.5
+    assert s[30]["kinds"]["near"]["median"] == 10.0
+
+
+@pytest.mark.parametrize("args, says", [(["--idle-links", "0,x"], "not a comma list of whole numbers"),
+                                        (["--idle-links", "0,300"], "--idle-links 300: not between 0 and 200"),
+                                        (["--repeat", "0"], "--repeat 0: not between 1 and 100")])
+def test_a_bad_count_is_refused_in_one_line(capsys, args, says):
+    with pytest.raises(SystemExit) as e:
+        ovs_floor.main(args)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_an_unknown_kind_is_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         ovs_floor.main(["--kinds", "both,sideways"])
@@ -65,12 +86,12 @@ def test_an_unknown_kind_is_refused_in_one_line(capsys):
 def test_a_link_down_moves_every_flow_to_the_backup_and_nothing_is_left_behind(emulation_ready, tmp_path):
     out = tmp_path / "floor.json"
     p = subprocess.Popen([sys.executable, "-m", "hpnlab.cli.ovs_floor", "--kinds", "near,far", "--repeat", "1",
-                          "--flows", "2", "--pps", "1000", "--hold", "0.5", "--json", str(out)],
+                          "--flows", "2", "--pps", "1000", "--hold", "0.5", "--idle-links", "0,2", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr
     reps = json.loads(out.read_text())["repetitions"]
-    assert [r["kind"] for r in reps] == ["near", "far"]
+    assert [(r["idle_links"], r["kind"]) for r in reps] == [(0, "near"), (0, "far"), (2, "near"), (2, "far")]
     for r in reps:
         assert r["affected"] == 2 and r["lost"] > 0 and r["loss_window_ms"] > 0   # both flows crossed link 1
         assert not r["open"]                                                        # and delivered again

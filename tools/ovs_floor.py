@@ -15,8 +15,11 @@ at the receiver comes from :mod:`hpnlab.fabric.losswindow`, as the probe's does.
 Per repetition it prints the loss window, packets lost, when the last affected flow
 delivered again, and how long the netlink call that took the link down took (the kernel's
 own teardown of a veth: its queue stops at the call's start, its link notification, which is
-what Open vSwitch waits for, goes out at its end). The repetitions of the kinds are
-interleaved, and the summary gives median [min-max] per kind beside the load average.
+what Open vSwitch waits for, goes out at its end). ``--idle-links 0,30`` compares port counts
+in one run: every round builds the bridges anew for each count, in a rotating order, and runs
+each kind once (rotating too). The summary gives, per count, the loss window's median
+[min-max] over the kinds, how many repetitions were at or below 5 ms, and the ratio of its
+median to the smallest count's, beside the load average.
 
 Everything it makes is named after its own pid (bridges ``hff<pid>a``/``b``, interfaces
 ``hf<pid>..``, namespaces ``hpnlab-floor-<pid>-s``/``-r``) and removed on exit, signals
@@ -245,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="netdev: the userspace datapath (default); system: the kernel module's")
     ap.add_argument("--shape", type=float, metavar="MBPS", help="htb at this rate on the links' four ports")
     ap.add_argument("--bfd", type=int, metavar="MS", help="BFD on the links' four ports at this interval")
-    ap.add_argument("--idle-links", type=int, default=0, metavar="N",
-                    help="N more veth links between the bridges that carry nothing (mini-hpn has 96 switch ports)")
+    ap.add_argument("--idle-links", default="0", metavar="N[,N...]",
+                    help="N more veth links between the bridges that carry nothing (mini-hpn's switches own 64 "
+                         "ports); several counts are interleaved, the bridges built anew for each in every round")
     ap.add_argument("--idle-veths", type=int, default=0, metavar="N",
                     help="N veth pairs in the root namespace that Open vSwitch does not own")
     ap.add_argument("--json", type=Path, help="write the repetitions and the summary here")
@@ -255,12 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         ap.error(f"--kinds: {', '.join(bad) or 'empty'}: not one of {', '.join(KINDS)}")
-    bounds = {"repeat": (1, 100), "flows": (1, 64), "pps": (10, 50000), "hold": (0.1, 10), "idle_links": (0, 200),
-              "idle_veths": (0, 200), "bfd": (1, 10000), "shape": (0.1, 10000)}
-    for key, (lo, hi) in bounds.items():
-        v = getattr(a, key)
+    try:
+        counts = sorted({int(c) for c in a.idle_links.split(",") if c.strip()})
+    except ValueError:
+        ap.error(f"--idle-links {a.idle_links}: not a comma list of whole numbers")
+    bounds = {"repeat": (1, 100), "flows": (1, 64), "pps": (10, 50000), "hold": (0.1, 10), "idle_veths": (0, 200),
+              "bfd": (1, 10000), "shape": (0.1, 10000)}
+    checked = [(key, getattr(a, key), lo, hi) for key, (lo, hi) in bounds.items()]
+    checked += [("idle_links", c, 0, 200) for c in counts] + [("idle_links", len(counts), 1, 8)]
+    for key, v, lo, hi in checked:
         if v is not None and not lo <= v <= hi:
-            ap.error(f"--{key.replace('_', '-')} {v:g}: not between {lo:g} and {hi:g}")
+            ap.error(f"--{key.replace('_', '-')} {v:g}: not between {lo:g} and {hi:g}"
+                     + (" (counts given)" if key == "idle_links" and v == len(counts) else ""))
     if os.geteuid():
         print("ovs_floor: needs root (namespaces, veths, Open vSwitch bridges)", file=sys.stderr)
         return 2
@@ -272,7 +282,6 @@ def main(argv: list[str] | None = None) -> int:
         print("ovs_floor: Open vSwitch is not running (make install starts it)", file=sys.stderr)
         return 2
     from pyroute2 import IPRoute
-    floor = Floor(a.datapath, a.shape, a.bfd, a.idle_links, a.idle_veths)
 
     def stop(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)
@@ -280,49 +289,71 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, stop)
     reps: list[dict] = []
     loads = [os.getloadavg()[0]]
+    floor: Floor | None = None
     try:
-        floor.build()
-        time.sleep(1.0)
         with IPRoute() as ipr, tempfile.TemporaryDirectory(prefix="hpnlab-floor-") as tmp:
             for r in range(a.repeat):
-                for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                    rep = floor.repetition(k, a.flows, a.pps, a.hold, ipr, Path(tmp))
-                    rep["load1"] = os.getloadavg()[0]
-                    reps.append(rep)
-                    print(f"{k} #{r}: loss window {rep['loss_window_ms']:.1f} ms, {rep['lost']} lost on "
-                          f"{rep['affected']}/{a.flows} flows, delivering again {rep['delivering_again_ms']} ms, "
-                          f"fault in place {rep['fault_in_place_ms']} ms, "
-                          f"repair {rep['repair_loss_window_ms']:.1f} ms, {rep['received']} of {rep['sent']} received",
-                          flush=True)
-                    time.sleep(0.5)
+                for n in counts[r % len(counts):] + counts[:r % len(counts)]:
+                    floor = Floor(a.datapath, a.shape, a.bfd, n, a.idle_veths)
+                    floor.build()
+                    time.sleep(1.0)
+                    for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                        rep = floor.repetition(k, a.flows, a.pps, a.hold, ipr, Path(tmp))
+                        rep.update(idle_links=n, ports=6 + 2 * n, load1=os.getloadavg()[0])
+                        reps.append(rep)
+                        print(f"{6 + 2 * n} ports, {k} #{r}: loss window {rep['loss_window_ms']:.1f} ms, "
+                              f"{rep['lost']} lost on {rep['affected']}/{a.flows} flows, delivering again "
+                              f"{rep['delivering_again_ms']} ms, fault in place {rep['fault_in_place_ms']} ms, "
+                              f"repair {rep['repair_loss_window_ms']:.1f} ms, {rep['received']} of {rep['sent']} "
+                              f"received", flush=True)
+                        time.sleep(0.5)
+                    floor.remove()
+                    floor = None
     except Fail as e:
         print(f"ovs_floor: {e}", file=sys.stderr)
         return 1
     finally:
-        floor.remove()
+        if floor is not None:
+            floor.remove()
         loads.append(os.getloadavg()[0])
-    from hpnlab.fabric.losswindow import spread
-    summary = {k: {f: spread(r[f] for r in reps if r["kind"] == k)
-                   for f in ("loss_window_ms", "delivering_again_ms", "fault_in_place_ms", "lost")} for k in kinds}
+    summary = summarise(reps, counts, kinds)
     extra = f"BFD {a.bfd} ms" if a.bfd else "no BFD"
-    extra += f", {a.idle_links} idle links" if a.idle_links else ""
     extra += f", {a.idle_veths} veth pairs outside it" if a.idle_veths else ""
     qdisc = f"htb {a.shape:g} Mbit/s" if a.shape else "no qdisc"
     print(f"\nOpen vSwitch alone ({a.datapath} datapath, {qdisc}, no controller, {extra}; {a.flows} flows at "
-          f"{a.pps:g} packets/s; ovs-vswitchd nice {ovs_nice()}; "
-          f"load average {min(loads):.1f}-{max(loads):.1f}), median [min-max] of {a.repeat}:")
-    for k, s in summary.items():
-        line = ", ".join(f"{f.removesuffix('_ms').replace('_', ' ')} {v['median']:.1f} "
-                         f"[{v['min']:.1f}-{v['max']:.1f}]" for f, v in s.items() if v.get("n"))
-        print(f"  {k:5} {line}")
+          f"{a.pps:g} packets/s; ovs-vswitchd nice {ovs_nice()}; load average {min(loads):.1f}-{max(loads):.1f}), "
+          f"loss window median [min-max] of {a.repeat} per kind, the kinds pooled, interleaved:")
+    for n in counts:
+        s = summary[n]
+        kinds_line = ", ".join(f"{k} {s['kinds'][k]['median']:.1f}" for k in kinds)
+        print(f"  {6 + 2 * n:4d} ports  {s['all']['median']:5.1f} [{s['all']['min']:.1f}-{s['all']['max']:.1f}]  "
+              f"{s['at_most_5ms']}/{s['all']['n']} at or below 5 ms  x{s['ratio']:.2f} of {6 + 2 * counts[0]} "
+              f"ports'  ({kinds_line}; fault in place {s['fault_in_place']['median']:.1f})")
     if a.json:
         a.json.write_text(json.dumps({"datapath": a.datapath, "shape_mbps": a.shape, "bfd_ms": a.bfd,
-                                      "idle_links": a.idle_links, "idle_veths": a.idle_veths, "flows": a.flows,
-                                      "pps": a.pps,
-                                      "ovs_nice": ovs_nice(), "load1": loads, "repetitions": reps,
+                                      "idle_links": counts, "idle_veths": a.idle_veths, "flows": a.flows,
+                                      "pps": a.pps, "ovs_nice": ovs_nice(), "load1": loads, "repetitions": reps,
                                       "summary": summary}, indent=1))
     return 0
 
+
+def summarise(reps: list[dict], counts: list[int], kinds: list[str]) -> dict[int, dict[str, Any]]:
+    """Per idle-link count: the loss window pooled over the kinds and per kind, how many
+    repetitions were at or below 5 ms, the fault's own time, and the pooled median's ratio to
+    the smallest count's (pure)."""
+    from hpnlab.fabric.losswindow import spread
+    out: dict[int, dict[str, Any]] = {}
+    for n in counts:
+        mine = [r for r in reps if r["idle_links"] == n]
+        out[n] = {"ports": 6 + 2 * n, "all": spread(r["loss_window_ms"] for r in mine),
+                  "kinds": {k: spread(r["loss_window_ms"] for r in mine if r["kind"] == k) for k in kinds},
+                  "fault_in_place": spread(r["fault_in_place_ms"] for r in mine),
+                  "at_most_5ms": sum(r["loss_window_ms"] <= 5.0 for r in mine)}
+    base = out[counts[0]]["all"].get("median") if counts else None
+    for n in counts:
+        med = out[n]["all"].get("median")
+        out[n]["ratio"] = med / base if med is not None and base else float("nan")
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())
