@@ -66,6 +66,22 @@ def test_the_summary_pools_the_kinds_per_port_count_and_compares_with_the_fewest
     assert s[30]["kinds"]["near"]["median"] == 10.0
 
 
+def test_revalidator_rounds_are_its_threads_runs_after_the_fault_joined_within_a_millisecond():
+    t0 = 100.0
+    runs = {"revalidator12/77": [(99.99, 99.991, "S"), (100.0021, 100.0022, "S"), (100.0026, 100.0027, "S"),
+                                 (100.0072, 100.0075, "S"), (100.5, 100.501, "S")],
+            "ovs-vswitchd/70": [(100.001, 100.002, "S")], "revalidator13/78": [(100.0073, 100.0074, "S")]}
+    assert ovs_floor.revalidator_runs(runs, t0) == [2.1, 7.2]          # before, and 500 ms after, are not the fault's
+
+
+def test_the_summary_says_how_far_apart_the_revalidators_first_two_rounds_were():
+    reps = [{"idle_links": 0, "kind": "near", "loss_window_ms": w, "fault_in_place_ms": 1.0, "revalidator_runs_ms": r}
+            for w, r in ((3.5, [2.5]), (8.5, [2.0, 7.0]), (9.0, [2.2, 7.4]))]
+    rv = ovs_floor.summarise(reps, [0], ["near"])[0]["revalidator"]
+    assert rv["traced"] == 3 and rv["two_rounds_or_more"] == 2
+    assert rv["spacing_ms"]["median"] == pytest.approx(5.1)
+
+
 @pytest.mark.parametrize("args, says", [(["--idle-links", "0,x"], "not a comma list of whole numbers"),
                                         (["--idle-links", "0,300"], "--idle-links 300: not between 0 and 200"),
                                         (["--repeat", "0"], "--repeat 0: not between 1 and 100")])
@@ -83,18 +99,20 @@ def test_an_unknown_kind_is_refused_in_one_line(capsys):
 
 
 @pytest.mark.emulation
-def test_a_link_down_moves_every_flow_to_the_backup_and_nothing_is_left_behind(emulation_ready, tmp_path):
+def test_a_link_down_loses_packets_every_flow_delivers_again_and_nothing_is_left_behind(emulation_ready, tmp_path):
     out = tmp_path / "floor.json"
     p = subprocess.Popen([sys.executable, "-m", "hpnlab.cli.ovs_floor", "--kinds", "near,far", "--repeat", "1",
-                          "--flows", "2", "--pps", "1000", "--hold", "0.5", "--idle-links", "0,2", "--json", str(out)],
+                          "--flows", "2", "--pps", "2000", "--hold", "0.5", "--idle-links", "0,2", "--json", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 0, stderr
     reps = json.loads(out.read_text())["repetitions"]
     assert [(r["idle_links"], r["kind"]) for r in reps] == [(0, "near"), (0, "far"), (2, "near"), (2, "far")]
     for r in reps:
-        assert r["affected"] == 2 and r["lost"] > 0 and r["loss_window_ms"] > 0   # both flows crossed link 1
-        assert not r["open"]                                                        # and delivered again
+        # the flows cross link 1 until it fails: some packets were lost (a flow whose packets all fell
+        # outside a short window loses none), and every flow delivered again over link 2
+        assert r["affected"] >= 1 and r["lost"] > 0 and r["loss_window_ms"] > 0
+        assert not r["open"]
         assert r["received"] + r["lost"] + r["repair_lost"] == r["sent"]
     n = ovs_floor.names(p.pid)
     bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()

@@ -84,6 +84,21 @@ def live_ports(ports_desc: str) -> set[str]:
     return live
 
 
+def revalidator_runs(runs: dict[str, list[tuple[float, float, str]]], t0: float,
+                     window_s: float = 0.02) -> list[float]:
+    """When ovs-vswitchd's revalidator threads began to run, ms after ``t0`` and within
+    ``window_s`` of it, from :func:`hpnlab.fabric.emulation.send_trace.on_cpu`'s runs (pure);
+    runs less than 1 ms apart are one round."""
+    starts = sorted(a for name, spans in runs.items() if name.startswith("revalidator")
+                    for a, _b, _st in spans if t0 <= a <= t0 + window_s)
+    rounds: list[float] = []
+    for a in starts:
+        ms = (a - t0) * 1e3
+        if not rounds or ms - rounds[-1] >= 1.0:
+            rounds.append(round(ms, 2))
+    return rounds
+
+
 def run(cmd: list[str], ns: str | None = None, check: bool = True) -> str:
     if ns:
         cmd = ["ip", "netns", "exec", ns] + cmd
@@ -186,15 +201,18 @@ class Floor:
             time.sleep(0.05)
 
     # -- one repetition --------------------------------------------------------------------
-    def repetition(self, kind: str, flows: int, pps: float, hold: float, ipr: Any, tmp: Path) -> dict:
+    def repetition(self, kind: str, flows: int, pps: float, hold: float, ipr: Any, tmp: Path,
+                   trace: bool = False) -> dict:
         from numpy import load
 
         from hpnlab.fabric import losswindow
+        from hpnlab.fabric.emulation import send_trace
         n = self.n
         py = sys.executable
         seconds = 1.0 + hold + 1.0
         out = tmp / f"{kind}-{time.monotonic_ns()}.npz"
         self.wait_live()
+        sched = send_trace.Scheduling(f"floor-{os.getpid()}").begin() if trace else None
         rx = subprocess.Popen(["ip", "netns", "exec", n["ns_r"], py, "-m", "hpnlab.fabric.emulation.udp",
                                "flowrecv", DST, str(PORT), "--seconds", str(seconds + 1.0), "--out", str(out)],
                               stdout=subprocess.PIPE, text=True)
@@ -209,10 +227,16 @@ class Floor:
         time.sleep(1.0)
         idx = [socket.if_nametoindex(i) for i in fault_ends(kind, n)]
         t0 = time.time()
-        for i in idx:
-            ipr.link("set", index=i, state="down")
-        applied = time.time()
-        time.sleep(hold)
+        try:
+            for i in idx:
+                ipr.link("set", index=i, state="down")
+            applied = time.time()
+            time.sleep(min(hold, 0.1) if sched is not None else hold)
+        finally:
+            if sched is not None:
+                sched.end()
+        if sched is not None:
+            time.sleep(max(0.0, hold - 0.1))
         t1 = time.time()
         for i in idx:
             ipr.link("set", index=i, state="up")
@@ -222,11 +246,13 @@ class Floor:
         res = losswindow.analyse(arrivals, [{"wall": t0, "action": "link_down"}, {"wall": t1, "action": "link_up"}],
                                  sent_per_flow=sent["per_flow"])
         down, up = res["events"]
-        return {"kind": kind, "loss_window_ms": down["loss_window_ms"], "lost": down["lost"],
+        return {"kind": kind, "fault_wall": t0, "loss_window_ms": down["loss_window_ms"], "lost": down["lost"],
                 "affected": len(down["affected"]), "delivering_again_ms": down["delivering_again_ms"],
                 "fault_in_place_ms": round((applied - t0) * 1e3, 2), "repair_loss_window_ms": up["loss_window_ms"],
                 "repair_lost": up["lost"],
-                "sent": res.get("sent"), "received": res.get("received"), "open": down["open"]}
+                "sent": res.get("sent"), "received": res.get("received"), "open": down["open"],
+                **({} if sched is None else {"revalidator_runs_ms": revalidator_runs(sched.runs(), t0),
+                                             "trace": sched.reason or "taken"})}
 
 
 def ovs_nice() -> int | None:
@@ -253,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                          "ports); several counts are interleaved, the bridges built anew for each in every round")
     ap.add_argument("--idle-veths", type=int, default=0, metavar="N",
                     help="N veth pairs in the root namespace that Open vSwitch does not own")
+    ap.add_argument("--trace-revalidator", action="store_true",
+                    help="trace when ovs-vswitchd's revalidator threads ran after each fault (sched_switch in "
+                         "an ftrace instance of this run's own, 100 ms from the fault)")
     ap.add_argument("--json", type=Path, help="write the repetitions and the summary here")
     a = ap.parse_args(argv)
     kinds = [k for k in a.kinds.split(",") if k]
@@ -298,14 +327,15 @@ def main(argv: list[str] | None = None) -> int:
                     floor.build()
                     time.sleep(1.0)
                     for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                        rep = floor.repetition(k, a.flows, a.pps, a.hold, ipr, Path(tmp))
+                        rep = floor.repetition(k, a.flows, a.pps, a.hold, ipr, Path(tmp), a.trace_revalidator)
                         rep.update(idle_links=n, ports=6 + 2 * n, load1=os.getloadavg()[0])
                         reps.append(rep)
                         print(f"{6 + 2 * n} ports, {k} #{r}: loss window {rep['loss_window_ms']:.1f} ms, "
                               f"{rep['lost']} lost on {rep['affected']}/{a.flows} flows, delivering again "
                               f"{rep['delivering_again_ms']} ms, fault in place {rep['fault_in_place_ms']} ms, "
                               f"repair {rep['repair_loss_window_ms']:.1f} ms, {rep['received']} of {rep['sent']} "
-                              f"received", flush=True)
+                              f"received" + (f"; revalidator rounds at {rep['revalidator_runs_ms']} ms"
+                                             if "revalidator_runs_ms" in rep else ""), flush=True)
                         time.sleep(0.5)
                     floor.remove()
                     floor = None
@@ -329,6 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {6 + 2 * n:4d} ports  {s['all']['median']:5.1f} [{s['all']['min']:.1f}-{s['all']['max']:.1f}]  "
               f"{s['at_most_5ms']}/{s['all']['n']} at or below 5 ms  x{s['ratio']:.2f} of {6 + 2 * counts[0]} "
               f"ports'  ({kinds_line}; fault in place {s['fault_in_place']['median']:.1f})")
+        if "revalidator" in s:
+            rv = s["revalidator"]
+            gap = rv["spacing_ms"]
+            print(f"        revalidator: {rv['two_rounds_or_more']} of {rv['traced']} repetitions ran two rounds or "
+                  f"more in 20 ms" + (f", the first two {gap['median']:.1f} ms [{gap['min']:.1f}-{gap['max']:.1f}] "
+                                      f"apart" if gap.get("n") else ""))
     if a.json:
         a.json.write_text(json.dumps({"datapath": a.datapath, "shape_mbps": a.shape, "bfd_ms": a.bfd,
                                       "idle_links": counts, "idle_veths": a.idle_veths, "flows": a.flows,
@@ -349,6 +385,11 @@ def summarise(reps: list[dict], counts: list[int], kinds: list[str]) -> dict[int
                   "kinds": {k: spread(r["loss_window_ms"] for r in mine if r["kind"] == k) for k in kinds},
                   "fault_in_place": spread(r["fault_in_place_ms"] for r in mine),
                   "at_most_5ms": sum(r["loss_window_ms"] <= 5.0 for r in mine)}
+        traced = [r["revalidator_runs_ms"] for r in mine if r.get("revalidator_runs_ms")]
+        if traced:
+            # a repetition whose flows waited for a second revalidation round, and how far apart the two were
+            out[n]["revalidator"] = {"traced": len(traced), "two_rounds_or_more": sum(len(t) > 1 for t in traced),
+                                     "spacing_ms": spread(t[1] - t[0] for t in traced if len(t) > 1)}
     base = out[counts[0]]["all"].get("median") if counts else None
     for n in counts:
         med = out[n]["all"].get("median")
