@@ -104,7 +104,8 @@ def run(cmd: list[str], ns: str | None = None, check: bool = True) -> str:
         cmd = ["ip", "netns", "exec", ns] + cmd
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if check and r.returncode:
-        raise Fail(f"{' '.join(cmd)}: {(r.stderr or r.stdout).strip().splitlines()[-1:] or r.returncode}")
+        said = (r.stderr or r.stdout).strip().splitlines()
+        raise Fail(f"{' '.join(cmd)}: {said[-1] if said else f'exit status {r.returncode}'}")
     return r.stdout
 
 
@@ -256,10 +257,11 @@ class Floor:
 
 
 def ovs_nice() -> int | None:
+    from hpnlab.fabric.emulation.send_trace import running_ovs_pid
+    pid = running_ovs_pid()
     try:
-        pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text())
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-    except (OSError, ValueError, IndexError):
+        return None if pid is None else os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
         return None
 
 
