@@ -34,7 +34,13 @@ Figures per (workload, setting), over the repetitions as median [min, max]
     drops            packets dropped by the switch port buffers
     wall_s           the run's wall time
 Ratios: each setting's median over the best static setting's median, per workload (busbw: the
-highest is best; completion times: the lowest). The pure part (everything but
+highest is best; completion times: the lowest). Targets (:func:`targets`, printed last and in ``compare.json``): the
+dynamic-ECN issue's, judged on the medians, each with whether the spreads overlap: per workload
+``dynamic``'s message p99 at most the best static's and its busbw at least 0.95 of the best
+static's; on a workload with both figures, against every static setting, 20% better on one figure
+while at most 5% worse on the other. Interference (:func:`interference`): a mix's figure under its
+best static over the best any setting reached with that job alone (``PARTS``), which bounds what a
+policy can win on the mix without beating every setting on the job alone. The pure part (everything but
 :func:`run_comparison` and the plot functions) is tested on synthetic results.
 """
 from __future__ import annotations
@@ -158,6 +164,8 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     run has no such figure (no all-reduce job: no busbw)."""
     results = doc.get("results", [])
     busbw = [r["avg_busbw_gbs"] for r in results if r.get("collective") not in (None, "incast")]
+    lines = [r["line_rate_bps"] for r in results if r.get("collective") not in (None, "incast")
+             and r.get("line_rate_bps")]
     times = [t for r in results if r.get("collective") == "incast" for row in r.get("rows", [])
              for t in (row.get("oop") or {}).get("message_times_s", [])]
     p50, p99 = _pooled_summary(times)
@@ -167,7 +175,8 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     return {"busbw_gbs": statistics.fmean(busbw) if busbw else None, "p50_us": p50, "p99_us": p99,
             "messages": len(times), "queue_p99_bytes": ecn.get("queue_p99_bytes"),
             "ce_fraction": ecn.get("ce_fraction"), "drops": ecn.get("drops"),
-            "wall_s": doc.get("meta", {}).get("wall_s"), "wrong": wrong}
+            "wall_s": doc.get("meta", {}).get("wall_s"), "wrong": wrong,
+            "line_bps": statistics.fmean(lines) if lines else None}
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
@@ -194,6 +203,7 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
         figures["runs"] = len(done)
         figures["failed"] = [r["unavailable"] for r in recs if "unavailable" in r]
         figures["wrong"] = sum(d.get("wrong") or 0 for d in done)
+        figures["line_bps"] = max((d["line_bps"] for d in done if d.get("line_bps")), default=None)
         out.setdefault(w, {})[s] = figures
     return out
 
@@ -220,6 +230,134 @@ def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dic
                 row[m] = mine / best[1] if (best and mine is not None and best[1]) else None
             out.setdefault(w, {})[s] = row
     return out
+
+
+# ---- the issue's targets, judged from the figures -----------------------------------------------
+
+#: what a dynamic policy must show against the static settings (the dynamic-ECN issue), per workload:
+#: its message p99 at most ``P99_AT_MOST`` x the best static's, its busbw at least ``BUSBW_AT_LEAST`` x
+#: the best static's; on a workload with both figures (a mix), against *every* static setting, a win
+#: of ``WIN`` on one figure (busbw x (1 + WIN), or p99 x (1 - WIN)) while losing at most ``LOSS`` on
+#: the other (busbw x (1 - LOSS), p99 x (1 + LOSS)). Judged on medians; ``within_spread`` says whether
+#: the two settings' [min, max] ranges overlap (a verdict the repetitions could turn).
+P99_AT_MOST = 1.00
+BUSBW_AT_LEAST = 0.95
+WIN = 0.20
+LOSS = 0.05
+#: a mix's figures and the workload that runs the same job alone in the comparison
+PARTS = {"mix": {"busbw_gbs": "allreduce", "p99_us": "incast"}}
+
+
+def _median(f: Mapping[str, Any], metric: str) -> float | None:
+    sp = None if "unavailable" in f else f.get(metric)
+    return sp["median"] if sp else None
+
+
+def _overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return bool(a and b and a["min"] <= b["max"] and b["min"] <= a["max"])
+
+
+def mix_win(mine: Mapping[str, float], theirs: Mapping[str, float]) -> str | None:
+    """Which figure a setting wins by ``WIN`` against another while losing at most ``LOSS`` on
+    the other ("busbw_gbs" or "p99_us"; None if neither). ``mine``/``theirs``: medians by figure."""
+    bw, p99, obw, op99 = mine["busbw_gbs"], mine["p99_us"], theirs["busbw_gbs"], theirs["p99_us"]
+    if bw >= obw * (1 + WIN) and p99 <= op99 * (1 + LOSS):
+        return "busbw_gbs"
+    if p99 <= op99 * (1 - WIN) and bw >= obw * (1 - LOSS):
+        return "p99_us"
+    return None
+
+
+def targets(agg: dict[str, dict[str, dict[str, Any]]], candidate: str = DYNAMIC) -> dict[str, Any]:
+    """The issue's targets for ``candidate`` per workload (see ``P99_AT_MOST`` ...):
+    {workload: {"checks": [{"check", "value", "bound", "against", "met", "within_spread"}], "met"}},
+    a workload where the candidate did not run: {"unavailable": why}."""
+    out: dict[str, Any] = {}
+    for w, per in agg.items():
+        mine = per.get(candidate)
+        if mine is None or "unavailable" in mine:
+            out[w] = {"unavailable": (mine or {}).get("unavailable", f"{candidate} did not run")}
+            continue
+        checks: list[dict[str, Any]] = []
+        for metric, bound, higher in (("p99_us", P99_AT_MOST, False), ("busbw_gbs", BUSBW_AT_LEAST, True)):
+            best, value = best_static(per, metric), _median(mine, metric)
+            if best is None or value is None:
+                continue
+            ratio = value / best[1]
+            checks.append({"check": f"{metric} / best static's", "value": ratio, "bound": bound, "against": best[0],
+                           "met": ratio >= bound if higher else ratio <= bound,
+                           "within_spread": _overlap(mine[metric], per[best[0]][metric])})
+        both = ("busbw_gbs", "p99_us")
+        if all(_median(mine, m) is not None for m in both):
+            for s, f in per.items():
+                if not is_static(s) or any(_median(f, m) is None for m in both):
+                    continue
+                mm = {m: float(_median(mine, m) or 0.0) for m in both}
+                theirs = {m: float(_median(f, m) or 0.0) for m in both}
+                won = mix_win(mm, theirs)
+                checks.append({"check": f"mix: {WIN:.0%} better on one figure, at most {LOSS:.0%} worse on the other",
+                               "value": {m: mm[m] / theirs[m] if theirs[m] else None for m in both},
+                               "bound": WIN, "against": s, "met": won is not None, "won": won,
+                               "within_spread": all(_overlap(mine[m], f[m]) for m in both)})
+        out[w] = {"checks": checks, "met": bool(checks) and all(c["met"] for c in checks)}
+    return out
+
+
+def interference(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """How much a mix's jobs slow each other: per mix figure, the best static setting's median in the
+    mix over the best median any setting reached with that job alone in the same comparison
+    (``PARTS``; busbw: mix / alone, below 1 is slower; p99: mix / alone, above 1 is slower). A mix
+    within a few percent of its jobs alone leaves no policy a 20% win on it but by beating every
+    setting on the job alone."""
+    out: dict[str, dict[str, Any]] = {}
+    for mix, parts in PARTS.items():
+        if mix not in agg:
+            continue
+        for metric, alone in parts.items():
+            best = best_static(agg[mix], metric)
+            have = [(s, m) for s, f in agg.get(alone, {}).items() if (m := _median(f, metric)) is not None]
+            if best is None or not have:
+                continue
+            top = (max if METRICS[metric] else min)(have, key=lambda x: x[1])
+            line = agg[mix][best[0]].get("line_bps") if metric == "busbw_gbs" else None
+            out.setdefault(mix, {})[metric] = {"mix": best[1], "mix_setting": best[0], "alone": top[1],
+                                               "alone_setting": top[0], "alone_workload": alone,
+                                               "ratio": best[1] / top[1] if top[1] else None,
+                                               "of_line": best[1] * 8e9 / line if line else None}
+    return out
+
+
+def format_targets(agg: dict[str, dict[str, dict[str, Any]]], candidate: str = DYNAMIC) -> str:
+    """The targets' verdict as lines: per workload, each check with its ratio and bound, met or not."""
+    judged = targets(agg, candidate)
+    if all("unavailable" in v for v in judged.values()):
+        return ""
+    lines = [f"## targets for {candidate} (medians; 'within spread': the ranges overlap, the repetitions could "
+             f"turn it; mix rule: against every static, busbw >= {1 + WIN:.2f}x at p99 <= {1 + LOSS:.2f}x, or "
+             f"p99 <= {1 - WIN:.2f}x at busbw >= {1 - LOSS:.2f}x)"]
+    for w, v in judged.items():
+        if "unavailable" in v:
+            lines.append(f"{w:<10} {v['unavailable']}")
+            continue
+        lines.append(f"{w:<10} {'MET' if v['met'] else 'not met'}")
+        for c in v["checks"]:
+            spread_note = ", within spread" if c["within_spread"] else ""
+            if isinstance(c["value"], dict):
+                got = f"busbw {c['value']['busbw_gbs']:.2f}x, p99 {c['value']['p99_us']:.2f}x"
+                won = {"busbw_gbs": ": wins on busbw", "p99_us": ": wins on p99"}.get(c.get("won") or "", "")
+                verdict = "met" if c["met"] else "NOT"
+                lines.append(f"  {verdict}  mix rule against {c['against']}: {got}{won}{spread_note}")
+            else:
+                sign = ">=" if c["check"].startswith("busbw") else "<="
+                lines.append(f"  {'met' if c['met'] else 'NOT'}  {c['check']} ({c['against']}): {c['value']:.3f} "
+                             f"{sign} {c['bound']:.2f}{spread_note}")
+    for mix, figs in interference(agg).items():
+        for metric, v in figs.items():
+            what = "busbw" if metric == "busbw_gbs" else "message p99"
+            of_line = f", {v['of_line']:.2f} of the line rate" if v.get("of_line") else ""
+            lines.append(f"{mix}: its {what} under its best static ({v['mix_setting']}) is {v['ratio']:.2f}x the best "
+                         f"with the job alone ({v['alone_workload']}, {v['alone_setting']}){of_line}")
+    return "\n".join(lines)
 
 
 # ---- tables ----------------------------------------------------------------------------
@@ -276,7 +414,8 @@ def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[
                 continue
             cells = " ".join(f"{'-' if per[s][m] is None else format(per[s][m], '.3f'):>10}" for m in RATIO_METRICS)
             lines.append(f"{w:<10} {s:<{sw}} {cells}   {best}")
-    return "\n".join(lines)
+    verdict = format_targets(agg)
+    return "\n".join(lines + (["", verdict] if verdict else []))
 
 
 # ---- plots (matplotlib, imported when called) ------------------------------------------------
@@ -459,7 +598,8 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
     meta = {"workloads": {w: WORKLOADS[w] for w in workloads}, "settings": list(settings), "repeat": repeat,
             "order": [list(x) for x in order], "wall_s": time.monotonic() - t0,
             "dynamic_available": dynamic_ok, "dynamic_policy": dynamic_policy, "plan": base.as_dict()}
-    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
+    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg), "targets": targets(agg),
+            "interference": interference(agg)}
 
 
 def repetition_times(records: list[dict[str, Any]]) -> dict[int, float]:
@@ -482,6 +622,7 @@ def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] =
     from .report import write_json
 
     out_dir = Path(out_dir)
+    comp = {**comp, "targets": targets(comp["aggregate"]), "interference": interference(comp["aggregate"])}
     path = write_json(comp, out_dir / "compare.json")
     settings = comp["meta"]["settings"]
     say(format_report(comp["aggregate"], settings))
@@ -516,7 +657,16 @@ def merge(comps: list[dict[str, Any]]) -> dict[str, Any]:
     meta = {"pieces": [comp["meta"] for comp in comps], "settings": settings,
             "workloads": {w: spec for comp in comps for w, spec in comp["meta"]["workloads"].items()},
             "wall_s": sum(comp["meta"].get("wall_s", 0.0) for comp in comps)}
-    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg)}
+    return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg), "targets": targets(agg),
+            "interference": interference(agg)}
+
+
+def resummarize(comp: dict[str, Any]) -> dict[str, Any]:
+    """A comparison whose figures are taken again from the run documents it holds (a file written by
+    an older version reads with today's figures); records without a document keep their summary."""
+    records = [dict(rec, summary=summarize(rec["doc"])) if "doc" in rec else rec for rec in comp["records"]]
+    agg = aggregate(records)
+    return {**comp, "records": records, "aggregate": agg, "ratios": ratios(agg)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -532,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="folder for the merged compare.json and the plots")
     args = p.parse_args(argv)
     try:
-        comps = [read_json(f) for f in args.files]
+        comps = [resummarize(read_json(f)) for f in args.files]
         save(comps[0] if len(comps) == 1 else merge(comps), args.out)
     except (OSError, ValueError, KeyError, TypeError, UserError) as exc:
         print(f"hpnlab: cannot read comparisons from {', '.join(args.files)}: {exc}", file=sys.stderr)

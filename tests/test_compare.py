@@ -8,14 +8,14 @@ from hpnlab.fabric import compare
 from hpnlab.fabric.errors import UserError
 
 
-def doc(busbw=None, msg_ms=(), queue=0.0, ce=0.0, drops=0, wall=1.0, wrong=0):
+def doc(busbw=None, msg_ms=(), queue=0.0, ce=0.0, drops=0, wall=1.0, wrong=0, line=None):
     """A run document as experiment.run makes it, with only what the comparison reads."""
     ecn = {"queue_p99_bytes": queue, "ce_fraction": ce, "drops": drops,
            "queue_samples": {"interval_s": 0.1, "t": [100.0, 100.1, 100.2], "ports": {"a": [0, 3000, 1000],
                                                                                       "b": [500, 0, 2000]}}}
     results = []
     if busbw is not None:
-        results.append({"collective": "all_reduce", "avg_busbw_gbs": busbw, "switch_ecn": ecn,
+        results.append({"collective": "all_reduce", "avg_busbw_gbs": busbw, "switch_ecn": ecn, "line_rate_bps": line,
                         "rows": [{"size": 1, "oop": {"wrong": wrong}, "ip": None}]})
     if msg_ms:
         results.append({"collective": "incast", "switch_ecn": ecn,
@@ -339,3 +339,100 @@ def test_median_range_prints_raw_values():
     from hpnlab.fabric.compare import median_range
     assert median_range([0.002, 0.001, 0.004], "{:.1f}", scale=1000) == "2.0 [1.0-4.0]"
     assert median_range([]) == "-"
+
+
+def _agg(cells):
+    """An aggregate from {(workload, setting): (busbw, p99_ms)} medians, one repetition each."""
+    recs = [{"rep": 0, "workload": w, "setting": s,
+             "summary": compare.summarize(doc(busbw=bw, msg_ms=[p99] * 3 if p99 else ()))}
+            for (w, s), (bw, p99) in cells.items()]
+    return compare.aggregate(recs)
+
+
+def test_a_mix_target_needs_a_win_of_a_fifth_against_every_static_setting():
+    agg = _agg({("mix", "high"): (0.0040, 30), ("mix", "dcqcn"): (0.0030, 14), ("mix", "dynamic"): (0.0039, 14)})
+    v = compare.targets(agg)["mix"]
+    rule = {c["against"]: c for c in v["checks"] if c["check"].startswith("mix")}
+    assert rule["high"]["met"] and rule["high"]["won"] == "p99_us"          # p99 0.47x at busbw 0.975x
+    assert rule["dcqcn"]["met"] and rule["dcqcn"]["won"] == "busbw_gbs"     # busbw 1.3x at the same p99
+    assert v["met"]
+
+
+def test_a_mix_win_that_loses_more_than_five_percent_on_the_other_figure_is_not_met():
+    agg = _agg({("mix", "high"): (0.0040, 30), ("mix", "dynamic"): (0.0037, 14)})   # p99 0.47x, busbw 0.925x
+    v = compare.targets(agg)["mix"]
+    assert not v["met"]
+    assert [c["met"] for c in v["checks"] if c["against"] == "high" and c["check"].startswith("mix")] == [False]
+
+
+def test_the_per_workload_targets_are_p99_at_most_and_busbw_at_least_095_of_the_best_static():
+    agg = _agg({("incast", "high"): (None, 10), ("incast", "low"): (None, 20), ("incast", "dynamic"): (None, 10.5),
+                ("allreduce", "high"): (0.0040, None), ("allreduce", "dynamic"): (0.0038, None)})
+    t = compare.targets(agg)
+    (p99,) = t["incast"]["checks"]
+    assert (p99["against"], round(p99["value"], 3), p99["met"]) == ("high", 1.05, False)
+    (bw,) = t["allreduce"]["checks"]
+    assert (bw["against"], round(bw["value"], 3), bw["met"]) == ("high", 0.95, True)
+
+
+def test_a_workload_where_dynamic_did_not_run_has_no_verdict():
+    recs = _records()
+    t = compare.targets(compare.aggregate(recs))
+    assert t["mix"] == {"unavailable": compare.NOT_MERGED}
+    assert compare.format_targets(compare.aggregate(recs)) == ""
+
+
+def test_a_verdict_says_when_the_repetitions_could_turn_it():
+    recs = [{"rep": r, "workload": "allreduce", "setting": s, "summary": compare.summarize(doc(busbw=bw))}
+            for r, (hi, dyn) in enumerate(((0.0040, 0.0035), (0.0041, 0.0041)))
+            for s, bw in (("high", hi), ("dynamic", dyn))]
+    (bw,) = compare.targets(compare.aggregate(recs))["allreduce"]["checks"]
+    assert bw["within_spread"]                          # dynamic's [0.0035, 0.0041] overlaps high's [0.0040, 0.0041]
+
+
+def test_interference_is_the_mix_under_its_best_static_over_the_best_with_the_job_alone():
+    agg = _agg({("mix", "high"): (0.0038, 12), ("mix", "low"): (0.0030, 11),
+                ("allreduce", "high"): (0.0040, None), ("allreduce", "dynamic"): (0.0039, None),
+                ("incast", "high"): (None, 10), ("incast", "dynamic"): (None, 9)})
+    i = compare.interference(agg)["mix"]
+    assert i["busbw_gbs"]["ratio"] == pytest.approx(0.95) and i["busbw_gbs"]["alone_setting"] == "high"
+    assert i["p99_us"]["ratio"] == pytest.approx(11 / 9) and i["p99_us"]["mix_setting"] == "low"
+    assert i["p99_us"]["alone_setting"] == "dynamic"
+
+
+def test_interference_gives_the_mix_busbw_as_a_fraction_of_the_elephants_line_rate():
+    recs = [{"rep": 0, "workload": w, "setting": "high",
+             "summary": compare.summarize(doc(busbw=bw, msg_ms=[5], line=40e6))}
+            for w, bw in (("mix", 0.0045), ("allreduce", 0.0046))]
+    v = compare.interference(compare.aggregate(recs))["mix"]["busbw_gbs"]
+    assert v["of_line"] == pytest.approx(0.0045 * 8e9 / 40e6)          # 36 of 40 Mbit/s
+    assert "0.90 of the line rate" in compare.format_targets(compare.aggregate(recs), candidate="high")
+
+
+def test_the_report_ends_with_the_targets_and_the_interference():
+    agg = _agg({("mix", "high"): (0.0040, 30), ("mix", "dynamic"): (0.0040, 14),
+                ("incast", "high"): (None, 10), ("incast", "dynamic"): (None, 12)})
+    text = compare.format_report(agg)
+    assert "## targets for dynamic" in text
+    assert "mix        MET" in text and "incast     not met" in text
+    assert "met  mix rule against high: busbw 1.00x, p99 0.47x: wins on p99" in text
+    assert ("mix: its message p99 under its best static (high) is 3.00x the best with the job alone "
+            "(incast, high)") in text
+
+
+def test_the_saved_comparison_carries_the_targets(tmp_path):
+    agg = _agg({("mix", "high"): (0.0040, 30), ("mix", "dynamic"): (0.0040, 14)})
+    comp = {"meta": {"settings": ["high", "dynamic"]}, "records": [], "aggregate": agg}
+    compare.save(comp, tmp_path, say=lambda m: None)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["targets"]["mix"]["met"] is True and "interference" in saved
+
+
+def test_a_comparison_read_again_takes_its_figures_from_the_run_documents():
+    old = {"meta": {"settings": ["high"]}, "aggregate": {},
+           "records": [{"rep": 0, "workload": "allreduce", "setting": "high", "summary": {"busbw_gbs": 1.0},
+                        "doc": doc(busbw=0.004, line=40e6)},
+                       {"rep": 1, "workload": "allreduce", "setting": "high",
+                        "summary": compare.summarize(doc(busbw=0.002))}]}
+    agg = compare.resummarize(old)["aggregate"]["allreduce"]["high"]
+    assert (agg["busbw_gbs"]["min"], agg["busbw_gbs"]["max"], agg["line_bps"]) == (0.002, 0.004, 40e6)
