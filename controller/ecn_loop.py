@@ -69,7 +69,8 @@ class EcnLoop:
         self.n_changes = 0                             # every change ever applied
         self.cpu_s = 0.0                               # CPU seconds spent in ticks and reply decoding
         self.last: dict[PortKey, PortTelemetry] = {}
-        self._write({"kind": "header", "policy": policy.name, "interval_ms": round(tel.interval_s * 1000, 3),
+        self._write({"kind": "header", "policy": policy.name, "spec": policy.spec or policy.name,
+                     "interval_ms": round(tel.interval_s * 1000, 3),
                      "actuator": self.spec, "mtu": mtu,
                      "ports": {telemetry.port_key_str(k): {"peer": p.peer, "rate_mbps": p.rate_bps / 1e6}
                                for k, p in tel.ports.items()}})
@@ -150,7 +151,8 @@ class EcnLoop:
         back = {k: Thresholds(t.kmin, t.kmax, t.pmax, reason=f"policy {old} -> {policy.name}: start-up thresholds")
                 for k, t in self.initial.items()}
         self.apply(now, ecn_policy.changes(self.current, back))
-        self._write({"kind": "policy", "t": round(now, 4), "policy": policy.name, "previous": old})
+        self._write({"kind": "policy", "t": round(now, 4), "policy": policy.name, "spec": policy.spec or policy.name,
+                     "previous": old})
         LOG.info("ECN policy %s -> %s", old, policy.name)
 
     def _check_control(self, now: float) -> None:

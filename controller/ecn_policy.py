@@ -124,6 +124,7 @@ class EcnPolicy:
     """A dynamic-ECN policy (see the module docstring). ``mtu``: the fabric's, for frame-based bounds."""
 
     name = "base"
+    spec: str | None = None       # what ``load`` loaded it by (a built-in name, MODULE:CLASS or FILE.py[:CLASS])
 
     def __init__(self, mtu: int = 1500, **options: Any) -> None:
         self.mtu = mtu
@@ -315,5 +316,8 @@ def policy_class(spec: str) -> type[EcnPolicy]:
 
 
 def load(spec: str, mtu: int = 1500, **options: Any) -> EcnPolicy:
-    """An instance of the policy ``spec`` names (see :func:`policy_class`)."""
-    return policy_class(spec)(mtu=mtu, **options)
+    """An instance of the policy ``spec`` names (see :func:`policy_class`); its ``spec`` attribute
+    keeps the name it was loaded by (the telemetry file records it, so that a replay loads it again)."""
+    policy = policy_class(spec)(mtu=mtu, **options)
+    policy.spec = spec
+    return policy

@@ -315,14 +315,15 @@ def sample_line(now: float, samples: Mapping[PortKey, PortTelemetry], thresholds
         if not idle_too and s.tx_bps == 0 and not s.queue_bytes and s.drops == 0 and s.rx_bps == 0:
             continue
         th = thresholds.get(key)
+        # unrounded: what the policy decided on, so that a replay (controller/ecn_replay.py) decides the same
         rows.append({"switch": key[0], "port": key[1], "peer": ports[key].peer if key in ports else "",
-                     "tx_mbps": round(s.tx_bps / 1e6, 4), "utilisation": round(s.utilisation, 4),
-                     "rx_mbps": round(s.rx_bps / 1e6, 4), "queue_bytes": s.queue_bytes,
+                     "tx_mbps": s.tx_bps / 1e6, "utilisation": s.utilisation,
+                     "rx_mbps": s.rx_bps / 1e6, "queue_bytes": s.queue_bytes,
                      "queue_peak_bytes": s.queue_peak_bytes,
-                     "ce_marked_pps": round(s.ce_marked_pps, 2), "ce_fraction": round(s.ce_fraction, 4),
-                     "ect_pps": round(s.ect_pps, 2), "drops": s.drops, "fan_in": s.fan_in,
+                     "ce_marked_pps": s.ce_marked_pps, "ce_fraction": s.ce_fraction,
+                     "ect_pps": s.ect_pps, "drops": s.drops, "fan_in": s.fan_in,
                      **({"kmin": th.kmin, "kmax": th.kmax, "pmax": th.pmax} if th is not None else {})})
-    return {"kind": "sample", "t": round(now, 4), "ports": rows}
+    return {"kind": "sample", "t": now, "ports": rows}
 
 
 _SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "queue_peak_bytes", "ce_marked_pps",
@@ -385,7 +386,8 @@ def summarise(lines: Iterable[Mapping[str, Any]], max_points: int = 300) -> dict
                                                  **{f: [] for f in _SERIES_FIELDS}})
                 port["t"].append(round(t - t0, 4))
                 for f in _SERIES_FIELDS:
-                    port[f].append(row.get(f))
+                    v = row.get(f)
+                    port[f].append(round(v, 4) if isinstance(v, float) else v)
     if t0 is not None:
         for ch in changes:
             ch["t_rel"] = round(float(ch.get("t", t0)) - t0, 4)

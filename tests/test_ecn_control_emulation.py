@@ -115,3 +115,23 @@ def test_roce_dcqcn_rate_falls_only_when_the_controllers_thresholds_make_marks(e
     tel = eager["telemetry"]
     assert tel["policy"] == "eager"
     assert any(max(p["tx_mbps"]) > 0 for p in tel["ports"].values())
+
+
+def test_a_replay_of_the_controllers_telemetry_file_makes_every_decision_the_controller_made(emu):
+    """The controller's decisions are the pure policy's on its own telemetry: the built-in dynamic
+    policy under a real overload, the telemetry file replayed offline (``controller/ecn_replay.py``)
+    gives the same changes at the same ticks, and the same thresholds in force at every tick."""
+    from hpnlab.controller import ecn_replay
+
+    port = _bottleneck(emu)
+    emu.set_ecn_policy("dynamic")
+    _overload(emu, port=9102)
+    time.sleep(1.3)                       # the controller's last samples of the phase (drops: every 1 s)
+    r = ecn_replay.replay(ecn_replay.read(emu.telemetry_file))
+    dynamic = [s for s in r["segments"] if s["recorded_policy"] == "dynamic"]
+    assert dynamic and dynamic[-1]["ticks"] > 5 and dynamic[-1]["skipped"] is None
+    cuts = [c for c in dynamic[-1]["changes"] if (c["switch"], c["port"]) == (port["switch"], port["port"])
+            and c["new"]["kmin"] < c["old"]["kmin"]]
+    assert cuts                           # the overload made the policy cut that port's Kmin (in the replay too)
+    assert r["agree"], (r["only_replayed"][:3], r["only_recorded"][:3])
+    assert r["in_force_differ"] == 0

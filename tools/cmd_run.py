@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -200,6 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
         f"{runs} run(s); {rates_line}")
     web_args, metrics_port = web_controller_args(args)
+    out_dir = Path(args.out) if args.out else default_out("compare-ecn" if comparing is not None else "run")
     try:
         with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
                        fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
@@ -232,14 +234,29 @@ def cmd_run(args: argparse.Namespace) -> int:
                                rates=rates_line)
             if web is not None and web.records:
                 doc["web_events"] = web.records      # failures injected from the page, as timeline records
+            keep_telemetry(emu, out_dir, say)
     except EmulationError as exc:
         print(f"hpnlab: emulation failed: {exc}", file=sys.stderr)
         return 1
     if comparing is not None:
-        compare.save(doc, Path(args.out) if args.out else default_out("compare-ecn"), say)
+        compare.save(doc, out_dir, say)
         return 1 if any(f.get("wrong") for per in doc["aggregate"].values() for f in per.values()) else 0
-    report.save(doc, Path(args.out) if args.out else default_out("run"), say)
+    report.save(doc, out_dir, say)
     return 1 if report.wrong_total(doc["results"]) else 0
+
+
+def keep_telemetry(emu, out_dir: Path, say) -> Path | None:
+    """The controller's whole telemetry file (every tick's per-port samples and every threshold change,
+    the run's JSON has a summary of it) kept as ``out_dir/telemetry.jsonl`` before the emulation's
+    run directory goes: ``python -m hpnlab.controller.ecn_replay`` replays it through a policy."""
+    src = getattr(emu, "telemetry_file", None)
+    if src is None or not Path(src).is_file() or not Path(src).stat().st_size:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dst = out_dir / "telemetry.jsonl"
+    shutil.copyfile(src, dst)
+    say(f"controller telemetry: {dst} (replay: python -m hpnlab.controller.ecn_replay {dst})")
+    return dst
 
 
 def _compare_routing(args: argparse.Namespace, emu, plan: experiment.Plan, say, sized: bool = False,
