@@ -164,8 +164,8 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     run has no such figure (no all-reduce job: no busbw)."""
     results = doc.get("results", [])
     busbw = [r["avg_busbw_gbs"] for r in results if r.get("collective") not in (None, "incast")]
-    lines = [r["line_rate_bps"] for r in results if r.get("collective") not in (None, "incast")
-             and r.get("line_rate_bps")]
+    line_rates = [r["line_rate_bps"] for r in results if r.get("collective") not in (None, "incast")
+                  and r.get("line_rate_bps")]
     times = [t for r in results if r.get("collective") == "incast" for row in r.get("rows", [])
              for t in (row.get("oop") or {}).get("message_times_s", [])]
     p50, p99 = _pooled_summary(times)
@@ -176,7 +176,7 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
             "messages": len(times), "queue_p99_bytes": ecn.get("queue_p99_bytes"),
             "ce_fraction": ecn.get("ce_fraction"), "drops": ecn.get("drops"),
             "wall_s": doc.get("meta", {}).get("wall_s"), "wrong": wrong,
-            "line_bps": statistics.fmean(lines) if lines else None}
+            "line_bps": statistics.fmean(line_rates) if line_rates else None}
 
 
 def spread(values: Sequence[float | None]) -> dict[str, Any] | None:
@@ -208,11 +208,16 @@ def aggregate(records: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, An
     return out
 
 
+def _median(f: Mapping[str, Any], metric: str) -> float | None:
+    """A setting's median of ``metric`` (None: unavailable, or no such figure)."""
+    sp = None if "unavailable" in f else f.get(metric)
+    return sp["median"] if sp else None
+
+
 def best_static(per_setting: dict[str, dict[str, Any]], metric: str) -> tuple[str, float] | None:
     """(setting, median) of the best static setting for ``metric`` (None when none has it)."""
     higher = METRICS[metric]
-    have = [(s, f[metric]["median"]) for s, f in per_setting.items()
-            if is_static(s) and "unavailable" not in f and f.get(metric)]
+    have = [(s, m) for s, f in per_setting.items() if is_static(s) and (m := _median(f, metric)) is not None]
     if not have:
         return None
     return max(have, key=lambda x: x[1]) if higher else min(have, key=lambda x: x[1])
@@ -226,7 +231,7 @@ def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dic
             row: dict[str, float | None] = {}
             for m in RATIO_METRICS:
                 best = best_static(per, m)
-                mine = None if "unavailable" in f or not f.get(m) else f[m]["median"]
+                mine = _median(f, m)
                 row[m] = mine / best[1] if (best and mine is not None and best[1]) else None
             out.setdefault(w, {})[s] = row
     return out
@@ -246,11 +251,6 @@ WIN = 0.20
 LOSS = 0.05
 #: a mix's figures and the workload that runs the same job alone in the comparison
 PARTS = {"mix": {"busbw_gbs": "allreduce", "p99_us": "incast"}}
-
-
-def _median(f: Mapping[str, Any], metric: str) -> float | None:
-    sp = None if "unavailable" in f else f.get(metric)
-    return sp["median"] if sp else None
 
 
 def _overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
