@@ -40,7 +40,10 @@ dynamic-ECN issue's, judged on the medians, each with whether the spreads overla
 static's; on a workload with both figures, against every static setting, 20% better on one figure
 while at most 5% worse on the other. Interference (:func:`interference`): a mix's figure under its
 best static over the best any setting reached with that job alone (``PARTS``), which bounds what a
-policy can win on the mix without beating every setting on the job alone. The pure part (everything but
+policy can win on the mix without beating every setting on the job alone. Reach (:func:`reach`): per
+static setting, whether a win is possible at all, a busbw win under the line rate or a p99 win
+above the fastest the job ran alone; a setting against which neither is excludes the target for
+every policy. The pure part (everything but
 :func:`run_comparison` and the plot functions) is tested on synthetic results.
 """
 from __future__ import annotations
@@ -327,6 +330,40 @@ def interference(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[st
     return out
 
 
+def reach(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Whether the mix rule can be met at all, from bounds measured in the same comparison, per
+    workload with both figures and per static setting: a busbw win needs (1 + WIN) x the
+    setting's median busbw, which the line rate caps (``line_bps``: the elephants' NIC ports,
+    every plane); a p99 win needs (1 - WIN) x its median p99, below which the job never ran
+    alone (the fastest p99 of any repetition of any setting with that job alone, ``PARTS``:
+    more traffic does not shorten it). A setting against which both are out of reach excludes
+    the target for every policy ("out_of_reach"). Without a part run alone, the p99 side is not
+    bounded (None): the target is then not excluded."""
+    out: dict[str, dict[str, Any]] = {}
+    for w, per in agg.items():
+        part = PARTS.get(w, {}).get("p99_us")
+        alone = [(s, f["p99_us"]["min"]) for s, f in agg.get(part or "", {}).items()
+                 if "unavailable" not in f and f.get("p99_us")]
+        floor = min(alone, key=lambda x: x[1]) if alone else None
+        against: dict[str, dict[str, Any]] = {}
+        for s, f in per.items():
+            bw, p99 = _median(f, "busbw_gbs"), _median(f, "p99_us")
+            if not is_static(s) or bw is None or p99 is None:
+                continue
+            line = f.get("line_bps")
+            need_bw, need_p99 = bw * (1 + WIN), p99 * (1 - WIN)
+            against[s] = {"busbw_needed_bps": need_bw * 8e9, "line_bps": line,
+                          "busbw_reachable": None if not line else need_bw * 8e9 <= line,
+                          "p99_needed_us": need_p99, "p99_floor_us": floor[1] if floor else None,
+                          "p99_floor_from": f"{part}, {floor[0]}" if floor else None,
+                          "p99_reachable": None if floor is None else need_p99 >= floor[1]}
+        if against:
+            out[w] = {"against": against,
+                      "out_of_reach": [s for s, v in against.items()
+                                       if v["busbw_reachable"] is False and v["p99_reachable"] is False]}
+    return out
+
+
 def format_targets(agg: dict[str, dict[str, dict[str, Any]]], candidate: str = DYNAMIC) -> str:
     """The targets' verdict as lines: per workload, each check with its ratio and bound, met or not."""
     judged = targets(agg, candidate)
@@ -357,6 +394,17 @@ def format_targets(agg: dict[str, dict[str, dict[str, Any]]], candidate: str = D
             of_line = f", {v['of_line']:.2f} of the line rate" if v.get("of_line") else ""
             lines.append(f"{mix}: its {what} under its best static ({v['mix_setting']}) is {v['ratio']:.2f}x the best "
                          f"with the job alone ({v['alone_workload']}, {v['alone_setting']}){of_line}")
+    for w, r in reach(agg).items():
+        for s in r["out_of_reach"]:
+            v = r["against"][s]
+            lines.append(f"{w}: a {WIN:.0%} win against {s} is out of reach for any policy: busbw would need "
+                         f"{v['busbw_needed_bps'] / 1e6:.1f} Mbit/s, above the line rate ({v['line_bps'] / 1e6:.1f}); "
+                         f"p99 would need {v['p99_needed_us'] / 1e3:.2f} ms, below the fastest with the job alone "
+                         f"({v['p99_floor_us'] / 1e3:.2f} ms, {v['p99_floor_from']})")
+        if not r["out_of_reach"]:
+            lines.append(f"{w}: a {WIN:.0%} win against every static is not excluded by the line rate"
+                         + (" or the job alone" if any(v["p99_floor_us"] for v in r["against"].values()) else
+                            " (no part of it ran alone)"))
     return "\n".join(lines)
 
 
@@ -599,7 +647,7 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
             "order": [list(x) for x in order], "wall_s": time.monotonic() - t0,
             "dynamic_available": dynamic_ok, "dynamic_policy": dynamic_policy, "plan": base.as_dict()}
     return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg), "targets": targets(agg),
-            "interference": interference(agg)}
+            "interference": interference(agg), "reach": reach(agg)}
 
 
 def repetition_times(records: list[dict[str, Any]]) -> dict[int, float]:
@@ -622,7 +670,8 @@ def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] =
     from .report import write_json
 
     out_dir = Path(out_dir)
-    comp = {**comp, "targets": targets(comp["aggregate"]), "interference": interference(comp["aggregate"])}
+    comp = {**comp, "targets": targets(comp["aggregate"]), "interference": interference(comp["aggregate"]),
+            "reach": reach(comp["aggregate"])}
     path = write_json(comp, out_dir / "compare.json")
     settings = comp["meta"]["settings"]
     say(format_report(comp["aggregate"], settings))
@@ -658,7 +707,7 @@ def merge(comps: list[dict[str, Any]]) -> dict[str, Any]:
             "workloads": {w: spec for comp in comps for w, spec in comp["meta"]["workloads"].items()},
             "wall_s": sum(comp["meta"].get("wall_s", 0.0) for comp in comps)}
     return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg), "targets": targets(agg),
-            "interference": interference(agg)}
+            "interference": interference(agg), "reach": reach(agg)}
 
 
 def resummarize(comp: dict[str, Any]) -> dict[str, Any]:

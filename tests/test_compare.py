@@ -436,3 +436,47 @@ def test_a_comparison_read_again_takes_its_figures_from_the_run_documents():
                         "summary": compare.summarize(doc(busbw=0.002))}]}
     agg = compare.resummarize(old)["aggregate"]["allreduce"]["high"]
     assert (agg["busbw_gbs"]["min"], agg["busbw_gbs"]["max"], agg["line_bps"]) == (0.002, 0.004, 40e6)
+
+
+def _line_agg(cells, line=40e6):
+    """An aggregate from {(workload, setting): [(busbw, p99_ms), ...]} repetitions, elephants at ``line``."""
+    recs = [{"rep": r, "workload": w, "setting": s,
+             "summary": compare.summarize(doc(busbw=bw, msg_ms=[p99] * 3 if p99 else (), line=line))}
+            for (w, s), reps in cells.items() for r, (bw, p99) in enumerate(reps)]
+    return compare.aggregate(recs)
+
+
+def test_a_mix_win_is_out_of_reach_when_busbw_is_near_the_line_and_p99_near_the_job_alone():
+    # mix under default: 38 of 40 Mbit/s, p99 13 ms; the incast alone was never faster than 11 ms
+    agg = _line_agg({("mix", "default"): [(0.00475, 13)] * 3, ("mix", "low"): [(0.0035, 19)] * 3,
+                     ("incast", "high"): [(None, 11.5), (None, 11.0)], ("incast", "dynamic"): [(None, 12)]})
+    r = compare.reach(agg)["mix"]
+    assert r["out_of_reach"] == ["default"]
+    d = r["against"]["default"]
+    assert d["busbw_needed_bps"] == pytest.approx(0.00475 * 1.2 * 8e9) and d["busbw_reachable"] is False
+    assert d["p99_needed_us"] == pytest.approx(13e3 * 0.8) and d["p99_floor_us"] == pytest.approx(11e3)
+    assert d["p99_floor_from"] == "incast, high"            # the fastest repetition, not the median
+    assert r["against"]["low"]["busbw_reachable"] is True   # 1.2 x 28 Mbit/s fits under 40
+
+
+def test_a_mix_win_is_not_excluded_while_either_figure_has_room():
+    agg = _line_agg({("mix", "default"): [(0.00475, 20)], ("incast", "high"): [(None, 11)]})
+    r = compare.reach(agg)["mix"]
+    assert r["out_of_reach"] == [] and r["against"]["default"]["p99_reachable"] is True
+    assert "mix: a 20% win against every static is not excluded by the line rate or the job alone" in \
+        compare.format_targets(_line_agg({("mix", "default"): [(0.00475, 20)], ("mix", "dynamic"): [(0.00475, 20)],
+                                          ("incast", "high"): [(None, 11)]}))
+
+
+def test_a_mix_with_no_part_run_alone_has_no_p99_bound():
+    r = compare.reach(_line_agg({("shared", "high"): [(0.00475, 20)]}))["shared"]
+    assert r["against"]["high"]["p99_reachable"] is None and r["out_of_reach"] == []
+
+
+def test_the_report_says_which_static_puts_the_win_out_of_reach():
+    agg = _line_agg({("mix", "default"): [(0.00475, 13)], ("mix", "dynamic"): [(0.00475, 14)],
+                     ("incast", "high"): [(None, 11)]})
+    assert ("mix: a 20% win against default is out of reach for any policy: busbw would need 45.6 Mbit/s, above the "
+            "line rate (40.0); p99 would need 10.40 ms, below the fastest with the job alone (11.00 ms, incast, high)"
+            ) in compare.format_targets(agg)
+    assert "reach" in compare.merge([{"meta": {"settings": ["default"], "workloads": {}}, "records": []}])
