@@ -23,6 +23,8 @@ the budget's rates, about 33 Mbit/s and MTU 4096 here)
                 training job's short pipeline messages share the NICs of its elephants), 3 senders x 4 KiB to
                 one root 100 times 20 ms apart after 15 warm-up bursts: the short messages wait in the
                 queue the elephants keep at the root's port, which the thresholds set
+    alltoall    shared's all-to-all alone, on the same hosts     (not run by default: they bound
+    short       shared's short messages alone, on the same hosts   what a policy can win on shared)
 
 Figures per (workload, setting), over the repetitions as median [min, max]
     busbw_gbs        the elephant jobs' busbw (every job but the incast: out-of-place, mean over sizes;
@@ -70,7 +72,12 @@ WORKLOADS = {
     "allreduce": "all_reduce:ranks=4,size=1M,iters=3,warmup=1",
     "mix": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=5,msg=16K,iters=100,warmup=15,gap=20ms",
     "shared": "all_to_all:ranks=4,size=2M,iters=3,warmup=1;incast:ranks=4,msg=4K,iters=100,warmup=15,gap=20ms,on=1",
+    # shared's two jobs each alone, on the same 4 hosts (one hosted job is placed as shared's is)
+    "alltoall": "all_to_all:ranks=4,size=2M,iters=3,warmup=1",
+    "short": "incast:ranks=4,msg=4K,iters=100,warmup=15,gap=20ms",
 }
+#: what ``--workloads`` runs when not given (``alltoall`` and ``short`` only bound ``shared``)
+DEFAULT_WORKLOADS = ("incast", "allreduce", "mix", "shared")
 _WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-reduce": "allreduce"}
 
 #: figure -> whether higher is better (for the ratios and "best")
@@ -99,7 +106,7 @@ def comma_list(text: str, flag: str, what: str, known: Sequence[str],
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
-    """``--workloads`` (comma list of incast, allreduce, mix, shared)."""
+    """``--workloads`` (comma list of ``WORKLOADS``' names)."""
     return comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
 
 
@@ -253,7 +260,8 @@ BUSBW_AT_LEAST = 0.95
 WIN = 0.20
 LOSS = 0.05
 #: a mix's figures and the workload that runs the same job alone in the comparison
-PARTS = {"mix": {"busbw_gbs": "allreduce", "p99_us": "incast"}}
+PARTS = {"mix": {"busbw_gbs": "allreduce", "p99_us": "incast"},
+         "shared": {"busbw_gbs": "alltoall", "p99_us": "short"}}
 
 
 def _overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -468,7 +468,7 @@ def test_a_mix_win_is_not_excluded_while_either_figure_has_room():
                                           ("incast", "high"): [(None, 11)]}))
 
 
-def test_a_mix_with_no_part_run_alone_has_no_p99_bound():
+def test_a_mix_whose_part_did_not_run_alone_has_no_p99_bound():
     r = compare.reach(_line_agg({("shared", "high"): [(0.00475, 20)]}))["shared"]
     assert r["against"]["high"]["p99_reachable"] is None and r["out_of_reach"] == []
 
@@ -480,3 +480,21 @@ def test_the_report_says_which_static_puts_the_win_out_of_reach():
             "line rate (40.0); p99 would need 10.40 ms, below the fastest with the job alone (11.00 ms, incast, high)"
             ) in compare.format_targets(agg)
     assert "reach" in compare.merge([{"meta": {"settings": ["default"], "workloads": {}}, "records": []}])
+
+
+def test_shareds_jobs_alone_run_on_the_hosts_they_have_in_shared():
+    from hpnlab.fabric import graph, spec
+    from hpnlab.fabric.experiment import Plan
+    g = graph.build(spec.load("mini-hpn"))
+    base = Plan(transports="roce", entropies="spray")
+
+    def labels(workload):
+        [jobs] = base.replace(job_specs=compare.WORKLOADS[workload], jobs=1).jobs_on(g).values()
+        return [(j.collective, list(j.labels or [])) for j in jobs]
+
+    (a2a, a2a_hosts), (inc, inc_hosts) = labels("shared")
+    assert (a2a, inc) == ("all_to_all", "incast") and a2a_hosts == inc_hosts      # on=1: the same hosts
+    assert labels("alltoall") == [("all_to_all", a2a_hosts)]
+    assert labels("short") == [("incast", inc_hosts)]                              # the same root: rank 0's host
+    assert compare.PARTS["shared"] == {"busbw_gbs": "alltoall", "p99_us": "short"}
+    assert set(compare.DEFAULT_WORKLOADS) == {"incast", "allreduce", "mix", "shared"}

@@ -65,8 +65,9 @@ def register(sub) -> None:
                         "rate (hpnlab.fabric.compare_routing)")
     p.add_argument("--repeat", type=int, default=5,
                    help="--compare: repetitions of every cell, interleaved (default 5)")
-    p.add_argument("--workloads", default=",".join(compare.WORKLOADS),
-                   help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default all)")
+    p.add_argument("--workloads", default=",".join(compare.DEFAULT_WORKLOADS),
+                   help=f"--compare: comma list of {', '.join(compare.WORKLOADS)} (default "
+                        f"{','.join(compare.DEFAULT_WORKLOADS)}; alltoall and short are shared's jobs alone)")
     p.add_argument("--settings", default=",".join(compare.SETTINGS),
                    help=f"--compare ecn: comma list of {', '.join(compare.SETTINGS)} (default all) and static "
                         "settings of one's own as KMIN:KMAX:PMAX (e.g. 8K:128K:0.01, every switch port), compared "
