@@ -25,6 +25,8 @@ the budget's rates, about 33 Mbit/s and MTU 4096 here)
                 queue the elephants keep at the root's port, which the thresholds set
     alltoall    shared's all-to-all alone, on the same hosts     (not run by default: they bound
     short       shared's short messages alone, on the same hosts   what a policy can win on shared)
+    overflow    the all-reduce beside 8 senders x 64 KiB to one root, 25 times 20 ms apart after 6
+                warm-up bursts: bursts that overflow the root's port buffer (opt-in too)
 
 Figures per (workload, setting), over the repetitions as median [min, max]
     busbw_gbs        the elephant jobs' busbw (every job but the incast: out-of-place, mean over sizes;
@@ -75,8 +77,11 @@ WORKLOADS = {
     # shared's two jobs each alone, on the same 4 hosts (one hosted job is placed as shared's is)
     "alltoall": "all_to_all:ranks=4,size=2M,iters=3,warmup=1",
     "short": "incast:ranks=4,msg=4K,iters=100,warmup=15,gap=20ms",
+    # an incast whose bursts overflow the root's port buffer beside the all-reduce (8 x 64 KiB)
+    "overflow": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=64K,iters=25,warmup=6,gap=20ms",
 }
-#: what ``--workloads`` runs when not given (``alltoall`` and ``short`` only bound ``shared``)
+#: what ``--workloads`` runs when not given (``alltoall`` and ``short`` only bound ``shared``;
+#: ``overflow`` is a burst no setting keeps within the buffer at the preset's rate)
 DEFAULT_WORKLOADS = ("incast", "allreduce", "mix", "shared")
 _WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-reduce": "allreduce"}
 

@@ -498,3 +498,18 @@ def test_shareds_jobs_alone_run_on_the_hosts_they_have_in_shared():
     assert labels("short") == [("incast", inc_hosts)]                              # the same root: rank 0's host
     assert compare.PARTS["shared"] == {"busbw_gbs": "alltoall", "p99_us": "short"}
     assert set(compare.DEFAULT_WORKLOADS) == {"incast", "allreduce", "mix", "shared"}
+
+
+def test_every_workload_places_on_mini_hpn_with_each_job_on_hosts_of_its_own_unless_on():
+    from hpnlab.fabric import graph, spec
+    from hpnlab.fabric.experiment import Plan
+    g = graph.build(spec.load("mini-hpn"))
+    base = Plan(transports="roce", entropies="spray")
+    for workload, specs in compare.WORKLOADS.items():
+        [jobs] = base.replace(job_specs=specs, jobs=1).jobs_on(g).values()
+        hosts = [set(j.labels or []) for j in jobs]
+        assert len(jobs) == specs.count(";") + 1, workload
+        if ",on=" not in specs:
+            assert sum(map(len, hosts)) == len(set().union(*hosts)), workload       # disjoint
+    [overflow] = base.replace(job_specs=compare.WORKLOADS["overflow"], jobs=1).jobs_on(g).values()
+    assert [(j.collective, j.nranks) for j in overflow] == [("all_reduce", 4), ("incast", 8)]
