@@ -295,3 +295,17 @@ def test_the_controller_refuses_bad_ecn_flags_in_one_line(argv, needle, capsys):
     assert main(["mini-hpn", "--ofp-port", "6699", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+def test_the_pressure_variants_in_the_examples_move_only_the_pressure_mark():
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "topologies" / "examples" / "ecn_pressure_variants.py"
+    drops, late = (ecn_policy.load(f"{path}:{cls}", mtu=1500) for cls in ("DropsOnly", "LatePressure"))
+    base = DynamicPolicy(mtu=1500)
+    assert isinstance(drops, DynamicPolicy) and isinstance(late, DynamicPolicy)
+    assert drops.pressure_bytes(10e6) > 1 << 20                    # beyond any port buffer
+    assert late.pressure_bytes(10e6) == 56250                       # 45 ms at 10 Mbit/s: 90% of 50 ms
+    assert base.pressure_bytes(10e6) == 31250                       # half
+    for p in (drops, late):
+        assert {k: v for k, v in p.p.items() if not k.startswith("pressure")} == \
+               {k: v for k, v in base.p.items() if not k.startswith("pressure")}
