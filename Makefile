@@ -59,18 +59,28 @@ ovs:
 demo: install
 	$(HPNLAB) demo $(DEMO_SCENARIO)
 
-# Pure tests first (fast, no root), then the emulation tests (root, real OVS),
-# then the full-kernel lane (a stock Debian kernel under qemu).
+# Three stages, each in its folder of tests/: unit (pure, no root), emulation (root, real Open
+# vSwitch, Mininet, controller processes), then the full-kernel lane (a stock Debian kernel under
+# qemu). Every stage runs even when an earlier one failed; the run ends with one line per stage.
+UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS)
+EMU_ARGS   := tests/emulation -q
+
 test: install
-	$(PYTEST) -m "not emulation and not controller and not kernel" -q -n $(PURE_JOBS)
-	$(PYTEST) -m "(emulation or controller) and not kernel" -q
-	$(MAKE) --no-print-directory test-kernel
+	@rm -f .test-stages; \
+	stage() { name=$$1; shift; t0=$$(date +%s); "$$@"; rc=$$?; \
+	  echo "$$name rc=$$rc $$(( $$(date +%s) - t0 ))s" >> .test-stages; return 0; }; \
+	stage unit $(PYTEST) $(UNIT_ARGS); \
+	stage emulation $(PYTEST) $(EMU_ARGS); \
+	stage kernel $(MAKE) --no-print-directory test-kernel; \
+	echo "== test stages"; failed=0; \
+	while read -r name rc secs; do echo "  $$name: $${rc#rc=} ($$secs)"; [ "$${rc#rc=}" = 0 ] || failed=1; done < .test-stages; \
+	rm -f .test-stages; exit $$failed
 
 test-unit: venv
-	$(PYTEST) -m "not emulation and not controller and not kernel" -q -n $(PURE_JOBS)
+	$(PYTEST) $(UNIT_ARGS)
 
 test-emulation: install
-	$(PYTEST) -m "(emulation or controller) and not kernel" -q
+	$(PYTEST) $(EMU_ARGS)
 
 test-kernel:
 	@if [ -f mk/kernel.mk ]; then $(MAKE) --no-print-directory -f mk/kernel.mk test-kernel; \
@@ -82,24 +92,24 @@ test-kernel:
 # hpnlab.cli, mapped from the folders as setup.cfg maps them), which the editable install's
 # import hook cannot show it: a tree of links in the venv does, and its findings are printed
 # with the checkout's own paths.
-LINT_PATHS := fabric controller tools topologies tests
+LINT_PATHS := fabric controller cli tools topologies tests
 MYPY_TREE  := $(VENV)/mypy-path
 
 lint: venv
 	@mkdir -p $(MYPY_TREE)/hpnlab
 	@ln -sfn $(CURDIR)/fabric $(MYPY_TREE)/hpnlab/fabric
 	@ln -sfn $(CURDIR)/controller $(MYPY_TREE)/hpnlab/controller
-	@ln -sfn $(CURDIR)/tools $(MYPY_TREE)/hpnlab/cli
+	@ln -sfn $(CURDIR)/cli $(MYPY_TREE)/hpnlab/cli
 	@rc=0; \
 	echo "ruff check $(LINT_PATHS)"; $(VENV)/bin/ruff check $(LINT_PATHS) || rc=1; \
 	echo "mypy $(LINT_PATHS)"; \
-	MYPYPATH=$(MYPY_TREE):tests:topologies $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies \
+	MYPYPATH=$(MYPY_TREE):tests:topologies:tools/bench:tools/probes $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies tools/bench tools/probes \
 	  > $(MYPY_TREE)/report.txt 2>&1 || rc=1; \
-	sed -e 's#^$(MYPY_TREE)/hpnlab/cli/#tools/#' -e 's#^$(MYPY_TREE)/hpnlab/##' $(MYPY_TREE)/report.txt; \
+	sed -e 's#^$(MYPY_TREE)/hpnlab/##' $(MYPY_TREE)/report.txt; \
 	exit $$rc
 
 bench: venv
-	@failed=""; for b in tools/bench_*.py; do echo "== $$b"; $(VPY) $$b || failed="$$failed $$b"; done; \
+	@failed=""; for b in tools/bench/bench_*.py; do echo "== $$b"; $(VPY) $$b || failed="$$failed $$b"; done; \
 	  if [ -n "$$failed" ]; then echo "below goal or failed:$$failed"; exit 1; fi
 
 clean-venv:

@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing.compiler import ARP_MODES, ROUTING_POLICIES
 
 from . import config, logs, tls
-from .compiler import ARP_MODES, ROUTING_POLICIES
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -78,7 +78,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
                    help="multipath weights: ecmp (default: every uplink of a set gets an equal share of its entropy "
                         "patterns) or weighted (every telemetry interval, loaded uplinks give patterns to less loaded "
-                        "ones; controller/weights.py; needs telemetry)")
+                        "ones; fabric/routing/weights.py; needs telemetry)")
     p.add_argument("--weights-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live mode changes
     p.add_argument("--ecn-control", metavar="FILE", help=argparse.SUPPRESS)   # the harness's: live policy changes
     p.add_argument("--on-miswire", choices=("refuse", "planes", "off"), default="refuse",
@@ -103,7 +103,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--discovery-s", type=float, default=3.0, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned (default 3)")
-    group = p.add_argument_group("OpenFlow over TLS (all three together; tools/make_test_ca.sh makes a test set)")
+    group = p.add_argument_group("OpenFlow over TLS (all three together; tools/scripts/make_test_ca.sh makes a "
+                                 "test set)")
     group.add_argument("--ssl-key", metavar="FILE", help="the controller's private key (PEM)")
     group.add_argument("--ssl-cert", metavar="FILE", help="the controller's certificate (PEM)")
     group.add_argument("--ssl-ca", metavar="FILE",
@@ -147,7 +148,7 @@ def _listening(addr: str, port: int) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hpnlab.fabric import graph, spec
+    from hpnlab.fabric.scenario import graph, spec
 
     if not args.scenario:
         raise UserError("no scenario: give SCENARIO (a preset name or a YAML file) or 'scenario:' in --config FILE")

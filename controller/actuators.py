@@ -31,13 +31,14 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Protocol
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing.telemetry import PortInfo, PortKey, StageCounters
 
 from .ecn_policy import Thresholds, default_thresholds
-from .telemetry import PortInfo, PortKey, StageCounters
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 ACTUATORS = ("auto", "emulated", "file:PATH", "none")
@@ -177,11 +178,23 @@ class EmulatedActuator:
         self.stage.close()
 
 
+#: the entry-point group through which ECN stages are found: the controller writes thresholds to
+#: whatever stage is installed under the name ``emulated`` (hpnlab's own, the emulation's
+#: ``hpnlab.fabric.emulation.ecn:EcnStage``, declared in setup.cfg) without importing the emulation
+STAGE_GROUP = "hpnlab.ecn_stages"
+
+
+def stage_class(name: str = "emulated") -> Any | None:
+    """The ECN stage class installed under ``name`` in :data:`STAGE_GROUP` (None: none is)."""
+    found = [ep for ep in entry_points(group=STAGE_GROUP) if ep.name == name]
+    return found[0].load() if found else None
+
+
 def open_stage(run_id: str | None) -> Any | None:
     """The live emulation's ECN stage (this run's when ``run_id`` is given), or None when there is none yet."""
     try:
-        from hpnlab.fabric.emulation.ecn import EcnStage
-        return EcnStage.open(run_id)
+        cls = stage_class()
+        return None if cls is None else cls.open(run_id)
     except (UserError, OSError, FileNotFoundError, ValueError, KeyError):
         return None
 

@@ -15,7 +15,7 @@ both launchers work the same way:
     HPNLAB_ECN_ACTUATOR  auto | emulated | file:PATH | none (default auto)
     HPNLAB_ECN_CONTROL   a file through which the harness replaces the ECN policy live (controller/ecn_loop.py)
     HPNLAB_RUN           the emulation run whose ECN stage to use (set by the harness)
-    HPNLAB_ROUTING_WEIGHTS ecmp | weighted: multipath weights (controller/weights.py; default ecmp)
+    HPNLAB_ROUTING_WEIGHTS ecmp | weighted: multipath weights (fabric/routing/weights.py; default ecmp)
     HPNLAB_WEIGHTS_CONTROL weighted mode: a file through which the harness switches the weights between
                          weighted and ecmp live ({"policy": MODE, "seq": N}, answered in FILE.ack)
     HPNLAB_ON_MISWIRE    refuse | planes: what a miswiring found by LLDP stops (controller/wiring.py; default refuse)
@@ -58,11 +58,12 @@ import time
 from collections import OrderedDict
 from typing import Any, ClassVar
 
-from hpnlab.fabric import graph as fgraph
-from hpnlab.fabric import spec as fspec
-from hpnlab.fabric.addressing import ip_int, ip_str
+from hpnlab.controller import arp_fallback, deployment, reconcile, rollout, wiring
+from hpnlab.fabric.routing import compiler, telemetry, weights
+from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario import spec as fspec
+from hpnlab.fabric.scenario.addressing import ip_int, ip_str
 
-from . import arp_fallback, compiler, deployment, reconcile, rollout, telemetry, weights, wiring
 from .control_file import ControlFile
 from .ofp import (
     CONFIG_DISPATCHER,
@@ -533,7 +534,7 @@ class HpnController(BaseApp):
                     self.metrics.update_weights(self.weights, self.weighted.sets())
             hub.sleep(max(0.0, self.ecn.telemetry.interval_s - (time.monotonic() - now)))
 
-    # ---- weighted multipath (controller/weights.py decides, the reconciler sends the difference) ----
+    # ---- weighted multipath (fabric/routing/weights.py decides, the reconciler sends the difference) ----
     def _weights_init(self, cfg: dict) -> None:
         mode = cfg["routing_weights"]
         if mode not in weights.MODES:
@@ -1219,7 +1220,7 @@ class HpnController(BaseApp):
     def _delivered_fn(self, plane: int):
         """Does the compiled state deliver a probe (src host -> dst ip, sport)? Walked with the table
         interpreter over the reconciler's desired state (the routes the wiring check left out are not probed)."""
-        from .oftable import FabricTables
+        from hpnlab.fabric.routing.oftable import FabricTables
         net = FabricTables(self.graph, self.reconciler.states, self.reconciler.failures)
 
         def delivered(src: str, dst: str, _dst_ip: str, sport: int) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import compiler
+from hpnlab.fabric.routing import compiler
 
 OFPET_BAD_ACTION = 2
 OFPBAC_BAD_TYPE = 0

@@ -46,8 +46,8 @@ from pathlib import Path
 import networkx as nx
 import yaml
 
-from hpnlab.fabric import graph as fgraph
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.scenario import graph as fgraph
 
 MAX_DPID = (1 << 64) - 1
 MAX_PORT = 0xFFFFFF00        # OFPP_MAX: the highest physical port number in OpenFlow 1.3

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from hpnlab.fabric.addressing import ip_str
+from hpnlab.fabric.scenario.addressing import ip_str
 
 from .reconcile import GroupKey, SwitchTable
 

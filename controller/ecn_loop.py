@@ -6,7 +6,7 @@ connected switches (and sends the port statistics requests it returns), and
 (when an emulated stage is there), take one telemetry sample per egress port, ask the policy,
 keep what differs from the thresholds in force (:func:`ecn_policy.changes`), apply that through
 the actuator, log every change with its reason and write the sample and the changes to the
-telemetry file (JSON lines; ``controller/telemetry.py`` reads it back into a run's JSON).
+telemetry file (JSON lines; ``fabric/routing/telemetry.py`` reads it back into a run's JSON).
 
 The policy can be replaced while the controller runs (the emulation harness does it between
 the runs of one experiment, ``Emulation.set_ecn_policy``): the harness writes
@@ -27,10 +27,12 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 
-from . import actuators, ecn_policy, telemetry
+from hpnlab.controller import actuators, ecn_policy
+from hpnlab.fabric.routing import telemetry
+from hpnlab.fabric.routing.telemetry import OfPortStats, PortInfo, PortKey, PortStatsRequest, PortTelemetry, Telemetry
+
 from .control_file import ControlFile
 from .ecn_policy import EcnPolicy, Thresholds
-from .telemetry import OfPortStats, PortInfo, PortKey, PortStatsRequest, PortTelemetry, Telemetry
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 STAGE_RETRY_S = 1.0

@@ -28,7 +28,7 @@ online on a throughput/latency reward); this policy is a small set of documented
 and damping, because an emulated fabric of a few switches gives too few samples to train an agent
 and rules can be tested one by one. Like ACC (and unlike Huawei's AI ECN, which classifies the
 traffic mix of a port) it looks at no flow: the incast degree is the port's switch's fan-in (ports
-receiving >= 5% of their rate, see ``controller/telemetry.py``), an upper bound.
+receiving >= 5% of their rate, see ``fabric/routing/telemetry.py``), an upper bound.
 
 What the rules are built on (measured on mini-hpn, ``hpnlab run --compare ecn``): DCQCN senders
 cut their rate by up to half per mark and recover over tens of milliseconds, so a mark costs
@@ -65,7 +65,7 @@ samples: port statistics arrive up to an interval or two after the stage's count
 4. otherwise keep the thresholds.
 
 Bounds: Kmin within [max(1 frame, ``kmin_min_ms`` at the port rate), max(16 frames, ``kmin_max_ms``
-at the rate)] (the ``low`` and ``high`` presets' Kmin of ``hpnlab.fabric.ecn_settings``), Kmax =
+at the rate)] (the ``low`` and ``high`` presets' Kmin of ``hpnlab.fabric.workload.ecn``), Kmax =
 ``kmax_ratio`` x Kmin (DCQCN's shape, as the start-up thresholds), Pmax within [``pmax_min``,
 ``pmax_max``]. Damping: a rise waits ``hold_up_s`` after any change; a rise right after a cut (a
 reversal) waits ``2 x hold_up_s``, and every earlier reversal of that port doubles the wait (up to
@@ -86,8 +86,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hpnlab.fabric.errors import UserError
-
-from .telemetry import PortKey, PortTelemetry
+from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry
 
 FRAME_OVERHEAD = 14
 FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry, port_key_str
 
 from . import ecn_policy
 from .ecn_policy import EcnPolicy, Thresholds
-from .telemetry import PortKey, PortTelemetry, port_key_str
 
 #: a recorded change that is not a policy's decision: the live loop putting every port back to its
 #: start-up thresholds when the policy is replaced (``EcnLoop.set_policy``)

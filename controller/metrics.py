@@ -87,7 +87,7 @@ class Metrics:
         self.healthy = Gauge("hpnlab_healthy", "1 when /health answers 200 (every switch connected, telemetry "
                              "fresh), else 0", registry=r)
 
-        # ---- fabric telemetry and dynamic ECN (controller/telemetry.py, controller/ecn_loop.py) ----
+        # ---- fabric telemetry and dynamic ECN (fabric/routing/telemetry.py, controller/ecn_loop.py) ----
         labels = ["switch", "port", "peer"]
         self.port_tx = Gauge("hpnlab_port_tx_bits_per_second", "Switch egress port: bits/s sent in the last "
                              "telemetry interval", labels, registry=r)
@@ -114,7 +114,7 @@ class Metrics:
                                         "Achieved time between the last two telemetry samples", registry=r)
         self.telemetry_cpu = Counter("hpnlab_telemetry_cpu_seconds",
                                      "CPU seconds the controller spent on telemetry and the ECN policy", registry=r)
-        # ---- weighted multipath (controller/weights.py) ----
+        # ---- weighted multipath (fabric/routing/weights.py) ----
         self.multipath_weight = Gauge("hpnlab_multipath_weight_patterns", "Weighted mode: entropy patterns of a "
                                       "multipath set (metadata 'set') that go to this port", ["switch", "port", "set"],
                                       registry=r)

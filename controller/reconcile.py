@@ -3,7 +3,7 @@
 No os-ken import (the idea of Faucet's valve/faucet split): ``controller/app.py`` decodes
 os-ken events into the events below, calls :meth:`Reconciler.handle` and encodes the
 messages it returns into OpenFlow 1.3. Tests drive the same object with no switch at all
-and replay its messages through a table interpreter (hpnlab.controller.oftable).
+and replay its messages through a table interpreter (hpnlab.fabric.routing.oftable).
 
 What it owns
     link state      a fabric link is down when either end reports its port down (one-sided
@@ -93,7 +93,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
-from . import compiler
+from hpnlab.fabric.routing import compiler
 
 LOG = logging.getLogger("hpnlab.controller.reconcile")
 
@@ -190,7 +190,7 @@ class GroupDescReply:
 @dataclass(frozen=True)
 class Restate:
     """New desired states for some switches, decided beside the failure compile (weighted mode's
-    load-following weights, controller/weights.py): handled like a recompile of those switches,
+    load-following weights, fabric/routing/weights.py): handled like a recompile of those switches,
     so only what differs is sent, in the usual order."""
     states: Mapping[str, compiler.SwitchState]
 

@@ -6,7 +6,7 @@ with TLS when its options ``ctl_privkey`` and ``ctl_cert`` are set, on ``ofp_ssl
 signed by ``ca_certs`` (``ssl.CERT_REQUIRED``). hpnlab always asks for all three: a controller
 that accepted any switch's certificate would let anyone who reaches the port program the fabric.
 
-``tools/make_test_ca.sh DIR`` makes a test CA with a controller and a switch certificate in
+``tools/scripts/make_test_ca.sh DIR`` makes a test CA with a controller and a switch certificate in
 the layout ``hpnlab.fabric.emulation.controller_process.TLS_FILES`` names.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def from_flags(key: str | None, cert: str | None, ca: str | None) -> TlsFiles | 
     missing = [flag for flag, value in given.items() if not value]
     if missing:
         raise UserError(f"TLS needs --ssl-key, --ssl-cert and --ssl-ca together; missing {', '.join(missing)} "
-                        f"(tools/make_test_ca.sh DIR makes a test set)")
+                        f"(tools/scripts/make_test_ca.sh DIR makes a test set)")
     for flag, value in given.items():
         path = Path(str(value))
         if not path.is_file():

@@ -59,3 +59,14 @@ def short(value: Any, limit: int = VALUE_LIMIT) -> str:
     except Exception:  # a hostile __repr__, a recursion: show the type instead
         text = f"<{type(value).__name__}>"
     return one_line(text, limit)
+
+
+class ScenarioError(UserError, ValueError):
+    """A scenario that cannot be built: the message names the field and the rule, on one line."""
+
+    def __init__(self, field_name: str, rule: str, source: str | None = None):
+        self.field = one_line(str(field_name), VALUE_LIMIT)
+        self.rule = one_line(rule)
+        self.source = one_line(source, VALUE_LIMIT * 2) if source else source
+        where = f"{self.source}: " if self.source else ""
+        super().__init__(one_line(f"{where}{self.field}: {self.rule}"))

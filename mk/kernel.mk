@@ -10,11 +10,11 @@
 #   sudo make -f mk/kernel.mk test-second-machine the second machine only (tests/remote)
 #
 # The lane's second part (issue 16): the same guest booted as a server on a private link
-# (tools/kernel_lane/second_machine.sh), and tests/remote run on this machine against it.
+# (tools/scripts/kernel_lane/second_machine.sh), and tests/remote run on this machine against it.
 #
 # The kernel, initramfs and root image are cached machine-wide in
 # $(HPNLAB_KERNEL_LANE_CACHE) (default /var/cache/hpnlab/kernel-lane), keyed by the
-# kernel version, tools/kernel_lane/packages.txt and setup.cfg's requirements.
+# kernel version, tools/scripts/kernel_lane/packages.txt and setup.cfg's requirements.
 
 KERNEL_TESTS ?= tests/kernel
 REMOTE_TESTS ?= tests/remote
@@ -25,13 +25,13 @@ REMOTE_TESTS ?= tests/remote
 # machine; where that guest cannot run here, two boots: run.sh, then second_machine.sh);
 # the target fails if either part failed
 test-kernel:
-	@tools/kernel_lane/second_machine.sh --kernel-tests "$(KERNEL_TESTS)" $(REMOTE_TESTS)
+	@tools/scripts/kernel_lane/second_machine.sh --kernel-tests "$(KERNEL_TESTS)" $(REMOTE_TESTS)
 
 test-lane-only:
-	@tools/kernel_lane/run.sh $(KERNEL_TESTS)
+	@tools/scripts/kernel_lane/run.sh $(KERNEL_TESTS)
 
 test-second-machine:
-	@tools/kernel_lane/second_machine.sh $(REMOTE_TESTS)
+	@tools/scripts/kernel_lane/second_machine.sh $(REMOTE_TESTS)
 
 kernel-image:
-	@tools/kernel_lane/build.sh >/dev/null
+	@tools/scripts/kernel_lane/build.sh >/dev/null

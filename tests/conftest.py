@@ -1,18 +1,29 @@
 """Shared fixtures. (Additive: each section belongs to the feature that added it.)"""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fabrics import shared_runs_together
+from support.fabrics import shared_runs_together
+from support.paths import BENCH, PROBES
+
+#: fixtures shared by folders of tests: the web view's browser, and pytester for the pytest plugin's tests
+pytest_plugins = ["support.browser", "pytester"]
+
+# The benchmarks and probes are scripts, not installed: their pure parts are tested by name
+# (``import bench_failover``, ``import ovs_floor``), as the scripts import each other.
+for _folder in (BENCH, PROBES):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
 
 # ---- emulation (hpnlab.fabric.emulation): root, real Open vSwitch, Mininet -------------------------
 
 def emulation_missing() -> str | None:
     """Why emulation tests cannot run here (names the missing feature), or None: the pytest
     plugin's check (users' tests skip for the same reasons)."""
-    from hpnlab.fabric.pytest_plugin import emulation_missing as missing
+    from hpnlab.fabric.emulation.preflight import emulation_missing as missing
     return missing()
 
 
@@ -142,9 +153,38 @@ def _shared_name(item: pytest.Item) -> str | None:
     return _module_shares[module]
 
 
+#: a test's folder says what it needs, and its markers must say the same: unit/ none (no root, no
+#: process of the project's), emulation/ ``emulation`` or ``controller``, kernel/ ``kernel``
+FOLDER_MARKERS = {"unit": set(), "emulation": {"emulation", "controller"}, "kernel": {"kernel"}}
+NEEDS = ("emulation", "controller", "kernel")
+
+
+def misplaced(folder: str, markers: set[str]) -> str | None:
+    """Why a test with these markers does not belong in this folder of tests/ (None: it does)."""
+    wanted = FOLDER_MARKERS.get(folder)
+    if wanted is None:
+        return None
+    has = markers & set(NEEDS)
+    if not wanted and has:
+        return f"marked {', '.join(sorted(has))}: it belongs in tests/emulation or tests/kernel"
+    if wanted and not has & wanted:
+        return f"in tests/{folder} but marked none of {', '.join(sorted(wanted))}"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Modules that share an emulation run one after another, at the place of the first of them;
-    everything else keeps its order."""
+    """Every test sits in the folder its markers name (else collection stops, naming it); modules
+    that share an emulation run one after another, at the place of the first of them; everything
+    else keeps its order."""
+    wrong = []
+    for item in items:
+        parts = item.path.relative_to(config.rootpath).parts if item.path.is_relative_to(config.rootpath) else ()
+        if len(parts) > 2 and parts[0] == "tests":
+            why = misplaced(parts[1], {m.name for m in item.iter_markers()})
+            if why:
+                wrong.append(f"{item.nodeid}: {why}")
+    if wrong:
+        raise pytest.UsageError("tests in the wrong folder:\n  " + "\n  ".join(wrong))
     _module_shares.clear()
     for item in items:
         if _module_shares.get(_module_of(item)) is None:
@@ -173,6 +213,6 @@ def _no_shared_emulation_under_others(request: pytest.FixtureRequest) -> None:
 
 
 # ---- shared helpers of pure tests ----------------------------------------------------------------
-# The cached fabric loader and the reconciler drivers live in tests/fabrics.py (import them with
-# ``from fabrics import fabric``): a conftest cannot be imported by name, since pytest's
+# The cached fabric loader and the reconciler drivers live in tests/support/fabrics.py (import them with
+# ``from support.fabrics import fabric``): a conftest cannot be imported by name, since pytest's
 # prepend import mode registers tests/kernel/conftest.py under the same module name "conftest".

@@ -3,7 +3,7 @@
 Installed (``make venv``), ``hpnlab`` is already importable and this does nothing. Run
 from a bare checkout (``mn`` from apt with /usr/bin/python3), it maps the namespace onto the
 checkout's folders exactly as ``setup.cfg`` does: ``hpnlab.fabric`` → ``fabric/``,
-``hpnlab.controller`` → ``controller/``, ``hpnlab.cli`` → ``tools/``.
+``hpnlab.controller`` → ``controller/``, ``hpnlab.cli`` → ``cli/``.
 """
 import importlib.util
 import os
@@ -11,7 +11,7 @@ import sys
 import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FOLDERS = {"fabric": "fabric", "controller": "controller", "cli": "tools"}
+FOLDERS = {"fabric": "fabric", "controller": "controller", "cli": "cli"}
 
 
 def ensure() -> None:

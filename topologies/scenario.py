@@ -14,7 +14,7 @@ _HERE = globals().get("__file__") or sys._getframe(0).f_code.co_filename
 sys.path.insert(0, os.path.dirname(os.path.abspath(_HERE)))
 import _hpnlab_import  # noqa: E402,F401  (hpnlab.* from an install or this checkout)
 
-from hpnlab.fabric.mn import topo_from  # noqa: E402
+from hpnlab.fabric.emulation.mn import topo_from  # noqa: E402
 
 
 def scenario(name="mini-hpn", **fields):

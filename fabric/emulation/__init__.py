@@ -62,7 +62,7 @@ What ``start()`` (``__enter__``) does, in order:
    numbers; hosts with one interface per NIC port, plane-prefix addresses, per-source policy
    routing when several ports share a plane, ``ethtool -K tx off`` (unless OVS has
    userspace TSO on), IPv6 off, ``tcp_ecn=1``;
-5. shapes every sending interface with htb to the emulated rate (``hpnlab.fabric.mn.emulated_mbps``)
+5. shapes every sending interface with htb to the emulated rate (``hpnlab.fabric.emulation.mn.emulated_mbps``)
    and a port buffer; netem delay only where the kernel has netem, otherwise one line and
    ``metadata["not_emulated"]``;
 6. puts the ECN marking stage on every switch egress port (``hpnlab.fabric.emulation.ecn``);
@@ -75,7 +75,7 @@ the order of things), ``preflight``, ``controller_process``, ``nodes`` (node cla
 interface configuration), ``ovsdb`` (every ovs-vsctl call), ``reachability`` (pure scripts and
 parsers) and ``walks`` (running them), ``faults``, ``failover`` (the loss-window probe),
 ``shaping``, ``ecn``, ``state``, ``signals``, ``timeline``, ``udp``, ``traffic``;
-the size estimate is ``hpnlab.fabric.sizing``.
+the size estimate is ``hpnlab.fabric.emulation.sizing``.
 
 Multi-machine (Mininet's cluster edition, ``mininet.examples.cluster.MininetCluster``)::
 
@@ -89,13 +89,13 @@ sudo true``). ``placement="plane"`` puts each plane's switches on one server (pl
 no link, so only host links cross machines, as SSH-tunnelled ``RemoteLink`` s); Mininet's
 ``switch-bin``, ``round-robin`` and ``random`` placers are also accepted. The controller
 must listen on an address the servers reach (``controller_ip``). Tested here with
-``localhost`` as the only server (tests/test_emulation_cluster.py); with remote servers,
+``localhost`` as the only server (tests/emulation/test_cluster.py); with remote servers,
 shaping and the ECN stage are applied to local switch ports only, and ``hpnlab clean`` must
 run on each server after a crash (both are written into ``metadata["not_emulated"]``).
 Never run Mininet's machine-wide cleanup on a server (MininetCluster's own cleanup does it over ssh).
 
 ``stop()`` (``__exit__``) removes everything through the same code as ``hpnlab clean``
-(``state.teardown``) and never uses Mininet's machine-wide cleanup.
+(``cleanup.teardown``) and never uses Mininet's machine-wide cleanup.
 """
 from __future__ import annotations
 

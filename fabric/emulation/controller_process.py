@@ -17,7 +17,8 @@ from typing import Protocol
 
 import yaml
 
-from .. import spec
+from hpnlab.fabric.scenario import spec
+
 from ..errors import UserError
 
 DEFAULT_OFP_PORT = 6653
@@ -26,7 +27,7 @@ DEFAULT_OFP_PORT = 6653
 #: stop the run, or say so and continue without it
 ON_CONTROLLER_LOSS = ("restart", "stop", "continue")
 
-#: a TLS directory's files, as tools/make_test_ca.sh writes them: what the controller and the
+#: a TLS directory's files, as tools/scripts/make_test_ca.sh writes them: what the controller and the
 #: switches (Open vSwitch's ``set-ssl``) each present, and the CA both trust
 TLS_FILES = {"ca": "ca-cert.pem", "controller_key": "controller-key.pem", "controller_cert": "controller-cert.pem",
              "switch_key": "switch-key.pem", "switch_cert": "switch-cert.pem"}
@@ -37,11 +38,12 @@ def tls_files(directory: str | Path) -> dict[str, str]:
     when the directory or one of them is missing."""
     d = Path(directory)
     if not d.is_dir():
-        raise UserError(f"TLS directory {directory}: no such directory (make a test one: tools/make_test_ca.sh DIR)")
+        raise UserError(f"TLS directory {directory}: no such directory "
+                        f"(make a test one: tools/scripts/make_test_ca.sh DIR)")
     missing = [name for name in TLS_FILES.values() if not (d / name).is_file()]
     if missing:
         raise UserError(f"TLS directory {directory} lacks {', '.join(missing)} "
-                        f"(tools/make_test_ca.sh DIR writes the whole set)")
+                        f"(tools/scripts/make_test_ca.sh DIR writes the whole set)")
     return {role: str((d / name).resolve()) for role, name in TLS_FILES.items()}
 
 
@@ -191,7 +193,7 @@ def check_on_controller_loss(choice: str) -> str:
 def check_arp_mode(mode: str, controller: str = "hpnlab") -> str:
     """``mode`` when it is one of the controller's ARP modes (``compiler.ARP_MODES``) and a controller
     that answers ARP runs, else a one-line UserError."""
-    from hpnlab.controller.compiler import ARP_MODES  # the compiler owns the modes (no import cycle)
+    from hpnlab.fabric.routing.compiler import ARP_MODES  # the compiler owns the modes (no import cycle)
     if mode not in ARP_MODES:
         raise UserError(f"--arp {mode!r}: one of {', '.join(ARP_MODES)}")
     if mode != "gateway" and controller != "hpnlab":

@@ -1,6 +1,6 @@
 """ECN marking stage on every switch egress port, with live thresholds and readable counters.
 
-Two mechanisms, chosen by ``hpnlab.fabric.kernel.Capabilities.ecn_mechanism``:
+Two mechanisms, chosen by ``hpnlab.fabric.emulation.kernel.Capabilities.ecn_mechanism``:
 
 ``bpf`` (this machine)
     ``bpf/ecn_marker.bpf.c``, compiled with clang at run time into a cache directory, loaded

@@ -6,7 +6,7 @@ another leaf of the same plane sends N paced flows that differ only in source po
 ``fail_at_s`` into the flows and repairs it ``hold_s`` later; ``ovs-ofctl monitor`` on the
 link's two switches timestamps the PortStatus messages (the detection time: fault applied
 to the switch telling its controllers the port is down or no longer live). The arrivals go
-through ``hpnlab.fabric.losswindow``. Kinds of failure (``KINDS``):
+through ``hpnlab.fabric.emulation.losswindow``. Kinds of failure (``KINDS``):
 
 - ``both``: both interfaces down; ``one-side``: only the leaf's (with veth the spine loses
   carrier too); ``gray``: the leaf's egress drops everything, the link stays up (only BFD
@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import losswindow
-from ..compare import spread_text
+from hpnlab.fabric.emulation import losswindow
+from hpnlab.fabric.stats import spread, spread_text
+
 from ..errors import UserError
 from . import send_trace
 from . import timeline as tl
@@ -76,7 +77,7 @@ class Probe:
 def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, tuple[str, str]]:
     """(src host, src ip, dst host, dst ip, (leaf, spine)) on one plane, on two different leaves:
     the source sits under the link's leaf, so every flow leaves through that leaf's uplinks."""
-    from ..mn import host_interfaces
+    from hpnlab.fabric.emulation.mn import host_interfaces
     leaves = [n for n, d in graph.nodes(data=True) if d["tier"] == 1]
     if link is None:
         leaf = sorted(leaves)[0]
@@ -410,20 +411,20 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for r in runs:
         for sw, ms in r["detection_ms"].items():
             det.setdefault(sw, []).append(ms)
-    return {"loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in fail),
+    return {"loss_window_ms": spread(e["loss_window_ms"] for e in fail),
             # packets sent and never received, whatever the events (a fabric that stopped delivering)
-            "undelivered": losswindow.spread(r["sent"] - r["received"] for r in runs if "received" in r),
-            "lost": losswindow.spread(e["lost"] for e in fail),
-            "late": losswindow.spread(e.get("late", 0) for e in fail),
-            "affected_flows": losswindow.spread(len(e["affected"]) for e in fail),
-            "max_gap_unaffected_ms": losswindow.spread(e["max_gap_unaffected_ms"] for e in fail),
-            "stalled_flows": losswindow.spread(len(e["stalled"]) for e in fail),
-            "max_network_gap_unaffected_ms": losswindow.spread(e["max_network_gap_unaffected_ms"] for e in fail),
-            "detection_ms": {sw: losswindow.spread(v for v in vals if v is not None) | {
+            "undelivered": spread(r["sent"] - r["received"] for r in runs if "received" in r),
+            "lost": spread(e["lost"] for e in fail),
+            "late": spread(e.get("late", 0) for e in fail),
+            "affected_flows": spread(len(e["affected"]) for e in fail),
+            "max_gap_unaffected_ms": spread(e["max_gap_unaffected_ms"] for e in fail),
+            "stalled_flows": spread(len(e["stalled"]) for e in fail),
+            "max_network_gap_unaffected_ms": spread(e["max_network_gap_unaffected_ms"] for e in fail),
+            "detection_ms": {sw: spread(v for v in vals if v is not None) | {
                 "missed": sum(v is None for v in vals)} for sw, vals in det.items()},
-            "repair_loss_window_ms": losswindow.spread(e["loss_window_ms"] for e in repair),
-            "repair_max_gap_ms": losswindow.spread(e["max_gap_ms"] for e in repair),
-            "stages": {k: losswindow.spread(r["stages"].get(k) for r in runs)
+            "repair_loss_window_ms": spread(e["loss_window_ms"] for e in repair),
+            "repair_max_gap_ms": spread(e["max_gap_ms"] for e in repair),
+            "stages": {k: spread(r["stages"].get(k) for r in runs)
                        for k in sorted({k for r in runs for k, v in r.get("stages", {}).items()
                                         if k.endswith("_ms") and isinstance(v, (int, float))})}}
 

@@ -31,8 +31,9 @@ from typing import Any
 
 import networkx as nx
 
+from hpnlab.fabric.scenario.graph import intf_name
+
 from ..errors import UserError
-from ..graph import intf_name
 
 #: (node, interface name): one end of a link
 End = tuple[str, str]

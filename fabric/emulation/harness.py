@@ -22,10 +22,12 @@ from typing import Any
 
 import yaml
 
-from .. import graph as fgraph
-from .. import kernel, sizing, spec
+from hpnlab.fabric.emulation import kernel, sizing
+from hpnlab.fabric.emulation.mn import FabricTopo, host_interfaces
+from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario import spec
+
 from ..errors import UserError
-from ..mn import FabricTopo, host_interfaces
 from . import nodes, ovsdb, preflight, reachability, shaping, walks
 from . import ovs_sched as ovs_sched_mod
 from .controller_process import (
@@ -84,7 +86,7 @@ class Emulation:
             raise UserError(f"unknown controller {controller!r} (known: {', '.join(CONTROLLERS)})")
         if controller_tls and controller != "hpnlab":
             raise UserError("--controller-tls needs the hpnlab controller (it is the one listening with TLS)")
-        #: OpenFlow over TLS: the files of a TLS directory (tools/make_test_ca.sh), or None (plain TCP)
+        #: OpenFlow over TLS: the files of a TLS directory (tools/scripts/make_test_ca.sh), or None (plain TCP)
         self.tls = tls_files(controller_tls) if controller_tls else None
         if isinstance(scenario, spec.Scenario):
             self.scenario = scenario if not overrides else spec.from_dict(
@@ -126,13 +128,13 @@ class Emulation:
         self.fast_failover = fast_failover
         if not fast_failover:
             self.controller_args.append("--no-fast-failover")
-        #: the controller's multipath weights (controller/weights.py): ecmp (equal) or weighted (load-following)
+        #: the controller's multipath weights (fabric/routing/weights.py): ecmp (equal) or weighted (load-following)
         if routing_weights not in ("ecmp", "weighted"):
             raise UserError(f"unknown routing weights {routing_weights!r}: use ecmp or weighted")
         if routing_weights != "ecmp" and controller != "hpnlab":
             raise UserError(f"routing weights {routing_weights!r} need the hpnlab controller (it decides them)")
         self.routing_weights = routing_weights
-        #: how the leaves answer ARP (controller/compiler.py ARP_MODES): gateway (one gateway MAC) or per-host
+        #: how the leaves answer ARP (fabric/routing/compiler.py ARP_MODES): gateway (one gateway MAC) or per-host
         self.arp = check_arp_mode(arp, controller)
         if controller == "hpnlab":
             self.controller_args += ["--arp", arp]
@@ -339,7 +341,7 @@ class Emulation:
     def _switch_tls(self) -> None:
         """Open vSwitch's key, certificate and CA for ``ssl:`` controllers. The setting is machine-wide
         (one SSL row per ovsdb): the one in force is written into the run's state first, and put back
-        at teardown (``state.teardown``, also after a crash by `hpnlab clean`)."""
+        at teardown (``cleanup.teardown``, also after a crash by `hpnlab clean`)."""
         assert self.tls is not None
         self._st.notes["ovs_ssl"] = {"previous": ovsdb.get_ssl()}
         self._st.save()
@@ -500,7 +502,7 @@ class Emulation:
         """Raise ovs-vswitchd's one send socket to hold every switch port's full queue
         (``datapath_socket``: below that, packets waiting in the shaped queues made OVS drop
         others where no counter saw it). Each old size goes into the run's state file first, so stop, and
-        `hpnlab clean` after a crash, put it back (``state.teardown``)."""
+        `hpnlab clean` after a crash, put it back (``cleanup.teardown``)."""
         from . import datapath_socket
 
         mtu = self.scenario.emulation.mtu
@@ -837,7 +839,7 @@ class Emulation:
         if self._stopped:
             return
         self._stopped = True
-        from .state import teardown
+        from hpnlab.fabric.emulation.cleanup import teardown
         try:
             self._unwatch_controller()       # ending the controller below is no loss
             self._restore_ovs()

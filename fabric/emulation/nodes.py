@@ -20,9 +20,11 @@ from typing import Any, ClassVar
 
 import networkx as nx
 
-from .. import spec
-from ..graph import intf_name
-from ..mn import emulated_delay_us, emulated_mbps, host_interfaces
+from hpnlab.fabric.emulation.mn import host_interfaces
+from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.scenario.graph import intf_name
+from hpnlab.fabric.scenario.rates import emulated_delay_us, emulated_mbps
+
 from . import ovsdb, shaping
 from .state import RunState
 
@@ -149,7 +151,7 @@ class ControllerTarget:
 def node_classes(state: RunState, datapath: str, mtu: int, cluster: bool = False,
                  port_type: str = "system") -> tuple[type, type]:
     """(host class, switch class) for one run (Mininet's cluster classes when ``cluster``);
-    switch ports are of ``port_type`` (``hpnlab.fabric.kernel.PORT_TYPES``)."""
+    switch ports are of ``port_type`` (``hpnlab.fabric.emulation.kernel.PORT_TYPES``)."""
     from mininet.node import Host, OVSSwitch
 
     class HpnlabHost(Host):

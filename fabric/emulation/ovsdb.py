@@ -22,7 +22,7 @@ def _vsctl(*args: str, timeout: int = 5, **kw: Any) -> subprocess.CompletedProce
         return subprocess.CompletedProcess(["ovs-vsctl", *args], 127, "", str(exc))
 
 
-# ---- what the capability probe (hpnlab.fabric.kernel) asks ----------------------------------
+# ---- what the capability probe (hpnlab.fabric.emulation.kernel) asks ----------------------------------
 
 def version() -> str | None:
     """Open vSwitch's version (``ovs-vsctl --version``), or None."""

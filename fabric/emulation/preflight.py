@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from .. import graph as fgraph
-from .. import kernel, spec
+from hpnlab.fabric.emulation import kernel
+from hpnlab.fabric.emulation.sizing import check_fits, has_loops, load_budget
+from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.scenario.graph import intf_name
+from hpnlab.fabric.scenario.rates import emulated_delay_us
+
 from ..errors import UserError
-from ..graph import intf_name
-from ..mn import emulated_delay_us
-from ..sizing import check_fits, has_loops, load_budget
 from ..transport.tcp import tcp_setting
 from . import ovsdb
 from .controller_process import port_free
@@ -122,3 +127,34 @@ def mechanisms(caps: kernel.Capabilities, graph: nx.MultiGraph, shape: bool, ecn
         md["ecn"] = "off"
     md["tcp_offload"] = "userspace-tso" if caps.ovs_userspace_tso else "host tx checksum offload off"
     return md, warnings
+
+
+def emulation_missing() -> str | None:
+    """Why an emulation cannot be built here (names the missing feature), or None."""
+    if os.geteuid() != 0:
+        return "needs root (real Open vSwitch and network namespaces)"
+    if shutil.which("ovs-vsctl") is None:
+        return "needs Open vSwitch (openvswitch-switch)"
+    if subprocess.run(["ovs-vsctl", "--timeout=5", "show"], capture_output=True).returncode != 0:
+        return "needs Open vSwitch running"
+    if shutil.which("mnexec") is None:
+        return "needs mnexec (the mininet package)"
+    try:
+        import mininet.net  # type: ignore[import-untyped,import-not-found,unused-ignore]  # noqa: F401
+    except ImportError:
+        return "needs the mininet Python package (pip install 'hpnlab[emulation]')"
+    return None
+
+
+def measurement_refused(name: str, repeat: int, most: int, say: Callable[[str], None]) -> int | None:
+    """The exit code an emulated benchmark stops with before measuring, having said why in one
+    line: 2 for ``--repeat`` outside 1..``most``, 0 without root or Open vSwitch (nothing to
+    measure); None when it can run."""
+    if not 1 <= repeat <= most:
+        say(f"{name}: --repeat must be 1 to {most}, got {repeat}")
+        return 2
+    why = emulation_missing()
+    if why:
+        say(f"{name}: {why}; nothing measured")
+        return 0
+    return None

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
-from .. import graph as fgraph
-from ..mn import host_interfaces
+from hpnlab.fabric.emulation.mn import host_interfaces
+from hpnlab.fabric.scenario import graph as fgraph
 
 PROBE_PORT = 47_000          # the probes' UDP destination port
 SOURCE_PORT_BASE = 0xC000    # entropy source ports: this base with the matched bits set per pattern

@@ -19,7 +19,7 @@ cleans there only what the run made (processes by pid, its own bridges and links
   ECN asked and sch_red on the server, RED with ECN under the htb class.
 - the run's state file records, per server, the ssh command, the bridges and interfaces
   the run makes there (before it makes them); ``teardown`` (called by
-  ``state.teardown``, so by ``hpnlab clean`` too) ends the run's processes on the server
+  ``cleanup.teardown``, so by ``hpnlab clean`` too) ends the run's processes on the server
   (found by the environment mark), deletes its marked bridges and QoS rows and the listed
   interfaces that still exist.
 
@@ -490,7 +490,7 @@ def place(topo: Any, graph: Any, servers: list[str], placement: str) -> dict[str
 def planned(graph: Any, where: dict[str, str]) -> dict[str, tuple[list[str], list[str]]]:
     """server -> (bridges, root-namespace interfaces) the run will make there (pure): the
     switches placed on it, and their ports' interfaces (a host's ends live in its namespace)."""
-    from ..graph import intf_name
+    from hpnlab.fabric.scenario.graph import intf_name
     out: dict[str, tuple[list[str], list[str]]] = {}
     for node, server in where.items():
         if graph.nodes[node]["tier"] > 0:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from hpnlab.fabric.scenario.graph import intf_name
+
 from ..errors import UserError
-from ..graph import intf_name
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ instance is removed at the end. Where tracefs or the syscall tracepoints are mis
 :func:`unavailable` says why and the stage is left out.
 
 :class:`Scheduling` uses the same kind of instance for ``sched_switch``: when each of
-ovs-vswitchd's threads ran (the second repetition of ``tools/ovs_reaction.py``).
+ovs-vswitchd's threads ran (the second repetition of ``tools/probes/ovs_reaction.py``).
 
 A failure that drops silently is not seen here: a gray failure (a tc drop filter) or a
 carrier-less peer (a veth whose other end is down still accepts packets and drops them).

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..spec import Emulation
+from hpnlab.fabric.scenario.spec import Emulation
 
 #: the least frames a port buffer holds unless the scenario says otherwise (the scenario's default)
 BUFFER_FRAMES: int = Emulation.buffer_frames

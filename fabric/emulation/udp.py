@@ -10,7 +10,7 @@
 so the fabric spreads them over its paths; packets go round robin, each carrying (flow,
 sequence number, send time). ``flowrecv`` records every packet's flow, sequence number,
 send time and kernel arrival time (``SO_TIMESTAMPNS``, CLOCK_REALTIME like ``time.time()``)
-into an ``.npz`` that ``hpnlab.fabric.losswindow`` analyses.
+into an ``.npz`` that ``hpnlab.fabric.emulation.losswindow`` analyses.
 
 ``probe`` runs one host's part of a reachability walk over every entropy branch (see
 ``hpnlab.fabric.emulation.reachability``): it listens on the plan's addresses, prints

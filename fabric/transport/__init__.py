@@ -1,6 +1,6 @@
 """Transports that carry collective traffic between ranks (side-effecting: sockets).
 
-Both transports offer the same small interface, used by the rank worker (``hpnlab.fabric.ranks``):
+Both transports offer the same small interface, used by the rank worker (``hpnlab.fabric.transport.ranks``):
 
 ``start()``
     bind/listen/connect; returns when the transport can send (the first barrier proves
@@ -21,14 +21,13 @@ A rank that stops answering raises :class:`PeerLost` naming the rank and its add
 """
 from __future__ import annotations
 
+from hpnlab.fabric.workload.placement import ENTROPIES, TRANSPORTS
+
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES
 
 __all__ = ["ENTROPIES", "ENTROPY_POLICIES", "TRANSPORTS", "PeerLost", "Transport", "TransportError", "make"]
 
-TRANSPORTS = ("tcp", "roce")
-ENTROPIES: tuple[str, ...] = tuple(ENTROPY_POLICIES)
-"""The entropy policy names (``--entropy``): the keys of the one policy table."""
 
 
 def make(kind: str, rank: int, addrs: list[list[str]], **options) -> Transport:

@@ -27,7 +27,7 @@ The ``reps`` rule (:class:`AdaptivePaths`):
 
 A *path* is one (plane, entropy value) of the sending rank, the index the transport's
 entropy policies return (``plane * ports + k``); with the controller's entropy map every
-entropy value is a known, distinct path (:class:`.entropy.EntropyMap`).
+entropy value is a known, distinct path (:class:`hpnlab.fabric.routing.entropy.EntropyMap`).
 
 It follows REPS (Bonato et al., "REPS: Recycled Entropy Packet Spraying", 2024):
 

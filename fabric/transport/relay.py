@@ -1,5 +1,5 @@
 """A UDP relay on loopback that fails one path on cue, for the roce transport's host-side
-failover (tests/test_transport_failover.py, tools/bench_transport.py).
+failover (tests/unit/test_transport_failover.py, tools/bench/bench_transport.py).
 
 One relay forwards one plane and direction (``listen`` -> ``forward``). It forwards
 everything except what comes from its *blocked* source addresses (a sending socket is one path:

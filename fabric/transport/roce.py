@@ -50,11 +50,11 @@ What is modelled
       best path's, its CNPs, path losses and timeouts; :class:`.adaptive.WeightedPaths`) and
       ``reps`` recycles the paths whose packets are acknowledged cleanly (REPS,
       :class:`.adaptive.AdaptivePaths`), both fed per path. With ``entropy_map`` (the
-      controller's, :class:`.entropy.EntropyMap`) the source ports are bound to the map's
+      controller's, :class:`hpnlab.fabric.routing.entropy.EntropyMap`) the source ports are bound to the map's
       entropy values (at most as many per plane as the map has distinct paths), so N paths
       are N known, distinct ways through the fabric; each connection (rank pair and plane)
-      takes its own N values, :func:`.entropy.connection_values` (the flow model takes the same), so different
-      connections use different uplinks, as real NICs' queue pairs do. Without a map the
+      takes its own N values, :func:`hpnlab.fabric.routing.entropy.connection_values` (the flow model takes the
+      same), so different connections use different uplinks, as real NICs' queue pairs do. Without a map the
       kernel assigns the ports (a real fabric whose hashing is unknown), one set per rank.
 
     * Host-side failover (:mod:`.paths` states the rules): the receiver reports, in every
@@ -74,7 +74,7 @@ What is modelled
       value: another source port, on another plane if the rank has several (with a single
       path, its socket is re-bound to a new source port). The timer backs off at most to
       ``max_rto_s`` (default 100 ms, not 1 s), so a dead path costs about three RTOs before
-      the move: ~30 ms at ``min_rto_s=0.01`` (measured by tools/bench_transport.py), ~120 ms
+      the move: ~30 ms at ``min_rto_s=0.01`` (measured by tools/bench/bench_transport.py), ~120 ms
       at the default 40 ms minimum (chosen for a loaded 2-core machine, where a shorter one
       fires spuriously); not seconds.
     * Answers (ACK, NACK, CNP) go on a plane that delivered data from the peer within
@@ -103,17 +103,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hpnlab.fabric.routing.entropy import FIRST_FREE_PORT, EntropyMap, connection_values, first_high, flow_hash
+
 from .accounting import BurstLog, GapLog, Largest, crc_chain
 from .base import PeerLost, Transport, TransportError
-from .entropy import (
-    ENTROPY_POLICIES,
-    FIRST_FREE_PORT,
-    EntropyMap,
-    FlowEntropy,
-    connection_values,
-    first_high,
-    flow_hash,
-)
+from .entropy import ENTROPY_POLICIES, FlowEntropy
 from .nic import interface_of, link_up, netlink_socket
 from .paths import PathParams, PathTable, ack_plane, rtt_update
 
@@ -1008,7 +1002,7 @@ class RoceTransport(Transport):
     def _bind_connection(self, f: _TxFlow) -> None:
         """The sending sockets of ``f``'s paths. Without a map: the rank's shared,
         kernel-assigned ones (``tx_socks``, the same list). With a map: per plane, the
-        connection's own entropy values (:func:`.entropy.connection_values` of (this rank,
+        connection's own entropy values (:func:`hpnlab.fabric.routing.entropy.connection_values` of (this rank,
         the peer, the plane)), each value's socket bound once per plane and shared by every
         connection that takes the value."""
         m = self.entropy_map

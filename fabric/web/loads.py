@@ -34,7 +34,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from hpnlab.fabric import model
+from hpnlab.fabric.model import flow as model
 
 from . import view
 
@@ -72,7 +72,7 @@ def _direction_groups(g: nx.MultiGraph, lay: dict[str, Any]) -> tuple[np.ndarray
 @dataclasses.dataclass
 class StepLoad:
     """One modelled step's traffic on the network: ``bits`` per directed link of the model's
-    :class:`~hpnlab.fabric.model.Network` (ids 2j, 2j + 1: the two directions of edge j);
+    :class:`~hpnlab.fabric.model.flow.Network` (ids 2j, 2j + 1: the two directions of edge j);
     ``span_s``: the step's drain time as ``model.run_step`` computes it (without latency)."""
     bits: np.ndarray
     span_s: float

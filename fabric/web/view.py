@@ -137,7 +137,7 @@ def _emulated_mbps(g: nx.MultiGraph, rate_gbps: float) -> float | None:
     s = g.graph.get("scenario")
     if s is None or getattr(s, "emulation", None) is None:
         return None
-    from hpnlab.fabric.mn import emulated_mbps
+    from hpnlab.fabric.scenario.rates import emulated_mbps
     return emulated_mbps(s, rate_gbps)
 
 

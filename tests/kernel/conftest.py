@@ -2,7 +2,7 @@
 openvswitch datapath, sch_netem, sch_red and sch_htb, root, and a running Open vSwitch.
 
 The lane boots a stock Debian kernel under qemu and runs them there (see
-tools/kernel_lane/). On a host without those features every test here is skipped with a
+tools/scripts/kernel_lane/). On a host without those features every test here is skipped with a
 reason naming what is missing; `make test`'s host runs deselect them with -m.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ with ECN, changed live and counted. The controller checks are the userspace lane
 (every pair on every plane, installed flows equal to the compiler's, a link failure).
 
 The emulation runs with ecn=False and the ECN test puts the harness's own ECN stage
-(``EcnStage.for_emulation`` with the mechanism ``hpnlab.fabric.kernel`` picks) on the running
+(``EcnStage.for_emulation`` with the mechanism ``hpnlab.fabric.emulation.kernel`` picks) on the running
 fabric, so that a fault in the RED path fails that test alone, not the whole module.
 
 Long-haul delay: 20 km is 100 us one way, below what TCG's timing noise lets a ping
@@ -26,8 +26,8 @@ import time
 
 import pytest
 
-from hpnlab.controller import compiler
-from hpnlab.fabric import graph as fgraph
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.scenario import graph as fgraph
 
 pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
 
@@ -224,7 +224,7 @@ def netem_delays_us(intf: str) -> list[float]:
 
 
 def test_the_ecn_stage_is_red_marks_under_incast_and_takes_thresholds_live(emu):
-    from hpnlab.fabric import kernel
+    from hpnlab.fabric.emulation import kernel
     from hpnlab.fabric.emulation.ecn import EcnStage
 
     mechanism = kernel.probe(deep=False).ecn_mechanism

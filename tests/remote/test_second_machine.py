@@ -1,6 +1,6 @@
 """A second machine for real (issue 16, part 8): a small mini-hpn (2 segments of 2 hosts, 1 spine
 per plane: 6 switches, 4 hosts) with plane 1's switches and half of the hosts on another server
-(the full-kernel lane's qemu guest, booted as a server by tools/kernel_lane/second_machine.sh),
+(the full-kernel lane's qemu guest, booted as a server by tools/scripts/kernel_lane/second_machine.sh),
 reached by ssh with the run's own key; links between the machines are ssh Ethernet tunnels
 (Mininet's cluster edition), the controller runs here and the guest's Open vSwitch reaches it
 over the link.
@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from hpnlab.fabric import experiment
-from hpnlab.fabric import graph as fgraph
-from hpnlab.fabric.experiment import Plan
+from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.runner import Plan
+from hpnlab.fabric.scenario import graph as fgraph
 
 pytestmark = [pytest.mark.kernel, pytest.mark.emulation, pytest.mark.controller]
 
@@ -36,7 +36,7 @@ SMALL = {"segments_per_pod": 2, "hosts_per_segment": 2, "spines_per_plane": 1}
 def two(emulation_ready):
     if not SECOND:
         pytest.skip("no second machine given (HPNLAB_SECOND_MACHINE unset); the lane boots one: "
-                    "make test-kernel (tools/kernel_lane/second_machine.sh)")
+                    "make test-kernel (tools/scripts/kernel_lane/second_machine.sh)")
     from hpnlab.fabric.emulation import Emulation
 
     emu = Emulation("mini-hpn", overrides=SMALL, servers=["localhost", SECOND], placement="plane",

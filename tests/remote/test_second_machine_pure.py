@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from hpnlab.fabric import graph as fgraph
-from hpnlab.fabric import spec
 from hpnlab.fabric.emulation import remote
+from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario import spec
 
 
 def test_ssh_pins_the_key_and_the_known_host_and_multiplexes_per_run():
@@ -87,7 +87,7 @@ def test_connected_and_removed_counts_are_parsed():
 
 
 def test_placement_is_decided_before_building_and_lists_what_each_server_holds():
-    from hpnlab.fabric.mn import FabricTopo
+    from hpnlab.fabric.emulation.mn import FabricTopo
 
     g = fgraph.build(spec.load("mini-hpn", {"segments_per_pod": 2}))
     topo = FabricTopo(g)

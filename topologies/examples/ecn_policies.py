@@ -1,6 +1,6 @@
 """Two dynamic-ECN policies in one file, as a user writes them (``--ecn-policy FILE.py:CLASS``).
 
-They are extremes, used by the emulated test and ``tools/bench_ecn_control.py`` to show that
+They are extremes, used by the emulated test and ``tools/bench/bench_ecn_control.py`` to show that
 thresholds the controller applies live change the marking on a real port: *eager* marks as soon
 as a packet finds any queue, *quiet* never marks. The interface is
 ``hpnlab.controller.ecn_policy.EcnPolicy``: ``decide(now, ports, current)`` returns the

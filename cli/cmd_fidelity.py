@@ -1,0 +1,191 @@
+"""`hpnlab fidelity`: the flow model against the emulator, side by side (root, emulates).
+
+Runs the same small scenario, placement, collective and entropy mode in emulation (``hpnlab
+run``'s machinery at the emulated rates, one cell per collective and mode) and in the flow
+model at the same rates with the same ranks and the generators' schedule; prints busbw and
+completion time side by side with the relative error, per mode, and where they differ by more
+than 10% why (``hpnlab.fabric.experiments.fidelity``). JSON first (``fidelity.json`` under ``--out``),
+then the table. ``--from FILE`` compares an earlier ``fidelity.json`` again without emulating (the model side and
+the explanations recomputed, written beside it as ``fidelity-recomputed.json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpnlab.cli.cmd_collective import default_out, int_in
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments import fidelity
+from hpnlab.fabric.experiments.compare_ecn import comma_list
+from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.workload import collectives as col
+from hpnlab.fabric.workload import report
+
+DEFAULT_MODES = "flow,ecmp,flowlet,spray,adaptive"
+
+
+def register(sub) -> None:
+    p = sub.add_parser("fidelity", help="the flow model against the emulator, side by side (root)",
+                       description=__doc__)
+    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
+                   help="preset or YAML file (default mini-hpn)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. --set emulation.host_mbps=5")
+    p.add_argument("--collective", default="all_reduce,all_to_all", help="comma list (default all_reduce,all_to_all)")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help=f"the transport's entropy modes, each mapped to the model's routing (default {DEFAULT_MODES})")
+    p.add_argument("--ranks", type=int_in(2, 64), default=4, help="ranks, one per host (default 4)")
+    p.add_argument("--placement", default="cross-rail", help="where the ranks sit (default cross-rail)")
+    p.add_argument("-b", "--size", default="1M", help="bytes per collective (default 1M)")
+    p.add_argument("-n", "--iters", type=int_in(1, 1000), default=3, help="timed iterations (default 3)")
+    p.add_argument("-w", "--warmup_iters", type=int_in(0, 1000), default=1, help="warm-up iterations (default 1)")
+    p.add_argument("--repeat", type=int_in(1, 50), default=3,
+                   help="emulated repetitions of every cell, interleaved; the table shows the median one's figures "
+                        "and the range (default 3)")
+    p.add_argument("--cc", default="dcqcn",
+                   help="the roce transport's congestion control per cell, a comma list of dcqcn and none "
+                        "(default dcqcn; dcqcn,none runs every cell both ways, and the gap between the two is "
+                        "congestion control's measured share of the model's error)")
+    p.add_argument("--out", metavar="DIR", help="results directory (default results/fidelity-...)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="compare the emulated runs of an earlier fidelity.json again (no emulation)")
+    p.add_argument("--json", action="store_true", help="print the JSON document instead of the table")
+    p.set_defaults(func=cmd_fidelity)
+
+
+def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say) -> dict[str, Any]:
+    """Every (collective, mode) cell on one emulated fabric; per cell its result, its hosts and
+    the leaf uplinks' byte counts."""
+    from hpnlab.fabric.emulation import Emulation, EmulationError, sizing
+    from hpnlab.fabric.experiments import compare_routing
+    from hpnlab.fabric.experiments import runner as experiment
+    from hpnlab.fabric.scenario import graph as fgraph
+
+    overrides = spec.parse_overrides(args.overrides)
+    scenario = spec.load(args.scenario, overrides)
+    g = fgraph.build(scenario)
+    rates, rates_line = sizing.rates_for_ranks(g, overrides, args.ranks)
+    if rates:
+        overrides = spec.deep_merge(overrides, rates)
+        scenario = spec.load(args.scenario, overrides)
+        g = fgraph.build(scenario)
+    plan = experiment.Plan(collectives=args.collective, transports="roce", entropies=modes, sizes=(args.size,),
+                           iterations=args.iters, warmup=args.warmup_iters, inplace=False,
+                           placement=args.placement, ranks=args.ranks)
+    plan.jobs_on(g)                                  # every mistake shows before anything is built
+    say(f"emulating {scenario.name} ({rates_line})")
+    cells = []
+    try:
+        with Emulation(scenario) as emu:
+            ups_all = compare_routing.uplinks(emu.graph)
+            order = [(c, m, x) for c in plan.collectives for m in modes for x in ccs]
+            for rep, (coll, mode, cc) in ((r, cell) for r in range(args.repeat) for cell in order):
+                cell = plan.replace(collectives=coll, entropies=mode, dcqcn=cc == "dcqcn")
+                [jobs] = cell.jobs_on(emu.graph).values()
+                hosts = list(jobs[0].labels or [])
+                rail_of = {p["ip"]: p["rail"] for h in hosts for p in fgraph.host_ports(emu.graph, h)}
+                ranks = [[h, rail_of[a[0]]] for h, a in zip(hosts, jobs[0].addrs, strict=True)]
+                leaves = {p["leaf"] for h, rail in ranks for p in fgraph.host_ports(emu.graph, h)
+                          if p["rail"] == rail}
+                ups = [i for lf, i in ups_all if lf in leaves]
+                before = compare_routing.read_tx_bytes(ups)
+                doc = experiment.run(cell, emu, progress=False)
+                after = compare_routing.read_tx_bytes(ups)
+                [res] = doc["results"]
+                delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
+                cells.append({"result": res, "cc": cc, "rep": rep, "hosts": hosts, "ranks": ranks, "perm": jobs[0].perm,
+                              "planes_per_rank": len(jobs[0].addrs[0]),
+                              "uplink_imbalance": compare_routing.imbalance(delta),
+                              "load_average": doc["meta"]["load_average"]["after"],
+                              "machine_busy": doc["meta"].get("machine_busy")})
+                busbw = res["rows"][-1]["oop"]["busbw_gbs"]
+                say(f"  emulated {coll} {mode} ({cc}, repetition {rep + 1}/{args.repeat}): "
+                    f"busbw {busbw * 1e3:.3f} MB/s")
+    except EmulationError as exc:
+        raise UserError(f"emulation failed: {exc}") from None
+    return {"scenario": spec.to_dict(scenario), "overrides": overrides, "rates": rates_line, "cells": cells,
+            "plan": {"collectives": list(plan.collectives), "modes": list(modes), "ranks": args.ranks,
+                     "placement": args.placement, "size": args.size, "iters": args.iters, "cc": list(ccs),
+                     "repeat": args.repeat}}
+
+
+def compare_cells(emulated: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model for every emulated cell, and the comparison rows (pure given the cells): one
+    row per (collective, mode, congestion control), from the repetition with the median time
+    and the range of all; a DCQCN row reads the same cell without congestion control, where
+    it ran, for congestion control's share of the gap."""
+    from hpnlab.fabric.scenario import graph as fgraph
+
+    scenario = spec.from_dict(emulated["scenario"])
+    g = fgraph.build(scenario)
+    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for cell in emulated["cells"]:
+        res = cell["result"]
+        cc = cell.get("cc", "dcqcn")           # files from before --cc ran DCQCN
+        fig = fidelity.emulated_figures(res, load_average=cell.get("load_average"), cpus=os.cpu_count(),
+                                        uplink_imbalance=cell.get("uplink_imbalance"),
+                                        machine_busy=cell.get("machine_busy"), cc=cc)
+        groups.setdefault((res["collective"], res["entropy"], cc), []).append((fig, cell))
+    medians = {}
+    for key, reps in groups.items():
+        fig, spread = fidelity.median_of([f for f, _ in reps])
+        medians[key] = (fig, spread, next(c for f, c in reps if f is fig))
+    rows = []
+    for (coll, mode, cc), (fig, spread, cell) in medians.items():
+        ranks = [(h, int(rail)) for h, rail in cell["ranks"]]
+        if cell.get("planes_per_rank", scenario.planes) != scenario.planes:
+            model: dict[str, Any] = {"missing": "the model gives every rank a port on every plane; this placement "
+                                                "uses fewer"}
+        else:
+            model = fidelity.run_model(fidelity.emulated_graph(g, cell["hosts"]), ranks, mode, coll,
+                                       fig["size_bytes"], perm=cell.get("perm"))
+        free = medians.get((coll, mode, "none")) if cc != "none" else None
+        rows.append(fidelity.compare(fig, model, without_cc=free[0] if free else None, spread=spread))
+    return rows
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.monotonic()
+    if args.from_file:
+        try:
+            doc = json.loads(Path(args.from_file).read_text())
+            emulated = doc["emulated"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"--from {args.from_file}: not a fidelity.json ({type(exc).__name__})") from None
+        out = Path(args.from_file).parent
+    else:
+        modes = comma_list(args.modes, "--modes", "mode", tuple(fidelity.MODE_ROUTING))
+        ccs = comma_list(args.cc, "--cc", "congestion control", fidelity.CONGESTION_CONTROLS)
+        for c in args.collective.split(","):
+            col.canonical(c)
+        emulated = _emulate(args, modes, ccs, say)
+        out = Path(args.out) if args.out else default_out("fidelity")
+    t_emu = time.monotonic() - t0
+    rows = compare_cells(emulated)
+    doc = {"meta": {"command": " ".join(sys.argv), "emulated_s": round(t_emu, 1),
+                    "load_average": list(os.getloadavg()), "cpus": os.cpu_count(),
+                    "tolerance": fidelity.TOLERANCE},
+           "emulated": emulated, "rows": rows}
+    # a recomputation keeps the emulated run's own file
+    path = report.write_json(doc, out / ("fidelity-recomputed.json" if args.from_file else "fidelity.json"))
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1, default=report.jsonable)
+        print()
+    else:
+        s = emulated["scenario"]
+        print(f"# hpnlab fidelity: {s['name']}, {emulated['plan']['ranks']} ranks "
+              f"({emulated['plan']['placement']}), {emulated['rates']}; busbw in MB/s (1e6 B/s), times in ms, "
+              f"the model at the emulated rates")
+        for line in fidelity.table(rows):
+            print(line)
+    say(f"wrote {path}")
+    return 0
+
+
+# ---- `hpnlab model SCENARIO --study NAME` (registered by cmd_model) ---------------------------------

@@ -1,0 +1,34 @@
+"""A module of this checkout as it was at another git revision, for benchmarks that measure
+today's code beside an earlier one on the same inputs (``--baseline REV`` and the like)."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_at(rev: str, relpath: str, name: str, *, who: str, edit: Callable[[str], str] | None = None) -> ModuleType:
+    """``relpath`` (e.g. ``fabric/routing/compiler.py``) at git revision ``rev``, imported as module
+    ``name`` (a name inside a package, such as ``hpnlab.fabric._model_baseline``, lets its relative
+    imports resolve); ``edit`` rewrites its text first. A revision git cannot show is one line
+    (``who``: the benchmark's name)."""
+    try:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{relpath}"],
+                              capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise SystemExit(f"{who}: cannot read {relpath} at {rev!r} with git: {e}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / (name.rsplit(".", 1)[-1] + ".py")
+        path.write_text(edit(text) if edit else text)
+        spec_ = importlib.util.spec_from_file_location(name, path)
+        assert spec_ is not None and spec_.loader is not None
+        module = importlib.util.module_from_spec(spec_)
+        sys.modules[name] = module
+        spec_.loader.exec_module(module)
+    return module
