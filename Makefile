@@ -109,7 +109,7 @@ lint: venv
 	exit $$rc
 
 bench: venv
-	@failed=""; for b in tools/bench/bench_*.py; do echo "== $$b"; $(VPY) $$b || failed="$$failed $$b"; done; \
+	@failed=""; for b in tools/bench/bench_*.py; do echo "== $$b"; PYTHONPATH=tools/bench:tools/probes $(VPY) $$b || failed="$$failed $$b"; done; \
 	  if [ -n "$$failed" ]; then echo "below goal or failed:$$failed"; exit 1; fi
 
 clean-venv:

@@ -24,8 +24,10 @@ FABRIC_SSH = "fabric==3.2.3"   # the release the namespace clash was found with
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     build = tmp_path_factory.mktemp("build")
-    src = build / "src"   # a copy: setuptools builds in the source tree, and the checkout stays clean
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "results", "*.egg-info",
+    # a copy (setuptools builds in the source tree, and the checkout stays clean), with the git
+    # metadata, from which the build records its commit
+    src = build / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", "build", "results", "*.egg-info",
                                                              "__pycache__", ".pytest_cache", ".cache"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                         "-w", str(out), str(src)], capture_output=True, text=True, cwd=build, timeout=300)
@@ -54,6 +56,13 @@ def test_every_python_package_folder_is_in_the_wheel(wheel):
     with zipfile.ZipFile(wheel) as z:
         shipped = {n.rsplit("/", 1)[0].replace("/", ".") for n in z.namelist() if n.endswith("/__init__.py")}
     assert expected <= shipped, f"missing from the wheel: {sorted(expected - shipped)}"
+
+
+def test_the_wheel_carries_the_commit_it_was_built_from(wheel):
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    with zipfile.ZipFile(wheel) as z:
+        assert z.read("hpnlab/cli/_commit.txt").decode().startswith(head)
 
 
 def test_the_wheel_carries_the_presets_and_the_ecn_program_source(wheel):

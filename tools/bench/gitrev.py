@@ -10,7 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]      # tools/bench/gitrev.py -> the checkout
+#: where a module lived before the layers change (c9025e0), for revisions older than it
+FORMERLY = {"fabric/routing/compiler.py": "controller/compiler.py", "fabric/model/flow.py": "fabric/model.py",
+            "fabric/model/forwarding.py": "fabric/model_forwarding.py"}
 
 
 def module_at(rev: str, relpath: str, name: str, *, who: str, edit: Callable[[str], str] | None = None) -> ModuleType:
@@ -18,11 +21,18 @@ def module_at(rev: str, relpath: str, name: str, *, who: str, edit: Callable[[st
     ``name`` (a name inside a package, such as ``hpnlab.fabric._model_baseline``, lets its relative
     imports resolve); ``edit`` rewrites its text first. A revision git cannot show is one line
     (``who``: the benchmark's name)."""
-    try:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{relpath}"],
-                              capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise SystemExit(f"{who}: cannot read {relpath} at {rev!r} with git: {e}") from None
+    text = None
+    for path_at_rev in (relpath, FORMERLY.get(relpath)):
+        if path_at_rev is None:
+            continue
+        try:
+            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path_at_rev}"],
+                                  capture_output=True, text=True, check=True).stdout
+            break
+        except (OSError, subprocess.CalledProcessError) as e:
+            error = e
+    if text is None:
+        raise SystemExit(f"{who}: cannot read {relpath} at {rev!r} with git: {error}") from None
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / (name.rsplit(".", 1)[-1] + ".py")
         path.write_text(edit(text) if edit else text)
