@@ -9,7 +9,6 @@ import sys
 import pytest
 from support.paths import EXAMPLES
 
-
 EXAMPLES = EXAMPLES
 
 USER_TESTS = '''

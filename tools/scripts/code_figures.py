@@ -101,10 +101,12 @@ def params(path: Path, cls: str, meth: str = "__init__") -> int:
 def main() -> int:
     mods = modules()
     es, inner = edges(mods)
-    pk = collections.Counter((package(a, mods), package(b, mods)) for a, b in es if package(a, mods) != package(b, mods))
+    pk = collections.Counter((package(a, mods), package(b, mods)) for a, b in es
+                             if package(a, mods) != package(b, mods))
     g = nx.DiGraph(list(pk))
     print(f"checkout {ROOT}: {len(mods)} modules, {len(es)} imports of project modules, {inner} inside functions")
-    print(f"package cycles: {len(list(nx.simple_cycles(g)))}; module cycles: {len(list(nx.simple_cycles(nx.DiGraph(es))))}")
+    module_cycles = list(nx.simple_cycles(nx.DiGraph(es)))
+    print(f"package cycles: {len(list(nx.simple_cycles(g)))}; module cycles: {len(module_cycles)}")
     for c in nx.simple_cycles(g):
         print("  package cycle:", " -> ".join(c + [c[0]]))
     classes, funcs = sizes(mods)
