@@ -18,7 +18,7 @@ PIP_EXTRAS := emulation,controller,report,test,lint
 PURE_JOBS  ?= 2
 DEMO_SCENARIO ?= mini-hpn
 
-.PHONY: all install apt venv ovs demo test test-unit test-emulation test-kernel lint bench clean-venv help
+.PHONY: all install apt venv ovs demo test test-unit test-emulation test-kernel lint docs bench clean-venv help
 
 all: help
 
@@ -27,6 +27,7 @@ help:
 	@echo "sudo make test    install what is missing, run the whole test suite"
 	@echo "make test-unit    pure tests only (no root)"
 	@echo "make lint         ruff and mypy over the code and tests; fails on any finding"
+	@echo "make docs         the documentation site into site/ (mkdocs build --strict)"
 	@echo "make bench        benchmarks (ratios measured side by side)"
 
 install: apt venv ovs
@@ -103,10 +104,21 @@ lint: venv
 	@rc=0; \
 	echo "ruff check $(LINT_PATHS)"; $(VENV)/bin/ruff check $(LINT_PATHS) || rc=1; \
 	echo "mypy $(LINT_PATHS)"; \
-	MYPYPATH=$(MYPY_TREE):tests:topologies:tools/bench:tools/probes $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies tools/bench tools/probes \
+	MYPYPATH=$(MYPY_TREE):tests:topologies:tools/bench:tools/probes:tools/scripts $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies tools/bench tools/probes tools/scripts \
 	  > $(MYPY_TREE)/report.txt 2>&1 || rc=1; \
 	sed -e 's#^$(MYPY_TREE)/hpnlab/##' $(MYPY_TREE)/report.txt; \
 	exit $$rc
+
+# The documentation site (mkdocs.yml, docs/): the docs extra is installed into the venv on first use
+# (the demo does not need it); --strict makes every warning, broken link or missing anchor an error.
+# The reference pages are written from the code during the build (tools/scripts/docs_reference.py).
+# NO_MKDOCS_2_WARNING: Material's banner about its end of life (docs/development.md says what then).
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+$(VENV)/.docs-installed: $(VENV)/.installed setup.cfg
+	$(VPY) -m pip install -q -e ".[docs]"
+	@touch $@
 
 bench: venv
 	@failed=""; for b in tools/bench/bench_*.py; do echo "== $$b"; PYTHONPATH=tools/bench:tools/probes $(VPY) $$b || failed="$$failed $$b"; done; \
