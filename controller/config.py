@@ -8,7 +8,8 @@ has, including ones added later, is a key with no change here. Two keys have a n
     set: {emulation.host_mbps: 100}            # --set k=v; a list of "k=v" strings works too
 
 Values take the flag's type (a whole number for ``--ofp-port``, true/false for a switch such as
-``--no-fast-failover``, one of the choices where the flag has them, a list for a repeatable flag).
+``--no-fast-failover``, one of the choices where the flag has them, a list for a repeatable flag);
+null stands for a flag not given, where the flag's default is nothing (``wiring_out: null``).
 Flags given on the command line win over the file; a repeatable flag's command-line items come
 after the file's (so ``--set`` on the command line overrides the same field set in the file).
 An unknown key or a value of the wrong type is a UserError of one line per mistake.
@@ -141,7 +142,10 @@ def set_items(value: Any) -> list[str]:
 
 
 def convert(key: str, action: argparse.Action, value: Any) -> Any:
-    """The file's value for one flag, as argparse would have stored it from the command line."""
+    """The file's value for one flag, as argparse would have stored it from the command line (null for a
+    flag whose default is nothing: the flag not given)."""
+    if value is None and action.default is None:
+        return None
     if action.dest == "set":
         return set_items(value)
     if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)):

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+
+from .reconcile import GroupKey
 
 HEALTH_PATHS = ("/health", "/healthz")
 #: telemetry counts as stale when its last sample is older than this many intervals (or STALE_MIN_S)
@@ -126,6 +128,30 @@ class Metrics:
         self._ecn_seen = (0, 0.0)
         #: () -> (HTTP status, JSON body) for /health (the app sets it; ``health`` decides)
         self.health_source: Callable[[], tuple[int, dict[str, Any]]] | None = None
+
+    def update_reconciler(self, rec: Any, before: Mapping[str, int], switches: Iterable[str], connected: int,
+                          healthy: bool) -> None:
+        """Gauges and counters from a ``reconcile.Reconciler`` (``before``: its counters at the last update),
+        the number of switches connected and whether /health answers 200."""
+        counters = rec.counters
+        if counters["recompiles"] != before["recompiles"]:
+            self.deaggregated.set(rec.deaggregated())
+            self.failed_links.set(len(rec.failures.links))
+            self.failed_switches.set(len(rec.failures.switches))
+        self.recompiles.inc(counters["recompiles"] - before["recompiles"])
+        self.resyncs.inc(counters["resyncs"] - before["resyncs"])
+        self.errors.inc(counters["errors"] - before["errors"])
+        for command in ("add", "modify", "delete"):
+            self.flow_mods.labels(command).inc(counters[command] - before[command])
+        self.switches_connected.set(connected)
+        self.healthy.set(1 if healthy else 0)
+        if rec.convergences:
+            self.convergence.set(rec.convergences[-1])
+        for name in switches:
+            table = rec.confirmed.get(name, {})
+            state = rec.states.get(name)
+            groups = sum(GroupKey(g.group_id) in table for g in state.groups) if state else 0
+            self.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
     def update_ports(self, loop: Any) -> None:
         """Per-port gauges from an ``ecn_loop.EcnLoop``'s last sample and thresholds in force."""

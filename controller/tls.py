@@ -28,18 +28,27 @@ class TlsFiles:
     ca: str
 
 
+def given(key: str | None, cert: str | None, ca: str | None) -> TlsFiles | None:
+    """The TLS files given as ``--ssl-key``, ``--ssl-cert``, ``--ssl-ca``, as absolute paths, unread: None
+    when none is given; UserError (one line) when only some are."""
+    flags = {"--ssl-key": key, "--ssl-cert": cert, "--ssl-ca": ca}
+    if not any(flags.values()):
+        return None
+    missing = [flag for flag, value in flags.items() if not value]
+    if missing:
+        raise UserError(f"TLS needs --ssl-key, --ssl-cert and --ssl-ca together; missing {', '.join(missing)} "
+                        f"(tools/scripts/make_test_ca.sh DIR makes a test set)")
+    return TlsFiles(str(Path(str(key)).resolve()), str(Path(str(cert)).resolve()), str(Path(str(ca)).resolve()))
+
+
 def from_flags(key: str | None, cert: str | None, ca: str | None) -> TlsFiles | None:
     """The TLS files given as ``--ssl-key``, ``--ssl-cert``, ``--ssl-ca``: None when none is given;
     UserError (one line) when only some are, or a file is missing or unreadable, or the key is not
     the certificate's, or the CA file holds no certificate."""
-    given = {"--ssl-key": key, "--ssl-cert": cert, "--ssl-ca": ca}
-    if not any(given.values()):
+    files = given(key, cert, ca)
+    if files is None:
         return None
-    missing = [flag for flag, value in given.items() if not value]
-    if missing:
-        raise UserError(f"TLS needs --ssl-key, --ssl-cert and --ssl-ca together; missing {', '.join(missing)} "
-                        f"(tools/scripts/make_test_ca.sh DIR makes a test set)")
-    for flag, value in given.items():
+    for flag, value in {"--ssl-key": key, "--ssl-cert": cert, "--ssl-ca": ca}.items():
         path = Path(str(value))
         if not path.is_file():
             raise UserError(f"{flag} {value}: no such file")
@@ -47,7 +56,6 @@ def from_flags(key: str | None, cert: str | None, ca: str | None) -> TlsFiles | 
             path.read_bytes()
         except OSError as exc:
             raise UserError(f"{flag} {value}: cannot read it ({exc.strerror})") from None
-    files = TlsFiles(str(Path(str(key)).resolve()), str(Path(str(cert)).resolve()), str(Path(str(ca)).resolve()))
     check(files)
     return files
 

@@ -9,8 +9,9 @@ import pytest
 from support.fabrics import shared_runs_together
 from support.paths import BENCH, PROBES
 
-#: fixtures shared by folders of tests: the web view's browser, and pytester for the pytest plugin's tests
-pytest_plugins = ["support.browser", "pytester"]
+#: fixtures shared by folders of tests: the web view's browser, the controller app on fake datapaths, and
+#: pytester for the pytest plugin's tests
+pytest_plugins = ["support.browser", "support.controller_app", "pytester"]
 
 # The benchmarks and probes are scripts, not installed: their pure parts are tested by name
 # (``import bench_failover``, ``import ovs_floor``), as the scripts import each other.

@@ -1,6 +1,13 @@
 """The controller as a process: started in its own process group, ready when it prints
 ``ready``, stopped by its pid (never by name); watched, so that its loss is noticed
-(:class:`ControllerWatch`) and answered as the user chose (:data:`ON_CONTROLLER_LOSS`)."""
+(:class:`ControllerWatch`) and answered as the user chose (:data:`ON_CONTROLLER_LOSS`).
+
+Everything the run tells the controller goes on its command line as plain flags (the emulation
+never imports the controller): the controller checks them as it checks any user's, builds its one
+configuration from them and writes it into the run directory (``--run-dir``) as
+:data:`CONFIG_FILE`, every setting with its value; the app reads it from there. Only what the run
+sets is passed: every default is the controller's own. The run's id goes as ``--ecn-stage-run``:
+the controller writes thresholds to this run's ECN stage."""
 from __future__ import annotations
 
 import json
@@ -20,8 +27,11 @@ import yaml
 from hpnlab.fabric.scenario import spec
 
 from ..errors import UserError
+from .state import ENV_MARK
 
 DEFAULT_OFP_PORT = 6653
+#: the controller's configuration, as it writes it into the run directory (``--run-dir``)
+CONFIG_FILE = "controller.yaml"
 #: what a run does when its controller process dies: restart it (the switches keep their tables in
 #: fail mode secure, and the restarted controller reads them back and changes only what differs),
 #: stop the run, or say so and continue without it
@@ -76,19 +86,29 @@ def free_port(preferred: int = DEFAULT_OFP_PORT) -> int:
 
 
 def command(scenario_file: Path, port: int, listen: str, policy: str | None = None,
-            extra: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """The controller's command line (this interpreter, ``-m hpnlab.controller``)."""
+            extra: list[str] | tuple[str, ...] = (), run_dir: Path | None = None,
+            run_id: str | None = None) -> list[str]:
+    """The controller's command line (this interpreter, ``-m hpnlab.controller``): its configuration
+    written to ``run_dir``, thresholds to run ``run_id``'s ECN stage."""
     cmd = [sys.executable, "-m", "hpnlab.controller", str(scenario_file), "--ofp-port", str(port),
            "--listen", listen]
     if policy:
         cmd += ["--policy", policy]
+    if run_dir is not None:
+        cmd += ["--run-dir", str(run_dir)]
+    if run_id:
+        cmd += ["--ecn-stage-run", run_id]
     return cmd + list(extra)
 
 
-def ecn_args(ecn_policy: str = "static", telemetry_interval_ms: float = 200, telemetry_out: Path | None = None,
-             control: Path | None = None) -> list[str]:
-    """The controller flags of telemetry and dynamic ECN (controller/__main__.py)."""
-    out = ["--ecn-policy", ecn_policy, "--telemetry-interval-ms", f"{telemetry_interval_ms:g}"]
+def ecn_args(ecn_policy: str | None = None, telemetry_interval_ms: float | None = None,
+             telemetry_out: Path | None = None, control: Path | None = None) -> list[str]:
+    """The controller flags of telemetry and dynamic ECN (controller/conf.py); None: the controller's default."""
+    out = []
+    if ecn_policy is not None:
+        out += ["--ecn-policy", ecn_policy]
+    if telemetry_interval_ms is not None:
+        out += ["--telemetry-interval-ms", f"{telemetry_interval_ms:g}"]
     if telemetry_out is not None:
         out += ["--telemetry-out", str(telemetry_out)]
     if control is not None:
@@ -122,13 +142,26 @@ class ControllerProcess:
     """One controller process for one run; its files go into ``run_dir``."""
 
     def __init__(self, scenario: spec.Scenario, run_dir: Path, port: int, listen: str = "127.0.0.1",
-                 policy: str | None = None, extra_args: list[str] | tuple[str, ...] = ()):
+                 policy: str | None = None, extra_args: list[str] | tuple[str, ...] = (),
+                 run_id: str | None = None):
         self.scenario_file = run_dir / "scenario.yaml"
         self.log_file = run_dir / "controller.log"
+        #: the controller's configuration, every setting with its value, once it started (``config``)
+        self.config_file = run_dir / CONFIG_FILE
         self.scenario = scenario
         self.port = port
-        self.cmd = command(self.scenario_file, port, listen, policy, extra_args)
+        #: the run whose ECN stage the controller writes to: this process's run (its mark), unless given
+        self.run_id = run_id if run_id is not None else os.environ.get(ENV_MARK)
+        self.cmd = command(self.scenario_file, port, listen, policy, extra_args, run_dir, self.run_id)
         self.proc: subprocess.Popen | None = None
+
+    def config(self) -> dict:
+        """The configuration the controller wrote (plain keys: its flags' names), {} before it did."""
+        try:
+            doc = yaml.safe_load(self.config_file.read_text())
+        except (OSError, yaml.YAMLError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
 
     def start(self) -> subprocess.Popen:
         """Start it in its own session (process group = its pid); the caller records the pid. A
@@ -185,7 +218,6 @@ class ControllerProcess:
 def check_on_controller_loss(choice: str) -> str:
     """``choice`` when it is one of :data:`ON_CONTROLLER_LOSS`, else a one-line UserError."""
     if choice not in ON_CONTROLLER_LOSS:
-        from ..errors import UserError
         raise UserError(f"--on-controller-loss {choice!r}: one of {', '.join(ON_CONTROLLER_LOSS)}")
     return choice
 

@@ -110,31 +110,24 @@ def test_a_fabric_with_one_leaf_fallen_back_resolves_and_delivers_every_pair():
 
 # ---- the app (fake datapaths) ----------------------------------------------------------------------
 
-def test_the_app_falls_back_on_the_leaf_whose_switch_rejects_a_responder_and_counts_it_once(caplog):
+def test_the_app_falls_back_on_the_leaf_whose_switch_rejects_a_responder_and_counts_it_once(caplog, tmp_path):
     pytest.importorskip("os_ken")
     from os_ken.controller import ofp_event
     from os_ken.ofproto import ofproto_v1_3 as ofp
     from os_ken.ofproto import ofproto_v1_3_parser as parser
-
-    from hpnlab.controller.app import HpnController, encode
-    from unit.test_controller_app import (
+    from support.fake_switch import (
         FakeDatapath,
         answer_barriers,
         answer_flow_stats,
         answer_group_desc,
+        controller_app,
         dpids,
         group_desc,
         stats_entry,
     )
-    mp = pytest.MonkeyPatch()
-    for k, v in {"HPNLAB_SCENARIO": "mini-hpn", "HPNLAB_ON_MISWIRE": "off"}.items():
-        mp.setenv(k, v)
-    mp.delenv("HPNLAB_METRICS_PORT", raising=False)
-    mp.delenv("HPNLAB_ARP", raising=False)
-    try:
-        app = HpnController()
-    finally:
-        mp.undo()
+
+    from hpnlab.controller.codec import encode
+    app = controller_app(tmp_path, on_miswire="off")
     dps = {name: FakeDatapath(dpid) for name, dpid in dpids().items()}
     for dp in dps.values():
         app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))

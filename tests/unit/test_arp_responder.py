@@ -170,9 +170,10 @@ def test_responder_flows_decode_back_from_flow_stats_to_the_same_entries(mode):
     """What a restarted controller reads back equals what it compiled: no responder is re-sent
     (the gateway responders' move action included)."""
     pytest.importorskip("os_ken")
+    from support.fake_switch import FakeDatapath, stats_entry
+
     from hpnlab.controller import reconcile
-    from hpnlab.controller.app import decode_flow_stats
-    from unit.test_controller_app import FakeDatapath, stats_entry
+    from hpnlab.controller.codec import decode_flow_stats
     g = fabric("mini-hpn")
     arp = arp_flows(compiler.compile_fabric(g, arp=mode)["p0l0"])
     want = {(f.table, f.priority, reconcile.canonical_match(f.match)): f.actions for f in arp}
@@ -205,7 +206,7 @@ def test_the_move_action_as_open_vswitch_reports_it_decodes_to_the_compiled_one(
     from os_ken.ofproto import ofproto_v1_3 as ofp
     from os_ken.ofproto import ofproto_v1_3_parser as parser
 
-    from hpnlab.controller.app import decode_action
+    from hpnlab.controller.codec import decode_action
 
     def nxm(field: int) -> int:      # class 0 (NXM_OF_*), 4-byte field
         return field << 9 | 4

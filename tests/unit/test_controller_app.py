@@ -1,8 +1,8 @@
 """The os-ken app on fake datapaths, without root or a switch (the idea of Faucet's app smoke test).
 
-The app class is instantiated as os-ken would, fed real os-ken event objects (built with
-os-ken's own ofproto_v1_3 and ofproto_v1_3_parser) around a fake datapath that records
-every message the app sends (each is serialised, as on the wire).
+The app class is instantiated as the launcher does (from its configuration file), fed real os-ken event
+objects (built with os-ken's own ofproto_v1_3 and ofproto_v1_3_parser) around a fake datapath that
+records every message the app sends (each is serialised, as on the wire): tests/support/fake_switch.py.
 """
 from __future__ import annotations
 
@@ -14,100 +14,22 @@ from os_ken.controller import ofp_event
 from os_ken.controller.handler import DEAD_DISPATCHER
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
+from support.fake_switch import (
+    FakeDatapath,
+    answer_barriers,
+    answer_flow_stats,
+    answer_group_desc,
+    connect_all,
+    dpids,
+    features,
+    group_desc,
+    parsed_match,
+    stats_entry,
+)
 
-from hpnlab.controller import reconcile
+from hpnlab.controller import codec, reconcile
 from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.scenario import graph, spec
-
-
-class FakeDatapath:
-    """Records what the app sends; hands out xids as os-ken's Datapath does."""
-
-    def __init__(self, dpid: int):
-        self.id = dpid
-        self.ofproto = ofp
-        self.ofproto_parser = parser
-        self.xid = 0
-        self.sent: list = []
-
-    def set_xid(self, msg) -> int:
-        self.xid += 1
-        msg.set_xid(self.xid)
-        return self.xid
-
-    def send_msg(self, msg, close_socket: bool = False) -> None:
-        if msg.xid is None:
-            self.set_xid(msg)
-        msg.serialize()          # must encode as a real switch would receive it
-        self.sent.append(msg)
-
-    def take(self) -> list:
-        out, self.sent = self.sent, []
-        return out
-
-
-@pytest.fixture
-def app(monkeypatch):
-    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
-    monkeypatch.setenv("HPNLAB_POLICY", "aggregate")
-    monkeypatch.delenv("HPNLAB_SET", raising=False)
-    monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
-    monkeypatch.setenv("HPNLAB_ON_MISWIRE", "off")      # installs as switches connect (the gate: test_wiring_app.py)
-    from hpnlab.controller.app import HpnController
-    return HpnController()
-
-
-def dpids() -> dict[str, int]:
-    g = graph.build(spec.load("mini-hpn"))
-    return {n: d["dpid"] for n, d in g.nodes(data=True) if d["tier"] > 0}
-
-
-def features(app, dp) -> list:
-    app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
-    return dp.take()
-
-
-def answer_barriers(app, dps: dict) -> list:
-    """Answer every barrier request sent so far, and the ones those answers cause, until none is left;
-    a request for the flows or groups a switch holds is answered with none (a fresh switch); return
-    every other message sent meanwhile."""
-    other: list = []
-    while True:
-        pending = [(dp, m) for dp in dps.values() for m in dp.take()]
-        if not pending:
-            return other
-        for dp, m in pending:
-            if isinstance(m, parser.OFPBarrierRequest):
-                reply = parser.OFPBarrierReply(dp)
-                reply.set_xid(m.xid)
-                app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
-            elif isinstance(m, parser.OFPFlowStatsRequest):
-                answer_flow_stats(app, dp, m, [])
-            elif isinstance(m, parser.OFPGroupDescStatsRequest):
-                answer_group_desc(app, dp, m, [])
-            else:
-                other.append((dp, m))
-
-
-def answer_flow_stats(app, dp, request, body: list) -> None:
-    reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=body)
-    reply.set_xid(request.xid)
-    app.on_flow_stats(ofp_event.EventOFPFlowStatsReply(reply))
-
-
-def answer_group_desc(app, dp, request, body: list) -> None:
-    reply = parser.OFPGroupDescStatsReply(dp, type_=ofp.OFPMP_GROUP_DESC, flags=0, body=body)
-    reply.set_xid(request.xid)
-    app.on_group_desc(ofp_event.EventOFPGroupDescStatsReply(reply))
-
-
-def connect_all(app) -> dict:
-    dps = {name: FakeDatapath(dpid) for name, dpid in dpids().items()}
-    for dp in dps.values():
-        app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
-    answer_barriers(app, dps)
-    assert app.reconciler.settled
-    return dps
 
 
 def flow_mods(msgs) -> list:
@@ -175,10 +97,10 @@ def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
     app.on_error(ofp_event.EventOFPErrorMsg(error))
     request, groups_request = dp.take()
     assert isinstance(request, parser.OFPFlowStatsRequest)
-    assert request.cookie == app_cookie() and request.table_id == ofp.OFPTT_ALL
+    assert request.cookie == codec.COOKIE and request.table_id == ofp.OFPTT_ALL
     assert isinstance(groups_request, parser.OFPGroupDescStatsRequest)
     # the switch reports every flow but one, and every group: exactly that flow is sent again
-    from hpnlab.controller.app import encode
+    from hpnlab.controller.codec import encode
     desired = app.reconciler.desired["p0l1"]
     flows = {k: a for k, a in desired.items() if not reconcile.is_group(k)}
     groups = [group_desc(encode(dp, reconcile.GroupMod("p0l1", "add", g.group_id, g.kind, g.buckets))[0])
@@ -213,28 +135,6 @@ def test_a_switch_of_another_scenario_gets_nothing(app):
     assert features(app, dp) == []
 
 
-def app_cookie() -> int:
-    from hpnlab.controller.app import COOKIE
-    return COOKIE
-
-
-def stats_entry(key: tuple, actions: tuple):
-    """The flow stats entry a switch reports for one installed flow."""
-    from hpnlab.controller.app import COOKIE, encode_instructions, encode_match
-    table, priority, match = key
-    return parser.OFPFlowStats(table_id=table, duration_sec=1, duration_nsec=0, priority=priority,
-                               idle_timeout=0, hard_timeout=0, flags=0, cookie=COOKIE, packet_count=0,
-                               byte_count=0, match=_parsed(encode_match(parser, match)),
-                               instructions=encode_instructions(ofp, parser, actions))
-
-
-def _parsed(match):
-    """An OFPMatch as it comes off the wire."""
-    buf = bytearray()
-    match.serialize(buf, 0)
-    return parser.OFPMatch.parser(bytes(buf), 0)
-
-
 def compiled(scenario: str, switch: str, failed: tuple | None = None) -> dict:
     g = graph.build(spec.load(scenario))
     failures = compiler.Failures.of([failed]) if failed else compiler.Failures()
@@ -250,7 +150,7 @@ COMPILED = [("mini-hpn", "p0l0", None), ("mini-hpn", "p0s0", None), ("mini-hpn",
 
 @pytest.mark.parametrize(("scenario", "switch", "failed"), COMPILED)
 def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(scenario, switch, failed):
-    from hpnlab.controller.app import decode_flow_stats
+    from hpnlab.controller.codec import decode_flow_stats
     flows = {k: a for k, a in compiled(scenario, switch, failed).items() if not reconcile.is_group(k)}
     decoded = decode_flow_stats(FakeDatapath(1), [stats_entry(k, a) for k, a in flows.items()])
     assert {(e.table, e.priority, e.match): e.actions for e in decoded} == flows
@@ -258,7 +158,7 @@ def test_every_compiled_flow_decodes_back_from_flow_stats_to_the_same_entry(scen
 
 @pytest.mark.parametrize(("scenario", "switch", "failed"), COMPILED)
 def test_every_compiled_group_decodes_back_from_its_description(scenario, switch, failed):
-    from hpnlab.controller.app import decode_group_desc, encode
+    from hpnlab.controller.codec import decode_group_desc, encode
     dp = FakeDatapath(1)
     groups = [g for k, g in compiled(scenario, switch, failed).items() if reconcile.is_group(k)]
     mods = [encode(dp, reconcile.GroupMod(switch, "add", g.group_id, g.kind, g.buckets))[0] for g in groups]
@@ -285,19 +185,6 @@ def test_the_compiled_states_cover_every_action_and_match_the_compiler_emits():
 FF = compiler.Group(7, "ff", ((3, (("output", 3),)), (4, (("output", 4),)), (5, (("output", 5), ("group", 9)))))
 
 
-def _wire_bucket(bucket):
-    """An OFPBucket as it comes off the wire (in a group description reply)."""
-    buf = bytearray()
-    bucket.serialize(buf, 0)
-    return parser.OFPBucket.parser(bytes(buf), 0)
-
-
-def group_desc(group_mod) -> object:
-    """The group description entry a switch reports for a group it was sent."""
-    return parser.OFPGroupDescStats(type_=group_mod.type, group_id=group_mod.group_id,
-                                    buckets=[_wire_bucket(b) for b in group_mod.buckets])
-
-
 @pytest.mark.parametrize("group", [
     FF,
     compiler.Group(8, "indirect", ((None, (("output", 2),)),)),
@@ -306,7 +193,7 @@ def group_desc(group_mod) -> object:
     compiler.Group(11, "ff", ((3, (("output", 3),)), (4, (("set_field", "in_port", 0), ("output", 4))))),
 ], ids=lambda g: g.kind + ("-detour" if g.group_id == 11 else ""))
 def test_a_group_encodes_to_a_group_mod_and_decodes_back_from_its_description(group):
-    from hpnlab.controller.app import decode_group_desc, encode
+    from hpnlab.controller.codec import decode_group_desc, encode
     dp = FakeDatapath(1)
     (mod,) = encode(dp, reconcile.GroupMod("s", "add", group.group_id, group.kind, group.buckets))
     mod.serialize()
@@ -315,7 +202,7 @@ def test_a_group_encodes_to_a_group_mod_and_decodes_back_from_its_description(gr
 
 
 def test_a_fast_failover_bucket_watches_its_port_and_no_group():
-    from hpnlab.controller.app import encode
+    from hpnlab.controller.codec import encode
     (mod,) = encode(FakeDatapath(1), reconcile.GroupMod("s", "modify", FF.group_id, FF.kind, FF.buckets))
     assert mod.type == ofp.OFPGT_FF and mod.command == ofp.OFPGC_MODIFY
     assert [(b.watch_port, b.watch_group) for b in mod.buckets] == [(3, ofp.OFPG_ANY), (4, ofp.OFPG_ANY),
@@ -325,21 +212,21 @@ def test_a_fast_failover_bucket_watches_its_port_and_no_group():
 def test_a_detour_bucket_clears_in_port_with_an_nxm_load_which_open_vswitch_takes():
     """OpenFlow 1.3's set-field on in_port with port 0 is refused by Open vSwitch
     (OFPBAC_BAD_SET_ARGUMENT); its NXM load, load:0->NXM_OF_IN_PORT[], is taken."""
-    from hpnlab.controller.app import encode_action
+    from hpnlab.controller.codec import encode_action
     act = encode_action(ofp, parser, ("set_field", "in_port", 0))
     assert isinstance(act, parser.NXActionRegLoad) and act.dst == "in_port_nxm" and act.value == 0
     assert act.ofs_nbits == 15                          # bits 0-15: the whole 16-bit NXM in_port
 
 
 def test_a_group_deletion_names_only_the_group():
-    from hpnlab.controller.app import encode
+    from hpnlab.controller.codec import encode
     (mod,) = encode(FakeDatapath(1), reconcile.GroupMod("s", "delete", 7))
     mod.serialize()
     assert mod.command == ofp.OFPGC_DELETE and mod.group_id == 7 and mod.buckets == []
 
 
 def test_a_flow_with_a_group_a_64_bit_metadata_write_and_a_masked_metadata_match_decodes_back():
-    from hpnlab.controller.app import METADATA_MASK, decode_flow_stats, encode_instructions
+    from hpnlab.controller.codec import METADATA_MASK, decode_flow_stats, encode_instructions
     key = (2, 300, (("eth_type", 0x800), ("metadata", (0x1234_0000_0000_0000, 0xFFFF_0000_0000_0000))))
     actions = (("group", 7), ("metadata", 0xFEDC_BA98_7654_3210), ("goto", 3))
     assert METADATA_MASK == (1 << 64) - 1
@@ -351,9 +238,9 @@ def test_a_flow_with_a_group_a_64_bit_metadata_write_and_a_masked_metadata_match
 
 
 def test_a_masked_match_reported_with_a_full_mask_decodes_as_the_exact_value():
-    from hpnlab.controller.app import decode_match
+    from hpnlab.controller.codec import decode_match
     full = parser.OFPMatch(eth_type=0x800, metadata=(5, (1 << 64) - 1))
-    assert decode_match(_parsed(full)) == (("eth_type", 0x800), ("metadata", 5))
+    assert decode_match(parsed_match(full)) == (("eth_type", 0x800), ("metadata", 5))
 
 
 def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(app):
@@ -397,7 +284,7 @@ def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(app):
     flows = [stats_entry(k, a) for k, a in desired.items() if not reconcile.is_group(k)]
     groups = sorted(g for k, g in desired.items() if reconcile.is_group(k))
     assert len(groups) >= 2
-    from hpnlab.controller.app import encode
+    from hpnlab.controller.codec import encode
     reported = [group_desc(encode(dp, reconcile.GroupMod("p0l1", "add", g.group_id, g.kind, g.buckets))[0])
                 for g in groups[1:]]
     reply = parser.OFPFlowStatsReply(dp, type_=ofp.OFPMP_FLOW, flags=0, body=flows)
@@ -415,7 +302,7 @@ def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(app):
 @pytest.mark.parametrize(("types", "supported"), [((1 << ofp.OFPGT_ALL) | (1 << ofp.OFPGT_FF), True),
                                                   (1 << ofp.OFPGT_ALL, False)])
 def test_a_switch_without_fast_failover_groups_is_reported(app, caplog, types, supported):
-    from hpnlab.controller.app import fast_failover_supported
+    from hpnlab.controller.codec import fast_failover_supported
     dp = FakeDatapath(dpids()["p0l0"])
     features(app, dp)
     body = parser.OFPGroupFeaturesStats(types, 0, [0, 0, 0, 0], [0, 0, 0, 0])
@@ -425,11 +312,10 @@ def test_a_switch_without_fast_failover_groups_is_reported(app, caplog, types, s
     assert ("does not support fast-failover groups" in caplog.text) is not supported
 
 
-def test_a_bad_arp_mode_in_the_environment_stops_the_app_at_init_in_one_line(monkeypatch):
-    from hpnlab.controller.app import HpnController
+def test_a_bad_arp_mode_in_the_configuration_stops_the_app_at_init_in_one_line(tmp_path):
+    from support.fake_switch import controller_app
+
     from hpnlab.fabric.errors import UserError
-    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
-    monkeypatch.setenv("HPNLAB_ARP", "per-leaf")
-    with pytest.raises(UserError, match=r"^HPNLAB_ARP='per-leaf': one of gateway, per-host") as err:
-        HpnController()
+    with pytest.raises(UserError, match=r"arp: 'per-leaf' is not one of gateway, per-host") as err:
+        controller_app(tmp_path, arp="per-leaf")
     assert "\n" not in str(err.value)

@@ -3,7 +3,7 @@
 A switch is an input too: its packet-ins carry whatever a host sent, and its OpenFlow
 messages may name ports, xids and error codes the controller never asked about. A seeded
 generator builds such messages with os-ken's own classes around the fake datapaths of
-tests/unit/test_controller_app.py and hands them to the app's handlers: none may raise, and a
+tests/support/fake_switch.py and hands them to the app's handlers: none may raise, and a
 packet-in gets an ARP reply only when it is a well-formed ARP request for a planned address.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ from os_ken.controller import ofp_event
 from os_ken.lib.packet import arp, ether_types, ethernet, packet
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
+from support.fake_switch import FakeDatapath, connect_all
 
 from hpnlab.fabric.scenario import graph
-from unit.test_controller_app import FakeDatapath, app, connect_all  # noqa: F401  (app is a fixture)
 
 CASES = 300
 
@@ -57,7 +57,7 @@ def _mutated(rng: random.Random, data: bytes) -> bytes:
     return data + bytes(rng.randrange(256) for _ in range(rng.randrange(64)))  # trailing bytes
 
 
-def test_generated_packet_ins_never_raise_and_only_a_planned_arp_request_is_answered(app):  # noqa: F811
+def test_generated_packet_ins_never_raise_and_only_a_planned_arp_request_is_answered(app):
     rng = random.Random(15)
     dps = connect_all(app)
     host_ips = [d["ip"] for _, _, d in app.graph.edges(data=True) if d["kind"] == "host"]
@@ -79,14 +79,14 @@ def test_generated_packet_ins_never_raise_and_only_a_planned_arp_request_is_answ
     assert answered > 0   # the generator reaches the answered side too
 
 
-def test_a_packet_in_from_a_switch_of_another_scenario_is_ignored(app):  # noqa: F811
+def test_a_packet_in_from_a_switch_of_another_scenario_is_ignored(app):
     connect_all(app)
     stranger = FakeDatapath(0xDEAD)
     app.on_packet_in(_packet_in(stranger, b"\xff" * 60, 1))
     assert stranger.take() == []
 
 
-def test_generated_port_status_error_and_barrier_messages_never_raise(app):  # noqa: F811
+def test_generated_port_status_error_and_barrier_messages_never_raise(app):
     rng = random.Random(16)
     dps = connect_all(app)
     names = list(dps) + ["stranger"]
@@ -115,6 +115,6 @@ def test_generated_port_status_error_and_barrier_messages_never_raise(app):  # n
             other.take()
 
 
-def test_every_switch_dpid_of_the_fabric_reaches_the_app_by_name(app):  # noqa: F811
+def test_every_switch_dpid_of_the_fabric_reaches_the_app_by_name(app):
     g = app.graph
     assert {app.index.by_dpid[g.nodes[n]["dpid"]] for n in graph.switches(g)} == set(graph.switches(g))

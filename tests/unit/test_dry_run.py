@@ -65,26 +65,22 @@ def test_the_report_counts_per_switch_and_names_who_did_not_answer(desired):
 
 # ---- the app in dry-run mode (fake datapaths, real os-ken messages) ---------------------------
 
-def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(monkeypatch):
+def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(tmp_path):
     pytest.importorskip("os_ken")
-    from unit.test_controller_app import (
+    from os_ken.controller import ofp_event
+    from os_ken.ofproto import ofproto_v1_3_parser as parser
+    from support.fake_switch import (
         FakeDatapath,
         answer_flow_stats,
         answer_group_desc,
+        controller_app,
         dpids,
         group_desc,
         stats_entry,
     )
 
-    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
-    monkeypatch.setenv("HPNLAB_DRY_RUN", "1")
-    monkeypatch.delenv("HPNLAB_SET", raising=False)
-    monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
-    from os_ken.controller import ofp_event
-    from os_ken.ofproto import ofproto_v1_3_parser as parser
-
-    from hpnlab.controller.app import HpnController, encode
-    app = HpnController()
+    from hpnlab.controller.codec import encode
+    app = controller_app(tmp_path, dry_run=True)
     dps = {name: FakeDatapath(dpid) for name, dpid in dpids().items()}
     for name, dp in dps.items():
         app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))

@@ -9,7 +9,7 @@ pytest.importorskip("os_ken")
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
 
-from hpnlab.controller.app import port_is_up
+from hpnlab.controller.codec import port_is_up
 
 
 def _desc(state: int, config: int = 0):

@@ -14,10 +14,10 @@ pytest.importorskip("os_ken")
 from os_ken.lib.packet import ethernet, ipv4, packet, tcp
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
+from support.fake_switch import Fabric, scenario, wipes
 
 from hpnlab.controller import rollout
 from hpnlab.fabric.routing.oftable import FabricTables
-from unit.test_wiring_app import Fabric, make_app, scenario, wipes  # noqa: F401  (make_app is a fixture)
 
 BROKEN = frozenset({("p1s0", 1)})       # p1s0's cable to p1l0 carries nothing, and neither end notices
 
@@ -44,7 +44,7 @@ class ProbedFabric(Fabric):
         pkt = packet.Packet(bytes(msg.data))
         syn = pkt.get_protocol(tcp.tcp)
         pid = syn.seq - rollout.PROBE_SEQ_BASE if syn is not None else rollout.probe_id_of(bytes(pkt.protocols[-1]))
-        probe = {p.probe_id: p for p in self.app._probes}[pid]
+        probe = {p.probe_id: p for p in self.app.rollout.probes}[pid]
         assert (probe.src_leaf, probe.in_port) == (name, msg.in_port)
         assert (syn is not None) == (probe.mode == "hosts")
         rec = self.app.reconciler
@@ -79,19 +79,19 @@ def answer(probe: rollout.Probe) -> bytes:
 def run(app, net, rounds: int = 20) -> None:
     """Let the rollout's waits pass, round after round, until every stage is done."""
     for _ in range(rounds):
-        if app.rollout_state.phase == "done":
+        if app.rollout.state.phase == "done":
             return
-        app._catch_at -= 1
-        app._probe_sent_at -= 2 * ctl_wait()
-        app._rollout_poll()
+        app.rollout.catch_at -= 1
+        app.rollout.probe_sent_at -= 2 * ctl_wait()
+        app.rollout.poll()
         net.deliver()
         net.settle()
-    raise AssertionError(f"the rollout did not finish: {app.rollout_state}")
+    raise AssertionError(f"the rollout did not finish: {app.rollout.state}")
 
 
 def ctl_wait() -> float:
-    from hpnlab.controller import app as ctlapp
-    return ctlapp.PROBE_WAIT_S
+    from hpnlab.controller.rollout_manager import PROBE_WAIT_S
+    return PROBE_WAIT_S
 
 
 def rolled_out(app, broken=frozenset()) -> ProbedFabric:
@@ -103,37 +103,37 @@ def rolled_out(app, broken=frozenset()) -> ProbedFabric:
     return net
 
 
-def staged(make_app, tmp_path):  # noqa: F811
-    return make_app("refuse", HPNLAB_ROLLOUT="staged", HPNLAB_ROLLOUT_OUT=str(tmp_path / "rollout.json"))
+def staged(make_app, tmp_path):
+    return make_app("refuse", rollout="staged", rollout_out=str(tmp_path / "rollout.json"))
 
 
-def test_only_the_first_plane_is_installed_until_it_passes(make_app, tmp_path):  # noqa: F811
+def test_only_the_first_plane_is_installed_until_it_passes(make_app, tmp_path):
     app = staged(make_app, tmp_path)
     net = ProbedFabric(app, scenario())
     net.connect()
-    assert app.rollout_state.planes == [0, 1] and app.rollout_state.current == 0
+    assert app.rollout.state.planes == [0, 1] and app.rollout.state.current == 0
     assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p0")}
 
 
-def test_a_healthy_fabric_passes_every_stage(make_app, tmp_path):  # noqa: F811
+def test_a_healthy_fabric_passes_every_stage(make_app, tmp_path):
     app = staged(make_app, tmp_path)
     net = ProbedFabric(app, scenario())
     net.connect()
     net.settle()
     run(app, net)
-    assert app.rollout_state.passed == [0, 1] and app.rollout_state.rolled_back == []
-    assert app.released == set(net.dps) and app.reconciler.settled
+    assert app.rollout.state.passed == [0, 1] and app.rollout.state.rolled_back == []
+    assert app.wiring.released == set(net.dps) and app.reconciler.settled
     report = json.loads((tmp_path / "rollout.json").read_text())
     assert report["done"] and all(s["ok"] and s["probes"] == s["arrived"] == 96 for s in report["stages"])
     assert net.probes_carried == 2 * 96
 
 
-def test_a_plane_whose_probes_are_lost_is_rolled_back_and_the_others_stay(make_app, tmp_path):  # noqa: F811
+def test_a_plane_whose_probes_are_lost_is_rolled_back_and_the_others_stay(make_app, tmp_path):
     app = staged(make_app, tmp_path)
     net = rolled_out(app, BROKEN)
-    assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
+    assert app.rollout.state.passed == [0] and app.rollout.state.rolled_back == [1]
     plane1 = {n for n in net.dps if n.startswith("p1")}
-    assert app.released == set(net.dps) - plane1
+    assert app.wiring.released == set(net.dps) - plane1
     assert app.reconciler.failed_switches == plane1 and not (app.reconciler.failures.switches - plane1)
     rec = app.reconciler
     assert all(rec.confirmed[n] == rec.desired[n] for n in set(net.dps) - plane1)   # plane 0 kept its tables
@@ -147,25 +147,25 @@ def catching_matches(net) -> set:
             for m in net.catchers}
 
 
-def test_host_probes_are_the_default_and_a_broken_plane_is_rolled_back_with_them(make_app, tmp_path):  # noqa: F811
+def test_host_probes_are_the_default_and_a_broken_plane_is_rolled_back_with_them(make_app, tmp_path):
     app = staged(make_app, tmp_path)
     net = rolled_out(app, BROKEN)
-    assert app.rollout_probe == "hosts" and {p.mode for p in app._probes} == {"hosts"}
+    assert app.rollout.probe == "hosts" and {p.mode for p in app.rollout.probes} == {"hosts"}
     assert catching_matches(net) == {tuple(sorted(rollout.catch_match("hosts")))}
-    assert app.rollout_state.rolled_back == [1]
+    assert app.rollout.state.rolled_back == [1]
     assert json.loads((tmp_path / "rollout.json").read_text())["probe"] == "hosts"
 
 
-def test_leaf_probes_stay_selectable_and_roll_a_broken_plane_back_too(make_app, tmp_path):  # noqa: F811
-    app = make_app("refuse", HPNLAB_ROLLOUT="staged", HPNLAB_ROLLOUT_OUT=str(tmp_path / "rollout.json"),
-                   HPNLAB_ROLLOUT_PROBE="leaves")
+def test_leaf_probes_stay_selectable_and_roll_a_broken_plane_back_too(make_app, tmp_path):
+    app = make_app("refuse", rollout="staged", rollout_out=str(tmp_path / "rollout.json"),
+                   rollout_probe="leaves")
     net = rolled_out(app, BROKEN)
-    assert {p.mode for p in app._probes} == {"leaves"}
+    assert {p.mode for p in app.rollout.probes} == {"leaves"}
     assert catching_matches(net) == {tuple(sorted(rollout.catch_match("leaves")))}
-    assert app.rollout_state.passed == [0] and app.rollout_state.rolled_back == [1]
+    assert app.rollout.state.passed == [0] and app.rollout.state.rolled_back == [1]
 
 
-def test_a_bad_probe_mode_stops_the_app_at_init_in_one_line(make_app):  # noqa: F811
+def test_a_bad_probe_mode_stops_the_app_at_init_in_one_line(make_app):
     from hpnlab.fabric.errors import UserError
-    with pytest.raises(UserError, match="HPNLAB_ROLLOUT_PROBE='host': one of hosts, leaves"):
-        make_app("refuse", HPNLAB_ROLLOUT_PROBE="host")
+    with pytest.raises(UserError, match="rollout_probe: 'host' is not one of hosts, leaves"):
+        make_app("refuse", rollout_probe="host")

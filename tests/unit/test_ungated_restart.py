@@ -16,8 +16,14 @@ pytest.importorskip("os_ken")
 from os_ken.controller import ofp_event
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
-
-from unit.test_controller_app import FakeDatapath, answer_flow_stats, answer_group_desc, group_desc, stats_entry
+from support.fake_switch import (
+    FakeDatapath,
+    answer_flow_stats,
+    answer_group_desc,
+    controller_app,
+    group_desc,
+    stats_entry,
+)
 
 LINK = ("p0l0", "p0s0", 0)
 
@@ -60,15 +66,8 @@ def before():
     return g, rec
 
 
-def off_app(monkeypatch, discovery_s: str = "3600"):
-    monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
-    monkeypatch.delenv("HPNLAB_SET", raising=False)
-    monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
-    monkeypatch.setenv("HPNLAB_ON_MISWIRE", "off")
-    monkeypatch.setenv("HPNLAB_TELEMETRY_MS", "0")
-    monkeypatch.setenv("HPNLAB_DISCOVERY_S", discovery_s)
-    from hpnlab.controller.app import HpnController
-    return HpnController()
+def off_app(tmp_path, discovery_s: float = 3600):
+    return controller_app(tmp_path, on_miswire="off", telemetry_interval_ms=0, discovery_s=discovery_s)
 
 
 def connect(app, g, dp, name: str, down: set) -> None:
@@ -83,7 +82,7 @@ def connect(app, g, dp, name: str, down: set) -> None:
 def pump(app, dps: dict, held: dict) -> list:
     """Answer every read-back with what the switch holds and every barrier, until quiet; the flow and group
     modifications sent meanwhile."""
-    from hpnlab.controller.app import encode
+    from hpnlab.controller.codec import encode
     mods: list = []
     while True:
         pending = [(name, m) for name, dp in dps.items() for m in dp.take()]
@@ -118,33 +117,33 @@ def restart_during_the_failure(app, g, rec) -> list:
     return mods + pump(app, dps, held)
 
 
-def test_restarted_during_a_failure_with_the_gate_off_it_changes_nothing(before, monkeypatch):
+def test_restarted_during_a_failure_with_the_gate_off_it_changes_nothing(before, tmp_path):
     g, rec = before
-    app = off_app(monkeypatch)
+    app = off_app(tmp_path)
     mods = restart_during_the_failure(app, g, rec)
     assert mods == []
     assert not app.reconciler.hold and app.reconciler.settled
     assert app.reconciler.failures == rec.failures and app.reconciler.confirmed == rec.confirmed
 
 
-def test_without_the_hold_the_early_switches_get_changes_that_are_then_undone(before, monkeypatch):
+def test_without_the_hold_the_early_switches_get_changes_that_are_then_undone(before, tmp_path):
     """What the hold prevents (the app before it): changes, on switches the failure had rerouted."""
     g, rec = before
-    app = off_app(monkeypatch)
+    app = off_app(tmp_path)
     app.reconciler.hold = False
     mods = restart_during_the_failure(app, g, rec)
     assert mods and app.reconciler.confirmed == rec.confirmed      # sent, then undone
     print(f"flow/group mods without the hold: {len(mods)} on {len({n for n, _m in mods})} switches")
 
 
-def test_a_switch_that_never_comes_ends_the_hold_once_discovery_settles(before, monkeypatch):
+def test_a_switch_that_never_comes_ends_the_hold_once_discovery_settles(before, tmp_path):
     g, rec = before
-    app = off_app(monkeypatch, discovery_s="0")
+    app = off_app(tmp_path, discovery_s=0)
     held = {sw: dict(t) for sw, t in rec.confirmed.items() if sw != "p1s1"}
     dps = {sw: FakeDatapath(g.nodes[sw]["dpid"]) for sw in held}
     for name in sorted(held):
         connect(app, g, dps[name], name, set())
     assert pump(app, dps, held) == [] and app.reconciler.hold
-    app._last_connect -= wiring.SWITCH_WAIT_S + 1
-    app._wiring_tick()
+    app.wiring.last_connect -= wiring.SWITCH_WAIT_S + 1
+    app.wiring.tick()
     assert not app.reconciler.hold and pump(app, dps, held)       # installs: the link's repair, p1s1 failed

@@ -14,102 +14,15 @@ pytest.importorskip("os_ken")
 from os_ken.controller import ofp_event
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
+from support.fake_switch import Fabric, FakeDatapath, scenario, wipes
 
 from hpnlab.controller import app as ctlapp
+from hpnlab.controller import codec, wiring_manager
 from hpnlab.fabric.emulation.rewire import Rewire, physical
 from hpnlab.fabric.scenario import graph, spec
-from unit.test_controller_app import FakeDatapath, answer_barriers
 
 SWAP = (("p0l0", "p0s0"), ("p0l1", "p0s1"))
 DROP = ("p0l2", "p0s0")
-
-
-@pytest.fixture
-def make_app(monkeypatch, tmp_path):
-    def make(mode: str = "refuse", **env: str):
-        monkeypatch.setenv("HPNLAB_SCENARIO", "mini-hpn")
-        monkeypatch.delenv("HPNLAB_SET", raising=False)
-        monkeypatch.delenv("HPNLAB_METRICS_PORT", raising=False)
-        monkeypatch.setenv("HPNLAB_ON_MISWIRE", mode)
-        monkeypatch.setenv("HPNLAB_WIRING_OUT", str(tmp_path / "wiring.json"))
-        monkeypatch.setenv("HPNLAB_DISCOVERY_S", "3600")     # decided by completeness or by the test
-        monkeypatch.setenv("HPNLAB_TELEMETRY_MS", "0")
-        for k, v in env.items():
-            monkeypatch.setenv(k, v)
-        return ctlapp.HpnController()
-    return make
-
-
-class Fabric:
-    """Fake datapaths cabled as a graph says: LLDP packet-outs come back as packet-ins at the peer."""
-
-    def __init__(self, app, cabling):
-        self.app, self.cabling = app, cabling
-        self.dps = {n: FakeDatapath(d["dpid"]) for n, d in cabling.nodes(data=True) if d["tier"] > 0}
-        self.peer: dict = {}
-        self.ports: dict = {n: set() for n in self.dps}
-        self.names: dict = {}          # (switch, OpenFlow port) -> its name (Open vSwitch: the interface's)
-        for u, v, d in cabling.edges(data=True):
-            ports = d.get("ofports", d["ports"])
-            for a, b in ((u, v), (v, u)):
-                if a in self.dps:
-                    self.ports[a].add(ports[a])
-                    self.names[a, ports[a]] = graph.intf_name(a, d["ports"][a])
-                    if b in self.dps:
-                        self.peer[a, ports[a]] = (b, ports[b])
-        self.installed: dict = {n: [] for n in self.dps}
-
-    def connect(self) -> None:
-        for name, dp in self.dps.items():
-            self.app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
-            body = [parser.OFPPort(port_no=p, hw_addr=f"02:00:00:00:{len(name):02x}:{p % 256:02x}",
-                                   name=self.names[name, p].encode(), config=0,
-                                   state=ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0, peer=0, curr_speed=0,
-                                   max_speed=0) for p in sorted(self.ports[name])]
-            self.app.on_port_desc(ofp_event.EventOFPPortDescStatsReply(parser.OFPPortDescStatsReply(dp, body=body)))
-        self.deliver()
-
-    def deliver(self) -> None:
-        """Carry LLDP frames across the cables until none is left; keep everything else."""
-        while True:
-            moved = False
-            for name, dp in self.dps.items():
-                for m in dp.take():
-                    if isinstance(m, parser.OFPPacketOut) and ctlapp.is_lldp(bytes(m.data)):
-                        far = self.peer.get((name, m.actions[0].port))
-                        if far is not None:
-                            moved = True
-                            self.packet_in(far[0], far[1], bytes(m.data))
-                    elif not self.carry(name, m):
-                        self.installed[name].append(m)
-            if not moved:
-                return
-
-    def packet_in(self, name: str, port: int, data: bytes) -> None:
-        dp = self.dps[name]
-        msg = parser.OFPPacketIn(dp, buffer_id=ofp.OFP_NO_BUFFER, total_len=len(data), reason=ofp.OFPR_ACTION,
-                                 table_id=0, cookie=0, match=parser.OFPMatch(in_port=port), data=data)
-        self.app.on_packet_in(ofp_event.EventOFPPacketIn(msg))
-
-    def carry(self, name: str, msg) -> bool:
-        """Other packet-outs a subclass carries (True: carried)."""
-        return False
-
-    def settle(self) -> None:
-        for name, dp in self.dps.items():
-            dp.sent = self.installed[name]
-            self.installed[name] = []
-        answer_barriers(self.app, self.dps)
-
-
-def scenario():
-    return graph.build(spec.load("mini-hpn"))
-
-
-def wipes(msgs) -> int:
-    """How many times the switch was handed to the reconciler: each hand-over reads back what the
-    switch holds (a flow stats request for every table) before anything is installed."""
-    return sum(isinstance(m, parser.OFPFlowStatsRequest) and m.table_id == ofp.OFPTT_ALL for m in msgs)
 
 
 def test_every_port_sends_lldp_and_a_table0_rule_sends_lldp_back(make_app):
@@ -117,7 +30,7 @@ def test_every_port_sends_lldp_and_a_table0_rule_sends_lldp_back(make_app):
     dp = FakeDatapath(scenario().nodes["p0l0"]["dpid"])
     app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
     first = dp.take()
-    ask = [m for m in first if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == ctlapp.LLDP_COOKIE]
+    ask = [m for m in first if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == codec.LLDP_COOKIE]
     assert len(ask) == 1                           # is the LLDP rule there already? (none: a fresh switch)
     assert [m for m in first if isinstance(m, parser.OFPFlowMod)] == []     # no rule before the answer
     reply = parser.OFPFlowStatsReply(dp, body=[])
@@ -130,14 +43,14 @@ def test_every_port_sends_lldp_and_a_table0_rule_sends_lldp_back(make_app):
     app.on_port_desc(ofp_event.EventOFPPortDescStatsReply(parser.OFPPortDescStatsReply(dp, body=body)))
     outs = [m for m in dp.take() if isinstance(m, parser.OFPPacketOut)]
     assert sorted(m.actions[0].port for m in outs) == [1, 5, 6]
-    assert {ctlapp.parse_lldp(m.data) for m in outs} == {(dp.id, 1), (dp.id, 5), (dp.id, 6)}
+    assert {codec.parse_lldp(m.data) for m in outs} == {(dp.id, 1), (dp.id, 5), (dp.id, 6)}
 
 
 def test_nothing_is_installed_before_the_wiring_is_decided(make_app):
     app = make_app()
     net = Fabric(app, physical(scenario(), Rewire(drop=[DROP])))    # never complete: waits for the deadline
     net.connect()
-    assert app.wiring_decision is None
+    assert app.wiring.decision is None
     assert sum(wipes(m) for m in net.installed.values()) == 0
 
 
@@ -145,7 +58,7 @@ def test_a_fabric_cabled_as_planned_is_installed_as_soon_as_every_link_is_heard(
     app = make_app()
     net = Fabric(app, scenario())
     net.connect()
-    assert app.wiring_decision is not None and app.wiring_report.clean
+    assert app.wiring.decision is not None and app.wiring.report.clean
     assert all(wipes(m) == 1 for m in net.installed.values())
     net.settle()
     assert app.reconciler.settled and app.reconciler.down_ports == set()
@@ -167,9 +80,9 @@ def test_refuse_installs_every_switch_and_holds_the_miswired_ports_down(make_app
     app = make_app("refuse")
     net = Fabric(app, physical(scenario(), Rewire(swap=[SWAP], drop=[DROP])))
     net.connect()
-    app._decide_wiring()       # the discovery deadline
+    app.wiring.decide()       # the discovery deadline
     net.deliver()
-    assert app.wiring_report.counts() == {"missing": 2, "miswired": 4, "unexpected": 0}
+    assert app.wiring.report.counts() == {"missing": 2, "miswired": 4, "unexpected": 0}
     assert all(wipes(m) == 1 for m in net.installed.values())
     held = {("p0l0", 5), ("p0s0", 1), ("p0l1", 6), ("p0s1", 2), ("p0l2", 5), ("p0s0", 3)}
     assert app.reconciler.down_ports == held
@@ -183,18 +96,18 @@ def test_planes_installs_only_the_plane_that_checks_out(make_app):
     app = make_app("planes")
     net = Fabric(app, physical(scenario(), Rewire(swap=[SWAP])))
     net.connect()
-    app._decide_wiring()
+    app.wiring.decide()
     net.deliver()
-    assert app.wiring_decision.planes == (1,)
+    assert app.wiring.decision.planes == (1,)
     assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p1")}
-    assert app.released == {n for n in net.dps if n.startswith("p1")}
+    assert app.wiring.released == {n for n in net.dps if n.startswith("p1")}
 
 
 def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
     app = make_app("refuse")
     wrong = Fabric(app, physical(scenario(), Rewire(drop=[DROP])))
     wrong.connect()
-    app._decide_wiring()
+    app.wiring.decide()
     assert app.reconciler.down_ports == {("p0l2", 5), ("p0s0", 3)}
     right = Fabric(app, scenario())       # the same switches, now cabled as planned
     right.dps = wrong.dps
@@ -205,8 +118,8 @@ def test_a_cable_put_right_later_is_no_longer_held_down(make_app):
                               curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
         app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dp, reason=ofp.OFPPR_ADD, desc=desc)))
     right.deliver()
-    app._decide_wiring()
-    assert app.wiring_report.clean and app.reconciler.down_ports == set()
+    app.wiring.decide()
+    assert app.wiring.report.clean and app.reconciler.down_ports == set()
 
 
 def test_a_port_that_keeps_coming_up_on_one_switch_does_not_stop_the_others_lldp(make_app, monkeypatch):
@@ -214,11 +127,12 @@ def test_a_port_that_keeps_coming_up_on_one_switch_does_not_stop_the_others_lldp
     up every 2 s (the failover probe's failures) kept every other switch from sending again, and 16 s
     later the app held all their links down as missing and routed around them."""
     clock = [1000.0]
-    monkeypatch.setattr(ctlapp, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    for module in (ctlapp, wiring_manager):
+        monkeypatch.setattr(module, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
     app = make_app()
     fab = Fabric(app, scenario())
     fab.connect()
-    assert app.wiring_report is not None and app.wiring_report.clean
+    assert app.wiring.report is not None and app.wiring.report.clean
     desc = parser.OFPPort(port_no=5, hw_addr="02:00:00:00:00:05", name=b"x", config=0, state=ofp.OFPPS_LIVE,
                           curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
     for second in range(1, 41):
@@ -226,25 +140,25 @@ def test_a_port_that_keeps_coming_up_on_one_switch_does_not_stop_the_others_lldp
         if second % 2 == 0:
             msg = parser.OFPPortStatus(fab.dps["p0l0"], reason=ofp.OFPPR_MODIFY, desc=desc)
             app.on_port_status(ofp_event.EventOFPPortStatus(msg))
-        app._wiring_tick()
+        app.wiring.tick()
         fab.deliver()
-    assert app.wiring_report.clean and app.reconciler.down_ports == set()
+    assert app.wiring.report.clean and app.reconciler.down_ports == set()
 
 
 def test_deployment_auto_adopts_what_it_hears_and_installs_foreign_switches_without_a_restart(make_app, tmp_path):
     from hpnlab.controller import deployment
     out = tmp_path / "discovered.yaml"
-    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(out), HPNLAB_DISCOVERY_S="0",
-                   HPNLAB_SCENARIO="mini-spine-leaf")        # one plane: told apart by the plan's port numbers
+    app = make_app("refuse", deployment="auto", deployment_out=str(out), discovery_s=0,
+                   scenario="mini-spine-leaf")        # one plane: told apart by the plan's port numbers
     one_plane = graph.build(spec.load("mini-spine-leaf"))
     net = Fabric(app, physical(one_plane, Rewire(dpid_base=0xAB00000000000000)))
     net.connect()
-    assert len(app.strangers) == 10 and app.released == set()     # none known before discovery settles
-    app._wiring_tick()         # discovery settled (nothing new learnt for the discovery time, here 0 s)
+    assert len(app.adoption.strangers) == 10 and app.wiring.released == set()     # none known before discovery settles
+    app.wiring.tick()         # discovery settled (nothing new learnt for the discovery time, here 0 s)
     net.deliver()
-    assert app.strangers == {} and app.released == set(net.dps) and app.wiring_report.clean
+    assert app.adoption.strangers == {} and app.wiring.released == set(net.dps) and app.wiring.report.clean
     assert all(wipes(m) == 1 for m in net.installed.values())       # each read back once, then installed
-    assert "10 on datapath ids of their own" in app.deployment_adopted
+    assert "10 on datapath ids of their own" in app.adoption.adopted
     data = deployment.load(one_plane, out)                           # the file written: no mistake
     assert {deployment.parse_dpid(e["dpid"]) for e in data["switches"].values()} == {
         0xAB00000000000000 + i for i in range(10)}
@@ -270,17 +184,17 @@ def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_le
     ARP-to-controller entry; once a host behind every leaf has sent an ARP request, the map is adopted with
     each leaf on the datapath its hosts are behind -- also when a frame from a MAC the scenario does not
     know reached those ports first (it does not hold the port against the host's own)."""
-    app = make_app("refuse", HPNLAB_DEPLOYMENT="auto", HPNLAB_DEPLOYMENT_OUT=str(tmp_path / "d.yaml"),
-                   HPNLAB_DISCOVERY_S="0")
+    app = make_app("refuse", deployment="auto", deployment_out=str(tmp_path / "d.yaml"),
+                   discovery_s=0)
     cabling = physical(scenario(), Rewire(dpid_base=0xAB00000000000000))
     net = Fabric(app, cabling)
     net.connect()
     arp_rules = {n: [m for m in msgs if isinstance(m, parser.OFPFlowMod) and m.match.get("eth_type") == 0x0806]
                  for n, msgs in net.installed.items()}
-    assert all(len(rules) == 1 and rules[0].cookie == ctlapp.COOKIE for rules in arp_rules.values()), arp_rules
-    app._wiring_tick()
+    assert all(len(rules) == 1 and rules[0].cookie == codec.COOKIE for rules in arp_rules.values()), arp_rules
+    app.wiring.tick()
     net.deliver()
-    assert app.deployment_adopted is None and len(app.strangers) == 12        # which leaf is which: not yet
+    assert app.adoption.adopted is None and len(app.adoption.strangers) == 12        # which leaf is which: not yet
     first: dict[str, dict] = {}
     for h in graph.hosts(cabling):
         for p in graph.host_ports(cabling, h):
@@ -289,10 +203,10 @@ def test_deployment_auto_tells_identical_planes_apart_by_the_hosts_behind_the_le
         if stray_first:
             net.packet_in(leaf, p["leaf_port"], arp_frame({**p, "mac": "02:00:00:00:99:99"}))
         net.packet_in(leaf, p["leaf_port"], arp_frame(p))
-    app._wiring_tick()
+    app.wiring.tick()
     net.deliver()
-    assert app.deployment_adopted is not None and "12 on datapath ids of their own" in app.deployment_adopted
-    assert app.strangers == {} and app.released == set(net.dps) and app.wiring_report.clean
+    assert app.adoption.adopted is not None and "12 on datapath ids of their own" in app.adoption.adopted
+    assert app.adoption.strangers == {} and app.wiring.released == set(net.dps) and app.wiring.report.clean
     leaves = [n for n in net.dps if cabling.nodes[n]["tier"] == 1]
     assert {n: app.graph.nodes[n]["dpid"] for n in leaves} == {n: net.dps[n].id for n in leaves}
 
@@ -313,26 +227,26 @@ NAMED = Rewire(dpid_base=0xAB00000000000000, port_offset=100, port_names=True)
 
 
 def test_port_names_are_resolved_as_switches_connect_and_routes_installed_on_their_numbers(make_app, tmp_path):
-    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED))
+    app = make_app("refuse", deployment=named_deployment(tmp_path, NAMED))
     net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
     net.connect()              # names resolved, discovery complete on the resolved numbers: decided
-    assert app.wiring_decision is not None and app.wiring_report.clean
+    assert app.wiring.decision is not None and app.wiring.report.clean
     assert all(wipes(m) == 1 for m in net.installed.values())
     net.settle()
     assert app.reconciler.settled and app.reconciler.down_ports == set()
-    assert app.deployment_resolved["p0l0"] == {p: p + 100 for p in range(1, 7)}
+    assert app.adoption.resolved["p0l0"] == {p: p + 100 for p in range(1, 7)}
     groups = app.reconciler.states["p0l3"].groups
     assert {w for grp in groups for w, _acts in grp.buckets if w is not None} == {105, 106}
 
 
 def test_telemetry_and_weighted_sets_follow_the_ports_a_deployment_resolves_at_run_time(make_app, tmp_path):
-    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED), HPNLAB_TELEMETRY_MS="200",
-                   HPNLAB_ROUTING_WEIGHTS="weighted")
+    app = make_app("refuse", deployment=named_deployment(tmp_path, NAMED), telemetry_interval_ms=200,
+                   routing_weights="weighted")
     net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
     net.connect()
-    assert {port for sw, port in app.ecn.telemetry.ports if sw == "p0l0"} == set(range(101, 107))
+    assert {port for sw, port in app.telemetry.ecn.telemetry.ports if sw == "p0l0"} == set(range(101, 107))
     net.settle()
-    ports = {p for es in app.weighted.sets().get("p0l3", {}).values() for p in es.ports}
+    ports = {p for es in app.telemetry.weighted.sets().get("p0l3", {}).values() for p in es.ports}
     assert ports == {105, 106}
 
 
@@ -340,12 +254,12 @@ def test_the_ecn_stage_is_read_under_the_numbers_a_deployment_resolves_at_run_ti
     """The emulated ECN stage knows its ports by the scenario's numbers (p0l0-eth6 is p0l0 port 6); once the
     names resolve to 101-106, its counters reach telemetry under those."""
     from types import SimpleNamespace
-    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED), HPNLAB_TELEMETRY_MS="200",
-                   HPNLAB_ECN_ACTUATOR="emulated")
+    app = make_app("refuse", deployment=named_deployment(tmp_path, NAMED), telemetry_interval_ms=200,
+                   ecn_actuator="emulated")
     net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
     net.connect()
-    assert app.ecn is not None
-    assert app.ecn.stage_keys[("p0l0", 6)] == ("p0l0", 106)
+    assert app.telemetry.ecn is not None
+    assert app.telemetry.ecn.stage_keys[("p0l0", 6)] == ("p0l0", 106)
 
     class Stage:
         mechanism = "bpf"
@@ -361,20 +275,20 @@ def test_the_ecn_stage_is_read_under_the_numbers_a_deployment_resolves_at_run_ti
 
         def queue_drops(self):
             return {}
-    app.ecn._open_stage = lambda run: Stage()
-    app.ecn.tick(1.0, list(app.datapaths))
-    assert app.ecn.last[("p0l0", 106)].queue_bytes == 1500
+    app.telemetry.ecn._open_stage = lambda run: Stage()
+    app.telemetry.ecn.tick(1.0, list(app.datapaths))
+    assert app.telemetry.ecn.last[("p0l0", 106)].queue_bytes == 1500
 
 
 def test_a_port_name_the_switch_lacks_is_one_line_and_holds_its_plane_back(make_app, tmp_path, caplog):
     def rename(data):
         data["switches"]["p1l0"]["ports"][5] = "Ethernet5"
-    app = make_app("refuse", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED, rename))
+    app = make_app("refuse", deployment=named_deployment(tmp_path, NAMED, rename))
     net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
     net.connect()
-    app._decide_wiring()       # the discovery deadline (p1l0's uplink cannot be checked)
+    app.wiring.decide()       # the discovery deadline (p1l0's uplink cannot be checked)
     net.deliver()
-    assert app.wiring_decision.planes == (0,) and app.wiring_decision.blocked_planes == (1,)
+    assert app.wiring.decision.planes == (0,) and app.wiring.decision.blocked_planes == (1,)
     assert {n for n, m in net.installed.items() if wipes(m)} == {n for n in net.dps if n.startswith("p0")}
     errors = json.loads((tmp_path / "wiring.json").read_text())["deployment"]["errors"]
     assert len(errors) == 1 and "switch p1l0" in errors[0] and "no port named 'Ethernet5'" in errors[0]
@@ -386,9 +300,9 @@ def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app)
     app = make_app()
     dp = FakeDatapath(scenario().nodes["p0l0"]["dpid"])
     app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
-    ask = next(m for m in dp.take() if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == ctlapp.LLDP_COOKIE)
+    ask = next(m for m in dp.take() if isinstance(m, parser.OFPFlowStatsRequest) and m.cookie == codec.LLDP_COOKIE)
     held = parser.OFPFlowStats(table_id=0, duration_sec=5, duration_nsec=0, priority=65535, idle_timeout=0,
-                               hard_timeout=0, flags=0, cookie=ctlapp.LLDP_COOKIE, packet_count=0, byte_count=0,
+                               hard_timeout=0, flags=0, cookie=codec.LLDP_COOKIE, packet_count=0, byte_count=0,
                                match=parser.OFPMatch(eth_type=0x88CC), instructions=[])
     reply = parser.OFPFlowStatsReply(dp, body=[held])
     reply.xid, reply.flags = ask.xid, 0
@@ -397,10 +311,10 @@ def test_a_switch_that_still_holds_the_lldp_rule_does_not_get_it_again(make_app)
 
 
 def test_port_names_without_the_wiring_gate_install_each_switch_once_its_names_are_resolved(make_app, tmp_path):
-    app = make_app("off", HPNLAB_DEPLOYMENT=named_deployment(tmp_path, NAMED))
+    app = make_app("off", deployment=named_deployment(tmp_path, NAMED))
     net = Fabric(app, physical(scenario(), Rewire(dpid_base=NAMED.dpid_base, port_offset=100)))
     net.connect()
-    assert app.released == set(net.dps) and app.deployment_errors == {}
+    assert app.wiring.released == set(net.dps) and app.adoption.errors == {}
     net.settle()
     assert app.reconciler.settled and app.reconciler.down_ports == set()
     assert all(p > 100 for sw in net.dps for f in app.reconciler.states[sw].flows for a in f.actions
