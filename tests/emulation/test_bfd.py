@@ -9,16 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from support.emulated import BFD_MS, failed_pings_after_repair
+from support.wait import wait_for
 
 from hpnlab.fabric.emulation import faults, ovsdb
 from hpnlab.fabric.scenario import graph as fgraph
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-# 50 ms never flapped on an idle 2-core machine (docs: failures), but a session went down under a
-# load average of 6-8 (other jobs on the machine): these tests check what BFD makes the switches
-# do, not how fast it detects, so they take an interval that holds under load (detection 3 x 200 ms)
-BFD_MS = 200
 LEAF, SPINE = "p0l0", "p0s0"
 
 
@@ -43,15 +41,6 @@ def _states(emu) -> dict[str, set[str]]:
     leaf_if, spine_if, _, _ = _ports(emu)
     return {leaf_if: ovsdb.port_states(LEAF).get(leaf_if, {"?"}),
             spine_if: ovsdb.port_states(SPINE).get(spine_if, {"?"})}
-
-
-def _wait(cond, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return cond()
 
 
 def _controller_log(emu) -> str:
@@ -90,10 +79,10 @@ def test_a_gray_failure_keeps_the_carrier_but_makes_both_ends_not_live(emu):
     emu.link_drop(LEAF, SPINE, side=LEAF)
     try:
         assert emu.faults.is_dropping(leaf_if)
-        assert _wait(lambda: not any("LIVE" in s for s in _states(emu).values()))
+        assert wait_for(lambda: not any("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
         assert emu.intf_is_up(leaf_if) and emu.intf_is_up(spine_if)          # carrier stays
         assert all("LINK_DOWN" not in s for s in _states(emu).values())      # OpenFlow agrees: only LIVE went
-        assert _wait(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:])
+        assert wait_for(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:], 5.0, 0.02)
         assert f"{SPINE} port {ps} down" in _controller_log(emu)[log_before:]
         # routed around once the controller's update is in: every entropy branch of every pair
         # from under the leaf arrives while the link still drops (how soon: the failover probe)
@@ -101,7 +90,7 @@ def test_a_gray_failure_keeps_the_carrier_but_makes_both_ends_not_live(emu):
     finally:
         emu.link_restore(LEAF, SPINE, side=LEAF)
     assert not emu.faults.is_dropping(leaf_if)
-    assert _wait(lambda: all("LIVE" in s for s in _states(emu).values()))
+    assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
 
 
 def test_a_one_sided_down_is_seen_at_both_ends(emu):
@@ -109,13 +98,13 @@ def test_a_one_sided_down_is_seen_at_both_ends(emu):
     log_before = len(_controller_log(emu))
     emu.link_down(LEAF, SPINE, side=SPINE)
     try:
-        assert _wait(lambda: all("LIVE" not in s for s in _states(emu).values()))
+        assert wait_for(lambda: all("LIVE" not in s for s in _states(emu).values()), 5.0, 0.02)
         states = _states(emu)
         assert "LINK_DOWN" in states[leaf_if]          # the veth peer lost carrier
-        assert _wait(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:])
+        assert wait_for(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:], 5.0, 0.02)
     finally:
         emu.link_up(LEAF, SPINE, side=SPINE)
-    assert _wait(lambda: all("LIVE" in s for s in _states(emu).values()))
+    assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
 
 
 def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or_address(emu):
@@ -128,10 +117,10 @@ def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or
     with faults.RtnlWatch() as watch:
         emu.link_down(LEAF, SPINE)
         try:
-            assert _wait(lambda: all("LIVE" not in s for s in _states(emu).values()))
+            assert wait_for(lambda: all("LIVE" not in s for s in _states(emu).values()), 5.0, 0.02)
         finally:
             emu.link_up(LEAF, SPINE)
-        assert _wait(lambda: all("LIVE" in s for s in _states(emu).values()))
+        assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
         watch.drain()
     events = watch.events(ours)
     assert {i for _, i in events} == ours                # the watch heard both ends go down and up ...
@@ -158,7 +147,8 @@ def test_a_spine_coming_back_sends_back_what_it_cannot_forward_yet_and_the_leaf_
     try:
         for name in spine_ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
-        assert _wait(lambda: not any("LIVE" in ovsdb.port_states(SPINE).get(i, {"LIVE"}) for i in spine_ifs))
+        assert wait_for(lambda: not any("LIVE" in ovsdb.port_states(SPINE).get(i, {"LIVE"}) for i in spine_ifs),
+                        5.0, 0.02)
         assert "LIVE" in ovsdb.port_states(LEAF)[leaf_if]          # the leaf still sends up to the spine
         walk = emu.walk_branches(pairs=_pairs_through_the_leaf(emu))
         assert walk["probes"] > 0 and walk["missing"] == []
@@ -166,18 +156,7 @@ def test_a_spine_coming_back_sends_back_what_it_cannot_forward_yet_and_the_leaf_
         for name in spine_ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "normal"], capture_output=True)
         signal_controller(emu, signal.SIGCONT)
-    assert _wait(lambda: all("LIVE" in ovsdb.port_states(SPINE).get(i, set()) for i in spine_ifs))
-
-
-def failed_pings_after_repair(emu) -> list:
-    """The pairs that do not ping once a repair has settled (a second try for those that failed
-    at first: BFD sessions come back within a second or two)."""
-    time.sleep(0.5)
-    result = emu.ping_all()
-    if result["failed"]:
-        time.sleep(1.5)
-        result = emu.ping_all(pairs=result["failed"])
-    return result["failed"]
+    assert wait_for(lambda: all("LIVE" in ovsdb.port_states(SPINE).get(i, set()) for i in spine_ifs), 5.0, 0.02)
 
 
 def test_the_fabric_is_whole_after_repair(emu):

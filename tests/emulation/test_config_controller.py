@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
+from support.controller_process import HPNLAB, ROOT, free_port
 from support.paths import SCRIPTS
-from unit.test_controller_launcher import HPNLAB, ROOT, free_port
 
 pytestmark = pytest.mark.controller
 

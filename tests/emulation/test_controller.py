@@ -15,6 +15,8 @@ import time
 import urllib.request
 
 import pytest
+from support.emulated import flow_lines, ofctl
+from support.wait import wait_for
 
 from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.scenario import graph as fgraph
@@ -22,17 +24,6 @@ from hpnlab.fabric.scenario import graph as fgraph
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
 METRICS_PORT = 9377   # the shared mini_hpn's (conftest)
-
-
-def ofctl(*args: str) -> str:
-    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args], capture_output=True, text=True,
-                          timeout=10).stdout
-
-
-def flow_lines(bridge: str) -> list[str]:
-    """The controller's routing flows (its cookie; not the LLDP rule of discovery)."""
-    return [line for line in ofctl("dump-flows", bridge, "cookie=0x68706e6c61620000/-1").splitlines()
-            if "cookie=" in line]
 
 
 def installed_counts(emu) -> dict[str, int]:
@@ -52,15 +43,6 @@ def expected_groups(emu) -> dict[str, int]:
 def expected_counts(emu, failures=None) -> dict[str, int | None]:
     states = compiler.compile_fabric(emu.graph, failures, "aggregate")
     return {sw: states[sw].flow_count if sw in states else None for sw in fgraph.switches(emu.graph)}
-
-
-def wait_for(predicate, timeout_s: float = 15.0, step_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    value = predicate()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step_s)
-        value = predicate()
-    return value
 
 
 def metrics() -> dict[str, float]:

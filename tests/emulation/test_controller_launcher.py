@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
-from unit.test_controller_launcher import HPNLAB, ROOT, free_port, openflow_hello, start, stop
+import yaml
+from support.controller_process import HPNLAB, ROOT, free_port, openflow_hello, start, stop
 
 
 @pytest.mark.controller
@@ -44,36 +42,39 @@ def test_hpnlab_controller_runs_the_same_launcher_with_metrics():
 
 
 @pytest.mark.controller
-def test_the_same_app_file_runs_under_ryu_manager():
-    try:
-        import ryu  # noqa: F401
-    except ImportError:
-        pytest.skip("Ryu is not installed (it does not install on Python >= 3.10 without patches); "
-                    "the import shim is exercised by os-ken only")
-    manager = shutil.which("ryu-manager") or str(Path(sys.executable).with_name("ryu-manager"))
+def test_a_bad_arp_mode_in_the_config_file_is_one_line_and_exit_code_2(tmp_path):
+    config = tmp_path / "controller.yaml"
+    config.write_text("scenario: mini-hpn\narp: per-leaf\n")
+    r = subprocess.run([sys.executable, "-m", "hpnlab.controller", "--config", str(config), "--ofp-port",
+                        str(free_port())], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "arp: 'per-leaf'" in lines[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.controller
+def test_the_configuration_written_to_the_run_directory_starts_the_same_controller_again(tmp_path):
     port = free_port()
-    env = dict(os.environ, HPNLAB_SCENARIO="mini-hpn")
-    proc = subprocess.Popen([manager, "--ofp-tcp-listen-port", str(port), "--ofp-listen-host", "127.0.0.1",
-                             str(ROOT / "controller" / "app.py")], cwd=ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc, _line = start([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(port),
+                         "--telemetry-interval-ms", "0", "--policy", "host-routes", "--run-dir", str(tmp_path)])
+    stop(proc)
+    written = yaml.safe_load((tmp_path / "controller.yaml").read_text())
+    assert (written["scenario"], written["ofp_port"], written["policy"]) == ("mini-hpn", port, "host-routes")
+    assert written["telemetry_interval_ms"] == 0 and written["arp"] == "gateway"      # defaults written too
+    proc, line = start([HPNLAB, "controller", "--config", str(tmp_path / "controller.yaml")])
     try:
-        deadline = time.monotonic() + 30
-        header = b""
-        while time.monotonic() < deadline and not header:
-            try:
-                header = openflow_hello(port)
-            except OSError:
-                time.sleep(0.2)
-        assert struct.unpack("!BBHI", header)[:2] == (4, 0)
+        assert "host-routes" in line and f"127.0.0.1:{port}" in line
     finally:
         stop(proc)
 
 
 @pytest.mark.controller
-def test_a_bad_hpnlab_arp_is_one_line_and_exit_code_2_when_the_app_starts():
-    r = subprocess.run([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(free_port())],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60,
-                       env=dict(os.environ, HPNLAB_ARP="per-leaf"))
-    assert r.returncode == 2, r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "HPNLAB_ARP='per-leaf'" in lines[0] and "Traceback" not in r.stderr
+def test_without_a_run_directory_no_configuration_file_is_left_behind(tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    proc, _line = start([sys.executable, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(free_port()),
+                         "--telemetry-interval-ms", "0"], env=dict(os.environ, TMPDIR=str(temp)))
+    try:
+        assert list(temp.iterdir()) == []          # written, read by the app, removed
+    finally:
+        stop(proc)

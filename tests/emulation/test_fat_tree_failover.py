@@ -15,8 +15,8 @@ import signal
 import time
 
 import pytest
-
-from emulation.test_bfd import BFD_MS, _wait, failed_pings_after_repair
+from support.emulated import BFD_MS, failed_pings_after_repair
+from support.wait import wait_for
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -62,7 +62,7 @@ def test_with_the_controller_stopped_a_failed_aggregation_switch_leaves_every_br
     inside = _pod_ips(emu, pod)
     pairs = [p for p in emu.all_pairs() if (p[3] in inside) != (p[1] in inside)]
     assert pairs and len(emu.entropy_source_ports()) > 1
-    assert _wait(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
+    assert wait_for(lambda: all(_live(emu)), 10.0, 0.02)       # its BFD sessions up (after the test before)
     assert _walk(emu, pairs)["missing"] == []            # healthy first: every branch delivers
     signal_controller(emu, signal.SIGSTOP)
     try:
@@ -87,12 +87,12 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
     pairs = [p for p in emu.all_pairs() if p[3] in inside or p[1] in inside]
     ifs = _agg_ports(emu)
     assert len(ifs) == 4
-    assert _wait(lambda: all(_live(emu)), 10.0)       # its BFD sessions up (after the test before)
+    assert wait_for(lambda: all(_live(emu)), 10.0, 0.02)       # its BFD sessions up (after the test before)
     signal_controller(emu, signal.SIGSTOP)
     try:
         for name in ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
-        assert _wait(lambda: not any(_live(emu)), 5.0)
+        assert wait_for(lambda: not any(_live(emu)), 5.0, 0.02)
         walk = _walk(emu, pairs)
         assert not any(_live(emu))                      # the state held for the whole walk
         assert walk["probes"] > 0 and walk["missing"] == []

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from unit.test_controller_launcher import ROOT, free_port
+from support.controller_process import ROOT, free_port
 
 from hpnlab.fabric.scenario import graph, spec
 

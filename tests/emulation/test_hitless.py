@@ -15,6 +15,8 @@ import sys
 import time
 
 import pytest
+from support.emulated import flows, not_re_added, ofctl
+from support.wait import wait_for
 
 from hpnlab.controller import reconcile
 from hpnlab.fabric.emulation import timeline
@@ -24,39 +26,12 @@ from hpnlab.fabric.scenario import graph as fgraph
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
-_STATS = re.compile(r"\b(cookie|duration|n_packets|n_bytes|idle_age|hard_age|reset_counts)=[^,\s]*,?\s*")
-
-
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
 
     with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, on_controller_loss="restart") as emu:
         yield emu
-
-
-def ofctl(*args: str) -> str:
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args], capture_output=True, text=True, timeout=10)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def flows(emu) -> dict[tuple[str, str], float]:
-    """Every flow of every switch, (switch, flow without its counters) -> its duration in seconds."""
-    out = {}
-    for sw in fgraph.switches(emu.graph):
-        for line in ofctl("dump-flows", sw).splitlines():
-            m = re.search(r"duration=([0-9.]+)s", line)
-            if m:
-                out[sw, _STATS.sub("", line).strip()] = float(m.group(1))
-    return out
-
-
-def not_re_added(before: dict, after: dict, elapsed_s: float) -> list:
-    """The flows that are not the same entries, older by the time that passed (a flow deleted and
-    added again starts its duration anew)."""
-    return [k for k in before.keys() | after.keys()
-            if k not in before or k not in after or after[k] < before[k] + elapsed_s - 1.0]
 
 
 def udp_stream(emu, src: str, dst: str, seconds: float, port: int = 5999) -> tuple:
@@ -111,15 +86,6 @@ def ovsdb_fail_mode(bridge: str) -> str:
                           timeout=5).stdout.strip()
 
 
-def wait_for(predicate, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
-
-
 def ofctl_match(match: tuple) -> str:
     fields = dict(match)
     assert set(fields) == {"eth_type", "ipv4_dst"} and fields["eth_type"] == compiler.ETH_IPV4
@@ -132,12 +98,12 @@ def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
     emu.on_controller_loss = "continue"
     try:
         emu.kill_controller()
-        assert wait_for(lambda: not any(emu.connected_switches().values()))
+        assert wait_for(lambda: not any(emu.connected_switches().values()), 20.0)
         table = reconcile.switch_table(compiler.compile_fabric(emu.graph)["p0l1"])
         key = next(k for k in sorted(table, key=repr) if not reconcile.is_group(k) and k[0] == compiler.TABLE_ROUTE
                    and dict(k[2]).keys() == {"eth_type", "ipv4_dst"})
         what = f"table={key[0]},priority={key[1]},{ofctl_match(key[2])}"
-        ofctl("--strict", "del-flows", "p0l1", what)
+        ofctl("--strict", "del-flows", "p0l1", what, check=True)
         before = flows(emu)
         cmd = [sys.executable, "-m", "hpnlab.controller", str(emu._st.run_dir / "scenario.yaml"), "--ofp-port",
                str(emu.ofp_port), "--telemetry-interval-ms", "0", "--dry-run", "--json", "--dry-run-timeout", "20"]
@@ -154,7 +120,7 @@ def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
     finally:
         emu.on_controller_loss = "restart"
         emu.restart_controller()
-    assert wait_for(lambda: len(flows(emu)) == len(before) + 1)
+    assert wait_for(lambda: len(flows(emu)) == len(before) + 1, 20.0)
     after = flows(emu)
     [(sw, _flow)] = set(after) - set(before)        # the restarted controller put back that flow only
     assert sw == "p0l1"
@@ -165,7 +131,7 @@ def test_a_host_whose_arp_entries_are_flushed_while_the_controller_is_down_still
     emu.on_controller_loss = "continue"
     try:
         emu.kill_controller()
-        assert wait_for(lambda: not any(emu.connected_switches().values()))
+        assert wait_for(lambda: not any(emu.connected_switches().values()), 20.0)
         h1 = emu.host("h1")
         h1.cmd("ip neigh flush all")
         assert "lladdr" not in h1.cmd("ip neigh show")

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.emulated import flow_lines
 from support.paths import REPO, SCRIPTS
+from support.wait import wait_for
 
-from emulation.test_controller import flow_lines, wait_for
 from hpnlab.fabric.emulation import ovsdb
 from hpnlab.fabric.emulation.controller_process import free_port, tls_args, tls_files
 from hpnlab.fabric.routing import compiler

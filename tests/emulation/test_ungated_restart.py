@@ -8,8 +8,8 @@ import re
 import time
 
 import pytest
-
-from emulation.test_hitless import flows, not_re_added
+from support.emulated import flows, not_re_added
+from support.wait import wait_for
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -31,15 +31,6 @@ def released(emu) -> list[str]:
         return re.findall(r"on-miswire off: installing now \(.*\)", f.read())
 
 
-def wait_for(predicate, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    value = predicate()
-    while not value and time.monotonic() < deadline:
-        time.sleep(0.2)
-        value = predicate()
-    return value
-
-
 def test_restarted_during_a_failure_with_the_gate_off_it_re_adds_no_flow(emu, capsys):
     healthy = flows(emu)
     emu.link_down(*LINK)
@@ -49,7 +40,7 @@ def test_restarted_during_a_failure_with_the_gate_off_it_re_adds_no_flow(emu, ca
     starts = len(released(emu))
     t0 = time.monotonic()
     emu.restart_controller()
-    assert wait_for(lambda: len(released(emu)) > starts)
+    assert wait_for(lambda: len(released(emu)) > starts, 20.0)
     time.sleep(3.0)                                   # whatever it would change, it has sent by now
     after = flows(emu)
     line = released(emu)[-1]

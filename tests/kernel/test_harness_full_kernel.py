@@ -25,6 +25,7 @@ import sys
 import time
 
 import pytest
+from support.wait import wait_for
 
 from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.scenario import graph as fgraph
@@ -72,15 +73,6 @@ def flow_count(bridge: str) -> int:
 def expected_counts(emu, failures=None) -> dict[str, int]:
     states = compiler.compile_fabric(emu.graph, failures, "aggregate")
     return {sw: states[sw].flow_count for sw in fgraph.switches(emu.graph)}
-
-
-def wait_for(predicate, timeout_s: float = 60.0, step_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    value = predicate()
-    while not value and time.monotonic() < deadline:
-        time.sleep(step_s)
-        value = predicate()
-    return value
 
 
 def diagnosis(emu) -> str:
@@ -149,7 +141,7 @@ def test_every_pair_on_every_plane_pings(emu):
 
 def test_installed_flow_counts_equal_the_compilers(emu):
     expected = expected_counts(emu)
-    assert wait_for(lambda: {sw: flow_count(sw) for sw in expected} == expected), expected
+    assert wait_for(lambda: {sw: flow_count(sw) for sw in expected} == expected, 60.0, 0.5), expected
 
 
 def test_a_link_taken_down_keeps_every_pair_reachable(emu):
@@ -159,13 +151,14 @@ def test_a_link_taken_down_keeps_every_pair_reachable(emu):
     assert changed
     emu.link_down("p0l0", "p0s0")
     try:
-        assert wait_for(lambda: {sw: flow_count(sw) for sw in changed} == changed), (changed, diagnosis(emu))
+        assert wait_for(lambda: {sw: flow_count(sw) for sw in changed} == changed, 60.0, 0.5), \
+            (changed, diagnosis(emu))
         result = ping_all_patiently(emu)
         assert result["failed"] == [], diagnosis(emu)
     finally:
         emu.link_up("p0l0", "p0s0")
     back = {sw: normal[sw] for sw in changed}
-    assert wait_for(lambda: {sw: flow_count(sw) for sw in back} == back), (back, diagnosis(emu))
+    assert wait_for(lambda: {sw: flow_count(sw) for sw in back} == back, 60.0, 0.5), (back, diagnosis(emu))
 
 
 def test_long_haul_ports_carry_the_scenarios_delay_in_netem(emu):

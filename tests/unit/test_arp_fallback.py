@@ -89,7 +89,7 @@ def test_a_fallen_back_leaf_keeps_per_host_responders_through_a_failure_recompil
 def test_a_fabric_with_one_leaf_fallen_back_resolves_and_delivers_every_pair():
     """The last hops are the same in both modes: a per-host leaf beside gateway leaves delivers every pair,
     and its hosts learn their peers' own MACs."""
-    from unit.test_arp_responder import arp_request, plane_ports
+    from support.arp import arp_request, plane_ports
 
     g = fabric("mini-hpn")
     rec = reconcile.Reconciler(g)

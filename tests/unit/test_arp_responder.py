@@ -7,6 +7,7 @@ receiver's MAC back. Per-host mode: each peer's own MAC, one flow per host port 
 from __future__ import annotations
 
 import pytest
+from support.arp import arp_request, plane_ports
 from support.fabrics import fabric
 
 from hpnlab.fabric.routing import compiler
@@ -15,16 +16,6 @@ from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.scenario.addressing import ip_int
 
 MODES = compiler.ARP_MODES
-
-
-def arp_request(asker: dict, target_ip: str, sender_ip: str | None = None) -> dict:
-    return {"eth_type": compiler.ETH_ARP, "eth_src": asker["mac"], "eth_dst": "ff:ff:ff:ff:ff:ff",
-            "arp_op": compiler.ARP_REQUEST, "arp_sha": asker["mac"], "arp_spa": sender_ip or asker["ip"],
-            "arp_tha": "00:00:00:00:00:00", "arp_tpa": target_ip}
-
-
-def plane_ports(g, plane: int) -> list[tuple[str, dict]]:
-    return [(h, p) for h in graph.hosts(g) for p in graph.host_ports(g, h) if p["plane"] == plane]
 
 
 def arp_flows(st: compiler.SwitchState) -> list[compiler.Flow]:

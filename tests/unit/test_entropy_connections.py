@@ -124,9 +124,10 @@ def test_the_first_high_bits_never_name_a_port_below_1024_for_any_rank():
 def test_weighted_switches_see_the_source_ports_the_transport_binds():
     """Weighted switches read the bits above the map's pattern, so the model must take the
     transport's high bits too, past the ports below 1024 it skips (ranks 1 to 512 on mini-hpn)."""
+    from support.model_checks import half_rate_uplink, permutation_step
+
     from hpnlab.fabric.scenario import spec
     from hpnlab.fabric.transport.roce import RoceTransport
-    from unit.test_model_weights import half_rate_uplink, permutation_step
     g = graph.build(spec.load("mini-hpn"))             # its own: the shared fabric() must not change
     half_rate_uplink(g, "p0l0", "p0s0")
     net = model.Network(g)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 from support.fabrics import fabric
+from support.model_checks import PRESETS, compare, every_pattern, fabric_links, leaf_pairs
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.model import flow as model
-from unit.test_model_forwarding import PRESETS, compare, every_pattern, fabric_links, leaf_pairs
 
 LINKS = [("p0l0", "p0s0", 0), ("p0s1", "p0l3", 0)]
 

@@ -10,20 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support.model_checks import half_rate_uplink, permutation_step
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.model import flow as model
 from hpnlab.fabric.scenario import graph, spec
-
-
-def permutation_step(g, net):
-    """A permutation of mini-hpn's 16 ranks (random placement) in which p0l0's two senders across
-    leaves use source-port patterns that the weighted sets re-deal: with 16 ranks few patterns are
-    in use, and which ones (the ranks' high bits, ``routing.entropy.first_high``) decides whether
-    a re-dealt pattern carries any of them (seed 1's do; seeds 2 and 4, for instance, do not)."""
-    job = model.make_job(g, None, "random", 1)
-    (step,) = model.steps("permutation", job, 1 << 20, max_steps=1, seed=1, rails=g.graph["scenario"].rails)
-    return job, step
 
 
 @pytest.mark.parametrize("routing", ["spray", "adaptive"])
@@ -36,12 +27,6 @@ def test_with_equal_loads_weighted_switches_forward_exactly_as_ecmp(routing):
     assert weighted.detail["weighting"]["converged"]
     assert weighted.time_s == ecmp.time_s
     assert np.array_equal(weighted.steps[0].rates_gbps, ecmp.steps[0].rates_gbps)
-
-
-def half_rate_uplink(g, leaf: str, spine: str) -> None:
-    for u, v, _k, d in g.edges(leaf, keys=True, data=True):
-        if {u, v} == {leaf, spine}:
-            d["rate_gbps"] /= 2
 
 
 def leaf_uplink_share(net, link_bytes, leaf: str, spine: str) -> float:
@@ -81,9 +66,10 @@ def test_unknown_switch_weights_is_one_clear_error():
 def test_weighted_forwarding_is_the_table_interpreters_walk_of_the_weighted_tables():
     """The model's re-dealt sets are the controller's weighted tables (compiler.widened, then
     compiler.weighted with the same assignments), path for path, every entropy pattern."""
+    from support.model_checks import leaf_pairs
+
     from hpnlab.fabric.routing import compiler
     from hpnlab.fabric.routing.oftable import FabricTables
-    from unit.test_model_forwarding import leaf_pairs
     g = graph.build(spec.load("mini-hpn"))
     half_rate_uplink(g, "p0l0", "p0s0")
     net = model.Network(g)

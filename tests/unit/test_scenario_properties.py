@@ -1,6 +1,6 @@
 """Hypothesis properties over generated scenarios, overrides and files (issue 15).
 
-The same contract as tests/unit/test_scenario_fuzz.py (whose helpers these use): a generated
+The same contract as tests/unit/test_scenario_fuzz.py (tests/support/scenario_fuzz.py): a generated
 input builds a fabric of the computed size with distinct identifiers, or gets one line.
 Derandomized, with a fixed number of examples per property, so CI runs the same budget.
 Skipped where Hypothesis is not installed (the seeded generator still runs).
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.scenario_fuzz import FIELDS, SMALL_PRESETS, check_cli, check_outcome, preset_data, small_limits
 
 from hpnlab.fabric.scenario import spec
-from unit.test_scenario_fuzz import FIELDS, SMALL_PRESETS, _preset_data, check_cli, check_outcome, small_limits
 
 HYPOTHESIS_EXAMPLES = 100
 
@@ -33,7 +33,7 @@ values = st.recursive(
 @hypothesis.given(preset=st.sampled_from(SMALL_PRESETS),
                   changes=st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=12), values, max_size=3))
 def test_any_field_mutation_builds_a_correct_fabric_or_gets_one_line(preset: str, changes: dict[str, Any]) -> None:
-    data = _preset_data(preset)
+    data = preset_data(preset)
     for key, value in changes.items():
         block, _, sub = key.partition(".")
         if sub and block in ("long_haul", "emulation"):
