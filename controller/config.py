@@ -14,7 +14,9 @@ Flags given on the command line win over the file; a repeatable flag's command-l
 after the file's (so ``--set`` on the command line overrides the same field set in the file).
 An unknown key or a value of the wrong type is a UserError of one line per mistake.
 
-Pure apart from reading the file: the parser in, plain values out.
+Pure apart from reading the file: the parser in, plain values out. The values become the controller's
+one configuration in controller/conf.py (``conf.from_namespace``), which is also how the app reads the
+configuration the launcher wrote for it (``conf.read``).
 """
 from __future__ import annotations
 

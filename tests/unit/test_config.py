@@ -133,3 +133,10 @@ def test_to_argv_gives_back_a_command_line_with_the_same_values(tmp_path):
 
 def test_to_argv_leaves_out_what_is_at_its_default():
     assert config.to_argv(build_parser(), build_parser().parse_args(["mini-hpn"])) == ["mini-hpn"]
+
+
+def test_null_stands_for_a_flag_not_given_where_the_flag_has_no_default(tmp_path):
+    args = resolved("scenario: mini-hpn\nwiring_out: null\ndeployment: null\n", [], tmp_path)
+    assert (args.wiring_out, args.deployment) == (None, None)
+    with pytest.raises(UserError, match="ofp_port: expected a whole number"):
+        resolved("scenario: mini-hpn\nofp_port: null\n", [], tmp_path)
