@@ -1,7 +1,10 @@
-"""Import shim: the same app runs on os-ken (Ryu's maintained fork) and on Ryu.
+"""Import shim: the app's os-ken names, taken from os-ken (Ryu's maintained fork) or, where only Ryu
+is installed, from Ryu.
 
-os-ken is what hpnlab installs (Ryu does not install on Python >= 3.10 without patches);
-where only Ryu is present, ``ryu-manager controller/app.py`` runs the same app file.
+os-ken is what hpnlab installs and what the launcher (``python -m hpnlab.controller``) runs the app
+on (Ryu does not install on Python >= 3.10 without patches). The app reads its configuration from the
+file the launcher hands it (controller/conf.py), so it is started by the launcher, not by
+``ryu-manager``.
 """
 try:  # os-ken
     from os_ken.base import app_manager

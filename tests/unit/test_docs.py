@@ -11,11 +11,11 @@ from types import ModuleType
 
 import pytest
 import yaml
+from support.layers import LAYERS, SIDEWAYS
 from support.paths import REPO, SCRIPTS
 
 from hpnlab.cli.main import build_parser
 from hpnlab.fabric.scenario import spec
-from unit.test_layers import LAYERS, SIDEWAYS
 
 DOCS = REPO / "docs"
 RESULTS = DOCS / "results"
@@ -83,7 +83,7 @@ def test_the_controller_configuration_page_has_every_launcher_flag_and_its_file_
         if action.help == argparse.SUPPRESS:
             continue
         assert any(f"`{o}" in page for o in action.option_strings) or f"`{dest}`" in page, dest
-    assert "| `tls.key` |" in page and "`HPNLAB_SCENARIO`" in page
+    assert "| `tls.key` |" in page and "## `ControllerConfig`" in page and "## `OpenFlow`" in page
 
 
 def test_every_row_of_a_generated_table_has_as_many_cells_as_its_header():

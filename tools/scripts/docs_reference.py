@@ -11,8 +11,8 @@ four generated pages to the site, so they cannot drift from the code they descri
 - ``reference/metrics.md``: every Prometheus metric the controller exports, read from the objects
   ``hpnlab.controller.metrics.Metrics`` registers;
 - ``reference/controller-config.md``: the controller's configuration: the launcher's flags (which
-  are also the keys of its ``--config`` file, ``hpnlab.controller.config``), the fields of any
-  configuration dataclass ``hpnlab.controller.config`` defines, and the ``HPNLAB_*`` environment
+  are also the keys of its ``--config`` file, ``hpnlab.controller.config``), the fields of the
+  configuration dataclasses ``hpnlab.controller.conf`` defines, and any ``HPNLAB_*`` environment
   variables the controller's modules read.
 
 Run as a script it writes the same pages into a folder: ``python tools/scripts/docs_reference.py DIR``.
@@ -289,9 +289,9 @@ def environment_variables(folder: Path | None = None) -> dict[str, list[str]]:
 
 
 def config_dataclasses(module: Any = None) -> list[type]:
-    """Dataclasses the configuration module defines (the controller's typed configuration, where it has one)."""
+    """Dataclasses the configuration module defines (the controller's typed configuration, controller/conf.py)."""
     if module is None:
-        from hpnlab.controller import config as module
+        from hpnlab.controller import conf as module
     return [v for v in vars(module).values()
             if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == module.__name__]
 
@@ -338,8 +338,10 @@ def controller_config_page(parser: argparse.ArgumentParser | None = None,
            "settings as flags or from a YAML file, `--config FILE.yaml`, whose keys are the flags' names "
            "(`controller/deploy/controller.yaml` is a commented example). A flag given on the command line wins "
            "over the file; an unknown key or a value of the wrong type stops the controller with one line per "
-           "mistake. Generated from the launcher's parser (`hpnlab.controller.__main__.build_parser`) and "
-           "`hpnlab.controller.config`.\n",
+           "mistake. The flags and the file become one configuration, the dataclasses below "
+           "(`hpnlab.controller.conf`), written to `--run-dir` as `controller.yaml` and read by the app from there. "
+           "Generated from the launcher's parser (`hpnlab.controller.conf.build_parser`) and "
+           "`hpnlab.controller.conf`.\n",
            "## Flags and configuration-file keys\n",
            table(["file key", "flag", "default", "meaning"], rows)]
     for cls in classes:
@@ -351,8 +353,7 @@ def controller_config_page(parser: argparse.ArgumentParser | None = None,
                           for f in dataclasses.fields(cls)]))
     if env:
         out.append("## Environment variables\n")
-        out.append("`HPNLAB_*` names the controller's modules read (the launcher sets some of them for the app "
-                   "from its flags; the rest are read where no flag is given).\n")
+        out.append("`HPNLAB_*` names the controller's modules read.\n")
         out.append(table(["variable", "read in"], [[code(k), ", ".join(code(m) for m in v)] for k, v in env.items()]))
     return "\n".join(out)
 
