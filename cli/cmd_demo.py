@@ -19,8 +19,8 @@ def register(sub) -> None:
                    help="skip the collective experiment (the default 'hpnlab run' matrix)")
     p.add_argument("--no-measure", action="store_true",
                    help="on a machine whose budget was never measured, run at the preset's rates instead of "
-                        "measuring it first (hpnlab doctor --measure: the switches, about 2 min, and the "
-                        "generators, 2-5 min; once: it is cached)")
+                        "probing it first (a short probe, about 20 s, cached; hpnlab doctor --measure runs the "
+                        "full calibration: the switches, about 2 min, and the generators, 2-5 min)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -45,15 +45,10 @@ def cmd_demo(args) -> int:
         g = fgraph.build(scenario)
         if not args.no_measure and not (sizing.load_budget() or {}).get("ports"):
             from hpnlab.fabric.emulation import budget as bench_ports
-            say(f"[0/5] this machine's packet budget was never measured: measuring it once (about 2 min, "
-                f"cached in {sizing.budget_path()}; --no-measure skips)")
-            bench_ports.main(["--save", "--tc-check"])
-        budget = sizing.load_budget() or {}
-        if not args.no_measure and budget.get("ports") and "generators" not in budget:
-            from hpnlab.fabric.experiments import calibration as bench_generators
-            say("[0/5] the rate up to which the collective generators keep up was never measured here: "
-                "measuring it once (2-5 min, cached beside the budget; --no-measure skips)")
-            bench_generators.main(["--save"])
+            say(f"[0/5] this machine's packet budget was never measured: a short probe sets safe rates (about "
+                f"20 s, cached in {sizing.budget_path()}; hpnlab doctor --measure runs the full calibration, "
+                f"--no-measure skips)")
+            bench_ports.main(["--save", "--probe"])
         ranks = default_ranks(g, plan.jobs, scenario.emulation.ranks)
         plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
         rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)

@@ -109,9 +109,14 @@ def port_type_findings(caps, budget, requested: str, mtu: int) -> list[str]:
         after = budget.get("load_after")
         lines.append(f"measured budget: {sizing.budget_path()} ({budget.get('measured_at', '?')}, load "
                      f"{' '.join(str(v) for v in budget.get('load', []))}"
-                     + (f" before, {' '.join(str(v) for v in after)} after" if after else "") + ")")
+                     + (f" before, {' '.join(str(v) for v in after)} after" if after else "") + ")"
+                     + (": the short probe a first demo ran (the system port type at 4 KB frames, once); "
+                        "hpnlab doctor --measure measures fully" if budget.get("probe") else ""))
         gen = sizing.generator_ceiling(budget.get("generators"))
         lines.append(f"generators: {gen[1]}" if gen else
+                     f"generators: their ceiling was never measured; the default rates take "
+                     f"{sizing.PROBE_SHARE:.0%} of the switches' share (hpnlab doctor --measure)"
+                     if budget.get("probe") else
                      "generators: their ceiling was never measured; the default rates come from the switches alone "
                      "(hpnlab doctor --measure)")
     return lines

@@ -218,6 +218,8 @@ def summary(values: list[float]) -> dict[str, float]:
 
 #: offered packets/s, raised by LADDER_STEP from here until the chain loses more than LOSS_STOP of them
 LADDER_START = 1_500
+#: seconds per offered rate in the short probe (``--probe``): the ladder's ten or so steps in about 20 s
+PROBE_SECONDS = 0.5
 LADDER_STEP = 1.5
 #: the ceiling is the most packets/s delivered with at most this share lost
 LOSS_OK = 0.02
@@ -296,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tc-check", action="store_true", help="also check whether tc egress sees AF_XDP's packets")
     ap.add_argument("--save", action="store_true", help="write the result as this machine's measured budget")
     ap.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    ap.add_argument("--probe", action="store_true",
+                    help="the short probe a first demo runs (about 20 s): the system port type, 4 KB frames, one "
+                         "repetition, half-second steps; the budget it saves says so (sizing.PROBE_SHARE)")
     args = ap.parse_args(argv)
+    if args.probe:
+        args.port_types, args.repeat, args.seconds, args.tc_check = "system", 1, PROBE_SECONDS, False
     say = lambda m: print(m, flush=True)  # noqa: E731
     from hpnlab.fabric.emulation import kernel, sizing
     if os.geteuid() != 0 or not shutil.which("ovs-vsctl") or not shutil.which("iperf3"):
@@ -308,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     available = ["system", *caps.afxdp_types]
     wanted = [t for t in args.port_types.split(",") if t] or available
-    frames = sorted({64, args.mtu + ETH, FRAME_4K})
+    frames = [FRAME_4K] if args.probe else sorted({64, args.mtu + ETH, FRAME_4K})
 
 
     from hpnlab.fabric.emulation.state import Lock
@@ -342,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = sizing.budget_document(ports, hops=len(BRIDGES), cpus=caps.cpus, load=list(load),
                                  tc_egress={c["port_type"]: c["passes_tc_egress"] for c in checks} or None,
                                  repeat=args.repeat, seconds=args.seconds, paths=max(1, args.paths),
+                                 probe=args.probe,
                                  load_after=[round(v, 2) for v in os.getloadavg()])
     for pt in wanted:
         b = sizing.pps_at(doc, pt, args.mtu + ETH)

@@ -353,3 +353,24 @@ def test_the_generators_calibration_takes_its_rungs_from_the_switches_alone():
     b["generators"] = _gen({1: [0.9], 2: [0.1]})
     assert bench_generators.switch_rates("mini-hpn", b) == (alone, sending) and sending == 16
     assert sizing.generator_rungs(alone["host_mbps"])[-1] == alone["host_mbps"]
+
+
+def test_a_probe_budget_without_the_generators_ceiling_takes_the_probe_share_of_the_switches_rate_and_says_so():
+    g = _g()
+    b = _budget({"system": {4110: [30_000]}})
+    probed, line = sizing.run_rates(g, {}, {**b, "probe": True}, 2, sending_ports=16)
+    share = sizing.default_rates(g, sizing.HEADROOM * sizing.PROBE_SHARE * 30_000, 16, headroom=1.0, mtu=4096)
+    assert probed["emulation"]["host_mbps"] == share["host_mbps"]
+    assert "short probe" in line and "doctor --measure" in line
+
+
+def test_a_measured_generators_ceiling_overrides_the_probe_share():
+    g = _g()
+    b = {**_budget({"system": {4110: [30_000]}}), "probe": True}
+    probed = sizing.run_rates(g, {}, b, 2, sending_ports=16)[0]["emulation"]["host_mbps"]
+    b["generators"] = _gen({probed * 2: [0.95], probed * 3: [0.95]})
+    assert sizing.run_rates(g, {}, b, 2, sending_ports=16)[0]["emulation"]["host_mbps"] > probed
+
+
+def test_a_frame_size_where_no_rate_got_through_without_loss_is_not_a_measurement():
+    assert sizing.pps_at(_budget({"system": {4110: [0.0]}}), "system", 4110) is None
