@@ -99,6 +99,9 @@ def register(sub) -> None:
                    help="probe packets/s, all flows together (default 6000)")
     p.add_argument("--probe-hold", type=float, default=1.0, metavar="S",
                    help="seconds between failure and repair (default 1)")
+    p.add_argument("--lock-wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for another emulation on this machine to finish (default 0: say who "
+                        "holds it and stop)")
     p.add_argument("--freeze-controller", action="store_true",
                    help="stop the controller (SIGSTOP) during each probe's failure: what the switches do alone")
     p.add_argument("--servers", metavar="LIST",
@@ -172,7 +175,7 @@ def cmd_emulate(args) -> int:
                     ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
                     port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
                     on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights,
-                    arp=args.arp)
+                    arp=args.arp, lock_wait_s=max(0.0, args.lock_wait))
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
