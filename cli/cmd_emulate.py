@@ -7,7 +7,7 @@ import sys
 import time
 
 from hpnlab.cli.argtypes import output_file
-from hpnlab.cli.cmd_web import add_web_args, open_web, web_controller_args
+from hpnlab.cli.cmd_web import add_web_args, metrics_line, open_web, web_controller_args
 from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.emulation.ovs_sched import MODES as OVS_SCHED_MODES
 from hpnlab.fabric.errors import UserError
@@ -191,6 +191,8 @@ def cmd_emulate(args) -> int:
                 f"controller {args.controller}"
                 + (f" on 127.0.0.1:{emu.ofp_port}, ARP {md.get('arp')}" if emu.ofp_port else ""))
             say(port_type_line(md))
+            if metrics_line(web_args, metrics_port):
+                say(str(metrics_line(web_args, metrics_port)))
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")

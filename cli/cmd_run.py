@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hpnlab.cli.cmd_collective import add_generator_args, default_out, plan_from_args
 from hpnlab.cli.cmd_emulate import DEFAULT_BFD_MS, add_arp_arg, add_port_type_arg, port_type_line
-from hpnlab.cli.cmd_web import add_web_args, open_web, web_controller_args
+from hpnlab.cli.cmd_web import add_web_args, metrics_line, open_web, web_controller_args
 from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import compare_ecn as compare
@@ -218,6 +218,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
                 f"shaping {md.get('shaping')}, ECN {md.get('ecn')}")
             say(port_type_line(md))
+            if metrics_line(web_args, metrics_port):
+                say(str(metrics_line(web_args, metrics_port)))
             for line in md.get("not_emulated", []):
                 say(f"not emulated here: {line}")
             if args.compare == "routing":

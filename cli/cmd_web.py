@@ -154,17 +154,47 @@ def add_web_args(p) -> None:
                         "failures, the collective and the controller; click to inject failures")
     p.add_argument("--web-allow-remote", action="store_true",
                    help="accept failure injections from other machines too (default: this machine only)")
+    p.add_argument("--metrics", nargs="?", const="", default=None, metavar="ADDR:PORT",
+                   help=f"serve the controller's Prometheus metrics there while the emulation runs (default "
+                        f"127.0.0.1:{METRICS_DEFAULT_PORT}; the Grafana dashboards in controller/grafana/ read them)")
+
+
+#: where ``--metrics`` serves the controller's Prometheus endpoint when given without ADDR:PORT
+METRICS_DEFAULT_PORT = 9310
 
 
 def web_controller_args(args) -> tuple[list[str], int | None]:
-    """With ``--web`` and the hpnlab controller: its Prometheus metrics on a free loopback port, for the view."""
-    if args.web is None or getattr(args, "controller", "hpnlab") != "hpnlab":
+    """The controller flags that serve its Prometheus metrics, and their port: at ``--metrics [ADDR:PORT]``
+    (default 127.0.0.1:9310, where a Prometheus set up from docs/guides/web.md scrapes), else with
+    ``--web`` on a free loopback port for the view; none otherwise. One line (UserError) for a bad address
+    or ``--metrics`` with a controller that is not hpnlab's."""
+    metrics = getattr(args, "metrics", None)
+    hpnlab = getattr(args, "controller", "hpnlab") == "hpnlab"
+    if metrics is not None:
+        if not hpnlab:
+            raise UserError(f"--metrics serves the hpnlab controller's Prometheus metrics; the "
+                            f"{args.controller} controller has none")
+        from hpnlab.fabric.web import server
+        addr, port = server.parse_addr(metrics, METRICS_DEFAULT_PORT, flag="--metrics")
+        if port == 0:
+            raise UserError("--metrics: give a port (1-65535), not 0")
+        return ["--metrics-port", str(port), "--metrics-listen", addr], port
+    if args.web is None or not hpnlab:
         return [], None
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     return ["--metrics-port", str(port)], port
+
+
+def metrics_line(controller_args: list[str], metrics_port: int | None) -> str | None:
+    """Where ``--metrics`` serves the controller's Prometheus endpoint (None without ``--metrics``)."""
+    if "--metrics-listen" not in controller_args or metrics_port is None:
+        return None
+    addr = controller_args[controller_args.index("--metrics-listen") + 1]
+    return (f"controller metrics: http://{addr}:{metrics_port}/metrics (Prometheus; dashboards in "
+            f"controller/grafana/)")
 
 
 def open_web(emu, args, metrics_port: int | None, say):

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     listen, port = cfg.openflow.listen, cfg.openflow.port
     _check_port(listen, port, "ofp port")
     if cfg.metrics.port:
-        _check_port(listen, cfg.metrics.port, "metrics port")
+        _check_port(cfg.metrics.listen or listen, cfg.metrics.port, "metrics port")
     try:
         import os_ken  # noqa: F401
     except ImportError:
@@ -119,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("hpnlab controller: OpenFlow port never opened", file=sys.stderr, flush=True)
             return
-        metrics = f", metrics http://{listen}:{cfg.metrics.port}/metrics" if cfg.metrics.port else ""
+        metrics = (f", metrics http://{cfg.metrics.listen or listen}:{cfg.metrics.port}/metrics"
+                   if cfg.metrics.port else "")
         print(f"hpnlab controller ready{' (dry run)' if cfg.dry_run.enabled else ''}: {scenario.name}, policy "
               f"{cfg.routing.policy}, ECN policy {cfg.ecn.policy}, OpenFlow 1.3{' over TLS' if tls_files else ''} "
               f"on {listen}:{port}{metrics}", file=sys.stderr if cfg.dry_run.enabled else sys.stdout, flush=True)

@@ -103,8 +103,9 @@ class HpnController(BaseApp):
         self.metrics.switches_expected.set(len(self.index.sw))
         self.metrics.health_source = self._health
         if cfg.metrics.port:
-            self.metrics.serve(cfg.metrics.port, cfg.openflow.listen, hub)
-            LOG.info("metrics on http://%s:%d/metrics", cfg.openflow.listen, cfg.metrics.port)
+            addr = cfg.metrics.listen or cfg.openflow.listen
+            self.metrics.serve(cfg.metrics.port, addr, hub)
+            LOG.info("metrics on http://%s:%d/metrics", addr, cfg.metrics.port)
 
     def start(self):
         thread = super().start()

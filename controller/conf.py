@@ -57,8 +57,9 @@ class OpenFlow:
 
 @dataclass(frozen=True)
 class Metrics:
-    """Prometheus metrics and ``/health`` on ``openflow.listen`` (port 0: none served)."""
+    """Prometheus metrics and ``/health`` on ``listen`` (None: ``openflow.listen``) (port 0: none served)."""
     port: int = 0
+    listen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,8 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "next to a failure drops until the controller reroutes (the controller-only baseline)")
     p.add_argument("--metrics-port", type=int, default=Metrics.port,
                    help="serve Prometheus metrics on LISTEN:N/metrics (0: off)")
+    p.add_argument("--metrics-listen", default=Metrics.listen, metavar="ADDR",
+                   help="the address metrics are served on (default: --listen's)")
     p.add_argument("--ecn-policy", default=Ecn.policy, metavar="NAME",
                    help=f"dynamic-ECN policy: static (default {Ecn.policy}; static: thresholds never change), "
                         "dynamic (per-port rules after ACC), or your own as MODULE:CLASS or FILE.py[:CLASS] (see "
@@ -272,14 +275,14 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
         raise UserError("--json only goes with --dry-run")
     _port(args.ofp_port, "ofp port")
     if args.metrics_port:
-        if args.metrics_port == args.ofp_port:
+        if args.metrics_port == args.ofp_port and (args.metrics_listen or args.listen) == args.listen:
             raise UserError("--metrics-port must differ from --ofp-port")
         _port(args.metrics_port, "metrics port")
     return ControllerConfig(
         scenario=args.scenario, overrides=tuple(args.set or ()),
         openflow=OpenFlow(listen=args.listen, port=args.ofp_port, tls=tls.given(args.ssl_key, args.ssl_cert,
                                                                                 args.ssl_ca)),
-        metrics=Metrics(port=args.metrics_port),
+        metrics=Metrics(port=args.metrics_port, listen=args.metrics_listen or None),
         routing=Routing(policy=args.policy, arp=args.arp, fast_failover=not args.no_fast_failover,
                         weights=args.routing_weights, weights_control=args.weights_control or None),
         ecn=Ecn(policy=args.ecn_policy, actuator=args.ecn_actuator, telemetry_interval_ms=float(telemetry_ms),
@@ -323,6 +326,7 @@ def values(conf: ControllerConfig) -> dict[str, Any]:
     out: dict[str, Any] = {
         "scenario": conf.scenario, "set": list(conf.overrides),
         "listen": o.listen, "ofp_port": o.port, "metrics_port": conf.metrics.port,
+        "metrics_listen": conf.metrics.listen,
         "policy": r.policy, "arp": r.arp, "no_fast_failover": not r.fast_failover, "routing_weights": r.weights,
         "weights_control": r.weights_control,
         "ecn_policy": e.policy, "ecn_actuator": e.actuator, "telemetry_interval_ms": e.telemetry_interval_ms,

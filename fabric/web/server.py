@@ -43,9 +43,9 @@ CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; c
                  ".css": "text/css; charset=utf-8"}
 
 
-def parse_addr(text: str | None, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """``ADDR:PORT``, ``:PORT``, ``PORT`` or ``ADDR`` (``--web``'s value) -> (address, port); None or ''
-    gives 127.0.0.1 and the default port."""
+def parse_addr(text: str | None, default_port: int = DEFAULT_PORT, flag: str = "--web") -> tuple[str, int]:
+    """``ADDR:PORT``, ``:PORT``, ``PORT`` or ``ADDR`` (``--web``'s or ``--metrics``' value) -> (address, port);
+    None or '' gives 127.0.0.1 and the default port."""
     if not text:
         return DEFAULT_ADDR, default_port
     host, sep, port = text.rpartition(":")
@@ -58,7 +58,7 @@ def parse_addr(text: str | None, default_port: int = DEFAULT_PORT) -> tuple[str,
         if not 0 <= p <= 65535:
             raise ValueError
     except ValueError:
-        raise UserError(f"--web: expected ADDR:PORT like 127.0.0.1:{default_port}, got {text!r}") from None
+        raise UserError(f"{flag}: expected ADDR:PORT like 127.0.0.1:{default_port}, got {text!r}") from None
     return host, p
 
 

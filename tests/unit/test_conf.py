@@ -39,8 +39,14 @@ def test_the_flags_fill_their_sections():
                                                                                       "planes")
 
 
+def test_metrics_are_served_on_the_openflow_address_unless_an_address_of_their_own_is_given():
+    assert conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "9300"])).metrics == conf.Metrics(9300, None)
+    own = conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "6653", "--metrics-listen", "127.0.0.2"]))
+    assert own.metrics == conf.Metrics(6653, "127.0.0.2")       # another address: the OpenFlow port is free there
+
+
 def test_written_to_the_run_directory_it_reads_back_the_same(tmp_path):
-    c = conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "9300", "--telemetry-out", str(tmp_path / "t.jsonl"),
+    c = conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "9300", "--metrics-listen", "127.0.0.1", "--telemetry-out", str(tmp_path / "t.jsonl"),
                                     "--deployment", "auto", "--rollout", "staged", "--set", "planes=1"]))
     path = conf.write(c, tmp_path)
     assert path == tmp_path / conf.FILE_NAME
