@@ -25,8 +25,8 @@ def _scrape(url: str) -> dict[str, float]:
 def test_emulate_with_metrics_serves_the_controllers_prometheus_endpoint_with_every_switch_connected(
         emulation_ready):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "hpnlab.cli", "emulate", "mini-hpn", "--no-verify", "--lock-wait", "900",
-                             "--metrics", f"127.0.0.1:{port}", "--duration", "300"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "hpnlab.cli", "emulate", "mini-hpn", "--no-verify",
+                             "--lock-wait", "900", "--metrics", f"127.0.0.1:{port}", "--duration", "300"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     seen: list[str] = []

@@ -46,7 +46,8 @@ def test_metrics_are_served_on_the_openflow_address_unless_an_address_of_their_o
 
 
 def test_written_to_the_run_directory_it_reads_back_the_same(tmp_path):
-    c = conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "9300", "--metrics-listen", "127.0.0.1", "--telemetry-out", str(tmp_path / "t.jsonl"),
+    c = conf.from_namespace(parsed(["mini-hpn", "--metrics-port", "9300", "--metrics-listen", "127.0.0.1",
+                                    "--telemetry-out", str(tmp_path / "t.jsonl"),
                                     "--deployment", "auto", "--rollout", "staged", "--set", "planes=1"]))
     path = conf.write(c, tmp_path)
     assert path == tmp_path / conf.FILE_NAME
