@@ -120,3 +120,86 @@ def test_hpnlab_and_fabric_coexist_in_one_venv_in_either_order(wheel, tmp_path):
     pip("uninstall", "-y", "fabric")               # removing Fabric leaves hpnlab whole
     r = works(hpnlab_works)
     assert r.returncode == 0, r.stderr[-1500:]
+
+
+# ---- the installed wheel, outside the checkout: the four ways users start hpnlab ---------------------
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> tuple[str, Path]:
+    """A fresh venv with the wheel and its controller and emulation extras, and pytest; (python, a folder
+    outside the checkout to run in)."""
+    base = tmp_path_factory.mktemp("installed")
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    if not _pypi_reachable(py):
+        pytest.skip("needs PyPI (or the configured index) to install the wheel's dependencies into a fresh venv")
+    r = subprocess.run([py, "-m", "pip", "-q", "--disable-pip-version-check", "install",
+                        f"{wheel}[controller,emulation]", "pytest"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    work = base / "elsewhere"
+    work.mkdir()
+    return py, work
+
+
+def _run(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout)
+
+
+def _ready(argv: list[str], cwd: Path) -> str:
+    """Start a controller, return its ready line, stop it (by its pid)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        return line if "ready" in line else line + (proc.stderr.read() if proc.poll() is not None else "")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_starts_the_controller_with_python_dash_m(installed):
+    py, work = installed
+    line = _ready([py, "-m", "hpnlab.controller", "mini-hpn", "--ofp-port", str(_free_port())], work)
+    assert "hpnlab controller ready" in line and "mini-hpn" in line, line
+
+
+@pytest.mark.slow
+def test_the_installed_wheel_starts_the_controller_with_hpnlab_controller(installed):
+    py, work = installed
+    hpnlab = str(Path(py).with_name("hpnlab"))
+    line = _ready([hpnlab, "controller", "mini-hpn", "--ofp-port", str(_free_port())], work)
+    assert "hpnlab controller ready" in line, line
+
+
+@pytest.mark.slow
+def test_the_installed_mn_custom_file_gives_mininet_the_fabric(installed):
+    py, work = installed
+    # what `mn --custom FILE --topo hpn,planes=2` does with the file: exec it, call topos["hpn"]
+    code = ("import hpnlab.topologies, os, runpy\n"
+            "path = os.path.join(os.path.dirname(hpnlab.topologies.__file__), 'hpn.py')\n"
+            "ns = runpy.run_path(path)\n"
+            "topo = ns['topos']['hpn'](planes=2)\n"
+            "print(len(topo.hosts()), len(topo.switches()))\n")
+    r = _run([py, "-c", code], work)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert r.stdout.split() == ["16", "12"]         # mini-hpn: 16 hosts, 12 switches (2 planes)
+
+
+@pytest.mark.slow
+def test_the_installed_pytest_plugin_checks_a_fabric_in_a_users_project(installed):
+    py, work = installed
+    (work / "test_my_fabric.py").write_text(
+        "def test_rules_pass(hpn_check):\n    assert not hpn_check.failed\n\n"
+        "def test_a_host_reaches_another(hpn_walker):\n"
+        "    assert hpn_walker.send('h1', 'h5', plane=0).result == 'delivered'\n")
+    r = _run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_my_fabric.py"], work, timeout=300)
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-2000:] + r.stderr[-1000:]
