@@ -15,7 +15,7 @@ import select
 import socket
 import threading
 
-from .roce import DATA, HDR, PROBE
+from .roce.wire import DATA, HDR, PROBE
 
 
 class PathRelay(threading.Thread):

@@ -140,7 +140,7 @@ def test_weighted_switches_see_the_source_ports_the_transport_binds():
         t = RoceTransport(rank, [[f"127.0.3.{r + 2}"] for r in range(6)], base_port=29000, entropy_map=emap.as_dict())
         try:
             for k in range(emap.path_count()):
-                sock, _value = t._entropy_socket(ip, k)
+                sock, _value = t.endpoint.entropy_socket(ip, k)
                 bound = sock.getsockname()[1]
                 sock.close()
                 low = np.array([emap.low_bits(k)])

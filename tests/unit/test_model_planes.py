@@ -20,7 +20,7 @@ from hpnlab.fabric.routing.entropy import connection_values, flow_hash
 from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.transport.entropy import ENTROPY_POLICIES
 from hpnlab.fabric.transport.paths import PathTable
-from hpnlab.fabric.transport.roce import _TxFlow
+from hpnlab.fabric.transport.roce import TxFlow
 
 
 class Clock:
@@ -49,7 +49,7 @@ def transport_sends(policy: str, net: model.Network, a: int, b: int, steps: int 
     assert ports == min(8, emap.path_count())        # the transport's ports_per_nic for this map
     clock = Clock()
     pol = ENTROPY_POLICIES[policy](planes, ports, clock=clock)
-    flow = _TxFlow(a, b, 0.0, None, PathTable(planes, ports))
+    flow = TxFlow(a, b, 0.0, None, PathTable(planes, ports))
     per_burst = 1 if policy == "flow" else planes
     out = []
     seq = 0

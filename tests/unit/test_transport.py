@@ -436,7 +436,7 @@ def test_a_taken_source_port_moves_to_other_free_bits_of_the_same_path():
     second = RoceTransport(1, [["127.0.0.3"], [ip]], base_port=BASE + 56, ports_per_nic=4, entropy_map=m)
     try:
         holder.bind((ip, taken))                          # someone else holds it on the same address
-        sock, k = second._entropy_socket(ip, 2)
+        sock, k = second.endpoint.entropy_socket(ip, 2)
         got = sock.getsockname()[1]
         sock.close()
     finally:
@@ -633,7 +633,8 @@ def test_a_nack_cuts_the_rate_on_a_one_path_connection_only(entropy, cut):
     try:
         t0.start()
         f = t0.tx[1]
-        t0._on_nack(f, 0, 1, 0, time.monotonic())
+        assert f.dcqcn is not None
+        t0.recovery.on_nack(f, 0, 1, 0, time.monotonic())
         assert f.stats["nacks"] == 1
         assert (f.stats.get("loss_cuts", 0), f.dcqcn.rc < 50e6) == ((1, True) if cut else (0, False))
     finally:
@@ -675,7 +676,7 @@ def _arrive(t: RoceTransport, psn: int, now: float, ts: int, paths: int = 4) -> 
     paths in turn (each path's own sequence unbroken, so only the PSNs show the hole)."""
     mlen, size = 1000, 10
     data = HDR.pack(DATA, psn % paths, 1, 0, psn, 0, psn * size, mlen, ts, psn // paths + 1) + b"x" * size
-    t._on_data(t.rx[1], data, 0, psn % paths, psn, 0, psn * size, mlen, ts, now, 0, psn // paths + 1)
+    t.receiver.on_data(t.rx[1], data, 0, psn % paths, psn, 0, psn * size, mlen, ts, now, 0, psn // paths + 1)
 
 
 def test_on_a_sprayed_connection_no_count_of_packets_past_a_hole_makes_it_a_loss():
@@ -780,9 +781,9 @@ def _roce(addrs, **opts) -> RoceTransport:
 
 def _flow_with_path_rtts(t, rtts):
     from hpnlab.fabric.transport.paths import PathTable
-    from hpnlab.fabric.transport.roce import _TxFlow
+    from hpnlab.fabric.transport.roce import TxFlow
 
-    f = _TxFlow(0, 1, 0.0, None, PathTable(t.planes, t.ports_per_nic, t.path_params))
+    f = TxFlow(0, 1, 0.0, None, PathTable(t.planes, t.ports_per_nic, t.path_params))
     f.rto = 0.02                                   # the flow's own timer: fast paths' samples
     for path, rtt in rtts.items():
         for _ in range(30):
@@ -794,13 +795,13 @@ def test_a_sprayed_packet_on_a_slow_path_waits_out_its_own_paths_timeout_not_the
     addrs = [["127.0.0.2", "127.0.1.2"], ["127.0.0.3", "127.0.1.3"]]
     t = _roce(addrs, entropy="spray", ports_per_nic=2)
     f = _flow_with_path_rtts(t, {0: 0.005, 3: 0.060})
-    assert t._rto_of(f, 3) == pytest.approx(0.060, rel=0.02)       # the slow path's own srtt + 4 rttvar
-    assert t._rto_of(f, 0) == 0.02                                  # never below the flow's
-    assert t._rto_of(f, 1) == 0.02                                  # a path without samples: the flow's
+    assert t.recovery.rto_of(f, 3) == pytest.approx(0.060, rel=0.02)       # the slow path's own srtt + 4 rttvar
+    assert t.recovery.rto_of(f, 0) == 0.02                                  # never below the flow's
+    assert t.recovery.rto_of(f, 1) == 0.02                                  # a path without samples: the flow's
     off = _roce(addrs, entropy="spray", ports_per_nic=2, paths={"path_rto": False})
-    assert off._rto_of(_flow_with_path_rtts(off, {3: 0.060}), 3) == 0.02
+    assert off.recovery.rto_of(_flow_with_path_rtts(off, {3: 0.060}), 3) == 0.02
 
 
 def test_a_one_path_connection_keeps_the_flows_timeout():
     t = _roce([["127.0.0.2"], ["127.0.0.3"]], entropy="flow")
-    assert t._rto_of(_flow_with_path_rtts(t, {0: 0.060}), 0) == 0.02
+    assert t.recovery.rto_of(_flow_with_path_rtts(t, {0: 0.060}), 0) == 0.02

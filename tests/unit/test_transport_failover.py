@@ -321,8 +321,9 @@ def _port1_down_then_up(link, fwd, back):
                 link["port1"] = True
                 fwd[1].down = back[1].down = False
                 sent_up.append(len(fwd[1].log))
+            watch = t.failover
             last = (i >= 30 and any(typ == DATA for _s, typ, *_ in fwd[1].log[sent_up[0]:])
-                    and (not t.nics or any(what == "up" for _t, _p, what in t.link_events))) or i == 399
+                    and (not watch.nics or any(what == "up" for _t, _p, what in watch.link_events))) or i == 399
             m = bytes([1 if last else 0]) + bytes((i + k) % 251 for k in range(MSG - 1))
             t.exchange([(1, m)], [])
             out.append(m)
@@ -415,9 +416,9 @@ def test_a_receiver_that_sees_its_port_go_down_answers_again_at_once_on_a_live_p
         r.plane, r.expected, r.ack_due = 1, 7, False        # its last answers went out on plane 1,
         r.plane_t = [time.monotonic() - 0.001] * 2           # where data came a moment ago, as on plane 0
         link["port1"] = False
-        t1._poll_links(time.monotonic())
+        t1.failover.poll_links(time.monotonic())
         assert r.ack_due
-        assert t1._answer_plane(r, time.monotonic()) == 0
+        assert t1.receiver.answer_plane(r, time.monotonic()) == 0
     finally:
         for x in (t0, t1):
             x.close(linger_s=0.0, quiet_s=0.0)

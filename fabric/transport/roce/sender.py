@@ -1,0 +1,164 @@
+"""The NIC's send side: a scheduler over the rank's queue pairs (its sending flows).
+
+Each round serves the flows round robin (:func:`serve_order`), each at its own pace (DCQCN's
+pacer, :mod:`.dcqcn`: ``TxFlow.next_t``) and each NIC port at its line rate x ``pace``
+(:func:`port_next`); a packet's path is chosen before its port is checked, and kept while the
+port is busy (``TxFlow.held_path``: the choice waits, no token is lost). Re-sends that recovery
+queued go first, then the next piece of the current message (:func:`next_packet`), as the window
+allows. The packet is built (the header, the path's sequence number) and sent from the path's
+socket, whose source port is its entropy.
+
+The scheduler only serves; the timers (DCQCN's, the retransmission timer, the dead-path rule)
+run before it, for every flow with data, whether or not the scheduler may serve it.
+"""
+from __future__ import annotations
+
+import time
+
+from .dcqcn import RateControl
+from .endpoint import Endpoint
+from .failover import Failover
+from .flows import TxFlow
+from .wire import DATA, ETH, HDR, IP_UDP, LINK_ERRNOS, PSEQ_MASK, timestamp
+
+#: bytes a data packet takes on the link on top of its payload
+OVERHEAD = HDR.size + IP_UDP + ETH
+
+
+def serve_order(dsts: list[int], after: int) -> list[int]:
+    """Indexes into ``dsts`` (ascending peer ranks) in the order a NIC serves their queue pairs:
+    round robin, starting with the first peer past ``after`` (the last one served; at first the
+    rank itself, so that rank r starts with r+1, as NCCL orders its peers). A fixed order would
+    give the lowest-numbered peer every free slot of the port: in an all-to-all every rank would
+    send to rank 0 first, a 7-to-1 incast, then to rank 1, and so on."""
+    k = next((i for i, d in enumerate(dsts) if d > after), 0)
+    return list(range(k, len(dsts))) + list(range(k))
+
+
+def port_next(free_at: float, now: float, bits: int, line_rate_bps: float, pace: float, burst_s: float) -> float:
+    """When a NIC port that was free from ``free_at`` is free again after a packet of ``bits``
+    left at ``now`` (pure). Credit for a late wake-up (a busy CPU): the port catches up by at
+    most max(2 packets, ``burst_s`` at line rate), which its buffer absorbs."""
+    burst = max(2 * bits / line_rate_bps, burst_s)
+    return max(free_at, now - burst) + bits / (line_rate_bps * pace)
+
+
+def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
+    """(psn, entry, is_retx) of the flow's next packet: a retransmission first, else the next
+    piece (at most ``payload`` bytes) of the current message if the window allows (None:
+    nothing to send). A new packet is entered in ``f.unacked`` (see :mod:`.flows`)."""
+    while f.retx:
+        psn = f.retx.popleft()
+        e = f.unacked.get(psn)
+        if e is not None:
+            return psn, e, True
+    if f.psn - f.una >= f.window:
+        return None
+    if f.cur is None:
+        if not f.queue:
+            return None
+        f.cur = f.queue.popleft()
+        f.cur_off = 0
+    mid, mv = f.cur
+    off = f.cur_off
+    n = min(payload, len(mv) - off)
+    f.cur_off += n
+    psn = f.psn
+    f.psn += 1
+    e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0]
+    f.unacked[psn] = e
+    if f.cur_off >= len(mv):
+        f.msg_last_psn[mid] = psn
+        f.cur = None
+    return psn, e, False
+
+
+class NicScheduler:
+    """The send side of ``rank``'s NIC: ``planes`` ports of ``line_rate_bps``, each paced at
+    ``pace`` of it; a packet may leave up to ``lookahead_s`` before its slot (the port's queue
+    holds at most that), so that one wake-up sends a few packets instead of one."""
+
+    def __init__(self, rank: int, endpoint: Endpoint, failover: Failover, rate: RateControl, *,
+                 payload: int, line_rate_bps: float, pace: float, burst_s: float, lookahead_s: float):
+        self.rank = rank
+        self.failover = failover
+        self.rate = rate
+        self.ports_per_nic = endpoint.ports_per_nic
+        self.hdr_buf = endpoint.hdr_buf
+        self.peer_addr = endpoint.peer_addr
+        self.payload = payload
+        self.line_rate_bps = line_rate_bps
+        self.pace = pace
+        self.burst_s = burst_s
+        self.lookahead_s = lookahead_s
+        self.nic_next = [0.0] * endpoint.planes      # per plane: next free time of the port
+        self.last_served = -1                        # the peer whose flow the NIC served last (serve_order)
+
+    def start(self) -> None:
+        self.last_served = self.rank
+
+    def serve(self, flows: list[TxFlow], now: float, wake: float) -> float:
+        """Send what ``flows`` (ascending peers) may send now, round after round until none
+        may; return ``wake`` or, if earlier, when a flow's pacer or a port is next free."""
+        la = self.lookahead_s
+        nic_next = self.nic_next
+        dsts = [f.dst for f in flows]
+        progressed = True
+        while progressed:
+            progressed = False
+            for i in serve_order(dsts, self.last_served):
+                f = flows[i]
+                if f.next_t > now + la:               # the flow's pacer (DCQCN's rate)
+                    wake = min(wake, f.next_t - la)
+                    continue
+                # the path (and so the NIC port) is chosen before checking that port's pacer
+                if not f.can_send():
+                    continue
+                held = f.held_path
+                path = held if held is not None and f.paths.live(held) else self.failover.choose_path(f)
+                plane = path // self.ports_per_nic
+                if nic_next[plane] > now + la:
+                    f.held_path = path            # the choice waits for its port (a token is not lost)
+                    wake = min(wake, nic_next[plane] - la)
+                    continue
+                f.held_path = None
+                pkt = next_packet(f, self.payload)
+                assert pkt is not None            # can_send() said there is one
+                psn, e, is_retx = pkt
+                self.send(f, psn, e, path, now, is_retx)
+                self.last_served = f.dst
+                f.seq += 1
+                bits = (len(e[3]) + OVERHEAD) * 8
+                nic_next[plane] = port_next(nic_next[plane], now, bits, self.line_rate_bps, self.pace, self.burst_s)
+                self.rate.on_sent(f, now, bits, len(e[3]))
+                progressed = True
+            if progressed:
+                now = time.monotonic()
+        return wake
+
+    def send(self, f: TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
+        """Build packet ``psn`` (entry ``e``) for ``path`` and send it from the path's socket."""
+        mid, off, mlen, view = e[0], e[1], e[2], e[3]
+        plane = path // self.ports_per_nic
+        pseq = f.pseq[path] = (f.pseq[path] + 1) & PSEQ_MASK
+        HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen, timestamp(now), pseq)
+        e[4] = now
+        e[5] = path
+        e[8] = pseq
+        st = f.stats
+        st["packets"] += 1
+        st["bytes"] += len(view)
+        if is_retx:
+            e[6] += 1
+            st["retransmissions"] += 1
+            f.bursts.retx(now, e[7] or "loss")
+        try:
+            f.socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
+        except (BlockingIOError, ConnectionRefusedError):
+            st["send_refused"] += 1     # a full socket buffer or ICMP: the packet counts as lost
+        except OSError as exc:
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            # the NIC port cannot send (its link is down, its address gone): avoid the plane
+            st["link_errors"] += 1
+            self.failover.port_refused(plane, now)
