@@ -6,6 +6,7 @@ Every roce run also checks the DCQCN invariant that holds whether or not the rat
 (:func:`assert_rate_follows_its_cuts`); the two branches are forced deterministically by
 the relay (a CE mark on a chosen packet; no impairment with go-back-N, where only a CNP can
 cut). No test here asserts a speed: those figures are in tools/bench/bench_transport.py."""
+import errno
 import os
 import random
 import select
@@ -805,3 +806,40 @@ def test_a_sprayed_packet_on_a_slow_path_waits_out_its_own_paths_timeout_not_the
 def test_a_one_path_connection_keeps_the_flows_timeout():
     t = _roce([["127.0.0.2"], ["127.0.0.3"]], entropy="flow")
     assert t.recovery.rto_of(_flow_with_path_rtts(t, {0: 0.060}), 0) == 0.02
+
+
+class _FullBuffer:
+    """A sending socket whose buffer is full on every ``every``-th send (EAGAIN), as a socket
+    is when the port below it cannot drain (a paused priority, a slow qdisc)."""
+
+    def __init__(self, real, every: int = 3):
+        self.real, self.every, self.calls = real, every, 0
+
+    def sendmsg(self, *args):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return self.real.sendmsg(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_full_socket_buffer_holds_packets_back_without_a_loss_or_a_rate_cut():
+    """Before 2026-12: a full buffer counted the packet as sent and lost (``send_refused``): the
+    receiver saw its path's sequence jump and reported a loss, which cut the rate."""
+    t0, t1, _ = _pair("roce", base=BASE + 98, line_rate_bps=100e6, entropy="flow")
+    msgs = _messages(13)
+
+    def send(t):
+        t.tx_socks[:] = [_FullBuffer(s) for s in t.tx_socks]     # in place: the flows share this list
+        return _send_all(msgs)(t)
+    try:
+        out = _run_both(t0, t1, send, _recv_all(msgs))
+    finally:
+        _close(t0, t1)
+    got, rx_stats = out[1]
+    tx, rx = _tx(out[0]), _rx(rx_stats)
+    assert got == msgs
+    assert tx["send_blocked"] > 0 and tx["send_refused"] == 0
+    assert (tx["path_losses"], rx["path_losses_sent"], tx.get("loss_cuts", 0)) == (0, 0, 0)

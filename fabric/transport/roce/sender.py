@@ -6,7 +6,9 @@ pacer, :mod:`.dcqcn`: ``TxFlow.next_t``) and each NIC port at its line rate x ``
 port is busy (``TxFlow.held_path``: the choice waits, no token is lost). Re-sends that recovery
 queued go first, then the next piece of the current message (:func:`next_packet`), as the window
 allows. The packet is built (the header, the path's sequence number) and sent from the path's
-socket, whose source port is its entropy.
+socket, whose source port is its entropy. A socket whose buffer is full (``BlockingIOError``)
+is backpressure, not loss: the packet stays the flow's next one, on the same path, and the port
+counts as busy for a packet time (``send_blocked`` counts these); nothing is recorded as sent.
 
 The scheduler only serves; the timers (DCQCN's, the retransmission timer, the dead-path rule)
 run before it, for every flow with data, whether or not the scheduler may serve it.
@@ -14,6 +16,7 @@ run before it, for every flow with data, whether or not the scheduler may serve 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .dcqcn import RateControl
 from .endpoint import Endpoint
@@ -46,7 +49,8 @@ def port_next(free_at: float, now: float, bits: int, line_rate_bps: float, pace:
 def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
     """(psn, entry, is_retx) of the flow's next packet: a retransmission first, else the next
     piece (at most ``payload`` bytes) of the current message if the window allows (None:
-    nothing to send). A new packet is entered in ``f.unacked`` (see :mod:`.flows`)."""
+    nothing to send). A new packet is the flow's only once it has left (:func:`commit`): one
+    that could not leave is taken again, the same, next time."""
     while f.retx:
         psn = f.retx.popleft()
         e = f.unacked.get(psn)
@@ -62,25 +66,30 @@ def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
     mid, mv = f.cur
     off = f.cur_off
     n = min(payload, len(mv) - off)
-    f.cur_off += n
-    psn = f.psn
-    f.psn += 1
-    e = [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0]
+    return f.psn, [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0], False
+
+
+def commit(f: TxFlow, psn: int, e: list) -> None:
+    """New packet ``psn`` (entry ``e``, from :func:`next_packet`) left: it is in flight."""
     f.unacked[psn] = e
-    if f.cur_off >= len(mv):
-        f.msg_last_psn[mid] = psn
+    f.psn += 1
+    f.cur_off += len(e[3])
+    if f.cur_off >= e[2]:
+        f.msg_last_psn[e[0]] = psn
         f.cur = None
-    return psn, e, False
 
 
 class NicScheduler:
     """The send side of ``rank``'s NIC: ``planes`` ports of ``line_rate_bps``, each paced at
     ``pace`` of it; a packet may leave up to ``lookahead_s`` before its slot (the port's queue
-    holds at most that), so that one wake-up sends a few packets instead of one."""
+    holds at most that), so that one wake-up sends a few packets instead of one. ``clock``: the
+    time after each round (monotonic seconds)."""
 
     def __init__(self, rank: int, endpoint: Endpoint, failover: Failover, rate: RateControl, *,
-                 payload: int, line_rate_bps: float, pace: float, burst_s: float, lookahead_s: float):
+                 payload: int, line_rate_bps: float, pace: float, burst_s: float, lookahead_s: float,
+                 clock: Callable[[], float] = time.monotonic):
         self.rank = rank
+        self.clock = clock
         self.failover = failover
         self.rate = rate
         self.ports_per_nic = endpoint.ports_per_nic
@@ -125,26 +134,52 @@ class NicScheduler:
                 pkt = next_packet(f, self.payload)
                 assert pkt is not None            # can_send() said there is one
                 psn, e, is_retx = pkt
-                self.send(f, psn, e, path, now, is_retx)
+                bits = (len(e[3]) + OVERHEAD) * 8
+                if not self.send(f, psn, e, path, now, is_retx):
+                    # backpressure: the socket's buffer is full. The packet waits for its next
+                    # turn on the same path, the port is busy for a packet time; nothing is lost
+                    if is_retx:
+                        f.retx.appendleft(psn)
+                    f.held_path = path
+                    nic_next[plane] = max(nic_next[plane], now + la) + bits / self.line_rate_bps
+                    wake = min(wake, nic_next[plane] - la)
+                    continue
                 self.last_served = f.dst
                 f.seq += 1
-                bits = (len(e[3]) + OVERHEAD) * 8
                 nic_next[plane] = port_next(nic_next[plane], now, bits, self.line_rate_bps, self.pace, self.burst_s)
                 self.rate.on_sent(f, now, bits, len(e[3]))
                 progressed = True
             if progressed:
-                now = time.monotonic()
+                now = self.clock()
         return wake
 
-    def send(self, f: TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> None:
-        """Build packet ``psn`` (entry ``e``) for ``path`` and send it from the path's socket."""
+    def send(self, f: TxFlow, psn: int, e: list, path: int, now: float, is_retx: bool) -> bool:
+        """Build packet ``psn`` (entry ``e``) for ``path`` and send it from the path's socket.
+        False: the socket's buffer is full (backpressure): the packet did not leave and nothing
+        was recorded, not even a loss. A packet the kernel refused (ICMP) or that its NIC port
+        cannot send (down) left, as far as the flow knows: it is lost, and recovery re-sends it."""
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
         plane = path // self.ports_per_nic
-        pseq = f.pseq[path] = (f.pseq[path] + 1) & PSEQ_MASK
+        pseq = (f.pseq[path] + 1) & PSEQ_MASK
         HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen, timestamp(now), pseq)
+        refused = link_down = False
+        try:
+            f.socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
+        except BlockingIOError:
+            f.stats["send_blocked"] += 1
+            return False
+        except ConnectionRefusedError:
+            refused = True
+        except OSError as exc:
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            link_down = True
+        f.pseq[path] = pseq
         e[4] = now
         e[5] = path
         e[8] = pseq
+        if not is_retx:
+            commit(f, psn, e)
         st = f.stats
         st["packets"] += 1
         st["bytes"] += len(view)
@@ -152,13 +187,10 @@ class NicScheduler:
             e[6] += 1
             st["retransmissions"] += 1
             f.bursts.retx(now, e[7] or "loss")
-        try:
-            f.socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
-        except (BlockingIOError, ConnectionRefusedError):
-            st["send_refused"] += 1     # a full socket buffer or ICMP: the packet counts as lost
-        except OSError as exc:
-            if exc.errno not in LINK_ERRNOS:
-                raise
+        if refused:
+            st["send_refused"] += 1     # ICMP: the packet counts as lost
+        elif link_down:
             # the NIC port cannot send (its link is down, its address gone): avoid the plane
             st["link_errors"] += 1
             self.failover.port_refused(plane, now)
+        return True
