@@ -826,7 +826,7 @@ class _FullBuffer:
 
 
 def test_a_full_socket_buffer_holds_packets_back_without_a_loss_or_a_rate_cut():
-    """Before 2026-12: a full buffer counted the packet as sent and lost (``send_refused``): the
+    """Before 2026-12-07: a full buffer counted the packet as sent and lost (``send_refused``): the
     receiver saw its path's sequence jump and reported a loss, which cut the rate."""
     t0, t1, _ = _pair("roce", base=BASE + 98, line_rate_bps=100e6, entropy="flow")
     msgs = _messages(13)
