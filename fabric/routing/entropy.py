@@ -176,7 +176,7 @@ def _splitmix(x: Any) -> Any:
 
 def flow_hash(src: Any, dst: Any, salt: Any = 0) -> Any:
     """A rank pair's flow hash (32 bits): splitmix64 chained over (src, dst, salt). The RoCE
-    transport's ``_TxFlow.hash`` (salt 0) and the flow model's (any salt: 0 is the transport's);
+    transport's ``TxFlow.hash`` (salt 0) and the flow model's (any salt: 0 is the transport's);
     Python ints or numpy uint64 arrays (elementwise; the same results), any rank number."""
     h = _splitmix(src)
     h = _splitmix(h ^ dst)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from hpnlab.fabric.transport.entropy import ENTROPY_POLICIES, FlowEntropy, SprayEntropy
 from hpnlab.fabric.transport.paths import PathParams, PathTable
-from hpnlab.fabric.transport.roce.dcqcn import DcqcnParams, RateControl, paced
+from hpnlab.fabric.transport.roce.dcqcn import DcqcnParams, RateControl
 from hpnlab.fabric.transport.roce.endpoint import Endpoint
 from hpnlab.fabric.transport.roce.failover import Failover
 from hpnlab.fabric.transport.roce.flows import RxFlow, TxFlow
@@ -36,7 +36,7 @@ from hpnlab.fabric.transport.roce.recovery import (
     nack_resends,
     timeout_resends,
 )
-from hpnlab.fabric.transport.roce.sender import NicScheduler, commit, next_packet, port_next
+from hpnlab.fabric.transport.roce.sender import NicScheduler, next_packet, port_next
 from hpnlab.fabric.transport.roce.wire import ACK, CE, CNP, HDR, NACK, NO_REPORT, PATH_LOSS, report
 
 PAYLOAD = 1000
@@ -113,47 +113,49 @@ class Parts:
 
 # ---- the NIC scheduler -----------------------------------------------------------------------
 
-def test_a_message_is_cut_into_payload_sized_packets_that_enter_the_flight_only_once_sent():
-    f = TxFlow(0, 1, 0.0, None, PathTable(1, 1))
-    f.window = 8
-    f.queue.append((0, memoryview(bytes(2500))))
-    psn, e, is_retx = next_packet(f, PAYLOAD)
-    assert (psn, len(e[3]), is_retx, f.unacked, f.psn) == (0, 1000, False, {}, 0)
-    assert next_packet(f, PAYLOAD)[0] == 0                  # not sent: the same packet again
-    commit(f, psn, e)
-    sizes = [len(e[3])]
-    while (pkt := next_packet(f, PAYLOAD)) is not None:
-        commit(f, pkt[0], pkt[1])
-        sizes.append(len(pkt[1][3]))
-    assert sizes == [1000, 1000, 500]
+def test_a_message_is_cut_into_payload_sized_packets():
+    p = Parts()
+    p.post(1, 2500)
+    p.sender.lookahead_s = 1.0
+    p.serve(0.0)
+    f = p.tx[1]
+    assert [len(payload) for _, payload in p.socks[0].sent] == [1000, 1000, 500]
     assert f.msg_last_psn == {0: 2} and f.cur is None and sorted(f.unacked) == [0, 1, 2]
 
 
-def test_a_queued_resend_goes_before_new_data():
+def test_the_next_packet_is_the_same_until_it_has_left():
     f = TxFlow(0, 1, 0.0, None, PathTable(1, 1))
     f.window = 8
-    f.queue.append((0, memoryview(bytes(3000))))
-    for _ in range(2):
-        pkt = next_packet(f, PAYLOAD)
-        assert pkt is not None
-        commit(f, pkt[0], pkt[1])
+    f.queue.append((0, memoryview(bytes(2500))))
+    first, again = next_packet(f, PAYLOAD), next_packet(f, PAYLOAD)
+    assert first is not None and again is not None
+    assert (first[0], again[0], first[2], f.psn, f.unacked) == (0, 0, False, 0, {})
+
+
+def test_a_queued_resend_goes_before_new_data():
+    p = Parts()
+    p.post(1, 2 * PAYLOAD)
+    p.post(1, PAYLOAD, mid=1)
+    p.sender.lookahead_s = 1.0
+    f = p.tx[1]
+    f.window = 2
+    p.serve(0.0)                                         # two packets in flight; the window is full
     assert f.requeue(0, "nack")
-    assert not f.requeue(0, "nack")                         # queued once
+    assert not f.requeue(0, "nack")                      # queued once
     pkt = next_packet(f, PAYLOAD)
     assert pkt is not None and (pkt[0], pkt[2]) == (0, True)
 
 
 def test_the_window_stops_new_packets_not_resends():
-    f = TxFlow(0, 1, 0.0, None, PathTable(1, 1))
-    f.window = 2
-    f.queue.append((0, memoryview(bytes(5000))))
-    for _ in range(2):
-        pkt = next_packet(f, PAYLOAD)
-        assert pkt is not None
-        commit(f, pkt[0], pkt[1])
-    assert next_packet(f, PAYLOAD) is None and not f.can_send()
+    p = Parts(window=2)
+    p.post(1, 5 * PAYLOAD)
+    p.sender.lookahead_s = 1.0
+    p.serve(0.0)
+    f = p.tx[1]
+    assert f.psn == 2 and next_packet(f, PAYLOAD) is None and not f.can_send()
     f.requeue(1, "timeout")
-    assert f.can_send() and next_packet(f, PAYLOAD)[0] == 1
+    pkt = next_packet(f, PAYLOAD)
+    assert pkt is not None and pkt[0] == 1
 
 
 @pytest.mark.parametrize(("free_at", "now", "expect"), [
@@ -164,9 +166,17 @@ def test_a_port_is_free_again_one_packet_time_later_with_bounded_credit_for_a_la
     assert port_next(free_at, now, 8000, LINE, 1.0, 0.004) == pytest.approx(expect)
 
 
-def test_the_flow_pacer_gives_a_late_flow_at_most_burst_s_of_credit():
-    assert paced(0.0, 1.0, 0.004, 8000, 1e6) == pytest.approx(1.0 - 0.004 + 0.008)
-    assert paced(2.0, 1.0, 0.004, 8000, 1e6) == pytest.approx(2.008)
+@pytest.mark.parametrize(("next_t", "expect"), [
+    (0.0, 1.0 - 0.004 + 0.008),           # a flow that fell behind: at most burst_s (4 ms) of credit
+    (2.0, 2.008),                         # ahead of now: one packet time after its slot
+])
+def test_the_flow_pacer_spaces_packets_at_the_current_rate_with_bounded_credit(next_t, expect):
+    rate = RateControl(DcqcnParams.scaled(LINE, PAYLOAD), burst_s=0.004, nack_cuts=False)
+    f = TxFlow(0, 1, 0.0, rate.start(0.0), PathTable(1, 1))
+    assert f.dcqcn is not None
+    f.dcqcn.rc, f.next_t = 1e6, next_t
+    rate.on_sent(f, 1.0, 8000, 1000)
+    assert f.next_t == pytest.approx(expect)
 
 
 def test_the_scheduler_serves_peers_round_robin_one_packet_each_per_round():
@@ -374,7 +384,7 @@ def test_after_a_cnp_the_timers_raise_the_rate_again():
     assert f.dcqcn is not None
     rate.on_cnp(f, 0.0)
     cut = f.dcqcn.rc
-    rate.tick(f, 0.1)
+    rate.tick([f], 0.1)
     assert f.stats["cnps"] == 1 and cut < f.dcqcn.rc <= LINE
 
 

@@ -8,6 +8,7 @@ current rate). The NIC scheduler (:mod:`.sender`) only asks the pacer whether a 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -135,13 +136,6 @@ class Dcqcn:
             self._increase()
 
 
-def paced(next_t: float, now: float, burst_s: float, bits: int, rate_bps: float) -> float:
-    """When a flow paced at ``rate_bps`` may send its next packet, after one of ``bits`` left at
-    ``now`` (pure). Credit for a late wake-up (a busy CPU) is at most ``burst_s``: a flow that
-    fell behind catches up by that much, which the sending port's buffer absorbs."""
-    return max(next_t, now - burst_s) + bits / rate_bps
-
-
 class RateFlow(Protocol):
     """What rate control reads and writes of a sending flow (:class:`.flows.TxFlow` is one)."""
     dcqcn: Dcqcn | None
@@ -154,8 +148,7 @@ class RateControl:
     """DCQCN for every flow of a rank. ``params`` None: no rate control (flows are paced only
     by the NIC port). ``nack_cuts``: a NACK cuts the rate as a CNP would (a one-path connection
     with selective recovery: with no PFC, a loss is congestion that the ECN marks did not
-    prevent). The timers (:meth:`tick`) run for every flow with data, whether or not the NIC
-    scheduler may serve it."""
+    prevent)."""
 
     def __init__(self, params: DcqcnParams | None, burst_s: float, nack_cuts: bool):
         self.params = params
@@ -171,10 +164,12 @@ class RateControl:
         """The shortest time between two CNPs a receiver sends for one flow."""
         return self.params.cnp_interval_s if self.params else 50e-6
 
-    def tick(self, f: RateFlow, now: float) -> None:
-        """The alpha and rate-increase timers up to ``now``."""
-        if f.dcqcn:
-            f.dcqcn.tick(now)
+    def tick(self, flows: Iterable[RateFlow], now: float) -> None:
+        """The alpha and rate-increase timers of ``flows`` up to ``now`` (every flow with data,
+        whether or not the NIC scheduler may serve it)."""
+        for f in flows:
+            if f.dcqcn:
+                f.dcqcn.tick(now)
 
     def on_cnp(self, f: RateFlow, now: float) -> None:
         """A CNP from the receiver (it saw a CE mark): cut the rate."""
@@ -198,8 +193,10 @@ class RateControl:
             f.stats["loss_cuts"] = f.stats.get("loss_cuts", 0) + 1
 
     def on_sent(self, f: RateFlow, now: float, bits: int, nbytes: int) -> None:
-        """A packet of ``nbytes`` payload (``bits`` on the wire) left: pace the next one and
-        count its bytes towards the byte-counter increase."""
+        """A packet of ``nbytes`` payload (``bits`` on the wire) left: the flow's next may leave
+        one packet time later at the current rate, and its bytes count towards the
+        byte-counter increase. A flow that fell behind (a late wake-up, a busy CPU) catches up
+        by at most ``burst_s``, which the sending port's buffer absorbs."""
         if f.dcqcn:
-            f.next_t = paced(f.next_t, now, self.burst_s, bits, f.dcqcn.rc)
+            f.next_t = max(f.next_t, now - self.burst_s) + bits / f.dcqcn.rc
             f.dcqcn.on_sent(nbytes)

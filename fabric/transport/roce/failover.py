@@ -80,20 +80,23 @@ class Failover:
         if self.watch_links and self.nics and now >= self.next_link_poll:
             self.poll_links(now)
 
-    def on_timers(self, f: TxFlow, now: float) -> None:
-        """The dead-path rule when it is due for ``f``, and the probes due on its dead paths."""
-        if now >= f.next_check:
-            self.check_paths(f, now)
-        for path in f.paths.probes_due(now):
-            self.probe(f, path, now)
+    def on_timers(self, flows: list[TxFlow], now: float) -> None:
+        """The dead-path rule where it is due, and the probes due on dead paths."""
+        for f in flows:
+            if now >= f.next_check:
+                self.check_paths(f, now)
+            for path in f.paths.probes_due(now):
+                self.probe(f, path, now)
 
-    def next_due(self, f: TxFlow, wake: float) -> float:
-        """``wake``, or earlier if a probe of ``f`` or a look at its paths is due before."""
-        nxt = f.paths.next_probe()
-        if nxt is not None:
-            wake = min(wake, nxt)
-        if f.unacked and not self.policy.per_flow:
-            wake = min(wake, f.next_check)
+    def next_due(self, flows: list[TxFlow], wake: float) -> float:
+        """``wake``, or earlier if a probe or a look at a flow's paths is due before."""
+        per_flow = self.policy.per_flow
+        for f in flows:
+            nxt = f.paths.next_probe()
+            if nxt is not None:
+                wake = min(wake, nxt)
+            if f.unacked and not per_flow:
+                wake = min(wake, f.next_check)
         return wake
 
     def check_paths(self, f: TxFlow, now: float) -> None:

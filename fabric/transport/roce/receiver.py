@@ -137,7 +137,25 @@ class Receiver:
         # a gap that a new message's first packet ends was idle (the collective's own wait)
         busy = bool(r.msgs or r.ooo)
         r.gaps.arrival(now, psn, busy)
-        completed = self._place(r, data, mid, off, mlen)
+        # place the payload (a reassembly buffer keyed by message); deliver what is complete, in order
+        completed = False
+        if mid >= r.deliver_next and mid not in r.complete:
+            m = r.msgs.get(mid)
+            if m is None:
+                m = r.msgs[mid] = [bytearray(mlen), 0]
+            payload = memoryview(data)[HDR.size:]
+            m[0][off:off + len(payload)] = payload
+            m[1] += len(payload)
+            if m[1] >= mlen:
+                completed = True
+                r.complete[mid] = m[0]
+                del r.msgs[mid]
+                while r.deliver_next in r.complete:
+                    r.ready.append(r.complete.pop(r.deliver_next))
+                    r.deliver_next += 1
+        if mlen == 0 and mid == r.deliver_next:
+            r.ready.append(bytearray())
+            r.deliver_next += 1
         if psn == r.expected:
             at_hole = bool(r.ooo) and psn == r.hole_psn
             # a copy sent after the packet that showed the hole: a re-send, so the hole was a loss
@@ -187,30 +205,6 @@ class Receiver:
                 st["nacks_sent"] += 1
                 self.control(NACK, r.src, self.answer_plane(r, now), path, r.expected,
                              hole_length(r.expected, r.ooo), 0, take_reports(r.reports, 2))
-
-    @staticmethod
-    def _place(r: RxFlow, data, mid: int, off: int, mlen: int) -> bool:
-        """Place the payload in its message (a reassembly buffer keyed by message) and move the
-        messages now complete in order to ``r.ready``; whether this packet completed its message."""
-        completed = False
-        if mid >= r.deliver_next and mid not in r.complete:
-            m = r.msgs.get(mid)
-            if m is None:
-                m = r.msgs[mid] = [bytearray(mlen), 0]
-            payload = memoryview(data)[HDR.size:]
-            m[0][off:off + len(payload)] = payload
-            m[1] += len(payload)
-            if m[1] >= mlen:
-                completed = True
-                r.complete[mid] = m[0]
-                del r.msgs[mid]
-                while r.deliver_next in r.complete:
-                    r.ready.append(r.complete.pop(r.deliver_next))
-                    r.deliver_next += 1
-        if mlen == 0 and mid == r.deliver_next:
-            r.ready.append(bytearray())
-            r.deliver_next += 1
-        return completed
 
     def on_probe(self, r: RxFlow, plane: int, path: int, ts: int, now: float) -> None:
         """A probe down one of the sender's dead paths: report it delivered at once."""

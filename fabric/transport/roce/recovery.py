@@ -114,11 +114,20 @@ class Recovery:
             return None
         return max(oldest[4], f.timer_from) + self.rto_of(f, oldest[5])
 
-    def on_timer(self, f: TxFlow, now: float) -> None:
-        """Fire the retransmission timer if it is due."""
-        due = self.rto_due(f)
-        if due is not None and now > due:
-            self.timeout(f, now)
+    def on_timers(self, flows: list[TxFlow], now: float) -> None:
+        """Fire the retransmission timers that are due."""
+        for f in flows:
+            due = self.rto_due(f)
+            if due is not None and now > due:
+                self.timeout(f, now)
+
+    def next_due(self, flows: list[TxFlow], wake: float) -> float:
+        """``wake``, or earlier if a retransmission timer fires before."""
+        for f in flows:
+            due = self.rto_due(f)
+            if due is not None:
+                wake = min(wake, due)
+        return wake
 
     def timeout(self, f: TxFlow, now: float) -> None:
         f.stats["timeouts"] += 1

@@ -22,7 +22,7 @@ from .dcqcn import RateControl
 from .endpoint import Endpoint
 from .failover import Failover
 from .flows import TxFlow
-from .wire import DATA, ETH, HDR, IP_UDP, LINK_ERRNOS, PSEQ_MASK, timestamp
+from .wire import DATA, ETH, HDR, IP_UDP, LINK_ERRNOS, PSEQ_MASK
 
 #: bytes a data packet takes on the link on top of its payload
 OVERHEAD = HDR.size + IP_UDP + ETH
@@ -49,8 +49,8 @@ def port_next(free_at: float, now: float, bits: int, line_rate_bps: float, pace:
 def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
     """(psn, entry, is_retx) of the flow's next packet: a retransmission first, else the next
     piece (at most ``payload`` bytes) of the current message if the window allows (None:
-    nothing to send). A new packet is the flow's only once it has left (:func:`commit`): one
-    that could not leave is taken again, the same, next time."""
+    nothing to send). A new packet enters the flight only once it has left
+    (:meth:`NicScheduler.send`): one that could not leave is taken again, the same, next time."""
     while f.retx:
         psn = f.retx.popleft()
         e = f.unacked.get(psn)
@@ -67,16 +67,6 @@ def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
     off = f.cur_off
     n = min(payload, len(mv) - off)
     return f.psn, [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0], False
-
-
-def commit(f: TxFlow, psn: int, e: list) -> None:
-    """New packet ``psn`` (entry ``e``, from :func:`next_packet`) left: it is in flight."""
-    f.unacked[psn] = e
-    f.psn += 1
-    f.cur_off += len(e[3])
-    if f.cur_off >= e[2]:
-        f.msg_last_psn[e[0]] = psn
-        f.cur = None
 
 
 class NicScheduler:
@@ -161,7 +151,8 @@ class NicScheduler:
         mid, off, mlen, view = e[0], e[1], e[2], e[3]
         plane = path // self.ports_per_nic
         pseq = (f.pseq[path] + 1) & PSEQ_MASK
-        HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen, timestamp(now), pseq)
+        HDR.pack_into(self.hdr_buf, 0, DATA, path, self.rank, f.dst, psn, mid, off, mlen,
+                      int(now * 1e6) & 0xFFFFFFFF, pseq)      # wire.timestamp, inline: once per packet
         refused = link_down = False
         try:
             f.socks[path].sendmsg([self.hdr_buf, view], (), 0, self.peer_addr[f.dst, plane])
@@ -178,8 +169,13 @@ class NicScheduler:
         e[4] = now
         e[5] = path
         e[8] = pseq
-        if not is_retx:
-            commit(f, psn, e)
+        if not is_retx:                   # a new packet: now in flight
+            f.unacked[psn] = e
+            f.psn += 1
+            f.cur_off += len(view)
+            if f.cur_off >= mlen:
+                f.msg_last_psn[mid] = psn
+                f.cur = None
         st = f.stats
         st["packets"] += 1
         st["bytes"] += len(view)

@@ -260,20 +260,15 @@ class RoceTransport(Transport):
 
     def _send_and_timers(self, now: float) -> float:
         """The timers of every flow with data -- DCQCN's, the dead-path rule and its probes, the
-        retransmission timer -- then the NIC scheduler; when to wake next."""
+        retransmission timer: whether or not the NIC may serve the flow -- then the NIC
+        scheduler; when to wake next."""
         self.failover.poll(now)
         flows = [f for f in self.tx.values() if f.retx or f.queue or f.cur or f.unacked]
-        for f in flows:
-            self.rate.tick(f, now)
-            self.failover.on_timers(f, now)
-            self.recovery.on_timer(f, now)
+        self.rate.tick(flows, now)
+        self.failover.on_timers(flows, now)
+        self.recovery.on_timers(flows, now)
         wake = self.sender.serve(flows, now, now + 0.005)
-        for f in flows:
-            due = self.recovery.rto_due(f)
-            if due is not None:
-                wake = min(wake, due)
-            wake = self.failover.next_due(f, wake)
-        return wake
+        return self.failover.next_due(flows, self.recovery.next_due(flows, wake))
 
     def _on_packet(self, data: bytes, tos: int, plane: int = 0) -> None:
         """One packet that arrived on ``plane`` (``tos``: its TOS byte), to the part it concerns."""
