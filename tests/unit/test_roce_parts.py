@@ -7,6 +7,7 @@ tests/unit/test_transport.py and test_transport_failover.py."""
 from __future__ import annotations
 
 import errno
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -91,7 +92,7 @@ class Parts:
         self.receiver = Receiver(self.rx, self.tx, lambda *a: self.answers.append(a), mode=mode,
                                  reorder_threshold=3 if self.policy.per_flow else NO_COUNT, ack_every=8,
                                  ack_delay_s=0.004, ack_fresh_s=0.02, cnp_interval_s=50e-6, suspect_s=0.05)
-        self.socks = [Socket() for _ in range(planes * ports)]
+        self.socks: list[Any] = [Socket() for _ in range(planes * ports)]   # stand-ins for socket.socket
         for r in range(1, peers + 1):
             f = self.tx[r] = TxFlow(0, r, 0.0, self.rate.start(0.0), PathTable(planes, ports, params))
             f.window = window
