@@ -150,7 +150,7 @@ def _ready(argv: list[str], cwd: Path) -> str:
     """Start a controller, return its ready line, stop it (by its pid)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
         return line if "ready" in line else line + (proc.stderr.read() if proc.poll() is not None else "")
     finally:
