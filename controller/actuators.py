@@ -7,8 +7,8 @@
 ``emulated`` (:class:`EmulatedActuator`)
     writes the emulated switches' ECN stage live (``hpnlab.fabric.emulation.ecn.EcnStage``,
     opened from the controller process, which runs as root on the same machine):
-    ``set_thresholds`` per port, for both mechanisms the stage has (``bpf``: a BPF map entry;
-    ``red``: ``tc qdisc change``). It also reads the stage's counters for the telemetry
+    ``write``, the stage's one writer of port ECN state, for both mechanisms the stage has (``bpf``:
+    a BPF map entry; ``red``: ``tc qdisc change``). It also reads the stage's counters for the telemetry
     (:meth:`EmulatedActuator.counters`).
 ``file:PATH`` (:class:`FileActuator`)
     for real switches: a JSON file of every port's settings, rewritten atomically (write a
@@ -37,8 +37,7 @@ from typing import Any, Protocol
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortInfo, PortKey, StageCounters
-
-from .ecn_policy import Thresholds, default_thresholds
+from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 ACTUATORS = ("auto", "emulated", "file:PATH", "none")
@@ -144,12 +143,16 @@ class EmulatedActuator:
         return out
 
     def apply(self, changes: Mapping[PortKey, Thresholds]) -> None:
+        """The changes through the stage's one writer of port ECN state (``EcnStage.write``)."""
+        per_intf: dict[str, Thresholds] = {}
         for key, th in changes.items():
             intf = self.intf.get(key)
             if intf is None:
                 LOG.warning("no ECN stage on %s port %d: change not applied", *key)
                 continue
-            self.stage.set_thresholds(kmin=th.kmin, kmax=th.kmax, pmax=th.pmax, ports=intf)
+            per_intf[intf] = th
+        if per_intf:
+            self.stage.write(per_intf)
 
     def counters(self, now: float | None = None) -> dict[PortKey, StageCounters]:
         """The stage's counters per fabric port, with the port buffers' drops (read at most every

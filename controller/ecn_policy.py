@@ -87,30 +87,10 @@ from typing import Any, ClassVar
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry
+from hpnlab.fabric.scenario.rates import frame_bytes
+from hpnlab.fabric.workload.ecn import Thresholds  # the one type; user policies import it from here
 
-FRAME_OVERHEAD = 14
 FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """RED/DCQCN marking thresholds of one port: Kmin and Kmax in bytes, Pmax in 0..1.
-    ``reason`` (why a policy chose them) is not part of the value."""
-    kmin: int
-    kmax: int
-    pmax: float
-    reason: str = field(default="", compare=False)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"kmin": self.kmin, "kmax": self.kmax, "pmax": round(self.pmax, 4)}
-
-
-def default_thresholds(rate_bps: float, mtu: int = 1500) -> Thresholds:
-    """The start-up thresholds of a port (the same rule as the emulated ECN stage's
-    ``hpnlab.fabric.emulation.ecn.default_thresholds``: Kmin = max(4 frames, 2 ms), Kmax = 4 Kmin, Pmax 0.2)."""
-    frame = mtu + FRAME_OVERHEAD
-    kmin = int(max(4 * frame, rate_bps / 8 * 0.002))
-    return Thresholds(kmin, 4 * kmin, 0.2)
 
 
 def changes(current: Mapping[PortKey, Thresholds], decided: Mapping[PortKey, Thresholds]
@@ -177,21 +157,21 @@ class DynamicPolicy(EcnPolicy):
 
     # ---- bounds --------------------------------------------------------------------------
     def kmin_bounds(self, rate_bps: float) -> tuple[int, int]:
-        frame = self.mtu + FRAME_OVERHEAD
+        frame = frame_bytes(self.mtu)
         per_ms = rate_bps / 8 / 1000
         return (int(max(frame, self.p["kmin_min_ms"] * per_ms)),
                 int(max(16 * frame, self.p["kmin_max_ms"] * per_ms)))
 
     def pressure_bytes(self, rate_bps: float) -> int:
         """The queue at which marks must come early: half the emulated port buffer."""
-        frame = self.mtu + FRAME_OVERHEAD
+        frame = frame_bytes(self.mtu)
         return int(max(self.p["pressure_frames"] * frame, self.p["pressure_ms"] * rate_bps / 8 / 1000))
 
     def bounded(self, rate_bps: float, kmin: float, pmax: float, reason: str) -> Thresholds:
         lo, hi = self.kmin_bounds(rate_bps)
         k = int(min(max(kmin, lo), hi))
         return Thresholds(k, int(k * self.p["kmax_ratio"]),
-                          round(min(max(pmax, self.p["pmax_min"]), self.p["pmax_max"]), 4), reason)
+                          round(min(max(pmax, self.p["pmax_min"]), self.p["pmax_max"]), 4), reason=reason)
 
     # ---- the rules ------------------------------------------------------------------------
     def decide(self, now: float, ports: Mapping[PortKey, PortTelemetry],
@@ -252,7 +232,7 @@ class DynamicPolicy(EcnPolicy):
             new = self.bounded(s.rate_bps, kmin, pmax, why)
             if direction == 0 and st.default is not None:      # relaxing: never past the default
                 new = Thresholds(new.kmin, new.kmax if new.kmin != st.default.kmin else st.default.kmax,
-                                 new.pmax, why)
+                                 new.pmax, reason=why)
             if new == cur:
                 continue          # at a bound already
             out[key] = new

@@ -38,6 +38,7 @@ from typing import Any
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry, port_key_str
+from hpnlab.fabric.workload.ecn import default_thresholds
 
 from . import ecn_policy
 from .ecn_policy import EcnPolicy, Thresholds
@@ -137,7 +138,7 @@ def replay(lines: Iterable[Mapping[str, Any]], policy: str | None = None, option
     rates = _ports(header)
     mtu = int(mtu or header.get("mtu") or 1500)
     opts = dict(options or {})
-    initial = {k: ecn_policy.default_thresholds(rate, mtu) for k, rate in rates.items()}
+    initial = {k: default_thresholds(rate, mtu) for k, rate in rates.items()}
     first = next((line for line in lines if line.get("kind") == "sample"), None)
     if first is not None:              # the start-up thresholds as the loop held them (the file says)
         initial.update({k: t for k, t in _recorded_in_force(first).items() if k in initial})

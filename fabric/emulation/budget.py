@@ -42,11 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.scenario.rates import ETH_HEADER as ETH
 from hpnlab.fabric.workload import report
 
 PREFIX = "hbp"                        # every name this benchmark creates starts with it
 BRIDGES = ("hbpL", "hbpS", "hbpR")   # leaf, spine, leaf
-ETH, IP_UDP = 14, 28
+IP_UDP = 28
 FRAME_4K = 4096 + ETH
 #: parallel paths through the three bridges, each on its own ports and with its own generator (set by --paths):
 #: a fabric spreads its packets over many ports, and one port's socket buffer is not the switch's ceiling

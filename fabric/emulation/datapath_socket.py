@@ -43,6 +43,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.scenario.rates import frame_bytes
+
 OVS_PIDFILE = Path("/var/run/openvswitch/ovs-vswitchd.pid")
 SYS_PIDFD_GETFD = 438          # the same number on x86-64 and arm64 (the generic table)
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
@@ -71,7 +73,7 @@ def receive_buffer_bytes(rate_mbps: float, mtu: int, stall_s: float = RX_STALL_S
                          factor: int = TRUESIZE_FACTOR) -> int:
     """The receive buffer that holds ``stall_s`` of a port's arrivals at its rate (at least 64
     frames, at most :data:`RX_MAX`), in the kernel's truesize accounting (pure)."""
-    frame = mtu + 14
+    frame = frame_bytes(mtu)
     frames = max(64, math.ceil(rate_mbps * 1e6 / 8 * stall_s / frame))
     return min(RX_MAX, factor * frames * frame)
 

@@ -14,19 +14,23 @@ Two mechanisms, chosen by ``hpnlab.fabric.emulation.kernel.Capabilities.ecn_mech
     a live change is ``tc qdisc change``; counters come from ``tc -s -j qdisc`` (marked,
     bytes, packets, backlog). ECT/CE-seen are not counted by RED (reported as None).
 
-Default thresholds (``default_thresholds``): DCQCN's published switch setting is Kmin 5 KB,
-Kmax 200 KB, Pmax 1% at 40 Gbit/s (Zhu et al., SIGCOMM 2015); HPCC's evaluation uses Kmin
-100 KB, Kmax 400 KB, Pmax 20% at 100 Gbit/s. Scaled by rate to a 10 Mbit/s emulated port
-these are below one packet, so the emulation keeps the *shape* (Kmax = 4 x Kmin, Pmax 20%)
-and expresses Kmin as queueing time at the port rate: 2 ms, but never less than 4 MTU-sized
-frames. A 10 Mbit/s port with MTU 1500: Kmin 6,056 B, Kmax 24,224 B, Pmax 0.2.
+Every port starts at the one default rule (``hpnlab.fabric.workload.ecn.default_thresholds``:
+Kmin = max(4 frames, 2 ms at the port rate), Kmax = 4 Kmin, Pmax 0.2).
+
+The one writer of a port's ECN and shaping state once the run is up: :meth:`EcnStage.write`
+(thresholds, :class:`~hpnlab.fabric.workload.ecn.Thresholds` per port) and :func:`reshape` (a
+port's rate: its htb class, and the marker's rate and default thresholds). The controller's
+``emulated`` actuator, the static settings of a run (``hpnlab run --ecn``) and the routing
+comparison's asymmetric fabric all go through them.
 
 Python API (for tests, tools and a controller-side dynamic-ECN feature)::
 
     stage = emu.ecn                      # or EcnStage.open() from another process (root)
     stage.ports                          # intf -> EcnPort(switch, port, ifindex, rate_mbps, ...)
     stage.thresholds("p0l0-eth1")        # {"kmin": bytes, "kmax": bytes, "pmax": 0..1, "enabled"}
-    stage.set_thresholds(kmin=3000, kmax=12000, pmax=0.5, ports=["p0l0-eth1"])  # live; ports=None: all
+    stage.write({"p0l0-eth1": Thresholds(3000, 12000, 0.5)})   # live, per port
+    stage.set_thresholds(kmin=3000, kmax=12000, pmax=0.5, ports=["p0l0-eth1"])  # the same; ports=None: all
+    reshape("p0l0-eth1", 5.0, 1500, stage)  # the port's htb class to 5 Mbit/s, its marker and defaults with it
     stage.counters("p0l0-eth1")          # {"bytes", "packets", "ect", "ce_marked", "ce_seen",
                                          #  "queue_bytes", "max_queue_bytes", "queue_peak_bytes"}
     stage.counters(since=t)              # queue_peak_bytes: the peak since time.monotonic() t (<= 640 ms)
@@ -47,12 +51,16 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.scenario.rates import frame_bytes
+from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
+
 from ..errors import UserError
+from .shaping import rate_change_args
 from .state import RUN_DIR, all_runs
 
 SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.bpf.c"
@@ -88,7 +96,7 @@ def cache_dir() -> Path:
 
 def red_args(kmin: int, kmax: int, pmax: float, *, mtu: int, rate_mbps: float, limit_bytes: int) -> list[str]:
     """The ``tc qdisc ... red`` arguments of a RED-with-ECN stage (pure; tested as such)."""
-    frame = mtu + 14
+    frame = frame_bytes(mtu)
     # The hard limit is the port's buffer, whatever the thresholds: a live threshold change
     # must not resize the buffer (thresholds above it simply never mark, as on a switch).
     limit = limit_bytes
@@ -100,11 +108,15 @@ def red_args(kmin: int, kmax: int, pmax: float, *, mtu: int, rate_mbps: float, l
             "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{rate_mbps:g}mbit", "ecn"]
 
 
-def default_thresholds(rate_mbps: float, mtu: int = 1500) -> tuple[int, int, float]:
-    """(Kmin bytes, Kmax bytes, Pmax) for a port of this emulated rate (see module docstring)."""
-    frame = mtu + 14
-    kmin = int(max(4 * frame, rate_mbps * 1e6 / 8 * 0.002))
-    return kmin, 4 * kmin, 0.2
+def reshape(intf: str, rate_mbps: float, mtu: int, stage: EcnStage | None = None) -> None:
+    """Change a switch port's rate live, the one writer of its shaping after start-up: its htb class
+    (``shaping.rate_change_args``) and, when ``stage`` marks on the port, the marker's rate and the
+    port's default thresholds at the new rate (:meth:`EcnStage.set_rate`)."""
+    r = subprocess.run(rate_change_args(intf, rate_mbps, mtu), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"cannot reshape {intf}: {r.stderr.strip()[:200]}")
+    if stage is not None and intf in stage.ports:
+        stage.set_rate(intf, rate_mbps)
 
 
 # ---- the bpf(2) system call, just what the maps need ----------------------------------
@@ -248,8 +260,7 @@ class EcnStage:
                 raise UserError(f"loading the ECN marker failed: {r.stderr.strip()[-300:]}")
             stage = cls("bpf", ports, pin_dir, mtu)
             for port in ports.values():
-                kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
-                stage._write_cfg(port, kmin, kmax, pmax, True)
+                stage._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, mtu), True)
                 stage._maps()[1].update(port.ifindex, _STATE_ZERO)
             lines = []
             for intf in ports:
@@ -261,8 +272,7 @@ class EcnStage:
         elif mechanism == "red":
             stage = cls("red", ports, None, mtu)
             for port in ports.values():
-                kmin, kmax, pmax = default_thresholds(port.rate_mbps, mtu)
-                stage._apply_red(port, kmin, kmax, pmax, "replace")
+                stage._apply_red(port, default_thresholds(port.rate_mbps * 1e6, mtu), True, "replace")
         else:
             raise UserError(f"unknown ECN mechanism {mechanism!r}")
         (state.run_dir / "ecn.json").write_text(json.dumps(
@@ -284,8 +294,8 @@ class EcnStage:
         rates = sorted({p.rate_mbps for p in self.ports.values()})
         parts = []
         for r in rates:
-            kmin, kmax, pmax = default_thresholds(r, self.mtu)
-            parts.append(f"{r:g} Mbit/s: Kmin {kmin} B, Kmax {kmax} B, Pmax {pmax:g}")
+            th = default_thresholds(r * 1e6, self.mtu)
+            parts.append(f"{r:g} Mbit/s: Kmin {th.kmin} B, Kmax {th.kmax} B, Pmax {th.pmax:g}")
         return f"{self.mechanism} on {len(self.ports)} switch egress ports; " + "; ".join(parts)
 
     # -- thresholds --------------------------------------------------------------------------
@@ -307,12 +317,12 @@ class EcnStage:
             out.append(self.ports[name])
         return out
 
-    def _write_cfg(self, port: EcnPort, kmin: int, kmax: int, pmax: float, enabled: bool) -> None:
+    def _write_cfg(self, port: EcnPort, th: Thresholds, enabled: bool) -> None:
         rate_bps = int(port.rate_mbps * 1e6 / 8)
-        self._maps()[0].update(port.ifindex, (rate_bps, int(kmin), int(kmax), round(pmax * PMAX_ONE),
+        self._maps()[0].update(port.ifindex, (rate_bps, int(th.kmin), int(th.kmax), round(th.pmax * PMAX_ONE),
                                         int(port.limit_bytes), 1 if enabled else 0, 0))
 
-    def _apply_red(self, port: EcnPort, kmin: int, kmax: int, pmax: float, verb: str) -> None:
+    def _apply_red(self, port: EcnPort, th: Thresholds, enabled: bool, verb: str) -> None:
         """RED with ecn as the port's leaf qdisc (handle 20: under the htb class of the port buffer,
         ``EcnPort.data_class``: 1:1, or 1:11 beside a control class).
 
@@ -321,7 +331,8 @@ class EcnStage:
         moves under RED (30:). Live changes are ``tc qdisc change`` on 20:. (Found and fixed
         in the full-kernel lane, which has sch_red; this machine has not.)
         """
-        red = red_args(kmin, kmax, pmax, mtu=self.mtu, rate_mbps=port.rate_mbps, limit_bytes=port.limit_bytes)
+        red = red_args(th.kmin, th.kmax, th.pmax if enabled else 0.0, mtu=self.mtu, rate_mbps=port.rate_mbps,
+                       limit_bytes=port.limit_bytes)
         if verb == "replace":
             shown = subprocess.run(["tc", "qdisc", "show", "dev", port.intf], capture_output=True, text=True).stdout
             netem = re.search(r"netem 10: .*?limit (\d+) delay (\S+)", shown)
@@ -335,7 +346,8 @@ class EcnStage:
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise UserError(f"RED on {port.intf} failed: {r.stderr.strip()} ({' '.join(cmd[3:8])} ...)")
-        self._red[port.intf] = {"kmin": int(kmin), "kmax": int(kmax), "pmax": pmax, "enabled": True}
+        self._red[port.intf] = {"kmin": int(th.kmin), "kmax": int(th.kmax), "pmax": th.pmax if enabled else 0.0,
+                                "enabled": enabled}
 
     def thresholds(self, port: str) -> dict[str, Any]:
         p = self._select(port)[0]
@@ -348,23 +360,40 @@ class EcnStage:
         return {"kmin": kmin, "kmax": kmax, "pmax": pmax / PMAX_ONE, "enabled": bool(enabled),
                 "rate_bytes_per_s": rate, "limit_bytes": limit}
 
+    def write(self, per_port: Mapping[str, Thresholds], enabled: bool | None = None) -> None:
+        """The one writer of the ports' ECN state: each named port's thresholds, live (``enabled``:
+        marking on or off; None keeps each port's). Every value is checked before any port is written."""
+        ports = self._select(list(per_port))
+        for th in per_port.values():
+            if not (0 <= th.kmin <= th.kmax) or not (0.0 <= th.pmax <= 1.0):
+                raise UserError(f"ECN thresholds need 0 <= kmin <= kmax and 0 <= pmax <= 1, got "
+                                f"kmin={th.kmin} kmax={th.kmax} pmax={th.pmax}")
+        for p in ports:
+            th = per_port[p.intf]
+            on = self.thresholds(p.intf)["enabled"] if enabled is None else bool(enabled)
+            if self.mechanism == "red":
+                self._apply_red(p, th, on, "change")
+            else:
+                self._write_cfg(p, th, on)
+
     def set_thresholds(self, kmin: int | None = None, kmax: int | None = None, pmax: float | None = None,
                        enabled: bool | None = None, ports: Iterable[str] | str | None = None) -> None:
-        """Change Kmin/Kmax (bytes), Pmax (0..1) and on/off, live, on some or all ports."""
+        """Change Kmin/Kmax (bytes), Pmax (0..1) and on/off, live, on some or all ports (a value not
+        given keeps each port's; through :meth:`write`)."""
+        per: dict[str, Thresholds] = {}
         for p in self._select(ports):
             cur = self.thresholds(p.intf)
-            new_kmin = cur["kmin"] if kmin is None else int(kmin)
-            new_kmax = cur["kmax"] if kmax is None else int(kmax)
-            new_pmax = cur["pmax"] if pmax is None else float(pmax)
-            on = cur["enabled"] if enabled is None else bool(enabled)
-            if not (0 <= new_kmin <= new_kmax) or not (0.0 <= new_pmax <= 1.0):
-                raise UserError(f"ECN thresholds need 0 <= kmin <= kmax and 0 <= pmax <= 1, got "
-                                f"kmin={new_kmin} kmax={new_kmax} pmax={new_pmax}")
-            if self.mechanism == "red":
-                self._apply_red(p, new_kmin, new_kmax, new_pmax if on else 0.0, "change")
-                self._red[p.intf]["enabled"] = on
-            else:
-                self._write_cfg(p, new_kmin, new_kmax, new_pmax, on)
+            per[p.intf] = Thresholds(cur["kmin"] if kmin is None else int(kmin),
+                                     cur["kmax"] if kmax is None else int(kmax),
+                                     cur["pmax"] if pmax is None else float(pmax))
+        self.write(per, enabled)
+
+    def set_rate(self, intf: str, rate_mbps: float) -> None:
+        """The port now sends at ``rate_mbps`` (its htb class was changed: :func:`reshape`): the marker
+        drains its virtual queue at that rate, and the port's thresholds are the default rule's for it."""
+        port = self._select(intf)[0]
+        self.ports[intf] = replace(port, rate_mbps=rate_mbps)
+        self.write({intf: default_thresholds(rate_mbps * 1e6, self.mtu)})
 
     # -- counters --------------------------------------------------------------------------------
     def counters(self, ports: Iterable[str] | str | None = None,

@@ -41,6 +41,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hpnlab.fabric.scenario.rates import frame_bytes
+from hpnlab.fabric.workload.ecn import default_thresholds
+
 from ..errors import UserError
 from . import ecn, ovsdb, shaping
 from .state import ENV_MARK, RunState
@@ -150,7 +153,7 @@ def port_lines(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool,
                red: bool) -> tuple[list[str], list[str]]:
     """(shell lines, tc -batch lines) for one server's switch ports: IPv6 off, the MTU, htb at
     the emulated rate with the port buffer, netem delay when the server has it, and RED with
-    ECN at the default thresholds (``ecn.default_thresholds``) as the leaf when ``red``."""
+    ECN at the default thresholds (``workload.ecn.default_thresholds``) as the leaf when ``red``."""
     sh = [f"echo 1 > /proc/sys/net/ipv6/conf/{p['intf']}/disable_ipv6 2>/dev/null" for p in ports]
     if mtu != 1500:
         sh += [f"ip link set dev {p['intf']} mtu {mtu}" for p in ports]
@@ -163,11 +166,11 @@ def port_lines(ports: list[dict[str, Any]], mtu: int, shape: bool, netem: bool,
             tc += shaping.tc_lines(s, netem)
             continue
         tc += shaping.tc_lines(shaping.port_shape(p, mtu, delay=False), False, leaf=False)
-        kmin, kmax, pmax = ecn.default_thresholds(p["rate_mbps"], mtu)
-        args = ecn.red_args(kmin, kmax, pmax, mtu=mtu, rate_mbps=p["rate_mbps"], limit_bytes=s.queue_bytes)
+        th = default_thresholds(p["rate_mbps"] * 1e6, mtu)
+        args = ecn.red_args(th.kmin, th.kmax, th.pmax, mtu=mtu, rate_mbps=p["rate_mbps"], limit_bytes=s.queue_bytes)
         tc.append(f"qdisc add dev {p['intf']} parent {shaping.data_class(s)} handle 20: {' '.join(args)}")
         if netem and p["delay_us"] > 0:
-            limit = max(64, s.queue_bytes // (mtu + 14))
+            limit = max(64, s.queue_bytes // frame_bytes(mtu))
             tc.append(f"qdisc add dev {p['intf']} parent 20: handle 30: netem delay {p['delay_us']:g}us limit {limit}")
     return sh, tc
 

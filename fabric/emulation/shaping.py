@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpnlab.fabric.scenario.rates import frame_bytes
 from hpnlab.fabric.scenario.spec import Emulation
 
 #: the least frames a port buffer holds unless the scenario says otherwise (the scenario's default)
@@ -54,7 +55,7 @@ class Shape:
 
     @property
     def queue_bytes(self) -> int:
-        return int(max(self.buffer_frames * (self.mtu + 14), self.rate_bytes_per_s * self.queue_ms / 1000))
+        return int(max(self.buffer_frames * frame_bytes(self.mtu), self.rate_bytes_per_s * self.queue_ms / 1000))
 
 
 def port_shape(port: dict, mtu: int, delay: bool = True) -> Shape:
@@ -62,6 +63,18 @@ def port_shape(port: dict, mtu: int, delay: bool = True) -> Shape:
     return Shape(port["intf"], port["rate_mbps"], port["delay_us"] if delay else 0.0, mtu,
                  buffer_frames=port.get("buffer_frames", BUFFER_FRAMES),
                  control_priority=port.get("control_priority", False))
+
+
+def htb_burst(rate_mbps: float, mtu: int) -> int:
+    """An htb class's burst at this rate: about 1 ms of traffic, at least two MTU-sized frames."""
+    return max(2 * frame_bytes(mtu), int(rate_mbps * 1e6 / 8 / 1000))
+
+
+def rate_change_args(dev: str, rate_mbps: float, mtu: int) -> list[str]:
+    """The ``tc`` command that changes a shaped interface's rate live (its class 1:1; pure)."""
+    rate, burst = f"{rate_mbps:g}mbit", str(htb_burst(rate_mbps, mtu))
+    return ["tc", "class", "change", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
+            "ceil", rate, "burst", burst, "cburst", burst, "quantum", str(frame_bytes(mtu))]
 
 
 def data_class(shape: Shape) -> str:
@@ -74,8 +87,8 @@ def tc_lines(shape: Shape, netem: bool, leaf: bool = True) -> list[str]:
     the port buffer's qdisc under :func:`data_class` (a caller that puts RED there)."""
     rate = f"{shape.rate_mbps:g}mbit"
     # burst: at least one MTU-sized frame plus a little; quantum = one frame
-    frame = shape.mtu + 14
-    burst = max(2 * frame, int(shape.rate_bytes_per_s / 1000))  # ~1 ms of traffic
+    frame = frame_bytes(shape.mtu)
+    burst = htb_burst(shape.rate_mbps, shape.mtu)
     dev = shape.dev
 
     def klass(parent: str, classid: str, assured_mbps: float) -> str:

@@ -26,6 +26,7 @@ import networkx as nx
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario.rates import ETH_HEADER as ETH
 
 #: fallback without a measurement: userspace OVS on 2 cores forwards about this many packets/s
 #: through the whole fabric (environment note: iperf3 UDP through two switches); scaled with the CPU count.
@@ -55,7 +56,6 @@ NODES_EXTRAPOLATE = 1.5
 #: few large ones that set the node cap
 BRINGUP_KEEP = 48
 BRINGUP_PER_SIZE = 3
-ETH = 14
 
 
 # ---- the measured budget: a plain document, read and written here ----------------------------
@@ -291,7 +291,7 @@ def estimate(g: nx.MultiGraph, cpus: int, budget: dict[str, Any] | None = None,
     switches = len(fgraph.switches(g))
     links = g.number_of_edges()
     host_links = sum(1 for _, _, d in g.edges(data=True) if d["kind"] == "host")
-    frame_bits = 8 * (scenario.emulation.mtu + 14)
+    frame_bits = 8 * (scenario.emulation.mtu + ETH)
     # every host port sending at its emulated rate; each packet crosses at least one switch
     pps_one_hop = host_links * scenario.emulation.host_mbps * 1e6 / frame_bits
     pps, pps_source = pps_budget(budget, cpus, scenario.emulation.mtu + ETH, port_type)

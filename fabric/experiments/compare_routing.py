@@ -37,17 +37,16 @@ hpnlab.fabric.experiments.compare_routing compare-routing.json --out DIR`` draws
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.emulation import ecn as emulated_ecn
 from hpnlab.fabric.emulation.sizing import round_rate
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
@@ -405,28 +404,10 @@ def read_tx_bytes(intfs: list[str]) -> list[int]:
     return out
 
 
-def set_rate(intf: str, rate_mbps: float, mtu: int) -> None:
-    """Change an interface's htb class (as the emulation shaped it) to ``rate_mbps``."""
-    frame = mtu + 14
-    burst = max(2 * frame, int(rate_mbps * 1e6 / 8 / 1000))
-    r = subprocess.run(["tc", "class", "change", "dev", intf, "parent", "1:", "classid", "1:1", "htb",
-                        "rate", f"{rate_mbps:g}mbit", "ceil", f"{rate_mbps:g}mbit", "burst", str(burst),
-                        "cburst", str(burst), "quantum", str(frame)], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise UserError(f"cannot reshape {intf}: {r.stderr.strip()[:200]}")
-
-
 def reshape(emu: Any, intf: str, rate_mbps: float, mtu: int) -> None:
-    """Shape ``intf`` to ``rate_mbps``, and tell the emulation's ECN stage (its marker drains
-    a virtual queue at the port's rate; its thresholds are set again for the new rate)."""
-    set_rate(intf, rate_mbps, mtu)
-    stage = getattr(emu, "ecn", None)
-    if stage is not None and intf in getattr(stage, "ports", {}):
-        from hpnlab.fabric.emulation import ecn
-
-        stage.ports[intf] = dataclasses.replace(stage.ports[intf], rate_mbps=rate_mbps)
-        kmin, kmax, pmax = ecn.default_thresholds(rate_mbps, mtu)
-        stage.set_thresholds(kmin, kmax, pmax, ports=intf)
+    """Shape ``intf`` to ``rate_mbps`` through the emulation's one writer of port state
+    (``emulation.ecn.reshape``: the htb class, and the ECN stage's rate and thresholds with it)."""
+    emulated_ecn.reshape(intf, rate_mbps, mtu, getattr(emu, "ecn", None))
 
 
 def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...] | None = None,

@@ -83,8 +83,7 @@ def hop_latency_us(g_emulated: nx.MultiGraph) -> float:
     port rate: each switch receives a whole frame before its shaped egress sends it on, which
     the fluid model's rates leave out (0.7 ms a switch at 48 Mbit/s and MTU 4096; 82 ns at
     400 Gbit/s, where it does not matter)."""
-    from hpnlab.fabric.scenario.rates import emulated_mbps
-    from hpnlab.fabric.workload.ecn import ETH_HEADER
+    from hpnlab.fabric.scenario.rates import ETH_HEADER, emulated_mbps
 
     s = g_emulated.graph["scenario"]
     frame_bits = (s.emulation.mtu + ETH_HEADER) * 8

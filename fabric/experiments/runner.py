@@ -444,7 +444,8 @@ class _OnEmulation:
 
     def apply_ecn(self, value: Any) -> dict[str, Any]:
         """Set every switch egress port's ECN thresholds (``ecn_settings.from_value``: a preset
-        computed from each port's rate, or one kmin/kmax/pmax); returns what was set."""
+        computed from each port's rate, or one kmin/kmax/pmax) through the stage's one writer
+        (``EcnStage.write``); returns what was set."""
         stage = getattr(self.emu, "ecn", None)
         if stage is None:
             raise UserError("ECN thresholds need the ECN marking stage (the run has none: --no-ecn, "
@@ -452,13 +453,9 @@ class _OnEmulation:
         setting = ecn_settings.from_value(value)
         per = ecn_settings.for_ports(setting, {n: (p.rate_mbps, p.limit_bytes) for n, p in stage.ports.items()},
                                      stage.mtu)
-        groups: dict[tuple[int, int, float], list[str]] = {}
-        for name, th in per.items():
-            groups.setdefault((th.kmin, th.kmax, th.pmax), []).append(name)
-        for (kmin, kmax, pmax), names in groups.items():
-            stage.set_thresholds(kmin=kmin, kmax=kmax, pmax=pmax, enabled=True, ports=names)
+        stage.write(per, enabled=True)
         rates = {n: p.rate_mbps for n, p in stage.ports.items()}
-        by_rate = {f"{rates[n]:g}": th.as_dict() for n, th in per.items()}
+        by_rate = {f"{rates[n]:g}": th.as_setting() for n, th in per.items()}
         return {"setting": setting if isinstance(setting, str) else "custom", "by_rate_mbps": by_rate,
                 "described": ecn_settings.describe(per, rates)}
 

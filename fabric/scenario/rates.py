@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from hpnlab.fabric.scenario.spec import Scenario
 
+#: what an emulated link carries on top of an IP packet, as the shapers (htb), the port buffers and the
+#: ECN stage count a frame: the 14-byte Ethernet header (a veth carries no preamble, FCS or gap)
+ETH_HEADER = 14
+
+
+def frame_bytes(mtu: int) -> int:
+    """One MTU-sized frame on an emulated link: MTU + :data:`ETH_HEADER` bytes."""
+    return mtu + ETH_HEADER
+
 
 def emulated_mbps(scenario: Scenario, rate_gbps: float) -> float:
     """The emulated rate (Mbit/s) of a link whose real rate is ``rate_gbps``."""

@@ -1,4 +1,9 @@
-"""Static ECN threshold settings: named presets computed from a port's rate, and parsing.
+"""ECN thresholds: the one type (:class:`Thresholds`), the one default rule (:func:`default_thresholds`),
+the static settings (named presets computed from a port's rate), and parsing.
+
+The controller's policies (``hpnlab.controller.ecn_policy``), the emulation's ECN stage
+(``hpnlab.fabric.emulation.ecn``, the one writer of a port's thresholds and rate) and the
+experiments all use this type and this rule.
 
 Pure (standard library). The ECN stage (``hpnlab.fabric.emulation.ecn``) marks CE on ECT
 packets that find a queue above Kmin, with a probability rising linearly to Pmax at Kmax and
@@ -8,7 +13,7 @@ whose links run at different rates.
 
 Presets (``frame`` = one MTU-sized Ethernet frame, MTU + 14 bytes; a time is queueing time
 at the port's rate)
-    default   what the stage starts with (``ecn.default_thresholds``): Kmin = max(4 frames,
+    default   what the stage starts with (:func:`default_thresholds`): Kmin = max(4 frames,
               2 ms), Kmax = 4 Kmin, Pmax 0.2.
     low       marks early: Kmin = max(1 frame, 0.5 ms), Kmax = 4 Kmin, Pmax 0.2 (short queues,
               may cost throughput).
@@ -33,30 +38,46 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.scenario.rates import frame_bytes
 
 PRESETS = ("low", "high", "dcqcn", "default")
 #: DCQCN's published setting and the rate it was given for
 DCQCN_KMIN_BYTES, DCQCN_KMAX_BYTES, DCQCN_PMAX, DCQCN_RATE_BPS = 5_000, 200_000, 0.01, 40e9
-ETH_HEADER = 14
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Kmin and Kmax in bytes, Pmax as a probability; ``floored``/``capped`` name the
-    thresholds a preset raised to whole frames or lowered to the port buffer."""
+    """RED/DCQCN marking thresholds of one port: Kmin and Kmax in bytes, Pmax as a probability.
+    ``floored``/``capped`` name the thresholds a preset raised to whole frames or lowered to the
+    port buffer; ``reason`` (why a controller policy chose them) is not part of the value."""
     kmin: int
     kmax: int
     pmax: float
-    floored: tuple[str, ...] = field(default=())
-    capped: tuple[str, ...] = field(default=())
+    floored: tuple[str, ...] = field(default=(), kw_only=True)
+    capped: tuple[str, ...] = field(default=(), kw_only=True)
+    reason: str = field(default="", compare=False, kw_only=True)
 
     def as_dict(self) -> dict[str, Any]:
+        """The value, as the controller logs and publishes it (Pmax to 4 places)."""
+        return {"kmin": self.kmin, "kmax": self.kmax, "pmax": round(self.pmax, 4)}
+
+    def as_setting(self) -> dict[str, Any]:
+        """The value with what a preset floored or capped, as a run records its static setting."""
         return {"kmin": self.kmin, "kmax": self.kmax, "pmax": self.pmax,
                 "floored": list(self.floored), "capped": list(self.capped)}
 
 
-def frame_bytes(mtu: int) -> int:
-    return mtu + ETH_HEADER
+def default_thresholds(rate_bps: float, mtu: int = 1500) -> Thresholds:
+    """The start-up thresholds of a port sending ``rate_bps`` (bit/s), the one default rule:
+    Kmin = max(4 frames, 2 ms of queue at the rate), Kmax = 4 Kmin, Pmax 0.2.
+
+    DCQCN's published switch setting is Kmin 5 KB, Kmax 200 KB, Pmax 1% at 40 Gbit/s (Zhu et
+    al., SIGCOMM 2015); HPCC's evaluation uses Kmin 100 KB, Kmax 400 KB, Pmax 20% at 100 Gbit/s.
+    Scaled by rate to a 10 Mbit/s emulated port these are below one packet, so the rule keeps the
+    *shape* (Kmax = 4 x Kmin, Pmax 20%) and expresses Kmin as queueing time at the port rate, never
+    less than 4 MTU-sized frames. A 10 Mbit/s port with MTU 1500: Kmin 6,056 B, Kmax 24,224 B."""
+    kmin = int(max(4 * frame_bytes(mtu), rate_bps / 8 * 0.002))
+    return Thresholds(kmin, 4 * kmin, 0.2)
 
 
 def _time_bytes(rate_mbps: float, seconds: float) -> float:
@@ -70,8 +91,8 @@ def preset(name: str, rate_mbps: float, mtu: int = 1500, buffer_bytes: int | Non
     frame = frame_bytes(mtu)
     floored: list[str] = []
     if name == "default":
-        kmin = int(max(4 * frame, _time_bytes(rate_mbps, 0.002)))
-        kmax, pmax = 4 * kmin, 0.2
+        start = default_thresholds(rate_mbps * 1e6, mtu)
+        kmin, kmax, pmax = start.kmin, start.kmax, start.pmax
     elif name == "low":
         kmin = int(max(frame, _time_bytes(rate_mbps, 0.0005)))
         kmax, pmax = 4 * kmin, 0.2
@@ -96,7 +117,7 @@ def preset(name: str, rate_mbps: float, mtu: int = 1500, buffer_bytes: int | Non
     if buffer_bytes is not None and kmax > buffer_bytes:
         kmax = max(kmin, int(buffer_bytes))
         capped.append("kmax")
-    return Thresholds(kmin, kmax, pmax, tuple(floored), tuple(capped))
+    return Thresholds(kmin, kmax, pmax, floored=tuple(floored), capped=tuple(capped))
 
 
 def _size(text: str, what: str) -> int:

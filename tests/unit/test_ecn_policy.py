@@ -10,10 +10,11 @@ from hpnlab.controller import ecn_policy
 from hpnlab.controller.ecn_policy import DynamicPolicy, StaticPolicy, Thresholds
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortTelemetry
+from hpnlab.fabric.workload.ecn import default_thresholds
 
 RATE = 10e6
 KEY = ("p0l0", 1)
-START = ecn_policy.default_thresholds(RATE)
+START = default_thresholds(RATE)
 DT = 0.2
 
 
@@ -235,13 +236,6 @@ def test_changes_keeps_only_differences():
     a, b = Thresholds(1, 4, 0.2), Thresholds(2, 8, 0.2)
     assert ecn_policy.changes({KEY: a}, {KEY: Thresholds(1, 4, 0.2, reason="same")}) == {}
     assert ecn_policy.changes({KEY: a}, {KEY: b}) == {KEY: b}
-
-
-def test_default_thresholds_match_the_emulated_stage():
-    from hpnlab.fabric.emulation.ecn import default_thresholds
-    for rate_mbps in (10, 20, 40, 100):
-        th = ecn_policy.default_thresholds(rate_mbps * 1e6, 1500)
-        assert (th.kmin, th.kmax, th.pmax) == default_thresholds(rate_mbps, 1500)
 
 
 # ---- naming a policy ----------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Static ECN settings: presets computed from the port rate, and the --ecn syntax."""
 import pytest
 
-from hpnlab.fabric.emulation.ecn import default_thresholds
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.workload import ecn as es
+from hpnlab.fabric.workload.ecn import default_thresholds
 
 FRAME = 1514
 
@@ -11,7 +11,7 @@ FRAME = 1514
 @pytest.mark.parametrize("rate", [1, 10, 20, 40, 1000, 100_000])
 def test_default_preset_is_what_the_ecn_stage_starts_with(rate):
     th = es.preset("default", rate)
-    assert (th.kmin, th.kmax, th.pmax) == default_thresholds(rate)
+    assert th == default_thresholds(rate * 1e6)
 
 
 @pytest.mark.parametrize("rate", [10, 20, 40, 1000])
@@ -100,7 +100,7 @@ def test_from_value_takes_a_dict_and_names_what_is_missing():
 
 def test_for_ports_computes_each_port_at_its_own_rate():
     per = es.for_ports("default", {"a": (10.0, 62_500), "b": (20.0, 125_000)})
-    assert per["a"].kmin == default_thresholds(10)[0] and per["b"].kmin == default_thresholds(20)[0]
+    assert per["a"].kmin == default_thresholds(10e6).kmin and per["b"].kmin == default_thresholds(20e6).kmin
 
 
 def test_for_ports_puts_a_user_setting_on_every_port():

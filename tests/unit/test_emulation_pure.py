@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from hpnlab.fabric.emulation import nodes, preflight, shaping
-from hpnlab.fabric.emulation.ecn import default_thresholds
 from hpnlab.fabric.emulation.sizing import check_fits, estimate, has_loops
 from hpnlab.fabric.emulation.timeline import load as load_timeline
 from hpnlab.fabric.errors import UserError
@@ -122,13 +121,6 @@ def test_a_tcp_congestion_control_only_the_machines_own_namespace_may_use_is_ref
 def test_a_tcp_congestion_control_the_hosts_may_use_or_none_named_passes():
     preflight.check_tcp_congestion("bbr", "reno bbr cubic\n", "reno bbr\n")
     preflight.check_tcp_congestion("", "reno", "reno")
-
-
-def test_ecn_defaults_keep_the_dcqcn_shape_and_at_least_four_frames():
-    kmin, kmax, pmax = default_thresholds(10.0, mtu=1500)
-    assert kmin == 4 * 1514 and kmax == 4 * kmin and pmax == 0.2
-    kmin_fast, _, _ = default_thresholds(1000.0, mtu=1500)
-    assert kmin_fast == int(1000e6 / 8 * 0.002)
 
 
 def test_timeline_is_validated_against_the_fabric():

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from hpnlab.fabric.emulation import ecn, kernel, ovsdb, shaping, sizing
+from hpnlab.fabric.emulation import kernel, ovsdb, shaping, sizing
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.transport import roce
+from hpnlab.fabric.workload.ecn import default_thresholds
 
 AFXDP = ["afxdp", "afxdp-nonpmd"]
 
@@ -228,8 +229,8 @@ def test_an_mtu_of_4096_sizes_shaping_ecn_and_the_roce_transport_by_its_frame():
     shape = shaping.Shape("p0l0-eth1", 10.0, mtu=4096)
     assert shape.queue_bytes >= 32 * frame
     assert any(f"quantum {frame}" in line for line in shaping.tc_lines(shape, netem=False))
-    kmin, kmax, _ = ecn.default_thresholds(10.0, mtu=4096)
-    assert kmin >= 4 * frame and kmax > kmin
+    th = default_thresholds(10e6, mtu=4096)
+    assert th.kmin >= 4 * frame and th.kmax > th.kmin
     assert roce.packets_for(1 << 20, 4096) < roce.packets_for(1 << 20, 1500) / 2.5
     assert _g(mtu=4096).graph["scenario"].emulation.mtu == 4096
 

@@ -251,8 +251,8 @@ class FakeStage:
     def thresholds(self, intf):
         return {"kmin": 6056, "kmax": 24224, "pmax": 0.2000000001, "enabled": True}
 
-    def set_thresholds(self, **kw):
-        self.set.append(kw)
+    def write(self, per_port, enabled=None):
+        self.set.append(dict(per_port))
 
     def queue_drops(self):
         return {"l0-eth1": 7}
@@ -268,7 +268,7 @@ def test_emulated_actuator_writes_the_stage_per_interface_of_the_fabric_ports():
     act = actuators.EmulatedActuator(stage, PORTS)
     assert act.current() == {("l0", 1): Thresholds(6056, 24224, 0.2)}
     act.apply({("l0", 1): Thresholds(3000, 12000, 0.3)})
-    assert stage.set == [{"kmin": 3000, "kmax": 12000, "pmax": 0.3, "ports": "l0-eth1"}]
+    assert stage.set == [{"l0-eth1": Thresholds(3000, 12000, 0.3)}]
     assert act.counters()[("l0", 1)] == StageCounters(bytes=10, packets=2, ect=2, ce_marked=1, queue_bytes=1500,
                                                       drops=7, queue_peak_bytes=2500)   # the port buffer's drops
 
@@ -420,7 +420,7 @@ def test_after_adoption_samples_come_from_the_stage_under_the_adopted_numbers():
     assert loop.last[("l0", 101)].queue_bytes == 1500          # the same interface, read under its new number
     assert ("l0", 1) not in loop.last
     loop.apply(1.4, {("l0", 101): Thresholds(3000, 12000, 0.3)})
-    assert stage.set[-1]["ports"] == "l0-eth1"
+    assert list(stage.set[-1]) == ["l0-eth1"]
     assert loop.current[("l0", 101)] == Thresholds(3000, 12000, 0.3)
 
 

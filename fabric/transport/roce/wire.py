@@ -7,6 +7,8 @@ import math
 import socket
 import struct
 
+from hpnlab.fabric.scenario.rates import ETH_HEADER as ETH  # what an htb shaper counts on top of the IP packet
+
 DATA, ACK, NACK, CNP, ABORT, PROBE, PATH_LOSS, PLANE = 1, 2, 3, 4, 5, 6, 7, 8
 # type, path, src rank, dst rank, psn, msg id, msg offset, msg length, timestamp (us), path
 # sequence (DATA: the packet's number on its path, 16 bits, wrapping; PATH_LOSS: psn = the
@@ -22,7 +24,6 @@ MAX_PATHS = 255
 #: a send failing with one of these: the NIC port cannot send (its link is down, its address gone)
 LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
 IP_UDP = 28          # IPv4 + UDP headers
-ETH = 14             # what an htb shaper counts on top of the IP packet
 ECT0, CE = 0x02, 0x03
 #: the TOS byte of control packets (ACK, NACK, CNP, PLANE): DSCP 48 (CS6), not ECN-capable, the class
 #: RoCE fabrics give CNPs a strict-priority queue for (``emulation.control_priority`` does so here)
