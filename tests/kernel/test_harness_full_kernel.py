@@ -255,6 +255,7 @@ def test_red_goes_under_the_data_class_beside_a_control_class_and_changes_live_t
     On a veth pair of the test's own (no emulation needed), removed after."""
     from hpnlab.fabric.emulation import shaping
     from hpnlab.fabric.emulation.ecn import EcnPort, EcnStage
+    from hpnlab.fabric.workload.ecn import Thresholds
 
     a, b = f"hpk{os.getpid() % 100000}a", f"hpk{os.getpid() % 100000}b"
     subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
@@ -266,7 +267,7 @@ def test_red_goes_under_the_data_class_beside_a_control_class_and_changes_live_t
         assert r.returncode == 0, r.stderr
         port = EcnPort(a, "s", 1, socket.if_nametoindex(a), 10.0, shape.queue_bytes, shaping.data_class(shape))
         stage = EcnStage("red", {a: port}, None)
-        stage._apply_red(port, 6000, 24000, 0.2, "replace")
+        stage._apply_red(port, Thresholds(6000, 24000, 0.2), True, "replace")
         stage.set_thresholds(kmin=30000, kmax=60000, ports=[a])
         shown = subprocess.run(["tc", "qdisc", "show", "dev", a], capture_output=True, text=True).stdout
         assert re.search(r"red 20: parent 1:11 .*min (30000b|29\d*Kb|30Kb) max (60000b|58\d*Kb|60Kb)", shown), shown

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -51,7 +52,7 @@ def bpf_stage(rates: dict[str, float], mtu: int = 1500) -> EcnStage:
     ports = {intf: EcnPort(intf, intf.split("-")[0], i + 1, 100 + i, rate, 62_500)
              for i, (intf, rate) in enumerate(rates.items())}
     stage = EcnStage("bpf", ports, None, mtu)
-    stage._cfg, stage._state = Map(ecn._CFG), Map(ecn._STATE)
+    stage._cfg, stage._state = Map(ecn._CFG), Map(ecn._STATE)        # type: ignore[assignment]
     for port in ports.values():
         stage._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, mtu), True)
     return stage
@@ -85,8 +86,9 @@ def test_the_default_preset_the_controllers_start_up_and_a_replay_start_from_the
 
 def test_a_reason_is_not_part_of_the_value_and_only_named():
     assert Thresholds(1, 4, 0.2, reason="why") == Thresholds(1, 4, 0.2)
+    positional: tuple[Any, ...] = (1, 4, 0.2, "why")
     with pytest.raises(TypeError):
-        Thresholds(1, 4, 0.2, "why")       # type: ignore[misc]
+        Thresholds(*positional)
 
 
 def test_the_frame_overhead_is_written_once():
