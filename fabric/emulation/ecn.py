@@ -60,7 +60,7 @@ from hpnlab.fabric.scenario.rates import frame_bytes
 from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
 
 from ..errors import UserError
-from .shaping import rate_change_args
+from .shaping import data_class, port_shape, rate_change_args
 from .state import RUN_DIR, all_runs
 
 SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.bpf.c"
@@ -237,7 +237,6 @@ class EcnStage:
     # -- set-up by the harness -------------------------------------------------------
     @classmethod
     def for_emulation(cls, emu, mechanism: str) -> EcnStage:
-        from .shaping import data_class, port_shape
         mtu = emu.scenario.emulation.mtu
         ports = {}
         for p in emu.switch_ports():
