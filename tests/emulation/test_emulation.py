@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 from support.paths import REPO
 
+from hpnlab.fabric.emulation import ecn
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario.addressing import dpid_str
 from hpnlab.fabric.scenario.rates import emulated_mbps
+from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -258,6 +260,38 @@ def test_ecn_counters_are_readable_from_another_process(mini_hpn):
     assert data["n"] == len(mini_hpn.switch_ports())
     assert here_before > 0
     assert here_before <= data["p"] <= here_after    # the same counter, read from the other process
+
+
+def _htb_rate_bps(intf: str) -> float:
+    """The rate of the interface's htb class 1:1 as tc reports it."""
+    shown = subprocess.run(["tc", "class", "show", "dev", intf], capture_output=True, text=True).stdout
+    found = re.search(r"class htb 1:1 .*?rate ([\d.]+)(\w*)bit", shown)
+    assert found, shown
+    value, unit = found.groups()
+    return float(value) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[unit]
+
+
+def test_a_reshaped_port_is_shaped_marked_and_thresholded_at_its_new_rate_and_back(mini_hpn):
+    """``ecn.reshape``, the one writer of a port's rate (the routing comparison's asymmetric fabric):
+    the htb class, the marker's drain rate and the default thresholds follow the new rate, and a
+    reshape back restores all three."""
+    intf, stage, mtu = _bottleneck(mini_hpn), mini_hpn.ecn, mini_hpn.scenario.emulation.mtu
+    rate = stage.ports[intf].rate_mbps
+    before = stage.thresholds(intf)
+    try:
+        ecn.reshape(intf, rate / 2, mtu, stage)
+        assert _htb_rate_bps(intf) == rate / 2 * 1e6
+        assert stage.ports[intf].rate_mbps == rate / 2
+        now = stage.thresholds(intf)
+        assert Thresholds(now["kmin"], now["kmax"], round(now["pmax"], 4)) == default_thresholds(rate / 2 * 1e6, mtu)
+        if stage.mechanism == "bpf":
+            assert now["rate_bytes_per_s"] == int(rate / 2 * 1e6 / 8)
+    finally:
+        ecn.reshape(intf, rate, mtu, stage)
+        stage.set_thresholds(kmin=before["kmin"], kmax=before["kmax"], pmax=before["pmax"], ports=intf)
+    assert _htb_rate_bps(intf) == rate * 1e6 and stage.ports[intf].rate_mbps == rate
+    if stage.mechanism == "bpf":
+        assert stage.thresholds(intf)["rate_bytes_per_s"] == before["rate_bytes_per_s"]
 
 
 # ---- failure timeline -----------------------------------------------------------------------
