@@ -279,6 +279,7 @@ def test_a_reshaped_port_is_shaped_marked_and_thresholded_at_its_new_rate_and_ba
     rate = stage.ports[intf].rate_mbps
     before = stage.thresholds(intf)
     try:
+        stage.set_thresholds(kmin=30_000, kmax=50_000, ports=intf)     # not the default: the reshape puts it back
         ecn.reshape(intf, rate / 2, mtu, stage)
         assert _htb_rate_bps(intf) == rate / 2 * 1e6
         assert stage.ports[intf].rate_mbps == rate / 2
