@@ -177,6 +177,39 @@ class Forwarding:
             out[pick] = cand[pick]
         return out
 
+    def planes_copied(self, switches: list[str], leaves: list[str], sw_map: np.ndarray, leaf_map: np.ndarray,
+                      link_map: np.ndarray, head: np.ndarray, port_link: np.ndarray) -> Forwarding:
+        """This healthy forwarding of plane 0 copied to every plane (``Network.planes_copied``: plane p's
+        copy of plane-0 switch i is ``sw_map[p, i]``, of leaf d ``leaf_map[p, d]``, of directed link l
+        ``link_map[p, l]``): plane p's switches forward as plane 0's twins do, over their twins' links.
+        Choice rows plane by plane, as the compiler lists the switches (plane by plane)."""
+        assert not self.dead_ports and self.bounce is None and not self.wide and not self.assignments
+        planes = len(sw_map)
+        out = object.__new__(Forwarding)        # not copy.copy: __getstate__ leaves the compiler's parts out
+        out.__dict__.update(self.__dict__)
+        out.g = out.ix = None
+        out.switches = switches
+        out.sw_index = {s: i for i, s in enumerate(switches)}
+        out.leaves = leaves
+        out.leaf_index = {s: i for i, s in enumerate(leaves)}
+        out.leaf_sw = np.array([out.sw_index[s] for s in leaves], dtype=np.int64)
+        out.head, out.port_link = head, port_link
+        n_rows = len(self.sets)
+        single = np.full((len(switches), len(leaves)), -1, dtype=self.single.dtype)
+        multi = np.full_like(single, -1, dtype=self.multi.dtype)
+        sets = []
+        for p in range(planes):
+            rows, cols = np.ix_(sw_map[p], leaf_map[p])
+            single[rows, cols] = np.where(self.single >= 0, link_map[p][np.maximum(self.single, 0)], self.single)
+            multi[rows, cols] = np.where(self.multi >= 0, self.multi + p * n_rows, self.multi)
+            sets += [(int(sw_map[p, si]), full, gone, np.where(links >= 0, link_map[p][np.maximum(links, 0)], -1))
+                     for si, full, gone, links in self.sets]
+        out.single, out.multi, out.sets = single, multi, sets
+        out.row_off, out.row_mask = np.tile(self.row_off, planes), np.tile(self.row_mask, planes)
+        out.wide, out.assignments = {}, {}
+        out._deal()
+        return out
+
     def weighted_sets(self, masks: dict[int, int]) -> dict[int, tuple[str, tuple[int, ...], int]]:
         """Weighted mode's sets (``compiler.weighted_masks``: per field mask, the wider mask its sets
         read): per choice row that the controller re-weights (a healthy set; "avoid" sets read only

@@ -22,6 +22,7 @@ dpids, addresses and MACs.
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 
 import networkx as nx
 
@@ -31,12 +32,14 @@ from hpnlab.fabric.scenario.spec import Scenario, check_limits
 TIER = {"host": 0, "leaf": 1, "edge": 1, "spine": 2, "agg": 2, "core": 3}
 
 
-def build(scenario: Scenario) -> nx.MultiGraph:
+def build(scenario: Scenario, planes: Sequence[int] | None = None) -> nx.MultiGraph:
     """Build the fabric graph of a validated scenario.
 
     The scenario's size and identifier ranges are checked first (``spec.check_limits``), so
     a Scenario made in Python that would overflow a dpid, a MAC or the size limits is
-    refused in one line before anything is built.
+    refused in one line before anything is built. ``planes``: only these planes' switches and
+    links (every host, with its ports in those planes), each exactly as in the whole graph: the
+    flow model builds one plane and copies it (``model.flow.cached_network``); default every plane.
     """
     check_limits(scenario)
     # The build creates millions of small dicts and no cycles: the cyclic garbage
@@ -46,7 +49,7 @@ def build(scenario: Scenario) -> nx.MultiGraph:
     try:
         if scenario.kind == "fat-tree":
             return _build_fat_tree(scenario)
-        return _build_hpn(scenario)
+        return _build_hpn(scenario, range(scenario.planes) if planes is None else planes)
     finally:
         if was_enabled:
             gc.enable()
@@ -72,7 +75,7 @@ def _add_hosts(g: nx.MultiGraph, s: Scenario) -> list[str]:
     return names
 
 
-def _build_hpn(s: Scenario) -> nx.MultiGraph:
+def _build_hpn(s: Scenario, planes: Sequence[int]) -> nx.MultiGraph:
     g, plan = _new_graph(s)
     hosts = _add_hosts(g, s)
     leaves_per_segment = s.leaves_per_plane_per_segment
@@ -83,7 +86,7 @@ def _build_hpn(s: Scenario) -> nx.MultiGraph:
     spine_core_links = s.spine_core_links
     leaf_down = s.leaf_down_ports
     edges: list[tuple[str, str, dict]] = []
-    for plane in range(s.planes):
+    for plane in planes:
         cores: dict[tuple[int, int], str] = {}  # (campus, core in campus) -> name
         for campus in range(s.campuses):
             for core_in_campus in range(cores_per_campus):
