@@ -77,11 +77,12 @@ def register(sub) -> None:
                         "default: " + ", ".join(f"{k} {d:g}/{c:g} ms" for k, (d, c) in model.FAILOVER_CHAIN_MS.items()))
     p.add_argument("--corrections", choices=tuple(model_corrections.PRESETS),
                    default=model_corrections.DEFAULT_PRESET,
-                   help="costs the fluid model leaves out (per-step rate ramp, retransmission, congestion control "
-                        "under spraying), shown as a corrected time and efficiency beside the raw ones: "
-                        "htsim-100g (default: the only constants measured against a packet-level simulator, "
-                        "fitted by tools/bench/bench_htsim.py --fit against UEC's htsim with NSCC on a 100 Gbit/s k=8 "
-                        "fat-tree of 128 hosts; on other fabrics and rates an extrapolation) or none (raw only)")
+                   help="costs the fluid model leaves out, mechanism by mechanism (headers, the last packet's "
+                        "round trip, the first window's overflow at the busiest link, and per load-balancing mode the "
+                        "step's start, the first window's queueing and congestion control's steady share), shown as "
+                        "a corrected time and efficiency beside the raw ones: htsim-100g (default: UEC's htsim with "
+                        "NSCC on 100 Gbit/s fat-trees, the constants fitted by tools/bench/bench_htsim.py --fit on "
+                        "named cells and validated on others; on other fabrics and rates an extrapolation) or none")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print JSON results")
     add_study_args(p)
@@ -250,7 +251,7 @@ def cmd_model(args) -> int:
         for r in routings:
             failure[r]["chain"] = model.failover_chain(g, args.collective, sizes[-1], failed, times=times, routing=r,
                                                        entropy_values=args.entropy_values, **kw)
-    corr = model_corrections.preset(args.corrections)
+    corr = model_corrections.for_fabric(model_corrections.preset(args.corrections), scenario.host_rate_gbps, results)
     corrected = [model_corrections.correct_result(r, corr) if corr is not model_corrections.NONE else None
                  for r in results]
     if args.json:
@@ -274,9 +275,12 @@ def cmd_model(args) -> int:
               f"{r.busbw_gbs:>13.2f} {r.efficiency:>8.1%} "
               f"{_rate(r.rate_gbps_mean):>13} / {_rate(r.rate_gbps_min):<6}{corr_cols}")
     if corr is not model_corrections.NONE:
-        print(f"# corrected ({args.corrections}): + {corr.ramp_rtts_per_step:g} x {corr.base_rtt_us:g} us per step "
-              f"(rate ramp), re-sent {', '.join(f'{k} {v:.1%}' for k, v in corr.retx_fraction.items())}, "
-              f"sprayed drain / {corr.spray_efficiency:g}; constants from {corr.source}")
+        modes = ", ".join(f"{r} as {corr.routing_policy.get(r, r)} (start {p.start_rtts:g} RTT, burst {p.burst:g}, "
+                          f"efficiency {p.efficiency:g})"
+                          for r in routings if (p := corr.policy(r)) is not None)
+        print(f"# corrected ({args.corrections}): headers, the last packet's round trip, the first window's overflow "
+              f"({'lossless' if corr.transport.lossless else 'trimmed and re-sent'}); {modes}; constants from "
+              f"{corr.source}")
     for r in results:
         if r.stalled_connections:
             print(f"# {r.routing}, {r.size_bytes} B: {_stalled(r.stalled_connections, r.stalled_pairs)}")

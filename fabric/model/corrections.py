@@ -1,38 +1,48 @@
-"""Documented corrections for what the flow model leaves out, applied to its per-step times.
+"""What the fluid model leaves out of a synchronous step, added back mechanism by mechanism.
 
-Pure. The flow model (``hpnlab.fabric.model.flow``) is a fluid, work-conserving model: every flow
-starts at its fair rate, links drain at full capacity, nothing is lost. A packet-level peer
-(UEC's htsim, NSCC, trimming, 1 x BDP queues) pays for what the model leaves out; each term
-below adds one cost back, per synchronous step, in this order:
+Pure. The flow model (``hpnlab.fabric.model.flow``) is a fluid, work-conserving model: every
+flow starts at its fair rate, links drain the bytes routed over them at full capacity, nothing
+is lost, a step ends when its busiest link has drained plus the longest path's one-way
+latency. A packet-level transport (UEC's htsim: NSCC, packet trimming, switch queues of one
+bandwidth-delay product) pays for more. Each term below is one mechanism, computed from the
+transport's configuration (:class:`Transport`) and the step as the model routed it
+(:class:`StepShape`), in this order:
 
-``ramp_rtts_per_step`` (rate ramp and congestion control per step, queueing at the start)
-    Each synchronous step pays a fixed time of ``ramp_rtts_per_step`` base round trips: the
-    barrier that starts the step, the congestion window's climb to its fair share and the
-    queue that builds while it does, the last packet's acknowledgement. Added to every step:
-    ``t += ramp_rtts_per_step * base_rtt``.
-``retx_fraction`` (retransmission)
-    Packets lost (trimmed or dropped) are sent again: a step's bytes grow by that fraction,
-    ``t *= 1 + retx_fraction[routing]``, per routing (per-flow hashing collides and loses more).
-``spray_efficiency`` (congestion control under spraying)
-    Sprayed traffic in the model is perfectly even; the packet-level peer's congestion control
-    holds the sprayed flows below the fair share (reordering, trimming, ECN-driven decreases):
-    the drain part of a sprayed step is divided by ``spray_efficiency``.
-``entropy_values`` (spraying over a finite set of entropy values)
-    Not a factor: a transport that sprays over E entropy values is E hashed connections per
-    flow, each with 1/E of the bytes. :func:`finite_entropy_routing` says how the model runs
-    that exactly (its per-flow routing with ``qps = E``) instead of the perfectly even split.
+``wire``    headers: every MSS of payload travels in an MTU on the wire (``mtu / (mtu - header)``).
+``tail``    the last packet's round trip, measured from the moment the sender has serialised
+            it: its one-way latency (the model's, propagation and switch latency), the
+            store-and-forward serialisation of one MTU at every switch of the path (the
+            packets ahead of it are full-sized), and the acknowledgement's return (the same
+            propagation, an ACK's serialisation per hop). It replaces the model's one-way latency.
+``overflow`` (lossy fabrics only) the first window's overflow: every flow opens with its whole
+            window (``window_bdp`` bandwidth-delay products, or its size if smaller) at line
+            rate; where ``fan_in`` flows' first windows meet on one link, the link forwards one
+            window's worth while they arrive and its queue (``queue_bdp`` BDPs) holds the rest up
+            to its size: the excess is trimmed and sent again, and the re-sent bytes cross the
+            busiest link once more. Zero on a lossless fabric (PFC pauses instead of dropping)
+            and where the flows are sprayed evenly (fan-in at most one flow's worth).
+Per load-balancing policy (:class:`Policy`, fitted against the peer):
+``start``   a fixed delay per step, in base RTTs: the step waits for its slowest flow, whose
+            first packets queued behind others' (the barrier's jitter);
+``burst``   the first window's queueing: every flow sends min(size, window) at once, and the
+            queues that builds delay the step by ``burst`` times that window's serialisation;
+``efficiency`` the steady state: congestion control holds the busiest link at this share of
+            its rate (the sprayed modes' reordering, ECN marks and window cap), the drain (and
+            the re-sent bytes) divided by it.
 
-The constants come from measurement: :data:`HTSIM_100G` was fitted by ``tools/bench/bench_htsim.py
---fit`` (:func:`fit`) on the model against htsim on a 100 Gbit/s three-tier fat-tree (the
-runs and their figures are in the benchmark's JSON; the fit's inputs are printed with it).
+How the bytes of a flow are spread (which links, which fan-in) is the model's routing, chosen
+per mode by the caller (``hpnlab.fabric.experiments.htsim``: per-flow hashing, N hashed entropy
+values in equal shares, or adaptively). Every constant of a :class:`Policy` is fitted by
+:func:`fit` on named cells (``htsim.FIT_CELLS``) and reported on others (``htsim.VALIDATION_CELLS``).
 """
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+import numpy as np
 
 from hpnlab.fabric.errors import UserError
 
@@ -41,39 +51,145 @@ SPRAYED = ("spray", "adaptive")
 
 
 @dataclass(frozen=True)
-class Corrections:
-    """The correction terms (see the module's text); ``source`` says where they were measured."""
-    base_rtt_us: float = 12.0
-    ramp_rtts_per_step: float = 0.0
-    retx_fraction: dict[str, float] = field(default_factory=dict)     # routing -> re-sent / new packets
-    spray_efficiency: float = 1.0
-    source: str = "none: the uncorrected model"
+class Transport:
+    """The packet-level peer's transport and switches: what the mechanisms are computed from.
+    Defaults: htsim_uec's (40ccb05) on a 100 Gbit/s fabric, 1 us per hop."""
+    rate_gbps: float = 100.0
+    mtu_bytes: int = 4150          # a data packet on the wire, headers included
+    header_bytes: int = 64
+    ack_bytes: int = 64
+    window_bdp: float = 1.5        # NSCC's initial (and largest) window
+    queue_bdp: float = 1.0         # a switch queue with trimming: one BDP
+    base_rtt_us: float = 14.02     # the fabric's largest unloaded RTT (htsim's network_max_unloaded_rtt)
+    lossless: bool = False         # PFC: nothing is dropped or trimmed, nothing is sent again
 
     def __post_init__(self) -> None:
-        if self.base_rtt_us < 0 or self.ramp_rtts_per_step < 0:
-            raise UserError("corrections: the base RTT and the RTTs per step cannot be negative")
-        if not 0 < self.spray_efficiency <= 1:
-            raise UserError(f"corrections: spray efficiency must be in (0, 1], got {self.spray_efficiency}")
-        if any(not 0 <= f < 1 for f in self.retx_fraction.values()):
-            raise UserError("corrections: a retransmitted fraction must be in [0, 1)")
+        if self.rate_gbps <= 0 or self.mtu_bytes <= self.header_bytes or self.base_rtt_us < 0:
+            raise UserError("corrections: a transport needs a positive rate, an MTU above its header and an RTT >= 0")
+
+    @property
+    def rate_bps(self) -> float:
+        return self.rate_gbps * 1e9
+
+    @property
+    def bdp_bytes(self) -> float:
+        return self.base_rtt_us * 1e-6 * self.rate_bps / 8
+
+    @property
+    def wire(self) -> float:
+        """Bytes on the wire per byte of payload."""
+        return self.mtu_bytes / (self.mtu_bytes - self.header_bytes)
+
+    def tail_s(self, latency_s: float, hops: int) -> float:
+        """The last packet's round trip after its first serialisation (see ``tail``)."""
+        if hops <= 0:
+            return 2 * latency_s
+        return 2 * latency_s + ((hops - 1) * self.mtu_bytes + hops * self.ack_bytes) * 8 / self.rate_bps
+
+    def overflow_bytes(self, fan_in: float, flow_bytes: float) -> float:
+        """Bytes trimmed and sent again at a link where ``fan_in`` flows' first windows meet."""
+        if self.lossless or fan_in <= 1:
+            return 0.0
+        first = min(flow_bytes * self.wire, self.window_bdp * self.bdp_bytes)
+        return max(0.0, (fan_in - 1) * first - self.queue_bdp * self.bdp_bytes)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A load-balancing mode's congestion costs (see the module's text), fitted against the peer."""
+    start_rtts: float = 0.0
+    burst: float = 0.0
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.efficiency <= 1.5 or self.start_rtts < -5 or self.burst < -1:
+            raise UserError(f"corrections: implausible policy constants {self}")
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One synchronous step as the model routed it: its fluid drain (the busiest link's bytes over
+    its rate, payload only), the longest path's one-way latency and links, the bytes of its
+    largest flow and how many flows' worth meet on its busiest link."""
+    drain_s: float
+    latency_s: float
+    hops: int
+    flow_bytes: float
+    fan_in: float = 1.0
+
+
+@dataclass(frozen=True)
+class Corrections:
+    """A transport and the policies of its load-balancing modes; ``source`` says where they were measured."""
+    transport: Transport = field(default_factory=Transport)
+    policies: dict[str, Policy] = field(default_factory=dict)     # mode -> constants
+    routing_policy: dict[str, str] = field(default_factory=dict)  # the model's routing -> the mode it stands for
+    source: str = "none: the uncorrected model"
+    fitted_on: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["fitted_on"] = list(self.fitted_on)
+        return out
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Corrections:
+        try:
+            return cls(transport=Transport(**doc["transport"]),
+                       policies={k: Policy(**v) for k, v in doc["policies"].items()},
+                       routing_policy=dict(doc.get("routing_policy", {})), source=str(doc.get("source", "")),
+                       fitted_on=tuple(doc.get("fitted_on", ())))
+        except (KeyError, TypeError) as exc:
+            raise UserError(f"corrections: not a corrections document ({type(exc).__name__}: {exc})") from None
+
+    def policy(self, mode: str) -> Policy:
+        return self.policies.get(self.routing_policy.get(mode, mode), Policy())
+
+
+def step_time(shape: StepShape, c: Corrections, mode: str) -> float:
+    """One step's corrected time (seconds); the model's own time is ``drain_s + latency_s``."""
+    if math.isinf(shape.drain_s):
+        return math.inf
+    t, p = c.transport, c.policy(mode)
+    drain = shape.drain_s * t.wire + t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps
+    first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
+    return (t.tail_s(shape.latency_s, shape.hops) + p.start_rtts * t.base_rtt_us * 1e-6 + p.burst * first
+            + drain / p.efficiency)
+
+
+def terms(shape: StepShape, c: Corrections, mode: str) -> dict[str, float]:
+    """Each mechanism's share of a corrected step (seconds), for reports: what each adds."""
+    t, p = c.transport, c.policy(mode)
+    first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
+    over = t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps
+    return {"drain": shape.drain_s, "wire": shape.drain_s * (t.wire - 1), "tail": t.tail_s(shape.latency_s, shape.hops),
+            "overflow": over, "start": p.start_rtts * t.base_rtt_us * 1e-6, "burst": p.burst * first,
+            "congestion": (shape.drain_s * t.wire + over) * (1 / p.efficiency - 1)}
 
 
 NONE = Corrections()
 
-#: fitted by ``tools/bench/bench_htsim.py --hosts 128 --fit`` against htsim (uet-htsim 40ccb05, htsim_uec, its
-#: defaults: NSCC, 12 us base RTT, 100 Gbit/s, trimming) on a 3-tier k=8 fat-tree (128 hosts): hpnlab's
-#: derangement (4 MB per flow, seed 1) and the pairwise all-to-all (256 kB per pair, 127 steps, a barrier
-#: between steps), modes ecmp (-paths 1), spray (default), reps, oblivious (64 values). Inputs: htsim's
-#: makespans and re-sent fractions (per-flow ECMP 2.5% on the permutation, 22.1% on the all-to-all;
-#: sprayed 0-0.16%), the model's uncorrected makespans; measured 2026-12-01 at load 6-12 on 2 cores
-#: (simulated time does not depend on the load). See /work/notes/htsim.txt.
-HTSIM_100G = Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.277, retx_fraction={"per_flow": 0.1231, "sprayed": 0.0},
-                         spray_efficiency=0.8865,
-                         source="tools/bench/bench_htsim.py --hosts 128 --fit (htsim_uec defaults, k=8 fat-tree, 100G)")
+#: htsim's modes and the model routings they stand for in ``hpnlab model``: per-flow hashing is
+#: ECMP; the model's perfectly even spraying and its adaptive routing are htsim's default (mixed:
+#: REPS' recycling with the bitmap's skipping of marked values)
+CLI_ROUTING_POLICY = {"ecmp": "ecmp", "flow": "ecmp", "flowlet": "ecmp", "spray": "mixed", "adaptive": "mixed"}
 
+#: fitted by ``tools/bench/bench_htsim.py --fit`` on ``htsim.FIT_CELLS`` (see docs/results/ for the run,
+#: its cells and the validation on the other cells)
+HTSIM_100G = Corrections(
+    transport=Transport(),
+    policies={
+        "ecmp": Policy(),
+        "mixed": Policy(start_rtts=0.1, burst=0.3, efficiency=0.894),
+        "bitmap": Policy(start_rtts=0.1, burst=0.3, efficiency=0.89),
+        "reps": Policy(start_rtts=0.1, burst=0.3, efficiency=0.8),
+        "reps_legacy": Policy(start_rtts=0.1, burst=0.3, efficiency=0.85),
+        "oblivious": Policy(start_rtts=0.1, burst=0.3, efficiency=0.85),
+        "ar": Policy(start_rtts=0.1, burst=0.3, efficiency=0.92),
+    },
+    routing_policy=CLI_ROUTING_POLICY,
+    source="placeholder: to be fitted by tools/bench/bench_htsim.py --fit",
+)
 
 #: the corrections ``hpnlab model --corrections`` offers, by name
 PRESETS: dict[str, Corrections] = {"htsim-100g": HTSIM_100G, "none": NONE}
@@ -97,53 +213,32 @@ def routing_kind(routing: str) -> str:
     raise UserError(f"corrections: unknown routing {routing!r}")
 
 
-def correct_step(time_s: float, latency_s: float, routing: str, c: Corrections) -> float:
-    """One synchronous step's corrected time: the drain part (``time_s - latency_s``) divided by
-    the spray efficiency (sprayed routings), grown by the re-sent fraction, then the latency
-    and the per-step ramp added."""
-    if math.isinf(time_s):
-        return time_s
-    drain = max(0.0, time_s - latency_s)
-    if routing_kind(routing) == "sprayed":
-        drain /= c.spray_efficiency
-    drain *= 1.0 + c.retx_fraction.get(routing, c.retx_fraction.get(routing_kind(routing), 0.0))
-    return drain + latency_s + c.ramp_rtts_per_step * c.base_rtt_us * 1e-6
-
-
-def correct_steps(step_times_s: Sequence[float], routing: str, c: Corrections,
-                  latencies_s: Sequence[float] | None = None,
-                  multiplicities: Sequence[float] | None = None) -> float:
-    """A collective's corrected time: the sum of its corrected steps (each counted ``multiplicity`` times)."""
-    lats = latencies_s or [0.0] * len(step_times_s)
-    mults = multiplicities or [1.0] * len(step_times_s)
-    return float(sum(m * correct_step(t, lat, routing, c)
-                     for t, lat, m in zip(step_times_s, lats, mults, strict=True)))
+def shape_of(step: Any, switch_latency_s: float = 0.0) -> StepShape:
+    """A model step (``flow.StepResult``) as a :class:`StepShape`: its drain (time less latency),
+    latency, hops, the bytes of one connection (its bytes over its connections) and the fan-in
+    at its busiest link."""
+    flows = max(1, int(step.flows))
+    return StepShape(drain_s=max(0.0, step.time_s - step.latency_s), latency_s=step.latency_s,
+                     hops=int(getattr(step, "hops", 0)), flow_bytes=float(step.bytes) / flows,
+                     fan_in=float(getattr(step, "fan_in", 1.0)))
 
 
 def correct_result(result: Any, c: Corrections) -> dict[str, Any]:
-    """A ``model.ModelResult`` corrected: its time and busbw, with the terms applied to its
-    steps (the corrections are affine in each step's time, so the result's total and its
-    number of steps carry them exactly: sum(m * (a t + b)) = a * total + b * steps)."""
-    steps = float(result.steps_total)
-    total = float(result.time_s)      # sum(m * step time) over ``result.steps`` (``model.StepResult``)
-    if math.isinf(total) or total <= 0:
+    """A ``flow.ModelResult`` corrected step by step (each distinct step counted its multiplicity
+    times): its time, busbw and efficiency."""
+    total = float(result.time_s)
+    if math.isinf(total) or total <= 0 or c is NONE:
         return {"time_s": total, "busbw_gbs": result.busbw_gbs, "efficiency": result.efficiency,
                 "corrections": c.as_dict()}
-    latency = sum(s.multiplicity * s.latency_s for s in result.steps)
-    drain = total - latency
-    kind = routing_kind(result.routing)
-    if kind == "sprayed":
-        drain /= c.spray_efficiency
-    drain *= 1.0 + c.retx_fraction.get(result.routing, c.retx_fraction.get(kind, 0.0))
-    corrected = drain + latency + steps * c.ramp_rtts_per_step * c.base_rtt_us * 1e-6
+    corrected = float(sum(s.multiplicity * step_time(shape_of(s), c, result.routing) for s in result.steps))
     scale = total / corrected
     return {"time_s": corrected, "busbw_gbs": result.busbw_gbs * scale, "efficiency": result.efficiency * scale,
             "corrections": c.as_dict()}
 
 
 def finite_entropy_routing(routing: str, entropy_values: int | None) -> tuple[str, int]:
-    """(model routing, connections per pair) that sprays over ``entropy_values`` values exactly:
-    E hashed connections of 1/E of the bytes each; None keeps the perfectly even split."""
+    """(model routing, connections per pair) that sprays over ``entropy_values`` values in equal
+    shares: E hashed connections of 1/E of the bytes each; None keeps the perfectly even split."""
     if entropy_values is None or routing_kind(routing) != "sprayed":
         return routing, 1
     if entropy_values < 1:
@@ -151,40 +246,65 @@ def finite_entropy_routing(routing: str, entropy_values: int | None) -> tuple[st
     return "ecmp", int(entropy_values)
 
 
-# ---- fitting the constants from side-by-side runs ------------------------------------------------
+# ---- fitting a policy from side-by-side runs -----------------------------------------------------
 
-def fit(runs: Sequence[dict[str, Any]], base_rtt_us: float, source: str) -> Corrections:
-    """Constants from side-by-side runs of the model and a packet-level peer. Each run:
-    {"case": "permutation" | "all_to_all", "routing", "steps", "model_s" (uncorrected
-    makespan), "peer_s", "retx_fraction" (the peer's re-sent / new packets)}.
+def fit_policy(cells: Sequence[dict[str, Any]], transport: Transport) -> Policy:
+    """A mode's constants from cells run on both sides. Each cell: {"peer_s": the peer's time
+    (mean over its seeds), "steps": [[StepShape, multiplicity], ...] per seed of the model (the
+    same number of seeds or one)}. The corrected time is linear in (start, burst, 1/efficiency):
+    least squares on the relative error of every cell (each cell weighs the same whatever its
+    length), efficiency capped to (0, 1.5]."""
+    rows, rhs = [], []
+    t = transport
+    for cell in cells:
+        per_seed = cell["steps"]
+        n = len(per_seed)
+        start = burst = drain = fixed = 0.0
+        for steps in per_seed:
+            for shape, mult in steps:
+                first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
+                start += mult * t.base_rtt_us * 1e-6 / n
+                burst += mult * first / n
+                drain += mult * (shape.drain_s * t.wire + t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8
+                                 / t.rate_bps) / n
+                fixed += mult * t.tail_s(shape.latency_s, shape.hops) / n
+        peer = float(cell["peer_s"])
+        rows.append([start / peer, burst / peer, drain / peer])
+        rhs.append((peer - fixed) / peer)
+    a = np.array(rows)
+    b = np.array(rhs)
+    if len(rows) < 3:       # too few cells for three constants: the steady state alone
+        inv = float(np.linalg.lstsq(a[:, 2:], b, rcond=None)[0][0])
+        return Policy(efficiency=round(1 / inv, 4) if inv > 0 else 1.0)
+    x = np.linalg.lstsq(a, b, rcond=None)[0]
+    eff = 1 / x[2] if x[2] > 0 else 1.0
+    return Policy(start_rtts=round(float(x[0]), 4), burst=round(float(x[1]), 4), efficiency=round(min(eff, 1.5), 4))
 
-    * retx_fraction per routing kind: the median the peer measured;
-    * spray_efficiency: the median over the sprayed one-step runs (permutation) of
-      model / peer once retransmission and the one step's ramp are accounted for (capped at 1);
-    * ramp_rtts_per_step: the median over the multi-step runs (all-to-all) of the time left
-      per step, in base RTTs, once the other terms are applied (at least 0).
-    The last two depend on each other; they are alternated until they settle.
-    """
-    retx: dict[str, float] = {}
-    for kind in ("per_flow", "sprayed"):
-        vals = [r["retx_fraction"] for r in runs if routing_kind(r["routing"]) == kind and r.get("retx_fraction")
-                is not None]
-        if vals:
-            retx[kind] = statistics.median(vals)
-    rtt = base_rtt_us * 1e-6
-    eff, ramp = 1.0, 0.0
-    for _ in range(50):           # the two terms depend on each other: alternate until they settle
-        effs = [r["model_s"] * (1 + retx.get("sprayed", 0.0)) / (r["peer_s"] - ramp * rtt) for r in runs
-                if r["case"] == "permutation" and routing_kind(r["routing"]) == "sprayed" and r["peer_s"] > ramp * rtt]
-        eff = min(1.0, statistics.median(effs)) if effs else 1.0
-        partial = Corrections(base_rtt_us=base_rtt_us, retx_fraction=retx, spray_efficiency=eff, source=source)
-        ramps = [max(0.0, (r["peer_s"] - correct_steps([r["model_s"] / r["steps"]] * r["steps"], r["routing"],
-                                                       partial)) / r["steps"] / rtt)
-                 for r in runs if r["steps"] > 1 and rtt > 0]
-        new_ramp = statistics.median(ramps) if ramps else 0.0
-        if abs(new_ramp - ramp) < 1e-9:
-            break
-        ramp = new_ramp
-    return Corrections(base_rtt_us=base_rtt_us, ramp_rtts_per_step=round(ramp, 3),
-                       retx_fraction={k: round(v, 4) for k, v in retx.items()}, spray_efficiency=round(eff, 4),
-                       source=source)
+
+def fit(cells_by_mode: Mapping[str, Sequence[dict[str, Any]]], transport: Transport, source: str,
+        fitted_on: Sequence[str], fixed: dict[str, Policy] | None = None) -> Corrections:
+    """Corrections with a policy per mode fitted on its cells (:func:`fit_policy`); ``fixed``
+    modes keep the constants given (ECMP: no constant, its costs are the mechanisms')."""
+    fixed = fixed or {}
+    policies = {mode: fixed.get(mode) or fit_policy(cells, transport) for mode, cells in cells_by_mode.items()}
+    return Corrections(transport=transport, policies=policies, routing_policy=CLI_ROUTING_POLICY, source=source,
+                       fitted_on=tuple(fitted_on))
+
+
+def for_fabric(c: Corrections, rate_gbps: float, results: Sequence[Any]) -> Corrections:
+    """``c`` on another fabric: its transport at the fabric's port rate, its base RTT the longest
+    round trip of the results' steps (``flow.ModelResult``: the tail of their longest path plus one
+    MTU's serialisation), as htsim takes its fabric's largest unloaded RTT. The policies' constants
+    stay (fitted on htsim's fat-tree: elsewhere an extrapolation)."""
+    if c is NONE:
+        return c
+    t = replace(c.transport, rate_gbps=rate_gbps)
+    tails = [t.tail_s(s.latency_s, int(getattr(s, "hops", 0))) for r in results for s in r.steps
+             if math.isfinite(s.latency_s)]
+    rtt_us = (max(tails, default=0.0) + t.mtu_bytes * 8 / t.rate_bps) * 1e6
+    return replace(c, transport=replace(t, base_rtt_us=rtt_us))
+
+
+def with_transport(c: Corrections, **changes: Any) -> Corrections:
+    """``c`` with its transport changed (e.g. ``lossless=True``)."""
+    return replace(c, transport=replace(c.transport, **changes))

@@ -375,7 +375,8 @@ def healthy_network(scenario: Any, *, entropy_values: int = ENTROPY_VALUES) -> N
             net = Network(g, entropy_values=entropy_values)
             g.graph.pop("_controller_index", None)
         net.g = None
-        net.fwd.g = net.fwd.ix = None
+        net.fwd.g = None
+        net.fwd.ix = None
         del g
     finally:
         if was_enabled:
@@ -803,6 +804,8 @@ class StepResult:
     bytes: float = 0.0           # bytes this step moves (every pair, sampled steps scaled)
     rates_gbps: np.ndarray = field(default_factory=lambda: np.zeros(0))   # per connection, max-min
     sampled: float = 1.0         # > 1: a sample, each modelled pair standing for this many
+    hops: int = 0                # links on the step's longest path (host links included)
+    fan_in: float = 0.0          # connections' worth of traffic on its busiest link (``corrections``)
 
 
 @dataclass
@@ -823,6 +826,7 @@ class RoutedStep:
     entries: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     conn: np.ndarray | None = None
     per_flow_connections: int = 1   # connections one flow stands for (spray, adaptive: qps)
+    hops: int = 0              # links on the longest live path, host links included
 
     def _entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.entries is None:
@@ -953,6 +957,36 @@ def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.nd
     return rows, table[rows, cols].astype(np.int64), share
 
 
+def _longest(paths: np.ndarray, nolink: int) -> int:
+    """Links on the longest of these paths (hops x flows, padded with ``nolink``)."""
+    return int((paths != nolink).sum(axis=0).max(initial=0))
+
+
+def busiest_fan_in(r: RoutedStep, cap: np.ndarray) -> float:
+    """Connections' worth of traffic on the step's busiest link (its bits over its rate the most):
+    a connection on a path counts one there, a sprayed pair its share of the link times its
+    connections, an adaptive pair's sub-flow its share of the pair (its sub-flows share it evenly)."""
+    k = r.per_flow_connections
+    if r.paths is not None:
+        hops = r.paths.shape[0]
+        if r.conn is None:
+            share, bits = np.ones(r.paths.shape[1]), r.size_bits
+        else:
+            per = np.bincount(r.conn)[r.conn]
+            share, bits = k / per, r.size_bits[r.conn] / per
+        flat = r.paths.ravel()
+        load = np.bincount(flat, weights=np.tile(bits, hops), minlength=len(cap) + 1)[:len(cap)]
+        fan = np.bincount(flat, weights=np.tile(share, hops), minlength=len(cap) + 1)[:len(cap)]
+    else:
+        load = np.bincount(r.link_idx, weights=r.weight * r.size_bits[r.flow_idx], minlength=len(cap))
+        fan = np.bincount(r.link_idx, weights=r.weight * k, minlength=len(cap))
+    if not len(load):
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_link = np.where(load > 0, load / cap, 0.0)
+    return float(fan[int(np.argmax(per_link))])
+
+
 #: spraying is routed this many sub-paths at a time (a 130k permutation has 4.2 million: their walks and
 #: entries made all at once held a gigabyte)
 SPRAY_CHUNK_PATHS = 1 << 20
@@ -970,7 +1004,7 @@ def _spray_step(net: Network, leaf: np.ndarray, up: np.ndarray, down: np.ndarray
     u64 = np.uint64           # the pair's values on a plane: consecutive from one offset (connection_value)
     per = max(1, SPRAY_CHUNK_PATHS // n_paths)
     dead = np.zeros(m, dtype=bool)
-    lat, done = 0.0, 0
+    lat, done, hops = 0.0, 0, 0
     fs, lks, ws = [], [], []
     j = np.tile(np.arange(n_paths), min(per, m))
     for lo in range(0, m, per):
@@ -988,6 +1022,7 @@ def _spray_step(net: Network, leaf: np.ndarray, up: np.ndarray, down: np.ndarray
         ok = ~dead_c
         rows = np.repeat(ok, n_paths)
         lat = max(lat, float(lat_all[live & rows].max(initial=0.0)))
+        hops = max(hops, 2 + int((mid[live] >= 0).sum(axis=1).max(initial=0)))
         f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], s_[ok], d_[ok], live[rows], mid[rows], planes)
         fs.append((f + done).astype(np.int32))         # int32: half the memory of 9.4 million entries at 130k
         lks.append(lk.astype(np.int32))
@@ -998,7 +1033,7 @@ def _spray_step(net: Network, leaf: np.ndarray, up: np.ndarray, down: np.ndarray
     entries = (np.concatenate(fs), np.concatenate(lks), np.concatenate(ws)) if fs else \
         (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0))
     return RoutedStep(nbytes[~dead] * 8, lat, int(dead.sum()) * qps, stalled_pairs, 0, entries=entries,
-                      per_flow_connections=qps)
+                      per_flow_connections=qps, hops=hops)
 
 
 def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: int,
@@ -1040,7 +1075,7 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         links = links[:int((links != net.n_links).any(axis=1).sum())]   # the hops some path takes
         hit = int(np.isin(links, watch_arr).any(axis=0).sum()) if watch_arr is not None else 0
         return RoutedStep(size, float(lat_row[live].max(initial=0.0)), int(dead.sum()), stalled_pairs, hit,
-                          paths=links, nolink=net.n_links)
+                          paths=links, nolink=net.n_links, hops=_longest(links, net.n_links))
     if routing == "spray" and watch_arr is None:
         return _spray_step(net, leaf, up, down, src, dst, nbytes, qps, switch_latency_us)
     # spray / adaptive: every (plane, entropy value) path of each pair
@@ -1072,11 +1107,11 @@ def route_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps:
         f, lk, ww = _spray_entries(up[:, :planes], down[:, :planes], src[ok_pair], dst[ok_pair], live[rows],
                                    mid[rows], planes)
         return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, entries=(f, lk, ww),
-                          per_flow_connections=qps)
+                          per_flow_connections=qps, hops=2 + int((mid[live] >= 0).sum(axis=1).max(initial=0)))
     assert links is not None
     return RoutedStep(size_pair, lat, int(dead_pair.sum()) * qps, stalled_pairs, hit, paths=links[:, sel],
                       nolink=net.n_links, conn=renum[pair_idx[sel]],
-                      per_flow_connections=qps)
+                      per_flow_connections=qps, hops=_longest(links[:, sel], net.n_links))
 
 
 def flow_rates(r: RoutedStep, cap: np.ndarray, scale: float = 1.0) -> np.ndarray:
@@ -1112,7 +1147,7 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
         if not rates:
             return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
                               flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
-                              sampled=scale)
+                              sampled=scale, hops=r.hops, fan_in=busiest_fan_in(r, net.cap))
         conn_rates = flow_rates(r, net.cap, scale)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
         sub = flow_rates(r, net.cap, scale)
@@ -1122,7 +1157,8 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
     time_s = math.inf if r.stalled else span + r.latency_us * 1e-6
     return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
                       rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
-                      stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale)
+                      stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale,
+                      hops=r.hops, fan_in=busiest_fan_in(r, net.cap))
 
 
 # ---- given steps on given ranks (fidelity, htsim comparisons, studies) -------------------

@@ -75,8 +75,9 @@ class Forwarding:
     def __init__(self, g: nx.MultiGraph, port_link: np.ndarray, head_switch: np.ndarray,
                  failed: set | None = None, sports: list[int] | None = None, converged: bool = True):
         from hpnlab.fabric.routing import compiler as cc  # the model reads the compiler (no cycle at import)
-        self.g = g
-        self.ix = ix = cc.index_of(g)
+        self.g: nx.MultiGraph | None = g
+        self.ix: Any = cc.index_of(g)
+        ix = self.ix
         self.emap = cc.entropy_map(g)
         self.failures = cc.Failures.of(failed or ())
         if sports is None:             # for the tests: the map's first values (every one on small fabrics)

@@ -47,26 +47,98 @@ def test_the_makespan_and_retransmissions_are_read_from_htsims_output(tmp_path):
     out = bench_htsim.run_htsim(str(fake), 2, cm, [], 10.0, tmp_path)
     assert out["makespan_s"] == pytest.approx(180.5e-6)
     assert out["retx_fraction"] == pytest.approx(20 / 980)
+    assert out["cpu_s"] >= 0
 
 
 def test_without_a_binary_the_benchmark_skips_with_the_reason(monkeypatch, capsys):
     monkeypatch.delenv("HTSIM", raising=False)
-    monkeypatch.setattr(sys, "argv", ["bench_htsim.py"])
-    assert bench_htsim.main() == 0
+    assert bench_htsim.main([]) == 0
     assert "skipped: no htsim binary given" in capsys.readouterr().out
 
 
-def test_htsims_figures_are_reused_from_an_earlier_run_of_the_same_workload_only(tmp_path):
-    h = {"makespan_s": 1e-3, "retx_fraction": 0.0, "wall_s": 1.0}
-    path = tmp_path / "k8.json"
-    path.write_text('{"runs": [{"case": "permutation", "mode": "ecmp", "hosts": 128, "bytes": 4000000, "htsim": '
-                    + json.dumps(h) + "}]}")
+def test_the_partial_all_to_all_takes_only_its_offsets():
+    steps = bench_htsim.all_to_all_steps(8, 10, offsets=(1, 4))
+    assert [p for p, _ in steps] == [[(i, (i + s) % 8) for i in range(8)] for s in (1, 4)]
+
+
+def _fake_htsim(tmp_path, makespan_us: float = 180.5):
+    """An htsim stand-in that prints a finish line per flow of its matrix and counts its runs."""
+    fake = tmp_path / "htsim_uec"
+    count = tmp_path / "runs"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import sys, pathlib\n"
+                    f"c = pathlib.Path({str(count)!r}); c.write_text(str(int(c.read_text() or 0) + 1) "
+                    "if c.exists() else '1')\n"
+                    "cm = open(sys.argv[sys.argv.index('-tm') + 1]).read()\n"
+                    f"[print(f'Flow x finished at {makespan_us}') for _ in range(cm.count('->'))]\n"
+                    "print('New: 980 Rtx: 20 RTS: 0 Bounced: 0')\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return str(fake), count
+
+
+def test_an_htsim_run_is_cached_by_binary_workload_mode_and_seed(tmp_path):
+    binary, count = _fake_htsim(tmp_path)
+    cell = bench_htsim.Cell(16, "permutation", 1000, "mixed", (1, 2))
+    first, cached = bench_htsim.cached_htsim(binary, cell, 1, tmp_path / "cache", 10.0)
+    assert not cached and first["makespan_s"] == pytest.approx(180.5e-6)
+    again, cached = bench_htsim.cached_htsim(binary, cell, 1, tmp_path / "cache", 10.0)
+    assert cached and again == first and count.read_text() == "1"
+    bench_htsim.cached_htsim(binary, cell, 2, tmp_path / "cache", 10.0)           # another seed: a run
+    other = bench_htsim.Cell(16, "permutation", 1000, "ecmp", (1,))
+    bench_htsim.cached_htsim(binary, other, 1, tmp_path / "cache", 10.0)          # another mode: a run
+    assert count.read_text() == "3"
+
+
+def test_htsims_figures_are_reused_from_an_earlier_file_by_cell_and_seed(tmp_path):
+    h = {"makespan_s": 1e-3, "retx_fraction": 0.0, "wall_s": 1.0, "seed": 2}
+    cell = bench_htsim.Cell(128, "permutation", 4_000_000, "ecmp", (2,))
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"cells": [{"cell": cell.as_dict(), "htsim": [h]}]}))
     runs = bench_htsim.earlier_htsim_runs(str(path))
-    assert bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 4000000, 0, str(path)) == h
-    with pytest.raises(SystemExit, match="no permutation ecmp run on 128 hosts with 1000 B"):
-        bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 1000, 0, str(path))
-    with pytest.raises(SystemExit, match="1 seed"):
-        bench_htsim.reused_run(runs, "permutation", "ecmp", 128, 4000000, 1, str(path))
+    assert bench_htsim.cached_htsim("unused", cell, 2, tmp_path, 1.0, runs) == (h, True)
+    with pytest.raises(SystemExit, match="no run of k8-perm-4M-ecmp seed 3"):
+        bench_htsim.cached_htsim("unused", cell, 3, tmp_path, 1.0, runs)
+
+
+def test_fit_and_validation_cells_are_disjoint_and_span_sizes_fabrics_and_modes():
+    fit = {c.name for c in bench_htsim.FIT_CELLS}
+    val = bench_htsim.VALIDATION_CELLS
+    assert not fit & {c.name for c in val}
+    assert {c.mode for c in val} == set(bench_htsim.MODES)
+    assert {c.hosts for c in val} >= {128, 1024}
+    assert min(c.nbytes for c in val) < 64_000 < 4_000_000 < max(c.nbytes for c in val)
+    assert {c.case for c in val} == {"permutation", "all_to_all"}
+    assert all(len(c.seeds) >= 10 for c in val + bench_htsim.FIT_CELLS if c.mode == "ecmp")
+
+
+@pytest.mark.parametrize("mode", ["ecmp", "oblivious", "mixed"])
+def test_a_hashed_policy_finds_whole_flows_on_its_busiest_link(mode):
+    cell = bench_htsim.Cell(16, "permutation", 1_000_000, mode, (1,))
+    [(shape, mult)] = bench_htsim.model_cell(cell, 1)
+    assert mult == 1 and shape.hops == 6 and shape.latency_s == pytest.approx(6e-6)
+    assert shape.fan_in >= 1 and shape.drain_s >= 1_000_000 * 8 / 100e9
+
+
+def test_moving_bytes_to_free_values_never_drains_slower_than_equal_shares():
+    for seed in range(1, 6):
+        eq = bench_htsim.model_cell(bench_htsim.Cell(128, "permutation", 1_000_000, "oblivious", (seed,)), seed)
+        ad = bench_htsim.model_cell(bench_htsim.Cell(128, "permutation", 1_000_000, "reps", (seed,)), seed)
+        assert ad[0][0].drain_s <= eq[0][0].drain_s * (1 + 1e-9)
+
+
+def test_the_benchmark_reports_htsim_beside_the_model_from_an_earlier_file(tmp_path, capsys):
+    cells = [c for c in bench_htsim.VALIDATION_CELLS if c.name.startswith("k8-perm-256k-")][:2]
+    doc = {"cells": [{"cell": c.as_dict(), "htsim": [{"makespan_s": 50e-6, "retx_fraction": 0.0, "wall_s": 0.1,
+                                                      "cpu_s": 0.1, "seed": s} for s in c.seeds]} for c in cells]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out.json"
+    assert bench_htsim.main(["--htsim-from", str(path), "--cells", ",".join(c.name for c in cells), "--no-before",
+                             "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["cells"]
+    assert [r["cell"]["name"] for r in rows] == [c.name for c in cells]
+    assert all(r["htsim_s"] == pytest.approx(50e-6) and r["model_s"] > 0 for r in rows)
+    assert "within 10%" in capsys.readouterr().out
 
 
 def test_building_htsim_from_a_folder_that_is_not_its_source_says_so_in_one_line(tmp_path):

@@ -1,5 +1,7 @@
-"""The documented corrections to the flow model (hpnlab.fabric.model.corrections)."""
+"""The corrections to the flow model, mechanism by mechanism (hpnlab.fabric.model.corrections)."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -8,76 +10,129 @@ from hpnlab.fabric.model import corrections as mc
 from hpnlab.fabric.model import flow as model
 from hpnlab.fabric.scenario import graph, spec
 
-
-def test_no_corrections_leave_a_step_as_the_model_timed_it():
-    assert mc.correct_step(1e-3, 1e-5, "ecmp", mc.NONE) == pytest.approx(1e-3)
-    assert mc.correct_step(1e-3, 1e-5, "spray", mc.NONE) == pytest.approx(1e-3)
+T = mc.Transport()          # htsim_uec's defaults at 100 Gbit/s, three tiers
+RATE = T.rate_bps
 
 
-def test_the_ramp_adds_its_round_trips_to_every_synchronous_step():
-    c = mc.Corrections(base_rtt_us=10.0, ramp_rtts_per_step=2.0)
-    plain = mc.correct_steps([1e-4] * 5, "ecmp", mc.NONE)
-    assert mc.correct_steps([1e-4] * 5, "ecmp", c) - plain == pytest.approx(5 * 2 * 10e-6)
+def lone(size: float, hops: int = 6, hop_us: float = 1.0) -> mc.StepShape:
+    """One flow alone on its path, as the model times it: its payload over the rate, hops x 1 us."""
+    return mc.StepShape(drain_s=size * 8 / RATE, latency_s=hops * hop_us * 1e-6, hops=hops, flow_bytes=size)
 
 
-def test_retransmission_grows_the_drain_but_not_the_latency():
-    c = mc.Corrections(retx_fraction={"per_flow": 0.05})
-    assert mc.correct_step(1e-3, 2e-4, "ecmp", c) == pytest.approx(8e-4 * 1.05 + 2e-4)
-
-
-def test_a_retransmitted_fraction_given_for_a_routing_wins_over_its_kind():
-    c = mc.Corrections(retx_fraction={"per_flow": 0.05, "flowlet": 0.01})
-    assert mc.correct_step(1.0, 0.0, "flowlet", c) == pytest.approx(1.01)
-
-
-def test_spray_efficiency_slows_only_sprayed_routings():
-    c = mc.Corrections(spray_efficiency=0.8)
-    assert mc.correct_step(1e-3, 0.0, "spray", c) == pytest.approx(1.25e-3)
-    assert mc.correct_step(1e-3, 0.0, "ecmp", c) == pytest.approx(1e-3)
-
-
-def test_a_correction_of_a_model_result_equals_the_sum_of_its_corrected_steps():
+def test_no_corrections_leave_a_result_as_the_model_timed_it():
     g = graph.build(spec.load("mini-hpn"))
-    # flowlet: one distinct step per salt, so the result has several steps, each with its latency
-    r = model.run_collective(g, "all_reduce", 1 << 24, routing="flowlet", hosts=8, placement="packed")
+    r = model.run_collective(g, "all_reduce", 1 << 20, hosts=8, placement="packed")
+    assert mc.correct_result(r, mc.NONE)["time_s"] == r.time_s
+
+
+@pytest.mark.parametrize("size, htsim_us", [(16_000, 14.991), (1_000_000, 94.945)])
+def test_headers_and_the_last_packets_round_trip_give_a_lone_flows_time_in_htsim(size, htsim_us):
+    # htsim_uec 40ccb05, 128-host fat-tree, one flow host 0 -> host 127 (six hops): "finished at"
+    c = mc.Corrections(transport=T)
+    assert mc.step_time(lone(size), c, "ecmp") * 1e6 == pytest.approx(htsim_us, abs=0.05)
+
+
+def test_the_tail_is_two_one_way_latencies_a_store_and_forward_mtu_per_switch_and_the_acks():
+    assert T.tail_s(6e-6, 6) == pytest.approx(12e-6 + (5 * T.mtu_bytes + 6 * T.ack_bytes) * 8 / RATE)
+
+
+def test_first_windows_meeting_on_a_link_overflow_its_queue_by_what_it_cannot_hold():
+    w0 = T.window_bdp * T.bdp_bytes
+    assert T.overflow_bytes(4, 10e6) == pytest.approx(3 * w0 - T.queue_bdp * T.bdp_bytes)
+
+
+def test_a_flow_smaller_than_the_window_overflows_by_its_size():
+    assert T.overflow_bytes(4, 100e3) == pytest.approx(max(0.0, 3 * 100e3 * T.wire - T.bdp_bytes))
+
+
+@pytest.mark.parametrize("fan_in", [0.0, 1.0])
+def test_one_flows_worth_or_less_on_the_busiest_link_overflows_nothing(fan_in):
+    assert T.overflow_bytes(fan_in, 10e6) == 0.0
+
+
+def test_a_lossless_fabric_sends_nothing_again():
+    lossless = mc.Transport(lossless=True)
+    assert lossless.overflow_bytes(8, 10e6) == 0.0
+    c = mc.Corrections(transport=T)
+    shape = mc.StepShape(1e-3, 6e-6, 6, 10e6, fan_in=8)
+    assert mc.step_time(shape, mc.with_transport(c, lossless=True), "ecmp") < mc.step_time(shape, c, "ecmp")
+
+
+def test_a_policys_efficiency_divides_the_drain_and_the_resent_bytes():
+    shape = mc.StepShape(1e-3, 0.0, 0, 10e6, fan_in=4)
+    plain = mc.Corrections(transport=T)
+    slow = mc.Corrections(transport=T, policies={"ecmp": mc.Policy(efficiency=0.5)})
+    resent = T.overflow_bytes(4, 10e6) * 8 / RATE
+    assert mc.step_time(shape, slow, "ecmp") - mc.step_time(shape, plain, "ecmp") == \
+        pytest.approx(shape.drain_s * T.wire + resent)
+
+
+def test_the_start_adds_base_rtts_and_the_burst_a_share_of_the_first_windows_serialisation():
+    shape = lone(64_000)
+    c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(start_rtts=2.0, burst=0.5)})
+    extra = mc.step_time(shape, c, "mixed") - mc.step_time(shape, mc.Corrections(transport=T), "mixed")
+    assert extra == pytest.approx(2.0 * T.base_rtt_us * 1e-6 + 0.5 * 64_000 * T.wire * 8 / RATE)
+
+
+def test_the_terms_add_up_to_the_corrected_time():
+    shape = mc.StepShape(2e-4, 6e-6, 6, 1e6, fan_in=3)
+    c = mc.Corrections(transport=T, policies={"ecmp": mc.Policy(start_rtts=0.3, burst=0.2, efficiency=0.9)})
+    assert sum(mc.terms(shape, c, "ecmp").values()) == pytest.approx(mc.step_time(shape, c, "ecmp"))
+
+
+def test_a_model_routing_takes_the_policy_of_the_mode_it_stands_for():
+    c = mc.Corrections(policies={"mixed": mc.Policy(efficiency=0.8)}, routing_policy={"spray": "mixed"})
+    assert c.policy("spray").efficiency == 0.8 and c.policy("flow") == mc.Policy()
+
+
+def test_a_corrected_result_is_the_sum_of_its_corrected_steps():
+    g = graph.build(spec.load("mini-hpn"))
+    r = model.run_collective(g, "all_reduce", 1 << 20, routing="flowlet", hosts=8, placement="packed")
     assert len(r.steps) > 4
-    c = mc.Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.5, retx_fraction={"per_flow": 0.02},
-                       spray_efficiency=0.9)
-    expected = mc.correct_steps([s.time_s for s in r.steps], "flowlet", c,
-                                latencies_s=[s.latency_s for s in r.steps],
-                                multiplicities=[s.multiplicity for s in r.steps])
+    c = mc.HTSIM_100G
+    want = sum(s.multiplicity * mc.step_time(mc.shape_of(s), c, "flowlet") for s in r.steps)
     out = mc.correct_result(r, c)
-    assert out["time_s"] == pytest.approx(expected)
-    assert out["busbw_gbs"] == pytest.approx(r.busbw_gbs * r.time_s / expected)
+    assert out["time_s"] == pytest.approx(want)
+    assert out["busbw_gbs"] == pytest.approx(r.busbw_gbs * r.time_s / want)
 
 
-def test_spraying_over_a_finite_set_runs_as_that_many_hashed_connections():
-    assert mc.finite_entropy_routing("spray", 64) == ("ecmp", 64)
-    assert mc.finite_entropy_routing("spray", None) == ("spray", 1)
-    assert mc.finite_entropy_routing("ecmp", 64) == ("ecmp", 1)
+def test_on_another_fabric_the_transport_takes_its_rate_and_its_longest_round_trip():
+    g = graph.build(spec.load("mini-hpn"))
+    r = model.run_collective(g, "all_to_all", 1 << 20, hosts=8, placement="packed")
+    c = mc.for_fabric(mc.HTSIM_100G, 400.0, [r])
+    step = r.steps[0]
+    assert c.transport.rate_gbps == 400.0
+    assert c.transport.base_rtt_us == pytest.approx(
+        (c.transport.tail_s(step.latency_s, step.hops) + c.transport.mtu_bytes * 8 / 400e9) * 1e6)
 
 
-def test_the_fit_recovers_the_constants_that_made_the_runs():
-    truth = mc.Corrections(base_rtt_us=12.0, ramp_rtts_per_step=1.75, retx_fraction={"per_flow": 0.04,
-                           "sprayed": 0.01}, spray_efficiency=0.8)
-    runs = []
-    for case, routing, steps, step_s in [("permutation", "ecmp", 1, 4e-4), ("permutation", "spray", 1, 3e-4),
-                                         ("all_to_all", "ecmp", 127, 8e-5), ("all_to_all", "spray", 127, 2e-5)]:
-        peer = mc.correct_steps([step_s] * steps, routing, truth)
-        kind = mc.routing_kind(routing)
-        runs.append({"case": case, "routing": routing, "steps": steps, "model_s": step_s * steps, "peer_s": peer,
-                     "retx_fraction": truth.retx_fraction[kind]})
-    got = mc.fit(runs, 12.0, "synthetic")
-    assert got.retx_fraction == truth.retx_fraction
-    assert got.spray_efficiency == pytest.approx(truth.spray_efficiency, rel=1e-3)
-    assert got.ramp_rtts_per_step == pytest.approx(truth.ramp_rtts_per_step, rel=1e-3)
+def test_the_fit_recovers_the_constants_that_made_the_cells():
+    truth = mc.Policy(start_rtts=0.7, burst=0.4, efficiency=0.85)
+    c = mc.Corrections(transport=T, policies={"mixed": truth})
+    cells = []
+    for size, steps in ((1e6, 1), (4e6, 1), (64e3, 127), (250e3, 1)):
+        shapes = [(lone(size), steps)]
+        cells.append({"peer_s": sum(m * mc.step_time(s, c, "mixed") for s, m in shapes), "steps": [shapes]})
+    got = mc.fit_policy(cells, T)
+    assert got.start_rtts == pytest.approx(truth.start_rtts, abs=1e-3)
+    assert got.burst == pytest.approx(truth.burst, abs=1e-3)
+    assert got.efficiency == pytest.approx(truth.efficiency, abs=1e-3)
 
 
-@pytest.mark.parametrize("bad", [dict(spray_efficiency=0.0), dict(ramp_rtts_per_step=-1.0),
-                                 dict(retx_fraction={"per_flow": 1.5})])
+def test_corrections_survive_their_json():
+    doc = json.loads(json.dumps(mc.HTSIM_100G.as_dict()))
+    assert mc.Corrections.from_dict(doc) == mc.HTSIM_100G
+
+
+@pytest.mark.parametrize("bad", [dict(efficiency=0.0), dict(efficiency=2.0), dict(start_rtts=-10.0)])
 def test_impossible_constants_are_one_user_error(bad):
     with pytest.raises(UserError):
-        mc.Corrections(**bad)
+        mc.Policy(**bad)
+
+
+def test_a_document_that_is_not_corrections_is_one_user_error():
+    with pytest.raises(UserError, match="not a corrections document"):
+        mc.Corrections.from_dict({"policies": {}})
 
 
 # ---- hpnlab model --corrections -------------------------------------------------------------------
@@ -90,17 +145,17 @@ def _model_cli(capsys, monkeypatch, tmp_path, *extra: str) -> str:
 
 
 def test_the_model_command_reports_the_corrected_figures_beside_the_raw_ones(capsys, monkeypatch, tmp_path):
-    import json
     doc = json.loads(_model_cli(capsys, monkeypatch, tmp_path, "--json"))
     assert doc["corrections"]["name"] == mc.DEFAULT_PRESET
     assert doc["corrections"]["source"] == mc.PRESETS[mc.DEFAULT_PRESET].source
     g = graph.build(spec.load("mini-hpn"))
-    for row in doc["results"]:
-        raw = model.run_collective(g, "all_reduce", 1 << 20, routing=row["routing"], placement="random")
+    raws = [model.run_collective(g, "all_reduce", 1 << 20, routing=row["routing"], placement="random")
+            for row in doc["results"]]
+    c = mc.for_fabric(mc.PRESETS[mc.DEFAULT_PRESET], g.graph["scenario"].host_rate_gbps, raws)
+    for row, raw in zip(doc["results"], raws, strict=True):
         assert row["efficiency"] == pytest.approx(raw.efficiency, rel=1e-12)
-        want = mc.correct_result(raw, mc.PRESETS[mc.DEFAULT_PRESET])
-        assert row["corrected"]["efficiency"] == pytest.approx(want["efficiency"], rel=1e-12)
-        assert row["corrected"]["time_s"] > row["time_s"]          # every term adds a cost
+        assert row["corrected"]["efficiency"] == pytest.approx(mc.correct_result(raw, c)["efficiency"], rel=1e-12)
+        assert row["corrected"]["time_s"] > row["time_s"]          # a round trip per step at least
 
 
 def test_the_table_shows_both_efficiencies_and_where_the_constants_were_fitted(capsys, monkeypatch, tmp_path):
@@ -109,7 +164,6 @@ def test_the_table_shows_both_efficiencies_and_where_the_constants_were_fitted(c
 
 
 def test_corrections_none_prints_the_raw_model_only(capsys, monkeypatch, tmp_path):
-    import json
     out = _model_cli(capsys, monkeypatch, tmp_path, "--corrections", "none")
     assert "corrected" not in out
     doc = json.loads(_model_cli(capsys, monkeypatch, tmp_path, "--corrections", "none", "--json"))

@@ -18,6 +18,12 @@
    collective x routing, healthy and with one fabric link failed, the largest relative
    difference of the collective's time and of the per-connection rates (a speed-up must leave
    them unchanged to rounding, ~1e-12).
+6. ``--cli REV``: the command a user runs, ``hpnlab model hpn-130k -c permutation -b 256M
+   --routing ecmp,spray`` (``--cli-args``), as this checkout and as the checkout of REV (a
+   temporary git worktree, imported first on PYTHONPATH) side by side: from an empty model cache
+   (cold) and again with the cache it left (warm), ``--repeat`` times each, the two versions
+   alternating so that they share the machine's load; wall and CPU seconds and peak memory
+   (each run's own, ``os.wait4``), median [min-max], with the load average.
 """
 from __future__ import annotations
 
@@ -182,6 +188,65 @@ def equal(presets: list[str], rev: str) -> float:
     return worst
 
 
+CLI_ARGS = "model hpn-130k -c permutation -b 256M --routing ecmp,spray"
+
+
+def run_measured(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MB, exit code) of one command, its own (``os.wait4``)."""
+    import subprocess
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return (time.perf_counter() - t, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
+            proc.returncode)
+
+
+def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
+    """``hpnlab CLI_ARGS`` cold and warm, this checkout and ``rev``'s, alternating (see section 6)."""
+    import subprocess
+    import sys
+    import tempfile
+    results: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    with tempfile.TemporaryDirectory(prefix="hpnlab-bench-model-") as tmp:
+        base = Path(tmp) / "checkout"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(base), rev], check=True)
+        try:
+            ns = Path(tmp) / "ns" / "hpnlab"       # hpnlab.* from the baseline's folders, ahead of the install
+            ns.mkdir(parents=True)
+            for d in ("fabric", "cli", "controller", "topologies"):
+                (ns / d).symlink_to(base / d)
+            versions = {"now": {}, f"at {rev}": {"PYTHONPATH": str(ns.parent)}}
+            cmd = [sys.executable, "-m", "hpnlab.cli", *cli_args.split()]
+            for i in range(repeat):
+                for label, extra in versions.items():
+                    cache = Path(tmp) / f"cache-{label.replace(' ', '-')}-{i}"
+                    env = {**os.environ, **extra, "HPNLAB_CACHE": str(cache)}
+                    for phase in ("cold", "warm"):
+                        wall, cpu, mb, rc = run_measured(cmd, env)
+                        if rc:
+                            raise SystemExit(f"bench_model: {label} {phase} run failed (exit {rc}): {' '.join(cmd)}")
+                        results.setdefault(label, {}).setdefault(phase, []).append((wall, cpu, mb))
+                        print(f"  {label:<14} {phase}: {wall:6.1f} s wall {cpu:6.1f} s CPU {mb:7.0f} MB  {load()}",
+                              flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+    print(f"\n## hpnlab {cli_args}: median [min-max] of {repeat}")
+    print(f"{'':<14} {'phase':<5} {'wall s':>18} {'CPU s':>18} {'peak MB':>22}")
+    out: dict[str, Any] = {"args": cli_args, "rev": rev, "repeat": repeat, "runs": results}
+    for label, phases in results.items():
+        for phase, runs in phases.items():
+            walls, cpus, mbs = ([r[k] for r in runs] for k in range(3))
+            print(f"{label:<14} {phase:<5} {spread(walls):>18} {spread(cpus):>18} "
+                  f"{statistics.median(mbs):>7.0f} [{min(mbs):.0f}-{max(mbs):.0f}]")
+    now, old = results["now"], results[f"at {rev}"]
+    for phase in ("cold", "warm"):
+        ratio = statistics.median(r[0] for r in old[phase]) / statistics.median(r[0] for r in now[phase])
+        mem = statistics.median(r[2] for r in old[phase]) / statistics.median(r[2] for r in now[phase])
+        print(f"# {phase}: {ratio:.2f}x faster (wall, medians), {mem:.2f}x less memory than at {rev}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("presets", nargs="*", default=["hpn-130k"])
@@ -198,7 +263,16 @@ def main() -> int:
     ap.add_argument("--only-scale", action="store_true", help="run only the scale section")
     ap.add_argument("--repeat", type=int, default=1, help="scale: runs of each timing (median [min-max]), default 1")
     ap.add_argument("--routings", default="", help="scale: comma list of the routings to time (default every one)")
+    ap.add_argument("--cli", metavar="REV", help="only section 6: the CLI cold and warm beside REV's (e.g. main)")
+    ap.add_argument("--cli-args", default=CLI_ARGS, help=f"section 6's hpnlab arguments (default: {CLI_ARGS})")
+    ap.add_argument("--json", metavar="FILE", help="section 6: write its runs here")
     args = ap.parse_args()
+    if args.cli:
+        doc = cli_side_by_side(args.cli, args.cli_args, max(1, args.repeat))
+        if args.json:
+            import json
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     small = [p for p in args.small.split(",") if p]
     if not args.only_equal:
         scale(args.presets, args.qps, args.baseline or None, max(1, args.repeat),
