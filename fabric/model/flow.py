@@ -436,13 +436,19 @@ def max_min_rates(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray
     # only the links the entries cross, renumbered (and again as they drain): every per-link
     # array of a round is as short as the links still shared; per-entry indices as int32 (a
     # 130k sprayed step has 9.4 million entries: half the memory of int64, the same values)
-    used = np.flatnonzero(np.bincount(lk, minlength=len(cap)))
-    local = np.zeros(len(cap), dtype=np.int32)
-    local[used] = np.arange(len(used), dtype=np.int32)
-    lk = local[lk]
-    del local
-    residual = cap[used].astype(float)
-    n_links = len(used)
+    counted = np.bincount(lk, minlength=len(cap))
+    used = np.flatnonzero(counted)
+    if len(used) > 0.9 * len(cap):             # nearly every link shared (a 130k sprayed step): no renumbering
+        lk = lk.astype(np.int32, copy=False)   # (a link no entry crosses has load 0, share inf: never chosen)
+        residual = cap.astype(float)
+    else:
+        local = np.zeros(len(cap), dtype=np.int32)
+        local[used] = np.arange(len(used), dtype=np.int32)
+        lk = local[lk]
+        del local
+        residual = cap[used].astype(float)
+    del counted
+    n_links = len(residual)
     starts = np.flatnonzero(np.r_[True, f[1:] != f[:-1]])
     counts = np.diff(np.r_[starts, len(f)])
     fid = f[starts]                               # per unfrozen flow (in flow order): its id
@@ -549,7 +555,8 @@ def max_min_path_rates(paths: np.ndarray, cap: np.ndarray, weight: float = 1.0) 
     return rates
 
 
-def path_drain_times(paths: np.ndarray, cap: np.ndarray, size_bits: np.ndarray) -> np.ndarray:
+def path_drain_times(paths: np.ndarray, cap: np.ndarray, size_bits: np.ndarray,
+                     per_link_out: list | None = None) -> np.ndarray:
     """:func:`drain_times` of flows given as paths (``paths[h, f]``, padded with ``len(cap)``):
     the same sums in the same order (flow by flow), so the same times bit for bit."""
     nolink = len(cap)
@@ -558,6 +565,8 @@ def path_drain_times(paths: np.ndarray, cap: np.ndarray, size_bits: np.ndarray) 
     with np.errstate(divide="ignore", invalid="ignore"):
         per_link = np.where(load > 0, load / (np.r_[cap, np.inf] * 1e9), 0.0)
     per_link[nolink] = 0.0
+    if per_link_out is not None:
+        per_link_out.append(per_link[:nolink])
     return np.maximum.reduce(per_link[paths], axis=0)
 
 
@@ -597,7 +606,7 @@ def _slack_entries(lk: np.ndarray, w: np.ndarray, cap: np.ndarray, starts: np.nd
 
 
 def drain_times(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, cap: np.ndarray,
-                size_bits: np.ndarray) -> np.ndarray:
+                size_bits: np.ndarray, per_link_out: list | None = None) -> np.ndarray:
     """Completion time (s) of each flow if every link drains the bytes routed over it at full
     capacity: a flow ends when the busiest link on its path has drained. The largest of these
     is the step's makespan under any work-conserving sharing of the busiest link; the
@@ -606,6 +615,8 @@ def drain_times(flow_idx: np.ndarray, link_idx: np.ndarray, weight: np.ndarray, 
     load = np.bincount(link_idx, weights=weight * size_bits[flow_idx], minlength=len(cap))
     with np.errstate(divide="ignore", invalid="ignore"):
         per_link = np.where(load > 0, load / (cap * 1e9), 0.0)
+    if per_link_out is not None:            # each link's drain time, for the caller's busiest link
+        per_link_out.append(per_link)
     starts = np.flatnonzero(np.r_[True, flow_idx[1:] != flow_idx[:-1]])
     return np.maximum.reduceat(per_link[link_idx], starts)
 
@@ -945,6 +956,7 @@ def _spray_entries(up: np.ndarray, down: np.ndarray, src: np.ndarray, dst: np.nd
     m = len(src)
     if not m:                                              # every pair stalled: no entries
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0)
+    mid = mid[:, :int((mid >= 0).any(axis=0).sum())]       # the hops some walk took (walks fill from the left)
     lv = live.reshape(m, planes, -1)
     cnt = lv.sum(axis=2)                                   # (pair, plane): live paths
     total = cnt.sum(axis=1).astype(float)
@@ -962,11 +974,17 @@ def _longest(paths: np.ndarray, nolink: int) -> int:
     return int((paths != nolink).sum(axis=0).max(initial=0))
 
 
-def busiest_fan_in(r: RoutedStep, cap: np.ndarray) -> float:
-    """Connections' worth of traffic on the step's busiest link (its bits over its rate the most):
-    a connection on a path counts one there, a sprayed pair its share of the link times its
-    connections, an adaptive pair's sub-flow its share of the pair (its sub-flows share it evenly)."""
+def busiest_fan_in(r: RoutedStep, cap: np.ndarray, per_link: np.ndarray | None = None) -> float:
+    """Connections' worth of traffic on the step's busiest link (its bits over its rate the most;
+    ``per_link``: every link's drain time, where the caller has them): a connection on a path
+    counts one there, a sprayed pair its share of the link times its connections, an adaptive
+    pair's sub-flow its share of the pair (its sub-flows share it evenly)."""
     k = r.per_flow_connections
+    if per_link is not None and r.conn is None and len(per_link):
+        busiest = int(np.argmax(per_link))
+        if r.paths is not None:
+            return float(np.count_nonzero(r.paths == busiest))
+        return float(r.weight[r.link_idx == busiest].sum()) * k
     if r.paths is not None:
         hops = r.paths.shape[0]
         if r.conn is None:
@@ -1138,16 +1156,17 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
     if flows == 0:
         return StepResult(math.inf if r.stalled else 0.0, 0.0, 0, r.stalled, r.hit, math.inf, math.inf,
                           r.stalled_pairs, bytes=moved, sampled=scale)
+    per_link: list[np.ndarray] = []
     if r.conn is None:
         if r.paths is not None:
-            finish = path_drain_times(r.paths, net.cap, r.size_bits * scale)
+            finish = path_drain_times(r.paths, net.cap, r.size_bits * scale, per_link)
         else:
-            finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale)
+            finish = drain_times(r.flow_idx, r.link_idx, r.weight, net.cap, r.size_bits * scale, per_link)
         span = float(finish.max())
         if not rates:
             return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
                               flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
-                              sampled=scale, hops=r.hops, fan_in=busiest_fan_in(r, net.cap))
+                              sampled=scale, hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0]))
         conn_rates = flow_rates(r, net.cap, scale)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
         sub = flow_rates(r, net.cap, scale)
@@ -1158,7 +1177,7 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
     return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
                       rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
                       stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale,
-                      hops=r.hops, fan_in=busiest_fan_in(r, net.cap))
+                      hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0] if per_link else None))
 
 
 # ---- given steps on given ranks (fidelity, htsim comparisons, studies) -------------------
