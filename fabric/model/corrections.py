@@ -27,8 +27,10 @@ Per load-balancing policy (:class:`Policy`, fitted against the peer):
 ``burst``   the first window's queueing: every flow sends min(size, window) at once, and the
             queues that builds delay the step by ``burst`` times that window's serialisation;
 ``efficiency`` the steady state: congestion control holds the busiest link at this share of
-            its rate (the sprayed modes' reordering, ECN marks and window cap), the drain (and
-            the re-sent bytes) divided by it.
+            its rate (the sprayed modes' reordering, ECN marks and window cap), the drain divided by it;
+``resend``  how much of the re-sent bytes' serialisation the step pays (1: they cross the busiest
+            link once more; less where the link stays busy while they are re-sent, more where
+            congestion control backs off after the loss).
 
 How the bytes of a flow are spread (which links, which fan-in) is the model's routing, chosen
 per mode by the caller (``hpnlab.fabric.experiments.htsim``: per-flow hashing, N hashed entropy
@@ -100,9 +102,10 @@ class Policy:
     start_rtts: float = 0.0
     burst: float = 0.0
     efficiency: float = 1.0
+    resend: float = 1.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.efficiency <= 1.5 or self.start_rtts < -5 or self.burst < -1:
+        if not 0 < self.efficiency <= 1.5 or self.start_rtts < -5 or self.burst < -1 or not -1 <= self.resend <= 10:
             raise UserError(f"corrections: implausible policy constants {self}")
 
 
@@ -150,21 +153,27 @@ def step_time(shape: StepShape, c: Corrections, mode: str) -> float:
     """One step's corrected time (seconds); the model's own time is ``drain_s + latency_s``."""
     if math.isinf(shape.drain_s):
         return math.inf
-    t, p = c.transport, c.policy(mode)
-    drain = shape.drain_s * t.wire + t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps
-    first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
-    return (t.tail_s(shape.latency_s, shape.hops) + p.start_rtts * t.base_rtt_us * 1e-6 + p.burst * first
-            + drain / p.efficiency)
+    return sum(terms(shape, c, mode).values())
 
 
 def terms(shape: StepShape, c: Corrections, mode: str) -> dict[str, float]:
     """Each mechanism's share of a corrected step (seconds), for reports: what each adds."""
     t, p = c.transport, c.policy(mode)
-    first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
-    over = t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps
-    return {"drain": shape.drain_s, "wire": shape.drain_s * (t.wire - 1), "tail": t.tail_s(shape.latency_s, shape.hops),
-            "overflow": over, "start": p.start_rtts * t.base_rtt_us * 1e-6, "burst": p.burst * first,
-            "congestion": (shape.drain_s * t.wire + over) * (1 / p.efficiency - 1)}
+    x = columns(shape, t)
+    return {"drain": shape.drain_s, "wire": shape.drain_s * (t.wire - 1), "tail": x["tail"],
+            "start": p.start_rtts * x["start"], "burst": p.burst * x["burst"],
+            "congestion": x["steady"] * (1 / p.efficiency - 1), "resend": p.resend * x["resend"]}
+
+
+def columns(shape: StepShape, t: Transport) -> dict[str, float]:
+    """The step's time per unit of each policy constant (seconds): the corrected time is
+    ``tail + start_rtts * start + burst * burst + steady / efficiency + resend * resend``."""
+    if math.isinf(shape.drain_s):
+        return {"tail": math.inf, "start": 0.0, "burst": 0.0, "steady": math.inf, "resend": 0.0}
+    return {"tail": t.tail_s(shape.latency_s, shape.hops), "start": t.base_rtt_us * 1e-6,
+            "burst": min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps,
+            "steady": shape.drain_s * t.wire,
+            "resend": t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps}
 
 
 NONE = Corrections()
@@ -248,37 +257,42 @@ def finite_entropy_routing(routing: str, entropy_values: int | None) -> tuple[st
 
 # ---- fitting a policy from side-by-side runs -----------------------------------------------------
 
+FIT_ORDER = ("steady", "start", "burst", "resend")
+
+
 def fit_policy(cells: Sequence[dict[str, Any]], transport: Transport) -> Policy:
     """A mode's constants from cells run on both sides. Each cell: {"peer_s": the peer's time
-    (mean over its seeds), "steps": [[StepShape, multiplicity], ...] per seed of the model (the
-    same number of seeds or one)}. The corrected time is linear in (start, burst, 1/efficiency):
-    least squares on the relative error of every cell (each cell weighs the same whatever its
-    length), efficiency capped to (0, 1.5]."""
+    (mean over its seeds), "steps": [[StepShape, multiplicity], ...] per seed of the model}. The
+    corrected time is linear in (1/efficiency, start, burst, resend) (:func:`columns`): least
+    squares on the relative error of every cell (each cell weighs the same whatever its length).
+    As many constants as there are cells, in the order of :data:`FIT_ORDER`, and only those the
+    cells tell apart (a column of zeros -- nothing re-sent in any cell -- keeps its default)."""
     rows, rhs = [], []
-    t = transport
     for cell in cells:
         per_seed = cell["steps"]
         n = len(per_seed)
-        start = burst = drain = fixed = 0.0
+        sums = dict.fromkeys(("tail", *FIT_ORDER), 0.0)
         for steps in per_seed:
             for shape, mult in steps:
-                first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps
-                start += mult * t.base_rtt_us * 1e-6 / n
-                burst += mult * first / n
-                drain += mult * (shape.drain_s * t.wire + t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8
-                                 / t.rate_bps) / n
-                fixed += mult * t.tail_s(shape.latency_s, shape.hops) / n
+                for k, v in columns(shape, transport).items():
+                    sums[k] += mult * v / n
         peer = float(cell["peer_s"])
-        rows.append([start / peer, burst / peer, drain / peer])
-        rhs.append((peer - fixed) / peer)
-    a = np.array(rows)
-    b = np.array(rhs)
-    if len(rows) < 3:       # too few cells for three constants: the steady state alone
-        inv = float(np.linalg.lstsq(a[:, 2:], b, rcond=None)[0][0])
-        return Policy(efficiency=round(1 / inv, 4) if inv > 0 else 1.0)
-    x = np.linalg.lstsq(a, b, rcond=None)[0]
-    eff = 1 / x[2] if x[2] > 0 else 1.0
-    return Policy(start_rtts=round(float(x[0]), 4), burst=round(float(x[1]), 4), efficiency=round(min(eff, 1.5), 4))
+        rows.append([sums[k] / peer for k in FIT_ORDER])
+        rhs.append((peer - sums["tail"]) / peer)
+    a, b = np.array(rows), np.array(rhs)
+    default = Policy()
+    fitted = {"steady": 1 / default.efficiency, "start": default.start_rtts, "burst": default.burst,
+              "resend": default.resend}
+    keep = [i for i in range(len(FIT_ORDER)) if np.abs(a[:, i]).max(initial=0.0) > 1e-9][:len(rows)]
+    # the columns left out keep their defaults: their share of the time moves to the right-hand side
+    rest = [i for i in range(len(FIT_ORDER)) if i not in keep]
+    b = b - a[:, rest] @ np.array([fitted[FIT_ORDER[i]] for i in rest]) if rest else b
+    if keep:
+        x = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
+        fitted.update({FIT_ORDER[i]: float(v) for i, v in zip(keep, x, strict=True)})
+    eff = 1 / fitted["steady"] if fitted["steady"] > 0 else 1.0
+    return Policy(start_rtts=round(fitted["start"], 4), burst=round(fitted["burst"], 4),
+                  efficiency=round(min(eff, 1.5), 4), resend=round(fitted["resend"], 4))
 
 
 def fit(cells_by_mode: Mapping[str, Sequence[dict[str, Any]]], transport: Transport, source: str,

@@ -58,13 +58,20 @@ def test_a_lossless_fabric_sends_nothing_again():
     assert mc.step_time(shape, mc.with_transport(c, lossless=True), "ecmp") < mc.step_time(shape, c, "ecmp")
 
 
-def test_a_policys_efficiency_divides_the_drain_and_the_resent_bytes():
+def test_a_policys_efficiency_divides_the_drain_with_its_headers():
     shape = mc.StepShape(1e-3, 0.0, 0, 10e6, fan_in=4)
     plain = mc.Corrections(transport=T)
     slow = mc.Corrections(transport=T, policies={"ecmp": mc.Policy(efficiency=0.5)})
-    resent = T.overflow_bytes(4, 10e6) * 8 / RATE
     assert mc.step_time(shape, slow, "ecmp") - mc.step_time(shape, plain, "ecmp") == \
-        pytest.approx(shape.drain_s * T.wire + resent)
+        pytest.approx(shape.drain_s * T.wire)
+
+
+def test_the_resent_bytes_cost_their_serialisation_times_the_policys_resend():
+    shape = mc.StepShape(1e-3, 0.0, 0, 10e6, fan_in=4)
+    none = mc.Corrections(transport=T, policies={"ecmp": mc.Policy(resend=0.0)})
+    twice = mc.Corrections(transport=T, policies={"ecmp": mc.Policy(resend=2.0)})
+    assert mc.step_time(shape, twice, "ecmp") - mc.step_time(shape, none, "ecmp") == \
+        pytest.approx(2 * T.overflow_bytes(4, 10e6) * 8 / RATE)
 
 
 def test_the_start_adds_base_rtts_and_the_burst_a_share_of_the_first_windows_serialisation():
@@ -107,16 +114,32 @@ def test_on_another_fabric_the_transport_takes_its_rate_and_its_longest_round_tr
 
 
 def test_the_fit_recovers_the_constants_that_made_the_cells():
-    truth = mc.Policy(start_rtts=0.7, burst=0.4, efficiency=0.85)
-    c = mc.Corrections(transport=T, policies={"mixed": truth})
+    truth = mc.Policy(start_rtts=0.7, burst=0.4, efficiency=0.85, resend=0.6)
+    c = mc.Corrections(transport=T, policies={"ecmp": truth})
     cells = []
-    for size, steps in ((1e6, 1), (4e6, 1), (64e3, 127), (250e3, 1)):
-        shapes = [(lone(size), steps)]
-        cells.append({"peer_s": sum(m * mc.step_time(s, c, "mixed") for s, m in shapes), "steps": [shapes]})
+    for size, steps, fan_in in ((1e6, 1, 4), (4e6, 1, 5), (64e3, 127, 3), (250e3, 1, 4)):
+        shapes = [(mc.StepShape(fan_in * size * 8 / RATE, 6e-6, 6, size, fan_in), steps)]
+        cells.append({"peer_s": sum(m * mc.step_time(s, c, "ecmp") for s, m in shapes), "steps": [shapes]})
     got = mc.fit_policy(cells, T)
-    assert got.start_rtts == pytest.approx(truth.start_rtts, abs=1e-3)
-    assert got.burst == pytest.approx(truth.burst, abs=1e-3)
-    assert got.efficiency == pytest.approx(truth.efficiency, abs=1e-3)
+    for name in ("start_rtts", "burst", "efficiency", "resend"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), abs=1e-3)
+
+
+def test_a_constant_no_cell_tells_apart_keeps_its_default():
+    truth = mc.Policy(start_rtts=0.2, burst=0.3, efficiency=0.9)
+    c = mc.Corrections(transport=T, policies={"mixed": truth})
+    cells = [{"peer_s": mc.step_time(lone(size), c, "mixed") * steps, "steps": [[(lone(size), steps)]]}
+             for size, steps in ((1e6, 1), (4e6, 1), (64e3, 127))]       # one flow each: nothing re-sent
+    got = mc.fit_policy(cells, T)
+    assert got.resend == mc.Policy().resend
+    assert got.efficiency == pytest.approx(0.9, abs=1e-3) and got.start_rtts == pytest.approx(0.2, abs=1e-3)
+
+
+def test_with_fewer_cells_than_constants_the_first_ones_are_fitted():
+    c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(efficiency=0.8)})
+    cells = [{"peer_s": mc.step_time(lone(1e6), c, "mixed"), "steps": [[(lone(1e6), 1)]]}]
+    got = mc.fit_policy(cells, T)
+    assert got.efficiency == pytest.approx(0.8, abs=1e-3) and got.start_rtts == 0.0 and got.burst == 0.0
 
 
 def test_corrections_survive_their_json():
