@@ -24,8 +24,10 @@ transport's configuration (:class:`Transport`) and the step as the model routed 
 Per load-balancing policy (:class:`Policy`, fitted against the peer):
 ``start``   a fixed delay per step, in base RTTs: the step waits for its slowest flow, whose
             first packets queued behind others' (the barrier's jitter);
-``burst``   the first window's queueing: every flow sends min(size, window) at once, and the
-            queues that builds delay the step by ``burst`` times that window's serialisation;
+``burst``   the first window's queueing: every flow sends min(size, window) at once, spread at
+            random over the paths (hashed values, sprayed packets); the busiest queue exceeds the
+            mean by about the square root of the packets that meet there, so the step waits
+            ``burst`` times sqrt(the window's packets) packet serialisations;
 ``efficiency`` the steady state: congestion control holds the busiest link at this share of
             its rate (the sprayed modes' reordering, ECN marks and window cap), the drain divided by it;
 ``resend``  how much of the re-sent bytes' serialisation the step pays (1: they cross the busiest
@@ -170,8 +172,9 @@ def columns(shape: StepShape, t: Transport) -> dict[str, float]:
     ``tail + start_rtts * start + burst * burst + steady / efficiency + resend * resend``."""
     if math.isinf(shape.drain_s):
         return {"tail": math.inf, "start": 0.0, "burst": 0.0, "steady": math.inf, "resend": 0.0}
+    first = min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes)
     return {"tail": t.tail_s(shape.latency_s, shape.hops), "start": t.base_rtt_us * 1e-6,
-            "burst": min(shape.flow_bytes * t.wire, t.window_bdp * t.bdp_bytes) * 8 / t.rate_bps,
+            "burst": math.sqrt(first / t.mtu_bytes) * t.mtu_bytes * 8 / t.rate_bps,
             "steady": shape.drain_s * t.wire,
             "resend": t.overflow_bytes(shape.fan_in, shape.flow_bytes) * 8 / t.rate_bps}
 
@@ -200,8 +203,14 @@ HTSIM_100G = Corrections(
     source="placeholder: to be fitted by tools/bench/bench_htsim.py --fit",
 )
 
-#: the corrections ``hpnlab model --corrections`` offers, by name
-PRESETS: dict[str, Corrections] = {"htsim-100g": HTSIM_100G, "none": NONE}
+#: the corrections ``hpnlab model --corrections`` offers, by name (``-lossless``: the same on a fabric
+#: with PFC, where nothing is trimmed or dropped and nothing is sent again)
+PRESETS: dict[str, Corrections] = {
+    "htsim-100g": HTSIM_100G,
+    "htsim-100g-lossless": replace(HTSIM_100G, transport=replace(HTSIM_100G.transport, lossless=True),
+                                   source=HTSIM_100G.source + "; lossless: nothing re-sent"),
+    "none": NONE,
+}
 #: the default of ``hpnlab model``: the only constants measured against a packet-level peer
 DEFAULT_PRESET = "htsim-100g"
 
@@ -260,47 +269,89 @@ def finite_entropy_routing(routing: str, entropy_values: int | None) -> tuple[st
 FIT_ORDER = ("steady", "start", "burst", "resend")
 
 
-def fit_policy(cells: Sequence[dict[str, Any]], transport: Transport) -> Policy:
-    """A mode's constants from cells run on both sides. Each cell: {"peer_s": the peer's time
-    (mean over its seeds), "steps": [[StepShape, multiplicity], ...] per seed of the model}. The
-    corrected time is linear in (1/efficiency, start, burst, resend) (:func:`columns`): least
-    squares on the relative error of every cell (each cell weighs the same whatever its length).
-    As many constants as there are cells, in the order of :data:`FIT_ORDER`, and only those the
-    cells tell apart (a column of zeros -- nothing re-sent in any cell -- keeps its default)."""
-    rows, rhs = [], []
-    for cell in cells:
-        per_seed = cell["steps"]
-        n = len(per_seed)
-        sums = dict.fromkeys(("tail", *FIT_ORDER), 0.0)
-        for steps in per_seed:
-            for shape, mult in steps:
-                for k, v in columns(shape, transport).items():
-                    sums[k] += mult * v / n
-        peer = float(cell["peer_s"])
-        rows.append([sums[k] / peer for k in FIT_ORDER])
-        rhs.append((peer - sums["tail"]) / peer)
-    a, b = np.array(rows), np.array(rhs)
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min |a x - b| with x >= 0, by trying every set of free columns (a handful of constants: exact)."""
+    n = a.shape[1]
+    best, best_x = math.inf, np.zeros(n)
+    for mask in range(1 << n):
+        cols = [i for i in range(n) if mask >> i & 1]
+        x = np.zeros(n)
+        if cols:
+            sol = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+            if (sol < 0).any():
+                continue
+            x[cols] = sol
+        res = float(np.linalg.norm(a @ x - b))
+        if res < best - 1e-15:
+            best, best_x = res, x
+    return best_x
+
+
+def _cell_row(cell: dict[str, Any], transport: Transport) -> tuple[dict[str, float], float]:
+    """A cell's columns (:func:`columns`, summed over its steps, averaged over the model's seeds) and
+    its peer time."""
+    per_seed = cell["steps"]
+    sums = dict.fromkeys(("tail", *FIT_ORDER), 0.0)
+    for steps in per_seed:
+        for shape, mult in steps:
+            for k, v in columns(shape, transport).items():
+                sums[k] += mult * v / len(per_seed)
+    return sums, float(cell["peer_s"])
+
+
+def fit_group(cells_by_mode: Mapping[str, Sequence[dict[str, Any]]], transport: Transport,
+              shared: Sequence[str] = (), own: Sequence[str] = FIT_ORDER) -> dict[str, Policy]:
+    """Policies for some modes at once, from cells run on both sides. Each cell: {"peer_s": the
+    peer's time (mean over its seeds), "steps": [[(StepShape, multiplicity), ...] per seed of the
+    model]}. The corrected time is linear in (1/efficiency, start, burst, resend) (:func:`columns`);
+    the constants named in ``shared`` are one for every mode, those in ``own`` one per mode, the
+    rest keep their defaults. Least squares on the relative error of every cell (each weighs the
+    same whatever its length), every constant at least 0 (a cost is never a gain); a constant whose
+    column is zero in every cell (nothing re-sent anywhere) keeps its default."""
     default = Policy()
-    fitted = {"steady": 1 / default.efficiency, "start": default.start_rtts, "burst": default.burst,
-              "resend": default.resend}
-    keep = [i for i in range(len(FIT_ORDER)) if np.abs(a[:, i]).max(initial=0.0) > 1e-9][:len(rows)]
-    # the columns left out keep their defaults: their share of the time moves to the right-hand side
-    rest = [i for i in range(len(FIT_ORDER)) if i not in keep]
-    b = b - a[:, rest] @ np.array([fitted[FIT_ORDER[i]] for i in rest]) if rest else b
-    if keep:
-        x = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
-        fitted.update({FIT_ORDER[i]: float(v) for i, v in zip(keep, x, strict=True)})
-    eff = 1 / fitted["steady"] if fitted["steady"] > 0 else 1.0
-    return Policy(start_rtts=round(fitted["start"], 4), burst=round(fitted["burst"], 4),
-                  efficiency=round(min(eff, 1.5), 4), resend=round(fitted["resend"], 4))
+    defaults = {"steady": 1 / default.efficiency, "start": default.start_rtts, "burst": default.burst,
+                "resend": default.resend}
+    modes = list(cells_by_mode)
+    unknowns = [(None, k) for k in shared] + [(m, k) for m in modes for k in own]
+    rows, rhs = [], []
+    for m in modes:
+        for cell in cells_by_mode[m]:
+            cols, peer = _cell_row(cell, transport)
+            row = [cols[k] / peer if mm is None or mm == m else 0.0 for mm, k in unknowns]
+            fixed = sum(cols[k] * defaults[k] for k in FIT_ORDER if k not in shared and k not in own)
+            rows.append(row)
+            rhs.append((peer - cols["tail"] - fixed) / peer)
+    a, b = np.array(rows), np.array(rhs)
+    live = [i for i in range(len(unknowns)) if np.abs(a[:, i]).max(initial=0.0) > 1e-12]
+    values = {u: defaults[u[1]] for u in unknowns}
+    dead = [i for i in range(len(unknowns)) if i not in live]
+    if dead:
+        b = b - a[:, dead] @ np.array([values[unknowns[i]] for i in dead])
+    if live:
+        x = _nnls(a[:, live], b)
+        values.update({unknowns[i]: float(v) for i, v in zip(live, x, strict=True)})
+    out = {}
+    for m in modes:
+        got = {k: values[(None, k)] if k in shared else values.get((m, k), defaults[k]) for k in FIT_ORDER}
+        eff = 1 / got["steady"] if got["steady"] > 0 else 1.5
+        out[m] = Policy(start_rtts=round(got["start"], 4), burst=round(got["burst"], 4),
+                        efficiency=round(min(eff, 1.5), 4), resend=round(got["resend"], 4))
+    return out
 
 
-def fit(cells_by_mode: Mapping[str, Sequence[dict[str, Any]]], transport: Transport, source: str,
-        fitted_on: Sequence[str], fixed: dict[str, Policy] | None = None) -> Corrections:
-    """Corrections with a policy per mode fitted on its cells (:func:`fit_policy`); ``fixed``
-    modes keep the constants given (ECMP: no constant, its costs are the mechanisms')."""
-    fixed = fixed or {}
-    policies = {mode: fixed.get(mode) or fit_policy(cells, transport) for mode, cells in cells_by_mode.items()}
+def fit_policy(cells: Sequence[dict[str, Any]], transport: Transport,
+               constants: Sequence[str] = FIT_ORDER) -> Policy:
+    """One mode's policy from its cells (:func:`fit_group` with every constant its own)."""
+    return fit_group({"mode": cells}, transport, own=constants)["mode"]
+
+
+def fit(groups: Sequence[tuple[Mapping[str, Sequence[dict[str, Any]]], Sequence[str], Sequence[str]]],
+        transport: Transport, source: str, fitted_on: Sequence[str]) -> Corrections:
+    """Corrections from groups of modes, each (cells by mode, shared constants, own constants)
+    (:func:`fit_group`)."""
+    policies: dict[str, Policy] = {}
+    for cells_by_mode, shared, own in groups:
+        policies.update(fit_group(cells_by_mode, transport, shared, own))
     return Corrections(transport=transport, policies=policies, routing_policy=CLI_ROUTING_POLICY, source=source,
                        fitted_on=tuple(fitted_on))
 

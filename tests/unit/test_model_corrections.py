@@ -74,11 +74,18 @@ def test_the_resent_bytes_cost_their_serialisation_times_the_policys_resend():
         pytest.approx(2 * T.overflow_bytes(4, 10e6) * 8 / RATE)
 
 
-def test_the_start_adds_base_rtts_and_the_burst_a_share_of_the_first_windows_serialisation():
+def test_the_start_adds_base_rtts_and_the_burst_the_square_root_of_the_first_windows_packets():
     shape = lone(64_000)
     c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(start_rtts=2.0, burst=0.5)})
     extra = mc.step_time(shape, c, "mixed") - mc.step_time(shape, mc.Corrections(transport=T), "mixed")
-    assert extra == pytest.approx(2.0 * T.base_rtt_us * 1e-6 + 0.5 * 64_000 * T.wire * 8 / RATE)
+    packets = 64_000 * T.wire / T.mtu_bytes
+    assert extra == pytest.approx(2.0 * T.base_rtt_us * 1e-6 + 0.5 * packets ** 0.5 * T.mtu_bytes * 8 / RATE)
+
+
+def test_a_window_larger_than_the_flow_bursts_no_more_than_the_window():
+    c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(burst=1.0)})
+    big, bigger = lone(10e6), lone(40e6)
+    assert mc.terms(big, c, "mixed")["burst"] == mc.terms(bigger, c, "mixed")["burst"]
 
 
 def test_the_terms_add_up_to_the_corrected_time():
@@ -135,11 +142,24 @@ def test_a_constant_no_cell_tells_apart_keeps_its_default():
     assert got.efficiency == pytest.approx(0.9, abs=1e-3) and got.start_rtts == pytest.approx(0.2, abs=1e-3)
 
 
-def test_with_fewer_cells_than_constants_the_first_ones_are_fitted():
-    c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(efficiency=0.8)})
-    cells = [{"peer_s": mc.step_time(lone(1e6), c, "mixed"), "steps": [[(lone(1e6), 1)]]}]
+def test_constants_shared_by_modes_are_fitted_on_all_of_their_cells():
+    truth = {"mixed": mc.Policy(start_rtts=0.3, burst=0.5, efficiency=0.9),
+             "reps": mc.Policy(start_rtts=0.3, burst=0.5, efficiency=0.7)}
+    c = mc.Corrections(transport=T, policies=truth)
+    cells = {m: [{"peer_s": mc.step_time(lone(size), c, m) * steps, "steps": [[(lone(size), steps)]]}
+                 for size, steps in ((1e6, 1), (4e6, 1), (64e3, 127))] for m in truth}
+    got = mc.fit_group(cells, T, shared=("start", "burst"), own=("steady",))
+    for m, want in truth.items():
+        assert got[m].efficiency == pytest.approx(want.efficiency, abs=1e-3)
+        assert (got[m].start_rtts, got[m].burst) == pytest.approx((0.3, 0.5), abs=1e-3)
+
+
+def test_a_fitted_cost_is_never_a_gain():
+    # a peer faster than the fluid model's drain allows cannot make the start negative
+    cells = [{"peer_s": 0.5 * mc.step_time(lone(size), mc.Corrections(transport=T), "m"), "steps": [[(lone(size), 1)]]}
+             for size in (1e6, 4e6, 64e3)]
     got = mc.fit_policy(cells, T)
-    assert got.efficiency == pytest.approx(0.8, abs=1e-3) and got.start_rtts == 0.0 and got.burst == 0.0
+    assert got.start_rtts >= 0 and got.burst >= 0 and got.resend >= 0
 
 
 def test_corrections_survive_their_json():
