@@ -33,8 +33,9 @@ ECMP is a distribution: each cell runs 10 seeds in htsim, against the model's me
 :data:`MODEL_SEEDS` seeds (its expectation), and so does a hashed mode's permutation.
 
 Each cell's model time is corrected mechanism by mechanism (``hpnlab.fabric.model.corrections``:
-headers, the last packet's round trip, the first window's overflow, and per mode three fitted
-constants); the constants are fitted on :data:`FIT_CELLS` only and reported on the disjoint
+headers, the last packet's round trip, the first window's overflow from htsim's configuration;
+per mode a burst and an efficiency, and for ECMP the share of the re-sent bytes it pays, fitted);
+the constants are fitted on :data:`FIT_CELLS` only and reported on the disjoint
 :data:`VALIDATION_CELLS`, beside the corrections of the earlier revision (:func:`before`,
 fitted on the runs it was reported on). htsim's runs are cached (``--cache``, default
 ``~/.cache/hpnlab/htsim-runs``: one file per binary, workload, mode and seed), so a rerun only
@@ -311,8 +312,10 @@ def step_shape(net: model.Network, job: model.Job, pairs: Sequence[tuple[int, in
     cap = net.cap
     if policy == "even":                       # per-packet adaptive switches: the even split
         r = model.route_step(net, job, (src, dst), nbytes, "spray", 1, seed)
-        drain = float(model.drain_times(r.flow_idx, r.link_idx, r.weight, cap, r.size_bits).max())
-        return mc.StepShape(drain, r.latency_us * 1e-6, r.hops, nbytes, model.busiest_fan_in(r, cap))
+        per_link: list[np.ndarray] = []
+        drain = float(model.drain_times(r.flow_idx, r.link_idx, r.weight, cap, r.size_bits, per_link).max())
+        return mc.StepShape(drain, r.latency_us * 1e-6, r.hops, nbytes, model.busiest_fan_in(r, cap, per_link[0]),
+                            int(np.count_nonzero(per_link[0])))
     evs = 1 if policy == "flow_hash" else EVS
     r = model.route_step(net, job, (src, dst), nbytes, "ecmp", evs, seed)   # evs hashed values per flow
     assert r.paths is not None
@@ -322,7 +325,7 @@ def step_shape(net: model.Network, job: model.Job, pairs: Sequence[tuple[int, in
         per_link = np.where(load > 0, load / (cap * 1e9), 0.0)
     busiest = int(np.argmax(per_link))
     drain = float(per_link[busiest])
-    return mc.StepShape(drain, r.latency_us * 1e-6, r.hops, nbytes, float(fan[busiest]))
+    return mc.StepShape(drain, r.latency_us * 1e-6, r.hops, nbytes, float(fan[busiest]), int(np.count_nonzero(load)))
 
 
 #: hashed policies' permutations: the model's mean over this many seeds stands for its expectation
@@ -439,10 +442,10 @@ def fit_corrections(cells: Sequence[Cell], htsim: dict[str, list[dict[str, Any]]
               f"htsim {HTSIM_COMMIT} (htsim_uec defaults: NSCC, trimming, 100 Gbit/s fat-tree)")
     sprayed = {m: v for m, v in by_mode.items() if m != "ecmp"}
     groups: list[tuple[dict[str, Sequence[dict[str, Any]]], tuple[str, ...], tuple[str, ...]]] = [
-        # the first window's start and burst: one for every sprayed mode; the steady state: each its own
-        (sprayed, ("start", "burst"), ("steady",)),
+        # each spraying mode its own policy: its first window's burst and its steady state
+        (sprayed, (), ("steady", "burst")),
         # per-flow hashing: whole flows collide, and what overflows is re-sent
-        ({"ecmp": by_mode["ecmp"]} if "ecmp" in by_mode else {}, (), ("steady", "start", "burst", "resend"))]
+        ({"ecmp": by_mode["ecmp"]} if "ecmp" in by_mode else {}, (), ("steady", "burst", "resend"))]
     return mc.fit([g for g in groups if g[0]], TRANSPORT, source, [c.name for c in cells])
 
 

@@ -817,6 +817,7 @@ class StepResult:
     sampled: float = 1.0         # > 1: a sample, each modelled pair standing for this many
     hops: int = 0                # links on the step's longest path (host links included)
     fan_in: float = 0.0          # connections' worth of traffic on its busiest link (``corrections``)
+    links: int = 0               # links its traffic crosses (``corrections``)
 
 
 @dataclass
@@ -1166,7 +1167,8 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
         if not rates:
             return StepResult(math.inf if r.stalled else span + r.latency_us * 1e-6, r.latency_us * 1e-6,
                               flows * k, r.stalled, r.hit, math.nan, math.nan, r.stalled_pairs, bytes=moved,
-                              sampled=scale, hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0]))
+                              sampled=scale, hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0]),
+                              links=int(np.count_nonzero(per_link[0])))
         conn_rates = flow_rates(r, net.cap, scale)
     else:                                         # adaptive: sub-flows max-min, a pair's rate their sum
         sub = flow_rates(r, net.cap, scale)
@@ -1177,7 +1179,8 @@ def run_step(net: Network, job: Job, pairs, bytes_per_pair, routing: str, qps: i
     return StepResult(time_s=time_s, latency_s=r.latency_us * 1e-6, flows=flows * k, stalled=r.stalled, hit=r.hit,
                       rate_gbps_min=float(conn_rates.min()), rate_gbps_mean=float(conn_rates.mean()),
                       stalled_pairs=r.stalled_pairs, bytes=moved, rates_gbps=conn_rates, sampled=scale,
-                      hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0] if per_link else None))
+                      hops=r.hops, fan_in=busiest_fan_in(r, net.cap, per_link[0] if per_link else None),
+                      links=int(np.count_nonzero(per_link[0])) if per_link else 0)
 
 
 # ---- given steps on given ranks (fidelity, htsim comparisons, studies) -------------------

@@ -111,6 +111,14 @@ def test_fit_and_validation_cells_are_disjoint_and_span_sizes_fabrics_and_modes(
     assert all(len(c.seeds) >= 10 for c in val + bench_htsim.FIT_CELLS if c.mode == "ecmp")
 
 
+def test_the_preset_corrections_were_fitted_on_the_fit_cells_and_none_of_the_validation_cells():
+    from hpnlab.fabric.model import corrections as mc
+    fitted = set(mc.HTSIM_100G.fitted_on)
+    assert fitted == {c.name for c in bench_htsim.FIT_CELLS}
+    assert not fitted & {c.name for c in bench_htsim.VALIDATION_CELLS}
+    assert set(mc.HTSIM_100G.policies) == set(bench_htsim.MODES)
+
+
 @pytest.mark.parametrize("mode", ["ecmp", "oblivious", "mixed"])
 def test_a_hashed_policy_finds_whole_flows_on_its_busiest_link(mode):
     cell = bench_htsim.Cell(16, "permutation", 1_000_000, mode, (1,))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -74,12 +75,19 @@ def test_the_resent_bytes_cost_their_serialisation_times_the_policys_resend():
         pytest.approx(2 * T.overflow_bytes(4, 10e6) * 8 / RATE)
 
 
-def test_the_start_adds_base_rtts_and_the_burst_the_square_root_of_the_first_windows_packets():
-    shape = lone(64_000)
+def test_the_start_adds_base_rtts_and_the_burst_the_busiest_of_the_links_excess():
+    shape = mc.StepShape(64_000 * 8 / RATE, 6e-6, 6, 64_000, links=500)
     c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(start_rtts=2.0, burst=0.5)})
     extra = mc.step_time(shape, c, "mixed") - mc.step_time(shape, mc.Corrections(transport=T), "mixed")
     packets = 64_000 * T.wire / T.mtu_bytes
-    assert extra == pytest.approx(2.0 * T.base_rtt_us * 1e-6 + 0.5 * packets ** 0.5 * T.mtu_bytes * 8 / RATE)
+    excess = (2 * math.log(500) * packets) ** 0.5          # balls into bins: the busiest of 500 links
+    assert extra == pytest.approx(2.0 * T.base_rtt_us * 1e-6 + 0.5 * excess * T.mtu_bytes * 8 / RATE)
+
+
+def test_the_burst_grows_with_the_links_a_step_spreads_over():
+    c = mc.Corrections(transport=T, policies={"mixed": mc.Policy(burst=1.0)})
+    small, large = (mc.StepShape(1e-4, 6e-6, 6, 1e6, links=n) for n in (256, 2 ** 21))
+    assert mc.terms(large, c, "mixed")["burst"] > mc.terms(small, c, "mixed")["burst"]
 
 
 def test_a_window_larger_than_the_flow_bursts_no_more_than_the_window():
