@@ -322,9 +322,9 @@ def step_shape(net: model.Network, job: model.Job, pairs: Sequence[tuple[int, in
     share = np.full(r.paths.shape[1], 1.0 / evs)      # a value's share of its flow
     load, fan = _link_loads(r.paths, r.size_bits, share, net.n_links)
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_link = np.where(load > 0, load / (cap * 1e9), 0.0)
-    busiest = int(np.argmax(per_link))
-    drain = float(per_link[busiest])
+        link_drain = np.where(load > 0, load / (cap * 1e9), 0.0)
+    busiest = int(np.argmax(link_drain))
+    drain = float(link_drain[busiest])
     return mc.StepShape(drain, r.latency_us * 1e-6, r.hops, nbytes, float(fan[busiest]), int(np.count_nonzero(load)))
 
 
