@@ -208,6 +208,7 @@ def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
     import sys
     import tempfile
     results: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
+    loads: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpnlab-bench-model-") as tmp:
         base = Path(tmp) / "checkout"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(base), rev], check=True)
@@ -227,13 +228,17 @@ def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
                         if rc:
                             raise SystemExit(f"bench_model: {label} {phase} run failed (exit {rc}): {' '.join(cmd)}")
                         results.setdefault(label, {}).setdefault(phase, []).append((wall, cpu, mb))
+                        loads.append(f"{label} {phase}: {load()}")
                         print(f"  {label:<14} {phase}: {wall:6.1f} s wall {cpu:6.1f} s CPU {mb:7.0f} MB  {load()}",
                               flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
     print(f"\n## hpnlab {cli_args}: median [min-max] of {repeat}")
     print(f"{'':<14} {'phase':<5} {'wall s':>18} {'CPU s':>18} {'peak MB':>22}")
-    out: dict[str, Any] = {"args": cli_args, "rev": rev, "repeat": repeat, "runs": results}
+    commits = {label: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True,
+                                     text=True).stdout.strip() for label, ref in (("now", "HEAD"), (f"at {rev}", rev))}
+    out: dict[str, Any] = {"args": cli_args, "rev": rev, "repeat": repeat, "commits": commits, "runs": results,
+                           "loads": loads}
     for label, phases in results.items():
         for phase, runs in phases.items():
             walls, cpus, mbs = ([r[k] for r in runs] for k in range(3))
@@ -243,7 +248,9 @@ def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
     for phase in ("cold", "warm"):
         ratio = statistics.median(r[0] for r in old[phase]) / statistics.median(r[0] for r in now[phase])
         mem = statistics.median(r[2] for r in old[phase]) / statistics.median(r[2] for r in now[phase])
-        print(f"# {phase}: {ratio:.2f}x faster (wall, medians), {mem:.2f}x less memory than at {rev}")
+        cpu = statistics.median(r[1] for r in old[phase]) / statistics.median(r[1] for r in now[phase])
+        print(f"# {phase}: {ratio:.2f}x faster (wall, medians), {cpu:.2f}x less CPU, {mem:.2f}x less memory "
+              f"than at {rev}")
     return out
 
 
