@@ -12,7 +12,7 @@ without a binary.
 A *cell* is one workload on one fabric under one of htsim's load-balancing modes, over one or
 more seeds (:class:`Cell`). Fabrics: the 100 Gbit/s three-tier k-ary fat-tree (hpnlab's
 ``fat-tree`` preset, every link 1 us as htsim's hops; htsim's own fat-tree of the same size,
-host i under ToR i // (k/2) as hpnlab's h(i+1)), 128 hosts (k=8) and 1,024 (k=16). Workloads:
+host i under ToR i // (k/2) as hpnlab's h(i+1)), 128 hosts (k=8), 432 (k=12) and 1,024 (k=16). Workloads:
 
     permutation  hpnlab's derangement (``collectives.random_perm`` of the seed), one flow of
                  the cell's bytes per host, all at once: one large step
@@ -36,8 +36,9 @@ Each cell's model time is corrected mechanism by mechanism (``hpnlab.fabric.mode
 headers, the last packet's round trip, the first window's overflow from htsim's configuration;
 per mode a burst and an efficiency, and for ECMP the share of the re-sent bytes it pays, fitted);
 the constants are fitted on :data:`FIT_CELLS` only and reported on the disjoint
-:data:`VALIDATION_CELLS`, beside the corrections of the earlier revision (:func:`before`,
-fitted on the runs it was reported on). htsim's runs are cached (``--cache``, default
+:data:`VALIDATION_CELLS` and on :data:`HOLDOUT_CELLS` (named after the structure was frozen),
+beside the corrections of the earlier revision (:func:`before`, fitted on the runs it was reported
+on). htsim's runs are cached (``--cache``, default
 ``~/.cache/hpnlab/htsim-runs``: one file per binary, workload, mode and seed), so a rerun only
 runs the model. JSON first (``--json FILE``), then the table; the machine's load and htsim's CPU
 seconds beside every run.
@@ -191,7 +192,16 @@ VALIDATION_CELLS: list[Cell] = (_cells(128, "permutation", 256_000, (1, 2, 3))
                                 + _cells(1024, "permutation", 1_000_000, (1,))
                                 + _cells(1024, "all_to_all", 64_000, (1,),
                                          offsets=tuple(1 + i * 1023 // 8 for i in range(8))))
+#: fresh cells, named after the policies' structure and constants were frozen (commit 336e034, whose
+#: validation table had been seen while the structure was chosen) and run once against
+#: ``corrections.HTSIM_100G`` as it stands: sizes neither set has (512 kB, 8 MB, 32 kB steps), a
+#: fabric size neither has (432 hosts, k=12), every mode, ECMP over 10 seeds
+HOLDOUT_CELLS: list[Cell] = (_cells(128, "permutation", 512_000, (1, 2))
+                             + _cells(128, "permutation", 8_000_000, (1,))
+                             + _cells(128, "all_to_all", 32_000, (1,))
+                             + _cells(432, "permutation", 1_000_000, (1,)))
 assert not {c.name for c in FIT_CELLS} & {c.name for c in VALIDATION_CELLS}
+assert not {c.name for c in HOLDOUT_CELLS} & {c.name for c in FIT_CELLS + VALIDATION_CELLS}
 
 
 # ---- htsim ------------------------------------------------------------------------------------
@@ -540,20 +550,18 @@ def build_htsim(src: str, cache: Path, say=print) -> str | None:
 
 
 def select(names: str) -> list[Cell]:
-    """``fit``, ``validation``, ``all`` or cell names (comma list)."""
+    """``fit``, ``validation``, ``holdout``, ``all`` or cell names (comma list)."""
     out: list[Cell] = []
-    every = {c.name: c for c in FIT_CELLS + VALIDATION_CELLS}
+    sets = {"fit": FIT_CELLS, "validation": VALIDATION_CELLS, "holdout": HOLDOUT_CELLS,
+            "all": FIT_CELLS + VALIDATION_CELLS + HOLDOUT_CELLS}
+    every = {c.name: c for c in sets["all"]}
     for name in (n.strip() for n in names.split(",") if n.strip()):
-        if name == "fit":
-            out += FIT_CELLS
-        elif name == "validation":
-            out += VALIDATION_CELLS
-        elif name == "all":
-            out += FIT_CELLS + VALIDATION_CELLS
+        if name in sets:
+            out += sets[name]
         elif name in every:
             out.append(every[name])
         else:
-            raise SystemExit(f"--cells: no cell {name!r} (fit, validation, all, or names from --list)")
+            raise SystemExit(f"--cells: no cell {name!r} (fit, validation, holdout, all, or names from --list)")
     return list(dict.fromkeys(out))
 
 
@@ -563,7 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--build-htsim", nargs="?", const=HTSIM_URL, metavar="SRC",
                     help=f"build htsim_uec from a uet-htsim checkout or git URL (default {HTSIM_URL} at "
                          f"{HTSIM_COMMIT}) under ~/.cache/hpnlab/htsim, and use it")
-    ap.add_argument("--cells", default="fit,validation", help="fit, validation, all, or cell names (see --list)")
+    ap.add_argument("--cells", default="fit,validation,holdout",
+                    help="fit, validation, holdout, all, or cell names (see --list)")
     ap.add_argument("--list", action="store_true", help="list the cells and exit")
     ap.add_argument("--fit", action="store_true",
                     help="fit the policies' constants on the fit cells (run first) and report with them; without "
@@ -581,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
     args = ap.parse_args(argv)
     if args.list:
-        for which, listed in (("fit", FIT_CELLS), ("validation", VALIDATION_CELLS)):
+        for which, listed in (("fit", FIT_CELLS), ("validation", VALIDATION_CELLS), ("holdout", HOLDOUT_CELLS)):
             for c in listed:
                 print(f"{which:<10} {c.name:<26} seeds {','.join(map(str, c.seeds))}")
         return 0
@@ -618,8 +627,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         corr = mc.HTSIM_100G
     doc: dict[str, Any] = {"htsim_commit": HTSIM_COMMIT, "corrections": corr.as_dict(), "load": load(),
                            "fit_cells": [c.name for c in FIT_CELLS], "cells": []}
-    groups: list[tuple[str, list[Cell]]] = [("fit (in sample)", [c for c in every if c in FIT_CELLS]),
-                                            ("validation (out of sample)", [c for c in every if c not in FIT_CELLS])]
+    groups: list[tuple[str, list[Cell]]] = [
+        ("fit (in sample)", [c for c in every if c in FIT_CELLS]),
+        ("validation (out of sample)", [c for c in every if c not in FIT_CELLS and c not in HOLDOUT_CELLS]),
+        ("holdout (out of sample, named after the structure was frozen)", [c for c in every if c in HOLDOUT_CELLS])]
     printed = []
     for title, group in groups:
         if not group:

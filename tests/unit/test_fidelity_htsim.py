@@ -111,11 +111,32 @@ def test_fit_and_validation_cells_are_disjoint_and_span_sizes_fabrics_and_modes(
     assert all(len(c.seeds) >= 10 for c in val + bench_htsim.FIT_CELLS if c.mode == "ecmp")
 
 
+def test_the_holdout_cells_are_workloads_on_fabrics_neither_other_set_has():
+    hold = bench_htsim.HOLDOUT_CELLS
+    others = bench_htsim.FIT_CELLS + bench_htsim.VALIDATION_CELLS
+    assert not {(c.hosts, c.case, c.nbytes) for c in hold} & {(c.hosts, c.case, c.nbytes) for c in others}
+    assert {c.hosts for c in hold} - {c.hosts for c in others}
+    assert {c.mode for c in hold} == set(bench_htsim.MODES)
+    assert all(len(c.seeds) >= 10 for c in hold if c.mode == "ecmp")
+
+
+def test_the_benchmark_reports_holdout_cells_in_their_own_group(tmp_path):
+    cells = [c for c in bench_htsim.HOLDOUT_CELLS if c.name.startswith("k8-perm-512k-")][1:3]
+    doc = {"cells": [{"cell": c.as_dict(), "htsim": [{"makespan_s": 80e-6, "retx_fraction": 0.0, "wall_s": 0.1,
+                                                      "cpu_s": 0.1, "seed": s} for s in c.seeds]} for c in cells]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(doc))
+    out = tmp_path / "out.json"
+    assert bench_htsim.main(["--htsim-from", str(path), "--cells", ",".join(c.name for c in cells), "--no-before",
+                             "--json", str(out)]) == 0
+    assert {r["group"] for r in json.loads(out.read_text())["cells"]} == {"holdout"}
+
+
 def test_the_preset_corrections_were_fitted_on_the_fit_cells_and_none_of_the_validation_cells():
     from hpnlab.fabric.model import corrections as mc
     fitted = set(mc.HTSIM_100G.fitted_on)
     assert fitted == {c.name for c in bench_htsim.FIT_CELLS}
-    assert not fitted & {c.name for c in bench_htsim.VALIDATION_CELLS}
+    assert not fitted & {c.name for c in bench_htsim.VALIDATION_CELLS + bench_htsim.HOLDOUT_CELLS}
     assert set(mc.HTSIM_100G.policies) == set(bench_htsim.MODES)
 
 
