@@ -23,7 +23,8 @@
    temporary git worktree, imported first on PYTHONPATH) side by side: from an empty model cache
    (cold) and again with the cache it left (warm), ``--repeat`` times each, the two versions
    alternating so that they share the machine's load; wall and CPU seconds and peak memory
-   (each run's own, ``os.wait4``), median [min-max], with the load average.
+   (each run's own, ``os.wait4``), median [min-max], with the load average, and their ratios. The
+   full run (``make bench``) ends with it beside ``--cli-rev`` (default main), 3 runs each.
 """
 from __future__ import annotations
 
@@ -273,12 +274,12 @@ def main() -> int:
     ap.add_argument("--cli", metavar="REV", help="only section 6: the CLI cold and warm beside REV's (e.g. main)")
     ap.add_argument("--cli-args", default=CLI_ARGS, help=f"section 6's hpnlab arguments (default: {CLI_ARGS})")
     ap.add_argument("--json", metavar="FILE", help="section 6: write its runs here")
+    ap.add_argument("--cli-rev", default="main", metavar="REV",
+                    help="the full run's section 6 beside REV (default main, 3 runs each; '' or a REV git does not "
+                         "know: skipped)")
     args = ap.parse_args()
     if args.cli:
-        doc = cli_side_by_side(args.cli, args.cli_args, max(1, args.repeat))
-        if args.json:
-            import json
-            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+        cli_section(args.cli, args.cli_args, max(1, args.repeat), args.json)
         return 0
     small = [p for p in args.small.split(",") if p]
     if not args.only_equal:
@@ -291,7 +292,22 @@ def main() -> int:
         failures(small)
     if args.equal:
         equal(small + ["mini-rail", "mini-spine-leaf", "fat-tree"], args.equal)
+    if not args.only_equal and args.cli_rev:
+        import subprocess
+        known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", args.cli_rev + "^{commit}"],
+                               capture_output=True).returncode == 0
+        if known:
+            cli_section(args.cli_rev, args.cli_args, max(3, args.repeat), args.json)
+        else:
+            print(f"\n## hpnlab {args.cli_args} cold and warm: skipped (git knows no revision {args.cli_rev!r})")
     return 0
+
+
+def cli_section(rev: str, cli_args: str, repeat: int, json_path: str | None) -> None:
+    doc = cli_side_by_side(rev, cli_args, repeat)
+    if json_path:
+        import json
+        Path(json_path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":
