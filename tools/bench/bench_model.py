@@ -208,11 +208,15 @@ def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
     import subprocess
     import sys
     import tempfile
+    # the commits measured, named before the runs (a branch may move while they run)
+    commits = {label: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True,
+                                     text=True).stdout.strip() for label, ref in (("now", "HEAD"), (f"at {rev}", rev))}
     results: dict[str, dict[str, list[tuple[float, float, float]]]] = {}
     loads: list[str] = []
     with tempfile.TemporaryDirectory(prefix="hpnlab-bench-model-") as tmp:
         base = Path(tmp) / "checkout"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(base), rev], check=True)
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(base),
+                        commits[f"at {rev}"] or rev], check=True)
         try:
             ns = Path(tmp) / "ns" / "hpnlab"       # hpnlab.* from the baseline's folders, ahead of the install
             ns.mkdir(parents=True)
@@ -236,8 +240,6 @@ def cli_side_by_side(rev: str, cli_args: str, repeat: int) -> dict[str, Any]:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
     print(f"\n## hpnlab {cli_args}: median [min-max] of {repeat}")
     print(f"{'':<14} {'phase':<5} {'wall s':>18} {'CPU s':>18} {'peak MB':>22}")
-    commits = {label: subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], capture_output=True,
-                                     text=True).stdout.strip() for label, ref in (("now", "HEAD"), (f"at {rev}", rev))}
     out: dict[str, Any] = {"args": cli_args, "rev": rev, "repeat": repeat, "commits": commits, "runs": results,
                            "loads": loads}
     for label, phases in results.items():
