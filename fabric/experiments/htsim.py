@@ -507,6 +507,22 @@ def table(rows: Sequence[dict[str, Any]], title: str) -> list[str]:
     return out
 
 
+def markdown_table(rows: Sequence[dict[str, Any]], title: str) -> list[str]:
+    """:func:`table` as a Markdown table (as the records under docs/results/ hold it)."""
+    out = [f"## {title}", "", "| cell | seeds | htsim us (mean) | spread | re-sent | model us | raw | before | after |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        c = r["cell"]
+        out.append(f"| {c['name']} | {len(c['seeds'])} | {r['htsim_s'] * 1e6:.1f} | {r['htsim_spread']:.0%} | "
+                   f"{r['retx_fraction']:.1%} | {r['model_s'] * 1e6:.1f} | {r['error_raw']:+.1%} | "
+                   f"{r['error_before']:+.1%} | {r['error']:+.1%} |")
+    n = len(rows)
+    outside = [f"{r['cell']['name']} ({r['error']:+.1%})" for r in rows if abs(r["error"]) > 0.10]
+    out += ["", f"Within 10%: after {within(rows)}/{n}, before {within(rows, 'error_before')}/{n}, "
+                f"raw {within(rows, 'error_raw')}/{n}." + (f" Outside: {', '.join(outside)}." if outside else ""), ""]
+    return out
+
+
 def build_htsim(src: str, cache: Path, say=print) -> str | None:
     """htsim_uec built from ``src`` (a checkout of uet-htsim, or a git URL cloned at
     :data:`HTSIM_COMMIT`) under ``cache``; None, with one line saying why, where it cannot be."""
@@ -588,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="htsim's figures from an earlier --json file instead of running it (the model side alone)")
     ap.add_argument("--no-before", action="store_true", help="leave out the earlier revision's figures")
     ap.add_argument("--json", metavar="FILE", help="write every figure here")
+    ap.add_argument("--markdown", action="store_true", help="print the tables in Markdown (as the records hold them)")
     args = ap.parse_args(argv)
     if args.list:
         for which, listed in (("fit", FIT_CELLS), ("validation", VALIDATION_CELLS), ("holdout", HOLDOUT_CELLS)):
@@ -639,7 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in rows:
             r["group"] = title.split()[0]
         doc["cells"] += rows
-        printed += table(rows, title)
+        printed += markdown_table(rows, title) if args.markdown else table(rows, title)
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=1, default=float) + "\n")
     for line in printed:

@@ -132,6 +132,18 @@ def test_the_benchmark_reports_holdout_cells_in_their_own_group(tmp_path):
     assert {r["group"] for r in json.loads(out.read_text())["cells"]} == {"holdout"}
 
 
+def test_the_tables_print_as_markdown_one_row_per_cell(tmp_path, capsys):
+    cells = [c for c in bench_htsim.HOLDOUT_CELLS if c.name.startswith("k8-perm-512k-")][1:3]
+    doc = {"cells": [{"cell": c.as_dict(), "htsim": [{"makespan_s": 80e-6, "retx_fraction": 0.0, "wall_s": 0.1,
+                                                      "cpu_s": 0.1, "seed": s} for s in c.seeds]} for c in cells]}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(doc))
+    assert bench_htsim.main(["--htsim-from", str(path), "--cells", ",".join(c.name for c in cells), "--no-before",
+                             "--markdown"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| k8-perm-512k-")]
+    assert [row.split(" | ")[0] for row in rows] == [f"| {c.name}" for c in cells]
+
+
 def test_the_preset_corrections_were_fitted_on_the_fit_cells_and_none_of_the_validation_cells():
     from hpnlab.fabric.model import corrections as mc
     fitted = set(mc.HTSIM_100G.fitted_on)
