@@ -192,7 +192,8 @@ NONE = Corrections()
 CLI_ROUTING_POLICY = {"ecmp": "ecmp", "flow": "ecmp", "flowlet": "ecmp", "spray": "mixed", "adaptive": "mixed"}
 
 #: fitted by ``tools/bench/bench_htsim.py --fit`` on ``htsim.FIT_CELLS`` only, reported on the disjoint
-#: ``htsim.VALIDATION_CELLS`` (docs/results/2026-12-07-model-vs-htsim.md: 40 of 42 within 10%). Per mode
+#: ``htsim.VALIDATION_CELLS`` and on ``htsim.HOLDOUT_CELLS``, named after these were frozen
+#: (docs/results/2026-12-07-model-vs-htsim-holdout.md: 26 of 28 holdout cells within 10%). Per mode
 #: its burst and efficiency; ECMP's burst, efficiency and the share of its re-sent bytes' serialisation
 #: it pays; the start of a step is fitted nowhere (the burst's spread stands for the barrier's wait).
 HTSIM_100G = Corrections(
