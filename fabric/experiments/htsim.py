@@ -192,7 +192,7 @@ VALIDATION_CELLS: list[Cell] = (_cells(128, "permutation", 256_000, (1, 2, 3))
                                 + _cells(1024, "permutation", 1_000_000, (1,))
                                 + _cells(1024, "all_to_all", 64_000, (1,),
                                          offsets=tuple(1 + i * 1023 // 8 for i in range(8))))
-#: fresh cells, named after the policies' structure and constants were frozen (commit b9db716, whose
+#: fresh cells, named after the policies' structure and constants were frozen (commit 427b545, whose
 #: validation table had been seen while the structure was chosen) and run once against
 #: ``corrections.HTSIM_100G`` as it stands: sizes neither set has (512 kB, 8 MB, 32 kB steps), a
 #: fabric size neither has (432 hosts, k=12), every mode, ECMP over 10 seeds
