@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from hpnlab.cli.args import add_scenario_args, load_fabric
 from hpnlab.cli.argtypes import output_file
-from hpnlab.cli.cmd_topo import add_scenario_args, load_fabric
 from hpnlab.fabric.checks import rules as fcheck
 from hpnlab.fabric.checks import snapshot as fsnap
 

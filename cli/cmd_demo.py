@@ -7,12 +7,12 @@ import json
 import sys
 import time
 
+from hpnlab.cli.args import add_scenario_args, overrides_of
+
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="emulate a small fabric end to end and print a summary (root)")
-    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
-                   help="preset or YAML file (default mini-hpn)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    add_scenario_args(p, default="mini-hpn")
     p.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 check (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--no-collectives", action="store_true",
@@ -26,36 +26,37 @@ def register(sub) -> None:
 
 def cmd_demo(args) -> int:
     from hpnlab.cli.cmd_collective import default_out
-    from hpnlab.fabric.emulation import Emulation, EmulationError
+    from hpnlab.fabric.emulation import Emulation, EmulationError, EmulationOptions, sizing
     from hpnlab.fabric.emulation.traffic import iperf3
     from hpnlab.fabric.experiments import runner as experiment
+    from hpnlab.fabric.experiments.prepare import prepare
     from hpnlab.fabric.scenario import spec
     from hpnlab.fabric.scenario.rates import emulated_mbps
     from hpnlab.fabric.workload import report
 
     say = lambda m: print(m, flush=True)  # noqa: E731
     t0 = time.monotonic()
-    plan = None if args.no_collectives else experiment.RUN_DEFAULTS    # what `hpnlab run` runs
-    overrides = spec.parse_overrides(args.overrides)
-    if plan:                    # the ranks and the rates the measured budget carries for them, as `hpnlab run`
-        from hpnlab.cli.cmd_run import default_ranks
-        from hpnlab.fabric.emulation import sizing
-        from hpnlab.fabric.scenario import graph as fgraph
-        scenario = spec.load(args.scenario, overrides)
-        g = fgraph.build(scenario)
-        if not args.no_measure and not (sizing.load_budget() or {}).get("ports"):
-            from hpnlab.fabric.emulation import budget as bench_ports
-            say(f"[0/5] this machine's packet budget was never measured: a short probe sets safe rates (about "
-                f"20 s, cached in {sizing.budget_path()}; hpnlab doctor --measure runs the full calibration, "
-                f"--no-measure skips)")
-            bench_ports.main(["--save", "--probe"])
-        ranks = default_ranks(g, plan.jobs, scenario.emulation.ranks)
-        plan = plan.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
-        rates, rates_line = sizing.rates_for_ranks(g, overrides, plan.ranks * plan.jobs)
-        overrides = spec.deep_merge(overrides, rates)
-        say(rates_line)
-    emu = Emulation(args.scenario, overrides=overrides, controller="hpnlab")
-    cells = plan.jobs_on(emu.graph) if plan else {}     # every mistake shows before anything is built
+    base = None if args.no_collectives else experiment.RUN_DEFAULTS    # what `hpnlab run` runs
+    overrides = overrides_of(args)
+    scenario = spec.load(args.scenario, overrides)       # a mistake shows before anything is measured
+    # the rates the measured budget carries for the ranks, as `hpnlab run`: a first run probes the budget
+    if base and not args.no_measure and not (sizing.load_budget() or {}).get("ports"):
+        from hpnlab.fabric.emulation import budget as bench_ports
+        say(f"[0/5] this machine's packet budget was never measured: a short probe sets safe rates (about "
+            f"20 s, cached in {sizing.budget_path()}; hpnlab doctor --measure runs the full calibration, "
+            f"--no-measure skips)")
+        bench_ports.main(["--save", "--probe"])
+
+    def plan_for(ranks: int) -> experiment.Plan:
+        assert base is not None
+        return base.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
+
+    prepared = prepare(scenario, overrides, size=base is not None, jobs=base.jobs if base else 1,
+                       plan=plan_for if base else None)
+    plan, cells = prepared.plan, prepared.cells        # every mistake shows before anything is built
+    if plan:
+        say(prepared.rates_line)
+    emu = Emulation(prepared.scenario, EmulationOptions())
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")
@@ -64,7 +65,7 @@ def cmd_demo(args) -> int:
         with emu:
             md = emu.metadata
             say(f"[2/5] up in {emu.timings['up_s']:.1f} s; {len(emu.connected_switches())} switches connected to "
-                f"the controller on 127.0.0.1:{emu.ofp_port}; datapath {md['datapath']}, ECN {md['ecn']}, "
+                f"the controller on 127.0.0.1:{emu.controller.ofp_port}; datapath {md['datapath']}, ECN {md['ecn']}, "
                 f"delay {md['delay']}")
             t = time.monotonic()
             ping = emu.ping_all()

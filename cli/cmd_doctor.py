@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 
+from hpnlab.cli.args import add_scenario_args, load_scenario
+
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="what this machine supports and what an emulation will do here")
-    p.add_argument("scenario", nargs="?", metavar="SCENARIO",
-                   help="also estimate whether this scenario fits this machine")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    add_scenario_args(p, optional=True, help="also estimate whether this scenario fits this machine")
     p.add_argument("--json", action="store_true", help="print the findings as JSON")
     p.add_argument("--measure", action="store_true",
                    help="(re)measure this machine's budget first: packets/s per switch port type and frame size "
@@ -124,7 +124,7 @@ def port_type_findings(caps, budget, requested: str, mtu: int) -> list[str]:
 
 def cmd_doctor(args) -> int:
     from hpnlab.fabric.emulation import kernel, sizing
-    from hpnlab.fabric.scenario import graph, spec
+    from hpnlab.fabric.scenario import graph
 
     if args.measure:
         from hpnlab.fabric.emulation import budget as bench_ports
@@ -138,7 +138,7 @@ def cmd_doctor(args) -> int:
     est = None
     mtu = 1500
     if args.scenario:
-        s = spec.load(args.scenario, spec.parse_overrides(args.overrides))
+        s = load_scenario(args)
         g = graph.build(s)
         mtu = s.emulation.mtu
         est = sizing.estimate(g, caps.cpus, budget)

@@ -1,40 +1,15 @@
 """`hpnlab emulate`: run a scenario as a live emulated fabric (root, real Open vSwitch)."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
+from hpnlab.cli.args import add_emulation_args, add_scenario_args, emulation_options, overrides_of
 from hpnlab.cli.argtypes import output_file
 from hpnlab.cli.cmd_web import add_web_args, metrics_line, open_web, web_controller_args
-from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.emulation.ovs_sched import MODES as OVS_SCHED_MODES
 from hpnlab.fabric.errors import UserError
-from hpnlab.fabric.scenario import spec
-
-#: ``--bfd`` without a value (ms). Without ovs-vswitchd real-time, 20 ms flapped about once per
-#: port in 30 s at a load average near 6; with it, 10-20 ms held on an idle fabric, but under the
-#: probe's traffic one repetition in five rerouted spuriously; 50 ms never did (README: failures)
-DEFAULT_BFD_MS = 50
-
-
-def add_port_type_arg(p: argparse.ArgumentParser) -> None:
-    """``--port-type`` (shared by `hpnlab emulate` and `hpnlab run`)."""
-    from hpnlab.fabric.emulation.kernel import PORT_TYPE_CHOICES, PORT_TYPE_ENV
-    p.add_argument("--port-type", choices=PORT_TYPE_CHOICES, default=None,
-                   help=f"switch port type on the userspace datapath: system (AF_PACKET), afxdp, afxdp-nonpmd "
-                        f"(AF_XDP), or auto (default; ${PORT_TYPE_ENV} too): AF_XDP where it works here and the "
-                        f"run needs no switch-port shaping or ECN (AF_XDP bypasses tc egress)")
-
-
-def add_arp_arg(p: argparse.ArgumentParser) -> None:
-    """``--arp`` (shared by `hpnlab emulate` and `hpnlab run`): how the controller's leaves answer ARP."""
-    from hpnlab.fabric.routing.compiler import ARP_MODES
-    p.add_argument("--arp", choices=ARP_MODES, default="gateway",
-                   help="how the leaves answer ARP in the switch, also while the controller is away: gateway "
-                        "(default: one gateway MAC, two flows per host port; needs Open vSwitch's move action) or "
-                        "per-host (each peer's own MAC, set-field only; any OpenFlow 1.3 switch)")
 
 
 def port_type_line(md: dict) -> str:
@@ -44,40 +19,18 @@ def port_type_line(md: dict) -> str:
 
 def register(sub) -> None:
     p = sub.add_parser("emulate", help="run a scenario on Mininet + Open vSwitch with the controller (root)")
-    p.add_argument("scenario", metavar="SCENARIO", help="preset name, fat-tree-K, or a YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field (repeatable), e.g. --set emulation.host_mbps=5")
-    p.add_argument("--controller", default="hpnlab", metavar="NAME",
-                   help="hpnlab (default: the project's OpenFlow 1.3 controller) or none "
-                        "(standalone switches; loop-free fabrics only)")
-    p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
-    p.add_argument("--no-fast-failover", action="store_true",
-                   help="no local protection (fast-failover groups keep only their primary bucket): "
-                        "the controller-only baseline")
+    add_scenario_args(p)
+    add_emulation_args(p, on_controller_loss="continue")
     p.add_argument("--ofp-port", type=int, help="OpenFlow port (default 6653, or a free one if it is taken)")
     p.add_argument("--cli", action="store_true", help="drop into the Mininet CLI once the fabric is up")
     p.add_argument("--timeline", metavar="FILE", help="failure timeline (YAML/JSON) to run once up")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="keep the fabric up for S seconds (default: until the timeline ends, or until Ctrl-C)")
-    p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
-    p.add_argument("--ecn-policy", default="static", metavar="NAME",
-                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py")
-    p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
-                   help="the controller polls port statistics and the ECN stage every N ms (default 200)")
-    p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
-                   help="the switches' multipath weights: ecmp (default, equal) or weighted (the controller moves "
-                        "entropy patterns off loaded uplinks every telemetry interval)")
     p.add_argument("--no-verify", action="store_true", help="skip the all-pairs reachability check")
-    add_port_type_arg(p)
-    add_arp_arg(p)
     p.add_argument("--verify-branches", action="store_true",
                    help="also send UDP probes on every entropy branch (source-port pattern) of every pair")
     p.add_argument("--json", metavar="FILE", type=output_file,
                    help="write the run's metadata and timeline records here")
-    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
-                   help=f"BFD on every switch-to-switch port, min_rx = min_tx = MS (default off; --bfd alone: "
-                        f"{DEFAULT_BFD_MS} ms, the shortest that never flapped on a busy 2-core machine); a port whose "
-                        f"BFD session fails stops being live (controller and fast-failover groups follow it)")
     p.add_argument("--bfd-mult", type=int, default=3, metavar="N", help="BFD detect multiplier (default 3)")
     p.add_argument("--ovs-sched", choices=OVS_SCHED_MODES, default="nice",
                    help="ovs-vswitchd's main thread during the run: nice (default: nice -20; on the userspace "
@@ -107,17 +60,11 @@ def register(sub) -> None:
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")
-    p.add_argument("--placement", default="plane", choices=("plane", "switch-bin", "round-robin", "random"),
+    p.add_argument("--placement", dest="cluster_placement", default="plane",
+                   choices=("plane", "switch-bin", "round-robin", "random"),
                    help="cluster placement: plane (each plane's switches on one server, default), or Mininet's")
-    p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default="continue",
-                   help="when the controller process dies: say so and continue (default: the switches keep their "
-                        "tables, fail mode secure, and answer ARP themselves), restart it (it reads the switches "
-                        "back and changes only what differs), or stop")
     p.add_argument("--controller-ip", default="127.0.0.1",
                    help="address the controller listens on and switches dial (a routable one with --servers)")
-    p.add_argument("--controller-tls", metavar="DIR",
-                   help="OpenFlow over TLS with the files tools/scripts/make_test_ca.sh writes into DIR (Open "
-                        "vSwitch's machine-wide SSL setting is replaced for the run and put back after)")
     add_web_args(p)
     p.set_defaults(func=cmd_emulate)
 
@@ -143,12 +90,13 @@ def safe_cli(net) -> None:
 
 
 def cmd_emulate(args) -> int:
-    from hpnlab.fabric.emulation import CONTROLLERS, Emulation, EmulationError
+    from hpnlab.fabric.emulation import Emulation, EmulationError
     from hpnlab.fabric.emulation import timeline as tl
+    from hpnlab.fabric.experiments.prepare import prepare
 
-    if args.controller not in CONTROLLERS:
-        raise UserError(f"unknown controller {args.controller!r} (known: {', '.join(CONTROLLERS)})")
-    overrides = spec.parse_overrides(args.overrides)
+    web_args, metrics_port = web_controller_args(args)
+    options = emulation_options(args, extra_args=web_args)     # every bad flag: one line, before anything is built
+    prepared = prepare(args.scenario, overrides_of(args), size=False)
     probe = None
     if args.failover_probe:
         from hpnlab.fabric.emulation import failover
@@ -165,17 +113,7 @@ def cmd_emulate(args) -> int:
     from hpnlab.controller.ecn_policy import policy_class
     from hpnlab.fabric.experiments.runner import telemetry_of
     policy_class(args.ecn_policy)          # a wrong policy name: one line before anything is built
-    web_args, metrics_port = web_controller_args(args)
-    emu = Emulation(args.scenario, overrides=overrides, controller=args.controller, ofp_port=args.ofp_port,
-                    policy=args.policy, ecn=not args.no_ecn, verify=not args.no_verify,
-                    verify_branches=args.verify_branches,
-                    servers=args.servers.split(",") if args.servers else None, placement=args.placement,
-                    controller_ip=args.controller_ip, bfd_ms=args.bfd, bfd_mult=args.bfd_mult,
-                    ovs_sched=args.ovs_sched, fast_failover=not args.no_fast_failover,
-                    ecn_policy=args.ecn_policy, telemetry_interval_ms=args.telemetry_interval_ms,
-                    port_type=args.port_type, controller_tls=args.controller_tls, controller_args=web_args,
-                    on_controller_loss=args.on_controller_loss, routing_weights=args.routing_weights,
-                    arp=args.arp, lock_wait_s=max(0.0, args.lock_wait))
+    emu = Emulation(prepared.scenario, options)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
         failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
@@ -189,18 +127,18 @@ def cmd_emulate(args) -> int:
             say(f"up in {emu.timings['up_s']:.1f} s (run {md['run_id']}): datapath {md['datapath']}, "
                 f"shaping {md['shaping']}, ECN {md['ecn']}, delay {md['delay']}, "
                 f"controller {args.controller}"
-                + (f" on 127.0.0.1:{emu.ofp_port}, ARP {md.get('arp')}" if emu.ofp_port else ""))
+                + (f" on 127.0.0.1:{emu.controller.ofp_port}, ARP {md.get('arp')}" if emu.controller.ofp_port else ""))
             say(port_type_line(md))
             if metrics_line(web_args, metrics_port):
                 say(str(metrics_line(web_args, metrics_port)))
             if "reachability" in md:
                 say(f"reachability: {md['reachability']['pairs']} host-port pairs, "
                     f"{md['reachability']['failed']} failed")
-            if emu.telemetry_file is not None:
+            if emu.controller.telemetry_file is not None:
                 say(f"telemetry every {args.telemetry_interval_ms} ms, ECN policy {args.ecn_policy}: "
-                    f"{emu.telemetry_file} (JSON lines; with --json, summarised into it)")
+                    f"{emu.controller.telemetry_file} (JSON lines; with --json, summarised into it)")
             if events:
-                records = emu.run_timeline(events, log=say)
+                records = emu.faults.run_timeline(events, log=say)
             probed = None
             if probe is not None:
                 probed = failover.run(emu, kinds, args.repeat, probe, log=say)

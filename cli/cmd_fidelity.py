@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpnlab.cli.args import add_scenario_args, overrides_of
 from hpnlab.cli.cmd_collective import default_out, int_in
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import fidelity
@@ -32,10 +33,7 @@ DEFAULT_MODES = "flow,ecmp,flowlet,spray,adaptive"
 def register(sub) -> None:
     p = sub.add_parser("fidelity", help="the flow model against the emulator, side by side (root)",
                        description=__doc__)
-    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
-                   help="preset or YAML file (default mini-hpn)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field, e.g. --set emulation.host_mbps=5")
+    add_scenario_args(p, default="mini-hpn")
     p.add_argument("--collective", default="all_reduce,all_to_all", help="comma list (default all_reduce,all_to_all)")
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help=f"the transport's entropy modes, each mapped to the model's routing (default {DEFAULT_MODES})")
@@ -61,27 +59,26 @@ def register(sub) -> None:
 def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say) -> dict[str, Any]:
     """Every (collective, mode) cell on one emulated fabric; per cell its result, its hosts and
     the leaf uplinks' byte counts."""
-    from hpnlab.fabric.emulation import Emulation, EmulationError, sizing
+    from hpnlab.fabric.emulation import Emulation, EmulationError, EmulationOptions
     from hpnlab.fabric.experiments import compare_routing
     from hpnlab.fabric.experiments import runner as experiment
+    from hpnlab.fabric.experiments.prepare import prepare
     from hpnlab.fabric.scenario import graph as fgraph
 
-    overrides = spec.parse_overrides(args.overrides)
-    scenario = spec.load(args.scenario, overrides)
-    g = fgraph.build(scenario)
-    rates, rates_line = sizing.rates_for_ranks(g, overrides, args.ranks)
-    if rates:
-        overrides = spec.deep_merge(overrides, rates)
-        scenario = spec.load(args.scenario, overrides)
-        g = fgraph.build(scenario)
-    plan = experiment.Plan(collectives=args.collective, transports="roce", entropies=modes, sizes=(args.size,),
-                           iterations=args.iters, warmup=args.warmup_iters, inplace=False,
-                           placement=args.placement, ranks=args.ranks)
-    plan.jobs_on(g)                                  # every mistake shows before anything is built
+    def plan_for(ranks: int) -> experiment.Plan:
+        return experiment.Plan(collectives=args.collective, transports="roce", entropies=modes, sizes=(args.size,),
+                               iterations=args.iters, warmup=args.warmup_iters, inplace=False,
+                               placement=args.placement, ranks=ranks)
+
+    # load once, size the rates for the ranks, place every cell (every mistake shows before anything is built)
+    prepared = prepare(args.scenario, overrides_of(args), plan=plan_for, ranks=args.ranks)
+    scenario, plan, rates_line, overrides = prepared.scenario, prepared.plan, prepared.rates_line, \
+        prepared.all_overrides
+    assert plan is not None
     say(f"emulating {scenario.name} ({rates_line})")
     cells = []
     try:
-        with Emulation(scenario) as emu:
+        with Emulation(scenario, EmulationOptions()) as emu:
             ups_all = compare_routing.uplinks(emu.graph)
             order = [(c, m, x) for c in plan.collectives for m in modes for x in ccs]
             for rep, (coll, mode, cc) in ((r, cell) for r in range(args.repeat) for cell in order):

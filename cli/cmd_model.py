@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpnlab.cli.cmd_topo import add_scenario_args, load_scenario
+from hpnlab.cli.args import add_scenario_args, load_scenario
 from hpnlab.fabric.errors import UserError, short
 from hpnlab.fabric.experiments import studies
 from hpnlab.fabric.model import corrections as model_corrections

@@ -22,13 +22,14 @@ import shutil
 import sys
 from pathlib import Path
 
+from hpnlab.cli.args import add_emulation_args, add_scenario_args, emulation_options, overrides_of
 from hpnlab.cli.cmd_collective import add_generator_args, default_out, plan_from_args
-from hpnlab.cli.cmd_emulate import DEFAULT_BFD_MS, add_arp_arg, add_port_type_arg, port_type_line
+from hpnlab.cli.cmd_emulate import port_type_line
 from hpnlab.cli.cmd_web import add_web_args, metrics_line, open_web, web_controller_args
-from hpnlab.fabric.emulation.controller_process import ON_CONTROLLER_LOSS
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import compare_ecn as compare
 from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.prepare import prepare
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import ecn as ecn_settings
@@ -41,10 +42,7 @@ DEFAULTS = experiment.RUN_DEFAULTS
 def register(sub) -> None:
     p = sub.add_parser("run", help="emulate a scenario and run collectives on it end to end (root)",
                        description=__doc__)
-    p.add_argument("scenario", nargs="?", default="mini-hpn", metavar="SCENARIO",
-                   help="preset or YAML file (default mini-hpn)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a scenario field, e.g. --set emulation.host_mbps=5")
+    add_scenario_args(p, default="mini-hpn")
     p.add_argument("--collective", default=",".join(DEFAULTS.collectives),
                    help=f"comma list of {', '.join(col.COLLECTIVES)} (default {','.join(DEFAULTS.collectives)})")
     p.add_argument("--placement", default=DEFAULTS.placement, choices=PLACEMENTS,
@@ -78,34 +76,11 @@ def register(sub) -> None:
     p.add_argument("--modes", default=None,
                    help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (the default) "
                         "and reps (REPS's recycling); ecmp always runs, the ratios are to it")
-    p.add_argument("--controller", default="hpnlab", help="hpnlab (default) or none")
-    p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
-    p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
-    p.add_argument("--ecn-policy", default="static", metavar="NAME",
-                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py; "
-                        "with --compare ecn, the policy its dynamic setting runs (default dynamic)")
-    p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
-                   help="the controller polls port statistics and the ECN stage every N ms (default 200)")
-    p.add_argument("--routing-weights", choices=("ecmp", "weighted"), default="ecmp",
-                   help="the switches' multipath weights: ecmp (default, equal) or weighted (the controller moves "
-                        "entropy patterns off loaded uplinks every telemetry interval)")
-    p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default="restart",
-                   help="when the controller process dies during the run: restart it (default: it reads the switches "
-                        "back and changes only what differs; traffic keeps flowing meanwhile), stop the run, or "
-                        "say so and continue without it")
-    p.add_argument("--no-fast-failover", action="store_true",
-                   help="no local protection (fast-failover groups keep only their primary bucket): "
-                        "the controller-only baseline")
-    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
-                   help=f"BFD on every switch-to-switch port (as in `hpnlab emulate`; alone: {DEFAULT_BFD_MS} ms)")
+    add_emulation_args(p, on_controller_loss="restart",
+                       ecn_policy_help="; with --compare ecn, the policy its dynamic setting runs (default dynamic)")
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
-    p.add_argument("--controller-tls", metavar="DIR",
-                   help="OpenFlow over TLS with the files tools/scripts/make_test_ca.sh writes into DIR "
-                        "(as `hpnlab emulate`)")
-    add_port_type_arg(p)
-    add_arp_arg(p)
     add_web_args(p)
     add_generator_args(p, hosts=False)
     # matrix defaults differ from `hpnlab collective`: comma lists, fewer sizes and iterations
@@ -117,13 +92,6 @@ def register(sub) -> None:
             action.choices = None
     p.add_argument("--inplace", dest="no_inplace", action="store_false",
                    help="also run the in-place columns (off by default in runs: halves the time)")
-
-
-def default_ranks(g, jobs: int, preferred: int | None = None) -> int:
-    """The default ranks per job: the scenario's ``emulation.ranks`` (``preferred``) or
-    ``RUN_DEFAULTS.ranks``, and never more than the hosts a job gets."""
-    from hpnlab.fabric.scenario import graph as fgraph
-    return max(2, min(preferred or DEFAULTS.ranks, len(fgraph.hosts(g)) // max(1, jobs)))
 
 
 def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = False,
@@ -144,13 +112,14 @@ def size_bounds(minbytes: str | None, maxbytes: str | None, one_size: bool = Fal
 
 def cmd_run(args: argparse.Namespace) -> int:
     from hpnlab.controller.ecn_policy import policy_class
-    from hpnlab.fabric.emulation import Emulation, EmulationError, sizing
+    from hpnlab.fabric.emulation import Emulation, EmulationError
     from hpnlab.fabric.scenario import graph as fgraph
 
     # sizes: the run's default sweep; --compare routing sizes each collective to last about a second
     # (compare_routing.cell_bytes) unless -b/-e are given
     sizes_given = args.minbytes is not None or args.maxbytes is not None
     routing_collectives = None
+    adjust_rates = None
     if args.compare == "routing":             # its own row names (two_jobs) are not the plan's collectives
         from hpnlab.fabric.experiments import compare_routing
         from hpnlab.fabric.experiments.compare_routing import TWO_JOBS, TWO_JOBS_COLLECTIVE
@@ -159,40 +128,43 @@ def cmd_run(args: argparse.Namespace) -> int:
             compare_routing.parse_modes(args.modes)       # a wrong mode: one line before anything is built
         args.collective = ",".join(dict.fromkeys(TWO_JOBS_COLLECTIVE if c == TWO_JOBS else c
                                                  for c in routing_collectives))
+        adjust_rates = compare_routing.comparison_rates
     elif args.modes:
         raise UserError("--modes chooses the routing modes of --compare routing (add --compare routing)")
-    overrides = spec.parse_overrides(args.overrides)
-    scenario = spec.load(args.scenario, overrides)
+    web_args, metrics_port = web_controller_args(args)
+    options = emulation_options(args, extra_args=web_args,
+                                routing_weights="weighted" if args.compare == "routing" else args.routing_weights)
     policy_class(args.ecn_policy)                   # a wrong policy name: one line before anything is built
-    g = fgraph.build(scenario)
-    counted = jobspec.is_count(args.jobs)
-    ranks = (args.ranks if args.ranks is not None
-             else default_ranks(g, int(args.jobs) if counted else 1, scenario.emulation.ranks))
-    args.minbytes, args.maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing",
-                                               ranks=ranks)
-    if counted:
-        plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=int(args.jobs))
-    else:
-        plan = plan_from_args(args, placement=args.placement, ranks=ranks, jobs=1, job_specs=args.jobs)
     ecn = ecn_settings.parse(args.ecn) if args.ecn else None
-    total_ranks = (sum(plan.ranks_of(j) for j in plan.host_jobs()) if plan.specs else plan.ranks * plan.jobs)
-    rates, rates_line = sizing.rates_for_ranks(g, overrides, total_ranks)
-    if args.compare == "routing":
-        rates, rates_line = compare_routing.comparison_rates(rates, rates_line)
-    if rates:
-        scenario = spec.load(args.scenario, spec.deep_merge(overrides, rates))
-        g = fgraph.build(scenario)
     comparing = None
     if args.compare == "ecn":
         if args.timeline or args.ecn or args.no_ecn:
             raise UserError("--compare ecn sets the ECN thresholds itself and runs no timeline "
                             "(drop --ecn, --no-ecn and --timeline)")
         comparing = (compare.parse_workloads(args.workloads), compare.parse_settings(args.settings))
-        # the workloads run roce (DCQCN answers the marks) with the first entropy given
-        plan = plan.replace(transports=("roce",), entropies=plan.entropies[:1])
+    counted = jobspec.is_count(args.jobs)
+
+    def make_plan(ranks: int) -> experiment.Plan:
+        minbytes, maxbytes = size_bounds(args.minbytes, args.maxbytes, one_size=args.compare == "routing",
+                                         ranks=ranks)
+        sized = argparse.Namespace(**{**vars(args), "minbytes": minbytes, "maxbytes": maxbytes})
+        if counted:
+            plan = plan_from_args(sized, placement=args.placement, ranks=ranks, jobs=int(args.jobs))
+        else:
+            plan = plan_from_args(sized, placement=args.placement, ranks=ranks, jobs=1, job_specs=args.jobs)
+        if comparing is not None:   # the workloads run roce (DCQCN answers the marks) with the first entropy given
+            plan = plan.replace(transports=("roce",), entropies=plan.entropies[:1])
+        return plan
+
+    # load once, size the rates for the ranks that send, place every cell (every mistake shows here)
+    prepared = prepare(args.scenario, overrides_of(args), plan=make_plan, jobs=int(args.jobs) if counted else 1,
+                       ranks=args.ranks, adjust_rates=adjust_rates)
+    scenario, g, cells, rates_line = prepared.scenario, prepared.graph, prepared.cells, prepared.rates_line
+    plan = prepared.plan
+    assert plan is not None
+    if comparing is not None:
         for w in comparing[0]:
             plan.replace(job_specs=compare.WORKLOADS[w], jobs=1).jobs_on(g)
-    cells = plan.jobs_on(g)                         # every mistake shows before anything is built
     events = None
     if args.timeline:
         from hpnlab.fabric.emulation import timeline as tl
@@ -204,15 +176,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             else len(cells))
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
         f"{runs} run(s); {rates_line}")
-    web_args, metrics_port = web_controller_args(args)
     out_dir = Path(args.out) if args.out else default_out("compare-ecn" if comparing is not None else "run")
     try:
-        with Emulation(scenario, controller=args.controller, policy=args.policy, ecn=not args.no_ecn,
-                       fast_failover=not args.no_fast_failover, bfd_ms=args.bfd, ecn_policy=args.ecn_policy,
-                       telemetry_interval_ms=args.telemetry_interval_ms, port_type=args.port_type,
-                       controller_tls=args.controller_tls, controller_args=web_args,
-                       on_controller_loss=args.on_controller_loss, arp=args.arp,
-                       routing_weights="weighted" if args.compare == "routing" else args.routing_weights) as emu, \
+        with Emulation(scenario, options) as emu, \
                 open_web(emu, args, metrics_port, say) as web:
             md = emu.metadata
             say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, "
@@ -255,7 +221,7 @@ def keep_telemetry(emu, out_dir: Path, say) -> Path | None:
     """The controller's whole telemetry file (every tick's per-port samples and every threshold change,
     the run's JSON has a summary of it) kept as ``out_dir/telemetry.jsonl`` before the emulation's
     run directory goes: ``python -m hpnlab.controller.ecn_replay`` replays it through a policy."""
-    src = getattr(emu, "telemetry_file", None)
+    src = getattr(getattr(emu, "controller", None), "telemetry_file", None)
     if src is None or not Path(src).is_file() or not Path(src).stat().st_size:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -6,30 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-import networkx as nx
-
+from hpnlab.cli.args import add_scenario_args, load_fabric
 from hpnlab.cli.argtypes import output_file
 from hpnlab.fabric.errors import UserError, short
 from hpnlab.fabric.scenario import analysis, export, graph, spec
-
-
-def add_scenario_args(parser: argparse.ArgumentParser) -> None:
-    """SCENARIO and --set, shared by every command that takes a scenario."""
-    parser.add_argument("scenario", metavar="SCENARIO",
-                        help="preset name (see 'hpnlab topo presets'), fat-tree-K, or a YAML file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a scenario field (repeatable), "
-                             "e.g. --set planes=4 --set long_haul.distance_km=50")
-
-
-def load_scenario(args: argparse.Namespace) -> spec.Scenario:
-    return spec.load(args.scenario, spec.parse_overrides(args.overrides))
-
-
-def load_fabric(args: argparse.Namespace) -> tuple[spec.Scenario, nx.MultiGraph]:
-    """The scenario the arguments name and its fabric graph."""
-    scenario = load_scenario(args)
-    return scenario, graph.build(scenario)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hpnlab.cli.args import add_scenario_args, load_scenario
 from hpnlab.cli.argtypes import output_file
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.scenario import graph, spec
@@ -32,7 +33,7 @@ def register(sub) -> None:
     r.add_argument("--at", type=float, default=None, metavar="S", help="the moment of --still (default: the end)")
     r.set_defaults(func=cmd_replay)
     m = wsub.add_parser("model", help="run the flow-level model and write its per-link loads for replay")
-    m.add_argument("scenario", metavar="SCENARIO")
+    add_scenario_args(m)
     m.add_argument("--collective", default="all_to_all")
     m.add_argument("--size", default="64M", help="bytes (K/M/G suffixes), default 64M")
     m.add_argument("--routing", default="flow",
@@ -112,7 +113,7 @@ def cmd_model(args) -> int:
 
     from hpnlab.fabric.model import flow as model
     from hpnlab.fabric.web import loads, view
-    scenario = spec.load(args.scenario)
+    scenario = load_scenario(args)
     routing = model.routing_name(args.routing)
     t0 = time.perf_counter()
     if args.fail_links:

@@ -73,16 +73,16 @@ def settings(emu) -> dict[str, Any]:
     """What a test may change in an emulation and must put back: the controller's ECN policy and
     every switch port's ECN thresholds."""
     ports = {} if emu.ecn is None else {intf: emu.ecn.thresholds(intf) for intf in emu.ecn.ports}
-    return {"ecn_policy": emu.ecn_policy, "ecn_ports": ports}
+    return {"ecn_policy": emu.controller.ecn_policy, "ecn_ports": ports}
 
 
 def left_broken(emu, at_start: dict[str, Any]) -> list[str]:
     """What a test module left changed in a shared emulation (empty: the next module may reuse it):
     the controller process must run, every switch port must be up, the settings as they were."""
     broken = []
-    if emu.controller_proc is not None and emu.controller_proc.poll() is not None:
-        broken.append(f"the controller exited ({emu.controller_proc.returncode})")
-    broken += [f"{p['intf']} is down" for p in emu.switch_ports() if not emu.intf_is_up(p["intf"])]
+    if emu.controller.proc is not None and emu.controller.proc.poll() is not None:
+        broken.append(f"the controller exited ({emu.controller.proc.returncode})")
+    broken += [f"{p['intf']} is down" for p in emu.switch_ports() if not emu.faults.is_up(p["intf"])]
     now = settings(emu)
     if now["ecn_policy"] != at_start["ecn_policy"]:
         broken.append(f"the ECN policy is {now['ecn_policy']}, not {at_start['ecn_policy']}")
@@ -113,10 +113,11 @@ def mini_hpn(emulation_ready, _shared_emulation):
     it (links up, ECN settings); if it did not, or the controller died, the emulation is stopped and
     the next module gets a fresh one. Stopped at the end of the session at the latest."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
 
-    emu = _shared_emulation.get("mini-hpn", lambda: Emulation(
-        "mini-hpn", controller="hpnlab", lock_wait_s=300,
-        controller_args=["--metrics-port", str(MINI_HPN_METRICS_PORT)]))
+    emu = _shared_emulation.get("mini-hpn", lambda: Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(extra_args=("--metrics-port", str(MINI_HPN_METRICS_PORT))),
+        supervision=SupervisionOptions(lock_wait_s=300))))
     yield emu
     _shared_emulation.release_if_changed(emu)
 
@@ -126,9 +127,11 @@ def mini_cross_campus(emulation_ready, _shared_emulation):
     """mini-cross-campus emulated with the hpnlab controller, shared by the tests that ask for it
     (one after another); a test must leave it as it found it, as ``mini_hpn``."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 
     emu = _shared_emulation.get("mini-cross-campus",
-                                lambda: Emulation("mini-cross-campus", controller="hpnlab", lock_wait_s=300))
+                                lambda: Emulation("mini-cross-campus", EmulationOptions(
+                                    supervision=SupervisionOptions(lock_wait_s=300))))
     yield emu
     _shared_emulation.release_if_changed(emu)
 

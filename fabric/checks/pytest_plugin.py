@@ -174,8 +174,9 @@ def hpn_emulation(hpn_scenario: Any) -> Iterator[Any]:
     if reason:
         pytest.skip(f"hpn_emulation {reason}")
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 
-    emu = Emulation(hpn_scenario, controller="hpnlab", lock_wait_s=300)
+    emu = Emulation(hpn_scenario, EmulationOptions(supervision=SupervisionOptions(lock_wait_s=300)))
     emu.start()
     try:
         yield emu

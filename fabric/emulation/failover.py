@@ -105,11 +105,11 @@ def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, 
 def idle_interface(emu, busy: set[str]) -> str:
     """A fabric interface on another plane than the busy switches (carries none of the flows)."""
     planes = {emu.graph.nodes[s].get("plane") for s in busy}
-    for name in emu.fabric_interfaces():
+    for name in emu.builder.fabric_interfaces():
         sw = name.split("-")[0]
         if emu.graph.nodes[sw].get("plane") not in planes:
             return name
-    return emu.fabric_interfaces()[-1]
+    return emu.builder.fabric_interfaces()[-1]
 
 
 def _tc_pass(intf: str, on: bool) -> None:
@@ -314,21 +314,21 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     frozen = False
     vconn = VconnDebug().begin() if probe.stages else None
     sends = (send_trace.FailedSends(f"{emu.state.run_id}-{rep}", state=emu.state).begin()
-             if probe.stages and emu.state is not None and not getattr(emu, "servers", None) else None)
+             if probe.stages and emu.state is not None and not emu.options.cluster.servers else None)
     try:
         if probe.kind in ("tc-idle", "link-idle", "none"):
             target: Any = idle or TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
             events = [tl.Event(probe.fail_at_s, "link_down", (leaf, spine), k0),
                       tl.Event(probe.fail_at_s + probe.hold_s, "link_up", (leaf, spine), k0)]
         else:
-            target = emu
+            target = emu.faults
             fail, repair = ACTIONS[probe.kind]
             side = leaf if probe.kind != "both" else None
             events = [tl.Event(probe.fail_at_s, fail, (leaf, spine), k0, side),
                       tl.Event(probe.fail_at_s + probe.hold_s, repair, (leaf, spine), k0, side)]
-        if probe.freeze_controller and emu.controller_proc is not None:
+        if probe.freeze_controller and emu.controller.proc is not None:
             time.sleep(max(0.0, probe.fail_at_s - 0.3))
-            os.killpg(emu.controller_proc.pid, signal.SIGSTOP)
+            os.killpg(emu.controller.proc.pid, signal.SIGSTOP)
             frozen = True
             events = [tl.Event(e.at - (probe.fail_at_s - 0.3), e.action, e.target, e.key, e.side) for e in events]
         records = tl.run(target, events)
@@ -342,7 +342,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
         if idle is not None:
             idle.close()
         if frozen:
-            os.killpg(emu.controller_proc.pid, signal.SIGCONT)
+            os.killpg(emu.controller.proc.pid, signal.SIGCONT)
         for m in mons.values():
             m.terminate()
             try:

@@ -1,4 +1,5 @@
-"""Faults: links and switches taken down and up, both ends or one side, and gray failures.
+"""The fault API of a run: links and switches taken down and up, both ends or one side, gray
+failures, the controller killed, restarted, frozen, and timelines of all of them.
 
 Switch-side interfaces live in the root namespace and are set over one netlink socket
 (pyroute2: no process to fork, so a timeline's events land within milliseconds); host-side
@@ -27,13 +28,14 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import networkx as nx
 
 from hpnlab.fabric.scenario.graph import intf_name
 
 from ..errors import UserError
+from . import timeline as tl
 
 #: (node, interface name): one end of a link
 End = tuple[str, str]
@@ -134,16 +136,29 @@ def switch_ends(graph: nx.MultiGraph, name: str, scenario: str = "") -> list[End
     return ends
 
 
+class Controller(Protocol):
+    """What a fault needs of the run's controller (``supervisor.ControllerSupervisor``)."""
+
+    def kill(self) -> int | None: ...
+
+    def restart(self) -> float: ...
+
+    def signal(self, sig: int) -> None: ...
+
+
 class Faults:
-    """Sets interfaces of a running emulation down and up. ``host_cmd(host, line)`` runs a
-    command in a host's namespace; ``is_local(node)`` says whether a node is on this machine."""
+    """Sets interfaces of a running emulation down and up, and its controller away and back.
+    ``host_cmd(host, line)`` runs a command in a host's namespace; ``is_local(node)`` says whether
+    a node is on this machine; ``controller``: the run's controller (None: it has none)."""
 
     def __init__(self, graph: nx.MultiGraph, host_cmd: Callable[[str, str], Any],
-                 is_local: Callable[[str], bool] = lambda node: True, scenario: str = ""):
+                 is_local: Callable[[str], bool] = lambda node: True, scenario: str = "",
+                 controller: Controller | None = None):
         self.graph = graph
         self.host_cmd = host_cmd
         self.is_local = is_local
         self.scenario = scenario
+        self.controller = controller
         self._ipr: Any = None
 
     # -- the netlink socket ---------------------------------------------------------------
@@ -246,3 +261,26 @@ class Faults:
 
     def switch_up(self, name: str) -> float:
         return self.set_ends(switch_ends(self.graph, name, self.scenario), up=True)
+
+    # -- the controller ---------------------------------------------------------------------
+    def kill_controller(self) -> int | None:
+        """The controller process ends as a crash would (SIGKILL); its exit code."""
+        if self.controller is None:
+            raise UserError("this run has no hpnlab controller to kill")
+        return self.controller.kill()
+
+    def restart_controller(self) -> float:
+        """The controller started again; the seconds until every switch has connected to it."""
+        if self.controller is None:
+            raise UserError("this run has no hpnlab controller to restart")
+        return self.controller.restart()
+
+    def signal_controller(self, sig: int) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) the controller process; nothing without one."""
+        if self.controller is not None:
+            self.controller.signal(sig)
+
+    # -- timelines ----------------------------------------------------------------------------
+    def run_timeline(self, timeline: Any, log: Callable[[str], None] = lambda m: None) -> list[dict[str, Any]]:
+        """Apply a timeline's events at their times (``timeline.run``: blocking); one record per event."""
+        return tl.run(self, timeline, log=log)

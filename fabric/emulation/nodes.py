@@ -28,7 +28,6 @@ from hpnlab.fabric.scenario.rates import emulated_delay_us, emulated_mbps
 from . import ovsdb, shaping
 from .state import RunState
 
-PLACEMENTS = ("plane", "switch-bin", "round-robin", "random")
 HOST_SYSCTLS = ("net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
                 "net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2",
                 "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.default.rp_filter=0", "net.ipv4.tcp_ecn=1")

@@ -24,8 +24,6 @@ from ..transport.tcp import tcp_setting
 from . import ovsdb
 from .controller_process import port_free
 
-CONTROLLERS = ("hpnlab", "none")
-
 
 def check_tcp_congestion(wanted: str, available: str | None, allowed: str | None) -> None:
     """Refuse a congestion control the hosts cannot be given (pure). ``available``: the text of

@@ -19,7 +19,7 @@ carry datapath ids and port numbers of their own (as real switches do):
     interface name, ``p0l0-eth5``), as one would for real switches (``Ethernet12``, ``swp3``): the
     controller resolves the names against the switch's port descriptions when it connects.
 
-``Emulation(..., rewire=Rewire(...))`` builds Mininet from ``physical(graph, rewire)``.
+``Emulation(scenario, EmulationOptions(rewire=Rewire(...)))`` builds Mininet from ``physical(graph, rewire)``.
 """
 from __future__ import annotations
 

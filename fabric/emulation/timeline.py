@@ -162,47 +162,49 @@ def load(path_or_data: str | Path | list | dict, graph) -> list[Event]:
     return parse(data, graph, str(path))
 
 
-def apply(emu, event: Event) -> None:
+def apply(faults, event: Event) -> None:
+    """Apply one event through a fault API (``faults.Faults``, or anything with its methods)."""
     if event.action in ("link_down", "link_down_one_side"):
-        emu.link_down(*event.target, key=event.key, side=event.side)
+        faults.link_down(*event.target, key=event.key, side=event.side)
     elif event.action == "link_up":
-        emu.link_up(*event.target, key=event.key, side=event.side)
+        faults.link_up(*event.target, key=event.key, side=event.side)
     elif event.action == "link_drop":
-        emu.link_drop(*event.target, key=event.key, side=event.side)
+        faults.link_drop(*event.target, key=event.key, side=event.side)
     elif event.action == "link_restore":
-        emu.link_restore(*event.target, key=event.key, side=event.side)
+        faults.link_restore(*event.target, key=event.key, side=event.side)
     elif event.action == "switch_down":
-        emu.switch_down(event.target[0])
+        faults.switch_down(event.target[0])
     elif event.action == "controller_kill":
-        emu.kill_controller()
+        faults.kill_controller()
     elif event.action == "controller_restart":
-        emu.restart_controller()
+        faults.restart_controller()
     elif event.action in CONTROLLER_ACTIONS:
-        signal_controller(emu, signal.SIGSTOP if event.action == "controller_freeze" else signal.SIGCONT)
+        signal_controller(faults, signal.SIGSTOP if event.action == "controller_freeze" else signal.SIGCONT)
     else:
-        emu.switch_up(event.target[0])
+        faults.switch_up(event.target[0])
 
 
-def signal_controller(emu, sig: int) -> None:
-    """Stop or continue the emulation's controller process (its process group); nothing without one."""
-    proc = getattr(emu, "controller_proc", None)
-    if proc is not None and proc.poll() is None:
-        os.killpg(proc.pid, sig)
+def signal_controller(faults, sig: int) -> None:
+    """Stop or continue the run's controller process (its process group); nothing without one."""
+    send = getattr(faults, "signal_controller", None)
+    if send is not None:
+        send(sig)
 
 
-def run(emu, timeline, log: Callable[[str], None] = lambda m: None,
+def run(faults, timeline, log: Callable[[str], None] = lambda m: None,
         stop: threading.Event | None = None) -> list[dict[str, Any]]:
-    """Apply the events at their times (blocking). Returns one record per event."""
-    events = load(timeline, emu.graph)
-    if hasattr(emu, "netlink"):
-        emu.netlink()          # open the netlink socket now, not at the first event
+    """Apply the events at their times through a fault API (``faults.Faults``: an emulation's
+    ``faults``), blocking. Returns one record per event."""
+    events = load(timeline, faults.graph)
+    if hasattr(faults, "netlink"):
+        faults.netlink()          # open the netlink socket now, not at the first event
     restore = _realtime()
     try:
-        return _run(emu, events, log, stop)
+        return _run(faults, events, log, stop)
     finally:
         restore()
         if any(e.action == "controller_freeze" for e in events):
-            signal_controller(emu, signal.SIGCONT)      # never leave it frozen
+            signal_controller(faults, signal.SIGCONT)      # never leave it frozen
 
 
 def _realtime():
@@ -223,7 +225,7 @@ def _realtime():
     return undo
 
 
-def _run(emu, events, log, stop) -> list[dict[str, Any]]:
+def _run(faults, events, log, stop) -> list[dict[str, Any]]:
     t0 = time.monotonic()
     wall0 = time.time()
     records: list[dict[str, Any]] = []
@@ -237,7 +239,7 @@ def _run(emu, events, log, stop) -> list[dict[str, Any]]:
             elif stop is None:
                 time.sleep(min(left, 0.5) if left > 0.002 else left)
         started = time.monotonic() - t0
-        apply(emu, ev)
+        apply(faults, ev)
         applied = time.monotonic() - t0
         rec = {"at": ev.at, "action": ev.action, "target": list(ev.target), "key": ev.key, "side": ev.side,
                "applied_s": round(applied, 6), "late_ms": round((applied - ev.at) * 1000, 3),
@@ -248,11 +250,11 @@ def _run(emu, events, log, stop) -> list[dict[str, Any]]:
 
 
 class Runner:
-    """Run a timeline in a background thread: ``r = Runner(emu, tl).start(); ...; r.join()``."""
+    """Run a timeline in a background thread: ``r = Runner(emu.faults, tl).start(); ...; r.join()``."""
 
-    def __init__(self, emu, timeline, log: Callable[[str], None] = lambda m: None):
-        self.emu = emu
-        self.events = load(timeline, emu.graph)
+    def __init__(self, faults, timeline, log: Callable[[str], None] = lambda m: None):
+        self.faults = faults
+        self.events = load(timeline, faults.graph)
         self.log = log
         self.records: list[dict[str, Any]] = []
         self.error: BaseException | None = None
@@ -261,7 +263,7 @@ class Runner:
 
     def _run(self) -> None:
         try:
-            self.records = run(self.emu, self.events, self.log, self._stop)
+            self.records = run(self.faults, self.events, self.log, self._stop)
         except BaseException as exc:
             self.error = exc
 

@@ -60,9 +60,11 @@ def switch_rates(preset: str, budget: dict[str, Any]) -> tuple[dict[str, Any], i
 
 def one_run(preset: str, host_mbps: float, ratio: float, mtu: int) -> dict[str, Any]:
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 
     overrides = {"emulation": {"host_mbps": host_mbps, "max_mbps": round(host_mbps * ratio, 3), "mtu": mtu}}
-    with Emulation(spec.load(preset, overrides), controller="hpnlab", lock_wait_s=600, log=None) as emu:
+    options = EmulationOptions(supervision=SupervisionOptions(lock_wait_s=600))
+    with Emulation(spec.load(preset, overrides), options, log=None) as emu:
         load = os.getloadavg()[0]
         doc = experiment.run(plan(), emu, progress=False)
     (r,) = doc["results"]

@@ -429,7 +429,8 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     unknown = [m for m in modes if m not in MODE_SETTINGS]
     if unknown:
         raise UserError(f"unknown routing mode(s) {', '.join(unknown)}: use {', '.join(MODES)}")
-    if any(MODE_SETTINGS[m][1] == "weighted" for m in modes) and getattr(emu, "_weights_control", None) is None:
+    controller = emu.controller                       # the emulation's ControllerSupervisor
+    if any(MODE_SETTINGS[m][1] == "weighted" for m in modes) and not controller.live_weights:
         say("adaptive+w left out: the emulation's controller does not run weighted mode's tables")
         modes = tuple(m for m in modes if MODE_SETTINGS[m][1] != "weighted")
     # the permutation is random (seeded by the plan): the flow model's, so that its prediction is for the same
@@ -475,7 +476,7 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                                                 shaped=edge if shaped else None, factor=asym_factor, seed=base.seed)
             except (UserError, ValueError) as exc:
                 say(f"no model prediction for {fabric} {coll}: {exc}")
-    telemetry = LineTail(getattr(emu, "telemetry_file", None))      # the controller appends
+    telemetry = LineTail(controller.telemetry_file)      # the controller appends
 
     def doc() -> dict:
         return _doc(s.name, reps, modes, collectives, asym_factor, [intf, peer_intf], base, runs, sizes, model,
@@ -491,8 +492,8 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
                 for coll in collectives:
                     for mode in modes:
                         entropy, weights = MODE_SETTINGS[mode]
-                        if getattr(emu, "routing_weights", "ecmp") != weights:
-                            emu.set_routing_weights(weights)
+                        if controller.routing_weights != weights:
+                            controller.set_routing_weights(weights)
                         plan = plan_of(coll, entropy)
                         leaves = {p["leaf"] for h in hosts_of[coll] for p in fgraph.host_ports(g, h)}
                         ups = [i for lf, i in ups_all if lf in leaves]

@@ -474,7 +474,7 @@ class _OnEmulation:
     def _ingress_drops(self) -> dict[str, int]:
         """What the switches' ingress dropped so far, keyed ``ingress:INTF`` (the harness's
         ``ingress_drops``: OVS's receive sockets on the userspace datapath; {} elsewhere)."""
-        read = getattr(self.emu, "ingress_drops", None)
+        read = getattr(getattr(self.emu, "builder", None), "ingress_drops", None)
         return {f"ingress:{k}": v for k, v in (read() if read else {}).items()}
 
     def after_run(self, results: list[dict], before: dict[str, dict[str, int]],
@@ -674,9 +674,9 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
 
 
 def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[str, Any] | None:
-    """The controller's telemetry (``emu.telemetry_file``, JSON lines) between two monotonic times, as the
+    """The controller's telemetry (``emu.controller.telemetry_file``, JSON lines) between two monotonic times, as the
     run's ``telemetry`` key (``hpnlab.fabric.routing.telemetry.summarise``); None when there is none."""
-    path = getattr(emu, "telemetry_file", None)
+    path = getattr(getattr(emu, "controller", None), "telemetry_file", None)
     if path is None or not Path(path).is_file():
         return None
     from hpnlab.fabric.routing.telemetry import read_lines, summarise
@@ -705,7 +705,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     everything it breaks, so that every cell starts on the same fabric.
 
     ``ecn_policy`` (emulation with the hpnlab controller): the controller's dynamic-ECN policy
-    during these cells (``Emulation.set_ecn_policy``: every port starts from its start-up
+    during these cells (``ControllerSupervisor.set_ecn_policy``: every port starts from its start-up
     thresholds). The document then carries ``telemetry``: per switch egress port its time series
     and every threshold change (``telemetry_of``), and each result its cell's ``telemetry_t``
     (start, end) in seconds on the same clock as the series.
@@ -725,8 +725,9 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
                             f"{type(target).__name__}")
         check_timeline(timeline, len(cells))
     emu = target.emu if isinstance(target, _OnEmulation) else None
-    if emu is not None and hasattr(emu, "set_ecn_policy"):
-        emu.set_ecn_policy(ecn_policy)
+    controller = getattr(emu, "controller", None)         # the emulation's ControllerSupervisor
+    if controller is not None and hasattr(controller, "set_ecn_policy"):
+        controller.set_ecn_policy(ecn_policy)
     elif ecn_policy != "static":
         raise UserError(f"ECN policy {ecn_policy!r} needs an emulated fabric with the hpnlab controller")
     ecn_meta = None
@@ -754,7 +755,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
         runner = None
         if timeline:
             from hpnlab.fabric.emulation.timeline import Runner
-            runner = Runner(target.emu, timeline, log=lambda m: say(f"  timeline: {m}")).start()
+            runner = Runner(target.emu.faults, timeline, log=lambda m: say(f"  timeline: {m}")).start()
         try:
             out = ranks.run_jobs(jobs, target.spawner(jobs), progress=progress)
         except BaseException:

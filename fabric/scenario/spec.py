@@ -838,6 +838,16 @@ def to_dict(s: Scenario) -> dict[str, Any]:
     return out
 
 
+def merged(s: Scenario, overrides: Mapping[str, Any] | None) -> Scenario:
+    """``s`` with ``overrides`` merged into it (``deep_merge``) and validated again: a loaded scenario
+    changed without reading its file again (the same Scenario as loading it with both sets of overrides)."""
+    if not overrides:
+        return s
+    if not isinstance(overrides, Mapping):
+        raise ScenarioError("overrides", f"must be a mapping of fields, got {short(overrides)}")
+    return from_dict(deep_merge(to_dict(s), overrides), s.source)
+
+
 # ---- JSON Schema: the same rules, for editors ------------------------------------
 
 SCHEMA_FILE = "scenario.schema.json"   # in PRESET_DIR; the presets name it on their first line

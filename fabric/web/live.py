@@ -2,7 +2,7 @@
 
 :class:`LiveSource` makes a frame every ``period_s`` from
 
-- the controller's telemetry file (``Emulation.telemetry_file``, ``--telemetry-out``): the newest
+- the controller's telemetry file (``emu.controller.telemetry_file``, ``--telemetry-out``): the newest
   ``sample`` line (``telemetry.sample_line`` rows per switch egress port), read incrementally;
 - the faults as they are applied: every fault of the emulation goes through ``emu.faults``
   (``Faults.link_down`` … ``switch_up``), whoever calls it: the harness timeline, the failover
@@ -109,7 +109,7 @@ class LiveSource(Source):
         self.emu = emu
         self.period_s = period_s
         self.metrics_url = metrics_url
-        self.tail = TelemetryTail(getattr(emu, "telemetry_file", None))
+        self.tail = TelemetryTail(getattr(getattr(emu, "controller", None), "telemetry_file", None))
         self.t0_wall = time.time()
         self.t0 = time.monotonic()
         self.failures = view.Failures()
@@ -161,7 +161,7 @@ class LiveSource(Source):
         out = []
         for ev in events:
             start_wall = time.time()
-            tl.apply(self.emu, ev)
+            tl.apply(self.emu.faults, ev)
             wall = time.time()
             at = round(start_wall - self.t0_wall, 6)
             rec = {"at": at, "action": ev.action, "target": list(ev.target), "key": ev.key, "side": ev.side,

@@ -28,14 +28,16 @@ def _all_reduce(emu, ranks: int = 8) -> dict:
 
 def test_mini_hpn_on_afxdp_ports_is_fully_reachable_and_carries_a_collective(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
     caps = kernel.probe(deep=False)
     if not caps.afxdp_types:
         missing = "the kernel's AF_XDP sockets" if not caps.af_xdp else "Open vSwitch's afxdp interface types"
         pytest.skip(f"AF_XDP unavailable here: no {missing}")
     # no switch-port shaping and no ECN stage: AF_XDP bypasses tc egress, so 'auto' takes AF_XDP only then
-    emu = Emulation("mini-hpn", overrides={"emulation": {"mtu": 1500}}, controller="hpnlab", shape=False, ecn=False,
-                    port_type="auto", lock_wait_s=300)
+    emu = Emulation(spec.load("mini-hpn", {"emulation": {"mtu": 1500}}), EmulationOptions(
+        ports=PortOptions(shape=False, ecn=False, port_type="auto"), supervision=SupervisionOptions(lock_wait_s=300)))
     with emu:
         assert emu.metadata["port_type"]["type"] in caps.afxdp_types
         assert emu.metadata["reachability"]["failed"] == 0 and emu.metadata["reachability"]["pairs"] > 0
@@ -46,8 +48,11 @@ def test_mini_hpn_on_afxdp_ports_is_fully_reachable_and_carries_a_collective(emu
 
 def test_mtu_4096_crosses_the_fabric_unfragmented_and_carries_a_roce_collective(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    emu = Emulation("mini-hpn", overrides={"emulation": {"mtu": 4096}}, controller="hpnlab", lock_wait_s=300)
+    emu = Emulation(spec.load("mini-hpn", {"emulation": {"mtu": 4096}}), EmulationOptions(
+        supervision=SupervisionOptions(lock_wait_s=300)))
     with emu:
         assert emu.metadata["port_type"]["type"] == "system"        # shaped and ECN-marked: tc egress needed
         src, dst = emu.hosts[0], emu.hosts[-1]                       # across the spines

@@ -1,4 +1,4 @@
-"""The ARP mode chosen on `hpnlab emulate` / `hpnlab run` (``Emulation(arp=...)``) reaches the controller
+"""The ARP mode chosen on `hpnlab emulate` / `hpnlab run` (``ControllerOptions(arp=...)``) reaches the controller
 process the harness starts: with ``per-host`` the leaves answer a flushed host with its peer's own MAC, and
 the run's metadata records the mode. One emulation of mini-spine-leaf, no shaping (about 20 s)."""
 from __future__ import annotations
@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 @pytest.fixture(scope="module")
 def per_host(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
-    e = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=True, lock_wait_s=300, log=None, arp="per-host")
+    e = Emulation("mini-spine-leaf", EmulationOptions(
+        controller=ControllerOptions(arp="per-host"), ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=True, lock_wait_s=300)), log=None)
     e.start()
     try:
         yield e

@@ -23,8 +23,10 @@ LEAF, SPINE = "p0l0", "p0s0"
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, FailoverOptions, SupervisionOptions
 
-    e = Emulation("mini-hpn", controller="hpnlab", bfd_ms=BFD_MS, lock_wait_s=300)
+    e = Emulation("mini-hpn", EmulationOptions(
+        failover=FailoverOptions(bfd_ms=BFD_MS), supervision=SupervisionOptions(lock_wait_s=300)))
     e.start()
     try:
         yield e
@@ -66,7 +68,7 @@ def _converges_around_the_failure(emu, timeout_s: float = 10.0) -> bool:
 
 
 def test_bfd_runs_on_every_fabric_port_and_every_port_is_live(emu):
-    names = emu.fabric_interfaces()
+    names = emu.builder.fabric_interfaces()
     status = ovsdb.bfd_status(names)
     assert len(names) == 32
     assert {n: status[n].get("forwarding") for n in names} == dict.fromkeys(names, "true")
@@ -76,11 +78,11 @@ def test_bfd_runs_on_every_fabric_port_and_every_port_is_live(emu):
 def test_a_gray_failure_keeps_the_carrier_but_makes_both_ends_not_live(emu):
     leaf_if, spine_if, pl, ps = _ports(emu)
     log_before = len(_controller_log(emu))
-    emu.link_drop(LEAF, SPINE, side=LEAF)
+    emu.faults.link_drop(LEAF, SPINE, side=LEAF)
     try:
         assert emu.faults.is_dropping(leaf_if)
         assert wait_for(lambda: not any("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
-        assert emu.intf_is_up(leaf_if) and emu.intf_is_up(spine_if)          # carrier stays
+        assert emu.faults.is_up(leaf_if) and emu.faults.is_up(spine_if)          # carrier stays
         assert all("LINK_DOWN" not in s for s in _states(emu).values())      # OpenFlow agrees: only LIVE went
         assert wait_for(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:], 5.0, 0.02)
         assert f"{SPINE} port {ps} down" in _controller_log(emu)[log_before:]
@@ -88,7 +90,7 @@ def test_a_gray_failure_keeps_the_carrier_but_makes_both_ends_not_live(emu):
         # from under the leaf arrives while the link still drops (how soon: the failover probe)
         assert _converges_around_the_failure(emu)
     finally:
-        emu.link_restore(LEAF, SPINE, side=LEAF)
+        emu.faults.link_restore(LEAF, SPINE, side=LEAF)
     assert not emu.faults.is_dropping(leaf_if)
     assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
 
@@ -96,14 +98,14 @@ def test_a_gray_failure_keeps_the_carrier_but_makes_both_ends_not_live(emu):
 def test_a_one_sided_down_is_seen_at_both_ends(emu):
     leaf_if, _, pl, _ = _ports(emu)
     log_before = len(_controller_log(emu))
-    emu.link_down(LEAF, SPINE, side=SPINE)
+    emu.faults.link_down(LEAF, SPINE, side=SPINE)
     try:
         assert wait_for(lambda: all("LIVE" not in s for s in _states(emu).values()), 5.0, 0.02)
         states = _states(emu)
         assert "LINK_DOWN" in states[leaf_if]          # the veth peer lost carrier
         assert wait_for(lambda: f"{LEAF} port {pl} down" in _controller_log(emu)[log_before:], 5.0, 0.02)
     finally:
-        emu.link_up(LEAF, SPINE, side=SPINE)
+        emu.faults.link_up(LEAF, SPINE, side=SPINE)
     assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
 
 
@@ -115,11 +117,11 @@ def test_a_link_failure_and_its_repair_bring_link_notifications_only_no_route_or
     leaf_if, spine_if, _, _ = _ports(emu)
     ours = {socket.if_nametoindex(leaf_if), socket.if_nametoindex(spine_if)}
     with faults.RtnlWatch() as watch:
-        emu.link_down(LEAF, SPINE)
+        emu.faults.link_down(LEAF, SPINE)
         try:
             assert wait_for(lambda: all("LIVE" not in s for s in _states(emu).values()), 5.0, 0.02)
         finally:
-            emu.link_up(LEAF, SPINE)
+            emu.faults.link_up(LEAF, SPINE)
         assert wait_for(lambda: all("LIVE" in s for s in _states(emu).values()), 5.0, 0.02)
         watch.drain()
     events = watch.events(ours)
@@ -138,12 +140,11 @@ def test_a_spine_coming_back_sends_back_what_it_cannot_forward_yet_and_the_leaf_
     import signal
     import subprocess
 
-    from hpnlab.fabric.emulation.timeline import signal_controller
 
-    spine_ifs = [i for i in emu.fabric_interfaces() if i.startswith(f"{SPINE}-")]
+    spine_ifs = [i for i in emu.builder.fabric_interfaces() if i.startswith(f"{SPINE}-")]
     leaf_if = _ports(emu)[0]
     assert len(spine_ifs) == 4
-    signal_controller(emu, signal.SIGSTOP)
+    emu.controller.signal(signal.SIGSTOP)
     try:
         for name in spine_ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
@@ -155,7 +156,7 @@ def test_a_spine_coming_back_sends_back_what_it_cannot_forward_yet_and_the_leaf_
     finally:
         for name in spine_ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "normal"], capture_output=True)
-        signal_controller(emu, signal.SIGCONT)
+        emu.controller.signal(signal.SIGCONT)
     assert wait_for(lambda: all("LIVE" in ovsdb.port_states(SPINE).get(i, set()) for i in spine_ifs), 5.0, 0.02)
 
 

@@ -23,12 +23,16 @@ HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
 RUNNER = """
 import signal, sys, time
 from hpnlab.fabric.emulation import Emulation
+from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
+from hpnlab.fabric.scenario import spec
 signal.signal(signal.SIGINT, signal.default_int_handler)   # a parent that ignores SIGINT passes that on
 controller = sys.argv[1]
 over = {"segments_per_pod": 2}
 if controller == "none":
     over.update(spines_per_plane=1, oversubscription=None)
-with Emulation("mini-hpn", overrides=over, controller=controller, lock_wait_s=300) as emu:
+options = EmulationOptions(controller=ControllerOptions(kind=controller),
+                           supervision=SupervisionOptions(lock_wait_s=300))
+with Emulation(spec.load("mini-hpn", over), options) as emu:
     emu.popen("h1", ["iperf3", "-s", "-B", emu.ip("h1")])
     print("READY", emu.state.path, flush=True)
     time.sleep(600)
@@ -225,12 +229,17 @@ def test_a_second_run_waits_for_the_first_instead_of_calling_its_bridges_leftove
     run of the same fabric is told another is running (after its wait), not that the first one's
     bridges are left over (which told the user to clean a live run)."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
     from hpnlab.fabric.errors import UserError
 
-    first = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=300, log=None)
+    first = Emulation("mini-spine-leaf", EmulationOptions(
+        ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300)), log=None)
     first.start()
     try:
-        second = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=1, log=None)
+        second = Emulation("mini-spine-leaf", EmulationOptions(
+            ports=PortOptions(ecn=False, shape=False),
+            supervision=SupervisionOptions(verify=False, lock_wait_s=1)), log=None)
         with pytest.raises(UserError, match="another emulation is running"):
             second.start()
     finally:
@@ -240,12 +249,15 @@ def test_a_second_run_waits_for_the_first_instead_of_calling_its_bridges_leftove
 
 def test_a_foreign_bridge_with_a_switchs_name_is_refused_left_alone_and_the_lock_freed(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
     from hpnlab.fabric.emulation.state import Lock
     from hpnlab.fabric.errors import UserError
 
     subprocess.run(["ovs-vsctl", "add-br", "p0l0", "--", "set", "bridge", "p0l0", "datapath_type=netdev"], check=True)
     try:
-        e = Emulation("mini-spine-leaf", ecn=False, shape=False, verify=False, lock_wait_s=60, log=None)
+        e = Emulation("mini-spine-leaf", EmulationOptions(
+            ports=PortOptions(ecn=False, shape=False),
+            supervision=SupervisionOptions(verify=False, lock_wait_s=60)), log=None)
         with pytest.raises(UserError, match="p0l0 exists and is not hpnlab's"):
             e.start()
         assert "p0l0" in _bridges()

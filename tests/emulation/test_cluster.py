@@ -13,11 +13,14 @@ def test_cluster_edition_with_localhost_builds_and_reaches_every_pair(emulation_
     from mininet.examples.cluster import MininetCluster
 
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ClusterOptions, EmulationOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
     ssh = Path(os.environ.get("HOME", "/root")) / ".ssh"
     had_ssh = ssh.exists()
-    with Emulation("mini-hpn", overrides={"segments_per_pod": 2}, servers=["localhost"], placement="plane",
-                   lock_wait_s=300) as emu:
+    with Emulation(spec.load("mini-hpn", {"segments_per_pod": 2}), EmulationOptions(
+        supervision=SupervisionOptions(lock_wait_s=300),
+        cluster=ClusterOptions(servers=("localhost",), placement="plane"))) as emu:
         assert isinstance(emu.net, MininetCluster)
         assert {getattr(n, "server", None) for n in emu.net.hosts + emu.net.switches} == {"localhost"}
         assert all(emu.connected_switches().values())

@@ -33,10 +33,13 @@ def _rtts(emu, src: str, dst_ip: str, tos: int) -> list[float]:
 def _queue_and_ping(control_priority: bool) -> tuple[list[float], list[float]]:
     """RTTs of a best-effort ping and a DSCP 48 ping through a port whose queue a UDP flood keeps full."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    e = Emulation("mini-spine-leaf", overrides={"emulation": {"control_priority": control_priority,
-                                                              "host_mbps": 4, "max_mbps": 8}},
-                  ecn=False, verify=False, lock_wait_s=300, log=None)
+    scenario = spec.load("mini-spine-leaf", {"emulation": {"control_priority": control_priority,
+                                                           "host_mbps": 4, "max_mbps": 8}})
+    e = Emulation(scenario, EmulationOptions(ports=PortOptions(ecn=False),
+                                             supervision=SupervisionOptions(verify=False, lock_wait_s=300)), log=None)
     e.start()
     try:
         hosts = sorted(fgraph.hosts(e.graph))

@@ -72,7 +72,7 @@ def controller_log(emu) -> str:
 @pytest.fixture(scope="module")
 def emu(mini_hpn):
     """The shared mini-hpn (conftest), its controller serving metrics on METRICS_PORT."""
-    args = mini_hpn.controller_args
+    args = list(mini_hpn.options.controller.extra_args)
     assert args[args.index("--metrics-port") + 1] == str(METRICS_PORT)
     assert wait_for(lambda: all(mini_hpn.connected_switches().values()), 30)
     return mini_hpn
@@ -97,7 +97,7 @@ def test_installed_flow_and_group_counts_equal_the_compilers(emu):
 def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_tables(emu):
     failures = compiler.Failures.of([("p0l0", "p0s0", 0)])
     recompiles = metrics()["hpnlab_recompiles_total"]
-    emu.link_down("p0l0", "p0s0")
+    emu.faults.link_down("p0l0", "p0s0")
     try:
         expected = expected_counts(emu, failures)
         assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
@@ -108,7 +108,7 @@ def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_ta
         result = emu.ping_all()
         assert result["failed"] == []
     finally:
-        emu.link_up("p0l0", "p0s0")
+        emu.faults.link_up("p0l0", "p0s0")
     expected = expected_counts(emu)
     assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
     assert metrics()["hpnlab_deaggregated_routes"] == 0
@@ -116,14 +116,14 @@ def test_a_link_taken_down_keeps_every_pair_reachable_and_repair_restores_the_ta
 
 def test_a_failed_spine_is_routed_around_on_its_plane(emu):
     """Every link of p1s0 goes down (as when the switch dies): plane 1 keeps every pair."""
-    emu.switch_down("p1s0")
+    emu.faults.switch_down("p1s0")
     try:
         links = [(u, v, k) for u, v, k in emu.graph.edges("p1s0", keys=True)]
         expected = expected_counts(emu, compiler.Failures.of(links))
         assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
         assert emu.ping_all()["failed"] == []
     finally:
-        emu.switch_up("p1s0")
+        emu.faults.switch_up("p1s0")
     expected = expected_counts(emu)
     assert wait_for(lambda: installed_counts(emu) == expected), (installed_counts(emu), expected)
 
@@ -202,7 +202,7 @@ def test_malformed_and_unexpected_packet_ins_are_ignored_and_the_app_keeps_servi
     out = run_script(emu, "h1", script, sys.executable)   # the venv has scapy
     assert "crafted 35" in out, out
     time.sleep(1.0)
-    assert emu.controller_proc.poll() is None, "the controller died"
+    assert emu.controller.proc.poll() is None, "the controller died"
     m = metrics()
     ignored = sum(v for k, v in m.items() if k.startswith("hpnlab_packet_ins_total{")
                   and 'outcome="arp-reply"' not in k)
@@ -218,12 +218,12 @@ def test_a_switch_of_unknown_dpid_is_logged_and_ignored(emu):
                     "datapath_type=netdev", "protocols=OpenFlow13", "other-config:datapath-id=00000000deadbeef",
                     "fail-mode=secure"], check=True)
     try:
-        subprocess.run(["ovs-vsctl", "set-controller", bridge, f"tcp:127.0.0.1:{emu.ofp_port}"], check=True)
+        subprocess.run(["ovs-vsctl", "set-controller", bridge, f"tcp:127.0.0.1:{emu.controller.ofp_port}"], check=True)
         assert wait_for(lambda: "00000000deadbeef" in controller_log(emu), 20), controller_log(emu)[-2000:]
         assert "unknown datapath id 00000000deadbeef" in controller_log(emu)
         assert flow_lines(bridge) == []
         assert metrics()["hpnlab_unknown_switch_connects_total"] >= 1
     finally:
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], check=True)
-    assert emu.controller_proc.poll() is None
+    assert emu.controller.proc.poll() is None
     assert emu.ping_all()["failed"] == []

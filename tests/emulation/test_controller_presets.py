@@ -14,13 +14,13 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 def _every_pair_pings_before_and_after_a_link_fails(emu, link: tuple[str, str]) -> None:
     first = emu.ping_all()
     assert first["failed"] == [] and first["pairs"] > 0
-    emu.link_down(*link)
+    emu.faults.link_down(*link)
     try:
         time.sleep(1.0)     # PortStatus -> recompile -> flow-mods
         after = emu.ping_all()
         assert after["failed"] == []
     finally:
-        emu.link_up(*link)
+        emu.faults.link_up(*link)
 
 
 def test_mini_cross_campus_comes_up_with_every_pair_reachable(mini_cross_campus):
@@ -43,6 +43,9 @@ def test_every_pair_pings_across_the_campuses_before_and_after_a_core_link_fails
 
 def test_every_pair_pings_on_a_fat_tree_before_and_after_a_core_link_fails(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
 
-    with Emulation("fat-tree-4", controller="hpnlab", ecn=False, shape=False, verify=False, lock_wait_s=300) as emu:
+    with Emulation("fat-tree-4", EmulationOptions(
+        ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300))) as emu:
         _every_pair_pings_before_and_after_a_link_fails(emu, ("a0", "c0"))

@@ -50,10 +50,13 @@ def _arp_cycle_s(e) -> float:
 @pytest.fixture(scope="module", params=["mini-spine-leaf", "mini-hpn"])
 def emu(request, emulation_ready, tmp_path_factory):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
     site = tmp_path_factory.mktemp("auto") / "site.yaml"
-    e = Emulation(request.param, ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
-                  controller_args=["--deployment", "auto", "--deployment-out", str(site)], on_built=_hosts_talk)
+    e = Emulation(request.param, EmulationOptions(
+        controller=ControllerOptions(extra_args=("--deployment", "auto", "--deployment-out", str(site))),
+        ports=PortOptions(ecn=False, shape=False), supervision=SupervisionOptions(verify=False, lock_wait_s=300),
+        rewire=REWIRE), log=None, on_built=_hosts_talk)
     e.start()
     try:
         time.sleep(_arp_cycle_s(e))
@@ -73,7 +76,7 @@ def test_auto_adopts_the_switches_it_hears_and_installs_them_without_a_restart(e
     assert report["counts"] == {"missing": 0, "miswired": 0, "unexpected": 0}
     assert report["links_ok"] == len(wiring.expected_links(e.graph)) // 2
     assert report["installed"]["switches"] == switches
-    assert e.controller_losses == []                 # the same controller process all along
+    assert e.controller.losses == []                 # the same controller process all along
     data = deployment.load(e.graph, site)            # the map it adopted, written with no mistake
     assert {deployment.parse_dpid(s["dpid"]) for s in data["switches"].values()} == set(
         foreign_dpids(e.graph, DPID_BASE).values())

@@ -1,7 +1,7 @@
 """Dynamic ECN on the emulated mini-hpn: the controller process reads the ECN stage and the
 switches' port statistics, and thresholds its policy decides are applied live to the real
 switch ports (eBPF marker here, RED on full kernels). Two policies from a file, named the way a
-user names one, replace each other through ``Emulation.set_ecn_policy``: *eager* marks as soon
+user names one, replace each other through ``emu.controller.set_ecn_policy``: *eager* marks as soon
 as a packet finds any queue, *quiet* never marks. Marking on a real overloaded port follows the
 controller's choice, and the ``roce`` transport's DCQCN rate falls only when marks arrive."""
 from __future__ import annotations
@@ -26,18 +26,18 @@ POLICIES = EXAMPLES / "ecn_policies.py"
 def emu(mini_hpn):
     """The shared mini-hpn (its controller samples telemetry every 200 ms), given back with the
     start-up policy (every port back to its start-up thresholds)."""
-    assert mini_hpn.telemetry_interval_ms == 200
-    policy = mini_hpn.ecn_policy
+    assert mini_hpn.options.controller.telemetry_interval_ms == 200
+    policy = mini_hpn.controller.ecn_policy
     mini_hpn.policy_file = POLICIES
     try:
         yield mini_hpn
     finally:
-        mini_hpn.set_ecn_policy(policy)
+        mini_hpn.controller.set_ecn_policy(policy)
 
 
 def _use(emu, name: str, intf: str, kmin: int) -> None:
     """Switch the controller to a test policy and wait until the stage holds its Kmin on ``intf``."""
-    emu.set_ecn_policy(f"{emu.policy_file}:{name}")
+    emu.controller.set_ecn_policy(f"{emu.policy_file}:{name}")
     deadline = time.monotonic() + 3
     while emu.ecn.thresholds(intf)["kmin"] != kmin:
         assert time.monotonic() < deadline, f"the controller did not apply {name} to {intf}"
@@ -56,7 +56,7 @@ def _overload(emu, seconds=1.5, port=9100) -> tuple[dict, float, float]:
 
 
 def _telemetry(emu) -> list[dict]:
-    return [json.loads(x) for x in emu.telemetry_file.read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in emu.controller.telemetry_file.read_text().splitlines() if x.strip()]
 
 
 def test_thresholds_the_controller_applies_live_change_the_marking_rate_on_a_real_port(emu):
@@ -124,10 +124,10 @@ def test_a_replay_of_the_controllers_telemetry_file_makes_every_decision_the_con
     from hpnlab.controller import ecn_replay
 
     port = _bottleneck(emu)
-    emu.set_ecn_policy("dynamic")
+    emu.controller.set_ecn_policy("dynamic")
     _overload(emu, port=9102)
     time.sleep(1.3)                       # the controller's last samples of the phase (drops: every 1 s)
-    r = ecn_replay.replay(ecn_replay.read(emu.telemetry_file))
+    r = ecn_replay.replay(ecn_replay.read(emu.controller.telemetry_file))
     dynamic = [s for s in r["segments"] if s["recorded_policy"] == "dynamic"]
     assert dynamic and dynamic[-1]["ticks"] > 5 and dynamic[-1]["skipped"] is None
     cuts = [c for c in dynamic[-1]["changes"] if (c["switch"], c["port"]) == (port["switch"], port["port"])

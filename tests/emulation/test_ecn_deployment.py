@@ -23,9 +23,11 @@ OFFSET = 100
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
-    e = Emulation("mini-spine-leaf", ecn=True, shape=False, verify=True, lock_wait_s=300, log=None,
-                  rewire=Rewire(port_offset=OFFSET), telemetry_interval_ms=200)
+    e = Emulation("mini-spine-leaf", EmulationOptions(
+        controller=ControllerOptions(telemetry_interval_ms=200), ports=PortOptions(ecn=True, shape=False),
+        supervision=SupervisionOptions(verify=True, lock_wait_s=300), rewire=Rewire(port_offset=OFFSET)), log=None)
     e.start()
     try:
         yield e
@@ -48,7 +50,7 @@ def test_telemetry_on_foreign_port_numbers_comes_from_the_ecn_stage(emu, capsys)
     sp, dp = fgraph.host_ports(emu.graph, src)[0], fgraph.host_ports(emu.graph, dst)[0]
     emu.host(src).cmd(f"ping -c 20 -i 0.05 -W 1 -I {fgraph.intf_name(src, sp['intf'])} {dp['ip']}")
     time.sleep(1.0)
-    rows = [row for line in emu.telemetry_file.read_text().splitlines() if '"kind":"sample"' in line
+    rows = [row for line in emu.controller.telemetry_file.read_text().splitlines() if '"kind":"sample"' in line
             for row in json.loads(line)["ports"]]
     staged = [r for r in rows if r["queue_bytes"] is not None]
     with capsys.disabled():

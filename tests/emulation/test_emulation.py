@@ -59,9 +59,9 @@ def test_ovs_sees_every_switch_connected_to_the_controller_process(mini_hpn):
     switches = fgraph.switches(mini_hpn.graph)
     assert mini_hpn.connected_switches() == dict.fromkeys(switches, True)
     # the connections are TCP sessions to the controller process we started, on its port
-    ss = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{mini_hpn.ofp_port} )"],
+    ss = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{mini_hpn.controller.ofp_port} )"],
                         capture_output=True, text=True).stdout
-    assert ss.count(f"pid={mini_hpn.controller_proc.pid},") == len(switches)
+    assert ss.count(f"pid={mini_hpn.controller.proc.pid},") == len(switches)
     for sw in switches[:3]:
         show = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "show", sw], capture_output=True, text=True)
         assert show.returncode == 0
@@ -99,7 +99,7 @@ def _htb_class(emu, host, intf):
 
 def test_every_switch_ports_ingress_socket_holds_the_stall_allowance_and_its_drops_are_read(mini_hpn):
     from hpnlab.fabric.emulation import datapath_socket as ds
-    if mini_hpn.metadata.get("datapath") != "user" or mini_hpn.port_type != "system":
+    if mini_hpn.metadata.get("datapath") != "user" or mini_hpn.builder.port_type != "system":
         pytest.skip("no ovs-vswitchd receive sockets: not the userspace datapath with system ports")
     ports = [p for p in mini_hpn.switch_ports() if p["local"]]
     pid, socks = ds._port_sockets([p["intf"] for p in ports])
@@ -107,7 +107,7 @@ def test_every_switch_ports_ingress_socket_holds_the_stall_allowance_and_its_dro
     got = {intf: ds._with_socket(pid, fd, lambda s: s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
            for fd, (_inode, intf) in socks.items()}
     assert set(got) == set(want) and all(got[i] >= want[i] for i in want)
-    assert set(mini_hpn.ingress_drops()) == set(want)
+    assert set(mini_hpn.builder.ingress_drops()) == set(want)
 
 
 def test_each_host_interface_is_shaped_by_htb_at_its_emulated_rate(mini_hpn):
@@ -326,7 +326,7 @@ def test_timeline_link_is_down_at_its_time_and_back_up(mini_hpn):
     time.sleep(0.05)
     events = [{"at": 0.3, "action": "link_down", "link": [u, v]},
               {"at": 1.0, "action": "link_up", "link": [u, v]}]
-    records = Runner(mini_hpn, events).start().join(timeout=10)
+    records = Runner(mini_hpn.faults, events).start().join(timeout=10)
     time.sleep(0.3)
     stop.set()
     sampler.join()
@@ -344,9 +344,9 @@ def test_timeline_switch_down_takes_all_its_links_down_and_up_again(mini_hpn):
     sw = "p1s1"
     intfs = [f"/sys/class/net/{sw}-eth{p}/operstate"
              for nbr in mini_hpn.graph.neighbors(sw) for p, _ in fgraph.link_ports(mini_hpn.graph, sw, nbr)]
-    mini_hpn.switch_down(sw)
+    mini_hpn.faults.switch_down(sw)
     assert {Path(p).read_text().strip() for p in intfs} == {"down"}
-    mini_hpn.switch_up(sw)
+    mini_hpn.faults.switch_up(sw)
     deadline = time.time() + 2
     while time.time() < deadline and {Path(p).read_text().strip() for p in intfs} != {"up"}:
         time.sleep(0.01)
@@ -360,20 +360,21 @@ def test_a_one_sided_link_fault_sets_only_that_end_down(mini_hpn):
     def flags(name):
         return int(Path(f"/sys/class/net/{name}/flags").read_text(), 16) & 1   # IFF_UP: administratively up
 
-    mini_hpn.link_down(u, v, side=v)
+    mini_hpn.faults.link_down(u, v, side=v)
     try:
         assert flags(f"{v}-eth{pv}") == 0                 # v's end is set down ...
         assert flags(f"{u}-eth{pu}") == 1                 # ... u's end is not touched ...
         deadline = time.time() + 2                        # (the kernel's link watch reports carrier
-        while time.time() < deadline and mini_hpn.intf_is_up(f"{u}-eth{pu}"):   # asynchronously)
+        while time.time() < deadline and mini_hpn.faults.is_up(f"{u}-eth{pu}"):   # asynchronously)
             time.sleep(0.01)
-        assert not mini_hpn.intf_is_up(f"{u}-eth{pu}")    # ... and loses carrier (a veth's peer is down)
+        assert not mini_hpn.faults.is_up(f"{u}-eth{pu}")    # ... and loses carrier (a veth's peer is down)
     finally:
-        mini_hpn.link_up(u, v, side=v)
+        mini_hpn.faults.link_up(u, v, side=v)
     deadline = time.time() + 2                            # both ends report carrier asynchronously
-    while time.time() < deadline and not (mini_hpn.intf_is_up(f"{u}-eth{pu}") and mini_hpn.intf_is_up(f"{v}-eth{pv}")):
+    faults = mini_hpn.faults
+    while time.time() < deadline and not (faults.is_up(f"{u}-eth{pu}") and faults.is_up(f"{v}-eth{pv}")):
         time.sleep(0.01)
-    assert mini_hpn.intf_is_up(f"{u}-eth{pu}") and mini_hpn.intf_is_up(f"{v}-eth{pv}")
+    assert mini_hpn.faults.is_up(f"{u}-eth{pu}") and mini_hpn.faults.is_up(f"{v}-eth{pv}")
 
 
 def test_with_the_controller_stopped_a_leaf_spine_link_down_leaves_every_branch_delivering(mini_hpn):
@@ -385,7 +386,6 @@ def test_with_the_controller_stopped_a_leaf_spine_link_down_leaves_every_branch_
     branches were black-holed until the controller converged)."""
     import signal
 
-    from hpnlab.fabric.emulation.timeline import signal_controller
 
     leaf, spine = "p0l0", "p0s0"
     under = {h for h in mini_hpn.graph.neighbors(leaf) if mini_hpn.graph.nodes[h]["tier"] == 0}
@@ -393,17 +393,17 @@ def test_with_the_controller_stopped_a_leaf_spine_link_down_leaves_every_branch_
     pairs = [p for p in mini_hpn.all_pairs() if p[1] in ips or p[3] in ips]
     sports = mini_hpn.entropy_source_ports()
     assert pairs and sports
-    signal_controller(mini_hpn, signal.SIGSTOP)
+    mini_hpn.controller.signal(signal.SIGSTOP)
     try:
-        mini_hpn.link_down(leaf, spine)
+        mini_hpn.faults.link_down(leaf, spine)
         time.sleep(0.3)                                  # carrier loss reaches the groups in ms
         walk = mini_hpn.walk_branches(pairs=pairs, source_ports=sports)
         if walk["missing"]:                              # a pair's first packets can wait for ARP
             walk = mini_hpn.walk_branches(pairs=sorted({m[:4] for m in walk["missing"]}), source_ports=sports)
         assert walk["missing"] == []
     finally:
-        mini_hpn.link_up(leaf, spine)
-        signal_controller(mini_hpn, signal.SIGCONT)
+        mini_hpn.faults.link_up(leaf, spine)
+        mini_hpn.controller.signal(signal.SIGCONT)
 
 
 def test_fabric_is_whole_again_after_the_failures(mini_hpn):

@@ -26,8 +26,10 @@ AGG = "a0"
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, FailoverOptions, SupervisionOptions
 
-    with Emulation("fat-tree-4", controller="hpnlab", bfd_ms=BFD_MS, lock_wait_s=300) as e:
+    with Emulation("fat-tree-4", EmulationOptions(
+        failover=FailoverOptions(bfd_ms=BFD_MS), supervision=SupervisionOptions(lock_wait_s=300))) as e:
         yield e
 
 
@@ -37,7 +39,7 @@ def _pod_ips(emu, pod: int) -> set[str]:
 
 
 def _agg_ports(emu) -> list[str]:
-    return [i for i in emu.fabric_interfaces() if i.startswith(f"{AGG}-")]
+    return [i for i in emu.builder.fabric_interfaces() if i.startswith(f"{AGG}-")]
 
 
 def _live(emu) -> list[bool]:
@@ -55,7 +57,6 @@ def _walk(emu, pairs: list) -> dict:
 
 
 def test_with_the_controller_stopped_a_failed_aggregation_switch_leaves_every_branch_into_its_pod_delivering(emu):
-    from hpnlab.fabric.emulation.timeline import signal_controller
 
     g = emu.graph
     pod = g.nodes[AGG]["pod"]
@@ -64,15 +65,15 @@ def test_with_the_controller_stopped_a_failed_aggregation_switch_leaves_every_br
     assert pairs and len(emu.entropy_source_ports()) > 1
     assert wait_for(lambda: all(_live(emu)), 10.0, 0.02)       # its BFD sessions up (after the test before)
     assert _walk(emu, pairs)["missing"] == []            # healthy first: every branch delivers
-    signal_controller(emu, signal.SIGSTOP)
+    emu.controller.signal(signal.SIGSTOP)
     try:
-        emu.switch_down(AGG)
+        emu.faults.switch_down(AGG)
         time.sleep(0.3)                                  # carrier loss reaches the groups in ms
         walk = _walk(emu, pairs)
         assert walk["probes"] > 0 and walk["missing"] == []
     finally:
-        emu.switch_up(AGG)
-        signal_controller(emu, signal.SIGCONT)
+        emu.faults.switch_up(AGG)
+        emu.controller.signal(signal.SIGCONT)
 
 
 def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_back_what_it_cannot_forward(emu):
@@ -80,7 +81,6 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
     while its sessions, and so its neighbours, keep the links live and send it traffic."""
     import subprocess
 
-    from hpnlab.fabric.emulation.timeline import signal_controller
 
     g = emu.graph
     inside = _pod_ips(emu, g.nodes[AGG]["pod"])
@@ -88,7 +88,7 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
     ifs = _agg_ports(emu)
     assert len(ifs) == 4
     assert wait_for(lambda: all(_live(emu)), 10.0, 0.02)       # its BFD sessions up (after the test before)
-    signal_controller(emu, signal.SIGSTOP)
+    emu.controller.signal(signal.SIGSTOP)
     try:
         for name in ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "false"], check=True, capture_output=True)
@@ -99,7 +99,7 @@ def test_with_the_controller_stopped_an_aggregation_switch_coming_back_sends_bac
     finally:
         for name in ifs:
             subprocess.run(["ovs-appctl", "bfd/set-forwarding", name, "normal"], capture_output=True)
-        signal_controller(emu, signal.SIGCONT)
+        emu.controller.signal(signal.SIGCONT)
 
 
 def test_the_fat_tree_is_whole_after_the_aggregation_switch_comes_back(emu):

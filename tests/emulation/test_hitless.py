@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
 
-    with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, on_controller_loss="restart") as emu:
+    with Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(on_loss="restart"), supervision=SupervisionOptions(lock_wait_s=300))) as emu:
         yield emu
 
 
@@ -65,11 +67,11 @@ def test_the_controller_killed_during_a_collective_is_restarted_every_byte_arriv
     send, recv = udp_stream(emu, src, dst, seconds=20.0)
     tl = timeline.load({"events": [{"at": 1.0, "action": "controller_kill"}]}, emu.graph)
     [res] = run(plan, emu, progress=False, timeline=tl)["results"]
-    assert wait_for(lambda: emu.controller_losses and "restart_s" in emu.controller_losses[0], 60)
+    assert wait_for(lambda: emu.controller.losses and "restart_s" in emu.controller.losses[0], 60)
     sent, got = last_json(send), last_json(recv)
     after, elapsed = flows(emu), time.monotonic() - t0
     assert all(row["oop"]["wrong"] == 0 for row in res["rows"])       # every element checked at every rank
-    [loss] = emu.controller_losses
+    [loss] = emu.controller.losses
     assert loss["action"] == "restart" and loss["code"] == -9
     [kill] = res["failover"]
     assert kill["event"] == "controller_kill controller" and kill["exactly_once"]     # every byte, once
@@ -95,9 +97,9 @@ def ofctl_match(match: tuple) -> str:
 
 
 def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
-    emu.on_controller_loss = "continue"
+    emu.controller.on_loss = "continue"
     try:
-        emu.kill_controller()
+        emu.controller.kill()
         assert wait_for(lambda: not any(emu.connected_switches().values()), 20.0)
         table = reconcile.switch_table(compiler.compile_fabric(emu.graph)["p0l1"])
         key = next(k for k in sorted(table, key=repr) if not reconcile.is_group(k) and k[0] == compiler.TABLE_ROUTE
@@ -106,7 +108,8 @@ def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
         ofctl("--strict", "del-flows", "p0l1", what, check=True)
         before = flows(emu)
         cmd = [sys.executable, "-m", "hpnlab.controller", str(emu._st.run_dir / "scenario.yaml"), "--ofp-port",
-               str(emu.ofp_port), "--telemetry-interval-ms", "0", "--dry-run", "--json", "--dry-run-timeout", "20"]
+               str(emu.controller.ofp_port), "--telemetry-interval-ms", "0", "--dry-run", "--json",
+               "--dry-run-timeout", "20"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-500:]
         rep = json.loads(out.stdout)
@@ -118,8 +121,8 @@ def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
         assert not_re_added(before, flows(emu), 0.0) == []          # the dry run changed nothing
         t0 = time.monotonic()
     finally:
-        emu.on_controller_loss = "restart"
-        emu.restart_controller()
+        emu.controller.on_loss = "restart"
+        emu.controller.restart()
     assert wait_for(lambda: len(flows(emu)) == len(before) + 1, 20.0)
     after = flows(emu)
     [(sw, _flow)] = set(after) - set(before)        # the restarted controller put back that flow only
@@ -128,9 +131,9 @@ def test_a_dry_run_names_the_one_flow_deleted_by_hand_and_changes_nothing(emu):
 
 
 def test_a_host_whose_arp_entries_are_flushed_while_the_controller_is_down_still_reaches_its_peers(emu):
-    emu.on_controller_loss = "continue"
+    emu.controller.on_loss = "continue"
     try:
-        emu.kill_controller()
+        emu.controller.kill()
         assert wait_for(lambda: not any(emu.connected_switches().values()), 20.0)
         h1 = emu.host("h1")
         h1.cmd("ip neigh flush all")
@@ -142,18 +145,18 @@ def test_a_host_whose_arp_entries_are_flushed_while_the_controller_is_down_still
         for _src, _sip, _dst, dip in pairs:      # every peer resolved to the gateway MAC, by its leaf
             assert re.search(rf"^{re.escape(dip)} .*lladdr {compiler.GATEWAY_MAC}", learned, re.M), (dip, learned)
     finally:
-        emu.on_controller_loss = "restart"
-        emu.restart_controller()
+        emu.controller.on_loss = "restart"
+        emu.controller.restart()
 
 
 def test_a_run_asked_to_stop_is_interrupted_with_one_line_when_its_controller_is_killed(emu):
     from hpnlab.fabric.emulation import ControllerLost
-    emu.on_controller_loss = "stop"
+    emu.controller.on_loss = "stop"
     try:
         with pytest.raises(ControllerLost, match=r"exited with code -9: stopping the run \(--on-controller-loss stop"):
-            emu.kill_controller()
+            emu.controller.kill()
             time.sleep(30)          # the watch interrupts the run's main thread long before this ends
-        assert [loss["action"] for loss in emu.controller_losses][-1] == "stop"
+        assert [loss["action"] for loss in emu.controller.losses][-1] == "stop"
     finally:
-        emu.on_controller_loss = "restart"
-        emu.restart_controller()
+        emu.controller.on_loss = "restart"
+        emu.controller.restart()

@@ -12,8 +12,10 @@ def _tx_packets(emu, host, intf):
 
 def test_multi_rail_hosts_reach_every_port_and_send_from_the_port_of_their_source_address(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
 
-    with Emulation("mini-rail", controller="hpnlab", ecn=False, lock_wait_s=300) as emu:
+    with Emulation("mini-rail", EmulationOptions(
+        ports=PortOptions(ecn=False), supervision=SupervisionOptions(lock_wait_s=300))) as emu:
         s = emu.scenario
         result = emu.ping_all()
         assert result["pairs"] == s.hosts * (s.hosts - 1) * (s.rails ** 2) * s.planes

@@ -132,4 +132,4 @@ def test_a_collective_runs_through_a_link_failure_and_repair_with_every_byte_ver
     assert repair["event"] == f"link_up {leaf}-{spine}" and repair["t"] > fail["t"]
     assert fail["flows"] == repair["flows"] == len(res["flows"])
     ports = g.edges[leaf, spine, 0]["ports"]
-    assert all(mini_hpn.intf_is_up(graph.intf_name(n, ports[n])) for n in (leaf, spine))   # repaired
+    assert all(mini_hpn.faults.is_up(graph.intf_name(n, ports[n])) for n in (leaf, spine))   # repaired

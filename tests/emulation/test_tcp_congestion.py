@@ -23,12 +23,15 @@ def _other_than_inherited() -> str | None:
 
 def test_every_host_uses_the_congestion_control_the_scenario_names(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
     wanted = _other_than_inherited()
     if wanted is None:
         pytest.skip("this kernel allows other namespaces one TCP congestion control only: nothing to choose")
-    e = Emulation("mini-spine-leaf", overrides={"emulation": {"tcp_congestion": wanted}}, ecn=False, shape=False,
-                  verify=False, lock_wait_s=300, log=None)
+    e = Emulation(spec.load("mini-spine-leaf", {"emulation": {"tcp_congestion": wanted}}), EmulationOptions(
+        ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300)), log=None)
     e.start()
     try:
         used = {h: e.host(h).cmd(f"cat {SYSCTL / 'tcp_congestion_control'}").strip() for h in fgraph.hosts(e.graph)}

@@ -42,16 +42,18 @@ def vsctl(*args: str) -> subprocess.CompletedProcess:
 
 def test_switches_connect_over_tls_with_the_test_cas_certificates_and_get_their_flows(emulation_ready, tmp_path):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
     ca = make_ca(tmp_path / "ca", "hpnlab trusted")
     before = ovsdb.get_ssl()
-    emu = Emulation("mini-hpn", overrides=SMALL, controller="hpnlab", ecn=False, shape=False, verify=False,
-                    lock_wait_s=300, telemetry_interval_ms=0, controller_tls=ca, log=None)
+    emu = Emulation(spec.load("mini-hpn", SMALL), EmulationOptions(
+        controller=ControllerOptions(telemetry_interval_ms=0, tls_dir=ca), ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300)), log=None)
     try:
         emu.start()
         switches = fgraph.switches(emu.graph)
         targets = {vsctl("get-controller", sw).stdout.strip() for sw in switches}
-        assert targets == {f"ssl:127.0.0.1:{emu.ofp_port}"}
+        assert targets == {f"ssl:127.0.0.1:{emu.controller.ofp_port}"}
         assert ovsdb.get_ssl() == {"private_key": str(ca / "switch-key.pem"),
                                    "certificate": str(ca / "switch-cert.pem"),
                                    "ca_cert": str(ca / "ca-cert.pem"), "bootstrap_ca_cert": False}

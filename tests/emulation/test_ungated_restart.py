@@ -19,9 +19,11 @@ LINK = ("p0l0", "p0s0")
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
-    with Emulation("mini-hpn", ecn=False, shape=False, verify=False, lock_wait_s=300, log=None,
-                   controller_args=["--on-miswire", "off"]) as e:
+    with Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(extra_args=("--on-miswire", "off")), ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300)), log=None) as e:
         yield e
 
 
@@ -33,13 +35,13 @@ def released(emu) -> list[str]:
 
 def test_restarted_during_a_failure_with_the_gate_off_it_re_adds_no_flow(emu, capsys):
     healthy = flows(emu)
-    emu.link_down(*LINK)
+    emu.faults.link_down(*LINK)
     time.sleep(3.0)                                   # rerouted around the failed link
     before = flows(emu)
     assert before.keys() != healthy.keys()
     starts = len(released(emu))
     t0 = time.monotonic()
-    emu.restart_controller()
+    emu.controller.restart()
     assert wait_for(lambda: len(released(emu)) > starts, 20.0)
     time.sleep(3.0)                                   # whatever it would change, it has sent by now
     after = flows(emu)
@@ -48,4 +50,4 @@ def test_restarted_during_a_failure_with_the_gate_off_it_re_adds_no_flow(emu, ca
         print(f"\nafter the restart: {line}; flows {len(before)} -> {len(after)}, "
               f"re-added {len(not_re_added(before, after, time.monotonic() - t0))}")
     assert not_re_added(before, after, time.monotonic() - t0) == []
-    emu.link_up(*LINK)
+    emu.faults.link_up(*LINK)

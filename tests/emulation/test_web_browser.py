@@ -48,7 +48,7 @@ def test_a_failure_from_the_timeline_turns_its_link_red_within_two_seconds(live)
     emu, _web, page = live
     eid = "L:p0l1-p0s1/0:ab"
     assert not is_red(page, eid)
-    runner = timeline.Runner(emu, [{"at": 0.1, "action": "link_down", "link": ["p0l1", "p0s1"]},
+    runner = timeline.Runner(emu.faults, [{"at": 0.1, "action": "link_down", "link": ["p0l1", "p0s1"]},
                                    {"at": 2.6, "action": "link_up", "link": ["p0l1", "p0s1"]}]).start()
     page.wait_for_function(f"document.getElementById('{eid}').getAttribute('stroke') === '{view.FAILED}'",
                            timeout=5000)

@@ -71,8 +71,11 @@ def weights_in_force(log: Path, switch: str) -> dict[int, int] | None:
 @pytest.fixture(scope="module")
 def weighted_hpn(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
 
-    with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, routing_weights="weighted") as emu:
+    with Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(routing_weights="weighted"),
+        supervision=SupervisionOptions(lock_wait_s=300))) as emu:
         yield emu
 
 

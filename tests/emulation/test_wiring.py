@@ -39,9 +39,11 @@ def break_plane_1(emu) -> None:
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
 
-    e = Emulation("mini-hpn", ecn=False, shape=False, verify=False, lock_wait_s=300, log=None, rewire=REWIRE,
-                  controller_args=["--rollout", "staged"], on_built=break_plane_1)
+    e = Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(extra_args=("--rollout", "staged")), ports=PortOptions(ecn=False, shape=False),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300), rewire=REWIRE), log=None, on_built=break_plane_1)
     e.start()
     try:
         yield e
@@ -63,7 +65,7 @@ def predicted_unreachable(g, held: set) -> set:
 
 def wiring_now(emu) -> dict:
     """The controller's latest wiring report (it keeps checking after it decided)."""
-    return json.loads(emu.wiring_file.read_text())
+    return json.loads(emu.controller.wiring_file.read_text())
 
 
 def held_in_scenario_ports(emu) -> set:

@@ -47,10 +47,13 @@ READY_TIMEOUT_S = 240
 @pytest.fixture(scope="module")
 def emu():
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    e = Emulation(SCENARIO, overrides={"emulation": {"delay_scale": DELAY_SCALE}}, controller="hpnlab",
-                  ecn=False, verify=False, lock_wait_s=300, connect_timeout=180,
-                  ready_timeout=READY_TIMEOUT_S, inactivity_probe_ms=INACTIVITY_PROBE_MS)
+    e = Emulation(spec.load(SCENARIO, {"emulation": {"delay_scale": DELAY_SCALE}}), EmulationOptions(
+        controller=ControllerOptions(connect_timeout_s=180, ready_timeout_s=READY_TIMEOUT_S,
+                                     inactivity_probe_ms=INACTIVITY_PROBE_MS),
+        ports=PortOptions(ecn=False), supervision=SupervisionOptions(verify=False, lock_wait_s=300)))
     e.start()
     try:
         print(f"{SCENARIO} up under the full kernel: " + ", ".join(f"{k} {v:.1f}" for k, v in e.timings.items()))
@@ -77,7 +80,7 @@ def expected_counts(emu, failures=None) -> dict[str, int]:
 
 def diagnosis(emu) -> str:
     """What to look at when pings fail: controller alive, switch connections, its log's tail."""
-    alive = emu.controller_proc is not None and emu.controller_proc.poll() is None
+    alive = emu.controller.proc is not None and emu.controller.proc.poll() is None
     conn = emu.connected_switches()
     status = subprocess.run(["ovs-vsctl", "--timeout=10", "--columns=target,is_connected,status", "list",
                              "Controller"], capture_output=True, text=True).stdout
@@ -149,14 +152,14 @@ def test_a_link_taken_down_keeps_every_pair_reachable(emu):
     normal, degraded = expected_counts(emu), expected_counts(emu, failures)
     changed = {sw: n for sw, n in degraded.items() if n != normal[sw]}   # the switches that must react
     assert changed
-    emu.link_down("p0l0", "p0s0")
+    emu.faults.link_down("p0l0", "p0s0")
     try:
         assert wait_for(lambda: {sw: flow_count(sw) for sw in changed} == changed, 60.0, 0.5), \
             (changed, diagnosis(emu))
         result = ping_all_patiently(emu)
         assert result["failed"] == [], diagnosis(emu)
     finally:
-        emu.link_up("p0l0", "p0s0")
+        emu.faults.link_up("p0l0", "p0s0")
     back = {sw: normal[sw] for sw in changed}
     assert wait_for(lambda: {sw: flow_count(sw) for sw in back} == back, 60.0, 0.5), (back, diagnosis(emu))
 

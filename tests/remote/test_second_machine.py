@@ -38,15 +38,19 @@ def two(emulation_ready):
         pytest.skip("no second machine given (HPNLAB_SECOND_MACHINE unset); the lane boots one: "
                     "make test-kernel (tools/scripts/kernel_lane/second_machine.sh)")
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ClusterOptions, ControllerOptions, EmulationOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    emu = Emulation("mini-hpn", overrides=SMALL, servers=["localhost", SECOND], placement="plane",
-                    controller_ip=os.environ.get("HPNLAB_SECOND_MACHINE_CONTROLLER_IP", "127.0.0.1"),
-                    verify=False, lock_wait_s=300, connect_timeout=180, ready_timeout=120,
-                    inactivity_probe_ms=INACTIVITY_PROBE_MS)
+    emu = Emulation(spec.load("mini-hpn", SMALL), EmulationOptions(
+        controller=ControllerOptions(listen=os.environ.get("HPNLAB_SECOND_MACHINE_CONTROLLER_IP", "127.0.0.1"),
+                                     connect_timeout_s=180, ready_timeout_s=120,
+                                     inactivity_probe_ms=INACTIVITY_PROBE_MS),
+        supervision=SupervisionOptions(verify=False, lock_wait_s=300),
+        cluster=ClusterOptions(servers=("localhost", SECOND), placement="plane")))
     emu.start()
     try:
         print("two machines up: " + ", ".join(f"{k} {v:.1f}" for k, v in emu.timings.items())
-              + "; on the second machine: " + ", ".join(f"{k} {v:.1f}" for k, v in emu.remote.spent.items()))
+              + "; on the second machine: " + ", ".join(f"{k} {v:.1f}" for k, v in emu.builder.remote.spent.items()))
         yield emu
     finally:
         emu.stop()
@@ -63,7 +67,7 @@ def summary(flows) -> str:
 
 
 def on_second(emu, script: str) -> str:
-    return emu.remote.run(SECOND, script, 60.0).stdout
+    return emu.builder.remote.run(SECOND, script, 60.0).stdout
 
 
 def server_of(emu, node: str) -> str:
@@ -98,7 +102,7 @@ def test_every_host_pair_on_every_plane_reaches_across_both_machines(two):
 def test_shaping_and_red_ecn_are_on_the_second_machines_switch_ports(two):
     far = [p for p in two.switch_ports() if not p["local"]]
     assert far and {server_of(two, p["switch"]) for p in far} == {SECOND}
-    shown = two.remote.qdiscs(SECOND, [p["intf"] for p in far], classes=True)   # one ssh session for all
+    shown = two.builder.remote.qdiscs(SECOND, [p["intf"] for p in far], classes=True)   # one ssh session for all
     for p in far:
         assert "qdisc htb 1: root" in shown[p["intf"]], shown[p["intf"]]
         [leaf] = [line for line in shown[p["intf"]].splitlines() if line.startswith("class htb 1:1 ")]

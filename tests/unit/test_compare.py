@@ -267,7 +267,7 @@ def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, ca
     class Emu(_FakeEmu):
         caps = None
 
-        def __init__(self, scenario, **kw):
+        def __init__(self, scenario, options=None, **kw):
             from hpnlab.fabric.scenario import graph
             self.graph = graph.build(scenario)
             self.metadata: dict = {}

@@ -1,6 +1,8 @@
 """The routing comparison's figures (fabric/experiments/compare_routing.py), on made-up runs."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from hpnlab.fabric.experiments import compare_routing as cr
@@ -119,13 +121,11 @@ def test_the_table_prints_the_models_ratio_beside_the_measured_one():
 
 
 class _FakeEmulation:
-    """What compare() reads of an emulation: its graph, its telemetry file, no weighted tables."""
+    """What compare() reads of an emulation: its graph, its controller's telemetry file, no weighted tables."""
 
     def __init__(self, telemetry):
         self.graph = graph.build(spec.load("mini-hpn"))
-        self.telemetry_file = telemetry
-        self._weights_control = None
-        self.routing_weights = "ecmp"
+        self.controller = SimpleNamespace(telemetry_file=telemetry, live_weights=False, routing_weights="ecmp")
 
 
 def _result(busbw, labels):

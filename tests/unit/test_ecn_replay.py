@@ -213,9 +213,11 @@ def test_hpnlab_run_keeps_the_controllers_telemetry_file_beside_its_results(tmp_
     src.parent.mkdir()
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     said: list[str] = []
-    kept = keep_telemetry(SimpleNamespace(telemetry_file=src), tmp_path / "out", said.append)
+    kept = keep_telemetry(SimpleNamespace(controller=SimpleNamespace(telemetry_file=src)), tmp_path / "out",
+                          said.append)
     assert kept == tmp_path / "out" / "telemetry.jsonl"
     assert kept is not None and kept.read_text() == src.read_text()
     assert "ecn_replay" in said[0]
-    assert keep_telemetry(SimpleNamespace(telemetry_file=None), tmp_path / "none", said.append) is None
+    assert keep_telemetry(SimpleNamespace(controller=SimpleNamespace(telemetry_file=None)), tmp_path / "none",
+                          said.append) is None
     assert not (tmp_path / "none").exists()

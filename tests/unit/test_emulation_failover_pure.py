@@ -161,11 +161,16 @@ class _Proc:
 
 
 def test_the_controller_is_frozen_and_thawed_by_timeline_events_and_never_left_frozen(g, monkeypatch):
-    from hpnlab.fabric.emulation import timeline
+    from hpnlab.fabric.emulation import supervisor, timeline
+    from hpnlab.fabric.emulation.options import ControllerOptions
+    from hpnlab.fabric.emulation.rewire import Rewire
     sent = []
-    monkeypatch.setattr(timeline.os, "killpg", lambda pid, sig: sent.append((pid, sig)))
-    emu = type("Emu", (), {"graph": g, "controller_proc": _Proc()})()
-    records = timeline.run(emu, [{"at": 0, "action": "controller_freeze"}])
+    monkeypatch.setattr(supervisor.os, "killpg", lambda pid, sig: sent.append((pid, sig)))
+    controller = supervisor.ControllerSupervisor(ControllerOptions(), g.graph["scenario"], g, Rewire(),
+                                                 switches=None, metadata={})   # type: ignore[arg-type]
+    controller.proc = _Proc()
+    records = faults.Faults(g, lambda host, line: None, controller=controller).run_timeline(
+        [{"at": 0, "action": "controller_freeze"}])
     assert [r["action"] for r in records] == ["controller_freeze"]
     assert sent == [(4242, timeline.signal.SIGSTOP), (4242, timeline.signal.SIGCONT)]
 

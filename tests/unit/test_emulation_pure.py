@@ -170,9 +170,9 @@ def test_state_file_records_before_creation_and_round_trips(tmp_path, monkeypatc
 
 
 def test_unknown_controller_is_refused_in_one_line():
-    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions
     with pytest.raises(UserError, match="unknown controller 'ryu'"):
-        Emulation("mini-hpn", controller="ryu")
+        EmulationOptions(controller=ControllerOptions(kind="ryu"))
 
 
 def test_fault_ends_name_both_interfaces_of_a_link_and_every_link_of_a_switch():
@@ -217,27 +217,29 @@ def test_doctor_sizes_a_scenario_without_loading_the_harness_or_mininet():
 
 
 def test_the_emulation_takes_bfd_from_the_scenario_unless_an_interval_is_given():
-    from hpnlab.fabric.emulation import Emulation
-    on = {"bfd": {"enabled": True, "min_tx_ms": 10, "min_rx_ms": 30, "mult": 5}}
-    emu = Emulation("mini-hpn", overrides=on, log=None)
-    assert (emu.bfd_tx_ms, emu.bfd_ms, emu.bfd_mult) == (10, 30, 5)
-    emu = Emulation("mini-hpn", overrides=on, bfd_ms=50, log=None)
-    assert (emu.bfd_tx_ms, emu.bfd_ms, emu.bfd_mult) == (50, 50, 3)
-    assert Emulation("mini-hpn", log=None).bfd_ms == 0
+    from hpnlab.fabric.emulation import Emulation, EmulationOptions
+    from hpnlab.fabric.emulation.options import FailoverOptions
+    on = spec.load("mini-hpn", {"bfd": {"enabled": True, "min_tx_ms": 10, "min_rx_ms": 30, "mult": 5}})
+    built = Emulation(on, log=None).builder
+    assert (built.bfd_tx_ms, built.bfd_ms, built.bfd_mult) == (10, 30, 5)
+    built = Emulation(on, EmulationOptions(failover=FailoverOptions(bfd_ms=50)), log=None).builder
+    assert (built.bfd_tx_ms, built.bfd_ms, built.bfd_mult) == (50, 50, 3)
+    assert Emulation("mini-hpn", log=None).builder.bfd_ms == 0
 
 
 def test_the_emulation_hands_its_arp_mode_to_the_controller():
-    from hpnlab.fabric.emulation import Emulation
-    assert Emulation("mini-hpn", arp="per-host", log=None).controller_args[-2:] == ["--arp", "per-host"]
-    assert Emulation("mini-hpn", log=None).controller_args[-2:] == ["--arp", "gateway"]
+    from hpnlab.fabric.emulation.options import ControllerOptions
+    from hpnlab.fabric.emulation.supervisor import own_args
+    assert own_args(ControllerOptions(arp="per-host"))[-2:] == ["--arp", "per-host"]
+    assert own_args(ControllerOptions())[-2:] == ["--arp", "gateway"]
 
 
 @pytest.mark.parametrize("kwargs,words", [({"arp": "per-leaf"}, "--arp 'per-leaf': one of gateway, per-host"),
-                                          ({"arp": "per-host", "controller": "none"}, "needs the hpnlab controller")])
+                                          ({"arp": "per-host", "kind": "none"}, "needs the hpnlab controller")])
 def test_a_wrong_arp_mode_is_refused_in_one_line_before_anything_is_built(kwargs, words):
-    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions
     with pytest.raises(UserError, match=words):
-        Emulation("mini-hpn", log=None, **kwargs)
+        EmulationOptions(controller=ControllerOptions(**kwargs))
 
 
 @pytest.mark.parametrize("command", ["run", "emulate"])

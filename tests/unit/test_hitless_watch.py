@@ -105,36 +105,38 @@ def test_a_controller_event_naming_a_switch_is_one_line():
         timeline.parse([{"at": 0.5, "action": "controller_kill", "switch": "p0l0"}], fabric("mini-hpn"))
 
 
-def watched_emulation(choice: str, proc: subprocess.Popen, said: list[str]):
-    """An Emulation (not started: no root needed) whose controller is ``proc``, watched."""
-    from hpnlab.fabric.emulation import Emulation
-    emu = Emulation("mini-hpn", on_controller_loss=choice, log=said.append)
-    emu._ctl = Ctl(proc)
-    emu._watch_controller()
-    return emu
+def watched_controller(choice: str, proc: subprocess.Popen, said: list[str]):
+    """The controller supervisor of an Emulation (not started: no root needed) whose controller is
+    ``proc``, watched."""
+    from hpnlab.fabric.emulation import Emulation, EmulationOptions
+    from hpnlab.fabric.emulation.options import ControllerOptions
+    emu = Emulation("mini-hpn", EmulationOptions(controller=ControllerOptions(on_loss=choice)), log=said.append)
+    emu.controller._ctl = Ctl(proc)
+    emu.controller.watch()
+    return emu.controller
 
 
 def test_a_run_asked_to_stop_on_controller_loss_stops_with_one_line():
     from hpnlab.fabric.emulation import ControllerLost
     said: list[str] = []
-    emu = watched_emulation("stop", exiting(5), said)
+    ctl = watched_controller("stop", exiting(5), said)
     try:
         with pytest.raises(ControllerLost, match=r"the controller \(pid \d+\) exited with code 5: stopping the run"):
             threading.Event().wait(10)
     finally:
-        emu._unwatch_controller()
+        ctl.unwatch()
     assert len(said) == 1 and "--on-controller-loss stop" in said[0]
-    assert [loss["action"] for loss in emu.controller_losses] == ["stop"]
+    assert [loss["action"] for loss in ctl.losses] == ["stop"]
 
 
 def test_a_run_asked_to_continue_says_so_once_and_goes_on():
     said: list[str] = []
-    emu = watched_emulation("continue", exiting(0), said)
+    ctl = watched_controller("continue", exiting(0), said)
     try:
         deadline = time.monotonic() + 10
         while not said and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)
     finally:
-        emu._unwatch_controller()
+        ctl.unwatch()
     assert len(said) == 1 and "continuing without it" in said[0]

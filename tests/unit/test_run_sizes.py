@@ -43,7 +43,7 @@ def test_the_default_sweep_gives_every_rank_32_to_256_kib_whatever_the_rank_coun
 
 
 def test_the_default_ranks_are_the_scenarios_own_when_it_names_them():
-    from hpnlab.cli.cmd_run import default_ranks
+    from hpnlab.fabric.experiments.prepare import default_ranks
     from hpnlab.fabric.scenario import graph, spec
     wide = spec.load("mini-hpn-wide")
     assert wide.emulation.ranks == 12

@@ -377,11 +377,12 @@ def test_the_runs_telemetry_is_the_part_of_the_file_within_the_run(tmp_path):
         {"kind": "change", "t": 10.1, "switch": "l0", "port": 1, "reason": "r"},
         {"kind": "sample", "t": 10.2, "ports": rows},
         {"kind": "sample", "t": 20.0, "ports": rows}]) + "\n{\"kind\": \"sam")      # a line being written
-    tel = experiment.telemetry_of(SimpleNamespace(telemetry_file=f), 9.5, 11.0)
+    tel = experiment.telemetry_of(SimpleNamespace(controller=SimpleNamespace(telemetry_file=f)), 9.5, 11.0)
     assert tel is not None
     assert tel["samples"] == 2 and tel["ports"]["l0:1"]["t"] == [0.0, 0.2]
     assert tel["policy"] == "dynamic" and [c["reason"] for c in tel["changes"]] == ["r"]
-    assert experiment.telemetry_of(SimpleNamespace(telemetry_file=tmp_path / "none"), 0, 1) is None
+    assert experiment.telemetry_of(SimpleNamespace(controller=SimpleNamespace(telemetry_file=tmp_path / "none")),
+                                   0, 1) is None
 
 
 # ---- a deployment's port numbers (--deployment FILE or auto) ------------------------------------------------

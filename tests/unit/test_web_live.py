@@ -3,6 +3,7 @@ applies them, injections applied and recorded as the timeline does, the telemetr
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from support.fabrics import fabric
@@ -47,25 +48,7 @@ class FakeEmu:
     def __init__(self, telemetry_file=None):
         self.graph = fabric("mini-hpn")
         self.faults = FakeFaults()
-        self.telemetry_file = telemetry_file
-
-    def link_down(self, u, v, key=None, side=None):
-        return self.faults.link_down(u, v, key, side)
-
-    def link_up(self, u, v, key=None, side=None):
-        return self.faults.link_up(u, v, key, side)
-
-    def link_drop(self, u, v, key=None, side=None):
-        return self.faults.link_drop(u, v, key, side)
-
-    def link_restore(self, u, v, key=None, side=None):
-        return self.faults.link_restore(u, v, key, side)
-
-    def switch_down(self, name):
-        return self.faults.switch_down(name)
-
-    def switch_up(self, name):
-        return self.faults.switch_up(name)
+        self.controller = SimpleNamespace(telemetry_file=telemetry_file)
 
 
 def test_a_fault_applied_by_the_timeline_reaches_the_view():
@@ -73,7 +56,7 @@ def test_a_fault_applied_by_the_timeline_reaches_the_view():
     src = live.LiveSource(emu)
     for ev in timeline.parse([{"at": 0, "action": "link_drop", "link": ["p0l0", "p0s0"], "side": "p0s0"},
                               {"at": 0, "action": "switch_down", "switch": "p1s1"}], emu.graph):
-        timeline.apply(emu, ev)
+        timeline.apply(emu.faults, ev)
     fr = src.make_frame()
     assert fr["links"]["p0l0-p0s0/0"]["state"] == "gray" and fr["switches_down"] == ["p1s1"]
     assert [e["text"] for e in fr["events"]] == ["link_drop p0l0-p0s0 (side p0s0)", "switch_down p1s1"]

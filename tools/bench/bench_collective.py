@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"emulation part skipped: {why}")
         else:
             from hpnlab.fabric.emulation import Emulation
-            with Emulation("mini-hpn", controller="hpnlab", ecn=False, lock_wait_s=600, log=None) as emu:
+            from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
+            with Emulation("mini-hpn", EmulationOptions(
+                ports=PortOptions(ecn=False), supervision=SupervisionOptions(lock_wait_s=600)), log=None) as emu:
                 s = emu.scenario
                 line = s.planes * s.emulation.host_mbps * 1e6
                 say(f"emulation (mini-hpn, {s.planes} planes x {s.emulation.host_mbps:g} Mbit/s per port, ECN off):")

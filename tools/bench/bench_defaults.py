@@ -4,7 +4,7 @@
 ``hpnlab run mini-hpn`` runs ``experiment.RUN_DEFAULTS`` (all-reduce and all-to-all over roce
 flow, roce spray and tcp, ``experiment.run_sizes``: 32-256 KiB per rank). Before the budget it ran
 4 ranks on the preset's rates (host ports 10 Mbit/s, fabric 40, MTU 1500) at 128 KiB to 1 MiB;
-now it runs 8 ranks at 256 KiB to 2 MiB at the rates ``sizing.rates_for_ranks`` derives from this
+now it runs 8 ranks at 256 KiB to 2 MiB at the rates ``prepare`` (``sizing.rates_for_ranks``) derives from this
 machine's measured budget (``hpnlab doctor --measure``: the switches' ceiling and the
 generators'). This benchmark runs both, interleaved (before, after, before, after, ...), each
 on a fabric brought up for it, ``--repeat`` times, and prints per cell, at the largest size:
@@ -34,11 +34,10 @@ import sys
 import time
 from typing import Any
 
-from hpnlab.fabric.emulation import sizing
 from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
-from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.experiments.prepare import PreparedRun, prepare
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.stats import median_range as spread
 from hpnlab.fabric.workload import report
@@ -48,20 +47,24 @@ BEFORE_RANKS = 4          # RUN_DEFAULTS.ranks before the budget (commit f39ea58
 
 
 def configs(preset: str, control: bool = True, after_set: dict[str, Any] | None = None
-            ) -> dict[str, tuple[dict[str, Any], int, str]]:
-    """``{name: (overrides, ranks, where the rates come from)}`` for before, after and (``control``)
-    after's ranks at before's rates. ``after_set``: scenario overrides of after's run only (``--set``)."""
-    g = fgraph.build(spec.load(preset))
+            ) -> dict[str, tuple[PreparedRun, str]]:
+    """``{name: (the run prepared, where its rates come from)}`` for before, after and (``control``)
+    after's ranks at before's rates (``prepare``: the preset loaded once, after's rates sized for its
+    ranks, every cell placed). ``after_set``: scenario overrides of after's run only (``--set``)."""
     ranks = experiment.RUN_DEFAULTS.ranks
     given = after_set or {}
-    rates, line = sizing.rates_for_ranks(g, given, ranks)
-    if given:
-        line += f"; set: {json.dumps(given, sort_keys=True)}"
-    out = {"before": ({}, BEFORE_RANKS, f"the preset's rates (nothing measured), {BEFORE_RANKS} ranks"),
-           "after": (spec.deep_merge(given, rates), ranks, line)}
-    spec.load(preset, out["after"][0])          # a wrong override: one line before anything is built
+
+    def plan(r: int) -> experiment.Plan:
+        return experiment.RUN_DEFAULTS.replace(ranks=r, sizes=experiment.run_sizes(r))
+
+    after = prepare(preset, given, plan=plan, ranks=ranks)
+    line = after.rates_line + (f"; set: {json.dumps(given, sort_keys=True)}" if given else "")
+    out = {"before": (prepare(preset, {}, plan=plan, ranks=BEFORE_RANKS, size=False),
+                      f"the preset's rates (nothing measured), {BEFORE_RANKS} ranks"),
+           "after": (after, line)}
     if control:
-        out["control"] = ({}, ranks, f"the preset's rates, {ranks} ranks (what the rank count alone changes)")
+        out["control"] = (prepare(preset, {}, plan=plan, ranks=ranks, size=False),
+                          f"the preset's rates, {ranks} ranks (what the rank count alone changes)")
     return out
 
 
@@ -69,14 +72,15 @@ def cell_key(r: dict) -> str:
     return f"{r['collective']} {r['transport']}{'/' + r['entropy'] if r.get('entropy') else ''}"
 
 
-def one_run(preset: str, overrides: dict, ranks: int) -> dict:
-    """Bring the fabric up with these overrides, run the default matrix, and return per cell
-    the aggregate Mbit/s, fraction and retransmissions at the largest size, plus CPU idle."""
+def one_run(run: PreparedRun) -> dict:
+    """Bring the prepared fabric up, run the default matrix, and return per cell the aggregate
+    Mbit/s, fraction and retransmissions at the largest size, plus CPU idle."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 
-    scenario = spec.load(preset, overrides)
-    plan = experiment.RUN_DEFAULTS.replace(ranks=ranks, sizes=experiment.run_sizes(ranks))
-    with Emulation(scenario, controller="hpnlab", lock_wait_s=600, log=None) as emu:
+    scenario, plan = run.scenario, run.plan
+    assert plan is not None
+    with Emulation(scenario, EmulationOptions(supervision=SupervisionOptions(lock_wait_s=600)), log=None) as emu:
         load = os.getloadavg()[0]
         t0 = time.monotonic()
         doc = experiment.run(plan, emu, progress=False)
@@ -145,16 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         say(f"bench_defaults: {exc}")
         return 2
-    if not cfg["after"][0]:
-        say(f"bench_defaults: {cfg['after'][2]}; before and after would be the same run")
+    if not cfg["after"][0].all_overrides:
+        say(f"bench_defaults: {cfg['after'][1]}; before and after would be the same run")
         return 0
-    for name, (_, ranks, line) in cfg.items():
-        say(f"{name}: {ranks} ranks; {line}")
+    for name, (prepared, line) in cfg.items():
+        say(f"{name}: {prepared.ranks} ranks; {line}")
     runs: dict[str, list[dict]] = {name: [] for name in cfg}
     wrong = 0
     for k in range(args.repeat):
-        for name, (overrides, ranks, _) in cfg.items():
-            res = one_run(args.preset, overrides, ranks)
+        for name, (prepared, _) in cfg.items():
+            res = one_run(prepared)
             wrong += res["wrong"]
             runs[name].append(res)
             say(f"  rep {k + 1}/{args.repeat} {name}: {res['seconds']:.0f} s, load {res['load']:.1f}, "
@@ -162,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary(runs):
         say(line)
     if args.json:
-        report.write_json({"configs": {n: {"ranks": c[1], "overrides": c[0], "rates": c[2]} for n, c in cfg.items()},
-                           "runs": runs}, args.json)
+        report.write_json({"configs": {n: {"ranks": p.ranks, "overrides": p.all_overrides, "rates": line}
+                                       for n, (p, line) in cfg.items()}, "runs": runs}, args.json)
     if wrong:
         say(f"{wrong} wrong elements")
     return 1 if wrong else 0

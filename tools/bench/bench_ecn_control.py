@@ -45,7 +45,7 @@ def proc_cpu_s(pid: int) -> float:
 
 def lines(emu) -> list[dict]:
     from hpnlab.fabric.routing.telemetry import read_lines
-    return read_lines(emu.telemetry_file)
+    return read_lines(emu.controller.telemetry_file)
 
 
 def overload(emu, dst_port: dict, seconds: float, udp_port: int) -> dict:
@@ -81,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the controller's idle CPU with telemetry off")
     args = ap.parse_args(argv)
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
     from hpnlab.fabric.experiments import runner as experiment
     from hpnlab.fabric.experiments.runner import Plan
 
     policy_file = POLICIES
     figures: dict = {"interval_ms": args.interval_ms}
-    with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, log=None,
-                   telemetry_interval_ms=args.interval_ms) as emu:
-        pid = emu.controller_proc.pid
+    with Emulation("mini-hpn", EmulationOptions(
+        controller=ControllerOptions(telemetry_interval_ms=args.interval_ms),
+        supervision=SupervisionOptions(lock_wait_s=300)), log=None) as emu:
+        pid = emu.controller.proc.pid
         time.sleep(2.0)
         c0, w0 = proc_cpu_s(pid), time.monotonic()
         time.sleep(args.idle_s)
@@ -100,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         figures["telemetry"] = {"samples": len(samples), "interval_ms_median": statistics.median(gaps) * 1e3,
                                 "interval_ms_p99": gaps[int(0.99 * (len(gaps) - 1))] * 1e3,
                                 "loop_cpu_share": loop_cpu, "controller_cpu_share": (c1 - c0) / (w1 - w0),
-                                "ports": len(json.loads(emu.telemetry_file.read_text().splitlines()[0])["ports"])}
+                                "ports": len(json.loads(
+                                    emu.controller.telemetry_file.read_text().splitlines()[0])["ports"])}
         leaf = next(p["leaf"] for p in emu.interfaces("h5") if p["plane"] == 0)
         dst = next(p for p in emu.switch_ports() if p["switch"] == leaf and p["peer"] == "h5")
         figures["marking"] = {"start-up": overload(emu, dst, 2.0, 9200)}
         for name in ("Quiet", "Eager"):
-            emu.set_ecn_policy(f"{policy_file}:{name}")
+            emu.controller.set_ecn_policy(f"{policy_file}:{name}")
             figures["marking"][name.lower()] = overload(emu, dst, 2.0, 9201)
         plan = Plan(collectives="permutation", transports="roce", entropies="flow", ranks=2, sizes="512K",
                     iterations=1, warmup=0, inplace=False, placement="cross-rail")
@@ -128,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                 "reasons": [c["reason"] for c in changes[:3]]}
         figures["load_average"] = os.getloadavg()
     if args.baseline:
-        with Emulation("mini-hpn", controller="hpnlab", lock_wait_s=300, log=None, telemetry_interval_ms=0) as emu:
-            pid = emu.controller_proc.pid
+        with Emulation("mini-hpn", EmulationOptions(
+            controller=ControllerOptions(telemetry_interval_ms=0),
+            supervision=SupervisionOptions(lock_wait_s=300)), log=None) as emu:
+            pid = emu.controller.proc.pid
             time.sleep(2.0)
             c0, w0 = proc_cpu_s(pid), time.monotonic()
             time.sleep(args.idle_s)

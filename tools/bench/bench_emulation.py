@@ -48,8 +48,8 @@ def fabric_pids(emu) -> list[int]:
         pids.append(int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text().strip()))
     except (OSError, ValueError):
         pass
-    if emu.controller_proc is not None:
-        pids.append(emu.controller_proc.pid)
+    if emu.controller.proc is not None:
+        pids.append(emu.controller.proc.pid)
     return pids
 
 
@@ -121,6 +121,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs of each shaping measurement (first preset)")
     args = ap.parse_args()
     from hpnlab.fabric.emulation import Emulation, kernel
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
     from hpnlab.fabric.errors import UserError
     from hpnlab.fabric.scenario import spec
 
@@ -136,7 +137,8 @@ def main() -> int:
         preset, _, sets = arg.partition(":")
         try:
             overrides = spec.parse_overrides([x for x in sets.split(",") if x])
-            emu = Emulation(preset, overrides=overrides, controller="hpnlab", lock_wait_s=300, log=None)
+            emu = Emulation(spec.load(preset, overrides), EmulationOptions(
+                supervision=SupervisionOptions(lock_wait_s=300)), log=None)
             emu.start()
         except UserError as exc:
             print(f"{arg}: not emulated: {exc}", flush=True)

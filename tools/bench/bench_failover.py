@@ -262,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from hpnlab.fabric.emulation import Emulation
     from hpnlab.fabric.emulation import timeline as tl
+    from hpnlab.fabric.emulation.options import (
+        ControllerOptions,
+        EmulationOptions,
+        FailoverOptions,
+        PortOptions,
+        SupervisionOptions,
+    )
+    from hpnlab.fabric.scenario import spec
 
     say(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     rows: dict[str, dict[str, list[dict]]] = {}
@@ -271,8 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         cfg = MODES[base_mode(mode)]
         prio = {"emulation": {"control_priority": True}} if mode.endswith(PRIO) else None
-        with Emulation(args.scenario, overrides=prio, controller="hpnlab", ecn=False, lock_wait_s=600, log=None,
-                       bfd_ms=BFD_MS, fast_failover=cfg["fast_failover"], port_type=args.port_type) as emu:
+        with Emulation(spec.load(args.scenario, prio), EmulationOptions(
+            controller=ControllerOptions(fast_failover=cfg["fast_failover"]),
+            ports=PortOptions(ecn=False, port_type=args.port_type), failover=FailoverOptions(bfd_ms=BFD_MS),
+            supervision=SupervisionOptions(lock_wait_s=600)), log=None) as emu:
             pl = plan(cfg["host_failover"], args.iterations)
             [job] = next(iter(pl.jobs_on(emu.graph).values()))
             t = targets(emu.graph, list(job.labels or []))

@@ -157,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hpnlab.fabric.emulation import failover, send_trace
     from hpnlab.fabric.emulation.harness import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions
     from hpnlab.fabric.errors import UserError
     try:
-        emu = Emulation(args.scenario, port_type=args.port_type)
+        emu = Emulation(args.scenario, EmulationOptions(ports=PortOptions(port_type=args.port_type)))
         with emu:
             time.sleep(args.settle)
             pid = send_trace.running_ovs_pid()
