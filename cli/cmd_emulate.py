@@ -8,6 +8,7 @@ import time
 from hpnlab.cli.args import add_emulation_args, add_scenario_args, emulation_options, overrides_of
 from hpnlab.cli.argtypes import output_file
 from hpnlab.cli.cmd_web import add_web_args, metrics_line, open_web, web_controller_args
+from hpnlab.fabric.emulation.options import PLACEMENTS as CLUSTER_PLACEMENTS
 from hpnlab.fabric.emulation.ovs_sched import MODES as OVS_SCHED_MODES
 from hpnlab.fabric.errors import UserError
 
@@ -60,8 +61,7 @@ def register(sub) -> None:
     p.add_argument("--servers", metavar="LIST",
                    help="place the fabric across machines with Mininet's cluster edition (MininetCluster), "
                         "e.g. localhost,node2,node3 (ssh as root without a password to each)")
-    p.add_argument("--placement", dest="cluster_placement", default="plane",
-                   choices=("plane", "switch-bin", "round-robin", "random"),
+    p.add_argument("--placement", dest="cluster_placement", default="plane", choices=CLUSTER_PLACEMENTS,
                    help="cluster placement: plane (each plane's switches on one server, default), or Mininet's")
     p.add_argument("--controller-ip", default="127.0.0.1",
                    help="address the controller listens on and switches dial (a routable one with --servers)")

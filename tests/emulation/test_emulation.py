@@ -55,6 +55,14 @@ def test_host_interfaces_carry_the_planned_addresses(mini_hpn):
         assert have == {(p["name"], p["cidr"]) for p in mini_hpn.interfaces(host)}
 
 
+def test_the_runs_options_are_written_once_to_its_run_directory_and_read_back_the_same(mini_hpn):
+    from hpnlab.fabric.emulation.options import OPTIONS_FILE, EmulationOptions
+    written = json.loads((mini_hpn.state.run_dir / OPTIONS_FILE).read_text())
+    assert written == mini_hpn.options.as_dict() == mini_hpn.metadata["options"]
+    assert EmulationOptions.from_dict(written) == mini_hpn.options
+    assert json.loads((mini_hpn.state.run_dir / "metadata.json").read_text())["options"] == written
+
+
 def test_ovs_sees_every_switch_connected_to_the_controller_process(mini_hpn):
     switches = fgraph.switches(mini_hpn.graph)
     assert mini_hpn.connected_switches() == dict.fromkeys(switches, True)
