@@ -1,4 +1,5 @@
-"""Arguments several commands share, declared once: the scenario and ``--set``, and the emulation's
+"""Arguments several commands share, declared once: the scenario and ``--set`` (declared in
+``hpnlab.fabric.scenario.arguments``, which the controller's launcher uses too), and the emulation's
 options (``hpnlab emulate`` and ``hpnlab run``), with the one function that turns them into an
 ``EmulationOptions`` value."""
 from __future__ import annotations
@@ -9,7 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from hpnlab.fabric.scenario import graph, spec
+from hpnlab.fabric.scenario import arguments, graph, spec
+from hpnlab.fabric.scenario.arguments import add_scenario_args, overrides_of
+
+__all__ = ["add_emulation_args", "add_scenario_args", "emulation_options", "load_fabric", "load_scenario",
+           "overrides_of"]
 
 if TYPE_CHECKING:     # the options module is loaded when a command emulates, not for every command's parser
     from hpnlab.fabric.emulation.options import EmulationOptions
@@ -22,27 +27,9 @@ DEFAULT_BFD_MS = 50
 
 # ---- the scenario ------------------------------------------------------------------------------
 
-def add_scenario_args(parser: argparse.ArgumentParser, default: str | None = None, optional: bool = False,
-                      help: str | None = None) -> None:
-    """SCENARIO and --set, shared by every command that takes a scenario. ``default``: the scenario
-    when none is named (it may then be left out); ``optional``: it may be left out (None)."""
-    text = help or "preset name (see 'hpnlab topo presets'), fat-tree-K, or a YAML file"
-    if default is not None:
-        text += f" (default {default})"
-    more: dict[str, Any] = {"nargs": "?", "default": default} if default is not None or optional else {}
-    parser.add_argument("scenario", metavar="SCENARIO", help=text, **more)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a scenario field (repeatable), "
-                             "e.g. --set planes=4 --set long_haul.distance_km=50")
-
-
-def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``--set`` overrides, as a nested mapping."""
-    return spec.parse_overrides(args.overrides)
-
-
 def load_scenario(args: argparse.Namespace) -> spec.Scenario:
-    return spec.load(args.scenario, overrides_of(args))
+    """The scenario the arguments name, with their ``--set`` overrides."""
+    return arguments.load(args)
 
 
 def load_fabric(args: argparse.Namespace) -> tuple[spec.Scenario, nx.MultiGraph]:

@@ -36,9 +36,9 @@ def register(sub) -> None:
 
 def _show(args) -> int:
     from hpnlab.fabric.routing import compiler
-    from hpnlab.fabric.scenario import graph, spec
+    from hpnlab.fabric.scenario import arguments, graph
 
-    g = graph.build(spec.load(args.scenario, spec.parse_overrides(args.set)))
+    g = graph.build(arguments.load(args, dest="set"))
     if args.show not in g or g.nodes[args.show]["tier"] == 0:
         raise UserError(f"no switch {args.show!r} in {g.graph['scenario'].name} "
                         f"(switches look like {', '.join(graph.switches(g)[:3])})")

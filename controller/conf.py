@@ -38,6 +38,7 @@ from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.compiler import ARP_MODES, ROUTING_POLICIES
 from hpnlab.fabric.routing.weights import MODES as WEIGHTS_MODES
 from hpnlab.fabric.scenario import graph, spec
+from hpnlab.fabric.scenario.arguments import add_scenario_args
 
 from . import actuators, config, deployment, ecn_policy, logs, rollout, tls, wiring
 from .tls import TlsFiles
@@ -144,13 +145,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The controller's flags; their dests are the config file's keys, their defaults the dataclasses'."""
     p = parser or argparse.ArgumentParser(prog="python -m hpnlab.controller",
                                           description="hpnlab's OpenFlow 1.3 controller (os-ken).")
-    p.add_argument("scenario", nargs="?", default=None,
-                   help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file (or 'scenario:' in --config)")
+    add_scenario_args(p, optional=True, dest="set",
+                      help="preset name (mini-hpn, fat-tree-4, ...) or scenario YAML file (or 'scenario:' in --config)")
     p.add_argument("--config", metavar="FILE.yaml",
                    help="settings file: its keys are these flags' names (ofp_port, metrics_port, tls: {key, cert, "
                         "ca}, set: {field: value}, ...); flags given here win over it (controller/config.py)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario field (repeatable)")
     p.add_argument("--ofp-port", type=int, default=OpenFlow.port, help=f"OpenFlow TCP port (default {OpenFlow.port})")
     p.add_argument("--listen", default=OpenFlow.listen, help=f"address to listen on (default {OpenFlow.listen})")
     p.add_argument("--policy", choices=ROUTING_POLICIES, default=Routing.policy,

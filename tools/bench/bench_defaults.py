@@ -38,7 +38,7 @@ from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.experiments.prepare import PreparedRun, prepare
-from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.scenario.arguments import add_scenario_args, overrides_of
 from hpnlab.fabric.stats import median_range as spread
 from hpnlab.fabric.workload import report
 
@@ -132,11 +132,11 @@ def summary(runs: dict[str, list[dict]]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("preset", nargs="?", default="mini-hpn")
+    add_scenario_args(p, default="mini-hpn",
+                      set_help="a scenario override for the after run only (repeatable), e.g. "
+                               "emulation.buffer_frames=96")
     p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="a scenario override for the after run only (repeatable), e.g. emulation.buffer_frames=96")
     p.add_argument("--no-control", action="store_true",
                    help="leave out the control run (after's ranks at before's rates)")
     args = p.parse_args(argv)
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         return refused
     try:
-        cfg = configs(args.preset, control=not args.no_control, after_set=spec.parse_overrides(args.overrides))
+        cfg = configs(args.scenario, control=not args.no_control, after_set=overrides_of(args))
     except UserError as exc:
         say(f"bench_defaults: {exc}")
         return 2
