@@ -123,6 +123,15 @@ class ControllerOptions:
         if self.ecn_policy != "static" and not hpnlab:
             out.append(f"ECN policy {self.ecn_policy!r} needs the hpnlab controller (it runs the policy)")
         out += _collect(lambda: check_on_controller_loss(self.on_loss))
+        if self.ofp_port is not None and not 1 <= self.ofp_port <= 65535:
+            out.append(f"OpenFlow port must be 1-65535, got {self.ofp_port}")
+        if self.telemetry_interval_ms < 0:
+            out.append(f"telemetry interval must be >= 0 ms (0: off), got {self.telemetry_interval_ms}")
+        for name in ("ready_timeout_s", "connect_timeout_s", "wiring_timeout_s"):
+            if not getattr(self, name) > 0:
+                out.append(f"controller {name} must be > 0 s, got {getattr(self, name):g}")
+        if self.inactivity_probe_ms is not None and self.inactivity_probe_ms < 1:
+            out.append(f"inactivity probe must be >= 1 ms (None: Open vSwitch's 5 s), got {self.inactivity_probe_ms}")
         return out
 
 

@@ -66,6 +66,38 @@ def test_the_options_read_back_from_plain_data_are_the_same():
     assert EmulationOptions.from_dict(data) == o
 
 
+@pytest.mark.parametrize("group,words", [
+    (lambda: {"controller": ControllerOptions(ofp_port=70000)}, "OpenFlow port must be 1-65535, got 70000"),
+    (lambda: {"controller": ControllerOptions(telemetry_interval_ms=-5)}, "telemetry interval must be >= 0 ms"),
+    (lambda: {"controller": ControllerOptions(ready_timeout_s=0)}, "ready_timeout_s must be > 0 s, got 0"),
+    (lambda: {"controller": ControllerOptions(connect_timeout_s=-1)}, "connect_timeout_s must be > 0 s"),
+    (lambda: {"controller": ControllerOptions(inactivity_probe_ms=0)}, "inactivity probe must be >= 1 ms"),
+    (lambda: {"failover": FailoverOptions(bfd_ms=50, bfd_mult=0)}, "multiplier 1-255, got 50, 0"),
+    (lambda: {"supervision": SupervisionOptions(lock_wait_s=-1)}, "lock wait must be >= 0 s, got -1"),
+    (lambda: {"ports": PortOptions(port_type="dpdk")}, "--port-type must be one of"),
+    (lambda: {"ports": PortOptions(ovs_sched="fifo")}, "ovs_sched must be one of"),
+    (lambda: {"cluster": ClusterOptions(placement="anywhere")}, "unknown placement 'anywhere'"),
+], ids=["ofp_port", "telemetry", "ready", "connect", "probe", "bfd_mult", "lock", "port_type", "ovs_sched",
+        "placement"])
+def test_a_bad_value_is_a_user_error_of_one_line_naming_it(group, words):
+    with pytest.raises(UserError) as exc:
+        EmulationOptions(**group())
+    assert exc.value.problems == [str(exc.value)] and "\n" not in str(exc.value)
+    assert words in str(exc.value)
+
+
+def test_a_group_of_the_wrong_type_is_one_line():
+    with pytest.raises(OptionsError, match=r"^options.ports must be PortOptions, got ") as exc:
+        EmulationOptions(ports={"ecn": False})       # type: ignore[arg-type]
+    assert len(exc.value.problems) == 1
+
+
+def test_good_edge_values_are_accepted():
+    o = EmulationOptions(controller=ControllerOptions(ofp_port=65535, telemetry_interval_ms=0, inactivity_probe_ms=1),
+                         failover=FailoverOptions(bfd_ms=0, bfd_mult=255), supervision=SupervisionOptions(lock_wait_s=0))
+    assert o.controller.telemetry_interval_ms == 0 and o.failover.bfd_mult == 255
+
+
 def test_options_from_plain_data_name_each_unknown_or_mistyped_value():
     with pytest.raises(OptionsError) as exc:
         EmulationOptions.from_dict({"controller": {"knd": "hpnlab", "fast_failover": "no"}, "portz": {},
@@ -188,3 +220,15 @@ def test_a_bad_emulation_flag_is_one_line_before_anything_is_built(capsys):
     assert main(["emulate", "mini-hpn", "--controller", "ryu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["hpnlab: unknown controller 'ryu' (known: hpnlab, none)"]
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["emulate", "mini-hpn", "--bfd", "-1"], "BFD interval must be >= 0 ms"),
+    (["emulate", "mini-hpn", "--ofp-port", "0"], "OpenFlow port must be 1-65535, got 0"),
+    (["run", "mini-hpn", "--telemetry-interval-ms", "-5"], "telemetry interval must be >= 0 ms"),
+])
+def test_a_bad_emulation_number_on_the_command_line_is_one_line(argv, words, capsys):
+    from hpnlab.cli.main import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hpnlab: ") and words in err[0]
