@@ -62,13 +62,14 @@ def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "co
                        ecn_policy_help: str = "") -> None:
     """The controller's and the ports' options every command that emulates takes (``emulation_options``
     reads them). ``on_controller_loss``: this command's default answer to a dead controller."""
-    from hpnlab.fabric.emulation.options import ON_CONTROLLER_LOSS, ROUTING_WEIGHTS
+    from hpnlab.fabric.emulation.options import ON_CONTROLLER_LOSS, ROUTING_WEIGHTS, ControllerOptions, FailoverOptions
+    c = ControllerOptions()            # the flags' defaults are the options' own
     loss_help = {
         "continue": "say so and continue (default: the switches keep their tables, fail mode secure, and answer "
                     "ARP themselves), restart it (it reads the switches back and changes only what differs), or stop",
         "restart": "restart it (default: it reads the switches back and changes only what differs; traffic keeps "
                    "flowing meanwhile), stop the run, or say so and continue without it"}
-    p.add_argument("--controller", default="hpnlab", metavar="NAME",
+    p.add_argument("--controller", default=c.kind, metavar="NAME",
                    help="hpnlab (default: the project's OpenFlow 1.3 controller) or none "
                         "(standalone switches; loop-free fabrics only)")
     p.add_argument("--policy", help="controller routing policy (aggregate or host-routes)")
@@ -76,17 +77,19 @@ def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "co
                    help="no local protection (fast-failover groups keep only their primary bucket): "
                         "the controller-only baseline")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
-    p.add_argument("--ecn-policy", default="static", metavar="NAME",
-                   help="the controller's dynamic-ECN policy: static (default), dynamic, MODULE:CLASS or FILE.py"
+    p.add_argument("--ecn-policy", default=c.ecn_policy, metavar="NAME",
+                   help=f"the controller's dynamic-ECN policy: static, dynamic, MODULE:CLASS or FILE.py (default "
+                        f"{c.ecn_policy})"
                         + ecn_policy_help)
-    p.add_argument("--telemetry-interval-ms", type=int, default=200, metavar="N",
-                   help="the controller polls port statistics and the ECN stage every N ms (default 200)")
-    p.add_argument("--routing-weights", choices=ROUTING_WEIGHTS, default="ecmp",
+    p.add_argument("--telemetry-interval-ms", type=int, default=c.telemetry_interval_ms, metavar="N",
+                   help=f"the controller polls port statistics and the ECN stage every N ms (default "
+                        f"{c.telemetry_interval_ms})")
+    p.add_argument("--routing-weights", choices=ROUTING_WEIGHTS, default=c.routing_weights,
                    help="the switches' multipath weights: ecmp (default, equal) or weighted (the controller moves "
                         "entropy patterns off loaded uplinks every telemetry interval)")
     p.add_argument("--on-controller-loss", choices=ON_CONTROLLER_LOSS, default=on_controller_loss,
                    help="when the controller process dies: " + loss_help[on_controller_loss])
-    p.add_argument("--bfd", type=int, nargs="?", default=0, const=DEFAULT_BFD_MS, metavar="MS",
+    p.add_argument("--bfd", type=int, nargs="?", default=FailoverOptions().bfd_ms, const=DEFAULT_BFD_MS, metavar="MS",
                    help=f"BFD on every switch-to-switch port, min_rx = min_tx = MS (default off; --bfd alone: "
                         f"{DEFAULT_BFD_MS} ms, the shortest that never flapped on a busy 2-core machine); a port whose "
                         f"BFD session fails stops being live (controller and fast-failover groups follow it)")

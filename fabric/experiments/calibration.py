@@ -33,6 +33,7 @@ from hpnlab.fabric.emulation import sizing
 from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.prepare import prepare
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.stats import median_range as spread
@@ -64,7 +65,7 @@ def one_run(preset: str, host_mbps: float, ratio: float, mtu: int) -> dict[str, 
 
     overrides = {"emulation": {"host_mbps": host_mbps, "max_mbps": round(host_mbps * ratio, 3), "mtu": mtu}}
     options = EmulationOptions(supervision=SupervisionOptions(lock_wait_s=600))
-    with Emulation(spec.load(preset, overrides), options, log=None) as emu:
+    with Emulation(prepare(preset, overrides, size=False).scenario, options, log=None) as emu:
         load = os.getloadavg()[0]
         doc = experiment.run(plan(), emu, progress=False)
     (r,) = doc["results"]
