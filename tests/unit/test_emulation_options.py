@@ -82,19 +82,21 @@ def test_the_options_read_back_from_plain_data_are_the_same():
 def test_a_bad_value_is_a_user_error_of_one_line_naming_it(group, words):
     with pytest.raises(UserError) as exc:
         EmulationOptions(**group())
-    assert exc.value.problems == [str(exc.value)] and "\n" not in str(exc.value)
+    assert isinstance(exc.value, OptionsError) and exc.value.problems == [str(exc.value)]
+    assert "\n" not in str(exc.value)
     assert words in str(exc.value)
 
 
 def test_a_group_of_the_wrong_type_is_one_line():
     with pytest.raises(OptionsError, match=r"^options.ports must be PortOptions, got ") as exc:
-        EmulationOptions(ports={"ecn": False})       # type: ignore[arg-type]
+        EmulationOptions(ports={"ecn": False})
     assert len(exc.value.problems) == 1
 
 
 def test_good_edge_values_are_accepted():
-    o = EmulationOptions(controller=ControllerOptions(ofp_port=65535, telemetry_interval_ms=0, inactivity_probe_ms=1),
-                         failover=FailoverOptions(bfd_ms=0, bfd_mult=255), supervision=SupervisionOptions(lock_wait_s=0))
+    o = EmulationOptions(
+        controller=ControllerOptions(ofp_port=65535, telemetry_interval_ms=0, inactivity_probe_ms=1),
+        failover=FailoverOptions(bfd_ms=0, bfd_mult=255), supervision=SupervisionOptions(lock_wait_s=0))
     assert o.controller.telemetry_interval_ms == 0 and o.failover.bfd_mult == 255
 
 
