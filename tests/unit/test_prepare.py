@@ -110,3 +110,36 @@ def test_a_plan_that_does_not_fit_the_fabric_is_one_line_before_anything_is_buil
 def test_merging_rates_into_a_loaded_scenario_equals_loading_it_with_them(name):
     rates = {"emulation": {"host_mbps": 13.5, "max_mbps": 27.0, "mtu": 4096}}
     assert spec.merged(spec.load(name), rates) == spec.load(name, rates)
+
+
+# ---- every command that emulates prepares its run with prepare(): the scenario loaded once -----------
+
+class Built(Exception):
+    """Raised where the command builds its emulation: the scenario it was handed."""
+
+    def __init__(self, scenario: spec.Scenario):
+        super().__init__(scenario.name)
+        self.scenario = scenario
+
+
+@pytest.mark.parametrize("argv", [
+    ["emulate", "mini-hpn", "--set", "planes=1"],
+    ["run", "mini-hpn", "--set", "planes=1", "--collective", "all_reduce", "--transport", "tcp"],
+    ["demo", "mini-hpn", "--set", "planes=1", "--no-measure"],
+    ["fidelity", "mini-hpn", "--set", "planes=1"],
+], ids=lambda argv: argv[0])
+def test_a_command_that_emulates_loads_its_scenario_once_and_emulates_the_prepared_one(argv, measured, loads,
+                                                                                        monkeypatch):
+    from hpnlab.cli.main import main
+    from hpnlab.fabric import emulation
+
+    def built(scenario, options=None, **kw):
+        raise Built(scenario)
+    monkeypatch.setattr(emulation, "Emulation", built)
+    with pytest.raises(Built) as exc:
+        main(argv)
+    assert loads == ["mini-hpn"]
+    assert exc.value.scenario.planes == 1 and exc.value.scenario.name == "mini-hpn"
+    preset_mbps = spec.load("mini-hpn").emulation.host_mbps
+    sized = argv[0] != "emulate"              # emulate runs the scenario's rates; the others size them
+    assert (exc.value.scenario.emulation.host_mbps != preset_mbps) == sized
