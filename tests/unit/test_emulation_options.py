@@ -201,6 +201,12 @@ def test_emulate_flags_become_the_options_they_name():
     assert (o.cluster.servers, o.cluster.placement) == (("localhost", "node2"), "round-robin")
 
 
+def test_emulates_lock_wait_becomes_the_supervisions_and_run_waits_not():
+    from hpnlab.cli.args import emulation_options
+    assert emulation_options(parse(["emulate", "mini-hpn", "--lock-wait", "120"])).supervision.lock_wait_s == 120
+    assert emulation_options(parse(["run", "mini-hpn"])).supervision.lock_wait_s == 0
+
+
 def test_runs_rank_placement_is_not_taken_for_a_cluster_placement():
     from hpnlab.cli.args import emulation_options
     o = emulation_options(parse(["run", "mini-hpn", "--placement", "same-rail", "--arp", "per-host"]),
