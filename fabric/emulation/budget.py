@@ -42,6 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.emulation import kernel, ovs_sched, ovsdb, sizing
+from hpnlab.fabric.emulation.state import Lock
 from hpnlab.fabric.scenario.rates import ETH_HEADER as ETH
 from hpnlab.fabric.workload import report
 
@@ -94,7 +96,6 @@ def teardown(paths: int = 16) -> None:
 def build(port_type: str, mtu: int, run_id: str) -> None:
     """PATHS[0] paths through the chain, every switch port of ``port_type`` at ``mtu``; raises
     RuntimeError with OVS's error."""
-    from hpnlab.fabric.emulation import ovsdb
     teardown()
     args: list[str] = []
     for br in BRIDGES:
@@ -205,7 +206,6 @@ def tc_check(port_type: str, run_id: str, seconds: float) -> dict[str, Any]:
 def boost_ovs() -> tuple[int, int, int, int] | None:
     """ovs-vswitchd's main thread at nice -20, as an emulation runs it (``ovs_sched``); returns
     (pid, old policy, old priority, old nice) to put back."""
-    from hpnlab.fabric.emulation import ovs_sched
     try:
         return ovs_sched.apply()[0]
     except (OSError, ValueError):
@@ -306,7 +306,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.probe:
         args.port_types, args.repeat, args.seconds, args.tc_check = "system", 1, PROBE_SECONDS, False
     say = lambda m: print(m, flush=True)  # noqa: E731
-    from hpnlab.fabric.emulation import kernel, sizing
     if os.geteuid() != 0 or not shutil.which("ovs-vsctl") or not shutil.which("iperf3"):
         say("bench_ports: needs root, Open vSwitch and iperf3; nothing measured")
         return 0
@@ -319,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     frames = [FRAME_4K] if args.probe else sorted({64, args.mtu + ETH, FRAME_4K})
 
 
-    from hpnlab.fabric.emulation.state import Lock
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # unwind (teardown) on SIGTERM too
     lock = Lock()
     lock.acquire("bench_ports", wait_s=600)
@@ -338,7 +336,6 @@ def main(argv: list[str] | None = None) -> int:
         teardown()
         if old_sched is not None:
             try:
-                from hpnlab.fabric.emulation import ovs_sched
                 ovs_sched.restore(*old_sched)
             except OSError:
                 pass

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import yaml
 
+from hpnlab.fabric.routing.compiler import ARP_MODES
 from hpnlab.fabric.scenario import spec
 
 from ..errors import UserError
@@ -225,7 +226,6 @@ def check_on_controller_loss(choice: str) -> str:
 def check_arp_mode(mode: str, controller: str = "hpnlab") -> str:
     """``mode`` when it is one of the controller's ARP modes (``compiler.ARP_MODES``) and a controller
     that answers ARP runs, else a one-line UserError."""
-    from hpnlab.fabric.routing.compiler import ARP_MODES  # the compiler owns the modes (no import cycle)
     if mode not in ARP_MODES:
         raise UserError(f"--arp {mode!r}: one of {', '.join(ARP_MODES)}")
     if mode != "gateway" and controller != "hpnlab":

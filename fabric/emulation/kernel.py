@@ -31,6 +31,9 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpnlab.fabric.emulation import ovsdb
+from hpnlab.fabric.errors import UserError
+
 QDISCS = ("htb", "tbf", "netem", "red", "clsact", "fq_codel")
 # module name of each qdisc (kernel config symbol NET_SCH_*)
 _QDISC_MODULE = {"htb": "sch_htb", "tbf": "sch_tbf", "netem": "sch_netem", "red": "sch_red",
@@ -240,7 +243,6 @@ def probe(deep: bool = True) -> Capabilities:
     c.kernel = os.uname().release
     c.ovs_installed = shutil.which("ovs-vsctl") is not None
     if c.ovs_installed:
-        from hpnlab.fabric.emulation import ovsdb
         c.ovs_version = ovsdb.version()
         c.ovs_running = ovsdb.answers()
         if c.ovs_running:
@@ -282,7 +284,6 @@ def af_xdp_socket() -> bool:
 
 def port_type_request(flag: str | None, env: dict[str, str] | None = None) -> str:
     """The port type asked for: the flag, else ``$HPNLAB_PORT_TYPE``, else 'auto' (pure given env)."""
-    from hpnlab.fabric.errors import UserError
     value = flag or (env if env is not None else os.environ).get(PORT_TYPE_ENV) or "auto"
     if value not in PORT_TYPE_CHOICES:
         where = "--port-type" if flag else PORT_TYPE_ENV
@@ -304,7 +305,6 @@ def choose_port_type(requested: str, datapath: str, afxdp_types: list[str], need
     core taken from the generators) when nothing was measured. ``refused``: AF_XDP types the
     measurement found unable to carry this run (type -> why, e.g. its frame size); 'auto'
     leaves them out and a forced one is refused."""
-    from hpnlab.fabric.errors import UserError
     refused = refused or {}
     if requested not in PORT_TYPE_CHOICES:
         raise UserError(f"port type must be one of {', '.join(PORT_TYPE_CHOICES)}, got {requested!r}")

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hpnlab.fabric.scenario.graph import intf_name
 from hpnlab.fabric.scenario.rates import frame_bytes
 from hpnlab.fabric.workload.ecn import default_thresholds
 
@@ -493,7 +494,6 @@ def place(topo: Any, graph: Any, servers: list[str], placement: str) -> dict[str
 def planned(graph: Any, where: dict[str, str]) -> dict[str, tuple[list[str], list[str]]]:
     """server -> (bridges, root-namespace interfaces) the run will make there (pure): the
     switches placed on it, and their ports' interfaces (a host's ends live in its namespace)."""
-    from hpnlab.fabric.scenario.graph import intf_name
     out: dict[str, tuple[list[str], list[str]]] = {}
     for node, server in where.items():
         if graph.nodes[node]["tier"] > 0:

@@ -29,7 +29,8 @@ import sys
 import time
 from typing import Any
 
-from hpnlab.fabric.emulation import sizing
+from hpnlab.fabric.emulation import Emulation, sizing
+from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
@@ -60,8 +61,6 @@ def switch_rates(preset: str, budget: dict[str, Any]) -> tuple[dict[str, Any], i
 
 
 def one_run(preset: str, host_mbps: float, ratio: float, mtu: int) -> dict[str, Any]:
-    from hpnlab.fabric.emulation import Emulation
-    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
 
     overrides = {"emulation": {"host_mbps": host_mbps, "max_mbps": round(host_mbps * ratio, 3), "mtu": mtu}}
     options = EmulationOptions(supervision=SupervisionOptions(lock_wait_s=600))

@@ -61,8 +61,11 @@ from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.stats import median_of, spread, spread_text
 from hpnlab.fabric.workload.ecn import PRESETS
+from hpnlab.fabric.workload.ecn import parse as parse_ecn
+from hpnlab.fabric.workload.report import _save, read_json, write_json
 
 STATIC = ("low", "high", "dcqcn", "default")
 DYNAMIC = "dynamic"
@@ -130,7 +133,6 @@ def parse_settings(text: str) -> tuple[str, ...]:
     """``--settings``: a comma list of the ECN settings (presets and ``dynamic``) and static
     settings of one's own as ``KMIN:KMAX:PMAX`` (sizes in bytes, "6K" allowed: a threshold sweep
     beside the presets), each checked as ``--ecn`` checks it; one line per mistake."""
-    from hpnlab.fabric.workload.ecn import parse as parse_ecn
 
     out: list[str] = []
     for item in (i.strip() for i in str(text).split(",") if i.strip()):
@@ -501,7 +503,6 @@ def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hpnlab.fabric.workload.report import _save
 
     workloads = sorted({w for w, _ in docs})
     fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.2 * len(workloads)), squeeze=False)
@@ -543,7 +544,6 @@ def plot_figures(agg: dict[str, dict[str, dict[str, Any]]], path: str | Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hpnlab.fabric.workload.report import _save
 
     figures = (("busbw_gbs", "busbw (Mbit/s)", 8e3), ("p99_us", "message p99 (ms)", 1e-3),
                ("queue_p99_bytes", "queue p99 (KB)", 1e-3))
@@ -589,7 +589,6 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
     FILE.py: a policy of one's own, measured beside the statics). Returns the
     comparison document: {"meta", "records": [{"rep", "workload", "setting", "summary",
     "doc"} or {..., "unavailable"}], "aggregate", "ratios"}."""
-    from hpnlab.fabric.experiments import runner as experiment
 
     run = run or experiment.run
     dynamic_ok = dynamic_supported(run)
@@ -656,7 +655,6 @@ def _num(v: float | None, scale: float, unit: str) -> str:
 
 def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] = print) -> Path:
     """Write ``compare.json`` first, then print the tables and draw the plots."""
-    from hpnlab.fabric.workload.report import write_json
 
     out_dir = Path(out_dir)
     comp = {**comp, "targets": targets(comp["aggregate"]), "interference": interference(comp["aggregate"]),
@@ -713,7 +711,6 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from hpnlab.fabric.workload.report import read_json
 
     p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.experiments.compare_ecn", description=main.__doc__)
     p.add_argument("files", nargs="+", help="compare.json written by hpnlab run --compare ecn")

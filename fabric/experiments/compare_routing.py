@@ -51,10 +51,14 @@ from hpnlab.fabric.emulation.sizing import round_rate
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.experiments.runner import Plan
+from hpnlab.fabric.model import flow as model
 from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario.rates import emulated_mbps
 from hpnlab.fabric.stats import spread_text
 from hpnlab.fabric.tail import LineTail
 from hpnlab.fabric.transport.accounting import exactly_once
+from hpnlab.fabric.workload.collectives import busbw_factor
+from hpnlab.fabric.workload.report import _save, read_json
 
 MODES = ("ecmp", "flowlet", "spray", "adaptive", "adaptive+w")
 #: what --modes also takes: REPS's recycling (the ``reps`` entropy), for comparison with ``adaptive``
@@ -174,7 +178,6 @@ def predicted(g: Any, collective: str, size_bytes: int, hosts: list[str], modes:
     """The flow model's figures for each mode on the same ranks (``hosts``, in rank order), size and
     permutation seed, on the fabric as it is or with edge ``shaped`` (u, v, key) at ``factor`` of its
     rate: {mode: {"busbw_gbs" (at the model's real rates), "ratio_to_ecmp"}} (pure)."""
-    from hpnlab.fabric.model import flow as model
 
     if shaped is not None:
         g = g.copy()
@@ -230,7 +233,6 @@ def cell_bytes(collective: str, ranks: int, host_mbps: float, planes: int, targe
     busbw factor / time). Why: at the emulated rates an RTT is a few ms and the shortest
     retransmission timeout 40 ms; a cell of 0.1 s is set by one or two timeouts, a cell of
     1 s (hundreds of RTTs, 25 minimum timeouts) by the routing (pure)."""
-    from hpnlab.fabric.workload.collectives import busbw_factor
 
     line_bytes_s = planes * host_mbps * 1e6 / 8
     want = target_s * line_bytes_s / busbw_factor(collective, ranks)
@@ -332,7 +334,6 @@ def plot(summary: list[dict], path: str | Path, baseline: str = "ecmp") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hpnlab.fabric.workload.report import _save
 
     key = "busbw_ratio_to_" + baseline
     fabrics = sorted({r["fabric"] for r in summary}, key=lambda f: (f != "symmetric", f))
@@ -371,7 +372,6 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from hpnlab.fabric.workload.report import read_json
 
     p = argparse.ArgumentParser(prog="python -m hpnlab.fabric.experiments.compare_routing", description=main.__doc__)
     p.add_argument("file", help="compare-routing.json written by hpnlab run --compare routing")
@@ -418,7 +418,6 @@ def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...]
     emulated host rate); ``save`` gets the document so far after every cell (a run cut short
     keeps what it measured). Per cell it also records the machine's load average before and
     after, and the routing weights' changes the controller made meanwhile."""
-    from hpnlab.fabric.scenario.rates import emulated_mbps
 
     if reps < 1:
         raise UserError(f"--repeat must be at least 1, got {reps}")

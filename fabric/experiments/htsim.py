@@ -69,6 +69,7 @@ import numpy as np
 
 from hpnlab.fabric.model import corrections as mc
 from hpnlab.fabric.model import flow as model
+from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.workload import collectives as col
 
@@ -299,7 +300,6 @@ def fat_tree_network(hosts: int) -> tuple[model.Network, model.Job]:
                                            "spine_core_rate_gbps": LINK_GBPS, "switch_port_rate_gbps": LINK_GBPS}))
     for _u, _v, d in g.edges(data=True):
         d["delay_us"] = HOP_LATENCY_US
-    from hpnlab.fabric.routing import compiler
     net = model.Network(g, entropy_values=compiler.entropy_map(g).path_count())
     hosts_in_order = sorted(graph.hosts(g), key=lambda h: g.nodes[h]["index"])
     return net, model.Job(ranks=[(h, 0) for h in hosts_in_order])
@@ -389,7 +389,6 @@ def _before_network(hosts: int) -> tuple[model.Network, model.Job]:
     k = fat_tree_k(hosts)
     g = graph.build(spec.load("fat-tree", {"k": k, "host_rate_gbps": LINK_GBPS, "leaf_spine_rate_gbps": LINK_GBPS,
                                            "spine_core_rate_gbps": LINK_GBPS, "switch_port_rate_gbps": LINK_GBPS}))
-    from hpnlab.fabric.routing import compiler
     net = model.Network(g, entropy_values=compiler.entropy_map(g).path_count())
     hosts_in_order = sorted(graph.hosts(g), key=lambda h: g.nodes[h]["index"])
     return net, model.Job(ranks=[(h, 0) for h in hosts_in_order])

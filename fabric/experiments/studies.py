@@ -39,8 +39,10 @@ from typing import Any
 import networkx as nx
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments.fidelity import run_schedule
 from hpnlab.fabric.model import flow as model
-from hpnlab.fabric.scenario import graph, spec
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.scenario import analysis, graph, spec
 
 STUDIES = ("routing", "planes", "routes", "failures", "cross-campus")
 ALL_ROUTINGS = ("ecmp", "flowlet", "spray", "adaptive")
@@ -189,7 +191,6 @@ def study_planes(s: spec.Scenario, planes: Sequence[int] = (1, 2, 4, 8)) -> dict
 # ---- routes ------------------------------------------------------------------------------------------
 
 def study_routes(scenarios: Sequence[spec.Scenario]) -> dict[str, Any]:
-    from hpnlab.fabric.scenario import analysis
 
     t0 = time.monotonic()
     rows = []
@@ -198,7 +199,6 @@ def study_routes(scenarios: Sequence[spec.Scenario]) -> dict[str, Any]:
         switches = len(graph.switches(g))
         for policy in ("aggregate", "host-routes"):
             if switches <= COMPILE_MAX_SWITCHES:
-                from hpnlab.fabric.routing import compiler
 
                 summary = compiler.route_summary(g, policy)
                 per_switch = {n: r["routes"] for n, r in summary["switches"].items()}
@@ -283,7 +283,6 @@ def study_cross_campus(s: spec.Scenario, *, size_bytes: int, links: Sequence[int
       campus, then all-gather inside), the step whose speed the long-haul capacity sets:
       its efficiency is the shard's time at the NIC's line rate over the modelled time;
     * TP/EP inside: all-to-all among campus 0's hosts (one step, every pair at once), untouched by the long haul."""
-    from hpnlab.fabric.experiments.fidelity import run_schedule
     t0 = time.monotonic()
     if s.campuses < 2 or s.long_haul is None:
         raise UserError(f"the cross-campus study needs a scenario with two campuses and long_haul ({s.name} has "

@@ -48,6 +48,8 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from hpnlab.fabric.routing import compiler as cc
+
 MAX_HOPS = 6          # leaf, spine, core, far core, spine, leaf: 5 links, and one to spare
 DETOUR_HOPS = 2       # a bounced detour's extra links: down to the switch that bounces, back up
 DEEP_HOPS = 4         # a deep detour's: down to a spine, down to its leaf, back up twice
@@ -74,7 +76,6 @@ class Forwarding:
 
     def __init__(self, g: nx.MultiGraph, port_link: np.ndarray, head_switch: np.ndarray,
                  failed: set | None = None, sports: list[int] | None = None, converged: bool = True):
-        from hpnlab.fabric.routing import compiler as cc  # the model reads the compiler (no cycle at import)
         self.g: nx.MultiGraph | None = g
         self.ix: Any = cc.index_of(g)
         ix = self.ix

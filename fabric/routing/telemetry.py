@@ -45,6 +45,8 @@ from typing import Any
 
 import networkx as nx
 
+from hpnlab.fabric.scenario.rates import emulated_mbps
+
 PortKey = tuple[str, int]          # (switch name, OpenFlow port number)
 FAN_IN_SHARE = 0.05                # a port counts towards fan-in above this share of its rate
 STALE_INTERVALS = 2.5             # OpenFlow rates older than this many intervals are no longer shown
@@ -68,7 +70,6 @@ class PortInfo:
 
 def fabric_ports(g: nx.MultiGraph) -> dict[PortKey, PortInfo]:
     """Every switch egress port of the fabric graph with its peer and emulated rate (bits/s)."""
-    from hpnlab.fabric.scenario.rates import emulated_mbps
     s = g.graph["scenario"]
     out: dict[PortKey, PortInfo] = {}
     for u, v, d in g.edges(data=True):

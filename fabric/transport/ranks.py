@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from hpnlab.fabric import transport as tmod
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import report
@@ -61,7 +62,6 @@ def _cpu_s() -> float:
 
 def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
     """Run one rank of ``job`` in this process; returns (and emits) its result."""
-    from hpnlab.fabric import transport as tmod
 
     opts = dict(job.options)
     opts.setdefault("timeout_s", job.timeout_s)

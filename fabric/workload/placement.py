@@ -21,6 +21,7 @@ from typing import Any
 import networkx as nx
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario.addressing import ip_int
 from hpnlab.fabric.workload import collectives as col
 
@@ -166,7 +167,6 @@ def place(g: nx.MultiGraph, placement: str = "cross-rail", nranks: int | None = 
     cross-campus  ranks alternate between campuses (needs a scenario with campuses > 1):
                   every ring step crosses the long-haul links.
     """
-    from hpnlab.fabric.scenario import graph as fgraph
 
     if placement not in PLACEMENTS:
         raise UserError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
