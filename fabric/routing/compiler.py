@@ -932,6 +932,18 @@ def _rotation(ports: tuple, i: int, width: int) -> tuple:
     return tuple(ports[(i + k) % n] for k in range(min(n, width)))
 
 
+def _backups(ports: tuple, i: int, neighbour: Mapping[int, str] | None = None) -> tuple:
+    """The buckets of a set's group for pattern i: port i, then up to FF_BACKUPS more of the set in
+    rotation from it, those to another neighbour than port i's first (parallel links share their
+    neighbour's fate: a failed switch takes them all)."""
+    turn = _rotation(ports, i, len(ports))
+    if neighbour is not None:
+        mine = neighbour.get(turn[0])
+        turn = turn[:1] + tuple(q for q in turn[1:] if neighbour.get(q) != mine) + tuple(
+            q for q in turn[1:] if neighbour.get(q) == mine)
+    return turn[:1 + FF_BACKUPS]
+
+
 def _pattern_flows(meta_match, bonus: int, i: int, off: int, mask: int, out: tuple) -> tuple:
     return (Flow(TABLE_ENTROPY, PRIO_L4 + bonus, (("metadata", meta_match), ("eth_type", ETH_IPV4),
                                                   ("ip_proto", PROTO_UDP), ("udp_src", (i << off, mask << off))), out),
@@ -1358,13 +1370,53 @@ def _bounces(sw: _Sw, ix: FabricIndex) -> bool:
 
 
 def _returns(ix: FabricIndex, sw: _Sw) -> bool:
-    """May ``sw`` send a packet it cannot forward back where it came from? Only if every neighbour
-    is below it and bounces what comes down to it for someone else (a two-tier fabric's spine; a
-    fat-tree's core): the sender then sends it up another way, marked, and a marked packet never
-    takes a detour, so it cannot come back. A switch with a neighbour that does not bounce (a
-    spine under cores, a core with long-haul links) could get the packet straight back: no."""
-    return (not sw.up and not sw.lateral and bool(sw.down)
+    """May ``sw`` send a packet it cannot forward back where it came from? Only if it has nothing
+    above it and every neighbour below bounces what comes down to it for someone else (a two-tier
+    fabric's spine; a core whose spines each have two cores or more): the sender then sends it up
+    another way, marked, and a marked packet never takes a detour, so it cannot come back. What a
+    core sends back over a long-haul link, the far core detours down to its own spines instead of
+    sending it back again (:func:`_returned_flows`). A spine under cores: :func:`_returns_below`."""
+    return (not sw.up and bool(sw.down)
             and all(_bounces(ix.sw[n], ix) for _, n, _ in sw.down))
+
+
+def _core_pods(ix: FabricIndex, core: str) -> dict:
+    """A core's spines per pod below it (computed once per core)."""
+    memo = ix.shared.setdefault("core_pods", {})
+    pods = memo.get(core)
+    if pods is None:
+        by_pod: dict = {}
+        for _p, n, _k in ix.sw[core].down:
+            by_pod.setdefault(ix.sw[n].pod, set()).add(n)
+        pods = memo[core] = {pod: frozenset(names) for pod, names in by_pod.items()}
+    return pods
+
+
+def _forwards_anyway(ix: FabricIndex, sw: _Sw) -> bool:
+    """Does spine ``sw`` end its groups down with a bucket out of the port itself, live or not,
+    instead of back where the packet came from? Where some core above reaches ``sw``'s pod through
+    ``sw`` alone (a fat-tree's aggregation switch; a pod with one spine): what such a core brought
+    down and got back would have no way left into the pod but down another pod and up again, a
+    second down-up turn after the one at ``sw`` (a buffer-dependency risk in a lossless fabric). A
+    spine that sees none of its ports live yet gets packets only over links its neighbours see
+    live (a switch coming back: its BFD sessions come up a little after theirs); its way down is
+    then most likely up too, and the packet goes there, turning nowhere."""
+    if sw.tier != 2 or not sw.down:
+        return False
+    return any(ix.sw[c].tier == 3 and _core_pods(ix, c).get(sw.pod) == {sw.name} for _p, c, _k in sw.up)
+
+
+def _ending(ix: FabricIndex, sw: _Sw) -> Callable[[int], str | None]:
+    """How ``sw``'s groups out of a port end (:meth:`_Protection._end`): a spine whose way down
+    :func:`_forwards_anyway` "anyway" for its ports down; else "back" where it may send back what
+    it cannot forward (:func:`_returns`, :func:`_returns_below`); else nothing."""
+    if sw.tier == 1:
+        return lambda _port: None
+    back = "back" if _returns(ix, sw) or _returns_below(ix, sw) else None
+    if not _forwards_anyway(ix, sw):
+        return lambda _port: back
+    down = {p for p, _n, _k in sw.down}
+    return lambda port: "anyway" if port in down else back
 
 
 def _deep(ix: FabricIndex, sw: _Sw) -> bool:
@@ -1447,16 +1499,29 @@ class _Protection:
             self.groups[key] = g
         return (("group", g.group_id),)
 
-    def group(self, buckets: tuple, shared: dict, back: bool = False) -> tuple:
-        """A fast-failover group over ``buckets`` (ports); with ``back``, ending with the bucket back
-        out of the ingress port (see :meth:`detour` and :func:`_returns_below`)."""
-        if not back:
-            return self._interned(buckets, shared, lambda: tuple((q, (("output", q),)) for q in buckets))
+    def _end(self, shared: dict, end: str | None, port: int) -> tuple:
+        """The last bucket of a group (``end``, see :func:`_ending`): None, none; "back", out of the
+        port the packet came in on (:meth:`back`); "anyway", out of ``port`` live or not. Both
+        watch the indirect group of :meth:`back`, which is always live (Open vSwitch refuses a
+        fast-failover bucket that watches nothing)."""
+        if end is None:
+            return ()
         ((_, gid),) = self.back(shared)
-        return self._interned(buckets + (("back",),), shared, lambda: tuple(
-            (q, (("output", q),)) for q in buckets) + ((("group", gid), (("group", gid),)),))
+        if end == "back":
+            return ((("group", gid), (("group", gid),)),)
+        if end == "anyway":
+            return ((("group", gid), (("output", port),)),)
+        raise ValueError(f"unknown group end {end!r}")
 
-    def detour(self, port: int, detours: tuple, shared: dict, back: bool = False, deep: bool = False) -> tuple:
+    def group(self, buckets: tuple, shared: dict, end: str | None = None, detours: tuple = ()) -> tuple:
+        """A fast-failover group over ``buckets`` (ports), then ``detours`` (each clearing in_port
+        first, as in :meth:`detour`), then its ``end`` (:meth:`_end`, of the first port)."""
+        key = buckets + ((("detours", *detours),) if detours else ()) + (((end,),) if end else ())
+        tail = self._end(shared, end, buckets[0])      # here, not in the lambda: the switch holds its group
+        return self._interned(key, shared, lambda: tuple((q, (("output", q),)) for q in buckets) + tuple(
+            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
+
+    def detour(self, port: int, detours: tuple, shared: dict, end: str | None = None, deep: bool = False) -> tuple:
         """A one-port choice's fast-failover group: [that port, then its detours]. A detour may
         lead back to the switch the packet came from (a spine's detour for a dead way down to a
         leaf is another leaf, and packets from that leaf take it too): OpenFlow drops an output
@@ -1464,39 +1529,37 @@ class _Protection:
         that as an NXM load, as ``ovs-actions(7)`` describes for this case). That leaf bounces
         the packet up another spine as it would any other's.
 
-        With ``back`` (see :func:`_returns`) a last bucket sends the packet back out of the port it
-        came in on when the port and every detour are dead: the sender bounces it. That is the
-        state of a spine coming back from a failure: its leaves may see a link live before it
-        does (a BFD session comes up on one end first), and they send it traffic while it sees no
-        port live at all. The bucket goes to :meth:`back` and watches that group, which is always
-        live (Open vSwitch refuses a fast-failover bucket that watches nothing).
+        ``end`` "back" (see :func:`_returns`) adds a last bucket that sends the packet back out of
+        the port it came in on when the port and every detour are dead: the sender bounces it.
+        That is the state of a spine coming back from a failure: its leaves may see a link live
+        before it does (a BFD session comes up on one end first), and they send it traffic while it
+        sees no port live at all. ``end`` "anyway" (see :func:`_forwards_anyway`) instead sends it
+        out of the port itself, live or not.
 
         With ``deep`` (a core, see :func:`_deep`) each detour bucket also marks the packet
         ``DEEP_MAC``."""
-        key = ("detour", port, *detours) + (("back",) if back else ()) + (("deep",) if deep else ())
+        key = ("detour", port, *detours) + ((end,) if end else ()) + (("deep",) if deep else ())
         mark = (("set_field", "eth_src", DEEP_MAC),) if deep else ()
-        tail: tuple = ()
-        if back:
-            ((_, gid),) = self.back(shared)
-            tail = ((("group", gid), (("group", gid),)),)
+        tail = self._end(shared, end, port)      # here, not in the lambda: the switch holds its group
         return self._interned(key, shared, lambda: ((port, (("output", port),)),) + tuple(
             (q, mark + (("set_field", "in_port", 0), ("output", q))) for q in detours) + tail)
 
-    def returned(self, port: int, detours: tuple, shared: dict, deep: bool = False) -> tuple:
+    def returned(self, port: int, detours: tuple, shared: dict) -> tuple:
         """The detours of a one-port choice alone (see :func:`_returned_flows`): the group of
         :meth:`detour` without its first bucket, and with no way back."""
-        key = ("returned", port, *detours) + (("deep",) if deep else ())
-        mark = (("set_field", "eth_src", DEEP_MAC),) if deep else ()
+        key = ("returned", port, *detours)
         return self._interned(key, shared, lambda: tuple(
-            (q, mark + (("set_field", "in_port", 0), ("output", q))) for q in detours))
+            (q, (("set_field", "in_port", 0), ("output", q))) for q in detours))
 
     def back(self, shared: dict) -> tuple:
         """The indirect group that sends a packet back out of the port it came in on (OFPP_IN_PORT)."""
         return self._interned(("back",), shared, lambda: ((None, (("output", OFPP_IN_PORT),)),), kind="indirect")
 
-    def set_outs(self, ports: tuple, shared: dict, back: bool = False) -> tuple:
-        """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set]."""
-        return tuple(self.group(_rotation(ports, i, 1 + FF_BACKUPS), shared, back) for i in range(len(ports)))
+    def set_outs(self, ports: tuple, shared: dict, end: str | None = None, detours: tuple = (),
+                 neighbour: Mapping[int, str] | None = None) -> tuple:
+        """The entropy actions of a set: pattern i -> FF group [port i, then the next ports of the set
+        (those to other neighbours first, see :func:`_backups`), then ``detours``, then ``end``]."""
+        return tuple(self.group(_backups(ports, i, neighbour), shared, end, detours) for i in range(len(ports)))
 
     def encode(self, ports: tuple) -> tuple | None:
         """Route actions for a next-hop set from what is installed anyway, or None (needs new entries)."""
@@ -1531,9 +1594,10 @@ def _detours(ix: FabricIndex, sw: _Sw, ports: list[int]) -> dict[int, tuple]:
     up = {p for p, _, _ in sw.up}
     below_ports = [p for p, _ in below]
     out: dict[int, tuple] = {}
+    lateral = {p for p, _, _ in sw.lateral}
     for port in ports:
         t = target.get(port)
-        if t is None and not (sw.tier == 2 and port in up):
+        if t is None and not (sw.tier == 2 and port in up) and not (sw.tier == 3 and port in lateral):
             continue
         start = bisect.bisect_left(below_ports, port)
         picked: list[int] = []
@@ -1590,14 +1654,15 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
         pr.meta_values.add(meta)
     up_meta = pr.metas.get(up)
     singles = sorted(a[0] for a in actions if len(a) == 1)
-    detours = _detours(ix, sw, singles)
-    below = _returns_below(ix, sw)
-    back = _returns(ix, sw) or below
+    lateral = {p for p, _n, _k in sw.lateral}
+    detours = _detours(ix, sw, singles + sorted({s[0] for s in sets if s[0] in lateral}))
     deep = _deep(ix, sw)
+    neighbour = {p: n for p, n, _k in sw.up + sw.down + sw.lateral}
+    ending = _ending(ix, sw)
     for p in singles:
         d = detours.get(p, ())
-        pr.single[p] = pr.detour(p, d, shared, back, deep) if d else (("output", p),)
-    flows: list[Flow] = _returned_flows(ix, sw, hacts, detours, pr, deep)
+        pr.single[p] = pr.detour(p, d, shared, ending(p), deep) if d else (("output", p),)
+    flows: list[Flow] = _returned_flows(ix, sw, hacts, pr)
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)
     else:
@@ -1622,7 +1687,10 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             flows.append(Flow(TABLE_CLASSIFY, PRIO_BOUNCE, (("in_port", p), ("eth_type", ETH_IPV4)),
                               (("set_field", "eth_src", BOUNCE_MAC),) + act if act else ()))
     for ports, meta in pr.metas.items():
-        outs = pr.set_outs(ports, shared, below)
+        # a set across long-haul links detours as its one-port kind does (every link to a far core
+        # dead: that core failed); sets up and down do not (the rotation holds another neighbour)
+        outs = pr.set_outs(ports, shared, ending(ports[0]),
+                           detours.get(ports[0], ()) if ports[0] in lateral else (), neighbour)
         field = _field(ix, sw, ports)
         flows.extend(entropy_flows(ports, field, meta, outs))
         flows.extend(avoid_flows(ports, field, meta, outs))
@@ -1633,7 +1701,7 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             by_prefix[ix.level_prefix[level]] = ports
         for prefix, ports in by_prefix.items():
             if len(ports) >= 2:
-                act = pr.group(_rotation(ports, 0, 1 + FF_BACKUPS), shared, below)
+                act = pr.group(_backups(ports, 0, neighbour), shared, ending(ports[0]) if sw.tier == 2 else None)
             else:
                 act = tuple(("output", p) for p in ports)
             flows.append(Flow(TABLE_BOUNCED, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix), act))
@@ -1642,37 +1710,46 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     return pr
 
 
-def _returned_flows(ix: FabricIndex, sw: _Sw, hacts: tuple, detours: Mapping[int, tuple], pr: _Protection,
-                    deep: bool) -> list[Flow]:
-    """A core's table-0 entries for what a spine sent back (:func:`_returns_below`): a packet that
-    comes up from spine t for t's own pod never does otherwise (a spine sends up only what is
-    for outside its pod), so t could not forward it. The core's way into the pod would send it
-    back down to t, an output to the ingress port, which OpenFlow skips: instead, where t is the
-    core's only link into the pod, it takes that way's detours at once (marked deep where the
-    core detours deep); where the way is a next-hop set, the set without t, marked bounced (a
-    marked packet is never sent back by a spine's table 3 to a core that would return it: no
-    ping-pong between two spines coming back at once)."""
+def _returned_flows(ix: FabricIndex, sw: _Sw, hacts: tuple, pr: _Protection) -> list[Flow]:
+    """A core's table-0 entries for what a neighbour sent back because it could not forward it.
+
+    From spine t (:func:`_returns_below`), a packet for t's own pod: it never comes up otherwise
+    (a spine sends up only what is for outside its pod). The core's way into the pod would send it
+    back down to t, an output to the ingress port, which OpenFlow skips: where the way is a
+    next-hop set, the core takes the set without t instead, marked bounced (a marked packet is
+    never sent back by a spine's table 3 to a core that would return it: no ping-pong between two
+    spines coming back at once). Where t is the core's only way into the pod, t never sends back
+    what comes from above (:func:`_forwards_anyway`): any other way would turn twice.
+
+    From far core c over a long-haul link (:func:`_returns`), a packet for c's campus: it never
+    comes that way otherwise. The core detours it down to its spines (which bounce it up another
+    core, to another core of c's campus), as its own way to c does when that way is dead; with no
+    such spine it is dropped here rather than sent over a parallel link back to c."""
     if sw.tier != 3:
         return []
     default, exceptions = hacts
     out = []
     for p, n, _k in sw.down:
         t = ix.sw[n]
-        if not _returns_below(ix, t):
+        if not _returns_below(ix, t) or _forwards_anyway(ix, t):
             continue
         ways = {exceptions.get(d, default) for _q, d, _k2 in t.down}
         if len(ways) != 1:
             continue
         (way,) = ways
-        act: tuple | None = None
-        if way == (p,) and detours.get(p):
-            act = pr.returned(p, detours[p], ix.shared, deep)
-        elif len(way) >= 2 and p in way and way in pr.metas:
+        if len(way) >= 2 and p in way and way in pr.metas:
             act = (("set_field", "eth_src", BOUNCE_MAC), ("metadata", avoid_meta(pr.metas[way], way.index(p))),
                    ("goto", TABLE_ENTROPY))
-        if act is not None:
             own = ix.level_prefix[next(iter(_scope(ix, t)))]
             out.append(Flow(TABLE_CLASSIFY, PRIO_RETURNED, (("in_port", p),) + _route_match(own), act))
+    for q, c, _k in sw.lateral:
+        far = ix.sw[c]
+        if not _returns(ix, far):
+            continue
+        detours = _detours(ix, sw, [q]).get(q, ())
+        act = pr.returned(q, detours, ix.shared) if detours else DROP
+        campus = ix.level_prefix[("campus", far.plane, ix.graph.nodes[c].get("campus", 0))]
+        out.append(Flow(TABLE_CLASSIFY, PRIO_RETURNED, (("in_port", q),) + _route_match(campus), act))
     return out
 
 

@@ -465,47 +465,105 @@ class FabricTables:
                 stack.append((value, fixed | new))
         return out
 
+    def walk_branches(self, src: str, dst: str, plane: int, **kw) -> list[tuple[int, int, Walk]]:
+        """Every entropy branch of a UDP packet src -> dst, as ``send_branches`` gives them, but
+        walked once up to each switch that looks at source-port bits not fixed yet: there the walk
+        splits into one branch per pattern of those bits, and each goes on from that switch. So the
+        hops before a split are walked once, and a branch is split only where its own path needs
+        it: [(source port, fixed mask, walk)], each walk standing for every source port that
+        agrees with its port on its fixed mask (the fewest branches that tell every path apart)."""
+        kw.pop("sport", None)
+        sport, pkt = self.packet(src, dst, plane, sport=0xC000, **kw)
+        out: list[tuple[int, int, Walk]] = []
+        # (node, port, packet, fixed mask, hops, states met)
+        stack: list[tuple[str, int, dict, int, list, set]] = [(src, sport["intf"], pkt, 0, [], set())]
+        while stack:
+            node, port, pkt, fixed, hops, seen = stack.pop()
+            while True:
+                step = self._arrive(node, port, pkt, hops)
+                if isinstance(step, Walk):
+                    out.append((pkt["udp_src"], fixed, step))
+                    break
+                peer, peer_port = step
+                new = self._sport_mask[peer] & ~fixed
+                if new:
+                    bits = [b for b in range(16) if new >> b & 1]
+                    for pattern in range(1 << len(bits)):
+                        value = pkt["udp_src"] & ~new
+                        for i, b in enumerate(bits):
+                            if pattern >> i & 1:
+                                value |= 1 << b
+                        stack.append((node, port, dict(pkt, udp_src=value), fixed | new, list(hops), set(seen)))
+                    break
+                done = self._forward(peer, peer_port, pkt, hops, seen)
+                if isinstance(done, Walk):
+                    out.append((pkt["udp_src"], fixed, done))
+                    break
+                node, port, pkt = peer, done[0], done[1]
+                if len(hops) >= self.MAX_HOPS:
+                    out.append((pkt["udp_src"], fixed, Walk("loop", f"more than {self.MAX_HOPS} hops", hops)))
+                    break
+        return out
+
+    def _arrive(self, node: str, port: int, pkt: dict, hops: list) -> Walk | tuple[str, int]:
+        """A packet sent out of ``node``'s ``port``: the walk's end (a dead link, a host), or the
+        switch and port it arrives at."""
+        nxt = self.peer.get((node, port))
+        if nxt is None:
+            return Walk("dropped", f"{node} port {port}: not connected", hops)
+        peer, peer_port, lid = nxt
+        if not self.carries(lid, peer):
+            return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
+        if self.g.nodes[peer]["tier"] == 0:
+            me = next((p for p in self._host_ports(peer) if p["intf"] == peer_port), None)
+            arp = pkt.get("eth_type") == compiler.ETH_ARP
+            to = pkt.get("arp_tpa", 0) if arp else pkt.get("ipv4_dst")
+            if me is None or ip_int(me["ip"]) != to:
+                return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
+            if pkt.get("eth_dst", me["mac"]) not in (me["mac"], "ff:ff:ff:ff:ff:ff"):
+                return Walk("dropped", f"{peer} intf {peer_port}: Ethernet destination {pkt['eth_dst']} is not "
+                            f"its MAC {me['mac']}", hops, (peer, peer_port))
+            return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port), dict(pkt))
+        if not self.has_state(peer):
+            return Walk("dropped", f"{peer}: no state (switch failed)", hops)
+        self.tables(peer)
+        return peer, peer_port
+
+    def _forward(self, peer: str, peer_port: int, pkt: dict, hops: list, seen: set) -> Walk | tuple[int, dict]:
+        """``peer``'s pipeline for ``pkt`` in at ``peer_port``: the walk's end (a drop, a loop), or
+        the port it goes out of and the header it leaves with (``hops`` and ``seen`` updated)."""
+        p = dict(pkt, in_port=peer_port)
+        state = (peer, peer_port, pkt.get("eth_src"))
+        out, changes = self._pipeline(peer, p)
+        if changes:
+            pkt = dict(pkt, **dict(changes))
+        # a switch met again in the same state (same port in, same header) forwards the
+        # same way again: a loop. (A detour may cross a switch twice, from another port.)
+        if state in seen:
+            hops.append((peer, peer_port, out))
+            return Walk("loop", f"{peer} visited twice from port {peer_port}", hops)
+        seen.add(state)
+        hops.append((peer, peer_port, out))
+        if out is None:
+            return Walk("dropped", f"{peer}: no route / drop", hops)
+        return out, pkt
+
     def inject(self, host: str, intf: int, pkt: dict) -> Walk:
         """Send ``pkt`` out of a host interface and follow it."""
         hops: list = []
         node, port = host, intf
-        seen = set()
+        seen: set = set()
         if pkt.get("eth_type") == compiler.ETH_ARP:
             pkt = dict(pkt, **{k: ip_int(pkt[k]) for k in ("arp_spa", "arp_tpa") if isinstance(pkt.get(k), str)})
         for _ in range(self.MAX_HOPS):
-            nxt = self.peer.get((node, port))
-            if nxt is None:
-                return Walk("dropped", f"{node} port {port}: not connected", hops)
-            peer, peer_port, lid = nxt
-            if not self.carries(lid, peer):
-                return Walk("dropped", f"{node} port {port}: link to {peer} is down", hops)
-            if self.g.nodes[peer]["tier"] == 0:
-                me = next((p for p in self._host_ports(peer) if p["intf"] == peer_port), None)
-                arp = pkt.get("eth_type") == compiler.ETH_ARP
-                to = pkt.get("arp_tpa", 0) if arp else pkt.get("ipv4_dst")
-                if me is None or ip_int(me["ip"]) != to:
-                    return Walk("dropped", f"{peer} intf {peer_port}: not its address", hops, (peer, peer_port))
-                if pkt.get("eth_dst", me["mac"]) not in (me["mac"], "ff:ff:ff:ff:ff:ff"):
-                    return Walk("dropped", f"{peer} intf {peer_port}: Ethernet destination {pkt['eth_dst']} is not "
-                                f"its MAC {me['mac']}", hops, (peer, peer_port))
-                return Walk("delivered", f"{peer} intf {peer_port}", hops, (peer, peer_port), dict(pkt))
-            if not self.has_state(peer):
-                return Walk("dropped", f"{peer}: no state (switch failed)", hops)
-            p = dict(pkt, in_port=peer_port)
-            state = (peer, peer_port, pkt.get("eth_src"))
-            out, changes = self._pipeline(peer, p)
-            if changes:
-                pkt = dict(pkt, **dict(changes))
-            # a switch met again in the same state (same port in, same header) forwards the
-            # same way again: a loop. (A detour may cross a switch twice, from another port.)
-            if state in seen:
-                hops.append((peer, peer_port, out))
-                return Walk("loop", f"{peer} visited twice from port {peer_port}", hops)
-            seen.add(state)
-            hops.append((peer, peer_port, out))
-            if out is None:
-                return Walk("dropped", f"{peer}: no route / drop", hops)
-            node, port = peer, out
+            step = self._arrive(node, port, pkt, hops)
+            if isinstance(step, Walk):
+                return step
+            peer, peer_port = step
+            done = self._forward(peer, peer_port, pkt, hops, seen)
+            if isinstance(done, Walk):
+                return done
+            node, (port, pkt) = peer, done
         return Walk("loop", f"more than {self.MAX_HOPS} hops", hops)
 
     def _pipeline(self, switch: str, pkt: dict) -> tuple[int | None, tuple]:
