@@ -1411,7 +1411,7 @@ def _ending(ix: FabricIndex, sw: _Sw) -> Callable[[int], str | None]:
     :func:`_forwards_anyway` "anyway" for its ports down; else "back" where it may send back what
     it cannot forward (:func:`_returns`, :func:`_returns_below`); else nothing."""
     if sw.tier == 1:
-        return lambda _port: None
+        return lambda _port: "anyway"
     back = "back" if _returns(ix, sw) or _returns_below(ix, sw) else None
     if not _forwards_anyway(ix, sw):
         return lambda _port: back
@@ -1701,7 +1701,8 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             by_prefix[ix.level_prefix[level]] = ports
         for prefix, ports in by_prefix.items():
             if len(ports) >= 2:
-                act = pr.group(_backups(ports, 0, neighbour), shared, ending(ports[0]) if sw.tier == 2 else None)
+                end = ending(ports[0])
+                act = pr.group(_backups(ports, 0, neighbour), shared, end if end == "anyway" else None)
             else:
                 act = tuple(("output", p) for p in ports)
             flows.append(Flow(TABLE_BOUNCED, PRIO_ROUTE_BASE + prefix[1], _route_match(prefix), act))

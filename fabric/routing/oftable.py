@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import groupby
+from typing import NamedTuple
 
 import networkx as nx
 
@@ -66,6 +67,32 @@ class Walk:
     hops: list = field(default_factory=list)
     delivered_to: tuple | None = None   # (host, interface number)
     packet: dict = field(default_factory=dict)   # the header as it arrived (delivered walks)
+
+
+class Branch(NamedTuple):
+    """One branch of ``FabricTables.walk_branches``: a path and every source port that takes it."""
+    sport: int              # one source port that takes it
+    mask: int               # the source-port bits some switch on the path looked at
+    patterns: frozenset     # the values of those bits that take this path
+    walk: Walk
+
+    @property
+    def ports(self) -> int:
+        """How many of the 2**16 source ports take this path."""
+        return len(self.patterns) << (16 - bin(self.mask).count("1"))
+
+
+def _patterns(mask: int) -> list[int]:
+    """Every value of the bits of ``mask`` (the other bits 0)."""
+    bits = [b for b in range(16) if mask >> b & 1]
+    out = []
+    for pattern in range(1 << len(bits)):
+        value = 0
+        for i, b in enumerate(bits):
+            if pattern >> i & 1:
+                value |= 1 << b
+        out.append(value)
+    return out
 
 
 def _field_of(f: compiler.Flow, k: str) -> tuple | None:
@@ -465,43 +492,60 @@ class FabricTables:
                 stack.append((value, fixed | new))
         return out
 
-    def walk_branches(self, src: str, dst: str, plane: int, **kw) -> list[tuple[int, int, Walk]]:
-        """Every entropy branch of a UDP packet src -> dst, as ``send_branches`` gives them, but
-        walked once up to each switch that looks at source-port bits not fixed yet: there the walk
-        splits into one branch per pattern of those bits, and each goes on from that switch. So the
-        hops before a split are walked once, and a branch is split only where its own path needs
-        it: [(source port, fixed mask, walk)], each walk standing for every source port that
-        agrees with its port on its fixed mask (the fewest branches that tell every path apart)."""
+    def walk_branches(self, src: str, dst: str, plane: int, **kw) -> list[Branch]:
+        """Every path a UDP packet src -> dst can take, whatever its source port: the same cover as
+        ``send_branches``, walked as a tree. A walk goes on as one branch while every source port it
+        stands for is sent the same way; at a switch whose tables look at bits of the source port
+        (its entropy table), the patterns of those bits -- each looked up by that switch's tables --
+        that it sends one way go on together, one branch per way. So a branch is a path, and its
+        ``patterns`` are every value of the bits looked at on the way (``mask``) that takes it: the
+        branches' patterns partition all 2**16 source ports (``Branch.ports``)."""
         kw.pop("sport", None)
-        sport, pkt = self.packet(src, dst, plane, sport=0xC000, **kw)
-        out: list[tuple[int, int, Walk]] = []
-        # (node, port, packet, fixed mask, hops, states met)
-        stack: list[tuple[str, int, dict, int, list, set]] = [(src, sport["intf"], pkt, 0, [], set())]
+        base = 0xC000
+        sport, pkt = self.packet(src, dst, plane, sport=base, **kw)
+        out: list[Branch] = []
+        # (node, port, packet, mask looked at, patterns under it, hops, states met)
+        stack: list[tuple[str, int, dict, int, frozenset, list, set]] = [
+            (src, sport["intf"], pkt, 0, frozenset([0]), [], set())]
         while stack:
-            node, port, pkt, fixed, hops, seen = stack.pop()
+            node, port, pkt, fixed, patterns, hops, seen = stack.pop()
             while True:
                 step = self._arrive(node, port, pkt, hops)
                 if isinstance(step, Walk):
-                    out.append((pkt["udp_src"], fixed, step))
+                    out.append(Branch(pkt["udp_src"], fixed, patterns, step))
                     break
                 peer, peer_port = step
-                new = self._sport_mask[peer] & ~fixed
+                mask = self._sport_mask[peer]
+                new = mask & ~fixed
                 if new:
-                    bits = [b for b in range(16) if new >> b & 1]
-                    for pattern in range(1 << len(bits)):
-                        value = pkt["udp_src"] & ~new
-                        for i, b in enumerate(bits):
-                            if pattern >> i & 1:
-                                value |= 1 << b
-                        stack.append((node, port, dict(pkt, udp_src=value), fixed | new, list(hops), set(seen)))
+                    patterns = frozenset(v | b for v in patterns for b in _patterns(new))
+                    fixed |= new
+                ways: dict[tuple, set[int]] = {}
+                if mask:
+                    looked: dict[int, tuple] = {}
+                    probe = dict(pkt, in_port=peer_port)
+                    for v in patterns:
+                        key = v & mask
+                        way = looked.get(key)
+                        if way is None:
+                            probe["udp_src"] = (base & ~fixed) | v
+                            way = looked[key] = self._pipeline(peer, probe)
+                        ways.setdefault(way, set()).add(v)
+                if len(ways) > 1:
+                    for vs in ways.values():
+                        rep = min(vs)
+                        stack.append((node, port, dict(pkt, udp_src=(base & ~fixed) | rep), fixed, frozenset(vs),
+                                      list(hops), set(seen)))
                     break
+                pkt = dict(pkt, udp_src=(base & ~fixed) | min(patterns))
                 done = self._forward(peer, peer_port, pkt, hops, seen)
                 if isinstance(done, Walk):
-                    out.append((pkt["udp_src"], fixed, done))
+                    out.append(Branch(pkt["udp_src"], fixed, patterns, done))
                     break
                 node, port, pkt = peer, done[0], done[1]
                 if len(hops) >= self.MAX_HOPS:
-                    out.append((pkt["udp_src"], fixed, Walk("loop", f"more than {self.MAX_HOPS} hops", hops)))
+                    out.append(Branch(pkt["udp_src"], fixed, patterns,
+                                      Walk("loop", f"more than {self.MAX_HOPS} hops", hops)))
                     break
         return out
 

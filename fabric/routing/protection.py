@@ -355,7 +355,8 @@ def prove_event(g: nx.MultiGraph, event: Event, healthy: Mapping[str, compiler.S
             reach[key] = valley_free_reachable(g, dead, *key, oracle)
         alive = up(s) and up(d) and reach[key]
         v.live += alive
-        for sport, _fixed, w in net.walk_branches(s["host"], d["host"], plane, src_rail=s["rail"], dst_rail=d["rail"]):
+        for sport, _mask, _patterns, w in net.walk_branches(s["host"], d["host"], plane, src_rail=s["rail"],
+                                                             dst_rail=d["rail"]):
             v.branches += 1
             n = turns(g, w.hops)
             v.most_turns = max(v.most_turns, n)
