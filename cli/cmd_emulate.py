@@ -43,11 +43,14 @@ def register(sub) -> None:
                    help="the same as --ovs-sched off (its earlier name)")
     p.add_argument("--failover-probe", metavar="KINDS",
                    help="measure the loss window at a receiver: paced UDP flows (differing in source port) "
-                        "through a leaf-spine link failure; comma list of both, one-side, gray, tc-idle, link-idle, "
-                        "none")
+                        "through a leaf-spine link failure; comma list of both, one-side, gray, switch (a whole "
+                        "switch down: --probe-switch), tc-idle, link-idle, none")
     p.add_argument("--repeat", type=int, default=5, metavar="N", help="failover probe repetitions per kind (default 5)")
     p.add_argument("--probe-link", metavar="LEAF-SPINE", help="the link the probe fails (default: the first leaf's "
                                                               "first uplink)")
+    p.add_argument("--probe-switch", metavar="SWITCH",
+                   help="the switch the 'switch' probe fails (default: the first core of plane 0, else its first "
+                        "spine); the flows cross it (from another campus to a core's, from a spine's pod)")
     p.add_argument("--probe-flows", type=int, default=16, metavar="N", help="probe flows (default 16)")
     p.add_argument("--probe-pps", type=float, default=6000.0, metavar="P",
                    help="probe packets/s, all flows together (default 6000)")
@@ -106,7 +109,7 @@ def cmd_emulate(args) -> int:
             raise UserError(f"--probe-link must name a leaf and a spine like p0l0-p0s0, got {args.probe_link!r}")
         if args.repeat < 1:
             raise UserError("--repeat must be at least 1")
-        probe = failover.Probe(link=link, flows=args.probe_flows, pps=args.probe_pps,
+        probe = failover.Probe(link=link, switch=args.probe_switch, flows=args.probe_flows, pps=args.probe_pps,
                                hold_s=args.probe_hold, freeze_controller=args.freeze_controller)
         for k in kinds:
             failover.Probe(kind=k).check()
@@ -116,7 +119,9 @@ def cmd_emulate(args) -> int:
     emu = Emulation(prepared.scenario, options)
     events = tl.load(args.timeline, emu.graph) if args.timeline else None
     if probe is not None:
-        failover.endpoints(emu.graph, probe.link)      # a wrong link: one line before anything is built
+        failover.endpoints(emu.graph, probe.link)      # a wrong link or switch: one line before anything is built
+        if "switch" in kinds:
+            failover.switch_endpoints(emu.graph, probe.switch)
     say = lambda m: print(m, flush=True)  # noqa: E731
     say(f"emulating {emu.scenario.name}: {len(emu.hosts)} hosts, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")

@@ -10,7 +10,10 @@ through ``hpnlab.fabric.emulation.losswindow``. Kinds of failure (``KINDS``):
 
 - ``both``: both interfaces down; ``one-side``: only the leaf's (with veth the spine loses
   carrier too); ``gray``: the leaf's egress drops everything, the link stays up (only BFD
-  can see it); ``tc-idle``: no failure at all, a pass-through tc filter is added to and
+  can see it); ``switch``: a whole switch down (``switch``: default the first core of plane 0,
+  else its first spine), with the flows sent across it (``switch_endpoints``: from another
+  campus to the core's, from the spine's pod to another leaf) and the detection read at the
+  neighbour that sends into it; ``tc-idle``: no failure at all, a pass-through tc filter is added to and
   removed from an interface that carries none of the flows (the stall probe: does a tc
   change alone disturb forwarding?); ``link-idle``: no failure either, a veth pair of the
   root namespace that Open vSwitch does not own is set up and down (the other stall
@@ -44,10 +47,10 @@ from ..errors import UserError
 from . import send_trace
 from . import timeline as tl
 
-KINDS = ("both", "one-side", "gray", "tc-idle", "link-idle", "none")
+KINDS = ("both", "one-side", "gray", "switch", "tc-idle", "link-idle", "none")
 #: how each kind fails and repairs (timeline actions)
 ACTIONS = {"both": ("link_down", "link_up"), "one-side": ("link_down_one_side", "link_up"),
-           "gray": ("link_drop", "link_restore")}
+           "gray": ("link_drop", "link_restore"), "switch": ("switch_down", "switch_up")}
 #: a pass-through classic BPF program (TC_ACT_OK) for the tc-idle probe
 PASS_BYTECODE = "1,6 0 0 0,"
 UDP_PORT = 5999
@@ -57,6 +60,7 @@ UDP_PORT = 5999
 class Probe:
     kind: str = "both"
     link: tuple[str, str] | None = None     # (leaf, spine); default: the source leaf's first uplink
+    switch: str | None = None               # kind "switch": the switch that fails (see switch_endpoints)
     flows: int = 16
     pps: float = 6000.0
     fail_at_s: float = 1.0
@@ -100,6 +104,66 @@ def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, 
     if dst is None:
         raise UserError(f"failover probe: no host on plane {plane} under another leaf than {leaf}")
     return src[0], src[1]["ip"], dst[0], dst[1]["ip"], (leaf, spine)
+
+
+def default_switch(graph) -> str:
+    """The switch a ``switch`` probe fails by default: plane 0's first core, else its first spine."""
+    for tier in (3, 2):
+        found = sorted((d["index"], n) for n, d in graph.nodes(data=True) if d["tier"] == tier and d.get("plane", 0) == 0)
+        if found:
+            return found[0][1]
+    raise UserError("failover probe: this fabric has no spine or core to fail")
+
+
+def switch_endpoints(graph, switch: str | None) -> tuple[str, str, str, str, tuple[str, str]]:
+    """(src host, src ip, dst host, dst ip, (neighbour, switch)) for a switch failure: flows that can
+    cross the switch, on its plane. A core: the receiver under a leaf of the core's campus, the
+    sender in another campus (else another pod); the neighbour is the core of the sender's campus
+    with a link to it (else a spine of the sender's pod under it). A spine: the sender under a leaf
+    of its pod, the receiver under another leaf (of another pod where the pod has one leaf); the
+    neighbour is the sender's leaf. A leaf takes its own hosts with it: refused."""
+    from hpnlab.fabric.emulation.mn import host_interfaces
+    switch = switch or default_switch(graph)
+    if switch not in graph or graph.nodes[switch]["tier"] == 0:
+        raise UserError(f"failover probe: no switch {switch} in this fabric")
+    d = graph.nodes[switch]
+    if d["tier"] == 1:
+        raise UserError(f"failover probe: {switch} is a leaf; a failed leaf takes its hosts with it (fail a spine "
+                        "or a core)")
+    plane = d.get("plane", 0)
+    ports = sorted((h, p) for h, hd in graph.nodes(data=True) if hd["tier"] == 0 for p in host_interfaces(graph, h)
+                   if p["plane"] == plane)
+    leaf = {n: graph.nodes[n] for n in graph if graph.nodes[n]["tier"] == 1}
+    campus = d.get("campus", 0)
+    if d["tier"] == 3:
+        other_campus = [(h, p) for h, p in ports if leaf[p["leaf"]].get("campus", 0) != campus]
+        mine = [(h, p) for h, p in ports if leaf[p["leaf"]].get("campus", 0) == campus]
+        if other_campus and mine:
+            src, dst = other_campus[0], next(x for x in mine if x[0] != other_campus[0][0])
+        else:
+            pods = {leaf[p["leaf"]]["pod"] for _h, p in ports}
+            if len(pods) < 2:
+                raise UserError(f"failover probe: no flow crosses core {switch} (one pod, one campus)")
+            src = ports[0]
+            dst = next(x for x in ports if leaf[x[1]["leaf"]]["pod"] != leaf[src[1]["leaf"]]["pod"])
+        src_campus = leaf[src[1]["leaf"]].get("campus", 0)
+        near = sorted(n for n in graph.neighbors(switch) if graph.nodes[n]["tier"] == 3
+                      and graph.nodes[n].get("campus", 0) == src_campus)
+        if not near:
+            near = sorted(n for n in graph.neighbors(switch) if graph.nodes[n]["tier"] == 2
+                          and graph.nodes[n]["pod"] == leaf[src[1]["leaf"]]["pod"])
+    else:
+        inside = [(h, p) for h, p in ports if leaf[p["leaf"]].get("campus", 0) == campus
+                  and leaf[p["leaf"]]["pod"] == d["pod"] and graph.has_edge(p["leaf"], switch)]
+        if not inside:
+            raise UserError(f"failover probe: no host under spine {switch}")
+        src = inside[0]
+        dst = next((x for x in inside if x[1]["leaf"] != src[1]["leaf"] and x[0] != src[0]), None) or next(
+            (x for x in ports if x[1]["leaf"] != src[1]["leaf"] and x[0] != src[0]), None)
+        if dst is None:
+            raise UserError(f"failover probe: no receiver for a flow across {switch}")
+        near = [src[1]["leaf"]]
+    return src[0], src[1]["ip"], dst[0], dst[1]["ip"], (near[0], switch)
 
 
 def idle_interface(emu, busy: set[str]) -> str:
@@ -289,7 +353,10 @@ class VconnDebug:
 def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, Any]:
     """One repetition; returns the loss-window analysis of its two events plus detection times."""
     probe.check()
-    src, sip, dst, dip, (leaf, spine) = endpoints(emu.graph, probe.link)
+    if probe.kind == "switch":      # (the neighbour that sends into it, the switch)
+        src, sip, dst, dip, (leaf, spine) = switch_endpoints(emu.graph, probe.switch)
+    else:
+        src, sip, dst, dip, (leaf, spine) = endpoints(emu.graph, probe.link)
     run_dir = emu.state.run_dir
     out = run_dir / f"failover-{probe.kind}-{rep}.npz"
     seconds = probe.fail_at_s + probe.hold_s + probe.after_s
@@ -320,6 +387,10 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
             target: Any = idle or TcIdle(emu, idle_interface(emu, {leaf, spine}) if probe.kind == "tc-idle" else None)
             events = [tl.Event(probe.fail_at_s, "link_down", (leaf, spine), k0),
                       tl.Event(probe.fail_at_s + probe.hold_s, "link_up", (leaf, spine), k0)]
+        elif probe.kind == "switch":
+            target = emu
+            events = [tl.Event(probe.fail_at_s, "switch_down", (spine,)),
+                      tl.Event(probe.fail_at_s + probe.hold_s, "switch_up", (spine,))]
         else:
             target = emu.faults
             fail, repair = ACTIONS[probe.kind]
@@ -362,6 +433,7 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
     if sends is not None and sends.reason is not None:
         result["stages"]["dead_port_trace"] = sends.reason
     result.update(kind=probe.kind, rep=rep, load_avg_1min=round(os.getloadavg()[0], 2), link=[leaf, spine],
+                  switch=spine if probe.kind == "switch" else None,
                   src=src, dst=dst, sent=sent.get("sent"),
                   timeline=records, controller_frozen=frozen)
     for ev in result["events"]:

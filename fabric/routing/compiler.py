@@ -1449,17 +1449,43 @@ def _deep_target(ix: FabricIndex, sw: _Sw) -> bool:
 
 def _returns_below(ix: FabricIndex, sw: _Sw) -> bool:
     """May spine ``sw``, under cores, send a packet it cannot forward back where it came from? Yes
-    when every neighbour below bounces and every core above is wired to it by one link. A
-    neighbour below bounces what it gets back (or drops it, if it is marked already). A core that
-    gets back what it sent down sends it another way (:func:`_returned_flows`), or drops it: its
-    route would send it down the link it came back by, and OpenFlow skips an output to the
-    ingress port. A core with parallel links would send it down another of them: no. What a core
-    marked deep never comes back this way (the deep group has no such bucket)."""
+    when every neighbour below bounces and every neighbour above is a core. A neighbour below
+    bounces what it gets back (or drops it, if it is marked already). A core that gets back what it
+    brought down sends it into the pod by its other spines (:func:`_returned_flows`), or drops it:
+    its route would send it down the link it came back by, and OpenFlow skips an output to the
+    ingress port. Where a core reaches the pod through ``sw`` alone, ``sw`` does not send back
+    what comes down (:func:`_forwards_anyway`). What a core marked deep never comes back this way
+    (the deep group has no such bucket)."""
     if sw.tier != 2 or not sw.down or sw.lateral:
         return False
-    cores = [n for _p, n, _k in sw.up if ix.sw[n].tier == 3]
-    return (bool(cores) and len(cores) == len(set(cores)) == len(sw.up)
+    return (all(ix.sw[n].tier == 3 for _p, n, _k in sw.up) and bool(sw.up)
             and all(_bounces(ix.sw[n], ix) for _p, n, _k in sw.down))
+
+
+def _returned_ways(ix: FabricIndex, sw: _Sw, hacts: tuple) -> list[tuple[tuple[int, ...], tuple, tuple]]:
+    """Core ``sw``'s ways for what a spine below sends back (:func:`_returned_flows`): per spine t
+    that may (:func:`_returns_below`, and not :func:`_forwards_anyway`), (t's ports, t's pod prefix
+    match, the core's way into the pod without t's ports)."""
+    if sw.tier != 3:
+        return []
+    default, exceptions = hacts
+    out = []
+    by_spine: dict[str, list[int]] = {}
+    for p, n, _k in sw.down:
+        by_spine.setdefault(n, []).append(p)
+    for n, ports in by_spine.items():
+        t = ix.sw[n]
+        if not _returns_below(ix, t) or _forwards_anyway(ix, t):
+            continue
+        ways = {exceptions.get(d, default) for _q, d, _k2 in t.down}
+        if len(ways) != 1:
+            continue
+        (way,) = ways
+        rest = tuple(q for q in way if q not in ports)
+        if rest and len(rest) < len(way):
+            own = ix.level_prefix[next(iter(_scope(ix, t)))]
+            out.append((tuple(sorted(ports)), _route_match(own), rest))
+    return out
 
 
 class _Protection:
@@ -1646,6 +1672,9 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
             bounce.append((p, rest))
             if len(rest) >= 2 and len(rest) + 1 != len(up):
                 sets.add(rest)
+    for _ports, _match, rest in _returned_ways(ix, sw, hacts):
+        if len(rest) >= 2 and len(rest) + 1 not in {len(a) for a in sets if set(rest) < set(a)}:
+            sets.add(rest)       # a way without a spine's parallel links: its own entries
     for ports in sorted(sets):
         meta = set_id(ports)
         while meta in pr.meta_values:   # a CRC collision inside one switch: probe on
@@ -1716,11 +1745,11 @@ def _returned_flows(ix: FabricIndex, sw: _Sw, hacts: tuple, pr: _Protection) -> 
 
     From spine t (:func:`_returns_below`), a packet for t's own pod: it never comes up otherwise
     (a spine sends up only what is for outside its pod). The core's way into the pod would send it
-    back down to t, an output to the ingress port, which OpenFlow skips: where the way is a
-    next-hop set, the core takes the set without t instead, marked bounced (a marked packet is
-    never sent back by a spine's table 3 to a core that would return it: no ping-pong between two
-    spines coming back at once). Where t is the core's only way into the pod, t never sends back
-    what comes from above (:func:`_forwards_anyway`): any other way would turn twice.
+    back down to t, an output to the ingress port, which OpenFlow skips (or, over a parallel link,
+    back to t again): the core takes its way without t's links instead, marked bounced (a marked
+    packet is never sent back by a spine's table 3: no ping-pong between two spines coming back
+    at once). Where t is the core's only way into the pod, t never sends back what comes from
+    above (:func:`_forwards_anyway`): any other way would turn twice.
 
     From far core c over a long-haul link (:func:`_returns`), a packet for c's campus: it never
     comes that way otherwise. The core detours it down to its spines (which bounce it up another
@@ -1728,21 +1757,13 @@ def _returned_flows(ix: FabricIndex, sw: _Sw, hacts: tuple, pr: _Protection) -> 
     such spine it is dropped here rather than sent over a parallel link back to c."""
     if sw.tier != 3:
         return []
-    default, exceptions = hacts
     out = []
-    for p, n, _k in sw.down:
-        t = ix.sw[n]
-        if not _returns_below(ix, t) or _forwards_anyway(ix, t):
-            continue
-        ways = {exceptions.get(d, default) for _q, d, _k2 in t.down}
-        if len(ways) != 1:
-            continue
-        (way,) = ways
-        if len(way) >= 2 and p in way and way in pr.metas:
-            act = (("set_field", "eth_src", BOUNCE_MAC), ("metadata", avoid_meta(pr.metas[way], way.index(p))),
-                   ("goto", TABLE_ENTROPY))
-            own = ix.level_prefix[next(iter(_scope(ix, t)))]
-            out.append(Flow(TABLE_CLASSIFY, PRIO_RETURNED, (("in_port", p),) + _route_match(own), act))
+    for ports, match, rest in _returned_ways(ix, sw, hacts):
+        act = pr.encode(rest)
+        if act:
+            for p in ports:
+                out.append(Flow(TABLE_CLASSIFY, PRIO_RETURNED, (("in_port", p),) + match,
+                                (("set_field", "eth_src", BOUNCE_MAC),) + act))
     for q, c, _k in sw.lateral:
         far = ix.sw[c]
         if not _returns(ix, far):
