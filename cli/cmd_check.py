@@ -1,7 +1,7 @@
 """`hpnlab check` (design rules, exit 1 when one fails) and `hpnlab snapshot` (pure: no root).
 
     hpnlab check SCENARIO [--rules FILE] [--json FILE|-] [--junit FILE] [--against SNAPSHOT]
-                          [--pairs] [--plane] [--only RULE] [--skip RULE]
+                          [--pairs] [--plane] [--local-protection] [--only RULE] [--skip RULE]
     hpnlab snapshot SCENARIO [-o FILE] [--rules FILE] [--skip RULE]
 
 Exit codes of `check`: 0 every rule passed (and, with --against, nothing changed that a rule
@@ -32,6 +32,9 @@ def _add_rule_args(p: argparse.ArgumentParser) -> None:
                    help="skip this rule (repeatable), e.g. --skip failure-tolerance")
     p.add_argument("--pairs", action="store_true", help="failure tolerance: also every pair of links")
     p.add_argument("--plane", action="store_true", help="failure tolerance: also a whole plane")
+    p.add_argument("--local-protection", action="store_true",
+                   help="also prove local protection: every event on the healthy tables, every branch (opt-in: it "
+                        "walks every branch; docs/guides/failover.md)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> tuple[fcheck.CheckContext, fcheck.RulesConfig, list[str]]:
     """The context, the rules file and the rules to run (checked before the fabric is built)."""
     rules = fcheck.load_rules(args.rules)
-    ran = fcheck.selected(rules, args.only, args.skip)
-    flags = {f for f in ("pairs", "plane") if getattr(args, f)}
+    flags = {f for f in ("pairs", "plane") if getattr(args, f)} | (
+        {"local-protection"} if getattr(args, "local_protection", False) else set())
+    ran = fcheck.selected(rules, args.only, args.skip, opt_in=flags)
     scenario, g = load_fabric(args)
     return fcheck.CheckContext(scenario.name, scenario, g, {}, frozenset(flags)), rules, ran
 

@@ -36,6 +36,15 @@ Rules (``RULES``, in this order; every one is on unless the rules file turns it 
     failure-tolerance  every single link and switch failure (``--pairs``: every pair of links;
                        ``--plane``: a whole plane) leaves every live host pair reachable with
                        no loop, proved on the compiled tables (``hpnlab.fabric.routing.proofs``).
+    local-protection   opt-in (``--local-protection``, or ``local-protection: true`` in the rules
+                       file): per kind of event (a link down at both ends, at one end with and
+                       without BFD, a switch down, a switch coming back, a link coming back at one
+                       end first), every event of plane 0 walked through the *healthy* tables
+                       with only port liveness changed, every pair and entropy branch: no black
+                       hole outside the named exceptions, no loop, at most one down-up turn
+                       (``hpnlab.fabric.routing.protection``). Every branch is walked, so a
+                       fabric whose estimated walks pass ``max_walks`` (default 3,000,000) is
+                       not proved here: the row says so (prove a smaller shape of it).
 
 Rules file (YAML, read with the scenario loader's bounds and checks): one key per rule, set to
 ``false`` (off), ``true`` (on, default limits) or a mapping of limits (``enabled: false`` turns
@@ -52,6 +61,7 @@ scenario's stated one::
     blast-radius: {spine_loss_min_share: 0.9, plane_loss_min_share: 0.5, placements: [cross-rail]}
     long-haul: {max_ratio: 4, max_delay_us: 200}
     failure-tolerance: false
+    local-protection: {max_walks: 10000000}
 """
 from __future__ import annotations
 
@@ -68,8 +78,8 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hpnlab.fabric.errors import UserError, short
-from hpnlab.fabric.routing import proofs
-from hpnlab.fabric.scenario import analysis
+from hpnlab.fabric.routing import proofs, protection
+from hpnlab.fabric.scenario import analysis, shapes
 from hpnlab.fabric.scenario import spec as fspec
 
 ROLE_ORDER = ("leaf", "edge", "spine", "agg", "core")
@@ -532,6 +542,44 @@ def rule_failure_tolerance(ctx: CheckContext) -> list[RuleResult]:
     return results
 
 
+#: a local-protection proof walks every branch: above this many (``shapes.walk_cost``) it is not run
+LOCAL_PROTECTION_MAX_WALKS = 3_000_000
+
+
+def rule_local_protection(ctx: CheckContext) -> list[RuleResult]:
+    """Local protection proved on the healthy tables (``hpnlab.fabric.routing.protection``): one
+    result per kind of event, then a summary; or one "not available" row naming the estimated
+    walks when they pass ``max_walks`` (ctx.limits; default ``LOCAL_PROTECTION_MAX_WALKS``).
+    ctx.limits ``all_planes`` (bool): every plane's events, not plane 0's alone."""
+    limits: Mapping = ctx.limits or {}
+    most = int(limits.get("max_walks", LOCAL_PROTECTION_MAX_WALKS))
+    kind, counts = shapes.counts_of(ctx.spec)
+    cost = shapes.walk_cost(kind, counts)
+    if cost > most:
+        return [RuleResult("local-protection", "fabric", NOT_AVAILABLE, f"\u2264 {most:,} walks", True,
+                           f"about {cost:,} walks (every branch of every pair, every event): prove a smaller "
+                           f"shape of this fabric (fewer pods, segments or hosts; hpnlab.fabric.scenario.shapes), "
+                           f"or raise local-protection.max_walks in the rules file")]
+    proof = protection.prove(ctx.graph, all_planes=bool(limits.get("all_planes")), healthy=ctx.states())
+    limit = "no black hole but the named exceptions, no loop, at most one down-up turn"
+    results = []
+    for row in proof.rows.values():
+        excepted = "".join(f" (+{n:,} branches excepted: {name})" for name, n in sorted(row.excepted.items()))
+        figure = (f"{row.black_holes:,} black holes / {row.loops:,} loops / {row.double_bounces:,} double bounces"
+                  f"{excepted}")
+        detail = f"{row.events:,} events, {row.pairs:,} pairs, {row.branches:,} branches, {row.seconds:.1f} s"
+        if row.failing:
+            first = row.failing[0]
+            detail += f"; e.g. {first.problems[0]}"
+        results.append(RuleResult("local-protection", protection.EVENT_NAMES[row.kind], figure, limit, row.ok, detail))
+    bad = sum(len(r.failing) for r in proof.rows.values())
+    planes = ", ".join(map(str, proof.planes_walked))
+    results.append(RuleResult("local-protection", "all events", f"{proof.events - bad:,} of {proof.events:,} protected",
+                              "all", bad == 0, f"plane(s) {planes}; {proof.pairs:,} pairs, {proof.branches:,} "
+                                               f"branches walked, {proof.seconds:.1f} s"))
+    return results
+
+
 RULES: dict[str, Callable[[CheckContext], Iterable[RuleResult]]] = {
     "radix": rule_radix,
     "port-speed": rule_port_speed,
@@ -544,7 +592,10 @@ RULES: dict[str, Callable[[CheckContext], Iterable[RuleResult]]] = {
     "blast-radius": rule_blast_radius,
     "long-haul": rule_long_haul,
     "failure-tolerance": rule_failure_tolerance,
+    "local-protection": rule_local_protection,
 }
+#: rules that run only when asked for (``--local-protection``, ``--only``, or named in the rules file)
+OPT_IN = frozenset({"local-protection"})
 
 
 # ---- the rules file -----------------------------------------------------------------------
@@ -568,15 +619,19 @@ RULE_LIMITS: dict[str, dict[str, fspec.Rule] | None] = {
                      "placements": fspec.Rule("placements", "job placements to look at (default: all)")},
     "long-haul": {"max_ratio": _RATIO, "max_delay_us": fspec.Rule("number", "us", 0.0, fspec.MAX_QUANTITY)},
     "failure-tolerance": None,
+    "local-protection": {"max_walks": fspec.Rule("int", "most walks to make", 1, fspec.MAX_COUNT * 1000),
+                         "all_planes": fspec.Rule("bool", "every plane's events, not plane 0's alone")},
 }
 
 
 @dataclass(frozen=True)
 class RulesConfig:
-    """A validated rules file: the rules turned off and each rule's limits."""
+    """A validated rules file: the rules turned off, each rule's limits, and the opt-in rules it
+    turns on (``OPT_IN``: named with true or limits)."""
     disabled: frozenset = frozenset()
     limits: Mapping[str, dict] = field(default_factory=dict)
     source: str | None = None
+    enabled: frozenset = frozenset()
 
 
 
@@ -611,6 +666,7 @@ def rules_from_dict(data: Any, source: str | None = None) -> RulesConfig:
         raise _rule_error("(top level)", "a rules file is a mapping of rule names "
                                          f"(known: {', '.join(RULES)})", source)
     disabled = set()
+    enabled = set()
     limits: dict[str, dict] = {}
     for key, value in data.items():
         name = key if isinstance(key, str) else short(key)
@@ -619,7 +675,10 @@ def rules_from_dict(data: Any, source: str | None = None) -> RulesConfig:
         if isinstance(value, bool) or value is None:
             if value is False:
                 disabled.add(key)
+            elif value is True:
+                enabled.add(key)
             continue
+        enabled.add(key)
         if not isinstance(value, Mapping):
             raise _rule_error(name, f"must be true, false or a mapping of limits, got {short(value)}", source)
         section: dict[str, Any] = {}
@@ -642,7 +701,7 @@ def rules_from_dict(data: Any, source: str | None = None) -> RulesConfig:
                 raise _rule_error(lname, f"unknown limit (known: {known})", source)
             section[lkey] = _check_limit(lvalue, lname, allowed[lkey], source)
         limits[key] = section
-    return RulesConfig(frozenset(disabled), limits, source)
+    return RulesConfig(frozenset(disabled), limits, source, frozenset(enabled - disabled))
 
 
 def load_rules(path: str | Path | None) -> RulesConfig:
@@ -673,10 +732,12 @@ def context(scenario: Any, flags: Iterable[str] = (), graph: nx.MultiGraph | Non
 
 
 def selected(config: RulesConfig | None = None, only: Iterable[str] | None = None,
-             skip: Iterable[str] = ()) -> list[str]:
-    """The rules that run, in RULES order: ``only`` (all by default) less ``skip`` and the ones
-    the rules file turns off. An unknown name is a one-line UserError."""
-    wanted = list(RULES) if only is None else list(only)
+             skip: Iterable[str] = (), opt_in: Iterable[str] = ()) -> list[str]:
+    """The rules that run, in RULES order: ``only`` (by default every rule but the ``OPT_IN`` ones
+    that neither ``opt_in`` nor the rules file names) less ``skip`` and the ones the rules file
+    turns off. An unknown name is a one-line UserError."""
+    asked = set(opt_in) | (config.enabled if config else frozenset())
+    wanted = [r for r in RULES if r not in OPT_IN or r in asked] if only is None else list(only)
     skip = list(skip)
     for name in [*wanted, *skip]:
         if name not in RULES:
@@ -697,7 +758,7 @@ def run_checks(target: Any, rules: RulesConfig | Mapping | None = None, flags: I
         ctx = dataclasses.replace(ctx, flags=frozenset(flags), cache=ctx.cache)
     config = rules if isinstance(rules, RulesConfig) else rules_from_dict(rules)
     results: list[RuleResult] = []
-    for name in selected(config, only, skip):
+    for name in selected(config, only, skip, opt_in=ctx.flags & OPT_IN):
         start = time.perf_counter()
         results.extend(RULES[name](ctx.for_rule(config.limits.get(name, {}))))
         if timings is not None:

@@ -111,6 +111,15 @@ def leaves_per_plane(counts: Mapping[str, int]) -> int:
     return c["campuses"] * c["pods"] * c["segments_per_pod"] * c["leaves_per_plane_per_segment"]
 
 
+def counts_of(s: spec.Scenario) -> tuple[str, dict[str, int]]:
+    """A scenario's kind and structural counts (the dimensions of ``DIMENSIONS``)."""
+    if s.kind == "fat-tree":
+        return "fat-tree", {"k": s.k}
+    counts = {d: getattr(s, d) for d in HPN_FIELDS if d != "long_haul_links"}
+    counts["long_haul_links"] = s.long_haul.links if s.long_haul else 1
+    return "hpn", counts
+
+
 def walk_cost(kind: str, counts: Mapping[str, int]) -> int:
     """A rough bound on the walks a local-protection proof of one plane of the shape makes: events
     (about seven per link and one per switch port) x pairs walked (leaves squared) x paths per
