@@ -1429,12 +1429,19 @@ def _deep(ix: FabricIndex, sw: _Sw) -> bool:
     instead, and the spine it reaches sends it down to one of its leaves (table 0, ``PRIO_DEEP``),
     which bounces it up another spine of its own pod, marked (a spine of another group, so up
     other cores, which reach the pod through another of its spines). A packet is marked deep
-    once, by a core, and bounced once, by that leaf: it cannot loop."""
+    once, by a core, and bounced once, by that leaf: it cannot loop. Only spines whose leaves have
+    another spine to bounce up count (a pod with one spine, over parallel links, has none: there
+    a plain detour is all a failed link needs, and a failed spine leaves its pod unreachable)."""
     if sw.tier != 3:
         return False
     down = {n: ix.sw[n] for _p, n, _k in sw.down}
+
+    def beside(n: _Sw) -> bool:
+        """Can a leaf under spine n bounce a packet up another spine of its pod?"""
+        return any(m != n.name for _p, leaf, _k in n.down for _q, m, _k2 in ix.sw[leaf].up)
+
     for t in down.values():
-        others = [n for n in down.values() if n.pod != t.pod and _bounces(n, ix)]
+        others = [n for n in down.values() if n.pod != t.pod and _bounces(n, ix) and beside(n)]
         for n in others:
             cores = [ix.sw[c] for _p, c, _k in n.up if c != sw.name and ix.sw[c].tier == 3]
             if cores and all({m for _p, m, _k in c.down if ix.sw[m].pod == t.pod} == {t.name} for c in cores):
