@@ -48,31 +48,55 @@ Tables (the same on every switch; OpenFlow 1.3)
                   (one port: output; a next-hop set: its fast-failover group), so a packet
                   is detoured at most once and can never loop.
 
-Fast failover (local protection, no controller round trip). Every next-hop set's entropy
-entries go through fast-failover groups, so a dead port's patterns move to the next port
-of the set. A spine's one-port way down to a leaf is a group [that port, then up to 3 other
-leaves of its pod]: a spine that lost its link to a leaf (a two-tier Clos has no loop-free
-way down then) detours through another leaf, which bounces the packet up another spine
-(table 0), marked; that spine sends bounced packets straight down (table 3). The detour
-may be the very leaf the packet came from (every leaf sends up every spine): OpenFlow skips
-an output to the ingress port, so a detour bucket clears in_port first (``_Protection.detour``;
-on Open vSwitch an NXM load, see controller/app.py). A core's
-one-port way down to a pod likewise detours through spines of other pods, which bounce up
-another core; where every such core would reach the pod through the same spine alone (a
-fat-tree: a failed aggregation switch takes its whole group of cores out of its pod), the core
-marks the packet deep instead (``DEEP_MAC``, ``_deep``): the spine of the other pod sends it down
-to one of its leaves, which bounces it up another spine of that pod and so up a core of another
-group. A spine's single uplink detours through its leaves. A switch whose neighbours
-are all below it and bounce (a two-tier spine, a fat-tree core) ends its detour groups with a
-bucket back out of the ingress port (``_returns``): when it sees none of its ports live, as when
-it comes back from a failure before its BFD sessions are up while its neighbours' are, the
-sender bounces the packet instead of the switch dropping it. A spine under cores does the same
-in every group but the deep one (``_returns_below``: its leaves bounce, each core has one link
-to it), and a core that gets back what it brought down to a spine for that spine's pod sends
-it another way (``_returned_flows``, table 0: the detours of its way into the pod, or its set
-into the pod without that spine, marked). Not covered: a long-haul
-link with no parallel link to the same far campus (no path is left in that plane).
-tests/unit/test_failover_tables.py proves the rest on the small presets.
+Fast failover (local protection, no controller round trip). Every choice a switch makes goes
+through an OpenFlow fast-failover group, so a dead port's traffic moves at once; where no port of
+the choice is left, the group *detours* (the tables are the healthy compile's: what follows holds
+with only port liveness changed). The detours, switch by switch (the structure a buffer-dependency
+proof must cover; docs/guides/failover.md has the coverage per shape):
+
+    marks     BOUNCE_MAC (Ethernet source): the packet was bounced, or sent its way again after a
+              neighbour sent it back; a marked packet is routed on spines and cores by table 3
+              (the healthy routes, no detour, never sent back) and dropped by a leaf unless it is
+              for the leaf's own prefix. DEEP_MAC: a core detoured it *deep* (below).
+    leaf      up: a set's group [port i, 3 backups of the set, those to other spines first
+              (``_backups``)], then "anyway" (out of port i, live or not: a leaf coming back sees
+              no uplink live while its spines see the links up). Table 0 *bounce* (``_bounces``,
+              two uplinks or more): what comes down an uplink for someone else goes back up, the
+              set without that spine's links, marked.
+    spine     down to a leaf: [that port, up to 3 other leaves of the pod (each clearing in_port
+              first: the detour may be the leaf the packet came from, and OpenFlow skips an output
+              to the ingress port; on Open vSwitch an NXM load, see controller/app.py)]; parallel
+              links: the set's rotation. Then "back" (out of the ingress port, for the sender to
+              bounce: ``_returns`` for a two-tier spine, ``_returns_below`` under cores) -- or, where
+              a core reaches the pod through this spine alone (a fat-tree's aggregation switch),
+              "anyway" (``_forwards_anyway``: sent back up, the packet could reach the pod only down
+              another pod and up again, a second turn). Up (under cores): the set's rotation, then
+              "back"; a single uplink detours through its leaves. Table 0 *bounce* (two uplinks or
+              more): what comes down from a core for outside its pod goes up the set without that
+              core, marked. A spine that gets deep-marked packets (``_deep_target``) sends them down
+              to one of its bouncing leaves, unmarked (GATEWAY_MAC).
+    core      down to a pod: one port [that port, up to 3 spines of other pods that bounce]
+              (marked DEEP_MAC where ``_deep``: every other core would reach the pod through the
+              same spine, a fat-tree; the spine of the other pod sends it down to a leaf, which
+              bounces it up another of its spines, so up a core of another group); a set: its
+              rotation. Across a long-haul link (one port or parallel ones): [the ports, then up to
+              3 spines of its campus that bounce] -- a failed far core or link is detoured down and
+              up another core of the campus, to the far campus's other core. Then "back" where every
+              spine below bounces (``_returns``). Table 0 *returned* (``_returned_flows``): from
+              spine t, for t's pod (t sent it back), the way into the pod without t's links,
+              marked; from a far core over a long-haul link, for that core's campus, the detours
+              down to this core's spines (or a drop).
+
+Every packet turns down-then-up at most once (a second turn is a buffer-dependency risk in a
+lossless fabric; ``hpnlab.fabric.routing.protection.turns`` counts them): a bounce is one turn
+and marks the packet, a marked packet never turns again; "back" from below is the turn at the
+sender's bounce, "back" from above the turn at the spine, after which the core's returned way
+goes down, marked; a deep detour turns once, at the leaf; a long-haul detour once, at the spine;
+"anyway" turns nowhere. Not covered (no table can): one end of a link down while the other end
+does not notice (no BFD) -- that end keeps sending into it; a pair with no valley-free path left
+(a single long-haul path in a plane, a pod's only spine) is not live and is left to the host side.
+``hpnlab.fabric.routing.protection`` proves the rest on every event of every kind, over scenario
+shapes (tests/unit/test_local_protection.py, tools/bench/bench_local_protection.py).
 
 Remote convergence, per affected route. What a switch holds whatever fails -- table 0,
 the groups, the entropy tables of its *healthy* next-hop sets with their "avoid one port"
