@@ -426,6 +426,10 @@ def run_once(emu, probe: Probe, rep: int = 0, log=lambda m: None) -> dict[str, A
         arrivals = {k: z[k] for k in z.files}
     result = losswindow.analyse(arrivals, records, horizon_s=min(0.5, probe.hold_s), end_s=sent.get("end_wall"),
                                 sent_per_flow=sent.get("per_flow"))
+    # a sender starved of CPU can begin after the failure: then the repetition measures nothing
+    first = float(np.min(arrivals["sent_ns"])) / 1e9 if len(arrivals["sent_ns"]) else None
+    result["first_sent_wall"] = first
+    result["sending_at_failure"] = first is not None and first < records[0]["start_wall"]
     texts = {sw: (run_dir / f"monitor-{sw}-{rep}.txt").read_text() for sw in mons}
     result["detection_ms"] = detection_ms(texts, intfs, records[0]["wall"], records[1]["wall"])
     result["stages"] = stages(records, result["events"][0], vconn.text() if vconn else None, intfs,
@@ -476,14 +480,18 @@ def run(emu, kinds: list[str], repeat: int, probe: Probe = Probe(), log=lambda m
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Spread over repetitions of: the failure's loss window, lost packets, affected flows,
-    gaps on unaffected flows, detection per switch, and the repair's loss window."""
+    gaps on unaffected flows, detection per switch, and the repair's loss window. Repetitions whose
+    sender began only after the failure (``sending_at_failure`` false) measure nothing: left out,
+    and counted (``left_out``)."""
+    left_out = sum(1 for r in runs if not r.get("sending_at_failure", True))
+    runs = [r for r in runs if r.get("sending_at_failure", True)] or runs
     fail = [r["events"][0] for r in runs]
     repair = [r["events"][1] for r in runs]
     det: dict[str, list[float]] = {}
     for r in runs:
         for sw, ms in r["detection_ms"].items():
             det.setdefault(sw, []).append(ms)
-    return {"loss_window_ms": spread(e["loss_window_ms"] for e in fail),
+    return {"left_out": left_out, "loss_window_ms": spread(e["loss_window_ms"] for e in fail),
             # packets sent and never received, whatever the events (a fabric that stopped delivering)
             "undelivered": spread(r["sent"] - r["received"] for r in runs if "received" in r),
             "lost": spread(e["lost"] for e in fail),
@@ -514,6 +522,8 @@ def describe(kind: str, s: dict[str, Any]) -> str:
             f"detection: {det or '-'}; after repair: loss window "
             f"{f(s['repair_loss_window_ms'], ' ms')}"
             + (f"; packets never received {f(s['undelivered'])}" if s.get("undelivered", {}).get("n") else "")
+            + (f"; {s['left_out']} repetition(s) left out: the sender began after the failure"
+               if s.get("left_out") else "")
             + stages_text(s.get("stages", {})))
 
 

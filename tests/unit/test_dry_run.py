@@ -38,7 +38,7 @@ def test_changed_actions_and_group_buckets_are_modifications_and_strays_deletion
     held = dict(desired["p0l0"])
     key = route_key(held)
     held[key] = (("output", 77),)
-    gkey = min(k for k in held if reconcile.is_group(k))
+    gkey = min(k for k in held if reconcile.is_group(k) and len(set(held[k].buckets)) > 1)
     group = held[gkey]
     held[gkey] = compiler.Group(group.group_id, group.kind, tuple(reversed(group.buckets)))
     held[(0, 5, (("eth_type", 0x88CC),))] = (("controller",),)

@@ -121,6 +121,38 @@ def test_the_probe_refuses_a_link_that_is_not_leaf_spine(g):
         failover.Probe(kind="meteor").check()
 
 
+def test_the_switch_probe_sends_across_a_failed_core_from_another_campus():
+    g2 = graph.build(spec.load("mini-cross-campus", {"cores_per_plane": 2}))
+    src, sip, dst, dip, (near, core) = failover.switch_endpoints(g2, None)
+    assert core == "p0c0" and g2.nodes[near]["tier"] == 3 and g2.has_edge(near, core)
+    s = next(p for p in host_interfaces(g2, src) if p["ip"] == sip)
+    d = next(p for p in host_interfaces(g2, dst) if p["ip"] == dip)
+    assert g2.nodes[d["leaf"]]["campus"] == g2.nodes[core]["campus"] != g2.nodes[s["leaf"]]["campus"]
+    assert s["plane"] == d["plane"] == 0
+
+
+def test_the_switch_probe_fails_a_spine_from_under_its_pod_and_refuses_a_leaf(g):
+    src, sip, _dst, _dip, (near, spine) = failover.switch_endpoints(g, "p0s1")
+    assert spine == "p0s1" and g.nodes[near]["tier"] == 1 and g.has_edge(near, spine)
+    with pytest.raises(UserError, match="takes its hosts with it"):
+        failover.switch_endpoints(g, "p0l0")
+    with pytest.raises(UserError, match="no switch"):
+        failover.switch_endpoints(g, "p9s9")
+
+
+def _rep(window: float, sending: bool) -> dict:
+    event = {"loss_window_ms": window, "lost": 1, "late": 0, "affected": [0], "max_gap_unaffected_ms": 0.0,
+             "stalled": [], "max_network_gap_unaffected_ms": 0.0, "max_gap_ms": 0.0}
+    return {"events": [event, dict(event, loss_window_ms=0.0)], "detection_ms": {}, "sent": 10, "received": 9,
+            "stages": {}, "sending_at_failure": sending}
+
+
+def test_a_repetition_whose_sender_began_after_the_failure_is_left_out_of_the_summary():
+    s = failover.summarise([_rep(10.0, True), _rep(0.0, False), _rep(20.0, True)])
+    assert s["left_out"] == 1 and s["loss_window_ms"]["n"] == 2 and s["loss_window_ms"]["min"] == 10.0
+    assert "1 repetition(s) left out" in failover.describe("switch", s)
+
+
 OVS_LOG = """\
 2026-12-01T01:02:05.340Z|01620|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_ECHO_REQUEST (OF1.3) (xid=0x0)
 2026-12-01T01:02:05.347Z|01627|vconn|DBG|tcp:127.0.0.1:6653: sent (Success): OFPT_PORT_STATUS (OF1.3) (xid=0x0): \
