@@ -109,7 +109,8 @@ def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, 
 def default_switch(graph) -> str:
     """The switch a ``switch`` probe fails by default: plane 0's first core, else its first spine."""
     for tier in (3, 2):
-        found = sorted((d["index"], n) for n, d in graph.nodes(data=True) if d["tier"] == tier and d.get("plane", 0) == 0)
+        found = sorted((d["index"], n) for n, d in graph.nodes(data=True)
+                       if d["tier"] == tier and d.get("plane", 0) == 0)
         if found:
             return found[0][1]
     raise UserError("failover probe: this fabric has no spine or core to fail")
@@ -158,10 +159,11 @@ def switch_endpoints(graph, switch: str | None) -> tuple[str, str, str, str, tup
         if not inside:
             raise UserError(f"failover probe: no host under spine {switch}")
         src = inside[0]
-        dst = next((x for x in inside if x[1]["leaf"] != src[1]["leaf"] and x[0] != src[0]), None) or next(
+        found = next((x for x in inside if x[1]["leaf"] != src[1]["leaf"] and x[0] != src[0]), None) or next(
             (x for x in ports if x[1]["leaf"] != src[1]["leaf"] and x[0] != src[0]), None)
-        if dst is None:
+        if found is None:
             raise UserError(f"failover probe: no receiver for a flow across {switch}")
+        dst = found
         near = [src[1]["leaf"]]
     return src[0], src[1]["ip"], dst[0], dst[1]["ip"], (near[0], switch)
 

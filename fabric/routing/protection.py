@@ -51,6 +51,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import networkx as nx
 
@@ -108,7 +109,8 @@ def _fabric_links(g: nx.MultiGraph, plane: int | None = None) -> list[tuple]:
             and (plane is None or g.nodes[u].get("plane", 0) == plane)]
 
 
-def events(g: nx.MultiGraph, kinds: Iterable[str] = EVENT_KINDS, planes: Iterable[int] | None = None) -> Iterator[Event]:
+def events(g: nx.MultiGraph, kinds: Iterable[str] = EVENT_KINDS,
+           planes: Iterable[int] | None = None) -> Iterator[Event]:
     """Every event of each kind (on the given planes; default every plane)."""
     want = None if planes is None else set(planes)
     links = [lid for lid in _fabric_links(g) if want is None or g.nodes[lid[0]].get("plane", 0) in want]
@@ -157,7 +159,7 @@ def turns(g: nx.MultiGraph, hops: list) -> int:
     tiers = [0] + [node[h[0]]["tier"] for h in hops]
     n = 0
     descended = False
-    for a, b in zip(tiers, tiers[1:]):  # noqa: B905 (consecutive pairs)
+    for a, b in pairwise(tiers):
         if b < a:
             descended = True
         elif b > a:
@@ -200,7 +202,8 @@ class Problem:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.kind}: {self.event}: {self.src} -> {self.dst} plane {self.plane} sport {self.sport:#x}: {self.detail}"
+        return (f"{self.kind}: {self.event}: {self.src} -> {self.dst} plane {self.plane} sport {self.sport:#x}: "
+                f"{self.detail}")
 
 
 @dataclass
@@ -314,11 +317,11 @@ def walked_pairs(net: FabricTables, planes: list[int]) -> list[tuple[dict, dict]
         for p in ports.get(plane, ()):
             by_leaf.setdefault((p["leaf"], plane), []).append(p)
     dest_alike = _destinations_alike(net)
-    out = []
+    out: list[tuple[dict, dict]] = []
     for (leaf, plane), here in by_leaf.items():
         alike = not net.has_state(leaf) or _sources_alike(net, leaf, here)
         for s in here[:1] if alike else here:
-            for (dleaf, dplane), there in by_leaf.items():
+            for (_dleaf, dplane), there in by_leaf.items():
                 if dplane != plane:
                     continue
                 others = [d for d in there if d["host"] != s["host"]]
@@ -432,9 +435,9 @@ class LocalProof:
 
 
 def symmetric_planes(g: nx.MultiGraph) -> list[int]:
-    """The planes to walk events on: plane 0 alone when every plane is a copy of it (an HPN
-    scenario's planes come from one builder with the same ports: the compiled tables are the same
-    but for names and addresses), else every plane."""
+    """The planes to walk events on: plane 0 alone. A built scenario's planes are copies of it (one
+    builder, the same ports: the compiled tables are the same but for names and addresses);
+    tests/unit/test_local_protection.py checks that every plane gives plane 0's figures."""
     planes = sorted({d.get("plane", 0) for _n, d in g.nodes(data=True) if d["tier"] > 0})
     return planes[:1]
 

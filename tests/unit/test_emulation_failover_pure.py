@@ -132,7 +132,7 @@ def test_the_switch_probe_sends_across_a_failed_core_from_another_campus():
 
 
 def test_the_switch_probe_fails_a_spine_from_under_its_pod_and_refuses_a_leaf(g):
-    src, sip, _dst, _dip, (near, spine) = failover.switch_endpoints(g, "p0s1")
+    _src, _sip, _dst, _dip, (near, spine) = failover.switch_endpoints(g, "p0s1")
     assert spine == "p0s1" and g.nodes[near]["tier"] == 1 and g.has_edge(near, spine)
     with pytest.raises(UserError, match="takes its hosts with it"):
         failover.switch_endpoints(g, "p0l0")

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     targets += [(shapes.name_of(c, k), lambda k=k, c=c: shapes.scenario(k, **c))
                 for k, c in shapes.sweep(args.shapes, args.seed, max_cost=args.max_cost)]
     head = f"{'shape':38s} {'events':>7s} {'pairs':>8s} {'branches':>10s} {'holes':>7s} {'loops':>5s} {'double':>6s}"
-    head += f" {'excepted':>9s} {'wall s':>7s}" + (f"   before: {'holes':>7s} {'loops':>5s} {'double':>6s}" if old else "")
+    head += f" {'excepted':>9s} {'wall s':>7s}"
+    head += f"   before: {'holes':>7s} {'loops':>5s} {'double':>6s}" if old else ""
     print(head, flush=True)
     rows = []
     t0, c0 = time.perf_counter(), time.process_time()
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   "double_bounces")}
     excused = sum(sum(r["excepted"].values()) for r in rows)
     print(f"{len(rows)} shapes: {total['events']:,} events, {total['pairs']:,} pairs, {total['branches']:,} branches; "
-          f"{total['black_holes']:,} black holes, {total['loops']:,} loops, {total['double_bounces']:,} double bounces; "
+          f"{total['black_holes']:,} black holes, {total['loops']:,} loops, "
+          f"{total['double_bounces']:,} double bounces; "
           f"{excused:,} branches excused (unaware-end); {wall:.0f} s wall, {cpu:.0f} s CPU, "
           f"load {os.getloadavg()[0]:.1f}")
     if old is not None:
