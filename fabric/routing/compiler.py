@@ -1721,7 +1721,10 @@ def _protect_new(ix: FabricIndex, sw: _Sw, hacts: tuple, tree: _Tree) -> _Protec
     ending = _ending(ix, sw)
     for p in singles:
         d = detours.get(p, ())
-        pr.single[p] = pr.detour(p, d, shared, ending(p), deep) if d else (("output", p),)
+        end = ending(p)
+        # no detour: a plain output, unless the switch may send back (a pod with one leaf: its spine
+        # sends back to the core, which takes the pod's other spines)
+        pr.single[p] = pr.detour(p, d, shared, end, deep) if d or end == "back" else (("output", p),)
     flows: list[Flow] = _returned_flows(ix, sw, hacts, pr)
     if sw.tier == 1:
         flows.extend(_CLASSIFY_LEAF)
