@@ -13,9 +13,10 @@ and the branches those exceptions excuse. ``--before REV`` proves the same shape
 of git revision REV too (the tables as they were), side by side. Wall and CPU seconds and the load
 average are printed: the machine may be busy.
 
-    python tools/bench/bench_local_protection.py                          # presets + 40 shapes
+    python tools/bench/bench_local_protection.py                          # presets + 20 shapes
     python tools/bench/bench_local_protection.py --shapes 100 --max-cost 300000 --json out.json
     python tools/bench/bench_local_protection.py --before main --shapes 20
+    python tools/bench/bench_local_protection.py --only-issue-shapes --before main --kinds switch-down,switch-back
 """
 from __future__ import annotations
 
@@ -29,14 +30,23 @@ from hpnlab.fabric.routing import protection
 from hpnlab.fabric.scenario import graph, shapes, spec
 
 PRESETS = ["mini-hpn", "mini-spine-leaf", "mini-rail", "mini-cross-campus", "fat-tree-4", "small-hpn"]
+#: the odd shapes issue 54's holes were found on (``--issue-shapes``)
+ISSUE_SHAPES: list[tuple[str, dict[str, int]]] = [
+    ("hpn", {"planes": 2, "campuses": 3, "cores_per_plane": 2, "long_haul_links": 2, "segments_per_pod": 2}),
+    ("hpn", {"planes": 3, "leaf_spine_links": 2, "spines_per_plane": 3, "segments_per_pod": 2}),
+    ("hpn", {"planes": 2, "pods": 2, "cores_per_plane": 2, "spines_per_plane": 2, "segments_per_pod": 2}),
+    ("hpn", {"planes": 2, "campuses": 2, "cores_per_plane": 2, "long_haul_links": 1, "segments_per_pod": 2,
+             "hosts_per_segment": 2}),
+    ("fat-tree", {"k": 6}),
+]
 
 
-def prove(g, compile_fabric=None) -> tuple[protection.LocalProof, float, float]:
+def prove(g, kinds: list[str], compile_fabric=None) -> tuple[protection.LocalProof, float, float]:
     t, c = time.perf_counter(), time.process_time()
     healthy = compile_fabric(g) if compile_fabric is not None else None
     if compile_fabric is not None:
         g.graph.pop("_controller_index", None)      # the other compiler's index is not this one's
-    proof = protection.prove(g, healthy=healthy)
+    proof = protection.prove(g, kinds, healthy=healthy)
     return proof, time.perf_counter() - t, time.process_time() - c
 
 
@@ -59,10 +69,15 @@ def holes_text(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", type=int, default=40, help="generated shapes (default 40)")
+    ap.add_argument("--shapes", type=int, default=20, help="generated shapes (default 20)")
     ap.add_argument("--seed", type=int, default=54, help="the shapes' seed (default 54)")
     ap.add_argument("--max-cost", type=int, default=150_000, help="most estimated walks per shape (default 150,000)")
     ap.add_argument("--presets", nargs="*", default=PRESETS, help="presets proved first (default the small ones)")
+    ap.add_argument("--issue-shapes", action="store_true", help="also the odd shapes issue 54 was found on "
+                                                                     "(a 6-ary fat-tree among them: slow)")
+    ap.add_argument("--only-issue-shapes", action="store_true", help="those alone (no presets, no drawn shapes)")
+    ap.add_argument("--kinds", default=",".join(protection.EVENT_KINDS),
+                    help=f"event kinds, comma list of {', '.join(protection.EVENT_KINDS)} (default all)")
     ap.add_argument("--before", metavar="REV", help="also prove each with the compiler of git revision REV")
     ap.add_argument("--json", metavar="FILE", help="write every row here")
     args = ap.parse_args(argv)
@@ -71,9 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         from gitrev import module_at
         old = module_at(args.before, "fabric/routing/compiler.py", "hpnlab.fabric.routing._compiler_before",
                         who="bench_local_protection")
-    targets: list[tuple[str, Any]] = [(name, lambda n=name: spec.load(n)) for name in args.presets]
-    targets += [(shapes.name_of(c, k), lambda k=k, c=c: shapes.scenario(k, **c))
-                for k, c in shapes.sweep(args.shapes, args.seed, max_cost=args.max_cost)]
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in protection.EVENT_KINDS]
+    if bad:
+        print(f"bench_local_protection: unknown event kind {bad[0]!r}")
+        return 2
+    targets: list[tuple[str, Any]] = []
+    if not args.only_issue_shapes:
+        targets += [(name, lambda n=name: spec.load(n)) for name in args.presets]
+        targets += [(shapes.name_of(c, k), lambda k=k, c=c: shapes.scenario(k, **c))
+                    for k, c in shapes.sweep(args.shapes, args.seed, max_cost=args.max_cost)]
+    if args.issue_shapes or args.only_issue_shapes:
+        targets += [(shapes.name_of(c, k), lambda k=k, c=c: shapes.scenario(k, **c)) for k, c in ISSUE_SHAPES]
     head = f"{'shape':38s} {'events':>7s} {'pairs':>8s} {'branches':>10s} {'holes':>7s} {'loops':>5s} {'double':>6s}"
     head += f" {'excepted':>9s} {'wall s':>7s}"
     head += f"   before: {'holes':>7s} {'loops':>5s} {'double':>6s}" if old else ""
@@ -82,13 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     t0, c0 = time.perf_counter(), time.process_time()
     for name, make in targets:
         s = make()
-        proof, wall, cpu = prove(graph.build(s))
+        proof, wall, cpu = prove(graph.build(s), kinds)
         r = {"shape": name, **row_of(proof), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
              "load": round(os.getloadavg()[0], 2)}
         line = (f"{name:38s} {r['events']:>7,d} {r['pairs']:>8,d} {r['branches']:>10,d} {holes_text(r)}"
                 f" {sum(r['excepted'].values()):>9,d} {wall:>7.1f}")
         if old is not None:
-            before, _w, _c = prove(graph.build(s), old.compile_fabric)
+            before, _w, _c = prove(graph.build(s), kinds, old.compile_fabric)
             r["before"] = row_of(before)
             line += f"           {holes_text(r['before'])}"
         rows.append(r)
@@ -111,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['double_bounces']:,} double bounces, on {hit} of {len(rows)} shapes")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"seed": args.seed, "max_cost": args.max_cost, "before": args.before, "rows": rows,
+            json.dump({"seed": args.seed, "max_cost": args.max_cost, "before": args.before, "kinds": kinds,
+                       "rows": rows,
                        "wall_s": wall, "cpu_s": cpu, "cpus": os.cpu_count()}, fh, indent=1)
         print(f"wrote {args.json}")
     return 1 if total["black_holes"] or total["loops"] or total["double_bounces"] else 0
