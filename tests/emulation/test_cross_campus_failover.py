@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from emulation.test_bfd import failed_pings_after_repair
+from support.emulated import failed_pings_after_repair
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
