@@ -13,7 +13,6 @@ import signal
 import time
 
 import pytest
-
 from support.emulated import failed_pings_after_repair
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
