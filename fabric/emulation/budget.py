@@ -219,8 +219,9 @@ def summary(values: list[float]) -> dict[str, float]:
 
 #: offered packets/s, raised by LADDER_STEP from here until the chain loses more than LOSS_STOP of them
 LADDER_START = 1_500
-#: seconds per offered rate in the short probe (``--probe``): the ladder's ten or so steps in about 20 s
-PROBE_SECONDS = 0.5
+#: seconds per offered rate in the short probe (``--probe``): iperf3 takes whole seconds (its -t 0.5 runs
+#: until killed), so a probe is the full measurement's step on one port type, one frame size, once
+PROBE_SECONDS = 1
 LADDER_STEP = 1.5
 #: the ceiling is the most packets/s delivered with at most this share lost
 LOSS_OK = 0.02
@@ -291,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mtu", type=int, default=1500, help="the scenario MTU (default 1500)")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--seconds", type=float, default=1.0, help="per offered rate (default 1)")
+    ap.add_argument("--seconds", type=int, default=1, help="per offered rate, whole seconds as iperf3 takes them "
+                                                           "(default 1)")
     ap.add_argument("--paths", type=int, default=PATHS[0],
                     help=f"parallel paths through the chain, each with its own ports and generator "
                          f"(default {PATHS[0]})")
@@ -301,8 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     ap.add_argument("--probe", action="store_true",
                     help="the short probe a first demo runs (about 20 s): the system port type, 4 KB frames, one "
-                         "repetition, half-second steps; the budget it saves says so (sizing.PROBE_SHARE)")
+                         "repetition; the budget it saves says so (sizing.PROBE_SHARE)")
     args = ap.parse_args(argv)
+    if args.seconds < 1:
+        ap.error(f"--seconds must be at least 1, got {args.seconds}")
     if args.probe:
         args.port_types, args.repeat, args.seconds, args.tc_check = "system", 1, PROBE_SECONDS, False
     say = lambda m: print(m, flush=True)  # noqa: E731

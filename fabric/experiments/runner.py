@@ -311,6 +311,27 @@ def run_sizes(ranks: int) -> tuple[int, ...]:
     return sweep(CHUNKS[0] * max(1, ranks), CHUNKS[1] * max(1, ranks))
 
 
+#: the demo's largest message: an all-reduce iteration of it takes about this many seconds at line rate
+DEMO_LARGEST_S = 0.5
+
+
+def fit_sizes(sizes: Sequence[int], ranks: int, line_bps: float, ports: int,
+              seconds: float = DEMO_LARGEST_S, floor: int = 1024) -> tuple[int, ...]:
+    """A sweep that answers in bounded time (pure): ``sizes`` halved together until the largest
+    all-reduce iteration (ring: busbw factor 2(n-1)/n over ``ports`` ports at ``line_bps`` each) takes
+    at most ``seconds``; never below ``floor`` bytes per rank. A rate the sweep already fits keeps it."""
+    out = tuple(int(x) for x in sizes)
+    if not out:
+        return out
+
+    def longest(sz: tuple[int, ...]) -> float:
+        return col.busbw_factor("all_reduce", max(2, ranks)) * max(sz) * 8 / max(1.0, line_bps * max(1, ports))
+
+    while longest(out) > seconds and min(out) // 2 >= floor * max(1, ranks):
+        out = tuple(x // 2 for x in out)
+    return out
+
+
 #: the matrix `hpnlab run` and `hpnlab demo` run by default
 #: (8 ranks: the measured budget, ``hpnlab.fabric.emulation.sizing.run_rates``, carries every host port at once;
 #: a run with other ranks takes ``run_sizes`` of its own)

@@ -2,6 +2,8 @@
 ranks that send, merged into the Scenario, every cell placed on the sized fabric (pure: no root)."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from hpnlab.fabric.emulation import sizing
@@ -143,3 +145,26 @@ def test_a_command_that_emulates_loads_its_scenario_once_and_emulates_the_prepar
     preset_mbps = spec.load("mini-hpn").emulation.host_mbps
     sized = argv[0] != "emulate"              # emulate runs the scenario's rates; the others size them
     assert (exc.value.scenario.emulation.host_mbps != preset_mbps) == sized
+
+
+# ---- the demo's sweep fits its rate ---------------------------------------------------------------
+
+def test_a_sweep_the_rate_carries_in_time_is_kept():
+    from hpnlab.fabric.experiments import runner
+    sizes = runner.run_sizes(8)                          # 256K-2M
+    assert runner.fit_sizes(sizes, 8, 40e6, 2) == sizes  # 2 MiB at 2 x 40 Mbit/s: 0.37 s
+
+
+def test_a_slow_rate_halves_the_whole_sweep_until_the_largest_all_reduce_fits():
+    from hpnlab.fabric.experiments import runner
+    from hpnlab.fabric.workload.collectives import busbw_factor
+    sizes = runner.run_sizes(8)
+    fitted = runner.fit_sizes(sizes, 8, 2e6, 2)
+    assert len(fitted) == len(sizes) and all(a * 2 == b for a, b in itertools.pairwise(fitted))
+    assert busbw_factor("all_reduce", 8) * fitted[-1] * 8 / 4e6 <= runner.DEMO_LARGEST_S
+    assert busbw_factor("all_reduce", 8) * fitted[-1] * 2 * 8 / 4e6 > runner.DEMO_LARGEST_S   # no smaller than needed
+
+
+def test_the_sweep_never_falls_below_the_floor_per_rank():
+    from hpnlab.fabric.experiments import runner
+    assert min(runner.fit_sizes(runner.run_sizes(8), 8, 1e3, 1, floor=4096)) >= 4096 * 8
