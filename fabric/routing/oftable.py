@@ -54,6 +54,7 @@ import networkx as nx
 
 from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.scenario.addressing import ip_int
+from hpnlab.fabric.scenario.graph import host_ports, hosts
 
 
 class Ambiguous(AssertionError):
@@ -454,7 +455,6 @@ class FabricTables:
     def _host_ports(self, host: str) -> list:
         ports = self._host_port_cache.get(host)
         if ports is None:
-            from hpnlab.fabric.scenario.graph import host_ports
             ports = self._host_port_cache[host] = host_ports(self.g, host)
         return ports
 
@@ -726,7 +726,6 @@ class FabricTables:
     # ---- all pairs ------------------------------------------------------------------------
     def all_pairs(self, planes: list[int] | None = None) -> list[tuple]:
         """Every (src, dst, plane, src_rail, dst_rail) of distinct hosts on each plane, rail 0 to every rail."""
-        from hpnlab.fabric.scenario.graph import hosts
         hs = hosts(self.g)
         ports = {h: self._host_ports(h) for h in hs}
         out = []
