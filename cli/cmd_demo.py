@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
+from typing import cast
 
 from hpnlab.cli.args import add_scenario_args, overrides_of
 
@@ -57,14 +59,15 @@ def cmd_demo(args) -> int:
     if plan:
         say(prepared.rates_line)
         s0 = prepared.scenario
-        fitted = experiment.fit_sizes(plan.sizes, plan.ranks, emulated_mbps(s0, s0.host_rate_gbps) * 1e6,
+        swept = tuple(int(x) for x in cast(Sequence[int], plan.sizes))     # held as ints once checked
+        fitted = experiment.fit_sizes(swept, plan.ranks, emulated_mbps(s0, s0.host_rate_gbps) * 1e6,
                                       s0.ports_per_host)
-        if fitted != tuple(plan.sizes):     # a first look answers in bounded time: the sweep fits the rate
+        if fitted != swept:     # a first look answers in bounded time: the sweep fits the rate
             plan = plan.replace(sizes=fitted)
             cells = plan.jobs_on(prepared.graph)
             say(f"      sizes {fitted[0] // 1024}K-{fitted[-1] // 1024}K: the largest all-reduce takes about "
                 f"{experiment.DEMO_LARGEST_S:g} s per iteration at this rate ('hpnlab run' sweeps "
-                f"{prepared.plan.sizes[0] // 1024}K-{prepared.plan.sizes[-1] // 1024}K)")
+                f"{swept[0] // 1024}K-{swept[-1] // 1024}K)")
     emu = Emulation(prepared.scenario, EmulationOptions())
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
