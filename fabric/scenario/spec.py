@@ -55,6 +55,24 @@ class LongHaul:
 
 
 @dataclass(frozen=True)
+class Lossless:
+    """Lossless switching in the emulation (``emulation.lossless``; docs/guides/lossless.md): priority
+    flow control and a shared switch buffer with per-ingress-port, per-priority accounting, as
+    RoCEv2 fabrics run. A size left null is derived per switch from a named real switch by the rule
+    of ``hpnlab.fabric.workload.lossless`` (scaled to the emulated rates)."""
+    pfc: bool = False             # pause the upstream transmitter above Xoff ('hpnlab run --pfc on|off')
+    alpha: float | None = 0.125   # dynamic Xoff = alpha x the free shared buffer (null: static xoff_bytes)
+    xoff_bytes: int | None = None           # static Xoff per ingress port and priority (alpha null)
+    buffer_bytes: int | None = None         # each switch's shared buffer (null: derived per switch)
+    headroom_bytes: int | None = None       # per ingress port and priority, above Xoff (null: derived)
+    reserved_bytes: int | None = None       # per ingress port and priority, before the shared buffer
+    resume_offset_bytes: int | None = None  # resume when the shared use is this far below Xoff
+    watchdog_ms: int = 200        # a queue paused this long stops honouring pause (0: no watchdog)
+    watchdog_restore_ms: int = 200          # ... for this long, then honours it again
+    bounce_priority: str = "auto"  # bounced detours in a lossless priority of their own: auto|on|off
+
+
+@dataclass(frozen=True)
 class Emulation:
     """How the scenario is scaled down to run on one machine (see README, 'Emulation')."""
     host_mbps: float = 20.0       # emulated rate of a host port; other links scale with it
@@ -65,6 +83,7 @@ class Emulation:
     tcp_congestion: str = ""      # the hosts' TCP congestion control ("": what the machine's namespaces inherit)
     ranks: int | None = None      # ranks per job of `hpnlab run` and the demo without --ranks (None: theirs)
     control_priority: bool = False  # DSCP 48 (CNPs, ACKs, NACKs) in a strict-priority class of every port
+    lossless: Lossless = field(default_factory=Lossless)   # PFC and the shared switch buffer
 
 
 @dataclass(frozen=True)
@@ -275,6 +294,34 @@ EMULATION_FIELDS: dict[str, Rule] = {
                   "every host of a smaller fabric; never more hosts than a job gets)", 2, MAX_COUNT, nullable=True),
     "control_priority": Rule("bool", "send packets marked DSCP 48 (the roce transport's CNPs, ACKs, NACKs and "
                              "notices) ahead of data on every emulated port, as RoCE fabrics queue CNPs"),
+    "lossless": Rule("block", "lossless switching: priority flow control and a shared switch buffer "
+                     "(docs/guides/lossless.md)", nullable=True),
+}
+#: the largest buffer, threshold or headroom (bytes) a lossless setting takes: 4 GiB, far above any switch
+MAX_BUFFER_BYTES = 1 << 32
+LOSSLESS_FIELDS: dict[str, Rule] = {
+    "pfc": Rule("bool", "pause the upstream transmitter of a priority above Xoff, hop by hop (false: lossy "
+                "switch ports, as without this block)"),
+    "alpha": Rule("number", "dynamic Xoff: alpha x the free shared buffer (null: a static Xoff, xoff_bytes)",
+                  0.0, 64.0, positive=True, nullable=True),
+    "xoff_bytes": Rule("int", "static Xoff per ingress port and priority, used when alpha is null (null: "
+                       "alpha 1/8 of the shared buffer)", 1, MAX_BUFFER_BYTES, nullable=True),
+    "buffer_bytes": Rule("int", "each switch's shared buffer (null: derived per switch from the reference "
+                         "switch, docs/guides/lossless.md)", 1, MAX_BUFFER_BYTES, nullable=True),
+    "headroom_bytes": Rule("int", "headroom per ingress port and priority, above Xoff: what arrives while the "
+                           "pause takes effect (null: derived from the port's rate)", 0, MAX_BUFFER_BYTES,
+                           nullable=True),
+    "reserved_bytes": Rule("int", "bytes per ingress port and priority held before the shared buffer is used "
+                           "(null: 4 frames)", 0, MAX_BUFFER_BYTES, nullable=True),
+    "resume_offset_bytes": Rule("int", "resume when the shared use is this many bytes below Xoff (null: 3 "
+                                "frames)", 0, MAX_BUFFER_BYTES, nullable=True),
+    "watchdog_ms": _count("PFC watchdog: a queue paused this long stops honouring pause, counted and logged "
+                          "(0: no watchdog)", minimum=0, maximum=60_000),
+    "watchdog_restore_ms": _count("how long the watchdog ignores pause before honouring it again (ms)",
+                                  minimum=1, maximum=60_000),
+    "bounce_priority": Rule("text", "bounced fast-failover detours in a lossless priority of their own: auto (when "
+                            "the routing proof finds a cyclic buffer dependency), on or off", max_chars=16,
+                            pattern="auto|on|off", why_pattern="one of auto, on, off"),
 }
 SWITCH_TABLES_FIELDS: dict[str, Rule] = {
     "routes": Rule("int", "IPv4 routes a switch holds (null: not stated)", 1, MAX_COUNT * 1000, nullable=True),
@@ -295,7 +342,9 @@ _BLOCKS: dict[str, tuple[type, dict[str, Rule]]] = {"long_haul": (LongHaul, LONG
                                                     "emulation": (Emulation, EMULATION_FIELDS),
                                                     "switch_tables": (SwitchTables, SWITCH_TABLES_FIELDS),
                                                     "bfd": (Bfd, BFD_FIELDS)}
-_Block = TypeVar("_Block", LongHaul, Emulation, SwitchTables, Bfd)
+#: blocks inside blocks: (outer, inner) -> the inner block's class and rules
+_NESTED: dict[tuple[str, str], tuple[type, dict[str, Rule]]] = {("emulation", "lossless"): (Lossless, LOSSLESS_FIELDS)}
+_Block = TypeVar("_Block", LongHaul, Emulation, SwitchTables, Bfd, Lossless)
 KINDS = ("hpn", "fat-tree")
 
 
@@ -388,18 +437,24 @@ def _field_name(key: Any) -> str:
     return key if isinstance(key, str) else short(key)
 
 
-def _sub(cls: type[_Block], data: Any, name: str) -> _Block | None:
-    """A sub-block (``long_haul``, ``emulation``) validated field by field against its rules."""
+def _sub(cls: type[_Block], data: Any, name: str, rules: dict[str, Rule] | None = None) -> _Block | None:
+    """A sub-block (``long_haul``, ``emulation``, ``emulation.lossless``) validated field by field against
+    its rules (a block's own blocks in turn)."""
     if data is None:
         return None
     if not isinstance(data, Mapping):
         raise ScenarioError(name, f"must be a mapping of fields, got {type(data).__name__}")
-    rules = _BLOCKS[name][1]
+    rules = _BLOCKS[name][1] if rules is None else rules
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in rules:
             raise ScenarioError(f"{name}.{_field_name(key)}", f"unknown field (known: {', '.join(sorted(rules))})")
-        kwargs[key] = _check_value(value, f"{name}.{key}", rules[key])
+        nested = _NESTED.get((name, key))
+        if nested is not None:
+            inner = _sub(nested[0], value, f"{name}.{key}", nested[1])
+            kwargs[key] = inner if inner is not None else nested[0]()
+        else:
+            kwargs[key] = _check_value(value, f"{name}.{key}", rules[key])
     return cls(**kwargs)
 
 
@@ -619,7 +674,7 @@ MAX_TOKENS = 2_000
 MAX_OVERRIDE_CHARS = 4096
 _PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _FAT_TREE_NAME = re.compile(r"^fat-tree-(\d{1,9})$")
-_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){0,2}$")
 
 
 class _Loader(yaml.SafeLoader):
@@ -735,7 +790,7 @@ def preset_names() -> list[str]:
 def nest_dotted(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     """Flat ``(dotted key, value)`` pairs as nested mappings: ``("a.b", 1)`` -> ``{"a": {"b": 1}}``.
 
-    A key is a field name or ``block.field``. A later pair wins over an earlier one with
+    A key is a field name, ``block.field`` or ``block.block.field``. A later pair wins over an earlier one with
     the same key. A key that is both a value and a group of fields (``long_haul=1`` and
     ``long_haul.links=2``) raises ScenarioError.
     """
@@ -743,8 +798,9 @@ def nest_dotted(pairs: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     for key, value in pairs:
         key = key.strip() if isinstance(key, str) else key
         if not isinstance(key, str) or not _OVERRIDE_KEY.match(key):
-            raise ScenarioError(_field_name(key), "an override's field must be a name or block.name "
-                                                  "(letters, digits, _), e.g. planes or long_haul.links")
+            raise ScenarioError(_field_name(key), "an override's field must be a name, block.name or "
+                                                  "block.block.name (letters, digits, _), e.g. planes or "
+                                                  "long_haul.links")
         parts = key.split(".")
         target = result
         for depth, part in enumerate(parts[:-1]):
@@ -853,7 +909,7 @@ def merged(s: Scenario, overrides: Mapping[str, Any] | None) -> Scenario:
 SCHEMA_FILE = "scenario.schema.json"   # in PRESET_DIR; the presets name it on their first line
 
 
-def _schema_of(rule: Rule, fields: Mapping[str, Rule] | None = None) -> dict[str, Any]:
+def _schema_of(rule: Rule, fields: Mapping[str, Rule] | None = None, name: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {"description": rule.description}
     if rule.type == "int":
         out.update(type="integer", minimum=int(rule.minimum or 0))
@@ -879,7 +935,8 @@ def _schema_of(rule: Rule, fields: Mapping[str, Rule] | None = None) -> dict[str
         out.update(type="string", enum=list(KINDS))
     elif rule.type == "block":
         out.update(type="object", additionalProperties=False,
-                   properties={name: _schema_of(r) for name, r in (fields or {}).items()})
+                   properties={key: _schema_of(r, _NESTED.get((name, key), (None, None))[1], key)
+                               for key, r in (fields or {}).items()})
     if rule.nullable:
         out["type"] = [out["type"], "null"]
     return out
@@ -900,7 +957,7 @@ def json_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["name"],
         "additionalProperties": False,
-        "properties": {name: _schema_of(rule, blocks.get(name)) for name, rule in SCENARIO_FIELDS.items()},
+        "properties": {name: _schema_of(rule, blocks.get(name), name) for name, rule in SCENARIO_FIELDS.items()},
     }
 
 
@@ -912,6 +969,8 @@ def describe_fields() -> list[str]:
         lines.append(_describe(name, rule))
         for sub, sub_rule in blocks.get(name, {}).items():
             lines.append(_describe(f"{name}.{sub}", sub_rule))
+            for inner, inner_rule in _NESTED.get((name, sub), (None, {}))[1].items():
+                lines.append(_describe(f"{name}.{sub}.{inner}", inner_rule))
     return lines
 
 
