@@ -1,11 +1,12 @@
-"""The fabric of a run, built: hosts, switches, links, shaping, BFD, the ECN stage, OVS's own tuning.
+"""The fabric of a run, built: hosts, switches, links, shaping, BFD, the ECN and PFC stages, OVS's own tuning.
 
 ``FabricBuilder`` turns the (physical) fabric graph into a Mininet network on real Open vSwitch
 as ``options.ports``, ``options.failover`` and ``options.cluster`` ask: it chooses the switch port
 type, builds the network (one machine, or Mininet's cluster edition with ``remote`` servers),
 configures every host and switch port (``nodes``: addresses, MTU, htb shaping), raises
 ovs-vswitchd's thread priority and its socket buffers (each old value recorded in the run's state
-first), turns BFD on, and puts the ECN marking stage on every switch egress port. It also answers
+first), turns BFD on, and puts priority flow control (``pfc``) and the ECN marking stage on every switch
+egress port. It also answers
 what the fabric is: its switch ports, which nodes run here, which switches are connected.
 Everything it records goes into the run's ``metadata``; what this machine could not emulate into
 ``metadata["not_emulated"]`` and the log.
@@ -20,6 +21,7 @@ from typing import Any
 
 import networkx as nx
 
+from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 
@@ -29,6 +31,7 @@ from .ecn import EcnStage
 from .errors import EmulationError
 from .mn import FabricTopo
 from .options import EmulationOptions, FailoverOptions
+from .pfc import PfcStage
 from .state import RunState
 
 __all__ = ["FabricBuilder", "bfd_intervals"]
@@ -123,7 +126,8 @@ class FabricBuilder:
         """The switch port type (``kernel.choose_port_type``), recorded in the metadata with why."""
         self.caps = caps
         needs = (["shaping"] if self.ports.shape else []) + (
-            ["ECN marking"] if self.ports.ecn and caps.ecn_mechanism is not None else [])
+            ["ECN marking"] if self.ports.ecn and caps.ecn_mechanism is not None else []) + (
+            ["priority flow control"] if self.scenario.emulation.lossless.pfc else [])
         budget = sizing.load_budget()
         frame = self.scenario.emulation.mtu + sizing.ETH
         measured = {t: sizing.pps_at(budget, t, frame) or 0.0 for t in caps.afxdp_types}
@@ -231,9 +235,20 @@ class FabricBuilder:
                                      f"fabric interfaces: {', '.join(down[:5])}")
             time.sleep(0.2)
 
-    def ecn_stage(self, mechanism: str) -> EcnStage:
-        """The ECN marking stage on every local switch egress port (``ecn.EcnStage``)."""
-        stage = EcnStage.for_emulation(self, mechanism=mechanism)
+    def pfc_stage(self) -> PfcStage:
+        """Priority flow control (``pfc.PfcStage``): the data path on every port, the pause agent."""
+        if self.port_type != "system":
+            raise UserError(f"priority flow control needs the switch ports in tc's reach (port type system); "
+                            f"this run uses {self.port_type}")
+        stage = PfcStage.for_emulation(self, ecn=self.ports.ecn)
+        for line in self.metadata["pfc"]["buffers"]:
+            self.log(f"PFC: {line}")
+        return stage
+
+    def ecn_stage(self, mechanism: str, pfc_pins: Path | None = None) -> EcnStage:
+        """The ECN marking stage on every local switch egress port (``ecn.EcnStage``); with priority flow
+        control (``pfc_pins``) it marks on the real occupancy through PFC's maps."""
+        stage = EcnStage.for_emulation(self, mechanism=mechanism, pfc_pins=pfc_pins)
         self.metadata["ecn_defaults"] = stage.defaults_description()
         return stage
 
@@ -249,7 +264,7 @@ class FabricBuilder:
         others where no counter saw it). Each old size goes into the run's state file first, so stop, and
         `hpnlab clean` after a crash, put it back (``cleanup.teardown``)."""
         mtu = self.scenario.emulation.mtu
-        queues = [shaping.port_shape(p, mtu).queue_bytes for p in self.switch_ports() if p["local"]]
+        queues = [shaping.port_shape(p, mtu).max_queued_bytes for p in self.switch_ports() if p["local"]]
         want = datapath_socket.send_buffer_bytes(queues)
         record = self.state.add_send_buffer if self.state is not None else None
         try:

@@ -138,18 +138,22 @@ def _bpf(cmd: int, attr: bytes) -> int:
     return ret
 
 
-class BpfMap:
-    """A pinned BPF hash map with u32 keys, opened by path."""
+_U32_KEY = struct.Struct("<I")
 
-    def __init__(self, path: Path, value: struct.Struct):
+
+class BpfMap:
+    """A pinned BPF map (hash or array), opened by path; keys u32 unless ``key`` says otherwise."""
+
+    def __init__(self, path: Path, value: struct.Struct, key: struct.Struct = _U32_KEY):
         self.path = Path(path)
         self.value = value
+        self.key = key
         cpath = ctypes.create_string_buffer(str(self.path).encode())
         self._cpath = cpath  # keep alive
         self.fd = _bpf(_BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(cpath), 0, 0))
 
     def _elem(self, cmd: int, key: int, value_buf, flags: int = 0) -> int:
-        k = ctypes.c_uint32(key)
+        k = ctypes.create_string_buffer(self.key.pack(key), self.key.size)
         attr = struct.pack("<IIQQQ", self.fd, 0, ctypes.addressof(k), ctypes.addressof(value_buf), flags)
         return _bpf(cmd, attr)
 
@@ -236,7 +240,10 @@ class EcnStage:
 
     # -- set-up by the harness -------------------------------------------------------
     @classmethod
-    def for_emulation(cls, emu, mechanism: str) -> EcnStage:
+    def for_emulation(cls, emu, mechanism: str, pfc_pins: Path | None = None) -> EcnStage:
+        """The stage of a run. ``pfc_pins``: priority flow control's pins (``pfc.PfcStage.pin_dir``), whose
+        data path marks on the real occupancy of every egress queue through these same maps: nothing
+        is loaded or attached here then, the default thresholds are written into its maps."""
         mtu = emu.scenario.emulation.mtu
         ports = {}
         for p in emu.switch_ports():
@@ -244,9 +251,15 @@ class EcnStage:
                 continue
             shape = port_shape(p, mtu, delay=False)
             ports[p["intf"]] = EcnPort(p["intf"], p["switch"], p["port"], socket.if_nametoindex(p["intf"]),
-                                       p["rate_mbps"], shape.queue_bytes, data_class(shape))
+                                       p["rate_mbps"], shape.max_queued_bytes, data_class(shape))
         state = emu.state
-        if mechanism == "bpf":
+        if pfc_pins is not None:
+            mechanism = "bpf"
+            stage = cls("bpf", ports, pfc_pins, mtu)
+            for port in ports.values():
+                stage._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, mtu), True)
+                stage._maps()[1].update(port.ifindex, _STATE_ZERO)
+        elif mechanism == "bpf":
             obj = compile_marker(emu.log)
             if ensure_bpffs():
                 state.notes["mounted_bpffs"] = True

@@ -72,6 +72,7 @@ class Emulation:
         self.state: RunState | None = None
         self.net: Any = None
         self.ecn: Any = None  # hpnlab.fabric.emulation.ecn.EcnStage once started (with one)
+        self.pfc: Any = None  # hpnlab.fabric.emulation.pfc.PfcStage with priority flow control
         self.builder = FabricBuilder(self.scenario, self.graph, self.physical, self.options, self.metadata, self.log)
         self.controller = ControllerSupervisor(self.options.controller, self.scenario, self.graph,
                                                self.options.rewire, self.builder, self.metadata, self.log)
@@ -142,8 +143,11 @@ class Emulation:
             if self.builder.bfd_ms:
                 self.builder.enable_bfd()
                 self.timings["bfd_s"] = time.monotonic() - t0
-            if opts.ports.ecn and caps.ecn_mechanism is not None:
-                self.ecn = self.builder.ecn_stage(caps.ecn_mechanism)
+            if self.scenario.emulation.lossless.pfc:
+                self.pfc = self.builder.pfc_stage()
+            if opts.ports.ecn and (caps.ecn_mechanism is not None or self.pfc is not None):
+                self.ecn = self.builder.ecn_stage(caps.ecn_mechanism or "bpf",
+                                                  pfc_pins=self.pfc.pin_dir if self.pfc is not None else None)
             if self.controller.active:
                 self.controller.wait_connected()
                 self.controller.read_wiring()
@@ -270,6 +274,8 @@ class Emulation:
             self.controller.unwatch()       # ending the controller below is no loss
             self.builder.restore_ovs()
             self.faults.close()
+            if self.pfc is not None:
+                self.pfc.close()         # the agent ends first, opening every gate (its loss is no loss)
             if self.ecn is not None:
                 self.ecn.close()
             if self.state is not None:

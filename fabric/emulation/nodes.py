@@ -25,7 +25,7 @@ from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.scenario.graph import intf_name
 from hpnlab.fabric.scenario.rates import emulated_delay_us, emulated_mbps
 
-from . import ovsdb, shaping
+from . import ovsdb, pfc_plan, shaping
 from .state import RunState
 
 HOST_SYSCTLS = ("net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
@@ -84,13 +84,18 @@ def host_tc_lines(graph: nx.MultiGraph, host: str, netem: bool) -> list[str]:
     for p in host_interfaces(graph, host):
         lines += shaping.tc_lines(shaping.Shape(p["name"], emulated_mbps(s, p["rate_gbps"]), 0.0,
                                                 s.emulation.mtu, buffer_frames=s.emulation.buffer_frames,
-                                                control_priority=s.emulation.control_priority), netem)
+                                                control_priority=s.emulation.control_priority,
+                                                pfc=s.emulation.lossless.pfc), netem)
     return lines
 
 
 def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda node: True) -> list[dict[str, Any]]:
-    """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay, kind, local."""
+    """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay, kind, local; with
+    priority flow control (``pfc``) the most lossless bytes it may hold (``lossless_bytes``: its switch's
+    whole buffer, ``pfc_plan.switch_buffers``)."""
     s: spec.Scenario = graph.graph["scenario"]
+    pfc = s.emulation.lossless.pfc
+    totals = {sw: b.total_bytes for sw, b in pfc_plan.switch_buffers(graph, priorities=2).items()} if pfc else {}
     out = []
     for u, v, d in graph.edges(data=True):
         for a, b in ((u, v), (v, u)):
@@ -101,7 +106,8 @@ def switch_ports(graph: nx.MultiGraph, is_local: Callable[[str], bool] = lambda 
                         "rate_mbps": emulated_mbps(s, d["rate_gbps"]),
                         "delay_us": emulated_delay_us(s, d.get("delay_us", 0.0)), "kind": d["kind"],
                         "local": is_local(a), "buffer_frames": s.emulation.buffer_frames,
-                        "control_priority": s.emulation.control_priority})
+                        "control_priority": s.emulation.control_priority, "pfc": pfc,
+                        "lossless_bytes": totals.get(a, 0)})
     return out
 
 

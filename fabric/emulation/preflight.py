@@ -124,7 +124,23 @@ def mechanisms(caps: kernel.Capabilities, graph: nx.MultiGraph, shape: bool, ecn
     else:
         md["ecn"] = "off"
     md["tcp_offload"] = "userspace-tso" if caps.ovs_userspace_tso else "host tx checksum offload off"
+    if scenario.emulation.lossless.pfc:
+        missing = pfc_missing(caps)
+        if missing:
+            raise UserError(f"priority flow control (--pfc on) needs {missing}; run 'hpnlab doctor', or --pfc off")
+        md["pfc"] = "tc BPF + pause agent"
+    else:
+        md["pfc"] = "off"
     return md, warnings
+
+
+def pfc_missing(caps: kernel.Capabilities) -> str | None:
+    """What priority flow control lacks here (pure): tc BPF, its toolchain, clsact, tbf; None when nothing."""
+    needs = [("the bpf system call with BTF", caps.bpf), ("clang", caps.clang), ("bpftool", caps.bpftool),
+             ("the bpf tc classifier", caps.tc_bpf), ("the clsact qdisc", bool(caps.qdiscs.get("clsact"))),
+             ("the tbf qdisc", bool(caps.qdiscs.get("tbf"))), ("the htb qdisc", bool(caps.qdiscs.get("htb")))]
+    lacking = [name for name, ok in needs if not ok]
+    return ", ".join(lacking) if lacking else None
 
 
 def emulation_missing() -> str | None:

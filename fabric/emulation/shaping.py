@@ -23,6 +23,19 @@ A u32 filter sends packets whose DSCP is 48 (the roce transport's ACKs, NACKs, C
 to 1:10. Both classes may use the whole rate R; 1:10 is assured ``CONTROL_SHARE`` of it, and htb
 serves a class within its assured rate before any that borrows, the higher priority first, so a
 control packet waits for at most the frame on the wire, not for the data queued ahead of it.
+
+With priority flow control (the scenario's ``emulation.lossless.pfc``; :mod:`.pfc`) every sending
+interface, switch port and host NIC alike, has three kinds of class, and the lossless ones a *gate*::
+
+    root htb (default 1:12) ── class 1:1 rate R ── 1:10 prio 0 (high: CNPs, ACKs, ARP, LLDP, BFD) ── 10: pfifo
+                                                ├─ 1:11 prio 1 (lossless data) ── 20: tbf (the gate) ── 30: bfifo
+                                                ├─ 1:13 prio 1 (lossless, bounced) ── 21: tbf (gate) ── 31: bfifo
+                                                └─ 1:12 prio 1 (lossy: TCP, other UDP, ICMP) ── 40: the port buffer
+
+The data path's egress BPF program puts each packet in its class (``skb->priority``: no tc
+classifier is needed). A gate is open (``GATE_OPEN_BPS``) until the pause agent closes it (rate
+1 B/s, one frame of burst) for the downstream's pause; the lossless queues behind it never drop
+(``LOSSLESS_LIMIT_BYTES``: the shared buffer model drops, at its headroom, and counts).
 """
 from __future__ import annotations
 
@@ -37,6 +50,16 @@ BUFFER_FRAMES: int = Emulation.buffer_frames
 CONTROL_SHARE = 0.1
 #: the DSCP that goes to the control class (CS6: what the roce transport marks its control packets)
 CONTROL_DSCP = 48
+#: priority flow control's tree: the classes (hex minors under 1:), the gates and the queues behind them
+PFC_HIGH_CLASS, PFC_LOSSY_CLASS = 0x10, 0x12
+PFC_LOSSLESS_CLASSES = (0x11, 0x13)          # per lossless priority: data, bounced detours
+PFC_GATES = (0x20, 0x21)                     # the gates' qdisc handles (20:, 21:)
+PFC_FIFOS = (0x30, 0x31)
+#: an open gate: far above any emulated port's rate, a burst of 64 KiB (the htb class above it shapes)
+GATE_OPEN_BPS = 1_000_000_000
+GATE_OPEN_BURST = 65_536
+#: a lossless queue (and a gate's own limit) never binds: the shared buffer model decides drops
+LOSSLESS_LIMIT_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,10 @@ class Shape:
     queue_ms: float = 50.0
     buffer_frames: int = BUFFER_FRAMES
     control_priority: bool = False
+    #: priority flow control: the gated tree (see the module docstring)
+    pfc: bool = False
+    #: the most lossless bytes this port may hold at once (its switch's whole buffer; 0: a host, or no PFC)
+    lossless_bytes: int = 0
 
     @property
     def rate_bytes_per_s(self) -> float:
@@ -57,12 +84,19 @@ class Shape:
     def queue_bytes(self) -> int:
         return int(max(self.buffer_frames * frame_bytes(self.mtu), self.rate_bytes_per_s * self.queue_ms / 1000))
 
+    @property
+    def max_queued_bytes(self) -> int:
+        """The most this interface's queues may hold at once: the port buffer, and with PFC the lossless
+        bytes its switch's buffer may put there."""
+        return self.queue_bytes + (self.lossless_bytes if self.pfc else 0)
+
 
 def port_shape(port: dict, mtu: int, delay: bool = True) -> Shape:
     """The shape of one switch egress port (a ``nodes.switch_ports`` entry) at this MTU (pure)."""
     return Shape(port["intf"], port["rate_mbps"], port["delay_us"] if delay else 0.0, mtu,
                  buffer_frames=port.get("buffer_frames", BUFFER_FRAMES),
-                 control_priority=port.get("control_priority", False))
+                 control_priority=port.get("control_priority", False), pfc=port.get("pfc", False),
+                 lossless_bytes=port.get("lossless_bytes", 0))
 
 
 def htb_burst(rate_mbps: float, mtu: int) -> int:
@@ -78,13 +112,54 @@ def rate_change_args(dev: str, rate_mbps: float, mtu: int) -> list[str]:
 
 
 def data_class(shape: Shape) -> str:
-    """The htb class whose leaf is the port buffer (where the ECN stage's RED goes)."""
+    """The htb class whose leaf is the port buffer (where the ECN stage's RED goes; with PFC the lossy class)."""
+    if shape.pfc:
+        return f"1:{PFC_LOSSY_CLASS:x}"
     return "1:11" if shape.control_priority else "1:1"
+
+
+def pfc_tc_lines(shape: Shape, netem: bool) -> list[str]:
+    """The gated tree of one interface under priority flow control (module docstring)."""
+    rate = f"{shape.rate_mbps:g}mbit"
+    frame = shape.mtu + 14
+    burst = max(2 * frame, int(shape.rate_bytes_per_s / 1000))
+    dev = shape.dev
+    data_share = (1 - CONTROL_SHARE) / (len(PFC_LOSSLESS_CLASSES) + 1)
+    delayed = netem and shape.delay_us > 0
+
+    def klass(classid: int, assured_mbps: float, prio: int) -> str:
+        return (f"class add dev {dev} parent 1:1 classid 1:{classid:x} htb rate {assured_mbps:g}mbit ceil {rate} "
+                f"burst {burst} cburst {burst} quantum {frame} prio {prio}")
+
+    def leaf(parent: str, handle: int, fifo: str) -> str:
+        if delayed:
+            return f"qdisc add dev {dev} parent {parent} handle {handle:x}: netem delay {shape.delay_us:g}us {fifo}"
+        return f"qdisc add dev {dev} parent {parent} handle {handle:x}: {fifo}"
+
+    lines = [f"qdisc replace dev {dev} root handle 1: htb default {PFC_LOSSY_CLASS:x} r2q 1",
+             f"class add dev {dev} parent 1: classid 1:1 htb rate {rate} ceil {rate} burst {burst} cburst {burst} "
+             f"quantum {frame}",
+             klass(PFC_HIGH_CLASS, shape.rate_mbps * CONTROL_SHARE, 0),
+             leaf(f"1:{PFC_HIGH_CLASS:x}", PFC_HIGH_CLASS, "limit 256" if delayed else "pfifo limit 256")]
+    for classid, gate, fifo in zip(PFC_LOSSLESS_CLASSES, PFC_GATES, PFC_FIFOS, strict=True):
+        lines += [klass(classid, shape.rate_mbps * data_share, 1),
+                  f"qdisc add dev {dev} parent 1:{classid:x} handle {gate:x}: tbf rate {GATE_OPEN_BPS}bit "
+                  f"burst {GATE_OPEN_BURST} limit {LOSSLESS_LIMIT_BYTES}",
+                  leaf(f"{gate:x}:1", fifo, f"limit {LOSSLESS_LIMIT_BYTES // frame}" if delayed
+                       else f"bfifo limit {LOSSLESS_LIMIT_BYTES}")]
+    lossy_limit = max(64, shape.queue_bytes // frame)
+    lines += [klass(PFC_LOSSY_CLASS, shape.rate_mbps * data_share, 1),
+              leaf(f"1:{PFC_LOSSY_CLASS:x}", 0x40, f"limit {lossy_limit}" if delayed
+                   else f"bfifo limit {shape.queue_bytes}")]
+    return lines
 
 
 def tc_lines(shape: Shape, netem: bool, leaf: bool = True) -> list[str]:
     """`tc -batch` lines (without the leading 'tc') that shape one interface. ``leaf=False``: without
-    the port buffer's qdisc under :func:`data_class` (a caller that puts RED there)."""
+    the port buffer's qdisc under :func:`data_class` (a caller that puts RED there). With ``shape.pfc``
+    the gated tree (:func:`pfc_tc_lines`)."""
+    if shape.pfc:
+        return pfc_tc_lines(shape, netem)
     rate = f"{shape.rate_mbps:g}mbit"
     # burst: at least one MTU-sized frame plus a little; quantum = one frame
     frame = frame_bytes(shape.mtu)
