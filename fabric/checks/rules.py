@@ -45,6 +45,12 @@ Rules (``RULES``, in this order; every one is on unless the rules file turns it 
                        (``hpnlab.fabric.routing.protection``). Every branch is walked, so a
                        fabric whose estimated walks pass ``max_walks`` (default 3,000,000) is
                        not proved here: the row says so (prove a smaller shape of it).
+    deadlock-freedom   under priority flow control: no cyclic buffer dependency in the compiled
+                       tables, healthy and under every single failure (detours included), with
+                       one lossless priority, and where that has a cycle, with bounced detours in
+                       a priority of their own (``emulation.lossless.bounce_priority`` auto or on:
+                       what the emulation then does; ``hpnlab.fabric.routing.deadlock``). Fabrics
+                       beyond ``max_pairs`` pair walks are not proved (not available).
 
 Rules file (YAML, read with the scenario loader's bounds and checks): one key per rule, set to
 ``false`` (off), ``true`` (on, default limits) or a mapping of limits (``enabled: false`` turns
@@ -62,6 +68,7 @@ scenario's stated one::
     long-haul: {max_ratio: 4, max_delay_us: 200}
     failure-tolerance: false
     local-protection: {max_walks: 10000000}
+    deadlock-freedom: {max_pairs: 100000}
 """
 from __future__ import annotations
 
@@ -78,7 +85,7 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hpnlab.fabric.errors import UserError, short
-from hpnlab.fabric.routing import proofs, protection
+from hpnlab.fabric.routing import deadlock, proofs, protection
 from hpnlab.fabric.scenario import analysis, shapes
 from hpnlab.fabric.scenario import spec as fspec
 
@@ -578,6 +585,36 @@ def rule_local_protection(ctx: CheckContext) -> list[RuleResult]:
                               "all", bad == 0, f"plane(s) {planes}; {proof.pairs:,} pairs, {proof.branches:,} "
                                                f"branches walked, {proof.seconds:.1f} s"))
     return results
+def rule_deadlock_freedom(ctx: CheckContext) -> list[RuleResult]:
+    """No cyclic buffer dependency under PFC (``hpnlab.fabric.routing.deadlock``): one row for one lossless
+    priority, and where it has a cycle one for bounced detours in a priority of their own (what the
+    scenario's ``bounce_priority`` auto or on makes the emulation do). ctx.limits: ``max_pairs``."""
+    limits: Mapping = ctx.limits or {}
+    budget = int(limits.get("max_pairs", deadlock.MAX_WORK))
+    size = deadlock.work(ctx.graph)
+    limit = "no cyclic buffer dependency, healthy and every single failure"
+    if size > budget:
+        return [RuleResult("deadlock-freedom", "fabric", NOT_AVAILABLE, limit, True,
+                           f"{size:,} pair walks, above max_pairs {budget:,}: the proof is sized for fabrics "
+                           f"one machine emulates (raise deadlock-freedom.max_pairs in a rules file to run it)")]
+    mode = ctx.spec.emulation.lossless.bounce_priority
+
+    def states(fl: Any) -> dict:
+        return ctx.states(failures=fl if fl else None)
+
+    def figure(p: deadlock.DeadlockProof) -> str:
+        return "no cycle" if p.ok else f"{len(p.cycles)} of {len(p.states)} states cyclic"
+
+    one = deadlock.prove(ctx.graph, compile_states=states)
+    own = not one.ok and mode != "off"
+    rows = [RuleResult("deadlock-freedom", "one lossless priority", figure(one), limit, one.ok or own,
+                       deadlock.summary(one) + ("; bounced detours get a priority of their own "
+                                                f"(bounce_priority {mode})" if own else ""))]
+    if not one.ok and mode != "off":
+        two = deadlock.prove(ctx.graph, bounce=True, compile_states=states)
+        rows.append(RuleResult("deadlock-freedom", "bounced detours in priority 1", figure(two), limit, two.ok,
+                               deadlock.summary(two)))
+    return rows
 
 
 RULES: dict[str, Callable[[CheckContext], Iterable[RuleResult]]] = {
@@ -593,6 +630,7 @@ RULES: dict[str, Callable[[CheckContext], Iterable[RuleResult]]] = {
     "long-haul": rule_long_haul,
     "failure-tolerance": rule_failure_tolerance,
     "local-protection": rule_local_protection,
+    "deadlock-freedom": rule_deadlock_freedom,
 }
 #: rules that run only when asked for (``--local-protection``, ``--only``, or named in the rules file)
 OPT_IN = frozenset({"local-protection"})
@@ -621,6 +659,7 @@ RULE_LIMITS: dict[str, dict[str, fspec.Rule] | None] = {
     "failure-tolerance": None,
     "local-protection": {"max_walks": fspec.Rule("int", "most walks to make", 1, fspec.MAX_COUNT * 1000),
                          "all_planes": fspec.Rule("bool", "every plane's events, not plane 0's alone")},
+    "deadlock-freedom": {"max_pairs": fspec.Rule("int", "the most pair walks the proof takes", 1, fspec.MAX_COUNT * 1000)},
 }
 
 

@@ -90,6 +90,33 @@ def compile_objects(log: Callable[[str], None] = lambda m: None) -> tuple[Path, 
     return obj, agent
 
 
+def lossless_priorities(g: Any, log: Callable[[str], None] = lambda m: None) -> int:
+    """``pfc_plan.lossless_priorities`` with the routing proof's answer kept in the cache (keyed by the
+    scenario and the routing layer's sources): a proof takes seconds, a run's start-up should not."""
+    from hpnlab.fabric.routing import deadlock
+    from hpnlab.fabric.scenario import spec
+
+    routing = Path(deadlock.__file__).resolve().parent
+    key = _digest(json.dumps(spec.to_dict(g.graph["scenario"]), sort_keys=True, default=str).encode(),
+                  *(f.read_bytes() for f in sorted(routing.glob("*.py"))))
+    path = cache_dir() / "deadlock" / f"{key}.json"
+
+    def needs_own(graph: Any) -> bool:
+        try:
+            return bool(json.loads(path.read_text())["needs_bounce_priority"])
+        except (OSError, ValueError, KeyError):
+            pass
+        proof = deadlock.prove(graph)
+        log(f"PFC: buffer dependencies: {deadlock.summary(proof)}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"needs_bounce_priority": not proof.ok, "summary": deadlock.summary(proof)}))
+        os.replace(tmp, path)
+        return not proof.ok
+
+    return pfc_plan.lossless_priorities(g, needs_own)
+
+
 class PfcStage:
     """Priority flow control of one run (module docstring)."""
 
@@ -142,7 +169,7 @@ class PfcStage:
         g = emu.graph
         s = emu.scenario
         t0 = time.monotonic()
-        priorities = pfc_plan.lossless_priorities(g)
+        priorities = lossless_priorities(g, emu.log)
         plan = pfc_plan.build(g, priorities)
         obj, agent = compile_objects(emu.log)
         if ensure_bpffs():

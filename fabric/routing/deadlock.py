@@ -43,6 +43,9 @@ from hpnlab.fabric.scenario import graph as fgraph
 
 #: fabrics with at most this many links are proved over every single failure
 EXHAUSTIVE_LINKS = 2_000
+#: the most pair walks (representative pairs x table states, :func:`work`) a proof takes on by default:
+#: every preset one machine can emulate is far below (mini-hpn: 2,904; small-hpn, too large to emulate: 34,160)
+MAX_WORK = 50_000
 #: the Ethernet sources of detoured packets (the compiler's marks)
 MARKS = frozenset({compiler.BOUNCE_MAC, compiler.DEEP_MAC})
 
@@ -127,8 +130,9 @@ def dependencies(net: FabricTables, bounce: bool, edges: dict[tuple[Queue, Queue
                     marks = marks_along(net, pkt, walk.hops)
                     queues = [(sw, inp, priority_of(m, bounce)) for (sw, inp, _o), m in zip(walk.hops, marks,
                                                                                              strict=True)]
+                    bounced = " (bounced)" if any(m in MARKS for m in marks) else ""
                     for a, b in zip(queues, queues[1:], strict=False):
-                        edges.setdefault((a, b), f"{src}->{dst} plane {plane} sport {sport:#x}: "
+                        edges.setdefault((a, b), f"{src}->{dst} plane {plane} sport {sport:#x}{bounced}: "
                                                  + " ".join(f"{sw}:{i}" for sw, i, _ in walk.hops))
     return edges, walks
 
@@ -161,6 +165,18 @@ def failures_to_prove(g: nx.MultiGraph, exhaustive: bool | None = None) -> tuple
         out += [proofs.switch_failure(n) for n in fgraph.switches(g)]
         return out, True
     return [c.representative for c in proofs.failure_classes(g, keep_members=False)], False
+
+
+def work(g: nx.MultiGraph) -> int:
+    """The pair walks a proof takes (each walks every entropy branch of one representative pair): per
+    plane the representatives squared, times the table states (healthy, and two per failure)."""
+    leaves: dict[int, set[str]] = {}
+    for h in fgraph.hosts(g):
+        for p in fgraph.host_ports(g, h):
+            leaves.setdefault(p["plane"], set()).add(p["leaf"])
+    pairs = sum(len(v) * (len(v) - 1) for v in leaves.values())
+    failures, _ = failures_to_prove(g)
+    return pairs * (1 + 2 * len(failures))
 
 
 def prove(g: nx.MultiGraph, *, bounce: bool = False, exhaustive: bool | None = None,
