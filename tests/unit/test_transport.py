@@ -600,15 +600,15 @@ def test_background_sends_carry_the_data_as_posted_even_if_the_buffer_changes(ki
     assert out[1] == b"A" * 60_000
 
 
-def test_control_packets_leave_with_dscp_48_and_data_with_dscp_0_and_ect():
+def test_control_packets_leave_with_dscp_48_and_data_with_dscp_26_and_ect():
     """ACKs, NACKs and CNPs are what a RoCE fabric queues ahead of data (``emulation.control_priority``
-    classifies them by this DSCP); data stays best effort and ECN-capable."""
+    classifies them by this DSCP); data goes in the lossless priority (DSCP 26), ECN-capable."""
     t0, t1, relays = _pair("roce", dict(drop=0.05, ce=0.2), {}, base=BASE + 86, line_rate_bps=50e6)
     fwd, back = relays
     msgs = [bytes(range(256)) * 400]
     out = _deliver(t0, t1, relays, msgs)
     assert out[1][0] == msgs
-    assert fwd.tos_of[DATA] == {ECT0}                       # marked CE by the relay only after it read them
+    assert fwd.tos_of[DATA] == {26 << 2 | ECT0}             # marked CE by the relay only after it read them
     assert back.tos_of[ACK] == {CONTROL_TOS} == {48 << 2}
     assert back.tos_of.get(NACK, {CONTROL_TOS}) == {CONTROL_TOS} and back.tos_of[CNP] == {CONTROL_TOS}
 

@@ -47,7 +47,8 @@ What is modelled
       sender timing out once per packet), and message completion
       when every packet of the message is acknowledged (RDMA send completion).
     * Control packets (ACK, NACK, CNP, PLANE) leave with DSCP 48 (``CONTROL_TOS``), which RoCE
-      fabrics give a strict-priority queue (here ``emulation.control_priority``); data with DSCP 0.
+      fabrics give a strict-priority queue (here ``emulation.control_priority``, and always with
+      priority flow control); data with DSCP 26 (``DATA_DSCP``), the lossless priority.
     * ECN: data packets leave with ECT(0) (IP_TOS); the receiver reads the TOS byte of
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
@@ -120,6 +121,7 @@ from .wire import (
     CNP,
     CONTROL_TOS,
     DATA,
+    DATA_DSCP,
     ECT0,
     ETH,
     HDR,
@@ -135,7 +137,7 @@ from .wire import (
     wire_bits,
 )
 
-__all__ = ["ABORT", "ACK", "CE", "CNP", "CONTROL_TOS", "DATA", "ECT0", "ETH", "HDR", "IP_UDP", "MAX_PATHS", "NACK",
-           "NO_COUNT", "NO_REPORT", "PATH_LOSS", "PLANE", "PROBE", "PSEQ_MASK", "REORDER_TIME_MAX_S", "Dcqcn",
+__all__ = ["ABORT", "ACK", "CE", "CNP", "CONTROL_TOS", "DATA", "DATA_DSCP", "ECT0", "ETH", "HDR", "IP_UDP", "MAX_PATHS",
+           "NACK", "NO_COUNT", "NO_REPORT", "PATH_LOSS", "PLANE", "PROBE", "PSEQ_MASK", "REORDER_TIME_MAX_S", "Dcqcn",
            "DcqcnParams", "RateControl", "RoceTransport", "RxFlow", "TxFlow", "packets_for", "path_gap",
            "serve_order", "wire_bits"]

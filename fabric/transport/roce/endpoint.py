@@ -12,7 +12,7 @@ from hpnlab.fabric.routing.entropy import FIRST_FREE_PORT, EntropyMap, connectio
 
 from ..base import TransportError
 from .flows import TxFlow
-from .wire import CONTROL_TOS, ECT0, HDR, IP_RECVTOS, NO_REPORT, PROBE, timestamp
+from .wire import CONTROL_TOS, DATA_DSCP, ECT0, HDR, IP_RECVTOS, NO_REPORT, PROBE, timestamp
 
 
 class Endpoint:
@@ -119,8 +119,7 @@ class Endpoint:
         except OSError:
             ts.close()
             raise
-        if self.ecn:
-            ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, ECT0)
+        ts.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, DATA_DSCP << 2 | (ECT0 if self.ecn else 0))
         ts.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
         ts.setblocking(False)
         return ts

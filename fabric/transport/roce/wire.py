@@ -25,6 +25,8 @@ MAX_PATHS = 255
 LINK_ERRNOS = frozenset((errno.ENETUNREACH, errno.ENETDOWN, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL))
 IP_UDP = 28          # IPv4 + UDP headers
 ECT0, CE = 0x02, 0x03
+#: data's DSCP: 26, the priority RoCEv2 fabrics run lossless (priority flow control pauses it; ``--pfc on``)
+DATA_DSCP = 26
 #: the TOS byte of control packets (ACK, NACK, CNP, PLANE): DSCP 48 (CS6), not ECN-capable, the class
 #: RoCE fabrics give CNPs a strict-priority queue for (``emulation.control_priority`` does so here)
 CONTROL_TOS = 48 << 2
