@@ -88,6 +88,14 @@ class FabricBuilder:
         """Every switch egress port: switch, port, intf name, peer node, emulated rate, delay, local."""
         return nodes.switch_ports(self.graph, self.is_local)
 
+    def host(self, name: str) -> Any:
+        """A host's Mininet node (once built)."""
+        return self.net.get(name)
+
+    @property
+    def hosts(self) -> list[str]:
+        return fgraph.hosts(self.graph)
+
     def is_local(self, node: str) -> bool:
         """Whether a node runs on this machine (always, unless cluster servers were given)."""
         if not self.servers or self.net is None:

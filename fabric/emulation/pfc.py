@@ -42,7 +42,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.workload import lossless as ll
 
 from ..errors import UserError
@@ -136,6 +135,8 @@ class PfcStage:
         self._stop = threading.Event()
         self._log: Callable[[str], None] = lambda m: None
         self._by_gid = plan.by_gid()
+        #: host -> its network namespace (/proc/PID/ns/net)
+        self.host_ns: dict[str, str] = {}
 
     # ---- maps ----------------------------------------------------------------------------------
     def map(self, name: str) -> BpfMap:
@@ -186,7 +187,7 @@ class PfcStage:
         ifindex = {p.intf: socket.if_nametoindex(p.intf) for p in plan.switch_ports()}
         stage._fill(ecn, ifindex)
         stage._attach(emu)
-        host_ns = {h: f"/proc/{emu.net.get(h).pid}/ns/net" for h in fgraph.hosts(g)}
+        host_ns = stage.host_ns = {h: f"/proc/{emu.host(h).pid}/ns/net" for h in emu.hosts}
         stage.config_file.write_text(pfc_plan.agent_config(
             plan, str(pin_dir / "maps" / "pfc_events"), str(stage.stats_file), lambda n: host_ns.get(n, "-"),
             s.emulation.lossless.watchdog_ms, s.emulation.lossless.watchdog_restore_ms))
@@ -214,7 +215,7 @@ class PfcStage:
         for host, host_lines in by_host.items():
             batch = self.run_dir / f"pfc-{host}.tc"
             batch.write_text("\n".join(host_lines) + "\n")
-            r = subprocess.run(["nsenter", f"--net=/proc/{emu.net.get(host).pid}/ns/net", "tc", "-batch", str(batch)],
+            r = subprocess.run(["nsenter", f"--net=/proc/{emu.host(host).pid}/ns/net", "tc", "-batch", str(batch)],
                                capture_output=True, text=True)
             if r.returncode != 0:
                 raise UserError(f"attaching the PFC data path to {host}'s NICs failed: {r.stderr.strip()[-300:]}")
@@ -279,7 +280,7 @@ class PfcStage:
     def write_info(self) -> None:
         (self.run_dir / "pfc.json").write_text(json.dumps(
             {"plan": self.plan.as_dict(), "pin_dir": str(self.pin_dir), "agent_bin": str(self.agent_bin),
-             "agent_pid": self.agent_pid}, indent=1))
+             "agent_pid": self.agent_pid, "host_ns": self.host_ns}, indent=1))
 
     @classmethod
     def open(cls, run_id: str | None = None) -> PfcStage:
@@ -291,7 +292,9 @@ class PfcStage:
                             + (f" with run id {run_id}" if run_id else ""))
         info = json.loads(path.read_text())
         plan = plan_from_dict(info["plan"])
-        return cls(plan, Path(info["pin_dir"]), path.parent, Path(info["agent_bin"]), info.get("agent_pid"))
+        stage = cls(plan, Path(info["pin_dir"]), path.parent, Path(info["agent_bin"]), info.get("agent_pid"))
+        stage.host_ns = dict(info.get("host_ns") or {})
+        return stage
 
     # ---- reading --------------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, Any]]:
@@ -307,11 +310,13 @@ class PfcStage:
             if p.is_switch:
                 agg = {"pauses": 0, "resumes": 0, "paused_ns": 0, "peak_headroom": 0, "peak_bytes": 0,
                        "drops": 0, "packets": 0, "bytes": 0, "headroom": 0, "paused": 0}
+                by_prio = []
                 for prio in range(self.plan.priorities):
                     v = ing.lookup(p.gid * pfc_plan.PRIOS + prio)
                     if v is None:
                         continue
                     f = pfc_plan.ingress_fields(v)
+                    by_prio.append(f["packets"])
                     paused_ns = f["paused_ns"] + (max(0, now - f["pause_since"]) if f["paused"] else 0)
                     agg["pauses"] += f["pauses"]
                     agg["resumes"] += f["resumes"]
@@ -326,7 +331,8 @@ class PfcStage:
                 row.update(pauses_sent=agg["pauses"], resumes_sent=agg["resumes"], paused_s=agg["paused_ns"] / 1e9,
                            headroom_peak=agg["peak_headroom"], ingress_peak=agg["peak_bytes"],
                            headroom_drops=agg["drops"], lossless_packets_in=agg["packets"],
-                           ingress_bytes=agg["bytes"] + agg["headroom"], paused_now=agg["paused"])
+                           ingress_bytes=agg["bytes"] + agg["headroom"], paused_now=agg["paused"],
+                           lossless_packets_by_priority=by_prio)
                 e = eg.lookup(p.gid)
                 if e is not None:
                     ef = pfc_plan.egress_fields(e)
@@ -379,22 +385,30 @@ class PfcStage:
         stats["cpu_share"] = round(stats.get("cpu_s", 0) / wall, 4) if wall else None
         return stats
 
-    def gates(self) -> dict[str, list[bool]]:
-        """Per transmitter (interface) the gates closed now, per lossless priority, read from tc (root
-        namespace: switch ports only)."""
-        r = subprocess.run(["tc", "-j", "qdisc", "show"], capture_output=True, text=True)
+    def gates(self, hosts: bool = True) -> dict[str, list[bool]]:
+        """Per transmitter (interface) whether each gate is closed now, per lossless priority, as tc shows
+        it: the switch ports, and with ``hosts`` every host NIC (in its host's namespace)."""
         closed: dict[str, list[bool]] = {}
-        wanted = {p.intf for p in self.plan.switch_ports()}
-        for q in json.loads(r.stdout or "[]"):
-            if q.get("kind") != "tbf" or q.get("dev") not in wanted:
-                continue
-            handle = int(str(q.get("handle", "0:")).split(":")[0], 16)
-            if handle not in shaping.PFC_GATES:
-                continue
-            prio = shaping.PFC_GATES.index(handle)
-            rate = (q.get("options") or {}).get("rate", 0)
-            row = closed.setdefault(q["dev"], [False] * len(shaping.PFC_GATES))
-            row[prio] = bool(rate) and rate < 1000
+        spaces = [(None, {p.intf for p in self.plan.switch_ports()})]
+        if hosts:
+            nics: dict[str, set[str]] = {}
+            for p in self.plan.host_nics():
+                nics.setdefault(p.node, set()).add(p.intf)
+            spaces += [(self.host_ns.get(h), names) for h, names in nics.items() if self.host_ns.get(h)]
+        for ns, wanted in spaces:
+            cmd = ["tc", "-j", "qdisc", "show"]
+            r = subprocess.run(cmd if ns is None else ["nsenter", f"--net={ns}", *cmd], capture_output=True,
+                               text=True)
+            for q in json.loads(r.stdout or "[]"):
+                if q.get("kind") != "tbf" or q.get("dev") not in wanted:
+                    continue
+                handle = int(str(q.get("handle", "0:")).split(":")[0], 16)
+                if handle not in shaping.PFC_GATES:
+                    continue
+                prio = shaping.PFC_GATES.index(handle)
+                rate = (q.get("options") or {}).get("rate", 0)
+                row = closed.setdefault(q["dev"], [False] * len(shaping.PFC_GATES))
+                row[prio] = bool(rate) and rate < 1000
         return closed
 
     # ---- stop ------------------------------------------------------------------------------------

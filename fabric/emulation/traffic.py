@@ -1,5 +1,5 @@
 """Traffic checks on emulated hosts with iperf3 (never Mininet's own iperf helper, which kills by name),
-and an ECT UDP overload of one switch port (``hpnlab.fabric.emulation.udp``)."""
+an ECT UDP overload of one switch port and a lossless UDP incast (``hpnlab.fabric.emulation.udp``)."""
 from __future__ import annotations
 
 import json
@@ -78,3 +78,34 @@ def udp_overload(emu, dst: str, senders: tuple[str, ...], intf: str, *, seconds:
     recv.communicate(timeout=seconds + 10)
     after = emu.ecn.counters(intf)
     return {k: after[k] - before[k] for k in ("packets", "ect", "ce_marked")}, t0, t1
+
+
+#: the TOS byte of lossless UDP: DSCP 26 (RoCEv2 data's priority) with ECT(0)
+LOSSLESS_TOS = 26 << 2 | 2
+
+
+def udp_incast(emu, dst: str, senders: dict[str, float], *, seconds: float, port: int, flows: int = 16,
+               plane: int = 0, tos: int = LOSSLESS_TOS, size: int = 1400, drain_s: float = 6.0) -> dict[str, Any]:
+    """Every sender (host -> Mbit/s) sends paced UDP to ``dst`` on ``plane`` for ``seconds`` over ``flows``
+    source ports (so the fabric spreads it over its paths); ``dst`` listens ``drain_s`` longer (queues a
+    pause held drain then). Returns {"sent": {host: packets}, "received": {host: packets}, totals}."""
+    from .harness import EmulationError
+    py = sys.executable
+    dip = emu.ip(dst, plane)
+    recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "recv", dip, str(port),
+                           "--seconds", str(seconds + drain_s)])
+    if recv.stdout.readline().strip() != b"listening":
+        recv.communicate(timeout=seconds + drain_s + 10)
+        raise EmulationError(f"the UDP receiver on {dst} did not start")
+    procs = {h: emu.popen(h, [py, "-m", "hpnlab.fabric.emulation.udp", "send", dip, str(port), "--rate-mbps",
+                              f"{rate:g}", "--seconds", str(seconds), "--tos", str(tos), "--size", str(size),
+                              "--src", emu.ip(h, plane), "--flows", str(flows),
+                              "--sport-base", str(40000 + 100 * i)])
+             for i, (h, rate) in enumerate(senders.items())}
+    sent = {h: json.loads(p.communicate(timeout=seconds + 60)[0].decode().strip().splitlines()[-1])["sent"]
+            for h, p in procs.items()}
+    got = json.loads(recv.communicate(timeout=seconds + drain_s + 30)[0].decode().strip().splitlines()[-1])
+    ip_of = {emu.ip(h, plane): h for h in senders}
+    received = {ip_of.get(ip, ip): n for ip, n in got["by_source"].items()}
+    return {"sent": sent, "received": received, "sent_total": sum(sent.values()), "received_total": got["packets"],
+            "ce": got["ce"]}

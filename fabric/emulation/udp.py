@@ -1,6 +1,7 @@
 """A paced UDP sender and a TOS-counting receiver, run inside emulated hosts.
 
     python -m hpnlab.fabric.emulation.udp send DST_IP PORT --rate-mbps 8 --seconds 3 --tos 2 [--size 1400]
+                                              [--flows N --sport-base P --src SRC_IP]
     python -m hpnlab.fabric.emulation.udp recv BIND_IP PORT --seconds 4
     python -m hpnlab.fabric.emulation.udp probe PLAN.json
     python -m hpnlab.fabric.emulation.udp flows DST_IP PORT --flows 16 --pps 6000 --seconds 4 --src SRC_IP
@@ -39,11 +40,19 @@ from typing import cast
 IP_RECVTOS = getattr(socket, "IP_RECVTOS", 13)
 
 
-def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: int, src: str | None) -> dict:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
-    if src:
-        s.bind((src, 0))
+def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: int, src: str | None,
+         n_flows: int = 1, sport_base: int = 0) -> dict:
+    """Paced UDP to ``dst``; with ``n_flows`` > 1 round robin over that many sockets whose source ports
+    follow ``sport_base`` (so the fabric spreads them over its paths). Blocking sockets: a full socket
+    buffer (a paused NIC under priority flow control) holds the sender, it is not a loss."""
+    socks = []
+    for i in range(max(1, n_flows)):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+        if src or sport_base:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((src or "0.0.0.0", sport_base + i if sport_base else 0))
+        socks.append(s)
     payload = b"\0" * size
     interval = size * 8 / (rate_mbps * 1e6)
     start = time.monotonic()
@@ -57,7 +66,7 @@ def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: 
             time.sleep(min(next_t - now, 0.002))
             continue
         try:
-            s.sendto(payload, (dst, port))
+            socks[sent % len(socks)].sendto(payload, (dst, port))
             sent += 1
         except OSError:
             pass
@@ -73,23 +82,25 @@ def recv(bind: str, port: int, seconds: float) -> dict:
     s.bind((bind, port))
     s.settimeout(0.2)
     counts = {"packets": 0, "bytes": 0, "not_ect": 0, "ect1": 0, "ect0": 0, "ce": 0}
+    by_source: dict[str, int] = {}
     names = ("not_ect", "ect1", "ect0", "ce")
     print("listening", flush=True)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
-            data, anc, _, _ = s.recvmsg(65536, socket.CMSG_SPACE(4))
+            data, anc, _, addr = s.recvmsg(65536, socket.CMSG_SPACE(4))
         except TimeoutError:
             continue
         counts["packets"] += 1
         counts["bytes"] += len(data)
+        by_source[addr[0]] = by_source.get(addr[0], 0) + 1
         tos = None
         for level, typ, cdata in anc:
             if level == socket.IPPROTO_IP and typ in (socket.IP_TOS, IP_RECVTOS) and cdata:
                 tos = cdata[0]
         if tos is not None:
             counts[names[tos & 3]] += 1
-    return counts
+    return {**counts, "by_source": by_source}
 
 
 #: flows payload header: flow id, sequence number, send time (ns, CLOCK_REALTIME)
@@ -222,6 +233,8 @@ def main(argv=None) -> int:
     ps.add_argument("--tos", type=lambda v: int(v, 0), default=2)
     ps.add_argument("--size", type=int, default=1400)
     ps.add_argument("--src")
+    ps.add_argument("--flows", type=int, default=1)
+    ps.add_argument("--sport-base", type=int, default=0)
     pr = sub.add_parser("recv")
     pr.add_argument("bind")
     pr.add_argument("port", type=int)
@@ -250,7 +263,7 @@ def main(argv=None) -> int:
     elif a.cmd == "probe":
         out = probe(json.loads(a.plan.read_text()))
     elif a.cmd == "send":
-        out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src)
+        out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src, a.flows, a.sport_base)
     else:
         out = recv(a.bind, a.port, a.seconds)
     print(json.dumps(out), flush=True)
