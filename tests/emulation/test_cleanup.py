@@ -28,6 +28,8 @@ from hpnlab.fabric.scenario import spec
 signal.signal(signal.SIGINT, signal.default_int_handler)   # a parent that ignores SIGINT passes that on
 controller = sys.argv[1]
 over = {"segments_per_pod": 2}
+if sys.argv[2:] == ["pfc"]:
+    over["emulation"] = {"lossless": {"pfc": True}}
 if controller == "none":
     over.update(spines_per_plane=1, oversubscription=None)
 options = EmulationOptions(controller=ControllerOptions(kind=controller),
@@ -39,8 +41,8 @@ with Emulation(spec.load("mini-hpn", over), options) as emu:
 """
 
 
-def _start(controller: str) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, controller], cwd=ROOT, stdout=subprocess.PIPE,
+def _start(controller: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, controller, *extra], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
@@ -88,8 +90,8 @@ def _marked_processes(run_id: str) -> list[int]:
 def _leftovers(state: dict, host_netns: set[int | None]) -> dict[str, list]:
     present = {p.name for p in Path("/sys/class/net").iterdir()}
     qdisc_devs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
-    bpf_progs = subprocess.run(["bpftool", "prog", "show", "name", "hpn_ecn"], capture_output=True,
-                               text=True).stdout
+    bpf_progs = "".join(subprocess.run(["bpftool", "prog", "show", "name", name], capture_output=True,
+                                       text=True).stdout for name in ("hpn_ecn", "sw_in", "sw_out", "host_in"))
     qos = subprocess.run(["ovs-vsctl", "--columns=external_ids", "list", "QoS"], capture_output=True,
                          text=True).stdout
     return {
@@ -158,6 +160,26 @@ def test_kill_9_mid_run_then_clean_leaves_nothing_and_spares_other_bridges(bysta
         assert (os.sched_getscheduler(entry["pid"]), os.sched_getparam(entry["pid"]).sched_priority,
                 os.getpriority(os.PRIO_PROCESS, entry["pid"])) == (entry["policy"], entry["priority"], entry["nice"])
     assert [_send_buffer(e) for e in buffers] == [e["size"] for e in buffers]     # and its send buffer
+    _assert_bystanders_survive(bystanders)
+
+
+@pytest.mark.controller
+def test_kill_9_of_a_run_with_pfc_then_clean_leaves_nothing(bystanders):
+    """Priority flow control adds a pinned data path, its gates and the pause agent (by pid, raised to
+    SCHED_FIFO): after SIGKILL of the run, `hpnlab clean` removes them as everything else."""
+    proc, state = _start("hpnlab", "pfc")
+    host_netns = {_netns_inode(p["pid"]) for p in state["pids"] if p["what"].startswith("host ")} - {None}
+    agent = [p for p in state["pids"] if p["what"] == "pfc agent"]
+    assert agent and _alive(agent[0])
+    assert any(p.endswith("-pfc") for p in state["bpf_pins"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.2)
+    assert _alive(agent[0])                      # SIGKILL really left the agent running
+    done = subprocess.run(HPNLAB + ["clean"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    left = _leftovers(state, host_netns)
+    assert left == {k: [] for k in left}
     _assert_bystanders_survive(bystanders)
 
 
