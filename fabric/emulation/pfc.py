@@ -143,7 +143,8 @@ class PfcStage:
         if name not in self._maps:
             value = {"pfc_glob": pfc_plan.GLOBAL, "pfc_ifs": pfc_plan.U32, "pfc_macs": pfc_plan.U32,
                      "pfc_links": pfc_plan.LINK, "pfc_swcfg": pfc_plan.SWCFG, "pfc_in": pfc_plan.INGRESS,
-                     "pfc_eg": pfc_plan.EGRESS, "pfc_sw": pfc_plan.SWITCH, "pfc_cnt": pfc_plan.COUNTER}[name]
+                     "pfc_eg": pfc_plan.EGRESS, "pfc_sw": pfc_plan.SWITCH, "pfc_cnt": pfc_plan.COUNTER,
+                     "pfc_peaks": pfc_plan.PEAK}[name]
             key = pfc_plan.U64 if name == "pfc_macs" else pfc_plan.U32
             self._maps[name] = BpfMap(self.pin_dir / "maps" / name, value, key)
         return self._maps[name]
@@ -299,17 +300,20 @@ class PfcStage:
     # ---- reading --------------------------------------------------------------------------------
     def counters(self) -> dict[str, dict[str, Any]]:
         """Per port (its interface name): as an ingress (``pauses_sent``, ``resumes_sent``, ``paused_s``,
-        ``headroom_peak``, ``ingress_peak``, ``headroom_drops``, per lossless priority summed) and as an
-        egress (``pauses_received``: what its downstream sent, ``queue_peak`` per class, ``lossy_drops``)."""
+        ``headroom_drops``, lossless packets per priority, bytes held now), as an egress (``pauses_received``:
+        what its downstream sent, bytes queued now per class, ``lossy_drops``) and the peaks since
+        :meth:`reset_peaks` (``ingress_peak``, ``headroom_peak``, ``queue_peak`` per class). Cumulative
+        counts: a measurement takes the difference of two readings."""
         now = time.monotonic_ns()
         out: dict[str, dict[str, Any]] = {}
         ing = self.map("pfc_in")
         eg = self.map("pfc_eg")
+        peaks = self.map("pfc_peaks")
         for p in self.plan.ports:
             row: dict[str, Any] = {"node": p.node, "gid": p.gid, "switch_port": p.is_switch}
             if p.is_switch:
-                agg = {"pauses": 0, "resumes": 0, "paused_ns": 0, "peak_headroom": 0, "peak_bytes": 0,
-                       "drops": 0, "packets": 0, "bytes": 0, "headroom": 0, "paused": 0}
+                agg = {"pauses": 0, "resumes": 0, "paused_ns": 0, "drops": 0, "packets": 0, "bytes": 0,
+                       "headroom": 0, "paused": 0}
                 by_prio = []
                 for prio in range(self.plan.priorities):
                     v = ing.lookup(p.gid * pfc_plan.PRIOS + prio)
@@ -317,43 +321,46 @@ class PfcStage:
                         continue
                     f = pfc_plan.ingress_fields(v)
                     by_prio.append(f["packets"])
-                    paused_ns = f["paused_ns"] + (max(0, now - f["pause_since"]) if f["paused"] else 0)
-                    agg["pauses"] += f["pauses"]
-                    agg["resumes"] += f["resumes"]
-                    agg["paused_ns"] += paused_ns
-                    agg["peak_headroom"] = max(agg["peak_headroom"], f["peak_headroom"])
-                    agg["peak_bytes"] = max(agg["peak_bytes"], f["peak_bytes"])
-                    agg["drops"] += f["drops"]
-                    agg["packets"] += f["packets"]
-                    agg["bytes"] += f["bytes"]
-                    agg["headroom"] += f["headroom"]
-                    agg["paused"] += f["paused"]
+                    agg["paused_ns"] += f["paused_ns"] + (max(0, now - f["pause_since"]) if f["paused"] else 0)
+                    for k in ("pauses", "resumes", "drops", "packets", "bytes", "headroom", "paused"):
+                        agg[k] += f[k]
+                pk = pfc_plan.peak_fields(peaks.lookup(p.gid) or (0,) * 6)
                 row.update(pauses_sent=agg["pauses"], resumes_sent=agg["resumes"], paused_s=agg["paused_ns"] / 1e9,
-                           headroom_peak=agg["peak_headroom"], ingress_peak=agg["peak_bytes"],
                            headroom_drops=agg["drops"], lossless_packets_in=agg["packets"],
-                           ingress_bytes=agg["bytes"] + agg["headroom"], paused_now=agg["paused"],
-                           lossless_packets_by_priority=by_prio)
+                           lossless_packets_by_priority=by_prio, ingress_bytes=agg["bytes"] + agg["headroom"],
+                           paused_now=agg["paused"], ingress_peak=pk["ingress"], headroom_peak=pk["headroom"],
+                           queue_peak=pk["egress"])
                 e = eg.lookup(p.gid)
                 if e is not None:
                     ef = pfc_plan.egress_fields(e)
-                    row.update(queue_bytes=ef["bytes"], queue_peak=ef["peak"], lossy_drops=ef["lossy_drops"],
+                    row.update(queue_bytes=ef["bytes"], lossy_drops=ef["lossy_drops"],
                                headroom_drops_applied=ef["headroom_drops"], egress_packets=ef["packets"])
             out[p.intf] = row
         # pause received by a transmitter = sent by the ingress at the other end of its link
         by_gid = self._by_gid
         for p in self.plan.switch_ports():
-            up = by_gid[p.peer]
             src = out[p.intf]
-            dst = out[up.intf]
+            dst = out[by_gid[p.peer].intf]
             dst["pauses_received"] = src["pauses_sent"]
             dst["paused_rx_s"] = src["paused_s"]
         return out
 
+    def reset_peaks(self) -> None:
+        """Zero every peak (ports and switches): the next readings' peaks are since now."""
+        zero = (0,) * 6
+        peaks = self.map("pfc_peaks")
+        for p in self.plan.switch_ports():
+            peaks.update(p.gid, zero)
+        for i in range(len(self.plan.switches)):
+            peaks.update(pfc_plan.MAX_PORTS + i, zero)
+
     def switches(self) -> dict[str, dict[str, int]]:
+        """Per switch: its shared buffer in use now, its peak since :meth:`reset_peaks`, its sizes."""
         out = {}
         for i, sw in enumerate(self.plan.switches):
-            v = self.map("pfc_sw").lookup(i) or (0, 0)
-            out[sw] = {"shared_used": int(v[0]), "shared_peak": int(v[1]),
+            v = self.map("pfc_sw").lookup(i) or (0,)
+            pk = pfc_plan.peak_fields(self.map("pfc_peaks").lookup(pfc_plan.MAX_PORTS + i) or (0,) * 6)
+            out[sw] = {"shared_used": int(v[0]), "shared_peak": int(pk["shared"]),
                        "shared_bytes": self.plan.buffers[sw].shared_bytes,
                        "total_bytes": self.plan.buffers[sw].total_bytes}
         return out

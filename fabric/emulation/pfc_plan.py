@@ -44,16 +44,17 @@ CLASS_NAMES = ("lossless", "bounced", "lossy", "high")
 GLOBAL = struct.Struct("<IIII2Q4I")        # kbits bounce dscp ecn marks[2] class_minor[4]
 LINK = struct.Struct("<6I")                # peer sw base local headroom lossy_limit
 SWCFG = struct.Struct("<QIIII")            # shared alpha_q8 xoff resume reserved
-INGRESS = struct.Struct("<II4q8QII")       # lock paused bytes headroom peak_bytes peak_headroom pauses resumes
-#                                          # drops drop_bytes paused_ns pause_since pkts octets seq pad
-EGRESS = struct.Struct("<3q3q3QQQ")        # bytes[3] peak[3] pkts[3] lossy_drops headroom_drops
-SWITCH = struct.Struct("<qq")              # shared_used peak
+INGRESS = struct.Struct("<II2q8QII")       # lock paused bytes headroom pauses resumes drops drop_bytes paused_ns
+#                                          # pause_since pkts octets seq pad
+EGRESS = struct.Struct("<3q3QQQ")          # bytes[3] pkts[3] lossy_drops headroom_drops
+SWITCH = struct.Struct("<q")               # shared_used
+PEAK = struct.Struct("<2q3qq")             # ingress headroom egress[3] shared
 COUNTER = struct.Struct("<Q")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 #: the structures as the C source names them, for the layout test
 LAYOUTS = {"pfc_global": GLOBAL, "pfc_link": LINK, "pfc_swcfg": SWCFG, "pfc_ingress": INGRESS,
-           "pfc_egress": EGRESS, "pfc_switch": SWITCH}
+           "pfc_egress": EGRESS, "pfc_switch": SWITCH, "pfc_peak": PEAK}
 #: pfc_cnt's slots
 COUNTERS = ("events_lost", "foreign_tags", "headroom_drops_applied")
 
@@ -265,14 +266,19 @@ def agent_config(plan: Plan, events: str, stats: str, netns_of: Callable[[str], 
 
 def ingress_fields(values: Iterable[int]) -> dict[str, int]:
     v = list(values)
-    return {"paused": v[1], "bytes": v[2], "headroom": v[3], "peak_bytes": v[4], "peak_headroom": v[5],
-            "pauses": v[6], "resumes": v[7], "drops": v[8], "drop_bytes": v[9], "paused_ns": v[10],
-            "pause_since": v[11], "packets": v[12], "octets": v[13], "seq": v[14]}
+    return {"paused": v[1], "bytes": v[2], "headroom": v[3], "pauses": v[4], "resumes": v[5], "drops": v[6],
+            "drop_bytes": v[7], "paused_ns": v[8], "pause_since": v[9], "packets": v[10], "octets": v[11],
+            "seq": v[12]}
 
 
 def egress_fields(values: Iterable[int]) -> dict[str, Any]:
     v = list(values)
-    return {"bytes": v[0:3], "peak": v[3:6], "packets": v[6:9], "lossy_drops": v[9], "headroom_drops": v[10]}
+    return {"bytes": v[0:3], "packets": v[3:6], "lossy_drops": v[6], "headroom_drops": v[7]}
+
+
+def peak_fields(values: Iterable[int]) -> dict[str, Any]:
+    v = list(values)
+    return {"ingress": v[0], "headroom": v[1], "egress": v[2:5], "shared": v[5]}
 
 
 def reaction_percentiles(hist: list[list[int]], qs: Iterable[float] = (50, 99, 100)) -> dict[float, float | None]:
@@ -293,3 +299,35 @@ def reaction_percentiles(hist: list[list[int]], qs: Iterable[float] = (50, 99, 1
                 out[q] = float(upper)
                 break
     return out
+
+
+def summarize(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
+              switches: dict[str, dict[str, int]], seconds: float) -> dict[str, Any]:
+    """One measurement (a cell of a run) from two readings of ``PfcStage.counters`` and one of
+    ``PfcStage.switches`` (peaks since the first reading): pauses, paused time and its largest share of
+    the measurement on one port, headroom and lossy drops, the largest headroom, ingress and shared
+    buffer use, and per port that paused, its own figures."""
+    def d(intf: str, key: str) -> float:
+        return (after[intf].get(key) or 0) - (before.get(intf, {}).get(key) or 0)
+
+    ports = [k for k, v in after.items() if v.get("switch_port")]
+    per_port = {}
+    for intf in ports:
+        pauses = d(intf, "pauses_sent")
+        if pauses or d(intf, "headroom_drops"):
+            paused = d(intf, "paused_s")
+            per_port[intf] = {"pauses": int(pauses), "paused_s": round(paused, 4),
+                              "paused_share": round(paused / seconds, 4) if seconds > 0 else None,
+                              "headroom_peak": after[intf].get("headroom_peak", 0),
+                              "headroom_drops": int(d(intf, "headroom_drops"))}
+    shared = [(s["shared_peak"] / s["shared_bytes"]) if s["shared_bytes"] else 0.0 for s in switches.values()]
+    return {"pauses": int(sum(d(i, "pauses_sent") for i in ports)),
+            "paused_s": round(sum(d(i, "paused_s") for i in ports), 4),
+            "ports_paused": len([i for i in ports if d(i, "pauses_sent") > 0]),
+            "paused_share_max": max((p["paused_share"] or 0 for p in per_port.values()), default=0.0),
+            "headroom_drops": int(sum(d(i, "headroom_drops") for i in ports)),
+            "lossy_drops": int(sum(d(i, "lossy_drops") for i in ports)),
+            "headroom_peak_bytes": max((after[i].get("headroom_peak", 0) for i in ports), default=0),
+            "ingress_peak_bytes": max((after[i].get("ingress_peak", 0) for i in ports), default=0),
+            "shared_peak_share": round(max(shared, default=0.0), 4),
+            "per_port": per_port}

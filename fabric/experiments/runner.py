@@ -38,6 +38,7 @@ from typing import Any, cast
 
 import networkx as nx
 
+from hpnlab.fabric.emulation.pfc_plan import summarize as pfc_summary
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.transport import ENTROPIES, TRANSPORTS, ranks
 from hpnlab.fabric.workload import collectives as col
@@ -443,6 +444,7 @@ class _OnEmulation:
 
     def __init__(self, emu: Any):
         self.emu = emu
+        self._pfc_before: tuple[dict, float] | None = None
 
     def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
         return plan.jobs_on(self.emu.graph)
@@ -483,6 +485,10 @@ class _OnEmulation:
     def start_cell(self) -> tuple[Any, dict[str, int]]:
         """Before a cell: zero the ECN stage's counters, read the switch ports' drops and start
         sampling their queues (None, {} without an ECN stage)."""
+        pfc = getattr(self.emu, "pfc", None)
+        if pfc is not None:          # priority flow control: its counters now, its peaks from now on
+            pfc.reset_peaks()
+            self._pfc_before = (pfc.counters(), time.monotonic())
         stage = getattr(self.emu, "ecn", None)
         if stage is None:
             return None, {}
@@ -523,6 +529,15 @@ class _OnEmulation:
                 ecn = {"error": f"{type(exc).__name__}: {exc}"}
         for r in results:
             r["switch_ecn"] = ecn
+        pfc = getattr(self.emu, "pfc", None)
+        if pfc is not None and self._pfc_before is not None:
+            counters, t0 = self._pfc_before
+            try:
+                summary: dict[str, Any] = pfc_summary(counters, pfc.counters(), pfc.switches(), time.monotonic() - t0)
+            except Exception as exc:   # counters are informative; keep the run's results
+                summary = {"error": f"{type(exc).__name__}: {exc}"}
+            for r in results:
+                r["switch_pfc"] = summary
 
 
 def ecn_summary(counters: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -812,6 +827,11 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     doc: dict[str, Any] = {"meta": meta, "results": results}
     if emu is not None:
         meta["ecn_policy"] = ecn_policy
+        meta["pfc"] = "on" if getattr(emu, "pfc", None) is not None else "off"
+        if getattr(emu, "pfc", None) is not None:
+            meta["pfc_agent"] = {k: v for k, v in emu.pfc.agent_stats().items()
+                                 if k in ("pauses", "resumes", "storms", "netlink_errors", "cpu_share",
+                                          "pause_reaction_us", "pause_reaction_frames")}
         tel = telemetry_of(emu, t0, time.monotonic())
         if tel is not None:
             doc["telemetry"] = tel

@@ -175,3 +175,17 @@ def test_reaction_percentiles_of_nothing_are_none():
 
 def test_a_reaction_beyond_a_second_counts_as_the_longest():
     assert pfc_plan.reaction_percentiles([[5, 1], [0, 1]], (100,)) == {100: 1e9}
+
+
+def test_a_measurement_counts_only_what_happened_between_its_two_readings():
+    before = {"p0l0-eth5": {"switch_port": True, "pauses_sent": 10, "paused_s": 1.0, "headroom_drops": 0,
+                            "lossy_drops": 2},
+              "h1-eth0": {"switch_port": False}}
+    after = {"p0l0-eth5": {"switch_port": True, "pauses_sent": 14, "paused_s": 1.5, "headroom_drops": 1,
+                           "lossy_drops": 2, "headroom_peak": 3000, "ingress_peak": 40000},
+             "h1-eth0": {"switch_port": False, "pauses_received": 99}}
+    switches = {"p0l0": {"shared_peak": 50_000, "shared_bytes": 200_000}}
+    out = pfc_plan.summarize(before, after, switches, seconds=2.0)
+    assert (out["pauses"], out["paused_s"], out["headroom_drops"], out["lossy_drops"]) == (4, 0.5, 1, 0)
+    assert out["ports_paused"] == 1 and out["paused_share_max"] == 0.25 and out["shared_peak_share"] == 0.25
+    assert out["per_port"]["p0l0-eth5"]["pauses"] == 4 and "h1-eth0" not in out["per_port"]

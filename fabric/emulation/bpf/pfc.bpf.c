@@ -86,8 +86,6 @@ struct pfc_ingress {
 	__u32 paused;
 	__s64 bytes;          /* reserve + shared use */
 	__s64 headroom;
-	__s64 peak_bytes;
-	__s64 peak_headroom;
 	__u64 pauses;
 	__u64 resumes;
 	__u64 drops;          /* headroom drops */
@@ -102,7 +100,6 @@ struct pfc_ingress {
 
 struct pfc_egress {
 	__s64 bytes[PFC_CLASSES];
-	__s64 peak[PFC_CLASSES];
 	__u64 pkts[PFC_CLASSES];
 	__u64 lossy_drops;
 	__u64 headroom_drops;
@@ -110,7 +107,15 @@ struct pfc_egress {
 
 struct pfc_switch {
 	__s64 shared_used;
-	__s64 peak;
+};
+
+/* peaks, apart from the live state: user space zeroes them between measurements (a racing maximum
+ * may be lost, never a byte of the accounting). By gid; a switch's shared buffer at PFC_MAX_PORTS + index */
+struct pfc_peak {
+	__s64 ingress;        /* an (ingress port, lossless class)'s bytes, headroom included */
+	__s64 headroom;
+	__s64 egress[PFC_CLASSES];
+	__s64 shared;         /* a switch's shared buffer in use */
 };
 
 struct pfc_event {
@@ -159,6 +164,7 @@ struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_SWITCHES)
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_PORTS * PFC_PRIOS); __type(key, __u32); __type(value, struct pfc_ingress); } pfc_in SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_PORTS); __type(key, __u32); __type(value, struct pfc_egress); } pfc_eg SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_SWITCHES); __type(key, __u32); __type(value, struct pfc_switch); } pfc_sw SEC(".maps");
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_PORTS + PFC_MAX_SWITCHES); __type(key, __u32); __type(value, struct pfc_peak); } pfc_peaks SEC(".maps");
 /* counters: 0 events lost (ring full), 1 tags not ours, 2 doomed packets dropped at egress */
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 4); __type(key, __u32); __type(value, __u64); } pfc_cnt SEC(".maps");
 struct pkt_key { __u32 saddr; __u32 daddr; __u32 ports; __u16 len; __u16 pad; __u8 payload[16]; };
@@ -411,7 +417,7 @@ int sw_in(struct __sk_buff *skb)
 	__s64 reserved = c->reserved, hdrm = me->headroom, l = len;
 	__s64 used0 = s->shared_used;
 	__s64 thr = xoff(c, used0);
-	__s64 dshared = 0;
+	__s64 dshared = 0, held = 0, in_headroom = 0;
 	int doomed = 0, pause = 0;
 	__u32 seq = 0;
 	bpf_spin_lock(&q->lock);
@@ -434,8 +440,8 @@ int sw_in(struct __sk_buff *skb)
 			q->bytes = nb;
 			dshared = nb - reserved < l ? nb - reserved : l;
 		}
-		smax(&q->peak_bytes, q->bytes + q->headroom);
-		smax(&q->peak_headroom, q->headroom);
+		held = q->bytes + q->headroom;
+		in_headroom = q->headroom;
 		__s64 thr2 = xoff(c, used0 + dshared);
 		__s64 su2 = q->bytes - reserved;
 		if (su2 < 0)
@@ -450,9 +456,17 @@ int sw_in(struct __sk_buff *skb)
 		}
 	}
 	bpf_spin_unlock(&q->lock);
+	struct pfc_peak *pk = bpf_map_lookup_elem(&pfc_peaks, &gid);
+	if (pk) {
+		smax(&pk->ingress, held);
+		smax(&pk->headroom, in_headroom);
+	}
 	if (dshared) {
 		__s64 u = __sync_fetch_and_add(&s->shared_used, dshared) + dshared;
-		smax(&s->peak, u);
+		__u32 sk = PFC_MAX_PORTS + sw;
+		struct pfc_peak *sp = bpf_map_lookup_elem(&pfc_peaks, &sk);
+		if (sp)
+			smax(&sp->shared, u);
 	}
 	if (doomed) {
 		struct pkt_key k;
@@ -576,7 +590,9 @@ int sw_out(struct __sk_buff *skb)
 			return TC_ACT_SHOT;                 /* drop-tail at the lossy buffer, counted here */
 		}
 		__sync_fetch_and_add(&e->pkts[c], 1);
-		smax(&e->peak[c], q + len);
+		struct pfc_peak *pk = bpf_map_lookup_elem(&pfc_peaks, &gid);
+		if (pk && c < PFC_CLASSES)
+			smax(&pk->egress[c], q + len);
 		if (g->ecn)
 			ecn_mark(skb, &p, q > 0 ? (__u64)q : 0, len);
 	}
