@@ -102,6 +102,7 @@ class HpnController(BaseApp):
             return
         self.metrics.switches_expected.set(len(self.index.sw))
         self.metrics.health_source = self._health
+        self.metrics.watch_pfc(cfg.ecn.stage_run)
         if cfg.metrics.port:
             addr = cfg.metrics.listen or cfg.openflow.listen
             self.metrics.serve(cfg.metrics.port, addr, hub)

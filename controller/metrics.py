@@ -153,6 +153,11 @@ class Metrics:
             groups = sum(GroupKey(g.group_id) in table for g in state.groups) if state else 0
             self.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
+    def watch_pfc(self, run_id: str | None) -> None:
+        """Priority flow control's series from the emulation's stage, read at each scrape (``pfc_metrics``)."""
+        from .pfc_metrics import PfcCollector
+        self.registry.register(PfcCollector(run_id))
+
     def update_ports(self, loop: Any) -> None:
         """Per-port gauges from an ``ecn_loop.EcnLoop``'s last sample and thresholds in force."""
         ports = loop.telemetry.ports

@@ -345,6 +345,18 @@ class PfcStage:
             dst["paused_rx_s"] = src["paused_s"]
         return out
 
+    def paused(self) -> list[tuple[str, int]]:
+        """The switch ingress ports (switch, port) holding their upstream paused now (any priority)."""
+        ing = self.map("pfc_in")
+        out = []
+        for p in self.plan.switch_ports():
+            for prio in range(self.plan.priorities):
+                v = ing.lookup(p.gid * pfc_plan.PRIOS + prio)
+                if v is not None and v[1]:
+                    out.append((p.node, p.port))
+                    break
+        return out
+
     def reset_peaks(self) -> None:
         """Zero every peak (ports and switches): the next readings' peaks are since now."""
         zero = (0,) * 6

@@ -194,11 +194,13 @@ class LiveSource(Source):
     def make_frame(self) -> dict[str, Any]:
         sample = self.tail.read()
         rows = sample["ports"] if sample else []
+        pfc = getattr(self.emu, "pfc", None)
+        held = pfc.paused() if pfc is not None else []
         with self._lock:
             loads = view.link_loads(self.ix, rows)  # type: ignore[arg-type]
             fr = view.frame(self.layout, time.monotonic() - self.t0, loads, self.failures,
                             collective=self.collective, controller=self.controller, events=list(self.events),
-                            ix=self.ix)
+                            ix=self.ix, paused=view.paused_directions(self.ix, held))  # type: ignore[arg-type]
         fr["sample_t"] = sample["t"] - self.t0 if sample else None
         self.frames_made += 1
         return fr

@@ -53,6 +53,8 @@ PANEL_GAP = 30.0
 #: colours: failed (red), idle (grey), and the utilisation scale (light to dark blue, then orange)
 FAILED = "#d62728"
 IDLE = "#c7c7c7"
+#: a link direction whose transmitter priority flow control holds paused (its downstream ingress asked)
+PAUSED = "#9467bd"
 SCALE = ((0.0, (198, 219, 239)), (0.5, (66, 146, 198)), (0.8, (8, 48, 107)), (1.0, (253, 141, 60)))
 #: a rail's hue (host links and leaves); rails beyond the list repeat it
 RAIL_COLOURS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666", "#17becf")
@@ -378,19 +380,35 @@ def link_loads(ix: Index, rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[s
     return out
 
 
+def paused_directions(ix: Index, paused: Iterable[tuple[str, int]]) -> set[tuple[str, str]]:
+    """(link, direction) of every transmitter held paused, from the switch ingress ports that pause them
+    ((switch, port): priority flow control's ``PfcStage.paused``): the direction towards that port."""
+    out = set()
+    for sw, port in paused:
+        hit = ix.port.get((sw, int(port)))
+        if hit is not None:
+            lid, direction = hit
+            out.add((lid, "ba" if direction == "ab" else "ab"))
+    return out
+
+
 def frame(lay: Mapping[str, Any], t: float, loads: Mapping[str, Mapping[str, Mapping[str, Any]]],
           failures: Failures | None = None, *, collective: Mapping[str, Any] | None = None,
           controller: Mapping[str, Any] | None = None, events: Sequence[Mapping[str, Any]] = (),
-          ix: Index | None = None) -> dict[str, Any]:
-    """The state of the fabric at ``t`` (seconds from the start): every link that is loaded or failed
-    (a link absent is up and idle), failed switches, and what goes beside the picture."""
+          ix: Index | None = None, paused: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
+    """The state of the fabric at ``t`` (seconds from the start): every link that is loaded, failed or
+    paused (a link absent is up, idle and not paused), failed switches, and what goes beside the picture.
+    ``paused``: (link, direction) held paused by priority flow control (:func:`paused_directions`), drawn
+    ``PAUSED`` and marked ``paused``."""
     st = failures or Failures()
     ix = ix or Index.of(lay)
+    held = set(paused)
+    held_links = {lid for lid, _ in held}
     links: dict[str, Any] = {}
     for lid, lk in ix.links.items():
         state = st.link_state(lk)
         dirs = loads.get(lid, {})
-        if state == "up" and not dirs:
+        if state == "up" and not dirs and lid not in held_links:
             continue
         entry: dict[str, Any] = {"state": state}
         gray = st.gray_side(lk) if state == "gray" else None
@@ -399,6 +417,9 @@ def frame(lay: Mapping[str, Any], t: float, loads: Mapping[str, Mapping[str, Map
             sender = lk["a"] if direction == "ab" else lk["b"]
             dstate = "down" if state == "down" or gray == sender else "up"
             vals["colour"] = util_colour(vals.get("util"), dstate)
+            if (lid, direction) in held and dstate == "up":
+                vals["paused"] = True
+                vals["colour"] = PAUSED
             entry[direction] = vals
         if gray:
             entry["gray_side"] = gray

@@ -379,3 +379,39 @@ def test_model_loads_refuse_a_network_whose_links_follow_another_edge_order(mini
     loads.model_loads(mini, "permutation", 1 << 20, network=mini_net)
     with pytest.raises(ValueError, match="not built from this fabric graph"):
         loads.model_loads(shuffled, "permutation", 1 << 20, network=mini_net)
+
+
+# ---- priority flow control: paused links ----------------------------------------------------------
+
+def test_a_paused_transmitter_is_drawn_paused_on_its_direction_towards_the_pausing_port():
+    from hpnlab.fabric.scenario import graph as fgraph
+    from hpnlab.fabric.scenario import spec as fspec
+    from hpnlab.fabric.web import view as v
+
+    g = fgraph.build(fspec.load("mini-hpn"))
+    lay = v.layout(g)
+    ix = v.Index.of(lay)
+    lid, towards_spine = ix.port["p0s0", 1]         # p0s0's port 1 faces a leaf: the leaf sends "the other way"
+    held = v.paused_directions(ix, [("p0s0", 1)])
+    other = "ba" if towards_spine == "ab" else "ab"
+    assert held == {(lid, other)}
+    fr = v.frame(lay, 0.0, {}, paused=held, ix=ix)
+    assert fr["links"][lid][other]["paused"] and fr["links"][lid][other]["colour"] == v.PAUSED
+    assert not fr["links"][lid][towards_spine].get("paused")
+    assert v.link_colours(fr, lay)[f"L:{lid}:{other}"] == v.PAUSED
+
+
+def test_a_failed_link_is_drawn_failed_even_if_it_was_paused():
+    from hpnlab.fabric.scenario import graph as fgraph
+    from hpnlab.fabric.scenario import spec as fspec
+    from hpnlab.fabric.web import view as v
+
+    g = fgraph.build(fspec.load("mini-hpn"))
+    lay = v.layout(g)
+    ix = v.Index.of(lay)
+    lid, _ = ix.port["p0s0", 1]
+    link = ix.links[lid]
+    st = v.fold_events(ix, [{"action": "link_down", "target": [link["a"], link["b"]], "key": link["key"]}])
+    fr = v.frame(lay, 0.0, {}, st, paused=v.paused_directions(ix, [("p0s0", 1)]), ix=ix)
+    assert all(fr["links"][lid][d]["colour"] == v.FAILED and not fr["links"][lid][d].get("paused")
+               for d in ("ab", "ba"))

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Benchmark: priority flow control (issue 50), ``--pfc off`` against ``on`` side by side, interleaved.
+
+Each repetition brings mini-hpn up twice, without and with PFC (the same rates: `hpnlab run`'s, from
+the measured budget when there is one), and on each runs:
+
+  matrix     the default collective matrix (``experiment.RUN_DEFAULTS``: all-reduce and all-to-all
+             over roce flow, roce spray and tcp): per cell the busbw fraction of line rate, the
+             retransmissions, the switch drops (port buffers' qdiscs, the lossy class's drop-tail, the
+             headroom drops) and apart the headroom drops (the goal: 0), the ingress drops (Open
+             vSwitch's receive sockets, not the switch model) and the pauses
+  incast     7->1 (the roce transport, 8 ranks, cross-rail): completion time of one gather and drops
+  spreading  congestion spreading: the same incast with a lossless UDP victim beside it (a host
+             under a sender's leaf to a host under the root's leaf: it shares only the upstream
+             links), its delivered rate against its offered rate, with DCQCN on and off
+  ecn        (PFC on) pause time against the ECN threshold: the incast under the ECN presets low,
+             default and high (``hpnlab.fabric.workload.ecn``)
+
+and the pause agent's figures: reaction (the data path's Xoff crossing to the gate closed, as the
+agent timed it: median and p99, also in frame times at the slowest and fastest emulated port) and
+its CPU share, overall and during the all-to-all cells (the goals: median <= 0.25 ms, p99 <= 1 ms,
+CPU <= 5% of a core). Prints median [min-max] over the repetitions; ``--json FILE`` keeps every figure.
+Needs root and Open vSwitch; without them it says so and exits 0 (nothing to measure).
+Exit code 1 when an element came back wrong or a goal was missed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+from hpnlab.fabric.emulation import sizing
+from hpnlab.fabric.emulation.preflight import measurement_refused
+from hpnlab.fabric.emulation.traffic import udp_incast
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.scenario import graph as fgraph
+from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.stats import median_range as spread
+from hpnlab.fabric.workload import report
+
+#: the goals of issue 50
+GOALS = {"pause_median_us": 250.0, "pause_p99_us": 1000.0, "agent_cpu_share": 0.05}
+INCAST = experiment.Plan(collectives="incast", transports="roce", entropies="flow", sizes="1M", iterations=4,
+                         warmup=1, ranks=8, inplace=False)
+ECN_SETTINGS = ("low", "default", "high")
+
+
+def cell_key(r: dict) -> str:
+    return f"{r['collective']} {r['transport']}{'/' + r['entropy'] if r.get('entropy') else ''}"
+
+
+def drops_of(r: dict) -> dict[str, int]:
+    """A result's drops: the switch model's (port buffers' qdiscs + lossy drop-tail + headroom), the
+    headroom's alone, and Open vSwitch's ingress sockets' (not the switch model: said apart)."""
+    ecn = r.get("switch_ecn") or {}
+    pfc = r.get("switch_pfc") or {}
+    headroom = int(pfc.get("headroom_drops") or 0)
+    return {"switch": int(ecn.get("drops") or 0) + int(pfc.get("lossy_drops") or 0) + headroom,
+            "headroom": headroom, "ingress": int(ecn.get("ingress_drops") or 0),
+            "pauses": int(pfc.get("pauses") or 0)}
+
+
+def cell_figures(r: dict) -> dict[str, Any]:
+    return {"fraction": report.largest_fraction(r), "retx": report.flow_totals(r).get("retransmissions", 0),
+            "time_s": min(r["rows"][-1]["oop"].get("times_s") or [r["rows"][-1]["oop"]["time_us"] / 1e6]),
+            "paused_share_max": (r.get("switch_pfc") or {}).get("paused_share_max"), **drops_of(r)}
+
+
+def victim_and_incast(emu: Any, plan: experiment.Plan, seconds: float, dcqcn: bool, rate_mbps: float
+                      ) -> tuple[dict, dict]:
+    """The incast job with a lossless UDP victim beside it: (the incast's figures, the victim's)."""
+    job = plan.replace(dcqcn=dcqcn)
+    jobs = next(iter(job.jobs_on(emu.graph).values()))
+    hosts = list(jobs[0].labels)
+    root = hosts[job.root]
+    leaf_of = {h: next(p["leaf"] for p in emu.interfaces(h) if p["plane"] == 0) for h in fgraph.hosts(emu.graph)}
+    free = [h for h in fgraph.hosts(emu.graph) if h not in hosts]
+    senders_leaves = {leaf_of[h] for h in hosts if h != root}
+    src = next(h for h in free if leaf_of[h] in senders_leaves)
+    dst = next(h for h in free if leaf_of[h] == leaf_of[root])
+    victim: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: victim.update(
+        udp_incast(emu, dst, {src: rate_mbps}, seconds=seconds, port=9401, flows=4, drain_s=4.0)))
+    t.start()
+    time.sleep(0.3)
+    doc = experiment.run(job, emu, progress=False)
+    t.join(timeout=seconds + 120)
+    sent, got = victim.get("sent_total", 0), victim.get("received_total", 0)
+    return (cell_figures(doc["results"][0]),
+            {"victim": f"{src}->{dst}", "offered_mbps": rate_mbps, "sent": sent, "received": got,
+             "delivered_mbps": got * 1400 * 8 / seconds / 1e6, "sent_mbps": sent * 1400 * 8 / seconds / 1e6})
+
+
+def one_fabric(preset: str, overrides: dict, pfc: bool, say: Any) -> dict[str, Any]:
+    from hpnlab.fabric.emulation import Emulation
+
+    scenario = spec.load(preset, spec.deep_merge(overrides, {"emulation": {"lossless": {"pfc": pfc}}}))
+    out: dict[str, Any] = {"pfc": pfc, "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu}
+    t0 = time.monotonic()
+    with Emulation(scenario, controller="hpnlab", lock_wait_s=3600, log=None) as emu:
+        out["bringup_s"] = time.monotonic() - t0
+        out["load"] = os.getloadavg()[0]
+        cells: dict[str, Any] = {}
+        wrong = 0
+        for coll in experiment.RUN_DEFAULTS.collectives:
+            plan = experiment.RUN_DEFAULTS.replace(collectives=(coll,), sizes=experiment.run_sizes(8))
+            a0 = emu.pfc.agent_stats() if emu.pfc else {}
+            doc = experiment.run(plan, emu, progress=False)
+            a1 = emu.pfc.agent_stats() if emu.pfc else {}
+            wrong += report.wrong_total(doc["results"])
+            for r in doc["results"]:
+                cells[cell_key(r)] = cell_figures(r)
+            if emu.pfc and a1.get("wall_s") and a0.get("wall_s") is not None:
+                out[f"agent_cpu_share_{coll}"] = (a1["cpu_s"] - a0["cpu_s"]) / max(1e-9, a1["wall_s"] - a0["wall_s"])
+        out["matrix"], out["wrong"] = cells, wrong
+        doc = experiment.run(INCAST, emu, progress=False)
+        out["incast"] = cell_figures(doc["results"][0])
+        out["wrong"] += report.wrong_total(doc["results"])
+        spreading = {}
+        for dcqcn in (True, False):
+            inc, vic = victim_and_incast(emu, INCAST.replace(iterations=6), 6.0, dcqcn, out["host_mbps"] / 2)
+            spreading["dcqcn" if dcqcn else "no dcqcn"] = {"incast": inc, "victim": vic}
+        out["spreading"] = spreading
+        if pfc:
+            sweep = {}
+            for setting in ECN_SETTINGS:
+                doc = experiment.run(INCAST, emu, progress=False, ecn_thresholds=setting)
+                r = doc["results"][0]
+                sweep[setting] = {**cell_figures(r), "paused_s": (r.get("switch_pfc") or {}).get("paused_s"),
+                                  "ce_marked": (r.get("switch_ecn") or {}).get("ce_marked")}
+            out["ecn"] = sweep
+            out["agent"] = emu.pfc.agent_stats()
+            out["pfc_metadata"] = emu.metadata.get("pfc")
+        out["seconds"] = time.monotonic() - t0
+    return out
+
+
+def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
+    off, on = runs[False], runs[True]
+    lines = ["== default matrix (largest size): --pfc off | on; median [min-max] over the repetitions",
+             f"{'cell':<20} {'busbw fraction off':>20} {'on':>20} {'switch drops off':>18} {'on':>14} "
+             f"{'headroom drops on':>18} {'retx off':>14} {'on':>14} {'pauses on':>16} {'ingress drops off/on':>22}"]
+    keys = sorted(set().union(*(r["matrix"] for r in off + on)))
+    ok = True
+    for k in keys:
+        a = [r["matrix"][k] for r in off if k in r["matrix"]]
+        b = [r["matrix"][k] for r in on if k in r["matrix"]]
+        lines.append(f"{k:<20} {spread([x['fraction'] for x in a], '{:.3f}'):>20} "
+                     f"{spread([x['fraction'] for x in b], '{:.3f}'):>20} {spread([x['switch'] for x in a], '{:.0f}'):>18} "
+                     f"{spread([x['switch'] for x in b], '{:.0f}'):>14} {spread([x['headroom'] for x in b], '{:.0f}'):>18} "
+                     f"{spread([x['retx'] for x in a], '{:.0f}'):>14} {spread([x['retx'] for x in b], '{:.0f}'):>14} "
+                     f"{spread([x['pauses'] for x in b], '{:.0f}'):>16} "
+                     f"{spread([x['ingress'] for x in a], '{:.0f}') + ' / ' + spread([x['ingress'] for x in b], '{:.0f}'):>22}")
+    lines.append("== 7->1 incast (roce, 1 MiB gather, 8 ranks)")
+    for name, rs in (("off", off), ("on", on)):
+        xs = [r["incast"] for r in rs]
+        lines.append(f"  --pfc {name:<3}: completion {spread([x['time_s'] for x in xs], '{:.2f}')} s, switch drops "
+                     f"{spread([x['switch'] for x in xs], '{:.0f}')}, headroom drops "
+                     f"{spread([x['headroom'] for x in xs], '{:.0f}')}, retransmissions "
+                     f"{spread([x['retx'] for x in xs], '{:.0f}')}, pauses {spread([x['pauses'] for x in xs], '{:.0f}')}")
+    lines.append("== congestion spreading: a lossless UDP victim beside the incast, sharing only its upstream links")
+    for name, rs in (("off", off), ("on", on)):
+        for cc in ("dcqcn", "no dcqcn"):
+            v = [r["spreading"][cc]["victim"] for r in rs]
+            i = [r["spreading"][cc]["incast"] for r in rs]
+            lines.append(f"  --pfc {name:<3} incast with {cc:<8}: victim delivered "
+                         f"{spread([x['delivered_mbps'] for x in v], '{:.2f}')} of {v[0]['offered_mbps']:g} Mbit/s "
+                         f"offered (sent {spread([x['sent_mbps'] for x in v], '{:.2f}')}); incast completion "
+                         f"{spread([x['time_s'] for x in i], '{:.2f}')} s, pauses {spread([x['pauses'] for x in i], '{:.0f}')}")
+    lines.append("== pause time against the ECN threshold (--pfc on, the incast)")
+    for setting in ECN_SETTINGS:
+        xs = [r["ecn"][setting] for r in on]
+        lines.append(f"  ECN {setting:<8}: paused {spread([x['paused_s'] for x in xs], '{:.2f}')} port-s, pauses "
+                     f"{spread([x['pauses'] for x in xs], '{:.0f}')}, largest paused share "
+                     f"{spread([x['paused_share_max'] for x in xs], '{:.2f}')}, CE marks "
+                     f"{spread([x['ce_marked'] for x in xs], '{:.0f}')}, completion {spread([x['time_s'] for x in xs], '{:.2f}')} s")
+    lines.append("== the pause agent (--pfc on)")
+    med = [r["agent"]["pause_reaction_us"]["median"] for r in on if r["agent"].get("pause_reaction_us")]
+    p99 = [r["agent"]["pause_reaction_us"]["p99"] for r in on if r["agent"].get("pause_reaction_us")]
+    cpu = [r["agent"].get("cpu_share") for r in on]
+    cpu_a2a = [r.get("agent_cpu_share_all_to_all") for r in on]
+    frames = on[0]["agent"].get("pause_reaction_frames", {}) if on else {}
+    lines.append(f"  pause reaction (Xoff crossed -> gate closed): median {spread(med, '{:.0f}')} us, p99 "
+                 f"{spread(p99, '{:.0f}')} us (goals {GOALS['pause_median_us']:g} / {GOALS['pause_p99_us']:g} us); "
+                 "in frame times " + "; ".join(f"at {r} Mbit/s median {f.get('median')} p99 {f.get('p99')}"
+                                              for r, f in frames.items()))
+    lines.append(f"  agent CPU: {spread(cpu, '{:.1%}')} of a core over the run, {spread(cpu_a2a, '{:.1%}')} during the "
+                 f"all-to-all cells (goal {GOALS['agent_cpu_share']:.0%}); pauses "
+                 f"{spread([r['agent'].get('pauses') for r in on], '{:.0f}')}, watchdog storms "
+                 f"{spread([r['agent'].get('storms') for r in on], '{:.0f}')}, netlink errors "
+                 f"{spread([r['agent'].get('netlink_errors') for r in on], '{:.0f}')}")
+    for name, rs in (("off", off), ("on", on)):
+        lines.append(f"--pfc {name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}; bring-up "
+                     f"{spread([r['bringup_s'] for r in rs], '{:.0f}')} s, everything "
+                     f"{spread([r['seconds'] for r in rs], '{:.0f}')} s, load average {spread([r['load'] for r in rs], '{:.1f}')}")
+    if med and (statistics.median(med) > GOALS["pause_median_us"] or statistics.median(p99) > GOALS["pause_p99_us"]):
+        ok = False
+    if [c for c in cpu_a2a if c is not None] and statistics.median([c for c in cpu_a2a if c is not None]) > \
+            GOALS["agent_cpu_share"]:
+        ok = False
+    return lines, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", nargs="?", default="mini-hpn")
+    p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
+    p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
+    args = p.parse_args(argv)
+    say = lambda m: print(m, flush=True)  # noqa: E731
+    refused = measurement_refused("bench_pfc", args.repeat, 20, say)
+    if refused is not None:
+        return refused
+    try:
+        g = fgraph.build(spec.load(args.preset))
+        rates, line = sizing.rates_for_ranks(g, {}, experiment.RUN_DEFAULTS.ranks)
+    except UserError as exc:
+        say(f"bench_pfc: {exc}")
+        return 2
+    say(f"bench_pfc: {args.preset}, {line}; {args.repeat} repetitions of --pfc off and on, interleaved")
+    runs: dict[bool, list[dict]] = {False: [], True: []}
+    wrong = 0
+    for k in range(args.repeat):
+        for pfc in (False, True):
+            res = one_fabric(args.preset, rates, pfc, say)
+            wrong += res["wrong"]
+            runs[pfc].append(res)
+            say(f"  rep {k + 1}/{args.repeat} --pfc {'on' if pfc else 'off'}: {res['seconds']:.0f} s, load "
+                f"{res['load']:.1f}; " + ", ".join(f"{c} {v['fraction']:.2f}/{v['switch']} drops"
+                                                    for c, v in res["matrix"].items()))
+    lines, ok = summary(runs)
+    for line in lines:
+        say(line)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"preset": args.preset, "rates": line, "runs": {"off": runs[False], "on": runs[True]}}, fh,
+                      indent=1, default=str)
+    if wrong:
+        say(f"{wrong} wrong elements")
+    return 1 if wrong or not ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
