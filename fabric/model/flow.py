@@ -62,8 +62,14 @@ Model
       array (per-flow hashing's connections, adaptive routing's sub-flows); sprayed pairs keep
       entries (flow, link, weight) (:func:`max_min_rates`).
 
-Not modelled: congestion control dynamics (DCQCN), PFC, buffers, packet reordering cost,
-intra-host (NVLink) transfers, NIC processing; a step's flows start together.
+Lossless: every byte is drained at the links' capacity and none is lost or re-sent: the fabric the
+model stands for is lossless, as RoCEv2 fabrics run with priority flow control. The emulation is
+lossless only with ``--pfc on`` (``emulation.lossless``, docs/guides/lossless.md); without it its
+switch ports drop and its transports time out, which the model does not count.
+
+Not modelled: congestion control dynamics (DCQCN), PFC's pauses and the head-of-line blocking they
+cause, buffers, packet reordering cost, intra-host (NVLink) transfers, NIC processing; a step's flows
+start together.
 """
 from __future__ import annotations
 
