@@ -659,7 +659,8 @@ RULE_LIMITS: dict[str, dict[str, fspec.Rule] | None] = {
     "failure-tolerance": None,
     "local-protection": {"max_walks": fspec.Rule("int", "most walks to make", 1, fspec.MAX_COUNT * 1000),
                          "all_planes": fspec.Rule("bool", "every plane's events, not plane 0's alone")},
-    "deadlock-freedom": {"max_pairs": fspec.Rule("int", "the most pair walks the proof takes", 1, fspec.MAX_COUNT * 1000)},
+    "deadlock-freedom": {"max_pairs": fspec.Rule("int", "the most pair walks the proof takes", 1,
+                                                 fspec.MAX_COUNT * 1000)},
 }
 
 

@@ -40,7 +40,6 @@ Python API (for tests, tools and a controller-side dynamic-ECN feature)::
 """
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -59,6 +58,7 @@ from typing import Any
 from hpnlab.fabric.scenario.rates import frame_bytes
 from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
 
+from ..bpf import BpfMap
 from ..errors import UserError
 from .shaping import data_class, port_shape, rate_change_args
 from .state import RUN_DIR, all_runs
@@ -119,62 +119,7 @@ def reshape(intf: str, rate_mbps: float, mtu: int, stage: EcnStage | None = None
         stage.set_rate(intf, rate_mbps)
 
 
-# ---- the bpf(2) system call, just what the maps need ----------------------------------
-
-_NR_BPF = {"x86_64": 321, "aarch64": 280, "armv7l": 386, "ppc64le": 361, "s390x": 351, "riscv64": 280}
-_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_OBJ_GET = 1, 2, 7
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _bpf(cmd: int, attr: bytes) -> int:
-    nr = _NR_BPF.get(platform.machine())
-    if nr is None:
-        raise OSError(f"bpf syscall number unknown on {platform.machine()}")
-    buf = ctypes.create_string_buffer(attr.ljust(128, b"\0"), 128)
-    ret = _libc.syscall(ctypes.c_long(nr), ctypes.c_int(cmd), buf, ctypes.c_uint(128))
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ret
-
-
-_U32_KEY = struct.Struct("<I")
-
-
-class BpfMap:
-    """A pinned BPF map (hash or array), opened by path; keys u32 unless ``key`` says otherwise."""
-
-    def __init__(self, path: Path, value: struct.Struct, key: struct.Struct = _U32_KEY):
-        self.path = Path(path)
-        self.value = value
-        self.key = key
-        cpath = ctypes.create_string_buffer(str(self.path).encode())
-        self._cpath = cpath  # keep alive
-        self.fd = _bpf(_BPF_OBJ_GET, struct.pack("<QII", ctypes.addressof(cpath), 0, 0))
-
-    def _elem(self, cmd: int, key: int, value_buf, flags: int = 0) -> int:
-        k = ctypes.create_string_buffer(self.key.pack(key), self.key.size)
-        attr = struct.pack("<IIQQQ", self.fd, 0, ctypes.addressof(k), ctypes.addressof(value_buf), flags)
-        return _bpf(cmd, attr)
-
-    def lookup(self, key: int) -> tuple | None:
-        buf = ctypes.create_string_buffer(self.value.size)
-        try:
-            self._elem(_BPF_MAP_LOOKUP_ELEM, key, buf)
-        except OSError as exc:
-            if exc.errno == 2:  # ENOENT
-                return None
-            raise
-        return self.value.unpack(buf.raw)
-
-    def update(self, key: int, values: tuple) -> None:
-        buf = ctypes.create_string_buffer(self.value.pack(*values), self.value.size)
-        self._elem(_BPF_MAP_UPDATE_ELEM, key, buf)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+# the bpf(2) system call and pinned maps: hpnlab.fabric.bpf (BpfMap is imported from there)
 
 
 def compile_marker(log=lambda m: None) -> Path:

@@ -191,7 +191,7 @@ class PfcStage:
         host_ns = stage.host_ns = {h: f"/proc/{emu.host(h).pid}/ns/net" for h in emu.hosts}
         stage.config_file.write_text(pfc_plan.agent_config(
             plan, str(pin_dir / "maps" / "pfc_events"), str(stage.stats_file), lambda n: host_ns.get(n, "-"),
-            s.emulation.lossless.watchdog_ms, s.emulation.lossless.watchdog_restore_ms))
+            s.emulation.lossless.watchdog_ms, s.emulation.lossless.watchdog_restore_ms, str(stage.nicmap)))
         stage._start_agent(state)
         stage.write_info()
         emu.metadata["pfc"] = stage.describe() | {"setup_s": round(time.monotonic() - t0, 2)}
@@ -271,6 +271,17 @@ class PfcStage:
         r = subprocess.run([str(self.agent_bin), "--reopen", str(self.config_file)], capture_output=True, text=True,
                            timeout=60)
         return r.returncode == 0
+
+    @property
+    def nicmap(self) -> Path:
+        """The pinned array of host NICs' paused priorities (the agent writes it, transports read it)."""
+        return self.pin_dir / "maps" / "pfc_nic_paused"
+
+    def transport_option(self) -> dict[str, Any]:
+        """The roce transport's ``pause`` option: where its NIC scheduler reads whether a port is paused. The
+        path goes through this process's root (``/proc/PID/root``): a Mininet host has a mount namespace of
+        its own, whose /sys hides the bpffs the map is pinned in."""
+        return pfc_plan.nic_pause_option(self.plan, f"/proc/{os.getpid()}/root{self.nicmap}")
 
     def describe(self) -> dict[str, Any]:
         s = self.plan

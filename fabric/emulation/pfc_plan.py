@@ -92,6 +92,7 @@ class PortId:
     peer: int                  # gid at the other end of its link
     rate_mbps: float           # the link's emulated rate
     mac: str | None = None     # a host NIC's MAC
+    ip: str | None = None      # a host NIC's address
     headroom: int = 0          # per lossless class (switch ports)
     lossy_limit: int = 0       # the lossy buffer of its egress (switch ports)
 
@@ -194,7 +195,7 @@ def build(g: nx.MultiGraph, priorities: int = 1) -> Plan:
     out: list[PortId] = []
     for u, v, d in g.edges(data=True):
         rate = emulated_mbps(s, d["rate_gbps"])
-        for a, b in ((u, v), (v, u)):
+        for a in (u, v):
             if a in index:
                 shape = shaping.Shape(fgraph.intf_name(a, d["ports"][a]), rate, mtu=mtu,
                                       buffer_frames=s.emulation.buffer_frames)
@@ -207,7 +208,8 @@ def build(g: nx.MultiGraph, priorities: int = 1) -> Plan:
                               headroom=buffers[sw].headroom_bytes[p], lossy_limit=lossy[sw, p]))
     for h, nic in nics:
         out.append(PortId(gid_of[h, nic["intf"]], h, nic["intf"], fgraph.intf_name(h, nic["intf"]), 0, 0,
-                          gid_of[nic["leaf"], nic["leaf_port"]], emulated_mbps(s, nic["rate_gbps"]), nic["mac"]))
+                          gid_of[nic["leaf"], nic["leaf_port"]], emulated_mbps(s, nic["rate_gbps"]), nic["mac"],
+                          nic["ip"]))
     return Plan(tuple(sorted(out, key=lambda p: p.gid)), switches, buffers, kbits, priorities, mtu)
 
 
@@ -246,19 +248,22 @@ def swcfg_value(b: ll.SwitchBuffer) -> tuple:
 # ---- the pause agent's configuration ---------------------------------------------------------------
 
 def agent_config(plan: Plan, events: str, stats: str, netns_of: Callable[[str], str], watchdog_ms: int,
-                 restore_ms: int) -> str:
+                 restore_ms: int, nicmap: str | None = None) -> str:
     """The agent's configuration file (``pfc_agent.c``): one target per switch ingress port, the
-    transmitter at the other end of its link (``netns_of(node)``: "-" for the root namespace)."""
+    transmitter at the other end of its link (``netns_of(node)``: "-" for the root namespace), with the
+    transmitter's gid when it is a host NIC (its pause state goes to ``nicmap``, for its transport)."""
     frame = frame_bytes(plan.mtu)
     lines = ["# hpnlab pause agent (written by hpnlab.fabric.emulation.pfc)", f"events {events}", f"stats {stats}",
+             *([f"nicmap {nicmap}"] if nicmap else []),
              f"open {shaping.GATE_OPEN_BPS // 8} {shaping.GATE_OPEN_BURST} {shaping.LOSSLESS_LIMIT_BYTES}",
              f"closed 1 {frame}", f"watchdog {watchdog_ms} {restore_ms}"]
     for prio in range(plan.priorities):
-        lines.append(f"gate {prio} {0x10000 | shaping.PFC_LOSSLESS_CLASSES[prio]:#x} {shaping.PFC_GATES[prio] << 16:#x}")
+        parent, handle = 0x10000 | shaping.PFC_LOSSLESS_CLASSES[prio], shaping.PFC_GATES[prio] << 16
+        lines.append(f"gate {prio} {parent:#x} {handle:#x}")
     by_gid = plan.by_gid()
     for p in plan.switch_ports():
         up = by_gid[p.peer]
-        lines.append(f"target {p.gid} {netns_of(up.node)} {up.intf}")
+        lines.append(f"target {p.gid} {netns_of(up.node)} {up.intf}" + ("" if up.is_switch else f" {up.gid}"))
     return "\n".join(lines) + "\n"
 
 
@@ -331,3 +336,9 @@ def summarize(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]
             "ingress_peak_bytes": max((after[i].get("ingress_peak", 0) for i in ports), default=0),
             "shared_peak_share": round(max(shared, default=0.0), 4),
             "per_port": per_port}
+
+
+def nic_pause_option(plan: Plan, nicmap: str) -> dict[str, Any]:
+    """What the roce transport needs to stop sending a paused priority (its ``pause`` option): the pinned
+    array of host NICs' paused priorities and every NIC's index in it, by its address."""
+    return {"map": nicmap, "entries": MAX_PORTS, "index": {p.ip: p.gid for p in plan.host_nics() if p.ip}}

@@ -447,7 +447,14 @@ class _OnEmulation:
         self._pfc_before: tuple[dict, float] | None = None
 
     def jobs(self, plan: Plan) -> dict[Run, list[Job]]:
-        return plan.jobs_on(self.emu.graph)
+        cells = plan.jobs_on(self.emu.graph)
+        pfc = getattr(self.emu, "pfc", None)
+        if pfc is not None:        # the roce transport's NIC stops sending a priority its port has paused
+            for jobs in cells.values():
+                for job in jobs:
+                    if job.transport == "roce":
+                        job.options["pause"] = pfc.transport_option()
+        return cells
 
     def spawner(self, jobs: list[Job]) -> Any:
         return ranks.EmulationSpawner(self.emu, {j.job: list(j.labels or []) for j in jobs})

@@ -31,6 +31,7 @@ the detour buckets' port order makes a strong hint rather than a proof (said in 
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -131,7 +132,7 @@ def dependencies(net: FabricTables, bounce: bool, edges: dict[tuple[Queue, Queue
                     queues = [(sw, inp, priority_of(m, bounce)) for (sw, inp, _o), m in zip(walk.hops, marks,
                                                                                              strict=True)]
                     bounced = " (bounced)" if any(m in MARKS for m in marks) else ""
-                    for a, b in zip(queues, queues[1:], strict=False):
+                    for a, b in itertools.pairwise(queues):
                         edges.setdefault((a, b), f"{src}->{dst} plane {plane} sport {sport:#x}{bounced}: "
                                                  + " ".join(f"{sw}:{i}" for sw, i, _ in walk.hops))
     return edges, walks

@@ -15,12 +15,12 @@ FRAME = 1514
 
 def static(xoff: int = 10_000, headroom: int = 6_000, reserved: int = 2_000, resume: int = 3_000,
            ports: int = 3, shared: int = 100_000) -> ll.SwitchBuffer:
-    return ll.SwitchBuffer(shared, None, xoff, resume, reserved, {p: headroom for p in range(1, ports + 1)})
+    return ll.SwitchBuffer(shared, None, xoff, resume, reserved, dict.fromkeys(range(1, ports + 1), headroom))
 
 
 def dynamic(shared: int = 80_000, alpha: float = 0.125, headroom: int = 6_000, reserved: int = 0,
             resume: int = 1_000, ports: int = 3) -> ll.SwitchBuffer:
-    return ll.SwitchBuffer(shared, alpha, 0, resume, reserved, {p: headroom for p in range(1, ports + 1)})
+    return ll.SwitchBuffer(shared, alpha, 0, resume, reserved, dict.fromkeys(range(1, ports + 1), headroom))
 
 
 # ---- accounting -------------------------------------------------------------------------------

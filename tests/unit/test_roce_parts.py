@@ -243,6 +243,36 @@ def test_a_resend_refused_by_a_full_buffer_stays_first_in_line_and_counts_once()
     assert p.sent()[-1] == (1, 0, 3) and f.stats["retransmissions"] == 1
 
 
+def test_a_paused_port_sends_nothing_and_its_flow_resumes_on_the_path_it_chose_when_the_pause_ends():
+    """Priority flow control: a NIC offers nothing of a paused priority; the flow's path choice waits
+    (counted), the scheduler looks again soon, and nothing is counted sent or lost."""
+    p = Parts(planes=2, ports=1, entropy=SprayEntropy.name)
+    paused = {0}
+    p.sender.paused = lambda plane: plane in paused
+    p.post(1, 4 * PAYLOAD)
+    p.sender.lookahead_s = 1.0
+    f = p.tx[1]
+    f.held_path = 0                                     # the choice fell on the paused port's path
+    wake = p.serve(0.0)
+    assert p.sent(0) == [] and f.stats["pause_waits"] >= 1 and f.held_path == 0
+    assert 0.0 < wake <= 0.001 and f.stats["retransmissions"] == 0
+    paused.clear()
+    p.serve(wake)
+    assert p.sent(0)[0][1] == 0 and f.stats["packets"] == 4   # the first packet left by the path it waited for
+
+
+def test_a_pause_on_one_plane_leaves_the_other_planes_port_sending():
+    p = Parts(peers=2, planes=2, ports=1, entropy=SprayEntropy.name)
+    p.sender.paused = lambda plane: plane == 0
+    for peer, path in ((1, 0), (2, 1)):
+        p.post(peer, 2 * PAYLOAD)
+        p.tx[peer].held_path = path
+    p.sender.lookahead_s = 1.0
+    p.serve(0.0)
+    assert p.sent(0) == [] and p.tx[1].stats["pause_waits"] >= 1
+    assert [dst for dst, _, _ in p.sent(1)][:1] == [2]
+
+
 def test_a_packet_the_kernel_refuses_with_icmp_counts_as_sent_and_lost():
     p = Parts()
     p.post(1, PAYLOAD)

@@ -170,6 +170,9 @@ struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 4); __type(key, _
 struct pkt_key { __u32 saddr; __u32 daddr; __u32 ports; __u16 len; __u16 pad; __u8 payload[16]; };
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, DOOMED_MAX); __type(key, struct pkt_key); __type(value, __u32); } pfc_doomed SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 18); } pfc_events SEC(".maps");
+/* per host NIC (gid): the lossless priorities whose gate the pause agent holds closed now (bit per priority),
+ * read by the roce transport's NIC scheduler through an mmap: it stops sending a paused priority */
+struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_PORTS); __uint(map_flags, BPF_F_MMAPABLE); __type(key, __u32); __type(value, __u32); } pfc_nic_paused SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 4096); __type(key, __u32); __type(value, struct ecn_cfg); } hpn_ecn_cfg SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_HASH); __uint(max_entries, 4096); __type(key, __u32); __type(value, struct ecn_state); } hpn_ecn_state SEC(".maps");
 

@@ -20,8 +20,10 @@
  *   closed RATE_BPS BURST            a closed gate
  *   watchdog DETECT_MS RESTORE_MS    0 DETECT_MS: no watchdog
  *   gate PRIO PARENT HANDLE          a lossless priority's gate: htb class (e.g. 0x10011) and tbf handle
- *   target GID NETNS IFNAME          the transmitter an ingress port (gid) pauses; NETNS "-": ours,
- *                                    else a path like /proc/PID/ns/net
+ *   target GID NETNS IFNAME [NIC]    the transmitter an ingress port (gid) pauses; NETNS "-": ours,
+ *                                    else a path like /proc/PID/ns/net; NIC: the transmitter's gid when
+ *                                    it is a host NIC (its pause state goes to the nicmap for its transport)
+ *   nicmap PATH                      the pinned array of host NICs' paused priorities (bit per priority)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -67,6 +69,7 @@ struct gate_state {
 struct target {
 	int valid;
 	int nl, kick, ifindex;
+	int nic;                  /* the transmitter's gid when it is a host NIC (0: a switch port) */
 	char ns[128], ifname[IFNAMSIZ];
 	struct gate_state g[PRIOS];
 };
@@ -75,7 +78,8 @@ static struct target targets[MAX_GIDS];
 static struct { int prio; uint32_t parent, handle; int valid; } gates[PRIOS];
 static uint64_t open_rate = 125000000ull, open_burst = 65536, open_limit = 1 << 26, closed_rate = 1, closed_burst = 1514;
 static uint64_t detect_ns, restore_ns;
-static char events_path[512], stats_path[512];
+static char events_path[512], stats_path[512], nicmap_path[512];
+static int nicmap_fd = -1;
 static volatile sig_atomic_t stopping;
 
 /* reaction histogram: 1 us buckets to 1 ms, 10 us to 10 ms, 1 ms to 1 s, then one */
@@ -239,6 +243,18 @@ static int enter_ns(const char *path, int home)
 
 /* ---- gates --------------------------------------------------------------------------------- */
 
+/* a host NIC's paused priorities, for its transport (after the gate: the NIC never sends into a closed one
+ * for long, and stops offering its queue pairs' packets while it is closed) */
+static void publish(struct target *t)
+{
+	if (nicmap_fd < 0 || !t->nic)
+		return;
+	uint32_t key = t->nic, bits = 0;
+	for (int p = 0; p < PRIOS; p++)
+		bits |= (uint32_t)t->g[p].closed << p;
+	bpf_map_update_elem(nicmap_fd, &key, &bits, BPF_ANY);
+}
+
 static int set_gate(struct target *t, int prio, int closed)
 {
 	struct gate_state *g = &t->g[prio];
@@ -250,6 +266,7 @@ static int set_gate(struct target *t, int prio, int closed)
 	g->closed = closed;
 	if (!closed)
 		kick(t);
+	publish(t);
 	return 0;
 }
 
@@ -282,7 +299,6 @@ static int on_event(void *ctx, void *data, size_t size)
 	}
 	g->seq = e->seq;
 	g->have_seq = 1;
-	uint64_t t0 = now_ns();
 	if (e->type) {
 		g->desired = 1;
 		g->since = e->ts;
@@ -298,7 +314,6 @@ static int on_event(void *ctx, void *data, size_t size)
 			hist_resume[bucket(now_ns() - e->ts)]++;
 		}
 	}
-	(void)t0;
 	return 0;
 }
 
@@ -424,6 +439,8 @@ static int configure(const char *path)
 			sscanf(line, "%*s %511s", events_path);
 		} else if (!strcmp(kw, "stats")) {
 			sscanf(line, "%*s %511s", stats_path);
+		} else if (!strcmp(kw, "nicmap")) {
+			sscanf(line, "%*s %511s", nicmap_path);
 		} else if (!strcmp(kw, "open")) {
 			unsigned long long r, b, l;
 			if (sscanf(line, "%*s %llu %llu %llu", &r, &b, &l) == 3)
@@ -446,9 +463,10 @@ static int configure(const char *path)
 				gates[p].valid = 1;
 			}
 		} else if (!strcmp(kw, "target")) {
-			int gid;
+			int gid, nic = 0;
 			char ns[128], ifn[IFNAMSIZ];
-			if (sscanf(line, "%*s %d %127s %15s", &gid, ns, ifn) != 3 || gid <= 0 || gid >= MAX_GIDS) {
+			int got = sscanf(line, "%*s %d %127s %15s %d", &gid, ns, ifn, &nic);
+			if (got < 3 || gid <= 0 || gid >= MAX_GIDS || nic < 0 || nic >= MAX_GIDS) {
 				fprintf(stderr, "%s:%d: bad target line\n", path, lineno);
 				return -1;
 			}
@@ -465,6 +483,7 @@ static int configure(const char *path)
 				fprintf(stderr, "%s:%d: no interface %s in %s\n", path, lineno, ifn, ns);
 				return -1;
 			}
+			t->nic = got == 4 ? nic : 0;
 			snprintf(t->ns, sizeof(t->ns), "%s", ns);
 			snprintf(t->ifname, sizeof(t->ifname), "%s", ifn);
 			t->valid = 1;
@@ -475,6 +494,11 @@ static int configure(const char *path)
 	}
 	fclose(f);
 	close(home);
+	if (nicmap_path[0]) {
+		nicmap_fd = bpf_obj_get(nicmap_path);
+		if (nicmap_fd < 0)
+			fprintf(stderr, "cannot open %s: the transports will not see pauses\n", nicmap_path);
+	}
 	for (int i = 0; i < MAX_GIDS; i++) {
 		struct target *t = &targets[i];
 		if (!t->valid)

@@ -10,6 +10,10 @@ socket, whose source port is its entropy. A socket whose buffer is full (``Block
 is backpressure, not loss: the packet stays the flow's next one, on the same path, and the port
 counts as busy for a packet time (``send_blocked`` counts these); nothing is recorded as sent.
 
+With priority flow control (``--pfc on``) a port whose lossless priority is paused offers nothing
+until the pause ends (:class:`PortPause`, a memory read of the emulation's pinned map): the flow's
+path choice waits (``pause_waits`` counts these), DCQCN's timers and the other ports run on.
+
 The scheduler only serves; the timers (DCQCN's, the retransmission timer, the dead-path rule)
 run before it, for every flow with data, whether or not the scheduler may serve it.
 """
@@ -18,6 +22,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from hpnlab.fabric.bpf import MappedArray
+
+from ..base import TransportError
 from .dcqcn import RateControl
 from .endpoint import Endpoint
 from .failover import Failover
@@ -26,6 +33,8 @@ from .wire import DATA, ETH, HDR, IP_UDP, LINK_ERRNOS, PSEQ_MASK
 
 #: bytes a data packet takes on the link on top of its payload
 OVERHEAD = HDR.size + IP_UDP + ETH
+#: how soon a NIC whose port is paused looks again (the pause agent reacts in tens of microseconds)
+PAUSE_POLL_S = 0.0002
 
 
 def serve_order(dsts: list[int], after: int) -> list[int]:
@@ -69,6 +78,29 @@ def next_packet(f: TxFlow, payload: int) -> tuple[int, list, bool] | None:
     return f.psn, [mid, off, len(mv), mv[off:off + n], 0.0, 0, 0, "", 0], False
 
 
+class PortPause:
+    """Whether each of a rank's NIC ports (one per plane, on ``ips``) has its lossless priority paused:
+    ``pause`` names the emulation's pinned array of host NICs' paused priorities (``map``, its
+    ``entries``) and each NIC's place in it by address (``index``); bit 0 of a NIC's entry is the
+    lossless data priority. Called per packet: a memory read."""
+
+    def __init__(self, rank: int, pause: dict, ips: list[str]):
+        try:
+            self.array = MappedArray(pause["map"], int(pause["entries"]))
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise TransportError(f"rank {rank}: cannot read the NICs' pause state ({pause.get('map')}): "
+                                 f"{exc}") from None
+        index = pause.get("index") or {}
+        self.at: list[int | None] = [index.get(ip) for ip in ips]
+
+    def __call__(self, plane: int) -> bool:
+        at = self.at[plane]
+        return at is not None and bool(self.array.u32(at) & 1)
+
+    def close(self) -> None:
+        self.array.close()
+
+
 class NicScheduler:
     """The send side of ``rank``'s NIC: ``planes`` ports of ``line_rate_bps``, each paced at
     ``pace`` of it; a packet may leave up to ``lookahead_s`` before its slot (the port's queue
@@ -92,6 +124,8 @@ class NicScheduler:
         self.lookahead_s = lookahead_s
         self.nic_next = [0.0] * endpoint.planes      # per plane: next free time of the port
         self.last_served = -1                        # the peer whose flow the NIC served last (serve_order)
+        #: plane -> is that port's lossless priority paused now (priority flow control; None: never)
+        self.paused: Callable[[int], bool] | None = None
 
     def start(self) -> None:
         self.last_served = self.rank
@@ -101,6 +135,7 @@ class NicScheduler:
         may; return ``wake`` or, if earlier, when a flow's pacer or a port is next free."""
         la = self.lookahead_s
         nic_next = self.nic_next
+        paused = self.paused
         dsts = [f.dst for f in flows]
         progressed = True
         while progressed:
@@ -116,6 +151,13 @@ class NicScheduler:
                 held = f.held_path
                 path = held if held is not None and f.paths.live(held) else self.failover.choose_path(f)
                 plane = path // self.ports_per_nic
+                if paused is not None and paused(plane):
+                    # the port's lossless priority is paused (PFC): the NIC offers nothing of it until
+                    # the pause ends; the choice waits, DCQCN's timers and the other ports run on
+                    f.held_path = path
+                    f.stats["pause_waits"] += 1
+                    wake = min(wake, now + PAUSE_POLL_S)
+                    continue
                 if nic_next[plane] > now + la:
                     f.held_path = path            # the choice waits for its port (a token is not lost)
                     wake = min(wake, nic_next[plane] - la)

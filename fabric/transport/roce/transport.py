@@ -19,7 +19,7 @@ from .failover import Failover
 from .flows import RxFlow, TxFlow
 from .receiver import NO_COUNT, Receiver
 from .recovery import RECOVERIES, SELECTIVE, Recovery
-from .sender import OVERHEAD, NicScheduler
+from .sender import OVERHEAD, NicScheduler, PortPause
 from .wire import ABORT, ACK, CNP, DATA, HDR, IP_UDP, MAX_PATHS, NACK, PATH_LOSS, PLANE, PROBE
 
 
@@ -42,7 +42,8 @@ class RoceTransport(Transport):
                  gap_threshold_s: float = 0.002, ack_fresh_s: float = 0.02, watch_links: bool = True,
                  link_poll_s: float = 0.005, link_state: Callable[[str], bool | None] | None = None,
                  nic_names: list[str | None] | None = None, entropy_map: EntropyMap | dict | None = None,
-                 flowlet_gap_us: float | None = None, adaptive: dict | None = None):
+                 flowlet_gap_us: float | None = None, adaptive: dict | None = None,
+                 pause: dict | None = None):
         if recovery not in RECOVERIES:
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -103,6 +104,9 @@ class RoceTransport(Transport):
         self.rx: dict[int, RxFlow] = {}
         self.cpu_busy = 0.0
         self.heard: dict[int, float] = {}
+        #: priority flow control: the emulation's map of host NICs' paused priorities and each NIC's
+        #: index in it by address (:class:`.sender.PortPause`); None: nothing pauses this rank's NIC
+        self.pause = pause
         # the parts
         self.endpoint = Endpoint(rank, addrs, base_port, self.ports_per_nic, ecn, self.entropy_map)
         self.rate = RateControl(self.dcqcn_params, burst_s, nack_cuts=per_flow and recovery == SELECTIVE)
@@ -138,7 +142,7 @@ class RoceTransport(Transport):
                 "path_rules": asdict(self.path_params), "gap_threshold_s": self.gap_threshold_s,
                 "watched_ports": self.failover.nics, "link_events": self.failover.link_events,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
-                "udp_port": self.endpoint.port,
+                "udp_port": self.endpoint.port, "pfc_pause": bool(self.pause),
                 "source_ports": self.endpoint.source_ports(),
                 "entropy_map": self.entropy_map.as_dict() if self.entropy_map else None,
                 "entropy_values": self.endpoint.tx_entropy,
@@ -149,6 +153,8 @@ class RoceTransport(Transport):
         self.endpoint.open()
         self.failover.start(self.addrs[self.rank])
         self.sender.start()
+        if self.pause:
+            self.sender.paused = PortPause(self.rank, self.pause, self.addrs[self.rank])
         now = time.monotonic()
         for r in range(self.nranks):
             if r != self.rank:
@@ -358,6 +364,9 @@ class RoceTransport(Transport):
                 pass
         self.endpoint.close()
         self.failover.close()
+        if isinstance(self.sender.paused, PortPause):
+            self.sender.paused.close()
+            self.sender.paused = None
 
 
 def _first_for_peer(want, recvs, i, peer) -> bool:
