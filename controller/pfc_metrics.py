@@ -49,7 +49,7 @@ def families(counters: Mapping[str, Mapping[str, Any]], switches: Mapping[str, M
              agent: Mapping[str, Any]) -> list[Any]:
     """The metric families of one reading of the stage (pure: plain values in, families out)."""
     lab = ["switch", "port"]
-    fams = {
+    fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
         "pauses_sent": CounterMetricFamily("hpnlab_pfc_pauses_sent", "PFC: pauses this ingress port asked its "
                                            "upstream for", labels=lab),
         "paused_s": CounterMetricFamily("hpnlab_pfc_paused_seconds", "PFC: time this ingress port held its "

@@ -419,7 +419,7 @@ class PfcStage:
         """Per transmitter (interface) whether each gate is closed now, per lossless priority, as tc shows
         it: the switch ports, and with ``hosts`` every host NIC (in its host's namespace)."""
         closed: dict[str, list[bool]] = {}
-        spaces = [(None, {p.intf for p in self.plan.switch_ports()})]
+        spaces: list[tuple[str | None, set[str]]] = [(None, {p.intf for p in self.plan.switch_ports()})]
         if hosts:
             nics: dict[str, set[str]] = {}
             for p in self.plan.host_nics():

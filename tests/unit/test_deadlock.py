@@ -95,8 +95,12 @@ def test_the_summary_names_a_cycle_and_the_state_it_is_in():
 def test_needs_bounce_priority_is_computed_once_per_graph(monkeypatch):
     g = fgraph.build(spec.load("mini-hpn"))
     calls = []
-    monkeypatch.setattr(deadlock, "prove", lambda g, bounce=False: calls.append(1) or deadlock.DeadlockProof(
-        bounce, True, [], 0.0))
+
+    def prove(g, bounce=False):
+        calls.append(1)
+        return deadlock.DeadlockProof(bounce, True, [], 0.0)
+
+    monkeypatch.setattr(deadlock, "prove", prove)
     assert deadlock.needs_bounce_priority(g) is False and deadlock.needs_bounce_priority(g) is False
     assert calls == [1]
 

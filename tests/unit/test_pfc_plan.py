@@ -178,12 +178,13 @@ def test_a_reaction_beyond_a_second_counts_as_the_longest():
 
 
 def test_a_measurement_counts_only_what_happened_between_its_two_readings():
-    before = {"p0l0-eth5": {"switch_port": True, "pauses_sent": 10, "paused_s": 1.0, "headroom_drops": 0,
-                            "lossy_drops": 2},
-              "h1-eth0": {"switch_port": False}}
-    after = {"p0l0-eth5": {"switch_port": True, "pauses_sent": 14, "paused_s": 1.5, "headroom_drops": 1,
-                           "lossy_drops": 2, "headroom_peak": 3000, "ingress_peak": 40000},
-             "h1-eth0": {"switch_port": False, "pauses_received": 99}}
+    before: dict[str, dict] = {
+        "p0l0-eth5": {"switch_port": True, "pauses_sent": 10, "paused_s": 1.0, "headroom_drops": 0, "lossy_drops": 2},
+        "h1-eth0": {"switch_port": False}}
+    after: dict[str, dict] = {
+        "p0l0-eth5": {"switch_port": True, "pauses_sent": 14, "paused_s": 1.5, "headroom_drops": 1, "lossy_drops": 2,
+                      "headroom_peak": 3000, "ingress_peak": 40000},
+        "h1-eth0": {"switch_port": False, "pauses_received": 99}}
     switches = {"p0l0": {"shared_peak": 50_000, "shared_bytes": 200_000}}
     out = pfc_plan.summarize(before, after, switches, seconds=2.0)
     assert (out["pauses"], out["paused_s"], out["headroom_drops"], out["lossy_drops"]) == (4, 0.5, 1, 0)

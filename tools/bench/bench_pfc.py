@@ -80,7 +80,7 @@ def victim_and_incast(emu: Any, plan: experiment.Plan, seconds: float, dcqcn: bo
     """The incast job with a lossless UDP victim beside it: (the incast's figures, the victim's)."""
     job = plan.replace(dcqcn=dcqcn)
     jobs = next(iter(job.jobs_on(emu.graph).values()))
-    hosts = list(jobs[0].labels)
+    hosts = list(jobs[0].labels or [])
     root = hosts[job.root]
     leaf_of = {h: next(p["leaf"] for p in emu.interfaces(h) if p["plane"] == 0) for h in fgraph.hosts(emu.graph)}
     free = [h for h in fgraph.hosts(emu.graph) if h not in hosts]
@@ -217,10 +217,10 @@ def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
                      f"completion {_n(xs, 'time_s', '{:.2f}')} s")
     lines.append("== the pause agent (--pfc on)")
     reaction = [r["agent"].get("pause_reaction_us") or {} for r in on]
-    med = [x["median"] for x in reaction if x.get("median")]
-    p99 = [x["p99"] for x in reaction if x.get("p99")]
+    med = [float(x["median"]) for x in reaction if x.get("median")]
+    p99 = [float(x["p99"]) for x in reaction if x.get("p99")]
     agents = [r["agent"] for r in on]
-    cpu_a2a = [r.get("agent_cpu_share_all_to_all") for r in on if r.get("agent_cpu_share_all_to_all") is not None]
+    cpu_a2a = [float(r["agent_cpu_share_all_to_all"]) for r in on if r.get("agent_cpu_share_all_to_all") is not None]
     frames = on[0]["agent"].get("pause_reaction_frames", {}) if on else {}
     lines.append(f"  pause reaction (Xoff crossed -> gate closed): median {spread(med, '{:.0f}')} us, p99 "
                  f"{spread(p99, '{:.0f}')} us (goals {GOALS['pause_median_us']:g} / {GOALS['pause_p99_us']:g} us); "
