@@ -115,14 +115,23 @@ def test_a_fabric_whose_ids_the_tag_cannot_hold_is_refused_in_one_line():
 
 def test_every_switch_ingress_port_pauses_the_transmitter_at_the_other_end_of_its_link():
     plan = pfc_plan.build(_pfc_graph())
-    text = pfc_plan.agent_config(plan, "/ev", "/st", lambda n: "-" if n.startswith("p") else f"/ns/{n}", 200, 100)
+    text = pfc_plan.agent_config(plan, "/ev", "/st", lambda n: "-" if n.startswith("p") else f"/ns/{n}", 200, 100,
+                                 "/nic")
     targets = [line.split() for line in text.splitlines() if line.startswith("target")]
     assert len(targets) == len(plan.switch_ports())
     by = plan.by_gid()
-    for _, gid, ns, intf in targets:
+    for _, gid, ns, intf, *nic in targets:
         up = by[by[int(gid)].peer]
         assert up.intf == intf and (ns == "-") == up.is_switch
-    assert "watchdog 200 100" in text and f"closed 1 {1500 + 14}" in text
+        assert nic == ([] if up.is_switch else [str(up.gid)])      # a host NIC's pause state is published
+    assert "watchdog 200 100" in text and f"closed 1 {1500 + 14}" in text and "nicmap /nic" in text
+
+
+def test_the_transport_finds_its_ports_pause_state_by_address():
+    plan = pfc_plan.build(_pfc_graph())
+    opt = pfc_plan.nic_pause_option(plan, "/pin/nic")
+    assert opt["map"] == "/pin/nic" and len(opt["index"]) == len(plan.host_nics())
+    assert all(opt["index"][p.ip] == p.gid for p in plan.host_nics())
 
 
 def test_the_agent_gets_one_gate_per_lossless_priority():
