@@ -191,7 +191,8 @@ class PfcStage:
         host_ns = stage.host_ns = {h: f"/proc/{emu.host(h).pid}/ns/net" for h in emu.hosts}
         stage.config_file.write_text(pfc_plan.agent_config(
             plan, str(pin_dir / "maps" / "pfc_events"), str(stage.stats_file), lambda n: host_ns.get(n, "-"),
-            s.emulation.lossless.watchdog_ms, s.emulation.lossless.watchdog_restore_ms, str(stage.nicmap)))
+            s.emulation.lossless.watchdog_ms, s.emulation.lossless.watchdog_restore_ms, str(stage.nicmap),
+            str(pin_dir / "maps" / "pfc_in")))
         stage._start_agent(state)
         stage.write_info()
         emu.metadata["pfc"] = stage.describe() | {"setup_s": round(time.monotonic() - t0, 2)}

@@ -248,13 +248,13 @@ def swcfg_value(b: ll.SwitchBuffer) -> tuple:
 # ---- the pause agent's configuration ---------------------------------------------------------------
 
 def agent_config(plan: Plan, events: str, stats: str, netns_of: Callable[[str], str], watchdog_ms: int,
-                 restore_ms: int, nicmap: str | None = None) -> str:
+                 restore_ms: int, nicmap: str | None = None, ingress: str | None = None) -> str:
     """The agent's configuration file (``pfc_agent.c``): one target per switch ingress port, the
     transmitter at the other end of its link (``netns_of(node)``: "-" for the root namespace), with the
     transmitter's gid when it is a host NIC (its pause state goes to ``nicmap``, for its transport)."""
     frame = frame_bytes(plan.mtu)
     lines = ["# hpnlab pause agent (written by hpnlab.fabric.emulation.pfc)", f"events {events}", f"stats {stats}",
-             *([f"nicmap {nicmap}"] if nicmap else []),
+             *([f"nicmap {nicmap}"] if nicmap else []), *([f"ingress {ingress}"] if ingress else []),
              f"open {shaping.GATE_OPEN_BPS // 8} {shaping.GATE_OPEN_BURST} {shaping.LOSSLESS_LIMIT_BYTES}",
              f"closed 1 {frame}", f"watchdog {watchdog_ms} {restore_ms}"]
     for prio in range(plan.priorities):

@@ -199,3 +199,11 @@ def test_a_measurement_counts_only_what_happened_between_its_two_readings():
     assert (out["pauses"], out["paused_s"], out["headroom_drops"], out["lossy_drops"]) == (4, 0.5, 1, 0)
     assert out["ports_paused"] == 1 and out["paused_share_max"] == 0.25 and out["shared_peak_share"] == 0.25
     assert out["per_port"]["p0l0-eth5"]["pauses"] == 4 and "h1-eth0" not in out["per_port"]
+
+
+def test_the_agent_reads_the_ingress_queue_where_the_data_path_writes_it():
+    import re as _re
+    agent = (BPF_SOURCE.parent / "pfc_agent.c").read_text()
+    consts = {k: int(v) for k, v in _re.findall(r"#define INGRESS_(\w+) (\d+)", agent)}
+    offsets, size = _py_offsets(pfc_plan.INGRESS)
+    assert consts == {"SIZE": size, "PAUSED": offsets[1], "SEQ": offsets[12]}

@@ -162,6 +162,7 @@ def one_fabric(preset: str, overrides: dict, pfc: bool, say: Any) -> dict[str, A
                                       "ce_marked": (r.get("switch_ecn") or {}).get("ce_marked")}
             out["ecn"] = sweep
             out["agent"] = emu.pfc.agent_stats()
+            out["data_path"] = emu.pfc.data_path_counters()
             out["pfc_metadata"] = emu.metadata.get("pfc")
         out["failed"] = failed
         out["seconds"] = time.monotonic() - t0
@@ -229,7 +230,8 @@ def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
     lines.append(f"  agent CPU: {_n(agents, 'cpu_share', '{:.1%}')} of a core over the run, "
                  f"{spread(cpu_a2a, '{:.1%}')} during the all-to-all cells (goal {GOALS['agent_cpu_share']:.0%}); "
                  f"pauses {_n(agents, 'pauses')}, watchdog storms {_n(agents, 'storms')}, netlink errors "
-                 f"{_n(agents, 'netlink_errors')}")
+                 f"{_n(agents, 'netlink_errors')}, gates mended by the reconciliation {_n(agents, 'reconciled')}, "
+                 f"events lost by the data path {_n([r.get('data_path') or {} for r in on], 'events_lost')}")
     for name, rs in (("off", off), ("on", on)):
         lines.append(f"--pfc {name}: host ports {rs[0]['host_mbps']:g} Mbit/s, MTU {rs[0]['mtu']}; bring-up "
                      f"{_n(rs, 'bringup_s')} s, everything {_n(rs, 'seconds')} s, load average "

@@ -24,6 +24,9 @@
  *                                    else a path like /proc/PID/ns/net; NIC: the transmitter's gid when
  *                                    it is a host NIC (its pause state goes to the nicmap for its transport)
  *   nicmap PATH                      the pinned array of host NICs' paused priorities (bit per priority)
+ *   ingress PATH                     the data path's ingress queues (pinned pfc_in): every RECONCILE_MS the
+ *                                    agent holds each gate to what its queue says now, so a decision whose
+ *                                    event was lost (a full ring) or came late cannot hold a gate for ever
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -78,14 +81,19 @@ static struct target targets[MAX_GIDS];
 static struct { int prio; uint32_t parent, handle; int valid; } gates[PRIOS];
 static uint64_t open_rate = 125000000ull, open_burst = 65536, open_limit = 1 << 26, closed_rate = 1, closed_burst = 1514;
 static uint64_t detect_ns, restore_ns;
-static char events_path[512], stats_path[512], nicmap_path[512];
-static int nicmap_fd = -1;
+static char events_path[512], stats_path[512], nicmap_path[512], ingress_path[512];
+static int nicmap_fd = -1, ingress_fd = -1;
+#define RECONCILE_NS 50000000ull
+/* pfc.bpf.c's struct pfc_ingress: where ``paused`` and ``seq`` are */
+#define INGRESS_SIZE 96
+#define INGRESS_PAUSED 4
+#define INGRESS_SEQ 88
 static volatile sig_atomic_t stopping;
 
 /* reaction histogram: 1 us buckets to 1 ms, 10 us to 10 ms, 1 ms to 1 s, then one */
 #define NB (1000 + 900 + 990 + 1)
 static uint64_t hist_pause[NB], hist_resume[NB];
-static uint64_t n_events, n_stale, n_pauses, n_resumes, n_nl_errors, n_kick_errors, n_storms, n_restores;
+static uint64_t n_events, n_stale, n_pauses, n_resumes, n_nl_errors, n_kick_errors, n_storms, n_restores, n_reconciled;
 static uint64_t t_start;
 
 static uint64_t now_ns(void)
@@ -317,6 +325,50 @@ static int on_event(void *ctx, void *data, size_t size)
 	return 0;
 }
 
+/* every gate held to what its queue says now (the data path's pause flag and decision count): a lost or late
+ * event is mended within RECONCILE_NS */
+static void reconcile(uint64_t now)
+{
+	if (ingress_fd < 0)
+		return;
+	unsigned char v[INGRESS_SIZE];
+	for (int i = 0; i < MAX_GIDS; i++) {
+		struct target *t = &targets[i];
+		if (!t->valid)
+			continue;
+		for (int p = 0; p < PRIOS; p++) {
+			if (!gates[p].valid)
+				continue;
+			uint32_t key = (uint32_t)i * PRIOS + p, paused, seq;
+			if (bpf_map_lookup_elem_flags(ingress_fd, &key, v, BPF_F_LOCK))   /* consistent: under its lock */
+				continue;
+			memcpy(&paused, v + INGRESS_PAUSED, 4);
+			memcpy(&seq, v + INGRESS_SEQ, 4);
+			struct gate_state *g = &t->g[p];
+			if (g->have_seq && (int32_t)(seq - g->seq) <= 0)
+				continue;       /* nothing decided since the last event applied */
+			if ((int)!!paused == g->desired) {
+				g->seq = seq;
+				g->have_seq = 1;
+				continue;
+			}
+			n_reconciled++;
+			g->seq = seq;
+			g->have_seq = 1;
+			g->desired = !!paused;
+			if (paused) {
+				g->since = now;
+				if (!g->ignoring_until && !g->closed)
+					set_gate(t, p, 1);
+			} else {
+				g->since = 0;
+				if (g->closed)
+					set_gate(t, p, 0);
+			}
+		}
+	}
+}
+
 /* the watchdog (lossless.Watchdog): returns the next deadline (0: none) */
 static uint64_t watchdog(uint64_t now)
 {
@@ -395,11 +447,11 @@ static void write_stats(int final)
 	}
 	fprintf(f, "{\"pid\":%d,\"final\":%s,\"wall_s\":%.3f,\"cpu_s\":%.4f,\"targets\":%d,\"gates_closed\":%d,"
 		"\"events\":%llu,\"stale_events\":%llu,\"pauses\":%llu,\"resumes\":%llu,\"netlink_errors\":%llu,"
-		"\"kick_errors\":%llu,\"storms\":%llu,\"restores\":%llu,",
+		"\"kick_errors\":%llu,\"storms\":%llu,\"restores\":%llu,\"reconciled\":%llu,",
 		getpid(), final ? "true" : "false", (now_ns() - t_start) / 1e9, cpu, ntargets, closed,
 		(unsigned long long)n_events, (unsigned long long)n_stale, (unsigned long long)n_pauses,
 		(unsigned long long)n_resumes, (unsigned long long)n_nl_errors, (unsigned long long)n_kick_errors,
-		(unsigned long long)n_storms, (unsigned long long)n_restores);
+		(unsigned long long)n_storms, (unsigned long long)n_restores, (unsigned long long)n_reconciled);
 	fprintf(f, "\"storms_by_gid\":[");
 	int first = 1;
 	for (int i = 0; i < MAX_GIDS; i++)
@@ -441,6 +493,8 @@ static int configure(const char *path)
 			sscanf(line, "%*s %511s", stats_path);
 		} else if (!strcmp(kw, "nicmap")) {
 			sscanf(line, "%*s %511s", nicmap_path);
+		} else if (!strcmp(kw, "ingress")) {
+			sscanf(line, "%*s %511s", ingress_path);
 		} else if (!strcmp(kw, "open")) {
 			unsigned long long r, b, l;
 			if (sscanf(line, "%*s %llu %llu %llu", &r, &b, &l) == 3)
@@ -494,6 +548,11 @@ static int configure(const char *path)
 	}
 	fclose(f);
 	close(home);
+	if (ingress_path[0]) {
+		ingress_fd = bpf_obj_get(ingress_path);
+		if (ingress_fd < 0)
+			fprintf(stderr, "cannot open %s: a lost event may hold a gate\n", ingress_path);
+	}
 	if (nicmap_path[0]) {
 		nicmap_fd = bpf_obj_get(nicmap_path);
 		if (nicmap_fd < 0)
@@ -555,11 +614,16 @@ int main(int argc, char **argv)
 		n += targets[i].valid;
 	printf("ready %d\n", n);
 	fflush(stdout);
-	uint64_t next_stats = now_ns() + 1000000000ull;
+	uint64_t next_stats = now_ns() + 1000000000ull, next_reconcile = now_ns() + RECONCILE_NS;
 	while (!stopping) {
 		uint64_t now = now_ns();
+		if (now >= next_reconcile) {
+			ring_buffer__consume(rb);      /* the events first: they are newer than nothing */
+			reconcile(now_ns());
+			next_reconcile = now_ns() + RECONCILE_NS;
+		}
 		uint64_t deadline = watchdog(now);
-		uint64_t wake = next_stats;
+		uint64_t wake = next_stats < next_reconcile ? next_stats : next_reconcile;
 		if (deadline && deadline < wake)
 			wake = deadline;
 		int ms = wake > now ? (int)((wake - now + 999999) / 1000000) : 0;
