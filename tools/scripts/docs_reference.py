@@ -211,10 +211,12 @@ def scenario_page(schema: dict[str, Any] | None = None, defaults: dict[str, Any]
     if defaults is None:
         defaults = scenario_defaults()
     rows = []
-    for name, prop in schema["properties"].items():
-        rows.append(_field_row(name, prop, defaults))
-        for sub, sub_prop in prop.get("properties", {}).items():
-            rows.append(_field_row(f"{name}.{sub}", sub_prop, defaults))
+
+    def walk(prefix: str, props: dict[str, Any]) -> None:
+        for name, prop in props.items():
+            rows.append(_field_row(f"{prefix}{name}", prop, defaults))
+            walk(f"{prefix}{name}.", prop.get("properties", {}))       # a block's fields, and its blocks'
+    walk("", schema["properties"])
     required = ", ".join(code(r) for r in schema.get("required", []))
     return "\n".join([
         GENERATED_NOTE, "# Scenario fields\n",
@@ -244,7 +246,8 @@ class MetricDoc:
 
 
 def metric_docs(metrics: Any = None) -> list[MetricDoc]:
-    """Every metric a ``Metrics`` object registers, in the order it defines them."""
+    """Every metric a ``Metrics`` object registers, in the order it defines them, then priority flow
+    control's (``hpnlab.controller.pfc_metrics``: read from the emulation's stage at each scrape)."""
     if metrics is None:
         from hpnlab.controller.metrics import Metrics
         metrics = Metrics()
@@ -257,6 +260,10 @@ def metric_docs(metrics: Any = None) -> list[MetricDoc]:
             name = family.name + ("_total" if family.type == "counter" else "")
             labels = tuple(getattr(value, "_labelnames", ()))
             out.append(MetricDoc(name, family.type, labels, family.documentation))
+    from hpnlab.controller.pfc_metrics import families
+    for family in families({}, {}, {"cpu_s": 0.0}):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        out.append(MetricDoc(name, family.type, tuple(getattr(family, "_labelnames", ())), family.documentation))
     return out
 
 
@@ -268,8 +275,10 @@ def metrics_page(docs: list[MetricDoc] | None = None) -> str:
         "The controller serves these on `http://LISTEN:PORT/metrics` with `--metrics-port PORT` "
         "(and `/health` beside them: see [the controller's deployment](../guides/deployment.md)). "
         f"{len(docs)} metrics, generated from `hpnlab.controller.metrics.Metrics`; a counter is exported with "
-        "the `_total` suffix shown here. Grafana dashboards: `controller/grafana/hpnlab-controller.json` and "
-        "`controller/grafana/hpnlab-ecn.json`.\n",
+        "the `_total` suffix shown here; the `hpnlab_pfc_*` ones only while an emulation with priority flow control "
+        "runs ([the lossless guide](../guides/lossless.md)). Grafana dashboards: "
+        "`controller/grafana/hpnlab-controller.json`, `controller/grafana/hpnlab-ecn.json` and "
+        "`controller/grafana/hpnlab-pfc.json`.\n",
         table(["metric", "type", "labels", "meaning"], rows)])
 
 
