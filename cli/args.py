@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from hpnlab.fabric.errors import short
 from hpnlab.fabric.scenario import arguments, graph, spec
 from hpnlab.fabric.scenario.arguments import add_scenario_args, overrides_of
 
-__all__ = ["add_emulation_args", "add_scenario_args", "emulation_options", "load_fabric", "load_scenario",
-           "overrides_of"]
+__all__ = ["add_emulation_args", "add_pfc_arg", "add_scenario_args", "emulation_options", "load_fabric",
+           "load_scenario", "overrides_of", "pfc_value", "pfc_values"]
 
 if TYPE_CHECKING:     # the options module is loaded when a command emulates, not for every command's parser
     from hpnlab.fabric.emulation.options import EmulationOptions
@@ -58,6 +59,36 @@ def add_arp_arg(p: argparse.ArgumentParser) -> None:
                         "per-host (each peer's own MAC, set-field only; any OpenFlow 1.3 switch)")
 
 
+#: what ``--pfc`` takes
+PFC_CHOICES = ("on", "off")
+
+
+def add_pfc_arg(p: argparse.ArgumentParser, several: bool = False) -> None:
+    """``--pfc on|off`` (with ``several``, a comma list such as ``on,off``): priority flow control and the
+    shared switch buffer (``PortOptions.pfc``; default: the scenario's ``emulation.lossless.pfc``;
+    docs/guides/lossless.md)."""
+    p.add_argument("--pfc", type=pfc_values if several else pfc_value, default=None,
+                   metavar="on|off" + ("[,...]" if several else ""),
+                   help="priority flow control: switches pause their upstream above Xoff instead of dropping "
+                        "(default: the scenario's emulation.lossless.pfc)" + ("; on,off runs both" if several else ""))
+
+
+def pfc_value(text: str) -> bool:
+    """``on`` or ``off`` as a bool (anything else: one usage line)."""
+    t = text.strip().lower()
+    if t not in PFC_CHOICES:
+        raise argparse.ArgumentTypeError(f"--pfc takes on or off, got {short(text)}")
+    return t == "on"
+
+
+def pfc_values(text: str) -> tuple[bool, ...]:
+    """A comma list of ``on`` and ``off``, each setting once, in order."""
+    values = tuple(dict.fromkeys(pfc_value(t) for t in text.split(",") if t.strip()))
+    if not values:
+        raise argparse.ArgumentTypeError("--pfc takes on, off or on,off")
+    return values
+
+
 def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "continue",
                        ecn_policy_help: str = "") -> None:
     """The controller's and the ports' options every command that emulates takes (``emulation_options``
@@ -98,6 +129,7 @@ def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "co
                         "vSwitch's machine-wide SSL setting is replaced for the run and put back after)")
     add_port_type_arg(p)
     add_arp_arg(p)
+    add_pfc_arg(p)
 
 
 def emulation_options(args: argparse.Namespace, extra_args: list[str] | tuple[str, ...] = (),
@@ -123,7 +155,8 @@ def emulation_options(args: argparse.Namespace, extra_args: list[str] | tuple[st
     return o.EmulationOptions(
         controller=dataclasses.replace(ctl, **controller) if controller else ctl,
         ports=o.PortOptions(shape=ports.shape, ecn=not get("no_ecn", not ports.ecn),
-                            port_type=get("port_type", ports.port_type), ovs_sched=get("ovs_sched", ports.ovs_sched)),
+                            port_type=get("port_type", ports.port_type), ovs_sched=get("ovs_sched", ports.ovs_sched),
+                            pfc=get("pfc", ports.pfc)),
         failover=o.FailoverOptions(bfd_ms=get("bfd", failover.bfd_ms), bfd_mult=get("bfd_mult", failover.bfd_mult)),
         supervision=o.SupervisionOptions(lock_wait_s=max(0.0, get("lock_wait", supervision.lock_wait_s)),
                                          verify=not get("no_verify", not supervision.verify),

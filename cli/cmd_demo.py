@@ -9,12 +9,13 @@ import time
 from collections.abc import Sequence
 from typing import cast
 
-from hpnlab.cli.args import add_scenario_args, overrides_of
+from hpnlab.cli.args import add_pfc_arg, add_scenario_args, overrides_of
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="emulate a small fabric end to end and print a summary (root)")
     add_scenario_args(p, default="mini-hpn")
+    add_pfc_arg(p)
     p.add_argument("--seconds", type=float, default=3.0, help="length of each iperf3 check (default 3)")
     p.add_argument("--json", metavar="FILE", help="also write the summary as JSON")
     p.add_argument("--no-collectives", action="store_true",
@@ -29,6 +30,7 @@ def register(sub) -> None:
 def cmd_demo(args) -> int:
     from hpnlab.cli.cmd_collective import default_out
     from hpnlab.fabric.emulation import Emulation, EmulationError, EmulationOptions, sizing
+    from hpnlab.fabric.emulation.options import PortOptions
     from hpnlab.fabric.emulation.traffic import iperf3
     from hpnlab.fabric.experiments import runner as experiment
     from hpnlab.fabric.experiments.prepare import prepare
@@ -68,7 +70,7 @@ def cmd_demo(args) -> int:
             say(f"      sizes {fitted[0] // 1024}K-{fitted[-1] // 1024}K: the largest all-reduce takes about "
                 f"{experiment.DEMO_LARGEST_S:g} s per iteration at this rate ('hpnlab run' sweeps "
                 f"{swept[0] // 1024}K-{swept[-1] // 1024}K)")
-    emu = Emulation(prepared.scenario, EmulationOptions())
+    emu = Emulation(prepared.scenario, EmulationOptions(ports=PortOptions(pfc=args.pfc)))
     s = emu.scenario
     say(f"[1/5] building {s.name}: {len(emu.hosts)} hosts x {s.ports_per_host} NIC ports, "
         f"{emu.graph.number_of_nodes() - len(emu.hosts)} switches, {emu.graph.number_of_edges()} links")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpnlab.cli.args import add_scenario_args, overrides_of
+from hpnlab.cli.args import add_pfc_arg, add_scenario_args, overrides_of
 from hpnlab.cli.cmd_collective import default_out, int_in
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import fidelity
@@ -49,6 +49,10 @@ def register(sub) -> None:
                    help="the roce transport's congestion control per cell, a comma list of dcqcn and none "
                         "(default dcqcn; dcqcn,none runs every cell both ways, and the gap between the two is "
                         "congestion control's measured share of the model's error)")
+    add_pfc_arg(p, several=True)
+    p.add_argument("--lock-wait", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for another emulation on this machine to finish, before each fabric "
+                        "(default 0: say who holds it and stop)")
     p.add_argument("--out", metavar="DIR", help="results directory (default results/fidelity-...)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="compare the emulated runs of an earlier fidelity.json again (no emulation)")
@@ -57,9 +61,22 @@ def register(sub) -> None:
 
 
 def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say) -> dict[str, Any]:
-    """Every (collective, mode) cell on one emulated fabric; per cell its result, its hosts and
-    the leaf uplinks' byte counts."""
+    """Every (collective, mode) cell on one emulated fabric per ``--pfc`` setting (the model stands for a
+    lossless fabric: ``--pfc on,off`` measures what the emulation's losses cost the comparison); per cell
+    its result, its hosts, the leaf uplinks' byte counts and ``pfc``."""
+    pfcs: tuple[bool | None, ...] = args.pfc or (None,)
+    runs = [_emulate_one(args, modes, ccs, say, pfc) for pfc in pfcs]
+    first = runs[0]
+    for other in runs[1:]:
+        first["cells"] += other["cells"]
+    first["plan"]["pfc"] = [r["pfc"] for r in runs]
+    return first
+
+
+def _emulate_one(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, ...], say,
+                 pfc: bool | None) -> dict[str, Any]:
     from hpnlab.fabric.emulation import Emulation, EmulationError, EmulationOptions
+    from hpnlab.fabric.emulation.options import PortOptions, SupervisionOptions
     from hpnlab.fabric.experiments import compare_routing
     from hpnlab.fabric.experiments import runner as experiment
     from hpnlab.fabric.experiments.prepare import prepare
@@ -75,10 +92,13 @@ def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, .
     scenario, plan, rates_line, overrides = prepared.scenario, prepared.plan, prepared.rates_line, \
         prepared.all_overrides
     assert plan is not None
-    say(f"emulating {scenario.name} ({rates_line})")
+    lossless = scenario.emulation.lossless.pfc if pfc is None else pfc
+    say(f"emulating {scenario.name} ({rates_line}; PFC {'on' if lossless else 'off'})")
+    options = EmulationOptions(ports=PortOptions(pfc=pfc),
+                               supervision=SupervisionOptions(lock_wait_s=max(0.0, args.lock_wait)))
     cells = []
     try:
-        with Emulation(scenario, EmulationOptions()) as emu:
+        with Emulation(scenario, options) as emu:
             ups_all = compare_routing.uplinks(emu.graph)
             order = [(c, m, x) for c in plan.collectives for m in modes for x in ccs]
             for rep, (coll, mode, cc) in ((r, cell) for r in range(args.repeat) for cell in order):
@@ -95,7 +115,8 @@ def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, .
                 after = compare_routing.read_tx_bytes(ups)
                 [res] = doc["results"]
                 delta = [a - b if a >= 0 and b >= 0 else -1 for a, b in zip(after, before, strict=True)]
-                cells.append({"result": res, "cc": cc, "rep": rep, "hosts": hosts, "ranks": ranks, "perm": jobs[0].perm,
+                cells.append({"result": res, "cc": cc, "pfc": lossless, "rep": rep, "hosts": hosts, "ranks": ranks,
+                              "perm": jobs[0].perm,
                               "planes_per_rank": len(jobs[0].addrs[0]),
                               "uplink_imbalance": compare_routing.imbalance(delta),
                               "load_average": doc["meta"]["load_average"]["after"],
@@ -106,6 +127,7 @@ def _emulate(args: argparse.Namespace, modes: tuple[str, ...], ccs: tuple[str, .
     except EmulationError as exc:
         raise UserError(f"emulation failed: {exc}") from None
     return {"scenario": spec.to_dict(scenario), "overrides": overrides, "rates": rates_line, "cells": cells,
+            "pfc": lossless,
             "plan": {"collectives": list(plan.collectives), "modes": list(modes), "ranks": args.ranks,
                      "placement": args.placement, "size": args.size, "iters": args.iters, "cc": list(ccs),
                      "repeat": args.repeat}}
@@ -120,20 +142,21 @@ def compare_cells(emulated: dict[str, Any]) -> list[dict[str, Any]]:
 
     scenario = spec.from_dict(emulated["scenario"])
     g = fgraph.build(scenario)
-    groups: dict[tuple[str, str, str], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    groups: dict[tuple[str, str, str, bool], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for cell in emulated["cells"]:
         res = cell["result"]
         cc = cell.get("cc", "dcqcn")           # files from before --cc ran DCQCN
+        pfc = bool(cell.get("pfc", False))      # files from before --pfc ran lossy switches
         fig = fidelity.emulated_figures(res, load_average=cell.get("load_average"), cpus=os.cpu_count(),
                                         uplink_imbalance=cell.get("uplink_imbalance"),
                                         machine_busy=cell.get("machine_busy"), cc=cc)
-        groups.setdefault((res["collective"], res["entropy"], cc), []).append((fig, cell))
+        groups.setdefault((res["collective"], res["entropy"], cc, pfc), []).append((fig, cell))
     medians = {}
     for key, reps in groups.items():
         fig, spread = fidelity.median_of([f for f, _ in reps])
         medians[key] = (fig, spread, next(c for f, c in reps if f is fig))
     rows = []
-    for (coll, mode, cc), (fig, spread, cell) in medians.items():
+    for (coll, mode, cc, pfc), (fig, spread, cell) in medians.items():
         ranks = [(h, int(rail)) for h, rail in cell["ranks"]]
         if cell.get("planes_per_rank", scenario.planes) != scenario.planes:
             model: dict[str, Any] = {"missing": "the model gives every rank a port on every plane; this placement "
@@ -141,8 +164,12 @@ def compare_cells(emulated: dict[str, Any]) -> list[dict[str, Any]]:
         else:
             model = fidelity.run_model(fidelity.emulated_graph(g, cell["hosts"]), ranks, mode, coll,
                                        fig["size_bytes"], perm=cell.get("perm"))
-        free = medians.get((coll, mode, "none")) if cc != "none" else None
-        rows.append(fidelity.compare(fig, model, without_cc=free[0] if free else None, spread=spread))
+        free = medians.get((coll, mode, "none", pfc)) if cc != "none" else None
+        row = fidelity.compare(fig, model, without_cc=free[0] if free else None, spread=spread)
+        row["pfc"] = pfc
+        if len({k[3] for k in medians}) > 1:    # both settings: the table tells the rows apart
+            row["cc"] = f"{row['cc']}{'+pfc' if pfc else ''}"
+        rows.append(row)
     return rows
 
 

@@ -62,6 +62,9 @@ class Emulation:
             raise TypeError(f"options must be EmulationOptions, got {type(self.options).__name__}")
         self.log = log or (lambda m: None)
         self.on_built = on_built
+        pfc = self.options.ports.pfc          # --pfc on|off: the scenario's emulation.lossless.pfc for this run
+        if pfc is not None and pfc != self.scenario.emulation.lossless.pfc:
+            self.scenario = spec.merged(self.scenario, {"emulation": {"lossless": {"pfc": pfc}}})
         self.graph = fgraph.build(self.scenario)
         #: cabled differently from the scenario on purpose (tests: emulation/rewire.py); the controller
         #: gets the scenario (and a deployment file when the numbers are foreign), Mininet the physical graph

@@ -16,7 +16,7 @@ class), each a frozen dataclass with its defaults written here and nowhere else:
                  a run does when it dies, and how long it may take to be ready and to get every
                  switch connected
 ``ports``        the switch ports and links: shaping, the ECN marking stage, the port type, the
-                 scheduling of ovs-vswitchd's forwarding thread
+                 scheduling of ovs-vswitchd's forwarding thread, priority flow control (``pfc``)
 ``failover``     BFD on every switch-to-switch interface (0 ms: the scenario's ``bfd`` block)
 ``supervision``  the run itself: how long to wait for the machine-wide lock, which reachability
                  checks must pass before the fabric is handed over
@@ -147,9 +147,14 @@ class PortOptions:
     #: ovs-vswitchd's main thread during the run: nice (-20, the default: without it healthy paths stall
     #: whenever the machine is busy), rr (SCHED_RR: real-time throttling stalls it), deadline, or off
     ovs_sched: str = "nice"
+    #: priority flow control and the shared switch buffer (``--pfc on|off``): True or False sets the
+    #: scenario's ``emulation.lossless.pfc`` for the run; None: as the scenario says (docs/guides/lossless.md)
+    pfc: bool | None = None
 
     def problems(self) -> list[str]:
         out = []
+        if self.pfc is not None and not isinstance(self.pfc, bool):
+            out.append(f"pfc must be on (true), off (false) or left to the scenario (null), got {short(self.pfc)}")
         if self.port_type is not None and self.port_type not in PORT_TYPE_CHOICES:
             out.append(f"--port-type must be one of {', '.join(PORT_TYPE_CHOICES)}, got {self.port_type!r}")
         if self.ovs_sched not in OVS_SCHED_MODES:

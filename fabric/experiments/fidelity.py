@@ -355,7 +355,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     """The side-by-side table, then one line per cause under each row beyond the tolerance.
     ``cc``: the congestion control the emulated cell ran with; ``n``: its repetitions (the
     emulated figures are the median repetition's, the range beside them)."""
-    head = (f"{'collective':<12} {'mode':<9} {'cc':<6} {'ranks':>5} {'size(B)':>9} {'n':>2}  {'busbw emu':>10} "
+    head = (f"{'collective':<12} {'mode':<9} {'cc':<9} {'ranks':>5} {'size(B)':>9} {'n':>2}  {'busbw emu':>10} "
             f"{'model':>10} {'err':>7}  {'time emu(ms)':>12} {'[min-max]':>15} {'model':>9} {'err':>7}  "
             f"{'model own(ms)':>13}")
     out = [head, "-" * len(head)]
@@ -364,7 +364,7 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         own = r.get("model_own")
         span = e.get("time_us_range")
         span_s = f"[{span[0] / 1e3:.1f}-{span[1] / 1e3:.1f}]" if span and e.get("repeat", 1) > 1 else ""
-        lead = (f"{r['collective']:<12} {r['mode'] or '-':<9} {r.get('cc') or '-':<6} {r['nranks']:>5} "
+        lead = (f"{r['collective']:<12} {r['mode'] or '-':<9} {r.get('cc') or '-':<9} {r['nranks']:>5} "
                 f"{r['size_bytes']:>9} {e.get('repeat', 1):>2}  {e['busbw_gbs'] * 1e3:>10.3f} ")
         if m is None:
             out.append(lead + f"{'-':>10} {'':>7}  {e['time_us'] / 1e3:>12.1f} {span_s:>15} {'-':>9}"
