@@ -336,12 +336,12 @@ class PfcStage:
                     agg["paused_ns"] += f["paused_ns"] + (max(0, now - f["pause_since"]) if f["paused"] else 0)
                     for k in ("pauses", "resumes", "drops", "packets", "bytes", "headroom", "paused"):
                         agg[k] += f[k]
-                pk = pfc_plan.peak_fields(peaks.lookup(p.gid) or (0,) * 6)
+                pk = pfc_plan.peak_fields(peaks.lookup(p.gid) or (0,) * 7)
                 row.update(pauses_sent=agg["pauses"], resumes_sent=agg["resumes"], paused_s=agg["paused_ns"] / 1e9,
                            headroom_drops=agg["drops"], lossless_packets_in=agg["packets"],
                            lossless_packets_by_priority=by_prio, ingress_bytes=agg["bytes"] + agg["headroom"],
                            paused_now=agg["paused"], ingress_peak=pk["ingress"], headroom_peak=pk["headroom"],
-                           queue_peak=pk["egress"])
+                           queue_peak=pk["egress"], longest_pause_s=pk["pause_ns"] / 1e9)
                 e = eg.lookup(p.gid)
                 if e is not None:
                     ef = pfc_plan.egress_fields(e)
@@ -371,7 +371,7 @@ class PfcStage:
 
     def reset_peaks(self) -> None:
         """Zero every peak (ports and switches): the next readings' peaks are since now."""
-        zero = (0,) * 6
+        zero = (0,) * 7
         peaks = self.map("pfc_peaks")
         for p in self.plan.switch_ports():
             peaks.update(p.gid, zero)
@@ -383,7 +383,7 @@ class PfcStage:
         out = {}
         for i, sw in enumerate(self.plan.switches):
             v = self.map("pfc_sw").lookup(i) or (0,)
-            pk = pfc_plan.peak_fields(self.map("pfc_peaks").lookup(pfc_plan.MAX_PORTS + i) or (0,) * 6)
+            pk = pfc_plan.peak_fields(self.map("pfc_peaks").lookup(pfc_plan.MAX_PORTS + i) or (0,) * 7)
             out[sw] = {"shared_used": int(v[0]), "shared_peak": int(pk["shared"]),
                        "shared_bytes": self.plan.buffers[sw].shared_bytes,
                        "total_bytes": self.plan.buffers[sw].total_bytes}

@@ -48,7 +48,7 @@ INGRESS = struct.Struct("<II2q8QII")       # lock paused bytes headroom pauses r
 #                                          # pause_since pkts octets seq pad
 EGRESS = struct.Struct("<3q3QQQ")          # bytes[3] pkts[3] lossy_drops headroom_drops
 SWITCH = struct.Struct("<q")               # shared_used
-PEAK = struct.Struct("<2q3qq")             # ingress headroom egress[3] shared
+PEAK = struct.Struct("<2q3qqq")            # ingress headroom egress[3] shared pause_ns
 COUNTER = struct.Struct("<Q")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
@@ -283,7 +283,7 @@ def egress_fields(values: Iterable[int]) -> dict[str, Any]:
 
 def peak_fields(values: Iterable[int]) -> dict[str, Any]:
     v = list(values)
-    return {"ingress": v[0], "headroom": v[1], "egress": v[2:5], "shared": v[5]}
+    return {"ingress": v[0], "headroom": v[1], "egress": v[2:5], "shared": v[5], "pause_ns": v[6]}
 
 
 def reaction_percentiles(hist: list[list[int]], qs: Iterable[float] = (50, 99, 100)) -> dict[float, float | None]:
@@ -333,6 +333,7 @@ def summarize(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]
             "headroom_drops": int(sum(d(i, "headroom_drops") for i in ports)),
             "lossy_drops": int(sum(d(i, "lossy_drops") for i in ports)),
             "headroom_peak_bytes": max((after[i].get("headroom_peak", 0) for i in ports), default=0),
+            "longest_pause_ms": round(max((after[i].get("longest_pause_s", 0) for i in ports), default=0) * 1e3, 2),
             "ingress_peak_bytes": max((after[i].get("ingress_peak", 0) for i in ports), default=0),
             "shared_peak_share": round(max(shared, default=0.0), 4),
             "per_port": per_port}

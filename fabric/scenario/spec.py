@@ -67,7 +67,7 @@ class Lossless:
     headroom_bytes: int | None = None       # per ingress port and priority, above Xoff (null: derived)
     reserved_bytes: int | None = None       # per ingress port and priority, before the shared buffer
     resume_offset_bytes: int | None = None  # resume when the shared use is this far below Xoff
-    watchdog_ms: int = 200        # a queue paused this long stops honouring pause (0: no watchdog)
+    watchdog_ms: int = 2000       # a queue paused this long stops honouring pause (0: no watchdog)
     watchdog_restore_ms: int = 200          # ... for this long, then honours it again
     bounce_priority: str = "auto"  # bounced detours in a lossless priority of their own: auto|on|off
 

@@ -116,6 +116,7 @@ struct pfc_peak {
 	__s64 headroom;
 	__s64 egress[PFC_CLASSES];
 	__s64 shared;         /* a switch's shared buffer in use */
+	__s64 pause_ns;       /* the longest pause an (ingress port, lossless class) held, from Xoff to resume */
 };
 
 struct pfc_event {
@@ -363,10 +364,12 @@ static __always_inline int depart(struct tagf *t, __u32 here, __u32 len, __u64 n
 	__s64 su = q->bytes - reserved;
 	if (su < 0)
 		su = 0;
+	__s64 held_ns = 0;
 	if (q->paused && q->headroom <= 0 && (su == 0 || su + resume_off <= thr)) {
 		q->paused = 0;
 		q->resumes += 1;
-		q->paused_ns += now - q->pause_since;
+		held_ns = now - q->pause_since;
+		q->paused_ns += held_ns;
 		q->seq += 1;
 		seq = q->seq;
 		resume = 1;
@@ -374,8 +377,12 @@ static __always_inline int depart(struct tagf *t, __u32 here, __u32 len, __u64 n
 	bpf_spin_unlock(&q->lock);
 	if (from_shared)
 		__sync_fetch_and_add(&s->shared_used, -from_shared);
-	if (resume)
+	if (resume) {
+		struct pfc_peak *pk = bpf_map_lookup_elem(&pfc_peaks, &gi);
+		if (pk)
+			smax(&pk->pause_ns, held_ns);
 		emit(gi, t->in_cls, 0, seq, now);
+	}
 	return 1;
 }
 
