@@ -85,15 +85,17 @@ LOSSLESS_TOS = 26 << 2 | 2
 
 
 def udp_incast(emu, dst: str, senders: dict[str, float], *, seconds: float, port: int, flows: int = 16,
-               plane: int = 0, tos: int = LOSSLESS_TOS, size: int = 1400, drain_s: float = 6.0) -> dict[str, Any]:
+               plane: int = 0, tos: int = LOSSLESS_TOS, size: int = 1400, drain_s: float = 60.0,
+               idle_s: float = 3.0) -> dict[str, Any]:
     """Every sender (host -> Mbit/s) sends paced UDP to ``dst`` on ``plane`` for ``seconds`` over ``flows``
-    source ports (so the fabric spreads it over its paths); ``dst`` listens ``drain_s`` longer (queues a
-    pause held drain then). Returns {"sent": {host: packets}, "received": {host: packets}, totals}."""
+    source ports (so the fabric spreads it over its paths); ``dst`` listens until nothing has arrived for
+    ``idle_s`` (what pauses held in the senders' and switches' queues has drained), at most ``drain_s``
+    after the senders' time. Returns {"sent": {host: packets}, "received": {host: packets}, totals}."""
     from .harness import EmulationError
     py = sys.executable
     dip = emu.ip(dst, plane)
     recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "recv", dip, str(port),
-                           "--seconds", str(seconds + drain_s)])
+                           "--seconds", str(seconds + drain_s), "--idle", str(idle_s)])
     if recv.stdout.readline().strip() != b"listening":
         recv.communicate(timeout=seconds + drain_s + 10)
         raise EmulationError(f"the UDP receiver on {dst} did not start")

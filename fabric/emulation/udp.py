@@ -66,7 +66,7 @@ def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: 
             time.sleep(min(next_t - now, 0.002))
             continue
         try:
-            socks[sent % len(socks)].sendto(payload, (dst, port))
+            socks[sent % len(socks)].sendto(sent.to_bytes(8, "big") + payload[8:], (dst, port))
             sent += 1
         except OSError:
             pass
@@ -75,7 +75,9 @@ def send(dst: str, port: int, rate_mbps: float, seconds: float, tos: int, size: 
     return {"sent": sent, "bytes": sent * size, "seconds": time.monotonic() - start}
 
 
-def recv(bind: str, port: int, seconds: float) -> dict:
+def recv(bind: str, port: int, seconds: float, idle_s: float = 0.0) -> dict:
+    """Count what arrives for ``seconds``; with ``idle_s``, stop sooner once nothing has arrived for that
+    long after the first packet (what queues held has drained)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
@@ -86,11 +88,15 @@ def recv(bind: str, port: int, seconds: float) -> dict:
     names = ("not_ect", "ect1", "ect0", "ce")
     print("listening", flush=True)
     end = time.monotonic() + seconds
+    last = None
     while time.monotonic() < end:
         try:
             data, anc, _, addr = s.recvmsg(65536, socket.CMSG_SPACE(4))
         except TimeoutError:
+            if idle_s and last is not None and time.monotonic() - last > idle_s:
+                break
             continue
+        last = time.monotonic()
         counts["packets"] += 1
         counts["bytes"] += len(data)
         by_source[addr[0]] = by_source.get(addr[0], 0) + 1
@@ -239,6 +245,7 @@ def main(argv=None) -> int:
     pr.add_argument("bind")
     pr.add_argument("port", type=int)
     pr.add_argument("--seconds", type=float, default=2.0)
+    pr.add_argument("--idle", type=float, default=0.0, help="stop once nothing arrived for this long (0: never)")
     pp = sub.add_parser("probe")
     pp.add_argument("plan", type=Path)
     pf = sub.add_parser("flows")
@@ -265,7 +272,7 @@ def main(argv=None) -> int:
     elif a.cmd == "send":
         out = send(a.dst, a.port, a.rate_mbps, a.seconds, a.tos, a.size, a.src, a.flows, a.sport_base)
     else:
-        out = recv(a.bind, a.port, a.seconds)
+        out = recv(a.bind, a.port, a.seconds, a.idle)
     print(json.dumps(out), flush=True)
     return 0
 

@@ -71,9 +71,11 @@ REFERENCE = ReferenceSwitch("Broadcom Trident II (Arista 7050QX-32, DCQCN's test
 ALPHA = 0.125
 RESERVED_FRAMES = 4
 RESUME_OFFSET_FRAMES = 3
-#: the longest stall of the pause path measured on a loaded 2-core machine (docs/results/2026-12-07-lossless.md,
-#: feasibility probe: 5-32 ms): a port's headroom holds this long at its rate, beyond the frames in flight
-REACTION_BUDGET_S = 0.032
+#: how long the pause path may take on a loaded 2-core machine, and a port's headroom holds at its rate beyond the
+#: frames in flight: the feasibility probe saw stalls of 5-32 ms at loads of 3-14; under loads of 10-20 the frames
+#: a transmitter sent before its gate closed still sat in the receiving CPU's backlog (the "cable" between a veth
+#: and the next tc hook) for longer, and 32 ms of headroom overflowed (docs/results/2026-12-07-lossless.md)
+REACTION_BUDGET_S = 0.1
 #: lossless priorities: the RoCE data priority, and the bounced detours' own when they need one
 DATA_PRIORITY, BOUNCED_PRIORITY = 0, 1
 #: the DSCP of lossless RoCEv2 data (priority 3 in most RoCE deployments)

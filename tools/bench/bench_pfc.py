@@ -90,7 +90,8 @@ def victim_and_incast(emu: Any, plan: experiment.Plan, seconds: float, dcqcn: bo
     dst = next(h for h in free if leaf_of[h] == leaf_of[root])
     victim: dict[str, Any] = {}
     t = threading.Thread(target=lambda: victim.update(
-        udp_incast(emu, dst, {src: rate_mbps}, seconds=seconds, port=9401, flows=4, drain_s=4.0)))
+        udp_incast(emu, dst, {src: rate_mbps}, seconds=seconds, port=9401, flows=4, drain_s=0.5,
+                   idle_s=0.5)))
     t.start()
     time.sleep(0.3)
     doc = experiment.run(job, emu, progress=False)

@@ -168,7 +168,9 @@ struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_SWITCHES)
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, PFC_MAX_PORTS + PFC_MAX_SWITCHES); __type(key, __u32); __type(value, struct pfc_peak); } pfc_peaks SEC(".maps");
 /* counters: 0 events lost (ring full), 1 tags not ours, 2 doomed packets dropped at egress */
 struct { __uint(type, BPF_MAP_TYPE_ARRAY); __uint(max_entries, 4); __type(key, __u32); __type(value, __u64); } pfc_cnt SEC(".maps");
-struct pkt_key { __u32 saddr; __u32 daddr; __u32 ports; __u16 len; __u16 pad; __u8 payload[16]; };
+/* a doomed packet (its headroom was full at the switch it entered): the switch's, so that a copy of the same
+ * bytes elsewhere is never taken for it; the value counts the doomed copies (identical packets of one flow) */
+struct pkt_key { __u32 sw; __u32 saddr; __u32 daddr; __u32 ports; __u16 len; __u16 pad; __u8 payload[16]; };
 struct { __uint(type, BPF_MAP_TYPE_LRU_HASH); __uint(max_entries, DOOMED_MAX); __type(key, struct pkt_key); __type(value, __u32); } pfc_doomed SEC(".maps");
 struct { __uint(type, BPF_MAP_TYPE_RINGBUF); __uint(max_entries, 1 << 18); } pfc_events SEC(".maps");
 /* per host NIC (gid): the lossless priorities whose gate the pause agent holds closed now (bit per priority),
@@ -386,9 +388,10 @@ static __always_inline int depart(struct tagf *t, __u32 here, __u32 len, __u64 n
 	return 1;
 }
 
-static __always_inline void key_of(struct __sk_buff *skb, struct pkt *p, struct pkt_key *k)
+static __always_inline void key_of(struct __sk_buff *skb, struct pkt *p, struct pkt_key *k, __u32 sw)
 {
 	__builtin_memset(k, 0, sizeof(*k));
+	k->sw = sw;
 	bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, saddr), &k->saddr, 8);
 	__u32 l4 = ETH_HLEN + (p->ihl & 15) * 4;
 	bpf_skb_load_bytes(skb, l4, &k->ports, 4);
@@ -481,8 +484,15 @@ int sw_in(struct __sk_buff *skb)
 	if (doomed) {
 		struct pkt_key k;
 		__u32 one = 1;
-		key_of(skb, &p, &k);
-		bpf_map_update_elem(&pfc_doomed, &k, &one, BPF_ANY);
+		key_of(skb, &p, &k, sw);
+		__u32 *n = bpf_map_lookup_elem(&pfc_doomed, &k);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else if (bpf_map_update_elem(&pfc_doomed, &k, &one, BPF_NOEXIST)) {
+			n = bpf_map_lookup_elem(&pfc_doomed, &k);      /* another CPU made it meanwhile */
+			if (n)
+				__sync_fetch_and_add(n, 1);
+		}
 	}
 	if (pause)
 		emit(gid, cls, 1, seq, now);
@@ -578,9 +588,11 @@ int sw_out(struct __sk_buff *skb)
 	}
 	if (cls < PFC_PRIOS) {
 		struct pkt_key k;
-		key_of(skb, &p, &k);
-		if (bpf_map_lookup_elem(&pfc_doomed, &k)) {
-			bpf_map_delete_elem(&pfc_doomed, &k);
+		key_of(skb, &p, &k, me->sw - 1);
+		__u32 *n = bpf_map_lookup_elem(&pfc_doomed, &k);
+		if (n && *n) {
+			if (__sync_fetch_and_add(n, -1) <= 1)
+				bpf_map_delete_elem(&pfc_doomed, &k);
 			struct pfc_egress *e = bpf_map_lookup_elem(&pfc_eg, &gid);
 			if (e)
 				__sync_fetch_and_add(&e->headroom_drops, 1);

@@ -392,7 +392,8 @@ static uint64_t watchdog(uint64_t now)
 						set_gate(t, p, 1);
 					}
 				}
-			} else if (g->desired && now - g->since >= detect_ns) {
+			} else if (g->desired && now > g->since && now - g->since >= detect_ns) {
+				/* (an event's time may be later than ``now``, taken before the ring was read) */
 				g->ignoring_until = now + restore_ns;
 				g->storms++;
 				n_storms++;
@@ -621,6 +622,7 @@ int main(int argc, char **argv)
 			ring_buffer__consume(rb);      /* the events first: they are newer than nothing */
 			reconcile(now_ns());
 			next_reconcile = now_ns() + RECONCILE_NS;
+			now = now_ns();
 		}
 		uint64_t deadline = watchdog(now);
 		uint64_t wake = next_stats < next_reconcile ? next_stats : next_reconcile;
