@@ -53,8 +53,9 @@ What is modelled
       every packet (IP_RECVTOS) and answers a CE mark with a CNP to the sender, at most one
       per ``cnp_interval_s`` per flow (RoCEv2's ECN-Echo).
     * DCQCN (Zhu et al., SIGCOMM 2015) at the sender, the reaction point: see
-      :class:`.dcqcn.DcqcnParams`. There is no PFC in the emulation, so a NACK (a loss the
-      receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at
+      :class:`.dcqcn.DcqcnParams`. A loss is congestion the ECN marks did not prevent (switch
+      ports are lossy unless the emulation runs priority flow control, ``--pfc on``), so a NACK
+      (a loss the receiver detected) also cuts the rate, as a CNP does. Packets are paced per flow at
       DCQCN's current rate and per NIC port at the port's line rate (the NIC's port scheduler).
     * Entropy: each packet's (plane, UDP source port) comes from the entropy policy
       (:mod:`..entropy`): ``flow`` fixes both per flow (hash of the rank pair: the ECMP

@@ -147,7 +147,7 @@ class RateFlow(Protocol):
 class RateControl:
     """DCQCN for every flow of a rank. ``params`` None: no rate control (flows are paced only
     by the NIC port). ``nack_cuts``: a NACK cuts the rate as a CNP would (a one-path connection
-    with selective recovery: with no PFC, a loss is congestion that the ECN marks did not
+    with selective recovery: a loss, rare with PFC, is congestion that the ECN marks did not
     prevent)."""
 
     def __init__(self, params: DcqcnParams | None, burst_s: float, nack_cuts: bool):

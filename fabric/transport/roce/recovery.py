@@ -193,7 +193,7 @@ class Recovery:
     def on_nack(self, f: TxFlow, psn: int, count: int, path: int, now: float) -> None:
         """The receiver misses ``count`` packets from ``psn`` (and has everything before it)."""
         f.stats["nacks"] += 1
-        # No PFC here: a loss is congestion the ECN marks did not prevent (a queue overflowed
+        # A loss (rare with PFC, ``--pfc on``) is congestion the ECN marks did not prevent (a queue overflowed
         # or the emulated switch dropped), so on a one-path connection a NACK (a hole three
         # packets old) cuts the rate as a CNP would. On a sprayed one a PSN hole that outlived
         # the reordering allowance may still be a packet late on a slower path: it is re-sent,
