@@ -137,6 +137,28 @@ def test_a_bounced_detour_under_pfc_delivers_everything_without_deadlock(emu):
         emu.restart_controller()
 
 
+def test_a_roce_incast_waits_at_the_paused_nics_and_is_delivered_whole_with_nothing_dropped(emu):
+    """The roce transport's NIC scheduler reads its ports' pause state: seven senders into one port
+    (no DCQCN, so nothing but pause holds them) wait while their NICs are paused, and the gather
+    arrives correct with no headroom or lossy drop in any switch."""
+    from hpnlab.fabric.experiments import runner as experiment
+    from hpnlab.fabric.workload import report
+
+    plan = experiment.Plan(collectives="incast", transports="roce", entropies="flow", sizes="1M", iterations=2,
+                           warmup=0, ranks=8, inplace=False, dcqcn=False, timeout_s=60.0)
+    before = emu.pfc.counters()
+    doc = experiment.run(plan, emu, progress=False)
+    after = emu.pfc.counters()
+    [res] = doc["results"]
+    assert report.wrong_total(doc["results"]) == 0
+    assert sum(_delta(before, after, "headroom_drops").values()) == 0
+    assert sum(_delta(before, after, "lossy_drops").values()) == 0
+    received = _delta(before, after, "pauses_received")
+    assert sum(v for k, v in received.items() if not after[k]["switch_port"]) > 0   # host NICs were paused ...
+    assert report.flow_totals(res).get("pause_waits", 0) > 0                # ... and their senders waited
+    _quiet(emu)
+
+
 def test_a_killed_agent_leaves_every_gate_open(emu):
     """The agent stopped in the middle of an incast holds some gate closed; killed, the harness reopens
     every gate (switch ports and host NICs alike). Run last: the module's emulation has no agent after."""
