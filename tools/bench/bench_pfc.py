@@ -34,7 +34,7 @@ import threading
 import time
 from typing import Any
 
-from hpnlab.fabric.emulation import sizing
+from hpnlab.fabric.emulation import EmulationError, sizing
 from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.emulation.traffic import udp_incast
 from hpnlab.fabric.errors import UserError
@@ -52,6 +52,10 @@ TIMEOUT_S = 60.0
 INCAST = experiment.Plan(collectives="incast", transports="roce", entropies="flow", sizes="1M", iterations=4,
                          warmup=1, ranks=8, inplace=False, timeout_s=TIMEOUT_S)
 ECN_SETTINGS = ("low", "default", "high")
+#: a fabric that does not come up (another run's bridges not yet cleaned, the lock held past its wait) is tried
+#: again after a pause, this many times in all
+BRINGUP_TRIES = 3
+BRINGUP_PAUSE_S = 30.0
 
 
 def cell_key(r: dict) -> str:
@@ -267,21 +271,40 @@ def main(argv: list[str] | None = None) -> int:
     say(f"bench_pfc: {args.preset}, {line}; {args.repeat} repetitions of --pfc off and on, interleaved")
     runs: dict[bool, list[dict]] = {False: [], True: []}
     wrong = 0
+
+    def keep(partial: bool) -> None:
+        """The figures so far to ``--json`` (after every fabric: a run stopped part-way keeps what it measured)."""
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump({"preset": args.preset, "rates": line, "partial": partial,
+                           "runs": {"off": runs[False], "on": runs[True]}}, fh, indent=1, default=str)
+
     for k in range(args.repeat):
         for pfc in (False, True):
-            res = one_fabric(args.preset, rates, pfc, say)
+            res = None
+            for attempt in range(1, BRINGUP_TRIES + 1):
+                try:
+                    res = one_fabric(args.preset, rates, pfc, say)
+                    break
+                except (UserError, EmulationError) as exc:  # e.g. another run's bridges not yet cleaned: again
+                    say(f"  rep {k + 1}/{args.repeat} --pfc {'on' if pfc else 'off'}: bring-up {attempt} of "
+                        f"{BRINGUP_TRIES} failed: {exc}")
+                    time.sleep(BRINGUP_PAUSE_S)
+            if res is None:
+                continue
             wrong += res["wrong"]
             runs[pfc].append(res)
             say(f"  rep {k + 1}/{args.repeat} --pfc {'on' if pfc else 'off'}: {res['seconds']:.0f} s, load "
                 f"{res['load']:.1f}; " + ", ".join(f"{c} {v['fraction']:.2f}/{v['switch']} drops"
                                                     for c, v in res["matrix"].items()))
+            keep(partial=True)
+    if not runs[False] or not runs[True]:
+        say("bench_pfc: no fabric came up with PFC " + ("off" if not runs[False] else "on"))
+        return 1
     lines, ok = summary(runs)
-    for line in lines:
-        say(line)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"preset": args.preset, "rates": line, "runs": {"off": runs[False], "on": runs[True]}}, fh,
-                      indent=1, default=str)
+    for text in lines:
+        say(text)
+    keep(partial=False)
     if wrong:
         say(f"{wrong} wrong elements")
     return 1 if wrong or not ok else 0
