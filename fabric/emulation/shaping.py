@@ -121,7 +121,7 @@ def data_class(shape: Shape) -> str:
 def pfc_tc_lines(shape: Shape, netem: bool) -> list[str]:
     """The gated tree of one interface under priority flow control (module docstring)."""
     rate = f"{shape.rate_mbps:g}mbit"
-    frame = shape.mtu + 14
+    frame = frame_bytes(shape.mtu)
     burst = max(2 * frame, int(shape.rate_bytes_per_s / 1000))
     dev = shape.dev
     data_share = (1 - CONTROL_SHARE) / (len(PFC_LOSSLESS_CLASSES) + 1)
