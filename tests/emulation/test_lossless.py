@@ -26,9 +26,12 @@ INCAST = {"h5": 9.0, "h9": 9.0, "h13": 9.0}     # three leaves, 27 Mbit/s into h
 def emu(emulation_ready):
     """mini-hpn with PFC and bounced detours in a lossless priority of their own (so both gates work)."""
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, PortOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    e = Emulation("mini-hpn", overrides={"emulation": {"lossless": {"pfc": True, "bounce_priority": "on"}}},
-                  controller="hpnlab", lock_wait_s=600, on_controller_loss="continue", log=None)
+    options = EmulationOptions(controller=ControllerOptions(on_loss="continue"), ports=PortOptions(pfc=True),
+                               supervision=SupervisionOptions(lock_wait_s=600))
+    e = Emulation(spec.load("mini-hpn", {"emulation": {"lossless": {"bounce_priority": "on"}}}), options, log=None)
     e.start()
     try:
         yield e
@@ -117,13 +120,13 @@ def test_a_victim_sharing_the_congested_ingress_is_paused_though_its_receiver_is
 def test_a_bounced_detour_under_pfc_delivers_everything_without_deadlock(emu):
     """With the controller gone nothing converges: spine p0s0, its link to p0l0 down, detours what it
     has for h1 through another leaf, which bounces it up p0s1 marked, in the bounced priority."""
-    emu.kill_controller()
+    emu.faults.kill_controller()
     deadline = time.monotonic() + 10
-    while emu.controller_proc.poll() is None:
+    while emu.controller.proc.poll() is None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     try:
-        emu.link_down("p0l0", "p0s0")
+        emu.faults.link_down("p0l0", "p0s0")
         before = emu.pfc.counters()
         out = udp_incast(emu, "h1", INCAST, seconds=3.0, port=9307)
         after = emu.pfc.counters()
@@ -133,8 +136,8 @@ def test_a_bounced_detour_under_pfc_delivers_everything_without_deadlock(emu):
         assert bounced > 0                                              # the detour carried lossless traffic
         _quiet(emu)
     finally:
-        emu.link_up("p0l0", "p0s0")
-        emu.restart_controller()
+        emu.faults.link_up("p0l0", "p0s0")
+        emu.faults.restart_controller()
 
 
 def test_a_roce_incast_waits_at_the_paused_nics_and_is_delivered_whole_with_nothing_dropped(emu):

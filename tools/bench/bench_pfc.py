@@ -34,11 +34,13 @@ import threading
 import time
 from typing import Any
 
-from hpnlab.fabric.emulation import EmulationError, sizing
+from hpnlab.fabric.emulation import Emulation, EmulationError
+from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
 from hpnlab.fabric.emulation.preflight import measurement_refused
 from hpnlab.fabric.emulation.traffic import udp_incast
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.prepare import prepare
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.stats import median_range as spread
@@ -106,13 +108,12 @@ def victim_and_incast(emu: Any, plan: experiment.Plan, seconds: float, dcqcn: bo
              "delivered_mbps": got * 1400 * 8 / seconds / 1e6, "sent_mbps": sent * 1400 * 8 / seconds / 1e6})
 
 
-def one_fabric(preset: str, overrides: dict, pfc: bool, say: Any) -> dict[str, Any]:
-    from hpnlab.fabric.emulation import Emulation
-
-    scenario = spec.load(preset, spec.deep_merge(overrides, {"emulation": {"lossless": {"pfc": pfc}}}))
+def one_fabric(scenario: spec.Scenario, pfc: bool, say: Any) -> dict[str, Any]:
+    """One fabric of the prepared scenario with PFC on or off (``PortOptions.pfc``), every part measured."""
     out: dict[str, Any] = {"pfc": pfc, "host_mbps": scenario.emulation.host_mbps, "mtu": scenario.emulation.mtu}
+    options = EmulationOptions(ports=PortOptions(pfc=pfc), supervision=SupervisionOptions(lock_wait_s=3600))
     t0 = time.monotonic()
-    with Emulation(scenario, controller="hpnlab", lock_wait_s=3600, log=None) as emu:
+    with Emulation(scenario, options, log=None) as emu:
         out["bringup_s"] = time.monotonic() - t0
         out["load"] = os.getloadavg()[0]
         cells: dict[str, Any] = {}
@@ -263,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     if refused is not None:
         return refused
     try:
-        g = fgraph.build(spec.load(args.preset))
-        rates, line = sizing.rates_for_ranks(g, {}, experiment.RUN_DEFAULTS.ranks)
+        prepared = prepare(args.preset, {}, ranks=experiment.RUN_DEFAULTS.ranks)   # loaded and sized once
+        line = prepared.rates_line
     except UserError as exc:
         say(f"bench_pfc: {exc}")
         return 2
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             res = None
             for attempt in range(1, BRINGUP_TRIES + 1):
                 try:
-                    res = one_fabric(args.preset, rates, pfc, say)
+                    res = one_fabric(prepared.scenario, pfc, say)
                     break
                 except (UserError, EmulationError) as exc:  # e.g. another run's bridges not yet cleaned: again
                     say(f"  rep {k + 1}/{args.repeat} --pfc {'on' if pfc else 'off'}: bring-up {attempt} of "
