@@ -85,9 +85,11 @@ from typing import Any, NamedTuple
 import networkx as nx
 
 from hpnlab.fabric.errors import UserError, short
-from hpnlab.fabric.routing import deadlock, proofs, protection
+from hpnlab.fabric.routing import compiler, deadlock, proofs, protection
 from hpnlab.fabric.scenario import analysis, shapes
+from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec as fspec
+from hpnlab.fabric.workload.placement import PLACEMENTS, place
 
 ROLE_ORDER = ("leaf", "edge", "spine", "agg", "core")
 NOT_AVAILABLE = "not available"
@@ -115,7 +117,6 @@ class CheckContext:
     def states(self, failures: Any = None) -> dict:
         """The compiled SwitchState of every live switch (policy ``aggregate``); cached when
         ``failures`` is None."""
-        from hpnlab.fabric.routing import compiler
 
         if failures is not None:
             return compiler.compile_fabric(self.graph, failures)
@@ -125,7 +126,6 @@ class CheckContext:
 
     def scan(self) -> dict[str, Any]:
         """``analysis.scan`` of the graph (per-switch port use), computed once."""
-        from hpnlab.fabric.scenario import analysis
 
         if "scan" not in self.cache:
             self.cache["scan"] = analysis.scan(self.graph)
@@ -449,7 +449,6 @@ def blast_radius(g: nx.MultiGraph, job: list, ports: Mapping[str, Mapping[str, f
 
 
 def rule_blast_radius(ctx: CheckContext) -> list[RuleResult]:
-    from hpnlab.fabric.workload.placement import PLACEMENTS, place
 
     g, s = ctx.graph, ctx.spec
     ports = ctx.scan()["ports"]
@@ -682,7 +681,6 @@ def _rule_error(field_name: str, rule: str, source: str | None) -> fspec.Scenari
 def _check_limit(value: Any, name: str, rule: fspec.Rule, source: str | None) -> Any:
     try:
         if rule.type == "placements":
-            from hpnlab.fabric.workload.placement import PLACEMENTS
 
             if not isinstance(value, list) or not value or any(v not in PLACEMENTS for v in value):
                 raise fspec.ScenarioError(name, f"must be a list of placements ({', '.join(PLACEMENTS)}), "
@@ -760,7 +758,6 @@ def load_rules(path: str | Path | None) -> RulesConfig:
 
 def context(scenario: Any, flags: Iterable[str] = (), graph: nx.MultiGraph | None = None) -> CheckContext:
     """A CheckContext from a preset name, a file, a Scenario or a built fabric graph."""
-    from hpnlab.fabric.scenario import graph as fgraph
 
     if isinstance(scenario, nx.MultiGraph):
         graph, scenario = scenario, scenario.graph["scenario"]

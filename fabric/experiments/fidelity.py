@@ -55,6 +55,9 @@ import networkx as nx
 import numpy as np
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments.compare_routing import imbalance
+from hpnlab.fabric.model import flow as model
+from hpnlab.fabric.scenario.rates import ETH_HEADER, emulated_delay_us, emulated_mbps
 from hpnlab.fabric.workload import collectives as col
 
 #: the transport's entropy mode -> (the model's routing, connections per rank pair: "planes" = one per plane)
@@ -83,7 +86,6 @@ def hop_latency_us(g_emulated: nx.MultiGraph) -> float:
     port rate: each switch receives a whole frame before its shaped egress sends it on, which
     the fluid model's rates leave out (0.7 ms a switch at 48 Mbit/s and MTU 4096; 82 ns at
     400 Gbit/s, where it does not matter)."""
-    from hpnlab.fabric.scenario.rates import ETH_HEADER, emulated_mbps
 
     s = g_emulated.graph["scenario"]
     frame_bits = (s.emulation.mtu + ETH_HEADER) * 8
@@ -115,7 +117,6 @@ def emulated_graph(g: nx.MultiGraph, hosts_in_order: Sequence[str] = ()) -> nx.M
     """A copy of the fabric graph with every link at its emulated rate (``mn.emulated_mbps``,
     in Gbit/s) and delay, and ``hosts_in_order`` first among the hosts (the model's ``packed``
     placement takes hosts in graph order: the ranks then sit where the emulation put them)."""
-    from hpnlab.fabric.scenario.rates import emulated_delay_us, emulated_mbps
 
     s = g.graph["scenario"]
     first = list(hosts_in_order)
@@ -391,7 +392,6 @@ def run_model(g_emulated: nx.MultiGraph, ranks: Sequence[tuple[str, int]], mode:
     same steps since the model runs the generators' schedules, so a difference between the two
     is a finding (the ``schedule`` cause). {"missing": reason} when the model has no routing
     for the mode. ``switch_latency_us``: per switch traversed (default :func:`hop_latency_us`)."""
-    from hpnlab.fabric.model import flow as model
 
     if switch_latency_us is None:
         switch_latency_us = hop_latency_us(g_emulated)
@@ -430,7 +430,6 @@ def run_schedule(g: Any, ranks: Sequence[tuple[str, int]],
     ``entropy_values``: the transport's, default the model's) and summed. {"time_s",
     "step_times_s" and "latencies_s" (per step), "stalled" (the most connections without a path
     in one step), "stalled_pairs" (rank pairs that had none, once each)}."""
-    from hpnlab.fabric.model import flow as model
 
     results = model.run_steps(g, ranks, steps, routing, qps, seed=seed, switch_latency_us=switch_latency_us,
                               entropy_values=entropy_values or model.ENTROPY_VALUES)
@@ -447,8 +446,6 @@ def first_step_uplink_imbalance(g: Any, ranks: Sequence[tuple[str, int]],
     step (the leaves the ranks' NIC ports sit on, every uplink of theirs counted, idle ones too):
     the figure the emulation measures from the uplinks' byte counters. ``g``: the fabric graph
     or its ``model.Network`` (built from a graph); the step is routed as ``run_schedule`` routes it."""
-    from hpnlab.fabric.experiments.compare_routing import imbalance
-    from hpnlab.fabric.model import flow as model
 
     net = g if isinstance(g, model.Network) else model.Network(g)
     job = model.Job(ranks=[(str(h), int(r)) for h, r in ranks])

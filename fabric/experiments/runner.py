@@ -39,8 +39,13 @@ from typing import Any, cast
 import networkx as nx
 
 from hpnlab.fabric.emulation.pfc_plan import summarize as pfc_summary
+from hpnlab.fabric.emulation.timeline import Runner
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing.compiler import entropy_map
+from hpnlab.fabric.routing.telemetry import read_lines, summarise
+from hpnlab.fabric.scenario.rates import emulated_mbps
 from hpnlab.fabric.transport import ENTROPIES, TRANSPORTS, ranks
+from hpnlab.fabric.transport.accounting import failure_windows, recovery_join_s, summarize_windows
 from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import ecn as ecn_settings
 from hpnlab.fabric.workload import placement as pl
@@ -278,7 +283,6 @@ class Plan:
     def jobs_on(self, g: nx.MultiGraph) -> dict[Run, list[Job]]:
         """Every run's jobs on a fabric graph: ranks placed by ``placement`` (their hosts are
         the jobs' ``labels``), at the scenario's emulated host rate and MTU. Checks them all."""
-        from hpnlab.fabric.scenario.rates import emulated_mbps
 
         s = g.graph["scenario"]
         if self.specs:
@@ -293,7 +297,6 @@ class Plan:
         addrs = [[p.addrs for p in job] for job in placed]
         hosts = [[p.host for p in job] for job in placed]
         line = emulated_mbps(s, s.host_rate_gbps) * 1e6
-        from hpnlab.fabric.routing.compiler import entropy_map
 
         emap = entropy_map(g).as_dict()
         return {run: self.jobs_at(run, addrs, line, s.emulation.mtu, labels=hosts, entropy_map=emap)
@@ -702,7 +705,6 @@ def failover_figures(result: dict[str, Any], records: list[dict[str, Any]]) -> l
     event's figures end at the timeline's next record of any kind (a repair ends its
     failure's; before 2026-12-04 a failure's ran 2 s past it, through its repair). Empty when
     the transport keeps no such records."""
-    from hpnlab.fabric.transport.accounting import failure_windows, recovery_join_s, summarize_windows
     changes = set(_REPAIRS) | set(_REPAIRS.values())
     named = [(f"{rec['action']} {'-'.join(rec['target'])}", rec.get("start_wall", rec["wall"]), rec["action"])
              for rec in records]
@@ -722,7 +724,6 @@ def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[
     path = getattr(getattr(emu, "controller", None), "telemetry_file", None)
     if path is None or not Path(path).is_file():
         return None
-    from hpnlab.fabric.routing.telemetry import read_lines, summarise
     lines = [line for line in read_lines(path)
              if line.get("kind") in ("header", "policy") or t0 <= float(line.get("t", t0)) <= t1]
     return summarise(lines, max_points)
@@ -797,7 +798,6 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
         sampler, drops_before = target.start_cell() if isinstance(target, _OnEmulation) else (None, {})
         runner = None
         if timeline:
-            from hpnlab.fabric.emulation.timeline import Runner
             runner = Runner(target.emu.faults, timeline, log=lambda m: say(f"  timeline: {m}")).start()
         try:
             out = ranks.run_jobs(jobs, target.spawner(jobs), progress=progress)

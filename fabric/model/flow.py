@@ -91,7 +91,11 @@ import numpy as np
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.model.forwarding import Forwarding
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.routing import weights as cw
 from hpnlab.fabric.routing.entropy import connection_offset, connection_path, connection_value, first_high, flow_hash
+from hpnlab.fabric.routing.telemetry import PortTelemetry
+from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.workload.collectives import busbw_factor, canonical, random_perm
 
 MODEL_COLLECTIVES = ("all_reduce", "all_reduce_hd", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -145,7 +149,6 @@ class Network:
 
     def __init__(self, g: nx.MultiGraph, failed: set | None = None, *, entropy_values: int = ENTROPY_VALUES,
                  converged: bool = True):
-        from hpnlab.fabric.routing import compiler  # the model reads the compiler (no import cycle)
         self.g = g
         self.s = g.graph["scenario"]
         node = g._node
@@ -351,7 +354,6 @@ def _fingerprint(scenario: Any, entropy_values: int) -> str:
     here = Path(__file__).resolve().parents[1]     # fabric/
     for name in _CODE:
         h.update((here / name).read_bytes())
-    from hpnlab.fabric.routing import compiler
     h.update(Path(compiler.__file__).read_bytes())
     return h.hexdigest()[:20]
 
@@ -367,7 +369,6 @@ def healthy_network(scenario: Any, *, entropy_values: int = ENTROPY_VALUES) -> N
     (:meth:`Network.planes_copied`, the same arrays as from the whole graph at a quarter of the
     time and memory on hpn-130k); else, or where the plane is not laid out as expected, the
     whole graph."""
-    from hpnlab.fabric.scenario import graph as fgraph
     was_enabled = gc.isenabled()
     gc.disable()          # millions of small dicts and no garbage: the collector would rescan them again and again
     try:
@@ -1266,9 +1267,6 @@ def weighted_network(net: Network, job: Job, step: Step, routing: str, qps: int,
     nothing (the fixed point) or ``max_iterations`` intervals. The clock advances past the policy's
     hold time between intervals. Returns (network, {iterations, converged, sets, changes}).
     With equal loads nothing changes: the widened sets deal every source port as ecmp does."""
-    from hpnlab.fabric.routing import compiler
-    from hpnlab.fabric.routing import weights as cw
-    from hpnlab.fabric.routing.telemetry import PortTelemetry
     # the model's intervals are noiseless steady states: the controller's persistence and slow smoothing
     # (which keep bursty queues from re-weighting an emulated fabric) would only delay the fixed point
     params = params or cw.WeightParams(ewma=0.5, persist=1)

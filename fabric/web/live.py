@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.emulation import timeline as tl
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.tail import LineTail
 
@@ -145,7 +146,6 @@ class LiveSource(Source):
 
     # -- injection ----------------------------------------------------------------------------
     def inject(self, request: Mapping[str, Any]) -> list[dict[str, Any]]:
-        from hpnlab.fabric.emulation import timeline as tl
         req = dict(request)
         if req.get("action") == "repair":
             target = [req["switch"]] if req.get("switch") else list(req.get("link") or [])

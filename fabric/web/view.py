@@ -38,6 +38,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import networkx as nx
 
+from hpnlab.fabric.scenario.rates import emulated_mbps
+
 P = ParamSpec("P")
 R = TypeVar("R")
 #: above this many links the layout is aggregated by plane, pod and tier
@@ -139,7 +141,6 @@ def _emulated_mbps(g: nx.MultiGraph, rate_gbps: float) -> float | None:
     s = g.graph.get("scenario")
     if s is None or getattr(s, "emulation", None) is None:
         return None
-    from hpnlab.fabric.scenario.rates import emulated_mbps
     return emulated_mbps(s, rate_gbps)
 
 
