@@ -23,9 +23,11 @@ CORE = "p0c0"
 @pytest.fixture(scope="module")
 def emu(emulation_ready):
     from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
+    from hpnlab.fabric.scenario import spec
 
-    with Emulation("mini-cross-campus", overrides={"cores_per_plane": 2}, controller="hpnlab",
-                   lock_wait_s=3600) as e:
+    with Emulation(spec.load("mini-cross-campus", {"cores_per_plane": 2}),
+                   EmulationOptions(supervision=SupervisionOptions(lock_wait_s=3600))) as e:
         yield e
 
 
@@ -52,12 +54,12 @@ def test_with_the_controller_stopped_a_failed_core_leaves_every_branch_across_th
     assert _walk(emu, pairs)["missing"] == []            # healthy first: every branch delivers
     signal_controller(emu, signal.SIGSTOP)
     try:
-        emu.switch_down(CORE)
+        emu.faults.switch_down(CORE)
         time.sleep(0.3)                                  # carrier loss reaches the groups in ms
         walk = _walk(emu, pairs)
         assert walk["probes"] > 0 and walk["missing"] == []
     finally:
-        emu.switch_up(CORE)
+        emu.faults.switch_up(CORE)
         signal_controller(emu, signal.SIGCONT)
 
 

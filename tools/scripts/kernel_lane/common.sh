@@ -2,7 +2,7 @@
 # Everything here can be overridden from the environment.
 
 LANE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CHECKOUT=$(cd "$LANE_DIR/../.." && pwd)
+CHECKOUT=$(cd "$LANE_DIR/../../.." && pwd)
 # Machine-wide cache: CI runs in a fresh clone on the same machine, so a cache inside the
 # checkout would be lost between runs.
 LANE_CACHE=${HPNLAB_KERNEL_LANE_CACHE:-/var/cache/hpnlab/kernel-lane}
