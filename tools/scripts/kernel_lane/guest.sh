@@ -139,7 +139,8 @@ say "Open vSwitch: $(ovs-vsctl --timeout=10 get Open_vSwitch . ovs_version 2>&1)
 mkdir -p /hpnlab/pylib/hpnlab
 ln -s "$SRC/fabric" /hpnlab/pylib/hpnlab/fabric
 ln -s "$SRC/controller" /hpnlab/pylib/hpnlab/controller
-ln -s "$SRC/tools" /hpnlab/pylib/hpnlab/cli
+ln -s "$SRC/cli" /hpnlab/pylib/hpnlab/cli
+ln -s "$SRC/topologies" /hpnlab/pylib/hpnlab/topologies
 export PYTHONPATH="/hpnlab/pylib" PYTHONUNBUFFERED=1
 export HPNLAB_KERNEL_LANE=1
 printf '#!/bin/sh\nexec /opt/hpnlab-venv/bin/python -m hpnlab.cli "$@"\n' > /usr/local/bin/hpnlab
