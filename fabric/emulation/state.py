@@ -34,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -132,6 +133,8 @@ def _now() -> str:
 
 # ---- the state file -------------------------------------------------------------
 
+_SAVE_LOCK = threading.RLock()
+
 @dataclass
 class RunState:
     run_id: str
@@ -167,10 +170,14 @@ class RunState:
         return RUN_DIR / self.run_id
 
     def save(self) -> None:
-        runs_dir().mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.__dict__, indent=1))
-        os.replace(tmp, self.path)
+        """Write the state file atomically. A harness records from several threads at once
+        (a test's traffic in a thread starts processes while the main thread starts others),
+        so the writes are serialised and each writer has its own temporary file."""
+        with _SAVE_LOCK:
+            runs_dir().mkdir(parents=True, exist_ok=True)
+            tmp = self.path.parent / f"{self.run_id}.{os.getpid()}-{threading.get_ident()}.tmp"
+            tmp.write_text(json.dumps(self.__dict__, indent=1))
+            os.replace(tmp, self.path)
 
     # recording: always called before the thing is created
     def add_bridges(self, names) -> None:

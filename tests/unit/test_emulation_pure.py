@@ -169,6 +169,32 @@ def test_state_file_records_before_creation_and_round_trips(tmp_path, monkeypatc
     assert [r.run_id for r in state.all_runs()] == [run.run_id]
 
 
+def test_processes_recorded_from_several_threads_at_once_are_all_in_the_state_file(tmp_path, monkeypatch):
+    # a test's traffic thread starts processes while the main thread starts others
+    import threading
+
+    from hpnlab.fabric.emulation import state
+    monkeypatch.setattr(state, "RUN_DIR", tmp_path)
+    run = state.RunState.new("mini-hpn")
+    errors: list[BaseException] = []
+
+    def record(base: int) -> None:
+        try:
+            for i in range(50):
+                run.add_pid(base + i, f"thread {base}")
+        except BaseException as e:  # noqa: BLE001 - the assertion below names it
+            errors.append(e)
+
+    threads = [threading.Thread(target=record, args=(1_000_000 * (n + 1),)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(state.RunState.load(run.path).pids) == 200
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.path.name]
+
+
 def test_unknown_controller_is_refused_in_one_line():
     from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions
     with pytest.raises(UserError, match="unknown controller 'ryu'"):
