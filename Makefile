@@ -63,8 +63,8 @@ demo: install
 # Three stages, each in its folder of tests/: unit (pure, no root), emulation (root, real Open
 # vSwitch, Mininet, controller processes), then the full-kernel lane (a stock Debian kernel under
 # qemu). Every stage runs even when an earlier one failed; the run ends with one line per stage.
-UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS)
-EMU_ARGS   := tests/emulation -q
+UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS) --durations=15
+EMU_ARGS   := tests/emulation -q --durations=25
 
 test: install
 	@rm -f .test-stages; \

@@ -37,6 +37,20 @@ def emulation_ready():
     return True
 
 
+_missing: list[str | None] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``emulation`` skips, naming the missing feature, where an emulation cannot be
+    built (it need not ask for ``emulation_ready`` itself to get the same skip)."""
+    if item.get_closest_marker("emulation") is None:
+        return
+    if not _missing:
+        _missing.append(emulation_missing())
+    if _missing[0]:
+        pytest.skip(_missing[0])
+
+
 class SharedEmulation:
     """At most one live emulation, kept from one test module to the next while they ask for the
     same one (a start and a stop of mini-hpn cost ~11 s); only one emulation can run on a machine,
