@@ -27,6 +27,7 @@ from hpnlab.fabric.emulation.mn import host_interfaces
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 
+from ..errors import UserError
 from . import preflight, reachability, walks
 from .builder import FabricBuilder
 from .cleanup import teardown
@@ -65,6 +66,8 @@ class Emulation:
         pfc = self.options.ports.pfc          # --pfc on|off: the scenario's emulation.lossless.pfc for this run
         if pfc is not None and pfc != self.scenario.emulation.lossless.pfc:
             self.scenario = spec.merged(self.scenario, {"emulation": {"lossless": {"pfc": pfc}}})
+        if self.scenario.emulation.lossless.pfc and self.options.cluster.servers:
+            raise UserError("priority flow control runs on one machine only (--pfc off with cluster servers)")
         self.graph = fgraph.build(self.scenario)
         #: cabled differently from the scenario on purpose (tests: emulation/rewire.py); the controller
         #: gets the scenario (and a deployment file when the numbers are foreign), Mininet the physical graph

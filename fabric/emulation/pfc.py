@@ -165,8 +165,6 @@ class PfcStage:
     # ---- set-up by the harness -----------------------------------------------------------------
     @classmethod
     def for_emulation(cls, emu: Any, ecn: bool = True) -> PfcStage:
-        if emu.servers:
-            raise UserError("priority flow control runs on one machine only (--pfc off with cluster servers)")
         state = emu.state
         g = emu.graph
         s = emu.scenario

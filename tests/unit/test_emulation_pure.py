@@ -182,7 +182,7 @@ def test_processes_recorded_from_several_threads_at_once_are_all_in_the_state_fi
         try:
             for i in range(50):
                 run.add_pid(base + i, f"thread {base}")
-        except BaseException as e:  # noqa: BLE001 - the assertion below names it
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=record, args=(1_000_000 * (n + 1),)) for n in range(4)]
@@ -193,6 +193,14 @@ def test_processes_recorded_from_several_threads_at_once_are_all_in_the_state_fi
     assert errors == []
     assert len(state.RunState.load(run.path).pids) == 200
     assert [p.name for p in (tmp_path / "runs").iterdir()] == [run.path.name]
+
+
+def test_priority_flow_control_with_cluster_servers_is_refused_when_the_emulation_is_made():
+    from hpnlab.fabric.emulation import Emulation
+    from hpnlab.fabric.emulation.options import ClusterOptions, EmulationOptions, PortOptions
+    with pytest.raises(UserError, match="priority flow control runs on one machine only"):
+        Emulation(spec.load("mini-hpn"), EmulationOptions(ports=PortOptions(pfc=True),
+                                                          cluster=ClusterOptions(servers=("localhost", "node2"))))
 
 
 def test_unknown_controller_is_refused_in_one_line():
