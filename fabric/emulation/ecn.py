@@ -19,7 +19,7 @@ Kmin = max(4 frames, 2 ms at the port rate), Kmax = 4 Kmin, Pmax 0.2).
 
 The one writer of a port's ECN and shaping state once the run is up: :meth:`EcnStage.write`
 (thresholds, :class:`~hpnlab.fabric.workload.ecn.Thresholds` per port) and :func:`reshape` (a
-port's rate: its htb class, and the marker's rate and default thresholds). The controller's
+port's rate: its htb classes, and the marker's rate and default thresholds). The controller's
 ``emulated`` actuator, the static settings of a run (``hpnlab run --ecn``) and the routing
 comparison's asymmetric fabric all go through them.
 
@@ -30,7 +30,8 @@ Python API (for tests, tools and a controller-side dynamic-ECN feature)::
     stage.thresholds("p0l0-eth1")        # {"kmin": bytes, "kmax": bytes, "pmax": 0..1, "enabled"}
     stage.write({"p0l0-eth1": Thresholds(3000, 12000, 0.5)})   # live, per port
     stage.set_thresholds(kmin=3000, kmax=12000, pmax=0.5, ports=["p0l0-eth1"])  # the same; ports=None: all
-    reshape("p0l0-eth1", 5.0, 1500, stage)  # the port's htb class to 5 Mbit/s, its marker and defaults with it
+    reshape(replace(port_shape(p, 1500, delay=False), rate_mbps=5.0), stage)  # the port's htb classes to
+                                         # 5 Mbit/s, its marker and defaults with it (p: a switch_ports entry)
     stage.counters("p0l0-eth1")          # {"bytes", "packets", "ect", "ce_marked", "ce_seen",
                                          #  "queue_bytes", "max_queue_bytes", "queue_peak_bytes"}
     stage.counters(since=t)              # queue_peak_bytes: the peak since time.monotonic() t (<= 640 ms)
@@ -60,7 +61,7 @@ from hpnlab.fabric.workload.ecn import Thresholds, default_thresholds
 
 from ..bpf import BpfMap
 from ..errors import UserError
-from .shaping import data_class, port_shape, rate_change_args
+from .shaping import Shape, data_class, port_shape, rate_change_lines
 from .state import RUN_DIR, all_runs
 
 SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.bpf.c"
@@ -108,15 +109,17 @@ def red_args(kmin: int, kmax: int, pmax: float, *, mtu: int, rate_mbps: float, l
             "burst", str(burst), "probability", f"{pmax:g}", "bandwidth", f"{rate_mbps:g}mbit", "ecn"]
 
 
-def reshape(intf: str, rate_mbps: float, mtu: int, stage: EcnStage | None = None) -> None:
-    """Change a switch port's rate live, the one writer of its shaping after start-up: its htb class
-    (``shaping.rate_change_args``) and, when ``stage`` marks on the port, the marker's rate and the
-    port's default thresholds at the new rate (:meth:`EcnStage.set_rate`)."""
-    r = subprocess.run(rate_change_args(intf, rate_mbps, mtu), capture_output=True, text=True)
+def reshape(port: Shape, stage: EcnStage | None = None) -> None:
+    """Change a switch port's rate live to ``port.rate_mbps`` (``port``: its start-up shape at the new
+    rate, ``shaping.port_shape``), the one writer of its shaping after start-up: every htb class of its
+    tree (``shaping.rate_change_lines``) and, when ``stage`` marks on the port, the marker's rate and
+    the port's default thresholds at the new rate (:meth:`EcnStage.set_rate`)."""
+    lines = rate_change_lines(port)
+    r = subprocess.run(["tc", "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True, text=True)
     if r.returncode != 0:
-        raise UserError(f"cannot reshape {intf}: {r.stderr.strip()[:200]}")
-    if stage is not None and intf in stage.ports:
-        stage.set_rate(intf, rate_mbps)
+        raise UserError(f"cannot reshape {port.dev}: {r.stderr.strip()[:200]}")
+    if stage is not None and port.dev in stage.ports:
+        stage.set_rate(port.dev, port.rate_mbps)
 
 
 # the bpf(2) system call and pinned maps: hpnlab.fabric.bpf (BpfMap is imported from there)

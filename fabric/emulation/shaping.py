@@ -104,11 +104,15 @@ def htb_burst(rate_mbps: float, mtu: int) -> int:
     return max(2 * frame_bytes(mtu), int(rate_mbps * 1e6 / 8 / 1000))
 
 
-def rate_change_args(dev: str, rate_mbps: float, mtu: int) -> list[str]:
-    """The ``tc`` command that changes a shaped interface's rate live (its class 1:1; pure)."""
-    rate, burst = f"{rate_mbps:g}mbit", str(htb_burst(rate_mbps, mtu))
-    return ["tc", "class", "change", "dev", dev, "parent", "1:", "classid", "1:1", "htb", "rate", rate,
-            "ceil", rate, "burst", burst, "cburst", burst, "quantum", str(frame_bytes(mtu))]
+def rate_change_lines(shape: Shape) -> list[str]:
+    """`tc -batch` lines (without the leading 'tc') that change a shaped interface's rate live to
+    ``shape.rate_mbps``: every htb class of the tree :func:`tc_lines` built (pure). Not the parent
+    1:1 alone: beside a control class (``control_priority``) or under priority flow control the
+    classes below it keep their own assured rate and ceiling, and htb lets a class send at its
+    assured rate whatever its parent's, so a port slowed through 1:1 alone would still send at the
+    old rate's data share. The leaves (the port buffer, the gates) stay as they are."""
+    return ["class change" + line.removeprefix("class add") for line in tc_lines(shape, netem=False, leaf=False)
+            if line.startswith("class add")]
 
 
 def data_class(shape: Shape) -> str:

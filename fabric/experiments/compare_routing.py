@@ -43,10 +43,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric.emulation import ecn as emulated_ecn
+from hpnlab.fabric.emulation.shaping import port_shape
 from hpnlab.fabric.emulation.sizing import round_rate
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
@@ -406,8 +408,9 @@ def read_tx_bytes(intfs: list[str]) -> list[int]:
 
 def reshape(emu: Any, intf: str, rate_mbps: float, mtu: int) -> None:
     """Shape ``intf`` to ``rate_mbps`` through the emulation's one writer of port state
-    (``emulation.ecn.reshape``: the htb class, and the ECN stage's rate and thresholds with it)."""
-    emulated_ecn.reshape(intf, rate_mbps, mtu, getattr(emu, "ecn", None))
+    (``emulation.ecn.reshape``: every htb class of the port, and the ECN stage's rate and thresholds)."""
+    port = next(p for p in emu.switch_ports() if p["intf"] == intf)
+    emulated_ecn.reshape(replace(port_shape(port, mtu, delay=False), rate_mbps=rate_mbps), getattr(emu, "ecn", None))
 
 
 def compare(emu: Any, base: Plan, *, reps: int = 5, collectives: tuple[str, ...] | None = None,

@@ -9,13 +9,14 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.paths import REPO
 
-from hpnlab.fabric.emulation import ecn
+from hpnlab.fabric.emulation import ecn, shaping
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario.addressing import dpid_str
 from hpnlab.fabric.scenario.rates import emulated_mbps
@@ -285,10 +286,11 @@ def test_a_reshaped_port_is_shaped_marked_and_thresholded_at_its_new_rate_and_ba
     reshape back restores all three."""
     intf, stage, mtu = _bottleneck(mini_hpn), mini_hpn.ecn, mini_hpn.scenario.emulation.mtu
     rate = stage.ports[intf].rate_mbps
+    port = shaping.port_shape(next(p for p in mini_hpn.switch_ports() if p["intf"] == intf), mtu, delay=False)
     before = stage.thresholds(intf)
     try:
         stage.set_thresholds(kmin=30_000, kmax=50_000, ports=intf)     # not the default: the reshape puts it back
-        ecn.reshape(intf, rate / 2, mtu, stage)
+        ecn.reshape(replace(port, rate_mbps=rate / 2), stage)
         assert _htb_rate_bps(intf) == rate / 2 * 1e6
         assert stage.ports[intf].rate_mbps == rate / 2
         now = stage.thresholds(intf)
@@ -296,7 +298,7 @@ def test_a_reshaped_port_is_shaped_marked_and_thresholded_at_its_new_rate_and_ba
         if stage.mechanism == "bpf":
             assert now["rate_bytes_per_s"] == int(rate / 2 * 1e6 / 8)
     finally:
-        ecn.reshape(intf, rate, mtu, stage)
+        ecn.reshape(port, stage)
         stage.set_thresholds(kmin=before["kmin"], kmax=before["kmax"], pmax=before["pmax"], ports=intf)
     assert _htb_rate_bps(intf) == rate * 1e6 and stage.ports[intf].rate_mbps == rate
     if stage.mechanism == "bpf":

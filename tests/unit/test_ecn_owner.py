@@ -178,6 +178,30 @@ def test_a_runs_static_setting_writes_every_port_at_its_own_rate_through_the_sta
 def test_a_rate_change_is_the_start_up_shapings_class_at_the_new_rate():
     shape = shaping.Shape("l0-eth1", 25.0, mtu=4096)
     (klass,) = [line for line in shaping.tc_lines(shape, netem=False) if line.startswith("class add")]
-    args = shaping.rate_change_args("l0-eth1", 25.0, 4096)
-    assert args[:3] == ["tc", "class", "change"]
-    assert " ".join(args[3:]) == klass.removeprefix("class add ")
+    assert shaping.rate_change_lines(shape) == [klass.replace("class add", "class change", 1)]
+
+
+def _tc_run(monkeypatch) -> list[str]:
+    """What ``ecn.reshape`` asks tc to do, one command a line (tc itself stood in for)."""
+    ran: list[str] = []
+
+    def run(argv, input=None, **kw):
+        ran.extend(input.splitlines() if argv[:2] == ["tc", "-batch"] else [" ".join(argv[1:])])
+        return type("Done", (), {"returncode": 0, "stderr": ""})()
+    monkeypatch.setattr(ecn.subprocess, "run", run)
+    return ran
+
+
+@pytest.mark.parametrize("tree", [{"control_priority": True}, {"pfc": True}], ids=["control priority", "pfc"])
+def test_a_reshape_changes_every_htb_class_of_the_port_to_the_new_rate(tree, monkeypatch):
+    """Beside a control class (or under PFC) the classes below 1:1 have their own assured rate and
+    ceiling, and htb lets a class send at its assured rate whatever its parent's: changing 1:1 alone
+    left the port sending at the old rate's data share."""
+    ran = _tc_run(monkeypatch)
+    ecn.reshape(shaping.Shape("l0-eth1", 10.0, **tree))
+    started = [line for line in shaping.tc_lines(shaping.Shape("l0-eth1", 20.0, **tree), netem=False)
+               if line.startswith("class add")]
+    changed = {line.split(" classid ")[1].split()[0]: line for line in ran}
+    assert set(changed) == {line.split(" classid ")[1].split()[0] for line in started}
+    assert all(line.startswith("class change") and "ceil 10mbit" in line for line in changed.values())
+    assert "rate 1mbit" in changed["1:10"]          # the control class's assured share, of the new rate
