@@ -191,9 +191,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.compare == "routing":
                 return _compare_routing(args, emu, plan, say, sized=sizes_given, collectives=routing_collectives)
             if comparing is not None:
+                dynamic = args.ecn_policy if args.ecn_policy != ecn_settings.STATIC_POLICY else "dynamic"
                 doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say,
-                                             dynamic_policy=args.ecn_policy if args.ecn_policy != "static"
-                                             else "dynamic")
+                                             dynamic_policy=dynamic)
             else:
                 doc = experiment.run(plan, emu, progress=web.source.progress if web else not args.quiet,
                                      say=say, timeline=events,

@@ -35,10 +35,12 @@ from typing import Any
 import yaml
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing import telemetry
 from hpnlab.fabric.routing.compiler import ARP_MODES, ROUTING_POLICIES
 from hpnlab.fabric.routing.weights import MODES as WEIGHTS_MODES
 from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.scenario.arguments import add_scenario_args
+from hpnlab.fabric.workload import ecn as ecn_settings
 
 from . import actuators, config, deployment, ecn_policy, logs, rollout, tls, wiring
 from .tls import TlsFiles
@@ -76,9 +78,9 @@ class Routing:
 @dataclass(frozen=True)
 class Ecn:
     """Telemetry and the dynamic-ECN loop (controller/ecn_loop.py)."""
-    policy: str = "static"                    # static, dynamic, MODULE:CLASS, FILE.py[:CLASS]
+    policy: str = ecn_settings.STATIC_POLICY  # static, dynamic, MODULE:CLASS, FILE.py[:CLASS]
     actuator: str = "auto"                    # auto, emulated, file:PATH, none
-    telemetry_interval_ms: float = 200.0      # 0: no telemetry
+    telemetry_interval_ms: float = float(telemetry.DEFAULT_INTERVAL_MS)  # 0: no telemetry
     telemetry_out: str | None = None          # the telemetry file (JSON lines)
     control: str | None = None                # the harness's file of live policy changes
     stage_run: str | None = None              # the emulation run whose ECN stage to use (None: the live one)
@@ -257,7 +259,7 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
     telemetry_ms = args.telemetry_interval_ms
     if telemetry_ms < 0:
         raise UserError(f"--telemetry-interval-ms must be >= 0 (0: off), got {telemetry_ms:g}")
-    if args.ecn_policy != "static" and telemetry_ms == 0:
+    if args.ecn_policy != ecn_settings.STATIC_POLICY and telemetry_ms == 0:
         raise UserError(f"--ecn-policy {args.ecn_policy} needs telemetry: --telemetry-interval-ms must be > 0")
     if args.routing_weights == "weighted" and telemetry_ms == 0:
         raise UserError("--routing-weights weighted needs telemetry: --telemetry-interval-ms must be > 0")

@@ -88,7 +88,7 @@ from typing import Any, ClassVar
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry
 from hpnlab.fabric.scenario.rates import frame_bytes
-from hpnlab.fabric.workload.ecn import Thresholds  # the one type; user policies import it from here
+from hpnlab.fabric.workload.ecn import STATIC_POLICY, Thresholds  # the one type; user policies import it from here
 
 FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two
 
@@ -118,7 +118,7 @@ class EcnPolicy:
 class StaticPolicy(EcnPolicy):
     """The baseline: the thresholds set at start-up never change."""
 
-    name = "static"
+    name = STATIC_POLICY
 
 
 @dataclass
@@ -246,7 +246,7 @@ class DynamicPolicy(EcnPolicy):
         return out
 
 
-BUILT_IN: dict[str, type[EcnPolicy]] = {"static": StaticPolicy, "dynamic": DynamicPolicy}
+BUILT_IN: dict[str, type[EcnPolicy]] = {STATIC_POLICY: StaticPolicy, "dynamic": DynamicPolicy}
 
 
 def _from_module(module: Any, attr: str | None, where: str) -> type[EcnPolicy]:

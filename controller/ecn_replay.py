@@ -38,7 +38,7 @@ from typing import Any
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry, port_key_str
-from hpnlab.fabric.workload.ecn import default_thresholds
+from hpnlab.fabric.workload.ecn import STATIC_POLICY, default_thresholds
 
 from . import ecn_policy
 from .ecn_policy import EcnPolicy, Thresholds
@@ -147,7 +147,7 @@ def replay(lines: Iterable[Mapping[str, Any]], policy: str | None = None, option
         ecn_policy.load(policy, mtu, **opts)        # a policy of one's own that does not load: one line, now
 
     def start(recorded: Mapping[str, Any]) -> tuple[Segment, EcnPolicy | None, dict[PortKey, Thresholds]]:
-        spec = str(recorded.get("spec") or recorded.get("policy") or "static")
+        spec = str(recorded.get("spec") or recorded.get("policy") or STATIC_POLICY)
         seg = Segment(spec, policy or spec)
         try:
             return seg, ecn_policy.load(policy or spec, mtu, **opts), dict(initial)

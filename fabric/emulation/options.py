@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.routing.telemetry import DEFAULT_INTERVAL_MS
+from hpnlab.fabric.routing.weights import MODES as ROUTING_WEIGHTS  # the controller's: equal, or load-following
+from hpnlab.fabric.workload.ecn import STATIC_POLICY
+
 from ..errors import UserError, short
 from .controller_process import ON_CONTROLLER_LOSS, check_arp_mode, check_on_controller_loss, tls_files
 from .kernel import PORT_TYPE_CHOICES
@@ -51,8 +55,6 @@ __all__ = ["CONTROLLERS", "ON_CONTROLLER_LOSS", "PLACEMENTS", "ROUTING_WEIGHTS",
 CONTROLLERS = ("hpnlab", "none")
 #: cluster placements: each plane's switches on one server, or Mininet's placers (``nodes.placers``)
 PLACEMENTS = ("plane", "switch-bin", "round-robin", "random")
-#: the controller's multipath weights (fabric/routing/weights.py): equal, or load-following
-ROUTING_WEIGHTS = ("ecmp", "weighted")
 #: the name of the options file in a run's directory
 OPTIONS_FILE = "options.json"
 
@@ -85,8 +87,8 @@ class ControllerOptions:
     #: local protection (fast-failover groups); False: the controller-only baseline
     fast_failover: bool = True
     #: the dynamic-ECN policy (controller/ecn_policy.py) and the telemetry interval (ms)
-    ecn_policy: str = "static"
-    telemetry_interval_ms: int = 200
+    ecn_policy: str = STATIC_POLICY
+    telemetry_interval_ms: int = DEFAULT_INTERVAL_MS
     #: when the controller process dies: "restart" it, "stop" the run (ControllerLost), or "continue"
     on_loss: str = "continue"
     #: more command-line arguments for the controller (e.g. ``--metrics-port N``, ``--rollout staged``)
@@ -120,7 +122,7 @@ class ControllerOptions:
         elif self.routing_weights != "ecmp" and not hpnlab:
             out.append(f"routing weights {self.routing_weights!r} need the hpnlab controller (it decides them)")
         out += _collect(lambda: check_arp_mode(self.arp, self.kind))
-        if self.ecn_policy != "static" and not hpnlab:
+        if self.ecn_policy != STATIC_POLICY and not hpnlab:
             out.append(f"ECN policy {self.ecn_policy!r} needs the hpnlab controller (it runs the policy)")
         out += _collect(lambda: check_on_controller_loss(self.on_loss))
         if self.ofp_port is not None and not 1 <= self.ofp_port <= 65535:

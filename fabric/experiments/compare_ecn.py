@@ -63,7 +63,7 @@ from typing import Any
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.stats import median_of, spread, spread_text
-from hpnlab.fabric.workload.ecn import PRESETS
+from hpnlab.fabric.workload.ecn import PRESETS, STATIC_POLICY
 from hpnlab.fabric.workload.ecn import parse as parse_ecn
 from hpnlab.fabric.workload.report import _save, read_json, write_json
 
@@ -477,7 +477,7 @@ def threshold_series(doc: dict[str, Any], max_ports: int = 4) -> list[tuple[str,
     the static setting the run applied (``meta["ecn"]``), flat, one line per port rate."""
     meta = doc.get("meta", {})
     ports = (doc.get("telemetry") or {}).get("ports") or {}
-    if meta.get("ecn_policy") not in (None, "static") and ports:
+    if meta.get("ecn_policy") not in (None, STATIC_POLICY) and ports:
         def moves(series: dict[str, Any]) -> int:
             ks = [k for k in series.get("kmin") or [] if k is not None]
             return sum(1 for x, y in itertools.pairwise(ks) if x != y)

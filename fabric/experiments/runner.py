@@ -730,7 +730,7 @@ def telemetry_of(emu: Any, t0: float, t1: float, max_points: int = 300) -> dict[
 
 
 def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = None,
-        timeline: list[Any] | None = None, ecn_policy: str = "static",
+        timeline: list[Any] | None = None, ecn_policy: str = ecn_settings.STATIC_POLICY,
         ecn_thresholds: str | dict | None = None) -> dict[str, Any]:
     """Run every cell of ``plan.matrix()`` on ``where`` (an Emulation, :class:`Loopback` or
     :class:`Hosts`), one after the other; concurrent jobs of a cell run at once.
@@ -772,7 +772,7 @@ def run(plan: Plan, where: Any, *, progress: Progress = True, say: Say | None = 
     controller = getattr(emu, "controller", None)         # the emulation's ControllerSupervisor
     if controller is not None and hasattr(controller, "set_ecn_policy"):
         controller.set_ecn_policy(ecn_policy)
-    elif ecn_policy != "static":
+    elif ecn_policy != ecn_settings.STATIC_POLICY:
         raise UserError(f"ECN policy {ecn_policy!r} needs an emulated fabric with the hpnlab controller")
     ecn_meta = None
     if ecn_thresholds is not None:

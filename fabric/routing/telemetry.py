@@ -50,6 +50,8 @@ from hpnlab.fabric.scenario.rates import emulated_mbps
 PortKey = tuple[str, int]          # (switch name, OpenFlow port number)
 FAN_IN_SHARE = 0.05                # a port counts towards fan-in above this share of its rate
 STALE_INTERVALS = 2.5             # OpenFlow rates older than this many intervals are no longer shown
+#: how often the controller reads port statistics and the ECN stage unless told otherwise (0: never)
+DEFAULT_INTERVAL_MS = 200
 XID_BASE = 0x7E000000              # port stats requests' xids: apart from the reconciler's (which count up from 1)
 
 

@@ -41,6 +41,9 @@ from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.scenario.rates import frame_bytes
 
 PRESETS = ("low", "high", "dcqcn", "default")
+#: the controller's ECN policy unless told otherwise: the thresholds set at start-up never change
+#: (``hpnlab.controller.ecn_policy.StaticPolicy``; the controller and the emulation's options default to it)
+STATIC_POLICY = "static"
 #: DCQCN's published setting and the rate it was given for
 DCQCN_KMIN_BYTES, DCQCN_KMAX_BYTES, DCQCN_PMAX, DCQCN_RATE_BPS = 5_000, 200_000, 0.01, 40e9
 
