@@ -51,7 +51,7 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -125,27 +125,48 @@ def reshape(port: Shape, stage: EcnStage | None = None) -> None:
 # the bpf(2) system call and pinned maps: hpnlab.fabric.bpf (BpfMap is imported from there)
 
 
-def compile_marker(log=lambda m: None) -> Path:
-    """Compile the marker (once per source and clang version) into the cache; return the object."""
-    clang = shutil.which("clang")
-    if not clang:
-        raise UserError("clang is needed for the ECN marking stage: sudo apt-get install clang llvm libbpf-dev")
-    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode()).hexdigest()[:16]
-    out = cache_dir() / "bpf" / f"ecn_marker-{digest}.o"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [clang, "-O2", "-g", "-target", "bpf", f"-I/usr/include/{platform.machine()}-linux-gnu",
-           "-c", str(SOURCE), "-o", str(tmp)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def digest(*parts: bytes) -> str:
+    """A cached build's key: its sources and the compiler's version, hashed."""
+    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
+
+
+def cached_build(target: Path, cmd: list[str], what: str, log: Callable[[str], None] = lambda m: None,
+                 hint: str = "") -> Path:
+    """``target``, built by ``cmd`` + [output file] unless the cache has it already: written under a
+    temporary name, then renamed (two runs building at once never see half a file). A failed build is
+    one line naming ``what`` (with ``hint`` when the compiler's complaint names bpf)."""
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    r = subprocess.run([*cmd, str(tmp)], capture_output=True, text=True)
     if r.returncode != 0:
         why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit code {r.returncode}"
-        raise UserError(f"compiling the ECN marker failed: {why}")
-    os.replace(tmp, out)
-    log(f"compiled ECN marker into {out}")
-    return out
+        raise UserError(f"compiling {what} failed: {why}{hint if 'bpf' in why else ''}")
+    os.replace(tmp, target)
+    log(f"compiled {what} into {target}")
+    return target
+
+
+def clang_and_version(needed_for: str) -> tuple[str, bytes]:
+    """clang's path and its ``--version`` (part of every cached build's key), or a one-line UserError."""
+    clang = shutil.which("clang")
+    if not clang:
+        raise UserError(f"clang is needed for {needed_for}: sudo apt-get install clang llvm libbpf-dev "
+                        "(or run 'make install')")
+    return clang, subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.encode()
+
+
+def bpf_target_args(clang: str) -> list[str]:
+    """clang's arguments for a BPF object of this machine's headers."""
+    return [clang, "-O2", "-g", "-target", "bpf", f"-I/usr/include/{platform.machine()}-linux-gnu"]
+
+
+def compile_marker(log: Callable[[str], None] = lambda m: None) -> Path:
+    """Compile the marker (once per source and clang version) into the cache; return the object."""
+    clang, version = clang_and_version("the ECN marking stage")
+    return cached_build(cache_dir() / "bpf" / f"ecn_marker-{digest(SOURCE.read_bytes(), version)}.o",
+                        [*bpf_target_args(clang), "-c", str(SOURCE), "-o"], "the ECN marker", log)
 
 
 def ensure_bpffs() -> bool:
@@ -157,6 +178,24 @@ def ensure_bpffs() -> bool:
     if r.returncode != 0:
         raise UserError(f"cannot mount bpffs at {BPFFS}: {r.stderr.strip()}")
     return True
+
+
+def load_pinned(obj: Path, state: Any, name: str, what: str, every_program: bool = False) -> Path:
+    """Load the BPF object ``obj`` as tc classifier(s) with bpftool, its program (``prog``; every one of
+    them under ``progs/`` with ``every_program``) and its maps (``maps/``) pinned under bpffs
+    ``/sys/fs/bpf/<name>`` (mounted first if it is not; the pins recorded in the run's ``state`` for the
+    clean-up). Returns the pin directory; a failed load is one line naming ``what``."""
+    if ensure_bpffs():
+        state.notes["mounted_bpffs"] = True
+    pin_dir = BPFFS / name
+    state.add_bpf_pin(str(pin_dir))
+    pin_dir.mkdir(parents=True, exist_ok=True)
+    verb, progs = ("loadall", "progs") if every_program else ("load", "prog")
+    r = subprocess.run(["bpftool", "prog", verb, str(obj), str(pin_dir / progs), "type", "classifier",
+                        "pinmaps", str(pin_dir / "maps")], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise UserError(f"loading {what} failed: {r.stderr.strip()[-300:]}")
+    return pin_dir
 
 
 @dataclass
@@ -204,24 +243,11 @@ class EcnStage:
         if pfc_pins is not None:
             mechanism = "bpf"
             stage = cls("bpf", ports, pfc_pins, mtu)
-            for port in ports.values():
-                stage._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, mtu), True)
-                stage._maps()[1].update(port.ifindex, _STATE_ZERO)
+            stage._start_at_defaults()
         elif mechanism == "bpf":
-            obj = compile_marker(emu.log)
-            if ensure_bpffs():
-                state.notes["mounted_bpffs"] = True
-            pin_dir = BPFFS / f"hpnlab-{state.run_id}"
-            state.add_bpf_pin(str(pin_dir))
-            pin_dir.mkdir(parents=True, exist_ok=True)
-            r = subprocess.run(["bpftool", "prog", "load", str(obj), str(pin_dir / "prog"), "type", "classifier",
-                                "pinmaps", str(pin_dir / "maps")], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise UserError(f"loading the ECN marker failed: {r.stderr.strip()[-300:]}")
+            pin_dir = load_pinned(compile_marker(emu.log), state, f"hpnlab-{state.run_id}", "the ECN marker")
             stage = cls("bpf", ports, pin_dir, mtu)
-            for port in ports.values():
-                stage._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, mtu), True)
-                stage._maps()[1].update(port.ifindex, _STATE_ZERO)
+            stage._start_at_defaults()
             lines = []
             for intf in ports:
                 lines.append(f"qdisc add dev {intf} clsact")
@@ -264,6 +290,12 @@ class EcnStage:
         if self._cfg is None or self._state is None:
             raise UserError(f"the {self.mechanism} ECN stage has no eBPF maps")
         return self._cfg, self._state
+
+    def _start_at_defaults(self) -> None:
+        """Every port's marker at the default rule, its virtual queue empty (the stage's BPF maps)."""
+        for port in self.ports.values():
+            self._write_cfg(port, default_thresholds(port.rate_mbps * 1e6, self.mtu), True)
+            self._maps()[1].update(port.ifindex, _STATE_ZERO)
 
     def _select(self, ports: Iterable[str] | str | None) -> list[EcnPort]:
         if ports is None:

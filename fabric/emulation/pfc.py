@@ -28,11 +28,8 @@ with this stage's maps), so the dynamic-ECN telemetry reads the queue that pause
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
-import shutil
 import signal
 import socket
 import subprocess
@@ -46,7 +43,7 @@ from hpnlab.fabric.workload import lossless as ll
 
 from ..errors import UserError
 from . import pfc_plan, shaping
-from .ecn import BPFFS, BpfMap, cache_dir, ensure_bpffs
+from .ecn import BpfMap, bpf_target_args, cache_dir, cached_build, clang_and_version, digest, load_pinned
 from .state import RUN_DIR, all_runs, pid_alive
 
 HERE = Path(__file__).resolve().parent / "bpf"
@@ -57,35 +54,16 @@ AGENT_RT_PRIORITY = 10
 WATCH_S = 0.05
 
 
-def _digest(*parts: bytes) -> str:
-    return hashlib.sha256(b"".join(parts)).hexdigest()[:16]
-
-
 def compile_objects(log: Callable[[str], None] = lambda m: None) -> tuple[Path, Path]:
     """(BPF object, agent binary) in the cache, compiled once per source and clang version."""
-    clang = shutil.which("clang")
-    if not clang:
-        raise UserError("clang is needed for priority flow control: sudo apt-get install clang llvm libbpf-dev "
-                        "(or run 'make install')")
-    version = subprocess.run([clang, "--version"], capture_output=True, text=True).stdout.encode()
+    clang, version = clang_and_version("priority flow control")
     out_dir = cache_dir() / "bpf"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    obj = out_dir / f"pfc-{_digest(BPF_SOURCE.read_bytes(), version)}.o"
-    agent = out_dir / f"pfc_agent-{_digest(AGENT_SOURCE.read_bytes(), version)}"
-    jobs = [(obj, [clang, "-O2", "-g", "-target", "bpf", "-mcpu=v3", f"-I/usr/include/{platform.machine()}-linux-gnu",
-                   "-c", str(BPF_SOURCE), "-o"], "the PFC data path"),
-            (agent, [clang, "-O2", str(AGENT_SOURCE), "-lbpf", "-o"], "the pause agent")]
-    for target, cmd, what in jobs:
-        if target.is_file():
-            continue
-        tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        r = subprocess.run([*cmd, str(tmp)], capture_output=True, text=True)
-        if r.returncode != 0:
-            why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit code {r.returncode}"
-            hint = " (is libbpf-dev installed? 'make install')" if "bpf" in why else ""
-            raise UserError(f"compiling {what} failed: {why}{hint}")
-        os.replace(tmp, target)
-        log(f"compiled {what} into {target}")
+    hint = " (is libbpf-dev installed? 'make install')"
+    obj = cached_build(out_dir / f"pfc-{digest(BPF_SOURCE.read_bytes(), version)}.o",
+                       [*bpf_target_args(clang), "-mcpu=v3", "-c", str(BPF_SOURCE), "-o"], "the PFC data path", log,
+                       hint)
+    agent = cached_build(out_dir / f"pfc_agent-{digest(AGENT_SOURCE.read_bytes(), version)}",
+                         [clang, "-O2", str(AGENT_SOURCE), "-lbpf", "-o"], "the pause agent", log, hint)
     return obj, agent
 
 
@@ -96,7 +74,7 @@ def lossless_priorities(g: Any, log: Callable[[str], None] = lambda m: None) -> 
     from hpnlab.fabric.scenario import spec
 
     routing = Path(deadlock.__file__).resolve().parent
-    key = _digest(json.dumps(spec.to_dict(g.graph["scenario"]), sort_keys=True, default=str).encode(),
+    key = digest(json.dumps(spec.to_dict(g.graph["scenario"]), sort_keys=True, default=str).encode(),
                   *(f.read_bytes() for f in sorted(routing.glob("*.py"))))
     path = cache_dir() / "deadlock" / f"{key}.json"
 
@@ -172,15 +150,7 @@ class PfcStage:
         priorities = lossless_priorities(g, emu.log)
         plan = pfc_plan.build(g, priorities)
         obj, agent = compile_objects(emu.log)
-        if ensure_bpffs():
-            state.notes["mounted_bpffs"] = True
-        pin_dir = BPFFS / f"hpnlab-{state.run_id}-pfc"
-        state.add_bpf_pin(str(pin_dir))
-        pin_dir.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pin_dir / "progs"), "type", "classifier",
-                            "pinmaps", str(pin_dir / "maps")], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise UserError(f"loading the PFC data path failed: {r.stderr.strip()[-300:]}")
+        pin_dir = load_pinned(obj, state, f"hpnlab-{state.run_id}-pfc", "the PFC data path", every_program=True)
         stage = cls(plan, pin_dir, state.run_dir, agent)
         stage._log = emu.log
         ifindex = {p.intf: socket.if_nametoindex(p.intf) for p in plan.switch_ports()}
