@@ -45,26 +45,25 @@ def open_stage(run_id: str | None) -> Any | None:
         return None
 
 
+#: per switch port: counter key -> (metric type, name after ``hpnlab_pfc_``, help)
+PORT_FAMILIES: dict[str, tuple[type[CounterMetricFamily] | type[GaugeMetricFamily], str, str]] = {
+    "pauses_sent": (CounterMetricFamily, "pauses_sent", "PFC: pauses this ingress port asked its upstream for"),
+    "paused_s": (CounterMetricFamily, "paused_seconds", "PFC: time this ingress port held its upstream paused"),
+    "paused_now": (GaugeMetricFamily, "paused", "PFC: 1 while this ingress port holds its upstream paused"),
+    "headroom_drops": (CounterMetricFamily, "headroom_drops", "PFC: lossless packets dropped for a full headroom"),
+    "lossy_drops": (CounterMetricFamily, "lossy_drops", "Lossy packets this egress port's buffer dropped"),
+    "ingress_bytes": (GaugeMetricFamily, "ingress_bytes", "Lossless bytes held for this ingress port now "
+                      "(headroom included)"),
+    "headroom_peak": (GaugeMetricFamily, "headroom_peak_bytes", "Peak of this ingress port's headroom since the "
+                      "last measurement"),
+}
+
+
 def families(counters: Mapping[str, Mapping[str, Any]], switches: Mapping[str, Mapping[str, int]],
              agent: Mapping[str, Any]) -> list[Any]:
     """The metric families of one reading of the stage (pure: plain values in, families out)."""
     lab = ["switch", "port"]
-    fams: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-        "pauses_sent": CounterMetricFamily("hpnlab_pfc_pauses_sent", "PFC: pauses this ingress port asked its "
-                                           "upstream for", labels=lab),
-        "paused_s": CounterMetricFamily("hpnlab_pfc_paused_seconds", "PFC: time this ingress port held its "
-                                        "upstream paused", labels=lab),
-        "paused_now": GaugeMetricFamily("hpnlab_pfc_paused", "PFC: 1 while this ingress port holds its upstream "
-                                        "paused", labels=lab),
-        "headroom_drops": CounterMetricFamily("hpnlab_pfc_headroom_drops", "PFC: lossless packets dropped for a "
-                                              "full headroom", labels=lab),
-        "lossy_drops": CounterMetricFamily("hpnlab_pfc_lossy_drops", "Lossy packets this egress port's buffer "
-                                           "dropped", labels=lab),
-        "ingress_bytes": GaugeMetricFamily("hpnlab_pfc_ingress_bytes", "Lossless bytes held for this ingress "
-                                           "port now (headroom included)", labels=lab),
-        "headroom_peak": GaugeMetricFamily("hpnlab_pfc_headroom_peak_bytes", "Peak of this ingress port's "
-                                           "headroom since the last measurement", labels=lab),
-    }
+    fams = {key: kind(f"hpnlab_pfc_{name}", text, labels=lab) for key, (kind, name, text) in PORT_FAMILIES.items()}
     received = CounterMetricFamily("hpnlab_pfc_pauses_received", "PFC: pauses this transmitter obeyed",
                                    labels=["node", "intf"])
     for intf, c in sorted(counters.items()):

@@ -712,16 +712,10 @@ class PairProblem:
                 f"rails {self.src.rail}->{self.dst.rail}{': ' + self.detail if self.detail else ''}")
 
 
-@dataclass
-class Verdict:
-    failure: Failure
-    pairs: int = 0                  # pairs walked
-    live: int = 0                   # of which live (both ports up, a valley-free path)
-    delivered: int = 0              # live pairs delivered on every branch
-    problems: list[PairProblem] = field(default_factory=list)
-    bisection_loss: float = 0.0
-    uplink_loss: float = 0.0
-    seconds: float = 0.0
+class Findings:
+    """What a proof found, as a list of problems each of a ``kind``: ok when there are none (the base
+    of this module's :class:`Verdict` and of ``protection.EventVerdict``)."""
+    problems: list
 
     @property
     def ok(self) -> bool:
@@ -733,6 +727,18 @@ class Verdict:
     @property
     def kinds(self) -> frozenset:
         return frozenset(p.kind for p in self.problems)
+
+
+@dataclass
+class Verdict(Findings):
+    failure: Failure
+    pairs: int = 0                  # pairs walked
+    live: int = 0                   # of which live (both ports up, a valley-free path)
+    delivered: int = 0              # live pairs delivered on every branch
+    problems: list[PairProblem] = field(default_factory=list)
+    bisection_loss: float = 0.0
+    uplink_loss: float = 0.0
+    seconds: float = 0.0
 
 
 def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port, Port]],

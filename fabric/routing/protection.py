@@ -57,6 +57,7 @@ import networkx as nx
 
 from hpnlab.fabric.routing import compiler
 from hpnlab.fabric.routing.oftable import FabricTables, Walk, valley_free_reachable
+from hpnlab.fabric.routing.proofs import Findings
 from hpnlab.fabric.scenario.graph import host_ports, hosts
 
 EVENT_KINDS = ("link-down", "link-down-bfd", "link-down-one-end", "switch-down", "switch-back",
@@ -207,7 +208,7 @@ class Problem:
 
 
 @dataclass
-class EventVerdict:
+class EventVerdict(Findings):
     event: Event
     pairs: int = 0              # pairs walked
     live: int = 0               # of which live
@@ -217,13 +218,6 @@ class EventVerdict:
     problems: list[Problem] = field(default_factory=list)
     most_turns: int = 0
     seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def count(self, kind: str) -> int:
-        return sum(1 for p in self.problems if p.kind == kind)
 
 
 class EventTables(FabricTables):
