@@ -37,7 +37,7 @@ import time
 
 from hpnlab.fabric.errors import UserError
 
-from . import conf, config, logs, tls
+from . import conf, config, dryrun, logs, tls
 from .conf import build_parser
 
 
@@ -144,8 +144,6 @@ def _dry_run_wait(app, dry: conf.DryRun, services: list, result: dict) -> None:
     import json
 
     from os_ken.lib import hub
-
-    from . import dryrun
     deadline = time.monotonic() + dry.timeout_s
     rep = None
     while rep is None and time.monotonic() < deadline:

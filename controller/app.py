@@ -95,6 +95,7 @@ class HpnController(BaseApp):
 
     def _start_metrics(self, cfg: conf.ControllerConfig) -> None:
         try:
+            # prometheus-client is optional (the controller extra)
             from .metrics import Metrics
             self.metrics = Metrics()
         except ImportError:  # prometheus_client missing: run without metrics
@@ -179,6 +180,7 @@ class HpnController(BaseApp):
 
     def _health(self) -> tuple[int, dict]:
         """/health's answer (``metrics.health`` decides)."""
+        # only with metrics on (prometheus-client is optional)
         from .metrics import health
         now = time.monotonic()
         wall, at = self._recompiled_at

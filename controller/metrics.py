@@ -12,6 +12,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
+from .pfc_metrics import PfcCollector
 from .reconcile import GroupKey
 
 HEALTH_PATHS = ("/health", "/healthz")
@@ -155,7 +156,6 @@ class Metrics:
 
     def watch_pfc(self, run_id: str | None) -> None:
         """Priority flow control's series from the emulation's stage, read at each scrape (``pfc_metrics``)."""
-        from .pfc_metrics import PfcCollector
         self.registry.register(PfcCollector(run_id))
 
     def update_ports(self, loop: Any) -> None:

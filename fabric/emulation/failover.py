@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from hpnlab.fabric.emulation import losswindow
+from hpnlab.fabric.emulation.mn import host_interfaces
 from hpnlab.fabric.stats import spread, spread_text
 
 from ..errors import UserError
@@ -81,7 +82,6 @@ class Probe:
 def endpoints(graph, link: tuple[str, str] | None) -> tuple[str, str, str, str, tuple[str, str]]:
     """(src host, src ip, dst host, dst ip, (leaf, spine)) on one plane, on two different leaves:
     the source sits under the link's leaf, so every flow leaves through that leaf's uplinks."""
-    from hpnlab.fabric.emulation.mn import host_interfaces
     leaves = [n for n, d in graph.nodes(data=True) if d["tier"] == 1]
     if link is None:
         leaf = sorted(leaves)[0]
@@ -123,7 +123,6 @@ def switch_endpoints(graph, switch: str | None) -> tuple[str, str, str, str, tup
     with a link to it (else a spine of the sender's pod under it). A spine: the sender under a leaf
     of its pod, the receiver under another leaf (of another pod where the pod has one leaf); the
     neighbour is the sender's leaf. A leaf takes its own hosts with it: refused."""
-    from hpnlab.fabric.emulation.mn import host_interfaces
     switch = switch or default_switch(graph)
     if switch not in graph or graph.nodes[switch]["tier"] == 0:
         raise UserError(f"failover probe: no switch {switch} in this fabric")

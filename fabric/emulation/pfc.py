@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.routing import deadlock
+from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.workload import lossless as ll
 
 from ..errors import UserError
@@ -70,9 +72,6 @@ def compile_objects(log: Callable[[str], None] = lambda m: None) -> tuple[Path, 
 def lossless_priorities(g: Any, log: Callable[[str], None] = lambda m: None) -> int:
     """``pfc_plan.lossless_priorities`` with the routing proof's answer kept in the cache (keyed by the
     scenario and the routing layer's sources): a proof takes seconds, a run's start-up should not."""
-    from hpnlab.fabric.routing import deadlock
-    from hpnlab.fabric.scenario import spec
-
     routing = Path(deadlock.__file__).resolve().parent
     key = digest(json.dumps(spec.to_dict(g.graph["scenario"]), sort_keys=True, default=str).encode(),
                   *(f.read_bytes() for f in sorted(routing.glob("*.py"))))

@@ -25,6 +25,7 @@ import networkx as nx
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.routing.deadlock import needs_bounce_priority
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario.rates import emulated_mbps
 from hpnlab.fabric.workload import lossless as ll
@@ -222,10 +223,7 @@ def lossless_priorities(g: nx.MultiGraph, needs_own: Callable[[nx.MultiGraph], b
         return 2
     if mode == "off":
         return 1
-    if needs_own is None:
-        from hpnlab.fabric.routing.deadlock import needs_bounce_priority
-        needs_own = needs_bounce_priority
-    return 2 if needs_own(g) else 1
+    return 2 if (needs_own or needs_bounce_priority)(g) else 1
 
 
 # ---- the maps' contents -------------------------------------------------------------------------

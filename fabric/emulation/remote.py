@@ -47,6 +47,7 @@ from hpnlab.fabric.workload.ecn import default_thresholds
 
 from ..errors import UserError
 from . import ecn, ovsdb, shaping
+from .nodes import placers
 from .state import ENV_MARK, RunState
 
 __all__ = ["Remote", "RemoteError", "Ssh", "teardown"]
@@ -481,7 +482,6 @@ def place(topo: Any, graph: Any, servers: list[str], placement: str) -> dict[str
     """Every node's server, decided once (before anything exists, so that the state file can
     list what each server will hold) and written into the topology, where MininetCluster
     keeps it (it places only nodes without a server)."""
-    from .nodes import placers
     placer = placers(graph)[placement](servers=servers, nodes=topo.nodes(), hosts=topo.hosts(),
                                        switches=topo.switches(), links=topo.links())
     where = {}

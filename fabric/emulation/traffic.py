@@ -7,6 +7,8 @@ import sys
 import time
 from typing import Any
 
+from .errors import EmulationError
+
 
 def iperf3(emu, src: str, dst: str, *, plane: int = 0, seconds: float = 3.0, udp_mbps: float | None = None,
            port: int = 5201, omit: int = 1) -> dict[str, Any]:
@@ -60,7 +62,6 @@ def udp_overload(emu, dst: str, senders: tuple[str, ...], intf: str, *, seconds:
     """Every sender sends UDP (``tos`` 2: ECT(0)) at ``rate_mbps`` to ``dst`` for ``seconds``:
     the ECN stage's counters of switch port ``intf`` over the phase (packets, ect, ce_marked),
     and the phase's monotonic start and end."""
-    from .harness import EmulationError
     before = emu.ecn.counters(intf)
     py = sys.executable
     t0 = time.monotonic()
@@ -91,7 +92,6 @@ def udp_incast(emu, dst: str, senders: dict[str, float], *, seconds: float, port
     source ports (so the fabric spreads it over its paths); ``dst`` listens until nothing has arrived for
     ``idle_s`` (what pauses held in the senders' and switches' queues has drained), at most ``drain_s``
     after the senders' time. Returns {"sent": {host: packets}, "received": {host: packets}, totals}."""
-    from .harness import EmulationError
     py = sys.executable
     dip = emu.ip(dst, plane)
     recv = emu.popen(dst, [py, "-m", "hpnlab.fabric.emulation.udp", "recv", dip, str(port),

@@ -34,7 +34,7 @@ from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.tail import LineTail
 
 from . import view
-from .server import Source
+from .server import Source, WebServer
 
 FAULT_METHODS = {"link_down": "link_down", "link_up": "link_up", "link_drop": "link_drop",
                  "link_restore": "link_restore", "switch_down": "switch_down", "switch_up": "switch_up"}
@@ -246,7 +246,6 @@ class LiveWeb:
 
     def __init__(self, emu: Any, addr: str, port: int, *, allow_remote: bool = False,
                  metrics_port: int | None = None, say: Callable[[str], None] = print, period_s: float = 0.5):
-        from .server import WebServer
         url = f"http://127.0.0.1:{metrics_port}/metrics" if metrics_port else None
         self.source = LiveSource(emu, period_s=period_s, metrics_url=url)
         self.server = WebServer(self.source, addr, port, allow_remote=allow_remote, period_s=period_s)
