@@ -2,6 +2,7 @@
 failure one line (UserError); and what the run will use on this machine (pure)."""
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import shutil
@@ -158,6 +159,19 @@ def emulation_missing() -> str | None:
     except ImportError:
         return "needs the mininet Python package (pip install 'hpnlab[emulation]')"
     return None
+
+
+def say(line: str) -> None:
+    """An emulated benchmark's line, shown at once (a long run's progress)."""
+    print(line, flush=True)
+
+
+def measurement_parser(description: str | None, repeat: int, repeat_help: str) -> argparse.ArgumentParser:
+    """An emulated benchmark's arguments: the preset to emulate (default mini-hpn) and ``--repeat``."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", nargs="?", default="mini-hpn")
+    p.add_argument("--repeat", type=int, default=repeat, help=f"{repeat_help} (default {repeat})")
+    return p
 
 
 def measurement_refused(name: str, repeat: int, most: int, say: Callable[[str], None]) -> int | None:

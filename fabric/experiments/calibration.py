@@ -22,7 +22,6 @@ them it says so and exits 0 (nothing to measure). Exit code 1 if an element came
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 
 from hpnlab.fabric.emulation import Emulation, sizing
 from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
-from hpnlab.fabric.emulation.preflight import measurement_refused
+from hpnlab.fabric.emulation.preflight import measurement_parser, measurement_refused, say
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.experiments.prepare import prepare
@@ -74,12 +73,9 @@ def one_run(preset: str, host_mbps: float, ratio: float, mtu: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("preset", nargs="?", default="mini-hpn")
-    p.add_argument("--repeat", type=int, default=2, help="repetitions of every rung, interleaved (default 2)")
+    p = measurement_parser(__doc__, 2, "repetitions of every rung, interleaved")
     p.add_argument("--save", action="store_true", help="add the result to this machine's budget")
     args = p.parse_args(argv)
-    say = lambda m: print(m, flush=True)  # noqa: E731
     refused = measurement_refused("bench_generators", args.repeat, 20, say)
     if refused is not None:
         return refused

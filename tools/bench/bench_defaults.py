@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any
 
-from hpnlab.fabric.emulation.preflight import measurement_refused
+from hpnlab.fabric.emulation.preflight import measurement_refused, say
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.experiments.prepare import PreparedRun, prepare
@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-control", action="store_true",
                    help="leave out the control run (after's ranks at before's rates)")
     args = p.parse_args(argv)
-    say = lambda m: print(m, flush=True)  # noqa: E731
     refused = measurement_refused("bench_defaults", args.repeat, 100, say)
     if refused is not None:
         return refused

@@ -34,6 +34,15 @@ import sys
 import time
 from pathlib import Path
 
+from hpnlab.fabric.emulation import Emulation
+from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
+from hpnlab.fabric.emulation.traffic import udp_overload
+from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.prepare import prepare
+from hpnlab.fabric.experiments.runner import Plan
+from hpnlab.fabric.routing.telemetry import DEFAULT_INTERVAL_MS, read_lines
+
+SCENARIO = "mini-hpn"
 #: the example policies file (Eager, Quiet), as a user writes one
 POLICIES = Path(__file__).resolve().parents[1] / "topologies" / "examples" / "ecn_policies.py"
 
@@ -44,12 +53,10 @@ def proc_cpu_s(pid: int) -> float:
 
 
 def lines(emu) -> list[dict]:
-    from hpnlab.fabric.routing.telemetry import read_lines
     return read_lines(emu.controller.telemetry_file)
 
 
 def overload(emu, dst_port: dict, seconds: float, udp_port: int) -> dict:
-    from hpnlab.fabric.emulation.traffic import udp_overload
     d, t0, t1 = udp_overload(emu, "h5", ("h1", "h2"), dst_port["intf"], seconds=seconds, port=udp_port)
     time.sleep(0.5)
     rows = [r for ln in lines(emu) if ln["kind"] == "sample" and t0 + 0.3 < ln["t"] <= t1
@@ -74,20 +81,16 @@ def dcqcn(doc: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--interval-ms", type=int, default=200)
+    ap.add_argument("--interval-ms", type=int, default=DEFAULT_INTERVAL_MS)
     ap.add_argument("--idle-s", type=float, default=10.0)
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false",
                     help="skip the controller's idle CPU with telemetry off")
     args = ap.parse_args(argv)
-    from hpnlab.fabric.emulation import Emulation
-    from hpnlab.fabric.emulation.options import ControllerOptions, EmulationOptions, SupervisionOptions
-    from hpnlab.fabric.experiments import runner as experiment
-    from hpnlab.fabric.experiments.runner import Plan
-
+    scenario = prepare(SCENARIO, size=False).scenario      # loaded once, at its own rates, for both runs
     policy_file = POLICIES
     figures: dict = {"interval_ms": args.interval_ms}
-    with Emulation("mini-hpn", EmulationOptions(
+    with Emulation(scenario, EmulationOptions(
         controller=ControllerOptions(telemetry_interval_ms=args.interval_ms),
         supervision=SupervisionOptions(lock_wait_s=300)), log=None) as emu:
         pid = emu.controller.proc.pid
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 "reasons": [c["reason"] for c in changes[:3]]}
         figures["load_average"] = os.getloadavg()
     if args.baseline:
-        with Emulation("mini-hpn", EmulationOptions(
+        with Emulation(scenario, EmulationOptions(
             controller=ControllerOptions(telemetry_interval_ms=0),
             supervision=SupervisionOptions(lock_wait_s=300)), log=None) as emu:
             pid = emu.controller.proc.pid

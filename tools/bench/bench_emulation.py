@@ -19,12 +19,20 @@ check refuses is reported in one line (the refusal is the answer) and the next i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from hpnlab.fabric.emulation import Emulation, kernel
+from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
+from hpnlab.fabric.emulation.traffic import iperf3
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.experiments.prepare import prepare
+from hpnlab.fabric.scenario import spec
+from hpnlab.fabric.scenario.rates import emulated_mbps
 from hpnlab.fabric.workload import report
 
 
@@ -78,7 +86,6 @@ def load_share(emu, seconds: float) -> tuple[tuple[float, float], float]:
                                        "-t", f"{seconds + 2:g}", "-J"]))
     time.sleep(1.0)
     busy = busy_share(seconds, fabric_pids(emu))
-    import json
     total = 0.0
     for c in clients:
         out, _ = c.communicate(timeout=seconds + 30)
@@ -93,9 +100,6 @@ def load_share(emu, seconds: float) -> tuple[tuple[float, float], float]:
 
 def shaping_ratios(emu, repeat: int, seconds: float = 3.0) -> None:
     """Delivered / shaped rate of one host link, TCP and UDP at 3x, ``repeat`` times each."""
-    from hpnlab.fabric.emulation.traffic import iperf3
-    from hpnlab.fabric.scenario.rates import emulated_mbps
-
     rate = emulated_mbps(emu.scenario, emu.scenario.host_rate_gbps)
     rows: dict[str, list[float]] = {"tcp h1->h2": [], "udp 3x h3->h4": []}
     load = [os.getloadavg()[0]]
@@ -120,11 +124,6 @@ def main() -> int:
     ap.add_argument("--load-s", type=float, default=4.0)
     ap.add_argument("--repeat", type=int, default=3, help="runs of each shaping measurement (first preset)")
     args = ap.parse_args()
-    from hpnlab.fabric.emulation import Emulation, kernel
-    from hpnlab.fabric.emulation.options import EmulationOptions, SupervisionOptions
-    from hpnlab.fabric.errors import UserError
-    from hpnlab.fabric.scenario import spec
-
     caps = kernel.probe(deep=False)
     if not caps.root or not caps.ovs_running or not caps.mininet:
         print("bench_emulation: needs root, a running Open vSwitch and Mininet; nothing measured")
@@ -137,7 +136,8 @@ def main() -> int:
         preset, _, sets = arg.partition(":")
         try:
             overrides = spec.parse_overrides([x for x in sets.split(",") if x])
-            emu = Emulation(spec.load(preset, overrides), EmulationOptions(
+            scenario = prepare(preset, overrides, size=False).scenario     # the scenario's own rates
+            emu = Emulation(scenario, EmulationOptions(
                 supervision=SupervisionOptions(lock_wait_s=300)), log=None)
             emu.start()
         except UserError as exc:

@@ -53,8 +53,18 @@ import time
 from datetime import datetime
 from typing import Any
 
+from hpnlab.fabric.emulation import Emulation
+from hpnlab.fabric.emulation import timeline as tl
+from hpnlab.fabric.emulation.options import (
+    ControllerOptions,
+    EmulationOptions,
+    FailoverOptions,
+    PortOptions,
+    SupervisionOptions,
+)
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
+from hpnlab.fabric.experiments.prepare import prepare
 from hpnlab.fabric.scenario import graph
 from hpnlab.fabric.workload import report
 
@@ -260,17 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         say("bench_failover skipped: needs root and Open vSwitch (sudo make bench)")
         return 0
-    from hpnlab.fabric.emulation import Emulation
-    from hpnlab.fabric.emulation import timeline as tl
-    from hpnlab.fabric.emulation.options import (
-        ControllerOptions,
-        EmulationOptions,
-        FailoverOptions,
-        PortOptions,
-        SupervisionOptions,
-    )
-    from hpnlab.fabric.scenario import spec
-
     say(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)")
     rows: dict[str, dict[str, list[dict]]] = {}
     baseline: dict[str, list[dict]] = {}
@@ -279,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         cfg = MODES[base_mode(mode)]
         prio = {"emulation": {"control_priority": True}} if mode.endswith(PRIO) else None
-        with Emulation(spec.load(args.scenario, prio), EmulationOptions(
+        scenario = prepare(args.scenario, prio, size=False).scenario     # the scenario's own rates
+        with Emulation(scenario, EmulationOptions(
             controller=ControllerOptions(fast_failover=cfg["fast_failover"]),
             ports=PortOptions(ecn=False, port_type=args.port_type), failover=FailoverOptions(bfd_ms=BFD_MS),
             supervision=SupervisionOptions(lock_wait_s=600)), log=None) as emu:

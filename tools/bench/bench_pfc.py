@@ -25,7 +25,6 @@ Exit code 1 when an element came back wrong or a goal was missed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,7 +35,7 @@ from typing import Any
 
 from hpnlab.fabric.emulation import Emulation, EmulationError
 from hpnlab.fabric.emulation.options import EmulationOptions, PortOptions, SupervisionOptions
-from hpnlab.fabric.emulation.preflight import measurement_refused
+from hpnlab.fabric.emulation.preflight import measurement_parser, measurement_refused, say
 from hpnlab.fabric.emulation.traffic import udp_incast
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import runner as experiment
@@ -254,12 +253,9 @@ def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("preset", nargs="?", default="mini-hpn")
-    p.add_argument("--repeat", type=int, default=3, help="repetitions of each configuration, interleaved (default 3)")
+    p = measurement_parser(__doc__, 3, "repetitions of each configuration, interleaved")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures here")
     args = p.parse_args(argv)
-    say = lambda m: print(m, flush=True)  # noqa: E731
     refused = measurement_refused("bench_pfc", args.repeat, 20, say)
     if refused is not None:
         return refused
