@@ -9,11 +9,8 @@ long-haul link (issue 54: before, every branch sent to that core was dropped unt
 controller reacted; the pure proof: tests/unit/test_local_protection.py)."""
 from __future__ import annotations
 
-import signal
-import time
-
 import pytest
-from support.emulated import failed_pings_after_repair
+from support.emulated import failed_pings_after_repair, walk, walk_with_switch_down
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -39,28 +36,12 @@ def _across(emu) -> list[tuple[str, str, str, str]]:
     return [p for p in emu.all_pairs() if p[1] in campus and p[3] in campus and campus[p[1]] != campus[p[3]]]
 
 
-def _walk(emu, pairs: list) -> dict:
-    walk = emu.walk_branches(pairs=pairs)
-    if walk["missing"]:                              # a pair's first packets can wait for ARP
-        walk = emu.walk_branches(pairs=sorted({m[:4] for m in walk["missing"]}))
-    return walk
-
-
 def test_with_the_controller_stopped_a_failed_core_leaves_every_branch_across_the_campuses_delivering(emu):
-    from hpnlab.fabric.emulation.timeline import signal_controller
-
     pairs = _across(emu)
     assert pairs and len(emu.entropy_source_ports()) > 1
-    assert _walk(emu, pairs)["missing"] == []            # healthy first: every branch delivers
-    signal_controller(emu, signal.SIGSTOP)
-    try:
-        emu.faults.switch_down(CORE)
-        time.sleep(0.3)                                  # carrier loss reaches the groups in ms
-        walk = _walk(emu, pairs)
-        assert walk["probes"] > 0 and walk["missing"] == []
-    finally:
-        emu.faults.switch_up(CORE)
-        signal_controller(emu, signal.SIGCONT)
+    assert walk(emu, pairs)["missing"] == []             # healthy first: every branch delivers
+    result = walk_with_switch_down(emu, pairs, CORE)
+    assert result["probes"] > 0 and result["missing"] == []
 
 
 def test_the_fabric_is_whole_after_the_core_comes_back(emu):

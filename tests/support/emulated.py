@@ -4,6 +4,7 @@ the live tests use."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
 
@@ -57,3 +58,25 @@ def failed_pings_after_repair(emu) -> list:
         time.sleep(1.5)
         result = emu.ping_all(pairs=result["failed"])
     return result["failed"]
+
+
+def walk(emu, pairs: list) -> dict:
+    """Every entropy branch of ``pairs`` probed (``emu.walk_branches``); the pairs that missed, once more
+    (a pair's first packets can wait for ARP)."""
+    result = emu.walk_branches(pairs=pairs)
+    if result["missing"]:
+        result = emu.walk_branches(pairs=sorted({m[:4] for m in result["missing"]}))
+    return result
+
+
+def walk_with_switch_down(emu, pairs: list, switch: str) -> dict:
+    """:func:`walk` with ``switch`` down and the controller process stopped (SIGSTOP), so that only the
+    switches' fast-failover groups act; then the switch back up and the controller continued."""
+    emu.controller.signal(signal.SIGSTOP)
+    try:
+        emu.faults.switch_down(switch)
+        time.sleep(0.3)                                  # carrier loss reaches the groups in ms
+        return walk(emu, pairs)
+    finally:
+        emu.faults.switch_up(switch)
+        emu.controller.signal(signal.SIGCONT)

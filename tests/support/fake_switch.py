@@ -68,15 +68,17 @@ def features(app, dp) -> list:
     return dp.take()
 
 
-def answer_barriers(app, dps: dict) -> list:
+def answer_barriers(app, dps: dict, wire: list | None = None) -> list:
     """Answer every barrier request sent so far, and the ones those answers cause, until none is left;
     a request for the flows or groups a switch holds is answered with none (a fresh switch); return
-    every other message sent meanwhile."""
+    every other message sent meanwhile. ``wire``: gets every message sent, requests included, in order."""
     other: list = []
     while True:
         pending = [(dp, m) for dp in dps.values() for m in dp.take()]
         if not pending:
             return other
+        if wire is not None:
+            wire += [m for _, m in pending]
         for dp, m in pending:
             if isinstance(m, parser.OFPBarrierRequest):
                 reply = parser.OFPBarrierReply(dp)

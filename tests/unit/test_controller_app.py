@@ -89,13 +89,17 @@ def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app)
     assert app.reconciler.settled
 
 
-def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
-    dps = connect_all(app)
-    dp = dps["p0l1"]
-    error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_FLOW_MOD_FAILED, code=ofp.OFPFMFC_TABLE_FULL, data=b"")
+def _refused(app, dp, type_: int, code: int) -> list:
+    """``dp`` answers one of the app's messages with an OpenFlow error: what the app sends it then."""
+    error = parser.OFPErrorMsg(dp, type_=type_, code=code, data=b"")
     error.set_xid(99)
     app.on_error(ofp_event.EventOFPErrorMsg(error))
-    request, groups_request = dp.take()
+    return dp.take()
+
+
+def test_an_openflow_error_resynchronises_the_switch_from_its_flow_stats(app):
+    dp = connect_all(app)["p0l1"]
+    request, groups_request = _refused(app, dp, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_TABLE_FULL)
     assert isinstance(request, parser.OFPFlowStatsRequest)
     assert request.cookie == codec.COOKIE and request.table_id == ofp.OFPTT_ALL
     assert isinstance(groups_request, parser.OFPGroupDescStatsRequest)
@@ -245,23 +249,9 @@ def test_a_masked_match_reported_with_a_full_mask_decodes_as_the_exact_value():
 
 def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(app):
     dp = FakeDatapath(dpids()["p0l0"])
-    first = features(app, dp)
+    dp.sent = features(app, dp)
     wire: list = []
-    dp.sent = first
-    while True:
-        msgs = dp.take()
-        if not msgs:
-            break
-        wire += msgs
-        for m in msgs:
-            if isinstance(m, parser.OFPBarrierRequest):
-                reply = parser.OFPBarrierReply(dp)
-                reply.set_xid(m.xid)
-                app.on_barrier_reply(ofp_event.EventOFPBarrierReply(reply))
-            elif isinstance(m, parser.OFPFlowStatsRequest):
-                answer_flow_stats(app, dp, m, [])
-            elif isinstance(m, parser.OFPGroupDescStatsRequest):
-                answer_group_desc(app, dp, m, [])
+    answer_barriers(app, {"p0l0": dp}, wire)
     assert app.reconciler.settled
     groups_added = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD]
     sends_to_group = [i for i, m in enumerate(wire) if isinstance(m, parser.OFPFlowMod) and any(
@@ -273,12 +263,8 @@ def test_a_leaf_gets_its_groups_confirmed_before_the_flows_that_send_to_them(app
 
 
 def test_a_resync_reads_the_groups_back_and_adds_the_one_the_switch_lost(app):
-    dps = connect_all(app)
-    dp = dps["p0l1"]
-    error = parser.OFPErrorMsg(dp, type_=ofp.OFPET_GROUP_MOD_FAILED, code=ofp.OFPGMFC_UNKNOWN_GROUP, data=b"")
-    error.set_xid(99)
-    app.on_error(ofp_event.EventOFPErrorMsg(error))
-    flows_req, groups_req = dp.take()
+    dp = connect_all(app)["p0l1"]
+    flows_req, groups_req = _refused(app, dp, ofp.OFPET_GROUP_MOD_FAILED, ofp.OFPGMFC_UNKNOWN_GROUP)
     assert isinstance(flows_req, parser.OFPFlowStatsRequest) and isinstance(groups_req, parser.OFPGroupDescStatsRequest)
     desired = app.reconciler.desired["p0l1"]
     flows = [stats_entry(k, a) for k, a in desired.items() if not reconcile.is_group(k)]
