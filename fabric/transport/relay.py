@@ -1,5 +1,6 @@
 """A UDP relay on loopback that fails one path on cue, for the roce transport's host-side
-failover (tests/unit/test_transport_failover.py, tools/bench/bench_transport.py).
+failover (tests/unit/test_transport_failover.py, tools/bench/bench_transport.py); its base,
+:class:`UdpRelay`, is also the impairing relay's of tests/unit/test_transport.py.
 
 One relay forwards one plane and direction (``listen`` -> ``forward``). It forwards
 everything except what comes from its *blocked* source addresses (a sending socket is one path:
@@ -18,14 +19,31 @@ import threading
 from .roce.wire import DATA, HDR, PROBE
 
 
-class PathRelay(threading.Thread):
-    def __init__(self, listen: tuple[str, int], forward: tuple[str, int]):
+class UdpRelay(threading.Thread):
+    """A thread that receives on ``listen`` and sends on to ``forward`` (what it forwards, and how, is
+    its subclass's ``run``); ``recv_tos``: the TOS byte of every packet comes with it (``recvmsg``)."""
+
+    def __init__(self, listen: tuple[str, int], forward: tuple[str, int], recv_tos: bool = False):
         super().__init__(daemon=True)
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.rx.bind(listen)
+        if recv_tos:
+            self.rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
         self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.forward = forward
+        self.stop = False
+
+    def close(self) -> None:
+        self.stop = True
+        self.join(2)
+        self.rx.close()
+        self.tx.close()
+
+
+class PathRelay(UdpRelay):
+    def __init__(self, listen: tuple[str, int], forward: tuple[str, int]):
+        super().__init__(listen, forward)
         self.blocked: set = set()
         self.down = False
         self.whole = False
@@ -34,7 +52,6 @@ class PathRelay(threading.Thread):
         self.dropped_probes = 0
         self.first_lost_ts: int | None = None
         self.log: list[tuple] = []          # (source, type, path, psn, ts, dropped)
-        self.stop = False
 
     def fail(self, source: tuple, after: int, repair_after_probes: int | None = None, whole: bool = False) -> None:
         """Once ``source`` had ``after`` data packets, drop what it sends from that one on
@@ -66,9 +83,3 @@ class PathRelay(threading.Thread):
             self.log.append((src, typ, path, psn, ts, dropped))
             if not dropped:
                 self.tx.sendto(data, self.forward)
-
-    def close(self) -> None:
-        self.stop = True
-        self.join(2)
-        self.rx.close()
-        self.tx.close()

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.spy import spy
 
 from hpnlab.fabric.model import flow as model
 from hpnlab.fabric.scenario import graph, spec
@@ -71,15 +72,14 @@ def test_every_routing_gives_the_same_results_on_the_copied_network(routing):
             assert np.array_equal(x.rates_gbps, y.rates_gbps)
 
 
+def _planes_built(monkeypatch) -> list[Any]:
+    """The planes every graph.build is asked for (None: all of them)."""
+    return spy(monkeypatch, graph, "build", lambda scenario, planes=None: planes)
+
+
 def test_the_healthy_network_builds_only_plane_zero_of_a_multi_plane_fabric(monkeypatch):
-    built: list[Any] = []
     real = graph.build
-
-    def recording(scenario, planes=None):
-        built.append(planes)
-        return real(scenario, planes)
-
-    monkeypatch.setattr(graph, "build", recording)
+    built = _planes_built(monkeypatch)
     net = model.healthy_network(spec.load("mini-hpn"))
     assert built == [(0,)] and net.g is None
     assert _differences(model.Network(real(spec.load("mini-hpn"))), net) == []
@@ -87,14 +87,7 @@ def test_the_healthy_network_builds_only_plane_zero_of_a_multi_plane_fabric(monk
 
 @pytest.mark.parametrize("preset", ["fat-tree", "mini-spine-leaf"])
 def test_a_one_plane_fabric_is_built_whole(preset, monkeypatch):
-    built: list[Any] = []
-    real = graph.build
-
-    def recording(scenario, planes=None):
-        built.append(planes)
-        return real(scenario, planes)
-
-    monkeypatch.setattr(graph, "build", recording)
+    built = _planes_built(monkeypatch)
     model.healthy_network(spec.load(preset))
     assert built == [None]
 

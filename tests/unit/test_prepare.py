@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from support.spy import spy
 
 from hpnlab.fabric.emulation import sizing
 from hpnlab.fabric.experiments import prepare as prep
@@ -24,14 +25,7 @@ def measured(monkeypatch):
 @pytest.fixture
 def loads(monkeypatch):
     """Every spec.load of the run, by scenario name."""
-    calls: list[str] = []
-    real = spec.load
-
-    def counted(name, overrides=None):
-        calls.append(name)
-        return real(name, overrides)
-    monkeypatch.setattr(spec, "load", counted)
-    return calls
+    return spy(monkeypatch, spec, "load", lambda name, overrides=None: name)
 
 
 def plan_for(ranks: int) -> Plan:

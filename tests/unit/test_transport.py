@@ -26,6 +26,7 @@ from hpnlab.fabric.transport.entropy import (
     RepsEntropy,
     SprayEntropy,
 )
+from hpnlab.fabric.transport.relay import UdpRelay
 from hpnlab.fabric.transport.roce import (
     ACK,
     CE,
@@ -47,7 +48,7 @@ from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 BASE = 17400 + (os.getpid() % 40) * 100
 
 
-class Relay(threading.Thread):
+class Relay(UdpRelay):
     """UDP relay that impairs what it forwards: drop, duplicate, reorder (hold a packet and
     send it after the next one) and CE-mark (rewrite the ECN bits of the TOS byte), at random
     (``ce``) or exactly the ECT packets numbered in ``ce_packets`` (0 = the first); and drop
@@ -55,18 +56,11 @@ class Relay(threading.Thread):
 
     def __init__(self, listen, forward, *, drop=0.0, dup=0.0, reorder=0.0, ce=0.0, ce_packets=(), drop_data=(),
                  seed=1):
-        super().__init__(daemon=True)
-        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.rx.bind(listen)
-        self.rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.forward = forward
+        super().__init__(listen, forward, recv_tos=True)
         self.p = dict(drop=drop, dup=dup, reorder=reorder, ce=ce)
         self.ce_packets = frozenset(ce_packets)
         self.drop_data = set(drop_data)
         self.rng = random.Random(seed)
-        self.stop = False
         self.sources = set()
         self.counts = dict(forwarded=0, dropped=0, duplicated=0, reordered=0, marked=0, ect=0)
         self.tos_of: dict[int, set[int]] = {}      # roce packet type -> the TOS bytes it came with
@@ -116,12 +110,6 @@ class Relay(threading.Thread):
             if held:
                 self._send(*held)
                 held = None
-
-    def close(self):
-        self.stop = True
-        self.join(2)
-        self.rx.close()
-        self.tx.close()
 
 
 def _pair(kind, faults_fwd=None, faults_back=None, base=BASE, planes=1, **opts):
