@@ -18,7 +18,7 @@ from hpnlab.fabric.errors import UserError, one_line
 
 # Order is the order `hpnlab --help` lists them in.
 COMMANDS = ["topo", "check", "model", "fidelity", "doctor", "emulate", "clean", "controller", "run", "collective",
-            "demo", "web", "completion"]
+            "demo", "web", "completion", "switches"]
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ LAYERS: dict[str, int] = {
     "hpnlab.fabric.model": 4,
     "hpnlab.fabric.transport": 4,
     "hpnlab.fabric.emulation": 4,
+    "hpnlab.fabric.switches": 4,       # simulated OpenFlow switches (never imported by the controller)
     "hpnlab.fabric.experiments": 5,
     "hpnlab.fabric.checks": 5,
     "hpnlab.fabric.web": 6,
