@@ -44,6 +44,8 @@ class Counters:
     first_at: float | None = None       # time.time() of the first message (after the handshake)
     changed_at: float | None = None     # of the last FlowMod/GroupMod
     barrier_at: float | None = None     # of the last barrier answered
+    reads: int = 0                      # flow stats requests answered (a controller reading the tables back)
+    read_at: float | None = None        # of the last one
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -127,6 +129,8 @@ class Switch:
         if mp_type == ofp.OFPMP_PORT_DESC:
             return wire.multipart_replies(xid, mp_type, [wire.port_desc_entry(self.desc(p)) for p in sorted(self.up)])
         if mp_type == ofp.OFPMP_FLOW:
+            self.counters.reads += 1
+            self.counters.read_at = time.time()
             sel = wire.flow_stats_request(msg)
             keys = self.tables.select(sel["table"], sel["match"], cookie=sel["cookie"],
                                       cookie_mask=sel["cookie_mask"], out_port=sel["out_port"],

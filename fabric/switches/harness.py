@@ -44,7 +44,7 @@ def expected_counts(states: Mapping[str, compiler.SwitchState], extra_flows: int
 class Run:
     def __init__(self, scenario: str, *, controller_args: list[str] | tuple[str, ...] = (),
                  switch_args: list[str] | tuple[str, ...] = (), nice: int = 0, directory: Path | None = None,
-                 start_controller: bool = True):
+                 start_controller: bool = True, profile: Path | None = None):
         self.scenario = scenario
         self.controller_args = list(controller_args)
         self.switch_args = list(switch_args)
@@ -55,6 +55,7 @@ class Run:
         self.switches: subprocess.Popen | None = None
         self.start_controller = start_controller
         self.controller_started_at: float | None = None
+        self.profile = profile          # the controller runs under cProfile, writing here when stopped
 
     @property
     def control(self) -> Path:
@@ -67,14 +68,26 @@ class Run:
 
     def start_the_controller(self) -> None:
         self.controller_started_at = time.time()
-        self.controller = self._popen([sys.executable, "-m", "hpnlab.controller", self.scenario, "--ofp-port",
+        prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
+        self.controller = self._popen([sys.executable, *prof, "-m", "hpnlab.controller", self.scenario, "--ofp-port",
                                        str(self.port), "--listen", "127.0.0.1", *self.controller_args],
                                       "controller.log")
         self._wait_log("controller.log", "ready", self.controller, 120)
 
     def stop_the_controller(self) -> None:
-        self._stop(self.controller)
+        self._stop(self.controller, signal.SIGINT if self.profile else signal.SIGTERM)
         self.controller = None
+
+    def controller_usage(self) -> dict[str, float]:
+        """The controller process's CPU seconds so far and peak resident memory (MiB), from /proc."""
+        assert self.controller is not None
+        pid = self.controller.pid
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / tick
+        hwm = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("VmHWM:"))
+        return {"cpu_s": cpu, "peak_rss_mib": hwm / 1024}
 
     def __enter__(self) -> Run:
         self.switches = self._popen([sys.executable, "-m", "hpnlab.cli", "switches", self.scenario, "--controller",
@@ -86,14 +99,14 @@ class Run:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop(self.controller)
+        self._stop(self.controller, signal.SIGINT if self.profile else signal.SIGTERM)
         self._stop(self.switches)
 
     @staticmethod
-    def _stop(proc: subprocess.Popen | None) -> None:
+    def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
         if proc is None or proc.poll() is not None:
             return
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, sig)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Benchmark: the controller process (``python -m hpnlab.controller``) over TCP against simulated switches
+(``hpnlab switches``, fabric/switches/), at the scale of a preset or a subset of its planes.
+
+Per scenario, with the switches of ``--planes`` simulated (the controller compiles the whole fabric and
+installs what connects):
+    cold start    the controller started against empty switches, until every simulated switch holds its
+                  compiled flows and groups and answered a barrier after its last change: wall time from the
+                  controller's start and from the first message a switch received, messages the switches
+                  received per second over that span, the controller's CPU seconds and peak RSS.
+                  Repeated ``--cold`` times (a new controller and new switches each time).
+    link failure  a leaf-spine link of the first simulated plane taken down (PortStatus at both ends) and
+                  brought back, ``--repeat`` times each: wall time from the injection to the last barrier a
+                  changed switch answered (every switch settled), switches changed, and the controller's CPU
+                  seconds over that span (its own compute: decode, recompile, diff, plan, encode, send).
+    restart       the controller stopped and started again with the switches holding their tables: flow and
+                  group modifications sent (goal 0) and the time until every switch was read back and settled.
+    switches      the simulated switches' own CPU seconds and peak RSS, per switch.
+Printed as median [min-max] with the machine's load average. ``--profile FILE`` runs the controller under
+cProfile in the last cold start (the top functions by cumulative time are printed).
+
+    nice -n 19 .venv/bin/python tools/bench/bench_controller_scale.py alibaba-hpn --repeat 5
+    nice -n 19 .venv/bin/python tools/bench/bench_controller_scale.py hpn-130k --planes 0 --cold 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import pstats
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.scenario import graph, spec
+from hpnlab.fabric.stats import median_range
+from hpnlab.fabric.switches import endpoint, harness
+
+#: the controller as measured: no LLDP gate (--on-miswire off: installs once every switch told its ports),
+#: no telemetry, no ECN actuator (a standalone controller would otherwise find a running emulation's stage)
+CONTROLLER_ARGS = ["--on-miswire", "off", "--telemetry-interval-ms", "0", "--ecn-actuator", "none"]
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (5 min {five:.1f}) on {os.cpu_count()} CPUs"
+
+
+def fmt(values: list[float], unit: str = "", digits: int = 2) -> str:
+    return median_range(values, "{:.%df}" % digits) + unit if values else "-"
+
+
+def first_leaf_spine(g, names: list[str]) -> tuple[str, str]:
+    sw = set(names)
+    for leaf in names:
+        if g.nodes[leaf]["role"] == "leaf":
+            for nb in sorted(g[leaf]):
+                if nb in sw and g.nodes[nb].get("role") == "spine":
+                    return leaf, nb
+    raise SystemExit("no leaf-spine link among the simulated switches")
+
+
+def settle_after(run: harness.Run, expected: dict, since: float, timeout_s: float) -> tuple[dict, float, int]:
+    """Wait until settled after ``since``; (stats, seconds from ``since`` to the last barrier of a changed switch,
+    switches changed)."""
+    st = run.wait(run.settled(expected, since), timeout_s)
+    changed = [s for s in st["switches"].values() if s["changed_at"] and s["changed_at"] > since]
+    last = max((s["barrier_at"] for s in changed), default=since)
+    return st, last - since, len(changed)
+
+
+def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Path | None) -> dict:
+    switch_args = ["--planes", args.planes] if args.planes else []
+    with harness.Run(name, controller_args=CONTROLLER_ARGS, switch_args=switch_args, profile=profile) as run:
+        t0 = run.controller_started_at or time.time()
+        st = run.wait(run.settled(expected), args.timeout)
+        sws = st["switches"].values()
+        last = max(s["barrier_at"] for s in sws)
+        first = min(s["first_at"] for s in sws if s["first_at"])
+        msgs = sum(s["received"] for s in sws)
+        usage = run.controller_usage()
+        out = {"from_start_s": last - t0, "from_first_message_s": last - first, "messages": msgs,
+               "messages_per_s": msgs / max(last - first, 1e-9), "controller_cpu_s": usage["cpu_s"],
+               "controller_peak_rss_mib": usage["peak_rss_mib"], "switches_cpu_s": st["cpu_s"],
+               "switches_peak_rss_mib": st["peak_rss_kib"] / 1024, "flows": sum(s["flows"] for s in sws)}
+        if args.repeat and profile is None:
+            out.update(failures(args, run, g, names, expected))
+            out.update(restart(args, run, expected))
+            st = run.stats()
+            out["switches_cpu_s"], out["switches_peak_rss_mib"] = st["cpu_s"], st["peak_rss_kib"] / 1024
+        return out
+
+
+def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict:
+    leaf, spine = first_leaf_spine(g, names)
+    lids = [(min(leaf, spine), max(leaf, spine), k) for k in g[leaf][spine]]
+    failed = {n: c for n, c in harness.expected_counts(compiler.compile_fabric(g, compiler.Failures.of(lids)),
+                                                       ).items() if n in healthy}
+    down: list[float] = []
+    up: list[float] = []
+    cpu_down: list[float] = []
+    changed = 0
+    for _ in range(args.repeat):
+        for word, want, times in (("down", failed, down), ("up", healthy, up)):
+            before = run.controller_usage()["cpu_s"]
+            since = time.time()
+            run.send(f"link {word} {leaf} {spine}")
+            _st, took, n = settle_after(run, want, since, args.timeout)
+            times.append(took)
+            if word == "down":
+                cpu_down.append(run.controller_usage()["cpu_s"] - before)
+                changed = n
+            time.sleep(0.5)       # the controller's tick and stragglers: not counted in the next event
+    return {"link": f"{leaf}-{spine}", "failure_s": down, "recovery_s": up, "failure_controller_cpu_s": cpu_down,
+            "failure_switches_changed": changed}
+
+
+def restart(args, run: harness.Run, expected: dict) -> dict:
+    before = run.stats()["switches"]
+    mods = sum(s["flow_mods"] + s["group_mods"] for s in before.values())
+    run.stop_the_controller()
+    since = time.time()
+    run.start_the_controller()
+    st = run.wait(lambda st: all((s["read_at"] or 0) > since for s in st["switches"].values()), args.timeout)
+    time.sleep(2.0)
+    st = run.wait(run.settled(expected), args.timeout)
+    last_read = max(s["read_at"] for s in st["switches"].values())
+    return {"restart_changes": sum(s["flow_mods"] + s["group_mods"] for s in st["switches"].values()) - mods,
+            "restart_read_back_s": last_read - since}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("scenario", nargs="+")
+    ap.add_argument("--planes", help="simulate only these planes (e.g. 0)")
+    ap.add_argument("--cold", type=int, default=3, help="cold starts (default 3)")
+    ap.add_argument("--repeat", type=int, default=5, help="link failures (and recoveries) per run (default 5)")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--profile", metavar="FILE", help="one more cold start with the controller under cProfile")
+    ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    args = ap.parse_args()
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=Path(__file__).parent).stdout.strip()
+    print(f"# bench_controller_scale, commit {rev}, {platform.node()}, {os.cpu_count()} CPUs, {load()}")
+    report = {}
+    for name in args.scenario:
+        g = graph.build(spec.load(name))
+        names = endpoint.select(g, endpoint.parse_numbers(args.planes, "planes") if args.planes else None)
+        states = compiler.compile_fabric(g)
+        expected = {n: c for n, c in harness.expected_counts(states).items() if n in set(names)}
+        runs = []
+        for i in range(args.cold):
+            r = cold_start(args, name, g, names, expected, None)
+            runs.append(r)
+            print(f"  {name} cold start {i + 1}: {r['from_start_s']:.1f} s ({r['messages']} messages), {load()}",
+                  flush=True)
+        if args.profile:
+            cold_start(argparse.Namespace(**{**vars(args), "repeat": 0}), name, g, names, expected, Path(args.profile))
+            print(f"  controller profile (cumulative) of a cold start: {args.profile}")
+            pstats.Stats(args.profile).sort_stats("cumulative").print_stats(25)
+        flows = sum(c[0] for c in expected.values())
+        groups = sum(c[1] for c in expected.values())
+        n = len(names)
+        col = {k: [r[k] for r in runs if k in r] for k in runs[0]}
+        print(f"\n## {name}: {n} of {len(states)} switches simulated, {flows:,} flows, {groups:,} groups ({load()})")
+        print("| measure | median [min-max] |\n|---|---|")
+        print(f"| cold start, controller start to last barrier | {fmt(col['from_start_s'], ' s', 1)} |")
+        print(f"| cold start, first switch message to last barrier | {fmt(col['from_first_message_s'], ' s', 1)} |")
+        print(f"| messages the switches received per second | {fmt(col['messages_per_s'], '', 0)} |")
+        print(f"| controller CPU for the cold start | {fmt(col['controller_cpu_s'], ' s', 1)} |")
+        print(f"| controller peak RSS | {fmt(col['controller_peak_rss_mib'], ' MiB', 0)} |")
+        if "failure_s" in col:
+            down = [x for r in runs for x in r["failure_s"]]
+            up = [x for r in runs for x in r["recovery_s"]]
+            cpu = [x for r in runs for x in r["failure_controller_cpu_s"]]
+            print(f"| link {runs[0]['link']} down: event to last barrier ({len(down)} times, "
+                  f"{runs[0]['failure_switches_changed']} switches changed) | {fmt([x * 1000 for x in down], ' ms', 0)} |")
+            print(f"| its controller CPU (decode, recompile, diff, plan, encode, send) | "
+                  f"{fmt([x * 1000 for x in cpu], ' ms', 0)} |")
+            print(f"| link back up: event to last barrier | {fmt([x * 1000 for x in up], ' ms', 0)} |")
+            print(f"| controller restart with the switches holding their tables: changes sent | "
+                  f"{fmt(col['restart_changes'], '', 0)} |")
+            print(f"| restart: until every switch was read back | {fmt(col['restart_read_back_s'], ' s', 1)} |")
+        print(f"| simulated switches: CPU per switch (whole run) | "
+              f"{fmt([r['switches_cpu_s'] / n * 1000 for r in runs], ' ms', 1)} |")
+        print(f"| simulated switches: peak RSS per switch | "
+              f"{fmt([r['switches_peak_rss_mib'] / n * 1024 for r in runs], ' KiB', 0)} |")
+        report[name] = {"switches": n, "flows": flows, "groups": groups, "runs": runs}
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print(f"\n# done, {load()}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TMPDIR", tempfile.gettempdir())
+    main()
