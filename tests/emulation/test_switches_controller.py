@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("os_ken")
 
-from support.fabrics import fabric  # noqa: E402
+from support.fabrics import fabric
 
-from hpnlab.fabric.routing import compiler  # noqa: E402
-from hpnlab.fabric.switches import dump, harness  # noqa: E402
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.switches import dump, harness
 
 pytestmark = [pytest.mark.controller]
 LLDP = frozenset({0x88CC})       # the controller's LLDP rule: its own, not the compiler's

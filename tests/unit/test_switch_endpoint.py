@@ -6,15 +6,15 @@ import pytest
 
 pytest.importorskip("os_ken")
 
-from os_ken.ofproto import ofproto_parser  # noqa: E402
-from os_ken.ofproto import ofproto_v1_3 as ofp  # noqa: E402
-from os_ken.ofproto import ofproto_v1_3_parser as parser  # noqa: E402
-from support.fabrics import fabric as build  # noqa: E402
+from os_ken.ofproto import ofproto_parser
+from os_ken.ofproto import ofproto_v1_3 as ofp
+from os_ken.ofproto import ofproto_v1_3_parser as parser
+from support.fabrics import fabric as build
 
-from hpnlab.controller import codec, reconcile  # noqa: E402
-from hpnlab.fabric.errors import UserError  # noqa: E402
-from hpnlab.fabric.routing import compiler  # noqa: E402
-from hpnlab.fabric.switches import dump, endpoint  # noqa: E402
+from hpnlab.controller import codec, reconcile
+from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing import compiler
+from hpnlab.fabric.switches import dump, endpoint
 
 G = build("mini-hpn")
 

@@ -50,7 +50,7 @@ def load() -> str:
 
 
 def fmt(values: list[float], unit: str = "", digits: int = 2) -> str:
-    return median_range(values, "{:.%df}" % digits) + unit if values else "-"
+    return median_range(values, f"{{:.{digits}f}}") + unit if values else "-"
 
 
 def first_leaf_spine(g, names: list[str]) -> tuple[str, str]:
@@ -177,7 +177,8 @@ def main() -> None:
             up = [x for r in runs for x in r["recovery_s"]]
             cpu = [x for r in runs for x in r["failure_controller_cpu_s"]]
             print(f"| link {runs[0]['link']} down: event to last barrier ({len(down)} times, "
-                  f"{runs[0]['failure_switches_changed']} switches changed) | {fmt([x * 1000 for x in down], ' ms', 0)} |")
+                  f"{runs[0]['failure_switches_changed']} switches changed) | "
+                  f"{fmt([x * 1000 for x in down], ' ms', 0)} |")
             print(f"| its controller CPU (decode, recompile, diff, plan, encode, send) | "
                   f"{fmt([x * 1000 for x in cpu], ' ms', 0)} |")
             print(f"| link back up: event to last barrier | {fmt([x * 1000 for x in up], ' ms', 0)} |")
