@@ -57,6 +57,9 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+_NOTHING: dict = {}      # a switch that confirmed nothing yet (never changed: the flow gauge's cache keeps it)
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -127,6 +130,11 @@ class Metrics:
         self.weight_changes = Counter("hpnlab_multipath_weight_changes", "Multipath sets re-weighted", registry=r)
         self._weights_seen = 0
         self._ecn_seen = (0, 0.0)
+        #: switch -> (its confirmed table, its length, its compiled state) when its flow gauge was last set: the
+        #: gauge is recounted only for a switch whose table (another object, or a length changed) or state changed.
+        #: Counting every switch's groups at every event cost 50 ms an event on alibaba-hpn, most of a cold start's
+        #: CPU (docs/results/2026-12-07-controller-scale.md). A step's batch changes groups or flows, never both.
+        self._flow_counts: dict[str, tuple[Any, int, Any]] = {}
         #: () -> (HTTP status, JSON body) for /health (the app sets it; ``health`` decides)
         self.health_source: Callable[[], tuple[int, dict[str, Any]]] | None = None
 
@@ -148,10 +156,15 @@ class Metrics:
         self.healthy.set(1 if healthy else 0)
         if rec.convergences:
             self.convergence.set(rec.convergences[-1])
+        counts = self._flow_counts
         for name in switches:
-            table = rec.confirmed.get(name, {})
+            table = rec.confirmed.get(name, _NOTHING)
             state = rec.states.get(name)
+            held = counts.get(name)
+            if held is not None and held[0] is table and held[1] == len(table) and held[2] is state:
+                continue
             groups = sum(GroupKey(g.group_id) in table for g in state.groups) if state else 0
+            counts[name] = (table, len(table), state)
             self.flows.labels(name).set(len(table) - groups)     # the table holds its groups too
 
     def watch_pfc(self, run_id: str | None) -> None:

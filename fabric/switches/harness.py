@@ -25,6 +25,23 @@ from hpnlab.fabric.routing import compiler
 from . import server
 
 
+#: the controller under cProfile, its profile written when SIGTERM stops it (cProfile's own -o writes only at a
+#: normal exit): argv[1] the profile's path, the rest the controller's arguments
+PROFILED = """
+import cProfile, os, runpy, signal, sys
+out = sys.argv[1]
+prof = cProfile.Profile()
+def stop(*_):
+    prof.disable()
+    prof.dump_stats(out)
+    os._exit(0)
+signal.signal(signal.SIGTERM, stop)
+sys.argv = ["hpnlab.controller", *sys.argv[2:]]
+prof.enable()
+runpy.run_module("hpnlab.controller", run_name="__main__", alter_sys=True)
+"""
+
+
 class RunError(RuntimeError):
     """A process of the run died or something never happened in time."""
 
@@ -68,14 +85,14 @@ class Run:
 
     def start_the_controller(self) -> None:
         self.controller_started_at = time.time()
-        prof = ["-m", "cProfile", "-o", str(self.profile)] if self.profile else []
-        self.controller = self._popen([sys.executable, *prof, "-m", "hpnlab.controller", self.scenario, "--ofp-port",
+        start = ["-c", PROFILED, str(self.profile)] if self.profile else ["-m", "hpnlab.controller"]
+        self.controller = self._popen([sys.executable, *start, self.scenario, "--ofp-port",
                                        str(self.port), "--listen", "127.0.0.1", *self.controller_args],
                                       "controller.log")
         self._wait_log("controller.log", "ready", self.controller, 120)
 
     def stop_the_controller(self) -> None:
-        self._stop(self.controller, signal.SIGINT if self.profile else signal.SIGTERM)
+        self._stop(self.controller)
         self.controller = None
 
     def controller_usage(self) -> dict[str, float]:
@@ -99,7 +116,7 @@ class Run:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stop(self.controller, signal.SIGINT if self.profile else signal.SIGTERM)
+        self._stop(self.controller)
         self._stop(self.switches)
 
     @staticmethod
