@@ -79,7 +79,8 @@ class HpnController(BaseApp):
         self.metrics_served = bool(cfg.metrics.port)
         self.telemetry = TelemetryManager(self, cfg.routing, cfg.ecn, self.adoption.scenario_graph)
         self.arp = ArpManager(self, cfg.routing.arp)
-        self.reconciler = reconcile.Reconciler(self.graph, self.policy, fast_failover=cfg.routing.fast_failover,
+        self.reconciler = reconcile.Reconciler(self.graph, self.policy, cfg.routing.confirm_timeout_s,
+                                               fast_failover=cfg.routing.fast_failover,
                                                compile_fn=self.telemetry.compile_fn, arp=self.arp.mode)
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self._recompiled_at = (time.time(), self.started)   # (wall, monotonic) of the last compile, for /health
@@ -136,7 +137,8 @@ class HpnController(BaseApp):
         self.index = compiler.index_of(g)
         self.telemetry.rebase(self.adoption.scenario_graph, old, g)
         fallen_back, hold = self.reconciler.arp_leaves, self.reconciler.hold
-        self.reconciler = reconcile.Reconciler(g, self.policy, fast_failover=self.reconciler.fast_failover,
+        self.reconciler = reconcile.Reconciler(g, self.policy, self.reconciler.confirm_timeout_s,
+                                               fast_failover=self.reconciler.fast_failover,
                                                compile_fn=self.telemetry.compile_fn, arp=self.arp.mode)
         self.reconciler.hold = hold
         for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering

@@ -73,6 +73,7 @@ class Routing:
     fast_failover: bool = True                # False: the controller-only baseline (--no-fast-failover)
     weights: str = "ecmp"                     # fabric/routing/weights.py MODES
     weights_control: str | None = None        # the harness's file of live weights-mode changes
+    confirm_timeout_s: float = 5.0            # a barrier or read-back unanswered this long: the switch is read back
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                         "it enters the destination leaf, before its last hop)")
     p.add_argument("--deployment-out", metavar="FILE", default=Wiring.deployment_out,
                    help=f"where --deployment auto writes the discovered map (default {Wiring.deployment_out})")
+    p.add_argument("--confirm-timeout-s", type=float, default=Routing.confirm_timeout_s, metavar="S",
+                   help="a switch that has not answered a barrier or a read-back within S seconds is read back again "
+                        f"(default {Routing.confirm_timeout_s:g}; raise it for thousands of switches on a busy "
+                        "controller, docs/guides/switches.md)")
     p.add_argument("--discovery-s", type=float, default=Wiring.discovery_s, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned "
@@ -268,6 +273,8 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
         raise UserError("--deployment auto needs LLDP discovery: not with --on-miswire off")
     if args.rollout == "staged" and args.on_miswire == "off":
         raise UserError("--rollout staged needs LLDP discovery: not with --on-miswire off")
+    if args.confirm_timeout_s <= 0:
+        raise UserError(f"--confirm-timeout-s must be > 0, got {args.confirm_timeout_s:g}")
     if args.discovery_s < 0:
         raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
     if args.dry_run_timeout <= 0:
@@ -285,7 +292,8 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
                                                                                 args.ssl_ca)),
         metrics=Metrics(port=args.metrics_port, listen=args.metrics_listen or None),
         routing=Routing(policy=args.policy, arp=args.arp, fast_failover=not args.no_fast_failover,
-                        weights=args.routing_weights, weights_control=args.weights_control or None),
+                        weights=args.routing_weights, weights_control=args.weights_control or None,
+                        confirm_timeout_s=float(args.confirm_timeout_s)),
         ecn=Ecn(policy=args.ecn_policy, actuator=args.ecn_actuator, telemetry_interval_ms=float(telemetry_ms),
                 telemetry_out=_path(args.telemetry_out), control=args.ecn_control or None,
                 stage_run=args.ecn_stage_run or None),
@@ -329,7 +337,7 @@ def values(conf: ControllerConfig) -> dict[str, Any]:
         "listen": o.listen, "ofp_port": o.port, "metrics_port": conf.metrics.port,
         "metrics_listen": conf.metrics.listen,
         "policy": r.policy, "arp": r.arp, "no_fast_failover": not r.fast_failover, "routing_weights": r.weights,
-        "weights_control": r.weights_control,
+        "weights_control": r.weights_control, "confirm_timeout_s": r.confirm_timeout_s,
         "ecn_policy": e.policy, "ecn_actuator": e.actuator, "telemetry_interval_ms": e.telemetry_interval_ms,
         "telemetry_out": e.telemetry_out, "ecn_control": e.control, "ecn_stage_run": e.stage_run,
         "on_miswire": w.on_miswire, "wiring_out": w.out, "discovery_s": w.discovery_s, "deployment": w.deployment,

@@ -46,6 +46,22 @@ _FIELD_BITS = {"metadata": 64, "ipv4_dst": 32, "ipv4_src": 32, "udp_src": 16, "t
                "tcp_dst": 16, "eth_type": 16, "in_port": 32, "arp_spa": 32, "arp_tpa": 32}
 
 
+#: values many flows share (their instructions, the ports and groups they send to), kept once: most of a
+#: switch's memory is its entries. Bounded: past the bound, new values are kept per flow.
+_SHARED: dict = {}
+SHARED_MAX = 1 << 18
+
+
+def shared(value: Any) -> Any:
+    """``value``, or an equal one already kept (one object for every flow that has it)."""
+    kept = _SHARED.get(value)
+    if kept is not None:
+        return kept
+    if len(_SHARED) < SHARED_MAX:
+        _SHARED[value] = value
+    return value
+
+
 class _Dp:
     """What os-ken's message classes ask of a datapath when they serialise."""
     ofproto = ofp
@@ -104,8 +120,8 @@ def flow_mod(buf: bytes) -> tables.FlowMod:
     return tables.FlowMod(
         command, None if msg.table_id == ofp.OFPTT_ALL else msg.table_id, msg.priority, canonical_match(msg.match),
         msg.cookie, msg.cookie_mask, None if msg.out_port == ofp.OFPP_ANY else msg.out_port,
-        None if msg.out_group == ofp.OFPG_ANY else msg.out_group, frozenset(outputs), frozenset(groups),
-        bytes(buf[start:end]), bytes(buf[end:length]))
+        None if msg.out_group == ofp.OFPG_ANY else msg.out_group, shared(frozenset(outputs)),
+        shared(frozenset(groups)), bytes(buf[start:end]), shared(bytes(buf[end:length])))
 
 
 def buckets(buf: bytes, offset: int, end: int) -> list:

@@ -74,7 +74,8 @@ def settle_after(run: harness.Run, expected: dict, since: float, timeout_s: floa
 
 def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Path | None) -> dict:
     switch_args = ["--planes", args.planes] if args.planes else []
-    with harness.Run(name, controller_args=CONTROLLER_ARGS, switch_args=switch_args, profile=profile) as run:
+    with harness.Run(name, controller_args=CONTROLLER_ARGS + args.controller_arg, switch_args=switch_args,
+                     profile=profile) as run:
         t0 = run.controller_started_at or time.time()
         st = run.wait(run.settled(expected), args.timeout)
         sws = st["switches"].values()
@@ -141,10 +142,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--profile", metavar="FILE", help="one more cold start with the controller under cProfile")
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    ap.add_argument("--controller-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for the controller (repeatable), e.g. --controller-arg=--confirm-timeout-s "
+                         "--controller-arg=60")
     args = ap.parse_args()
     rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                          cwd=Path(__file__).parent).stdout.strip()
-    print(f"# bench_controller_scale, commit {rev}, {platform.node()}, {os.cpu_count()} CPUs, {load()}")
+    print(f"# bench_controller_scale, commit {rev}, {platform.node()}, {os.cpu_count()} CPUs, {load()}; controller "
+          f"{' '.join(CONTROLLER_ARGS + args.controller_arg)}")
     report = {}
     for name in args.scenario:
         g = graph.build(spec.load(name))
