@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,7 +24,6 @@ from typing import Any
 from hpnlab.fabric.routing import compiler
 
 from . import server
-
 
 #: the controller under cProfile, its profile written when SIGTERM stops it (cProfile's own -o writes only at a
 #: normal exit): argv[1] the profile's path, the rest the controller's arguments
@@ -66,6 +66,7 @@ class Run:
         self.controller_args = list(controller_args)
         self.switch_args = list(switch_args)
         self.nice = nice
+        self._own_dir = directory is None          # removed at a clean exit (kept, with the logs, after an error)
         self.dir = Path(directory or tempfile.mkdtemp(prefix="hpnlab-switches-run-"))
         self.port = free_port()
         self.controller: subprocess.Popen | None = None
@@ -115,9 +116,11 @@ class Run:
             self.start_the_controller()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._stop(self.controller)
         self._stop(self.switches)
+        if self._own_dir and exc_type is None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     @staticmethod
     def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:

@@ -25,8 +25,9 @@ def installed(run: harness.Run, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run():
-    with harness.Run("mini-hpn", controller_args=["--ecn-actuator", "none"]) as r:
+def run(tmp_path_factory):
+    with harness.Run("mini-hpn", controller_args=["--ecn-actuator", "none"],
+                     directory=tmp_path_factory.mktemp("run")) as r:
         r.wait(r.settled(harness.expected_counts(compiler.compile_fabric(G), extra_flows=1)))
         yield r
 

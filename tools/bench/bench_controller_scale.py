@@ -20,7 +20,7 @@ Printed as median [min-max] with the machine's load average. ``--profile FILE`` 
 cProfile in the last cold start (the top functions by cumulative time are printed).
 
     nice -n 19 .venv/bin/python tools/bench/bench_controller_scale.py alibaba-hpn --repeat 5
-    nice -n 19 .venv/bin/python tools/bench/bench_controller_scale.py hpn-130k --planes 0 --cold 1
+    nice -n 19 .venv/bin/python tools/bench/bench_controller_scale.py hpn-130k --planes 0 --window 300
 """
 from __future__ import annotations
 
@@ -95,6 +95,32 @@ def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Pa
         return out
 
 
+def window(args, name: str, names: list[str], expected: dict) -> None:
+    """A cold start watched for ``args.window`` seconds at most (a fabric too large to finish here): every
+    10 s the flows held, the messages received per second, the controller's CPU and peak RSS."""
+    switch_args = ["--planes", args.planes] if args.planes else []
+    want = sum(c[0] for c in expected.values())
+    print(f"\n## {name}: cold start watched for {args.window:g} s ({len(names)} switches simulated, {want:,} flows "
+          f"to install; {load()})")
+    print("| s after controller start | flows held | messages/s (last 10 s) | controller CPU s | controller peak "
+          "RSS MiB | switches CPU s | switches RSS MiB |\n|---|---|---|---|---|---|---|")
+    with harness.Run(name, controller_args=CONTROLLER_ARGS + args.controller_arg, switch_args=switch_args) as run:
+        t0 = run.controller_started_at or time.time()
+        last_msgs, last_t = 0, time.time()
+        while time.time() - t0 < args.window:
+            time.sleep(10)
+            st = run.stats()
+            msgs = sum(s["received"] for s in st["switches"].values())
+            now = time.time()
+            use = run.controller_usage()
+            print(f"| {now - t0:.0f} | {sum(s['flows'] for s in st['switches'].values()):,} | "
+                  f"{(msgs - last_msgs) / (now - last_t):.0f} | {use['cpu_s']:.0f} | {use['peak_rss_mib']:.0f} | "
+                  f"{st['cpu_s']:.0f} | {st['peak_rss_kib'] / 1024:.0f} |", flush=True)
+            last_msgs, last_t = msgs, now
+            if run.settled(expected)(st):
+                break
+
+
 def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict:
     leaf, spine = first_leaf_spine(g, names)
     lids = [(min(leaf, spine), max(leaf, spine), k) for k in g[leaf][spine]]
@@ -140,6 +166,8 @@ def main() -> None:
     ap.add_argument("--cold", type=int, default=3, help="cold starts (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="link failures (and recoveries) per run (default 5)")
     ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--window", type=float, metavar="S",
+                    help="instead: watch one cold start for at most S seconds, printing progress every 10 s")
     ap.add_argument("--profile", metavar="FILE", help="one more cold start with the controller under cProfile")
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     ap.add_argument("--controller-arg", action="append", default=[], metavar="ARG",
@@ -156,6 +184,9 @@ def main() -> None:
         names = endpoint.select(g, endpoint.parse_numbers(args.planes, "planes") if args.planes else None)
         states = compiler.compile_fabric(g)
         expected = {n: c for n, c in harness.expected_counts(states).items() if n in set(names)}
+        if args.window:
+            window(args, name, names, expected)
+            continue
         runs = []
         for i in range(args.cold):
             r = cold_start(args, name, g, names, expected, None)
