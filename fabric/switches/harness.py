@@ -90,7 +90,7 @@ class Run:
         self.controller = self._popen([sys.executable, *start, self.scenario, "--ofp-port",
                                        str(self.port), "--listen", "127.0.0.1", *self.controller_args],
                                       "controller.log")
-        self._wait_log("controller.log", "ready", self.controller, 120)
+        self.wait_log("controller.log", "ready", self.controller, 120)
 
     def stop_the_controller(self) -> None:
         self._stop(self.controller)
@@ -111,7 +111,7 @@ class Run:
         self.switches = self._popen([sys.executable, "-m", "hpnlab.cli", "switches", self.scenario, "--controller",
                                      f"127.0.0.1:{self.port}", "--run-dir", str(self.dir / "switches"),
                                      *self.switch_args], "switches.log")
-        self._wait_log("switches.log", "ready", self.switches, 300)
+        self.wait_log("switches.log", "ready", self.switches, 300)
         if self.start_controller:
             self.start_the_controller()
         return self
@@ -136,7 +136,7 @@ class Run:
     def log(self, name: str) -> str:
         return (self.dir / name).read_text(errors="replace")
 
-    def _wait_log(self, name: str, word: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    def wait_log(self, name: str, word: str, proc: subprocess.Popen, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if word in self.log(name):

@@ -57,3 +57,17 @@ def test_a_link_failure_reaches_the_controller_and_its_repair_reaches_the_switch
     assert dump.prove_installed(G, got, failures).ok
     run.send("link up p0l0 p0s0")
     run.wait(run.settled(harness.expected_counts(compiler.compile_fabric(G), extra_flows=1), time.time()))
+
+
+def test_a_controller_restarted_over_a_running_fabric_changes_nothing(run):
+    healthy = harness.expected_counts(compiler.compile_fabric(G), extra_flows=1)
+    run.wait(run.settled(healthy))
+    before = {n: s["flow_mods"] + s["group_mods"] for n, s in run.stats()["switches"].items()}
+    run.stop_the_controller()
+    since = time.time()
+    run.start_the_controller()
+    st = run.wait(lambda st: all((s["read_at"] or 0) > since for s in st["switches"].values()))
+    assert run.controller is not None
+    run.wait_log("controller.log", "routes installed on", run.controller, 120)   # read back, nothing outstanding
+    st = run.wait(run.settled(healthy))
+    assert {n: s["flow_mods"] + s["group_mods"] for n, s in st["switches"].items()} == before

@@ -152,7 +152,8 @@ def restart(args, run: harness.Run, expected: dict) -> dict:
     since = time.time()
     run.start_the_controller()
     st = run.wait(lambda st: all((s["read_at"] or 0) > since for s in st["switches"].values()), args.timeout)
-    time.sleep(2.0)
+    assert run.controller is not None
+    run.wait_log("controller.log", "routes installed on", run.controller, args.timeout)   # nothing outstanding
     st = run.wait(run.settled(expected), args.timeout)
     last_read = max(s["read_at"] for s in st["switches"].values())
     return {"restart_changes": sum(s["flow_mods"] + s["group_mods"] for s in st["switches"].values()) - mods,
