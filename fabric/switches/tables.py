@@ -193,11 +193,11 @@ class Tables:
             return "bad_command"
         if m.command == "delete":
             doomed = list(self.groups) if m.group_id is None else [m.group_id] if m.group_id in self.groups else []
-            for gid in doomed:
-                for key in list(self._users.pop(gid, ())):
+            for gone in doomed:
+                for key in list(self._users.pop(gone, ())):
                     if key in self.flows:
                         self._drop(key)
-                del self.groups[gid]
+                del self.groups[gone]
             return None
         gid = m.group_id
         if gid is None:

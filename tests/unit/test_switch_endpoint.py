@@ -89,7 +89,7 @@ def test_a_group_added_twice_is_answered_with_group_exists():
 def test_what_the_controller_installs_reads_back_as_the_compiler_s_state():
     state = compiler.compile_fabric(G)["p0s0"]
     sw = fabric().switches["p0s0"]
-    msgs = [reconcile.GroupMod("p0s0", "add", g.group_id, g.kind, g.buckets) for g in state.groups]
+    msgs: list = [reconcile.GroupMod("p0s0", "add", g.group_id, g.kind, g.buckets) for g in state.groups]
     msgs += [reconcile.FlowMod("p0s0", "add", t, p, m, a) for (t, p, m), a in state.expanded().items()]
     assert sent(sw, *msgs) == []
     got = dump.expanded({"p0s0": sw.state()})
