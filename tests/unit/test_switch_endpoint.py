@@ -226,3 +226,15 @@ def test_the_proofs_pass_on_the_compiled_tables_and_fail_on_empty_ones():
     assert dump.prove_installed(G, states).ok
     empty = {n: compiler.SwitchState(n, st.dpid, ()) for n, st in states.items()}
     assert not dump.prove_installed(G, empty).ok
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["switches", "mini-hpn", "--controller", "nope"], "HOST:PORT"),
+    (["switches", "mini-hpn", "--planes", "7"], "no switch of mini-hpn"),
+    (["switches", "--send", "stats"], "--run-dir"),
+])
+def test_bad_input_to_hpnlab_switches_is_one_line(argv, says, capsys):
+    from hpnlab.cli.main import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err
