@@ -138,11 +138,14 @@ class Plan:
     #: job per spec, concurrently on disjoint hosts; ``collectives`` and ``jobs`` are then unused
     job_specs: str | Sequence[JobSpec] = ()
     flowlet_gap_us: float | None = None     # None: the transport's default (4 packet times, >= 500 us)
+    #: more options of the roce transport, as (name, value) pairs or a dict (a benchmark comparing a setting)
+    roce_options: Any = ()
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
             object.__setattr__(self, name, value)
 
+        put("roce_options", tuple(sorted(dict(self.roce_options).items())))
         put("collectives", tuple(col.canonical(c) for c in _names(self.collectives)))
         if not self.collectives:
             raise UserError(f"no collective given (known: {', '.join(col.COLLECTIVES)})")
@@ -234,6 +237,7 @@ class Plan:
                 opts["entropy_map"] = entropy_map
             if self.flowlet_gap_us is not None:
                 opts["flowlet_gap_us"] = self.flowlet_gap_us
+            opts.update(dict(self.roce_options))
         if self.specs and len(addrs_per_job) != len(self.specs):
             raise UserError(f"{len(self.specs)} job specs but addresses for {len(addrs_per_job)} job(s)")
         jobs = []

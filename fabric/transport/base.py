@@ -52,5 +52,9 @@ class Transport:
     def flow_stats(self) -> list[dict]:  # pragma: no cover - interface
         return []
 
+    def socket_drops(self) -> int | None:
+        """Packets the kernel dropped at this rank's receiving sockets (None: not known)."""
+        return None
+
     def close(self) -> None:  # pragma: no cover - interface
         pass

@@ -158,7 +158,7 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         t.barrier()                                     # nobody leaves while others still need it
         flows = t.flow_stats()
         result = {"event": "result", "rank": rank, "sizes": sizes_out, "flows": flows,
-                  "transport_info": t.info(),
+                  "transport_info": t.info(), "socket_drops": t.socket_drops(),
                   "cpu": {"timed_cpu_s": timed_cpu, "timed_wall_s": timed_wall, "machine_ticks": machine,
                           "total_cpu_s": _cpu_s() - cpu0, "total_wall_s": time.monotonic() - wall0},
                   "host": socket.gethostname(), "pid": os.getpid(), "started_at": started_at}

@@ -219,6 +219,26 @@ def merge_flows(rank_results: list[dict]) -> list[dict]:
     return sorted(out, key=lambda f: (f["src"], f["dst"]))
 
 
+def rank_socket_drops(rank_results: list[dict]) -> int | None:
+    """Packets dropped at the ranks' receiving sockets, summed (None: no rank's transport could say)."""
+    known = [rr["socket_drops"] for rr in rank_results if rr.get("socket_drops") is not None]
+    return sum(known) if known else None
+
+
+def retransmission_causes(result: dict) -> dict[str, int | None]:
+    """The retransmissions of a run split by cause (pure): ``spurious``, re-sent copies whose original
+    also arrived (the receivers' duplicates: held, not lost), ``lost`` the rest; by what triggered
+    them (``timeout``, ``nack``, ``failover``, ``migrate``); the retransmission timeouts that fired
+    while the flow's own NIC port was paused; and the ranks' receive socket drops (None: not known)."""
+    t = flow_totals(result)
+    retx = int(t.get("retransmissions", 0))
+    spurious = min(retx, int(t.get("duplicates", 0)))
+    return {"retransmissions": retx, "spurious": spurious, "lost": retx - spurious,
+            **{why: int(t.get(f"retx_{why}", 0)) for why in ("timeout", "nack", "failover", "migrate")},
+            "timeouts": int(t.get("timeouts", 0)), "timeouts_paused": int(t.get("timeouts_paused", 0)),
+            "socket_drops": result.get("socket_drops")}
+
+
 def cpu_times() -> tuple[float, float]:
     """The machine's CPU time so far, all cores: (total, idle incl. iowait) in clock ticks (``/proc/stat``)."""
     vals = [float(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -261,6 +281,7 @@ def build_result(job: Job, rank_results: list[dict]) -> dict:
             "busbw_factor": col.busbw_factor(name, job.nranks),
             "rows": rows, "avg_busbw_gbs": avg_busbw(rows),
             "flows": merge_flows(rank_results), "cpu": cpu_summary(rank_results),
+            "socket_drops": rank_socket_drops(rank_results),
             "transport_info": rank_results[0].get("transport_info", {}), "params": json.loads(job.to_json()),
             "ranks": [{"rank": r["rank"], "host": r.get("host"), "pid": r.get("pid"), "started_at": r.get("started_at"),
                        "cpu": r["cpu"]} for r in sorted(rank_results, key=lambda r: r["rank"])]}

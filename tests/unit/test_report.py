@@ -133,3 +133,22 @@ def test_the_machines_busy_share_is_the_non_idle_part_of_the_cpu_time_between_tw
 def test_the_machines_cpu_times_count_idle_within_the_total():
     total, idle = report.cpu_times()
     assert 0 <= idle <= total
+
+
+def test_a_retransmission_whose_original_also_arrived_counts_as_spurious_the_rest_as_lost():
+    flows = [{"src": 0, "dst": 1, "retransmissions": 5, "retx_timeout": 4, "retx_nack": 1, "duplicates": 3,
+              "timeouts": 2, "timeouts_paused": 1},
+             {"src": 1, "dst": 0, "retransmissions": 2, "retx_nack": 2, "duplicates": 0}]
+    causes = report.retransmission_causes({"flows": flows, "socket_drops": 7})
+    assert causes == {"retransmissions": 7, "spurious": 3, "lost": 4, "timeout": 4, "nack": 3, "failover": 0,
+                      "migrate": 0, "timeouts": 2, "timeouts_paused": 1, "socket_drops": 7}
+
+
+def test_duplicates_beyond_the_retransmissions_never_make_lost_negative():
+    causes = report.retransmission_causes({"flows": [{"src": 0, "dst": 1, "retransmissions": 1, "duplicates": 4}]})
+    assert (causes["spurious"], causes["lost"], causes["socket_drops"]) == (1, 0, None)
+
+
+def test_the_ranks_socket_drops_are_summed_and_unknown_when_no_rank_could_say():
+    assert report.rank_socket_drops([{"socket_drops": 2}, {"socket_drops": None}, {"socket_drops": 3}]) == 5
+    assert report.rank_socket_drops([{"socket_drops": None}, {}]) is None

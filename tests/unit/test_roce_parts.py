@@ -7,6 +7,7 @@ tests/unit/test_transport.py and test_transport_failover.py."""
 from __future__ import annotations
 
 import errno
+import socket
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from hpnlab.fabric.transport.entropy import ENTROPY_POLICIES, FlowEntropy, SprayEntropy
 from hpnlab.fabric.transport.paths import PathParams, PathTable
 from hpnlab.fabric.transport.roce.dcqcn import DcqcnParams, RateControl
-from hpnlab.fabric.transport.roce.endpoint import Endpoint
+from hpnlab.fabric.transport.roce.endpoint import Endpoint, socket_drops
 from hpnlab.fabric.transport.roce.failover import Failover
 from hpnlab.fabric.transport.roce.flows import RxFlow, TxFlow
 from hpnlab.fabric.transport.roce.receiver import (
@@ -36,6 +37,7 @@ from hpnlab.fabric.transport.roce.recovery import (
     bdp_window,
     nack_resends,
     timeout_resends,
+    timer_held,
 )
 from hpnlab.fabric.transport.roce.sender import NicScheduler, next_packet, port_next
 from hpnlab.fabric.transport.roce.wire import ACK, CE, CNP, HDR, NACK, NO_REPORT, PATH_LOSS, report
@@ -374,6 +376,48 @@ def test_a_path_loss_resends_only_the_packets_of_that_path_in_the_numbers_missin
     assert len(on_path) == 3 and list(f.retx) == on_path[:2]
 
 
+@pytest.mark.parametrize(("hold", "paused", "expect"), [(True, True, True), (True, False, False),
+                                                         (False, True, False), (False, False, False)])
+def test_the_timer_stands_still_only_while_the_port_is_paused_and_holding_is_on(hold, paused, expect):
+    assert timer_held(hold, paused) is expect
+
+
+def _paused_flow(hold: bool) -> tuple[Parts, TxFlow, list[bool]]:
+    p = Parts()
+    p.post(1, 3 * PAYLOAD)
+    p.sender.lookahead_s = 1.0
+    p.serve(1.0)                            # sent at 1.0 s
+    f = p.tx[1]
+    f.rto = 0.01                            # the timer due 10 ms after
+    state = [True]
+    p.recovery.paused = lambda plane: state[0]
+    p.recovery.hold_in_pause = hold
+    return p, f, state
+
+
+def test_a_flow_whose_port_is_paused_past_its_timeout_resends_nothing_while_the_pause_lasts():
+    p, f, _ = _paused_flow(hold=True)
+    for now in (1.005, 1.02, 1.05, 1.2):
+        p.recovery.on_timers([f], now)
+    assert f.stats["timeouts"] == 0 and not f.retx
+
+
+def test_once_the_pause_ends_the_timer_runs_a_whole_timeout_again_before_it_fires():
+    p, f, state = _paused_flow(hold=True)
+    p.recovery.on_timers([f], 1.2)
+    state[0] = False
+    p.recovery.on_timers([f], 1.205)
+    assert f.stats["timeouts"] == 0
+    p.recovery.on_timers([f], 1.2 + 0.011)
+    assert f.stats["timeouts"] == 1 and f.retx[0] == 0
+
+
+def test_without_holding_a_timeout_in_a_pause_fires_and_is_counted_as_fired_while_paused():
+    p, f, _ = _paused_flow(hold=False)
+    p.recovery.on_timers([f], 1.02)
+    assert f.stats["timeouts"] == 1 and f.stats["timeouts_paused"] == 1 and f.retx[0] == 0
+
+
 def test_repeated_timeouts_move_a_one_path_flow_and_resend_its_flight():
     p = Parts(planes=2, ports=1)
     f = _in_flight(p, 3)
@@ -517,6 +561,22 @@ def test_a_hole_is_a_loss_by_its_count_or_its_age(beyond, age, lost):
     assert hole_is_loss(beyond, age, threshold, 0.008) == lost
 
 
+@pytest.mark.parametrize(("beyond", "threshold", "lost"), [(5, NO_COUNT, False), (3, 3, True)])
+def test_on_a_lossless_fabric_a_hole_is_a_loss_by_its_count_never_by_its_age(beyond, threshold, lost):
+    assert hole_is_loss(beyond, 10.0, threshold, 0.008, by_age=False) == lost
+
+
+@pytest.mark.parametrize(("lossless", "nacked"), [(False, True), (True, False)])
+def test_a_sprayed_hole_held_past_the_reordering_allowance_is_nacked_only_on_a_lossy_fabric(lossless, nacked):
+    p = Parts(planes=1, ports=2, entropy=SprayEntropy.name)
+    p.receiver.lossless = lossless
+    p.rx[1].reorder_time = 0.008
+    _data(p, 0, 1.0, path=0, pseq=1)
+    for k, psn in enumerate(range(2, 8)):                # PSN 1 (path 0) is held behind a pause
+        _data(p, psn, 1.0 + 0.1 * (k + 1), path=1, pseq=k + 1)
+    assert bool(_answers(p, NACK)) == nacked and not _answers(p, PATH_LOSS)
+
+
 def test_a_nack_names_the_missing_run_up_to_the_next_packet_received():
     assert hole_length(5, {8: None, 9: None}) == 3
     assert hole_length(5, {}) == 64
@@ -556,3 +616,15 @@ def test_a_one_path_flow_keeps_its_path_until_it_migrates():
     p.failover.migrate(f, 0.0)
     assert f.cur_path != path and p.failover.choose_path(f) == f.cur_path
 
+
+
+# ---- the receiving sockets -----------------------------------------------------------------
+
+def test_a_receiving_socket_that_is_not_read_counts_the_packets_its_full_buffer_dropped():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as rx, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        rx.bind(("127.0.0.1", 0))
+        assert socket_drops(rx) == 0
+        for _ in range(200):
+            tx.sendto(bytes(1000), rx.getsockname())
+        assert socket_drops(rx) > 0

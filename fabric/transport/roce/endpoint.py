@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import select
 import socket
+import sys
 from collections.abc import Callable
 
 from hpnlab.fabric.routing.entropy import FIRST_FREE_PORT, EntropyMap, connection_values, first_high
@@ -13,6 +14,20 @@ from hpnlab.fabric.routing.entropy import FIRST_FREE_PORT, EntropyMap, connectio
 from ..base import TransportError
 from .flows import TxFlow
 from .wire import CONTROL_TOS, DATA_DSCP, ECT0, HDR, IP_RECVTOS, NO_REPORT, PROBE, timestamp
+
+#: ``getsockopt(SOL_SOCKET, SO_MEMINFO)`` (Linux): the socket's memory figures, u32 each, the last its drops
+SO_MEMINFO, SK_MEMINFO_VARS, SK_MEMINFO_DROPS = 55, 9, 8
+
+
+def socket_drops(sock: socket.socket) -> int:
+    """The packets the kernel dropped at ``sock`` since it opened (0 where it cannot say)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_MEMINFO, 4 * SK_MEMINFO_VARS)
+    except OSError:
+        return 0
+    if len(raw) < 4 * SK_MEMINFO_VARS:
+        return 0
+    return int.from_bytes(raw[4 * SK_MEMINFO_DROPS:4 * SK_MEMINFO_DROPS + 4], sys.byteorder)
 
 
 class Endpoint:
@@ -192,6 +207,11 @@ class Endpoint:
         else:
             sock = self.value_socket(plane, ip, k)
         f.socks[path], f.values[path] = sock, k
+
+    def socket_drops(self) -> int:
+        """Packets the kernel dropped at this rank's receiving sockets (a full receive buffer:
+        the application did not read in time), summed over the planes (``SO_MEMINFO``)."""
+        return sum(socket_drops(s) for s in self.rx_socks)
 
     def source_ports(self) -> list[int]:
         return [s.getsockname()[1] for s in self.tx_socks]

@@ -86,7 +86,9 @@ class TxFlow:
         self.stats = {"packets": 0, "bytes": 0, "retransmissions": 0, "timeouts": 0, "nacks": 0,
                       "cnps": 0, "acks": 0, "failover_retx": 0, "probes": 0, "migrations": 0,
                       "link_errors": 0, "path_losses": 0, "send_refused": 0, "send_blocked": 0,
-                      "plane_notices": 0, "pause_waits": 0}
+                      "plane_notices": 0, "pause_waits": 0,
+                      "retx_timeout": 0, "retx_nack": 0, "retx_failover": 0, "retx_migrate": 0,
+                      "timeouts_paused": 0}
         self.paths = paths
         self.pseq = [0] * len(paths)       # per path: the sequence number of its last data packet
         self.next_check = 0.0              # when to look for dead paths next

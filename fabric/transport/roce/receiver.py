@@ -44,11 +44,16 @@ def path_gap(last: int, pseq: int) -> int | None:
     return d - 1
 
 
-def hole_is_loss(beyond: int, age_s: float, threshold: int, reorder_time_s: float) -> bool:
+def hole_is_loss(beyond: int, age_s: float, threshold: int, reorder_time_s: float, by_age: bool = True) -> bool:
     """Whether a hole with ``beyond`` packets received past it, ``age_s`` old, is a loss: once
     ``threshold`` packets passed it, or (RACK-like, for sprayed packets whose paths differ in
-    delay) once it is older than the reordering allowance with at least 3 packets past it."""
-    return beyond >= threshold or (beyond >= 3 and age_s >= reorder_time_s)
+    delay; ``by_age``) once it is older than the reordering allowance with at least 3 packets past it.
+    Not by age on a lossless fabric (priority flow control): a pause holds one path's packets while the
+    others deliver, for as long as the pauses last (hundreds of milliseconds here), so an old hole is a
+    held packet; a real loss (a headroom drop) breaks its path's own sequence numbers, which
+    PATH_LOSS reports at once (on a sprayed connection with PFC, NACKs by age re-sent 2,300-2,700
+    packets of mini-hpn's all-to-all, every one of which also arrived)."""
+    return beyond >= threshold or (by_age and beyond >= 3 and age_s >= reorder_time_s)
 
 
 def hole_length(expected: int, ooo: Container[int]) -> int:
@@ -89,7 +94,7 @@ class Receiver:
 
     def __init__(self, rx: dict[int, RxFlow], tx: dict[int, TxFlow], control: Control, *, mode: str,
                  reorder_threshold: int, ack_every: int, ack_delay_s: float, ack_fresh_s: float,
-                 cnp_interval_s: float, suspect_s: float):
+                 cnp_interval_s: float, suspect_s: float, lossless: bool = False):
         self.rx, self.tx = rx, tx
         self.control = control
         self.selective = mode == "selective"
@@ -99,6 +104,8 @@ class Receiver:
         self.ack_fresh_s = ack_fresh_s
         self.cnp_interval_s = cnp_interval_s
         self.suspect_s = suspect_s          # our ACKs on a plane seem lost for this long after a re-send
+        #: the fabric is lossless (priority flow control): a hole's age is no loss (:func:`hole_is_loss`)
+        self.lossless = lossless
 
     def on_data(self, r: RxFlow, data, tos, path, psn, mid, off, mlen, ts, now, plane, pseq) -> None:
         """A data packet of flow ``r`` (the header's fields; ``data``: the whole packet)."""
@@ -199,7 +206,8 @@ class Receiver:
             beyond = max(r.ooo) - r.expected
             if r.hole_psn != r.expected:
                 r.hole_psn, r.hole_since, r.hole_ts = r.expected, now, ts
-            lost = hole_is_loss(beyond, now - r.hole_since, self.reorder_threshold, r.reorder_time)
+            lost = hole_is_loss(beyond, now - r.hole_since, self.reorder_threshold, r.reorder_time,
+                                by_age=not self.lossless)
             if lost and (r.last_nack[0] != r.expected or now - r.last_nack[1] > NACK_REPEAT_S):
                 r.last_nack = (r.expected, now)
                 st["nacks_sent"] += 1

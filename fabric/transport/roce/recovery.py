@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from ..entropy import EntropyPolicy
 from ..paths import PathParams, rtt_update
@@ -40,6 +41,16 @@ def bdp_window(rate_bps: float, base_rtt_s: float, packet_bytes: int, factor: fl
     queue a flow can build, which a network without PFC needs, without slowing a lone flow."""
     bdp = rate_bps * base_rtt_s / (8 * packet_bytes)
     return int(max(8, min(most, math.ceil(factor * bdp) + ack_every)))
+
+
+def timer_held(hold_in_pause: bool, port_paused: bool) -> bool:
+    """Whether a flow's retransmission timer stands still now: while the NIC port its oldest
+    unacknowledged packet left by is paused (priority flow control), if ``hold_in_pause``. A paused
+    port holds that packet's followers, and pause travels hop by hop back from the congested
+    switch, so a pause at the NIC says the fabric is holding the flow's packets, not losing them (a
+    lossless fabric drops none but for headroom overflow); the timer restarts from zero once the
+    pause ends. As a NIC that stops scheduling a paused priority stops its queue pairs' clocks."""
+    return hold_in_pause and port_paused
 
 
 def timeout_resends(mode: str, una: int, psn: int, tail_probe: bool) -> list[int]:
@@ -90,6 +101,11 @@ class Recovery:
         self.packet_bytes = packet_bytes
         self.ack_every = ack_every
         self.sample_s = sample_s
+        #: priority flow control: plane -> is that NIC port's lossless priority paused now (None: nothing
+        #: pauses this rank's NIC); ``hold_in_pause``: whether a flow's timer stands still while its port is
+        self.paused: Callable[[int], bool] | None = None
+        self.ports_per_nic = 1
+        self.hold_in_pause = True
 
     # ---- the timer -----------------------------------------------------------------------
     def rto(self, f: TxFlow) -> float:
@@ -115,11 +131,27 @@ class Recovery:
         return max(oldest[4], f.timer_from) + self.rto_of(f, oldest[5])
 
     def on_timers(self, flows: list[TxFlow], now: float) -> None:
-        """Fire the retransmission timers that are due."""
+        """Fire the retransmission timers that are due; with ``hold_in_pause`` a flow whose oldest
+        unacknowledged packet's NIC port is paused has its timer held instead (:func:`timer_held`)."""
         for f in flows:
             due = self.rto_due(f)
-            if due is not None and now > due:
+            if due is None:
+                continue
+            port_paused = self.port_paused(f)
+            if timer_held(self.hold_in_pause, port_paused):
+                f.timer_from = now                # the timer runs again, from the start, once the pause ends
+                continue
+            if now > due:
+                if port_paused:
+                    f.stats["timeouts_paused"] += 1
                 self.timeout(f, now)
+
+    def port_paused(self, f: TxFlow) -> bool:
+        """Whether the NIC port of ``f``'s oldest unacknowledged packet has its lossless priority paused."""
+        if self.paused is None:
+            return False
+        oldest = f.unacked.get(f.una)
+        return oldest is not None and self.paused(oldest[5] // self.ports_per_nic)
 
     def next_due(self, flows: list[TxFlow], wake: float) -> float:
         """``wake``, or earlier if a retransmission timer fires before."""

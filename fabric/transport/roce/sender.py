@@ -224,7 +224,10 @@ class NicScheduler:
         if is_retx:
             e[6] += 1
             st["retransmissions"] += 1
-            f.bursts.retx(now, e[7] or "loss")
+            why = e[7] or "loss"
+            key = "retx_" + why
+            st[key] = st.get(key, 0) + 1
+            f.bursts.retx(now, why)
         if refused:
             st["send_refused"] += 1     # ICMP: the packet counts as lost
         elif link_down:

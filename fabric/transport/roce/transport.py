@@ -43,7 +43,8 @@ class RoceTransport(Transport):
                  link_poll_s: float = 0.005, link_state: Callable[[str], bool | None] | None = None,
                  nic_names: list[str | None] | None = None, entropy_map: EntropyMap | dict | None = None,
                  flowlet_gap_us: float | None = None, adaptive: dict | None = None,
-                 pause: dict | None = None):
+                 pause: dict | None = None, pause_holds_timer: bool = True,
+                 lossless_min_rto_s: float | None = None, lossless_holes: bool = True):
         if recovery not in RECOVERIES:
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -83,6 +84,11 @@ class RoceTransport(Transport):
             0.0 if per_flow else 0.008)
         self.ecn = ecn
         self.timeout_s = timeout_s
+        if pause and lossless_min_rto_s is not None:
+            # a lossless fabric (priority flow control) holds packets instead of dropping them: the
+            # timer is the last resort for the rare loss, not the way a held packet is found
+            min_rto_s = max(min_rto_s, lossless_min_rto_s)
+            max_rto_s = max(max_rto_s, min_rto_s)
         self.min_rto_s = min_rto_s
         if max_rto_s < min_rto_s:
             raise TransportError(f"max_rto_s ({max_rto_s}) must be at least min_rto_s ({min_rto_s})")
@@ -120,11 +126,13 @@ class RoceTransport(Transport):
         self.sender = NicScheduler(rank, self.endpoint, self.failover, self.rate, payload=self.payload,
                                    line_rate_bps=self.line_rate_bps, pace=pace, burst_s=burst_s,
                                    lookahead_s=lookahead_s)
+        self.recovery.hold_in_pause = pause_holds_timer
         self.receiver = Receiver(self.rx, self.tx, self.endpoint.control, mode=recovery,
                                  reorder_threshold=self.reorder_threshold, ack_every=max(1, ack_every),
                                  ack_delay_s=ack_delay_s, ack_fresh_s=ack_fresh_s,
                                  cnp_interval_s=self.rate.cnp_interval_s,
-                                 suspect_s=self.path_params.probe_interval_s)
+                                 suspect_s=self.path_params.probe_interval_s,
+                                 lossless=bool(pause) and lossless_holes)
 
     @property
     def tx_socks(self) -> list:
@@ -143,6 +151,7 @@ class RoceTransport(Transport):
                 "watched_ports": self.failover.nics, "link_events": self.failover.link_events,
                 "dcqcn": asdict(self.dcqcn_params) if self.dcqcn_params else None,
                 "udp_port": self.endpoint.port, "pfc_pause": bool(self.pause),
+                "pause_holds_timer": self.recovery.hold_in_pause, "lossless_holes": self.receiver.lossless,
                 "source_ports": self.endpoint.source_ports(),
                 "entropy_map": self.entropy_map.as_dict() if self.entropy_map else None,
                 "entropy_values": self.endpoint.tx_entropy,
@@ -155,6 +164,8 @@ class RoceTransport(Transport):
         self.sender.start()
         if self.pause:
             self.sender.paused = PortPause(self.rank, self.pause, self.addrs[self.rank])
+            self.recovery.paused = self.sender.paused
+            self.recovery.ports_per_nic = self.ports_per_nic
         now = time.monotonic()
         for r in range(self.nranks):
             if r != self.rank:
@@ -336,6 +347,9 @@ class RoceTransport(Transport):
                         "hol_gaps": r.hol.export(self.wall_offset)})
         return out
 
+    def socket_drops(self) -> int | None:
+        return self.endpoint.socket_drops() if self.endpoint.is_open else None
+
     def abort(self) -> None:
         """Tell every peer to stop (best effort, a few copies)."""
         if not self.endpoint.is_open:
@@ -366,7 +380,7 @@ class RoceTransport(Transport):
         self.failover.close()
         if isinstance(self.sender.paused, PortPause):
             self.sender.paused.close()
-            self.sender.paused = None
+            self.sender.paused = self.recovery.paused = None
 
 
 def _first_for_peer(want, recvs, i, peer) -> bool:
