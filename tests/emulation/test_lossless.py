@@ -162,6 +162,32 @@ def test_a_roce_incast_waits_at_the_paused_nics_and_is_delivered_whole_with_noth
     _quiet(emu)
 
 
+def test_a_sprayed_roce_all_to_all_is_delivered_whole_without_a_hole_taken_for_a_loss(emu):
+    """On the lossless fabric the roce transport knows its fabric holds rather than drops: a sprayed
+    all-to-all arrives correct with no switch or receive-socket drop, its receivers NACK no hole by its
+    age (a packet held behind a pause on one path while the others deliver), and no retransmission timer
+    fires while its flow's own NIC port is paused."""
+    from hpnlab.fabric.experiments import runner as experiment
+    from hpnlab.fabric.workload import report
+
+    plan = experiment.Plan(collectives="all_to_all", transports="roce", entropies="spray", sizes="1M",
+                           iterations=1, warmup=0, ranks=8, inplace=False, timeout_s=60.0)
+    before = emu.pfc.counters()
+    doc = experiment.run(plan, emu, progress=False)
+    after = emu.pfc.counters()
+    [res] = doc["results"]
+    assert report.wrong_total(doc["results"]) == 0
+    assert sum(_delta(before, after, "headroom_drops").values()) == 0
+    assert sum(_delta(before, after, "lossy_drops").values()) == 0
+    info, totals = res["transport_info"], report.flow_totals(res)
+    assert info["pause_holds_timer"] and info["lossless_holes"]
+    assert res["socket_drops"] == 0
+    assert totals.get("nacks_sent", 0) == 0 and totals.get("timeouts_paused", 0) == 0
+    assert all(f["app_bytes_sent"] == f["app_bytes_delivered"] and f["app_crc_sent"] == f["app_crc_delivered"]
+               for f in res["flows"])
+    _quiet(emu)
+
+
 def test_a_killed_agent_leaves_every_gate_open(emu):
     """The agent stopped in the middle of an incast holds some gate closed; killed, the harness reopens
     every gate (switch ports and host NICs alike). Run last: the module's emulation has no agent after."""

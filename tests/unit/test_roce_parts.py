@@ -36,6 +36,7 @@ from hpnlab.fabric.transport.roce.recovery import (
     backoff,
     bdp_window,
     nack_resends,
+    rto_bounds,
     timeout_resends,
     timer_held,
 )
@@ -380,6 +381,16 @@ def test_a_path_loss_resends_only_the_packets_of_that_path_in_the_numbers_missin
                                                          (False, True, False), (False, False, False)])
 def test_the_timer_stands_still_only_while_the_port_is_paused_and_holding_is_on(hold, paused, expect):
     assert timer_held(hold, paused) is expect
+
+
+@pytest.mark.parametrize(("lossless", "floor", "expect"), [
+    (False, 0.2, (0.04, 0.1)),               # a lossy fabric keeps its timer
+    (True, None, (0.04, 0.1)),               # no floor asked
+    (True, 0.2, (0.2, 0.2)),                 # lossless: the floor, and the cap no lower than it
+    (True, 0.02, (0.04, 0.1)),               # a floor below the minimum changes nothing
+])
+def test_on_a_lossless_fabric_the_timer_is_at_least_the_lossless_floor(lossless, floor, expect):
+    assert rto_bounds(0.04, 0.1, lossless, floor) == pytest.approx(expect)
 
 
 def _paused_flow(hold: bool) -> tuple[Parts, TxFlow, list[bool]]:

@@ -40,10 +40,11 @@ TIMEOUT_S = 60.0
 #: the roce transport's settings compared on the lossless fabric: as it was (the retransmission timer runs
 #: while the NIC port is paused; a sprayed connection's receiver NACKs a hole by its age), as it is now (the
 #: timer stands still while the port is paused; on a lossless fabric a hole is a loss only by its path's
-#: sequence numbers), and that with a larger minimum retransmission timeout
+#: sequence numbers), and that with a larger minimum retransmission timeout (the transport's default now,
+#: ``roce.transport.LOSSLESS_MIN_RTO_S``)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "before": {"pause_holds_timer": False, "lossless_holes": False},
-    "after": {"pause_holds_timer": True, "lossless_holes": True},
+    "before": {"pause_holds_timer": False, "lossless_holes": False, "lossless_min_rto_s": None},
+    "after": {"pause_holds_timer": True, "lossless_holes": True, "lossless_min_rto_s": None},
     "after+rto200ms": {"pause_holds_timer": True, "lossless_holes": True, "lossless_min_rto_s": 0.2}}
 A2A = experiment.Plan(collectives="all_to_all", transports="roce", entropies=("flow", "spray"), sizes="2M",
                       iterations=3, warmup=1, ranks=8, inplace=False, timeout_s=TIMEOUT_S)

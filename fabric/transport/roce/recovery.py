@@ -28,6 +28,17 @@ def rto_estimate(srtt: float, rttvar: float, min_rto_s: float) -> float:
     return max(min_rto_s, srtt + 4 * rttvar)
 
 
+def rto_bounds(min_rto_s: float, max_rto_s: float, lossless: bool, lossless_min_rto_s: float | None
+               ) -> tuple[float, float]:
+    """The timer's (minimum, maximum): on a lossless fabric (priority flow control) the minimum is at
+    least ``lossless_min_rto_s`` (None: no floor) and the maximum at least that minimum; a packet there is
+    held behind pauses, not dropped, and the timer is the last resort for the rare loss."""
+    if lossless and lossless_min_rto_s is not None:
+        min_rto_s = max(min_rto_s, lossless_min_rto_s)
+        max_rto_s = max(max_rto_s, min_rto_s)
+    return min_rto_s, max_rto_s
+
+
 def backoff(rto_s: float, max_rto_s: float) -> float:
     """The timeout after one more expiry: doubled, capped low (a dead path is left, not waited out)."""
     return min(max_rto_s, rto_s * 2)

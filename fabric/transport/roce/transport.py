@@ -18,9 +18,17 @@ from .endpoint import Endpoint
 from .failover import Failover
 from .flows import RxFlow, TxFlow
 from .receiver import NO_COUNT, Receiver
-from .recovery import RECOVERIES, SELECTIVE, Recovery
+from .recovery import RECOVERIES, SELECTIVE, Recovery, rto_bounds
 from .sender import OVERHEAD, NicScheduler, PortPause
 from .wire import ABORT, ACK, CNP, DATA, HDR, IP_UDP, MAX_PATHS, NACK, PATH_LOSS, PLANE, PROBE
+
+#: the minimum retransmission timeout on a lossless fabric (priority flow control: the ``pause`` option).
+#: There a packet is held, not dropped (no headroom drop in any run measured), behind pauses downstream
+#: of its NIC for as long as they last: with the lossy fabric's 40 ms, 46-75 timeouts of mini-hpn's
+#: all-to-all re-sent packets that also arrived; with 200 ms, 0-2 (bench_pfc_retx, 2026-12-07). Real
+#: RoCE NICs' timers are likewise far above any pause (ConnectX's default is tens of milliseconds at
+#: microsecond pauses); the rare loss costs this long once.
+LOSSLESS_MIN_RTO_S = 0.2
 
 
 class RoceTransport(Transport):
@@ -44,7 +52,7 @@ class RoceTransport(Transport):
                  nic_names: list[str | None] | None = None, entropy_map: EntropyMap | dict | None = None,
                  flowlet_gap_us: float | None = None, adaptive: dict | None = None,
                  pause: dict | None = None, pause_holds_timer: bool = True,
-                 lossless_min_rto_s: float | None = None, lossless_holes: bool = True):
+                 lossless_min_rto_s: float | None = LOSSLESS_MIN_RTO_S, lossless_holes: bool = True):
         if recovery not in RECOVERIES:
             raise TransportError(f"recovery must be selective or gobackn, got {recovery!r}")
         if entropy not in ENTROPY_POLICIES:
@@ -84,11 +92,7 @@ class RoceTransport(Transport):
             0.0 if per_flow else 0.008)
         self.ecn = ecn
         self.timeout_s = timeout_s
-        if pause and lossless_min_rto_s is not None:
-            # a lossless fabric (priority flow control) holds packets instead of dropping them: the
-            # timer is the last resort for the rare loss, not the way a held packet is found
-            min_rto_s = max(min_rto_s, lossless_min_rto_s)
-            max_rto_s = max(max_rto_s, min_rto_s)
+        min_rto_s, max_rto_s = rto_bounds(min_rto_s, max_rto_s, bool(pause), lossless_min_rto_s)
         self.min_rto_s = min_rto_s
         if max_rto_s < min_rto_s:
             raise TransportError(f"max_rto_s ({max_rto_s}) must be at least min_rto_s ({min_rto_s})")
