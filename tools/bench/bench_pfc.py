@@ -76,6 +76,7 @@ def drops_of(r: dict) -> dict[str, int]:
 
 def cell_figures(r: dict) -> dict[str, Any]:
     return {"fraction": report.largest_fraction(r), "retx": report.flow_totals(r).get("retransmissions", 0),
+            "spurious": report.retransmission_causes(r)["spurious"],
             "time_s": min(r["rows"][-1]["oop"].get("times_s") or [r["rows"][-1]["oop"]["time_us"] / 1e6]),
             "paused_share_max": (r.get("switch_pfc") or {}).get("paused_share_max"),
             "longest_pause_ms": (r.get("switch_pfc") or {}).get("longest_pause_ms"), **drops_of(r)}
@@ -184,7 +185,8 @@ def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
     off, on = runs[False], runs[True]
     lines = ["== default matrix (largest size): --pfc off | on; median [min-max] over the repetitions",
              f"{'cell':<20} {'busbw fraction off':>20} {'on':>20} {'switch drops off':>18} {'on':>14} "
-             f"{'headroom drops on':>18} {'retx off':>14} {'on':>14} {'pauses on':>16} {'longest pause ms':>18} "
+             f"{'headroom drops on':>18} {'retx off':>14} {'on':>14} {'spurious on':>14} {'pauses on':>16} "
+             f"{'longest pause ms':>18} "
              f"{'ingress drops off/on':>22}"]
     keys = sorted(set().union(*(r["matrix"] for r in off + on)))
     for k in keys:
@@ -193,7 +195,8 @@ def summary(runs: dict[bool, list[dict]]) -> tuple[list[str], bool]:
         ingress = _n(a, "ingress") + " / " + _n(b, "ingress")
         lines.append(f"{k:<20} {_n(a, 'fraction', '{:.3f}'):>20} {_n(b, 'fraction', '{:.3f}'):>20} "
                      f"{_n(a, 'switch'):>18} {_n(b, 'switch'):>14} {_n(b, 'headroom'):>18} {_n(a, 'retx'):>14} "
-                     f"{_n(b, 'retx'):>14} {_n(b, 'pauses'):>16} {_n(b, 'longest_pause_ms'):>18} {ingress:>22}")
+                     f"{_n(b, 'retx'):>14} {_n(b, 'spurious'):>14} {_n(b, 'pauses'):>16} "
+                     f"{_n(b, 'longest_pause_ms'):>18} {ingress:>22}")
     lines.append("== 7->1 incast (roce, 1 MiB gather, 8 ranks)")
     for name, rs in (("off", off), ("on", on)):
         xs = [r["incast"] for r in rs if r.get("incast")]
