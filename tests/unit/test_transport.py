@@ -7,7 +7,6 @@ Every roce run also checks the DCQCN invariant that holds whether or not the rat
 the relay (a CE mark on a chosen packet; no impairment with go-back-N, where only a CNP can
 cut). No test here asserts a speed: those figures are in tools/bench/bench_transport.py."""
 import errno
-import os
 import random
 import select
 import socket
@@ -15,6 +14,7 @@ import threading
 import time
 
 import pytest
+from support.ports import port_block
 
 from hpnlab.fabric.routing.entropy import connection_values, first_high, lay_out
 from hpnlab.fabric.transport import ENTROPIES, ENTROPY_POLICIES, PeerLost, TransportError, make
@@ -43,9 +43,9 @@ from hpnlab.fabric.transport.roce import (
 )
 from hpnlab.fabric.transport.tcp import EPHEMERAL, source_port
 
-# per process, so that runs in other checkouts on this machine bind other ports (17400-21399,
+# held by this process (support.ports), so that runs in other checkouts on this machine bind other ports (17400-21399,
 # clear of test_run_local's 22000s and the benchmarks' 23000s)
-BASE = 17400 + (os.getpid() % 40) * 100
+BASE = port_block(17400, 100, 40)
 
 
 class Relay(UdpRelay):

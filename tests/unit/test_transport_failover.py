@@ -11,9 +11,10 @@ header's send timestamp), no ACK carries an echo of data sent after its plane wa
 and so on. No test asserts a speed.
 """
 import errno
-import os
 import threading
 import time
+
+from support.ports import port_block
 
 from hpnlab.fabric.transport import make
 from hpnlab.fabric.transport.accounting import exactly_once
@@ -21,7 +22,7 @@ from hpnlab.fabric.transport.relay import PathRelay
 from hpnlab.fabric.transport.roce import ACK, DATA
 
 # per process; clear of test_transport (17400s), run_local (22000s) and the benchmarks (23000-24999)
-BASE = 25000 + (os.getpid() % 40) * 27
+BASE = port_block(25000, 27, 40)
 MSG = 12_000
 US = 1 << 32
 
