@@ -14,6 +14,13 @@ the runs of one experiment, ``Emulation.set_ecn_policy``): the harness writes
 puts every port back to its start-up thresholds, and answers in ``<control file>.ack`` with
 ``{"seq": N, "policy": NAME, "error": null or one line}``.
 
+Priority flow control: where the run has a PFC stage (``--pfc on``; with the ``auto`` or ``emulated`` actuator
+and ``open_pfc`` given, as the controller gives ``pfc_metrics.open_stage``: the entry point
+``controller/pfc_metrics.py`` uses), looked for again every ``PFC_RETRY_S`` until found), each
+tick also reads its counters, so that every sample carries the pause figures
+(``fabric/routing/telemetry.py``: ``paused_fraction``, ``pausing_fraction``...) and a policy can use
+pause as a signal (``pfc-aware``); the telemetry file records them, so a replay sees them too.
+
 The actuator may appear late: the emulation harness starts the controller before the switches
 and their ECN stage exist, so with ``auto`` or ``emulated`` the loop looks for the run's stage
 (at most once a second) until it finds it; until then nothing is applied (``auto`` runs as
@@ -36,6 +43,7 @@ from .ecn_policy import EcnPolicy, Thresholds
 
 LOG = logging.getLogger("hpnlab.controller.ecn")
 STAGE_RETRY_S = 1.0
+PFC_RETRY_S = 5.0        # a lossy run has no PFC stage: looked for rarely
 
 
 def _cpu() -> float:
@@ -48,7 +56,8 @@ class EcnLoop:
     def __init__(self, tel: Telemetry, policy: EcnPolicy, actuator_spec: str = "auto", mtu: int = 1500,
                  out: IO[str] | None = None, run_id: str | None = None,
                  open_stage: Callable[[str | None], Any] = actuators.open_stage, control: str | None = None,
-                 stage_keys: Mapping[PortKey, PortKey] | None = None):
+                 stage_keys: Mapping[PortKey, PortKey] | None = None,
+                 open_pfc: Callable[[str | None], Any] | None = None):
         self.telemetry = tel
         #: the emulated stage's port (scenario numbers) -> the fabric port telemetry keys it by (a deployment's)
         self.stage_keys = dict(stage_keys or {})
@@ -59,6 +68,9 @@ class EcnLoop:
         self.run_id = run_id
         self._open_stage = open_stage
         self._stage_tried: float | None = None
+        self._open_pfc = open_pfc
+        self._pfc_tried: float | None = None
+        self.pfc: Any = None                           # the run's PFC stage, once found
         self.actuator: Any
         if self.spec.startswith("file:"):
             self.actuator = actuators.FileActuator(self.spec[5:], tel.ports, mtu)
@@ -106,6 +118,31 @@ class EcnLoop:
         LOG.info("ECN stage found (%s on %d ports): telemetry reads it, policy %s applies to it",
                  stage.mechanism, len(self.actuator.intf), self.policy.name)
 
+    def _find_pfc(self, now: float) -> None:
+        if self.pfc is not None or self._open_pfc is None or self.spec not in ("auto", "emulated"):
+            return        # the PFC stage is the emulation's, as the ECN stage is: looked for as that one is
+        if self._pfc_tried is not None and now - self._pfc_tried < PFC_RETRY_S:
+            return
+        self._pfc_tried = now
+        self.pfc = self._open_pfc(self.run_id)
+        if self.pfc is not None:
+            LOG.info("PFC stage found: telemetry carries its pause figures")
+
+    def _read_pfc(self, now: float) -> None:
+        """The PFC stage's counters to telemetry, under the fabric's port keys; a stage that fails (its run
+        ended) is dropped and looked for again."""
+        self._find_pfc(now)
+        if self.pfc is None:
+            return
+        try:
+            rows = self.pfc.counters()
+        except Exception as exc:     # the run ended under us, its maps gone
+            LOG.info("PFC stage lost (%s): looking for it again", exc)
+            self.pfc = None
+            return
+        counters = telemetry.pfc_counters(rows)
+        self.telemetry.pfc_counters(now, {self.stage_keys.get(k, k): c for k, c in counters.items()})
+
     def rebase(self, ports: Mapping[PortKey, PortInfo], stage_keys: Mapping[PortKey, PortKey],
                moved: Mapping[PortKey, PortKey]) -> None:
         """The fabric on other port numbers (a deployment adopted at run time): telemetry starts again on
@@ -132,6 +169,7 @@ class EcnLoop:
             self._check_control(now)
             if self.emulated:
                 self.telemetry.stage_counters(now, self.actuator.counters(now))
+            self._read_pfc(now)
             samples = self.telemetry.sample(now)
             self.last = samples
             line = telemetry.sample_line(now, samples, self.current, self.telemetry.ports)

@@ -14,7 +14,8 @@ The interface (write a new policy in one file against it, name it on the command
 
 The controller calls ``decide`` once per telemetry interval; :func:`changes` keeps only real
 differences, and the actuator (``controller/actuators.py``) applies them. Policies built in:
-``static`` (never changes anything: the baseline, today's fixed thresholds) and ``dynamic``.
+``static`` (never changes anything: the baseline, today's fixed thresholds), ``dynamic`` and
+``pfc-aware`` (``dynamic`` with pause as a signal, for a lossless fabric).
 
 The ``dynamic`` policy (:class:`DynamicPolicy`)
 -----------------------------------------------
@@ -73,6 +74,47 @@ reversal) waits ``2 x hold_up_s``, and every earlier reversal of that port doubl
 more slowly upwards and settles on the safe (low) side, while a cut never waits more than
 ``hold_down_s``. Steps are multiplicative and bounded, so steady input settles at a bound or in the
 dead band and stays there.
+
+The ``pfc-aware`` policy (:class:`PfcAwarePolicy`)
+--------------------------------------------------
+On a lossless fabric (``--pfc on``) the buffer does not drop: it pauses. A pause is the cost
+China Mobile's report names for thresholds set too high ("frequently trigger PFC, affecting other
+traffic"): the paused transmitter stops *every* flow of its priority, those of jobs that never
+congested included (head-of-line blocking), and its own queue grows until its switch pauses the
+next hop up (pause spreading). ACC's design point is the same: ECN should act early enough that
+PFC rarely has to. So pause is the signal a lossless fabric gives that the buffer is in danger,
+sooner and more surely than the queue estimate (the ECN stage's queue drains at the port rate
+even while the port is paused, see docs/guides/lossless.md), and drops no longer come to say so.
+Telemetry carries it per port and interval (``fabric/routing/telemetry.py``: ``paused_fraction``,
+``pauses_received`` as a transmitter; ``pausing_fraction``, ``pauses_sent`` as an ingress; None
+where the run has no PFC). The rules, before ``dynamic``'s:
+
+P1. **paused** — the port's downstream held it paused for at least ``pause_share`` of the interval
+    or sent it any pause, and the port carried traffic or holds a queue: cut (Kmin x ``step_down``,
+    Pmax + ``pmax_step``, every ``hold_down_s``). Marks here reach exactly the senders whose traffic
+    fills the paused queue; the pause itself would stop innocent flows as well.
+P2. **its switch pauses upstream** — some port of the same switch, as an ingress, paused its
+    upstream (``pausing_fraction >= pause_share`` or any pause sent): cut on every port of that
+    switch that carries traffic and holds at least a frame of its buffer (the egress queues where
+    the held bytes sit: per-ingress accounting says which ingress to pause, not which egress holds
+    the bytes, so every queue holding some is marked harder). Ports without a queue keep theirs.
+P3. **calm** — for ``calm_s`` after a pause on the port or its switch nothing rises (a cut for
+    buffer pressure or drops, ``dynamic``'s rule 1, still applies): pause that just stopped comes
+    back if the senders are let go at once.
+P4. **only elephants** — the run has PFC (the figures are not None), nothing paused for
+    ``calm_s``, the port is busy (utilisation >= ``u_busy``), its queue is below the pressure mark,
+    nothing dropped, and it marks (``m >= m_low`` or the queue stands above Kmin): rise (Kmin x
+    ``step_up``, damped as ``dynamic``'s rule 2). ``dynamic`` holds a busy port's thresholds, since
+    a higher Kmin adds only queue; on a lossless fabric with nothing pausing, the marks on a busy
+    port only slow elephants that the buffer holds anyway, and P1-P3 bring Kmin down as soon as the
+    queue starts to pause.
+P5. otherwise ``dynamic``'s rules (pressure cut, rise where not busy, back to the default when
+    idle).
+Without PFC figures (a lossy run, or a telemetry file recorded before them) P1, P2 and P4 never
+fire and the policy decides as ``dynamic`` does. Bounds and damping are ``dynamic``'s: a rise after a
+pause cut is a reversal and waits twice the hold, doubling with each one, so a port whose traffic
+keeps pausing settles on the low side. What it cannot see: which ingress's bytes sit in which
+egress queue (the stage counts per ingress), and pause of other priorities (one lossless class here).
 """
 from __future__ import annotations
 
@@ -90,6 +132,8 @@ from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry
 from hpnlab.fabric.scenario.rates import frame_bytes
 from hpnlab.fabric.workload.ecn import STATIC_POLICY, Thresholds  # the one type; user policies import it from here
 
+#: one step of a rule: (direction -1 cut / +1 rise / 0 relax, Kmin, Pmax, reason, hold in seconds)
+Step = tuple[int, float, float, str, float]
 FAN_IN_MEMORY = 3      # samples: OpenFlow's fan-in lags the stage's marks by up to an interval or two
 
 
@@ -132,6 +176,7 @@ class _PortState:
     fan_ins: list[int] = field(default_factory=list)     # the last FAN_IN_MEMORY samples' fan-in
     quiet_since: float | None = None
     default: Thresholds | None = None
+    last_pause: float = float("-inf")    # pfc-aware: when this port or its switch last paused
 
 
 class DynamicPolicy(EcnPolicy):
@@ -149,7 +194,7 @@ class DynamicPolicy(EcnPolicy):
     def __init__(self, mtu: int = 1500, **options: Any) -> None:
         unknown = set(options) - set(self.PARAMS)
         if unknown:
-            raise UserError(f"ECN policy 'dynamic' has no option(s) {', '.join(sorted(unknown))} "
+            raise UserError(f"ECN policy {self.name!r} has no option(s) {', '.join(sorted(unknown))} "
                             f"(it has {', '.join(self.PARAMS)})")
         super().__init__(mtu)
         self.p = {**self.PARAMS, **{k: float(v) for k, v in options.items()}}
@@ -184,49 +229,20 @@ class DynamicPolicy(EcnPolicy):
                 continue
             st = self.state.setdefault(key, _PortState(default=cur))
             a = 1.0 if st.samples == 0 else p["alpha"]
-            # the queue's peak over the interval where the stage keeps one (a burst between two ticks
-            # is pressure too), else its depth at the tick
-            q = int(s.queue_peak_bytes if s.queue_peak_bytes is not None else s.queue_bytes or 0)
             st.u += a * (s.utilisation - st.u)
             st.m += a * (s.ce_fraction - st.m)
             st.samples += 1
             st.fan_ins = [*st.fan_ins[-(FAN_IN_MEMORY - 1):], s.fan_in]
-            fan_in = max(st.fan_ins)
             marking = s.ce_fraction > 0 or s.ce_marked_pps > 0
             traffic = marking or s.utilisation >= p["u_idle"]
             if not traffic:
                 st.quiet_since = now if st.quiet_since is None else st.quiet_since
             else:
                 st.quiet_since = None
-            pressure = self.pressure_bytes(s.rate_bps)
-
-            if (traffic and q >= pressure) or s.drops > 0:
-                direction, kmin, pmax = -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"]
-                what = f"incast (fan-in {fan_in})" if fan_in >= p["incast_fan_in"] else "buffer pressure"
-                why = f"{what}: queue {q} B (pressure at {pressure} B), drops {s.drops}"
-                hold = p["hold_down_s"]
-            elif traffic and s.utilisation >= p["u_busy"]:
-                continue          # busy already: a higher Kmin would only add queue (rule 2)
-            elif traffic and (st.m >= p["m_low"] or q > cur.kmin):
-                direction, kmin, pmax = +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"]
-                why = (f"no buffer pressure: queue {q} B < {pressure} B, utilisation {st.u:.0%}, "
-                       f"marked {st.m:.1%}: marks would only slow the senders")
-                reverses = st.last_direction == -1
-                # back-off: a rise right after a cut waits 2x the hold time, each earlier reversal doubles it (to 16x)
-                hold = p["hold_up_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
-            elif st.quiet_since is not None and now - st.quiet_since >= p["relax_s"] and st.default is not None:
-                d = st.default
-                if cur == d:
-                    continue
-                direction = 0
-                kmin = cur.kmin * p["step_up"] if cur.kmin < d.kmin else cur.kmin * p["step_down"]
-                kmin = min(kmin, d.kmin) if cur.kmin < d.kmin else max(kmin, d.kmin)
-                pmax = min(cur.pmax + p["pmax_step"], d.pmax) if cur.pmax < d.pmax else \
-                    max(cur.pmax - p["pmax_step"], d.pmax)
-                why = f"idle for {now - st.quiet_since:.1f} s: back towards the default"
-                hold = p["hold_up_s"]
-            else:
+            step = self.rule(now, key, s, cur, st, traffic, ports)
+            if step is None:
                 continue
+            direction, kmin, pmax, why, hold = step
             if now - st.last_change < hold - 1e-9:
                 continue
             new = self.bounded(s.rate_bps, kmin, pmax, why)
@@ -245,8 +261,111 @@ class DynamicPolicy(EcnPolicy):
                 st.reversals = 0          # relaxing after idleness: the port starts afresh
         return out
 
+    @staticmethod
+    def queue(s: PortTelemetry) -> int:
+        """The queue's peak over the interval where the stage keeps one (a burst between two ticks is
+        pressure too), else its depth at the tick."""
+        return int(s.queue_peak_bytes if s.queue_peak_bytes is not None else s.queue_bytes or 0)
 
-BUILT_IN: dict[str, type[EcnPolicy]] = {STATIC_POLICY: StaticPolicy, "dynamic": DynamicPolicy}
+    def rise(self, st: _PortState, cur: Thresholds, why: str) -> Step:
+        """One step up (rule 2), damped: a rise right after a cut waits 2x the hold time, each earlier
+        reversal doubles it (to 16x)."""
+        p = self.p
+        reverses = st.last_direction == -1
+        hold = p["hold_up_s"] * (2 ** min(st.reversals + 1, 4) if reverses else 1)
+        return +1, cur.kmin * p["step_up"], cur.pmax - p["pmax_step"], why, hold
+
+    def cut(self, cur: Thresholds, why: str) -> Step:
+        """One step down (rule 1), at most every ``hold_down_s``."""
+        p = self.p
+        return -1, cur.kmin * p["step_down"], cur.pmax + p["pmax_step"], why, p["hold_down_s"]
+
+    def rule(self, now: float, key: PortKey, s: PortTelemetry, cur: Thresholds, st: _PortState, traffic: bool,
+             ports: Mapping[PortKey, PortTelemetry]) -> Step | None:
+        """The step the rules take on one port this interval (direction, Kmin, Pmax, reason, hold), or None."""
+        p = self.p
+        q = self.queue(s)
+        fan_in = max(st.fan_ins)
+        pressure = self.pressure_bytes(s.rate_bps)
+        if (traffic and q >= pressure) or s.drops > 0:
+            what = f"incast (fan-in {fan_in})" if fan_in >= p["incast_fan_in"] else "buffer pressure"
+            return self.cut(cur, f"{what}: queue {q} B (pressure at {pressure} B), drops {s.drops}")
+        if traffic and s.utilisation >= p["u_busy"]:
+            return None           # busy already: a higher Kmin would only add queue (rule 2)
+        if traffic and (st.m >= p["m_low"] or q > cur.kmin):
+            return self.rise(st, cur, f"no buffer pressure: queue {q} B < {pressure} B, utilisation {st.u:.0%}, "
+                                      f"marked {st.m:.1%}: marks would only slow the senders")
+        return self.relax(now, st, cur)
+
+    def relax(self, now: float, st: _PortState, cur: Thresholds) -> Step | None:
+        """Rule 3: idle for ``relax_s``: one step back towards the port's default thresholds."""
+        p = self.p
+        if st.quiet_since is None or now - st.quiet_since < p["relax_s"] or st.default is None:
+            return None
+        d = st.default
+        if cur == d:
+            return None
+        kmin = cur.kmin * p["step_up"] if cur.kmin < d.kmin else cur.kmin * p["step_down"]
+        kmin = min(kmin, d.kmin) if cur.kmin < d.kmin else max(kmin, d.kmin)
+        pmax = min(cur.pmax + p["pmax_step"], d.pmax) if cur.pmax < d.pmax else max(cur.pmax - p["pmax_step"], d.pmax)
+        return 0, kmin, pmax, f"idle for {now - st.quiet_since:.1f} s: back towards the default", p["hold_up_s"]
+
+
+class PfcAwarePolicy(DynamicPolicy):
+    """``dynamic`` with pause as a signal, for a lossless fabric (see the module docstring's last part)."""
+
+    name = "pfc-aware"
+    PARAMS: ClassVar[dict[str, float]] = {**DynamicPolicy.PARAMS, "pause_share": 0.01, "calm_s": 1.0}
+
+    def __init__(self, mtu: int = 1500, **options: Any) -> None:
+        super().__init__(mtu, **options)
+        self._switch_pausing: dict[str, tuple[float, int]] = {}
+
+    def decide(self, now: float, ports: Mapping[PortKey, PortTelemetry],
+               current: Mapping[PortKey, Thresholds]) -> dict[PortKey, Thresholds]:
+        # per switch: the largest share of the interval any of its ports held its upstream paused, and the
+        # pauses they sent (pause spreading up from this switch: its buffer holds too much)
+        pausing: dict[str, tuple[float, int]] = {}
+        for (sw, _), s in ports.items():
+            share, sent = pausing.get(sw, (0.0, 0))
+            pausing[sw] = (max(share, s.pausing_fraction or 0.0), sent + (s.pauses_sent or 0))
+        self._switch_pausing = pausing
+        return super().decide(now, ports, current)
+
+    def paused(self, s: PortTelemetry) -> bool:
+        """Its downstream paused this port's transmitter in the interval."""
+        return (s.paused_fraction or 0.0) >= self.p["pause_share"] or (s.pauses_received or 0) > 0
+
+    def rule(self, now: float, key: PortKey, s: PortTelemetry, cur: Thresholds, st: _PortState, traffic: bool,
+             ports: Mapping[PortKey, PortTelemetry]) -> Step | None:
+        p = self.p
+        q = self.queue(s)
+        share, sent = self._switch_pausing.get(key[0], (0.0, 0))
+        spreading = share >= p["pause_share"] or sent > 0
+        if self.paused(s) and (traffic or q > 0):
+            st.last_pause = now
+            return self.cut(cur, f"paused by its downstream {s.paused_fraction or 0.0:.0%} of the interval "
+                                 f"({s.pauses_received or 0} pauses): mark before pause spreads")
+        if spreading and traffic and q >= frame_bytes(self.mtu):
+            st.last_pause = now
+            return self.cut(cur, f"its switch pauses its upstream ({share:.0%} of the interval, {sent} pauses) "
+                                 f"and this port holds {q} B of its buffer: mark earlier")
+        if spreading:
+            st.last_pause = now        # a switch that pauses: no rise on any of its ports
+        calm = now - st.last_pause >= p["calm_s"] - 1e-9
+        if not calm:
+            if (traffic and q >= self.pressure_bytes(s.rate_bps)) or s.drops > 0:
+                return super().rule(now, key, s, cur, st, traffic, ports)       # a cut all the same
+            return None               # pause was here a moment ago: no rise yet
+        if (s.paused_fraction is not None and traffic and s.utilisation >= p["u_busy"]
+                and q < self.pressure_bytes(s.rate_bps) and s.drops == 0 and (st.m >= p["m_low"] or q > cur.kmin)):
+            return self.rise(st, cur, f"elephants, no pause for {p['calm_s']:g} s: "
+                                      f"utilisation {st.u:.0%}, marked {st.m:.1%}, queue {q} B: marks only slow them")
+        return super().rule(now, key, s, cur, st, traffic, ports)
+
+
+BUILT_IN: dict[str, type[EcnPolicy]] = {STATIC_POLICY: StaticPolicy, "dynamic": DynamicPolicy,
+                                        "pfc-aware": PfcAwarePolicy}
 
 
 def _from_module(module: Any, attr: str | None, where: str) -> type[EcnPolicy]:

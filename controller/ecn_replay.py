@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hpnlab.fabric.errors import UserError
+from hpnlab.fabric.routing import telemetry
 from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry, port_key_str
 from hpnlab.fabric.workload.ecn import STATIC_POLICY, default_thresholds
 
@@ -101,21 +102,31 @@ def samples_of(line: Mapping[str, Any], rates: Mapping[PortKey, float]) -> dict[
     """One sample line as the loop's ``samples``: every port of the header, the ones the line leaves out
     idle (with their switch's fan-in from the line's other ports of that switch)."""
     t = float(line["t"])
+    # a line recorded with a PFC stage carries pause figures on every row it has (the loop writes them all)
+    pfc = any(row.get("paused_fraction") is not None for row in line.get("ports") or ())
     fan_in: dict[str, int] = {}
     out: dict[PortKey, PortTelemetry] = {}
     for row in line.get("ports") or ():
         key = (str(row["switch"]), int(row["port"]))
         if key not in rates:
             continue
-        kw = {attr: float(row.get(name) or 0.0) * scale for name, attr, scale in _ROW_FLOATS}
+        kw: dict[str, Any] = {attr: float(row.get(name) or 0.0) * scale for name, attr, scale in _ROW_FLOATS}
         out[key] = PortTelemetry(t=t, rate_bps=rates[key], queue_bytes=row.get("queue_bytes"),
                                  queue_peak_bytes=row.get("queue_peak_bytes"), drops=int(row.get("drops") or 0),
-                                 fan_in=int(row.get("fan_in") or 0), **kw)
+                                 fan_in=int(row.get("fan_in") or 0), **kw, **_pfc_of(row, pfc))
         fan_in[key[0]] = max(fan_in.get(key[0], 0), out[key].fan_in)
     for key, rate in rates.items():
         if key not in out:
-            out[key] = PortTelemetry(t=t, rate_bps=rate, fan_in=fan_in.get(key[0], 0))
+            out[key] = PortTelemetry(t=t, rate_bps=rate, fan_in=fan_in.get(key[0], 0), **_pfc_of({}, pfc))
     return out
+
+
+def _pfc_of(row: Mapping[str, Any], pfc: bool) -> dict[str, Any]:
+    """A row's pause figures as the live loop's samples carry them: None on a line without PFC, zeros for a
+    port the line leaves out (it paused nothing) on a line with PFC."""
+    if not pfc:
+        return {}
+    return {f: (float if f.endswith("fraction") else int)(row.get(f) or 0) for f in telemetry.PFC_FIELDS}
 
 
 def _recorded_in_force(line: Mapping[str, Any]) -> dict[PortKey, Thresholds]:
@@ -276,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Replay a recorded telemetry file through an ECN policy, offline.")
     p.add_argument("file", help="a telemetry file: the controller's --telemetry-out, or hpnlab run --out DIR's "
                                 "DIR/telemetry.jsonl")
-    p.add_argument("--policy", help="replay every segment with this policy (static, dynamic, MODULE:CLASS or "
-                                    "FILE.py[:CLASS]); default: each segment's own, checked against the file")
+    p.add_argument("--policy", help="replay every segment with this policy (static, dynamic, pfc-aware, "
+                                    "MODULE:CLASS or FILE.py[:CLASS]); default: each segment's own, checked against the file")
     p.add_argument("--option", action="append", type=_option, default=[], metavar="NAME=VALUE",
                    help="a policy option (e.g. pressure_ms=40 for dynamic); repeatable")
     p.add_argument("--changes", type=int, default=20, metavar="N", help="changes to print (default 20)")

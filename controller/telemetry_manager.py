@@ -13,7 +13,7 @@ import networkx as nx
 
 from hpnlab.fabric.routing import compiler, telemetry, weights
 
-from . import codec, ecn_loop, ecn_policy, reconcile
+from . import codec, ecn_loop, ecn_policy, pfc_metrics, reconcile
 from .conf import Ecn, Routing
 from .control_file import ControlFile
 from .ofp import hub
@@ -55,7 +55,8 @@ class TelemetryManager:
         tel = telemetry.Telemetry(telemetry.fabric_ports(app.graph), cfg.telemetry_interval_ms / 1000)
         out = open(cfg.telemetry_out, "w") if cfg.telemetry_out else None   # noqa: SIM115 (closed in close())
         loop = ecn_loop.EcnLoop(tel, ecn_policy.load(cfg.policy, mtu), cfg.actuator, mtu, out, cfg.stage_run,
-                                control=cfg.control, stage_keys=telemetry.port_renumbering(scenario_graph, app.graph))
+                                control=cfg.control, stage_keys=telemetry.port_renumbering(scenario_graph, app.graph),
+                                open_pfc=pfc_metrics.open_stage)
         LOG.info("telemetry every %g ms, ECN policy %s, actuator %s%s", cfg.telemetry_interval_ms, loop.policy.name,
                  loop.spec, f", written to {cfg.telemetry_out}" if out else "")
         return loop

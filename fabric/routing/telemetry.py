@@ -32,6 +32,18 @@ What each field means (per switch egress port, over the last interval):
 ``fan_in``          ports of the same switch receiving at least ``FAN_IN_SHARE`` of their rate: an
                     upper bound of the incast degree of any of its egress ports (port statistics say
                     how much enters, not where it goes)
+
+Priority flow control (where the emulation runs PFC, ``--pfc on``: the controller reads the PFC stage's
+counters at each tick, :meth:`Telemetry.pfc_counters`; None on a lossy fabric, so that a policy and a
+reader tell "no PFC" from "no pause"):
+
+``paused_fraction``   share of the interval this port's transmitter was held paused by its downstream
+                      (the peer's ingress: the egress side of pause, "this port cannot send")
+``pauses_received``   pause frames its downstream sent it in the interval
+``pausing_fraction``  share of the interval this port, as an ingress, held its upstream peer paused (its
+                      switch's buffer held too much of what came in through it: pause spreading upstream)
+``pauses_sent``       pause frames it sent upstream in the interval
+``headroom_drops``    lossless packets its ingress headroom dropped in the interval (0 where PFC is sized right)
 """
 from __future__ import annotations
 
@@ -130,6 +142,35 @@ class StageCounters:
 
 
 @dataclass(frozen=True)
+class PfcCounters:
+    """The PFC stage's counters of one switch port (cumulative): as an ingress (``pauses_sent``, ``pausing_s``:
+    time it held its upstream paused, ``headroom_drops``) and as a transmitter (``pauses_received``,
+    ``paused_s``: time its downstream held it paused)."""
+    pauses_sent: int = 0
+    pausing_s: float = 0.0
+    headroom_drops: int = 0
+    pauses_received: int = 0
+    paused_s: float = 0.0
+
+
+def pfc_counters(rows: Mapping[str, Mapping[str, Any]]) -> dict[PortKey, PfcCounters]:
+    """The PFC stage's reading (``PfcStage.counters()``: per interface name, e.g. ``p0l0-eth3``) as
+    :class:`PfcCounters` per switch port (scenario numbers); host NICs are left out."""
+    out: dict[PortKey, PfcCounters] = {}
+    for intf, row in rows.items():
+        if not row.get("switch_port"):
+            continue
+        node, sep, port = str(intf).rpartition("-eth")
+        if not sep or not port.isdigit():
+            continue
+        out[(str(row.get("node") or node), int(port))] = PfcCounters(
+            pauses_sent=int(row.get("pauses_sent") or 0), pausing_s=float(row.get("paused_s") or 0.0),
+            headroom_drops=int(row.get("headroom_drops") or 0),
+            pauses_received=int(row.get("pauses_received") or 0), paused_s=float(row.get("paused_rx_s") or 0.0))
+    return out
+
+
+@dataclass(frozen=True)
 class PortTelemetry:
     """One interval of one switch egress port (see the module docstring for each field)."""
     t: float
@@ -144,6 +185,11 @@ class PortTelemetry:
     drops: int = 0
     fan_in: int = 0
     queue_peak_bytes: int | None = None
+    paused_fraction: float | None = None       # PFC (None: no PFC stage): see the module docstring
+    pauses_received: int | None = None
+    pausing_fraction: float | None = None
+    pauses_sent: int | None = None
+    headroom_drops: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +199,12 @@ class PortTelemetry:
 class _Reading:
     t: float
     values: tuple[int, ...]
+
+
+@dataclass
+class _PfcReading:
+    t: float
+    counters: PfcCounters
 
 
 def _rates(prev: _Reading | None, now: float, values: tuple[int, ...]) -> tuple[float, tuple[int, ...]] | None:
@@ -182,6 +234,9 @@ class Telemetry:
         self._stage_rates: dict[PortKey, dict[str, float]] = {}
         self._queue: dict[PortKey, int] = {}
         self._peak: dict[PortKey, int] = {}        # each port's queue peak since the previous sample
+        self._pfc_prev: dict[PortKey, _PfcReading] = {}
+        self._pfc_rates: dict[PortKey, dict[str, float]] = {}
+        self.pfc = False                            # a PFC stage was read at least once
         self._next_poll: float | None = None
         self._xid = XID_BASE
         self.outstanding: dict[int, tuple[str, float]] = {}     # xid -> (switch, sent at)
@@ -195,7 +250,8 @@ class Telemetry:
         again on the new keys; nothing measured on the old numbers is carried over."""
         self.ports = dict(ports)
         self.series = {k: deque(maxlen=self.history) for k in self.ports}
-        for kept in (self._of_prev, self._stage_prev, self._of_rates, self._stage_rates, self._queue, self._peak):
+        for kept in (self._of_prev, self._stage_prev, self._of_rates, self._stage_rates, self._queue, self._peak,
+                     self._pfc_prev, self._pfc_rates):
             kept.clear()
 
     # ---- polling -------------------------------------------------------------------------------
@@ -261,11 +317,44 @@ class Telemetry:
                                       "ce_marked_pps": marked / dt, "ce_fraction": marked / packets if packets else 0.0,
                                       "drops": float(drops)}
 
+    def pfc_counters(self, now: float, counters: Mapping[PortKey, PfcCounters]) -> None:
+        """The PFC stage's counters of (some of) the ports, read at ``now``: the next sample carries the
+        pause figures of the interval since the previous reading (a counter that went down: no figure)."""
+        self.pfc = True
+        for key, c in counters.items():
+            if key not in self.ports:
+                continue
+            prev = self._pfc_prev.get(key)
+            self._pfc_prev[key] = _PfcReading(now, c)
+            if prev is None or now <= prev.t:
+                continue
+            dt = now - prev.t
+            p = prev.counters
+            deltas = (c.pauses_sent - p.pauses_sent, c.pausing_s - p.pausing_s, c.headroom_drops - p.headroom_drops,
+                      c.pauses_received - p.pauses_received, c.paused_s - p.paused_s)
+            if any(d < 0 for d in deltas):
+                continue
+            sent, pausing, hdrops, received, paused = deltas
+            self._pfc_rates[key] = {"pauses_sent": sent, "pausing_fraction": min(1.0, pausing / dt),
+                                    "headroom_drops": hdrops, "pauses_received": received,
+                                    "paused_fraction": min(1.0, paused / dt)}
+
     # ---- output --------------------------------------------------------------------------------
     def _of(self, key: PortKey, now: float) -> dict[str, float] | None:
         """The port's latest OpenFlow rates, unless older than ``STALE_INTERVALS`` intervals."""
         r = self._of_rates.get(key)
         return r if r is not None and now - r["t"] <= STALE_INTERVALS * self.interval_s else None
+
+    def _pfc_fields(self, key: PortKey) -> dict[str, Any]:
+        """The port's pause figures of the interval: None without a PFC stage, zeros while it paused nothing
+        (or before its second reading)."""
+        if not self.pfc:
+            return {}
+        r = self._pfc_rates.get(key) or {}
+        return {"paused_fraction": float(r.get("paused_fraction", 0.0)),
+                "pauses_received": int(r.get("pauses_received", 0)),
+                "pausing_fraction": float(r.get("pausing_fraction", 0.0)),
+                "pauses_sent": int(r.get("pauses_sent", 0)), "headroom_drops": int(r.get("headroom_drops", 0))}
 
     def sample(self, now: float) -> dict[PortKey, PortTelemetry]:
         """One sample per egress port from the latest readings; appended to each port's series.
@@ -297,9 +386,11 @@ class Telemetry:
                 ce_marked_pps=st["ce_marked_pps"] if st is not None else 0.0,
                 ce_fraction=st["ce_fraction"] if st is not None else 0.0,
                 ect_pps=st["ect_pps"] if st is not None else 0.0,
-                drops=int(drops), fan_in=fan_in.get(key[0], 0), queue_peak_bytes=self._peak.pop(key, None))
+                drops=int(drops), fan_in=fan_in.get(key[0], 0), queue_peak_bytes=self._peak.pop(key, None),
+                **self._pfc_fields(key))
             self.series[key].append(out[key])
         self._stage_rates.clear()
+        self._pfc_rates.clear()
         if self._last_sample is not None:
             self.intervals.append(now - self._last_sample)
         self._last_sample = now
@@ -315,7 +406,8 @@ def sample_line(now: float, samples: Mapping[PortKey, PortTelemetry], thresholds
     ``thresholds``: port -> a value with kmin, kmax, pmax (the thresholds in force during the interval)."""
     rows = []
     for key, s in samples.items():
-        if not idle_too and s.tx_bps == 0 and not s.queue_bytes and s.drops == 0 and s.rx_bps == 0:
+        if not idle_too and s.tx_bps == 0 and not s.queue_bytes and s.drops == 0 and s.rx_bps == 0 \
+                and not s.paused_fraction and not s.pausing_fraction and not s.headroom_drops:
             continue
         th = thresholds.get(key)
         # unrounded: what the policy decided on, so that a replay (controller/ecn_replay.py) decides the same
@@ -325,12 +417,15 @@ def sample_line(now: float, samples: Mapping[PortKey, PortTelemetry], thresholds
                      "queue_peak_bytes": s.queue_peak_bytes,
                      "ce_marked_pps": s.ce_marked_pps, "ce_fraction": s.ce_fraction,
                      "ect_pps": s.ect_pps, "drops": s.drops, "fan_in": s.fan_in,
+                     **({f: getattr(s, f) for f in PFC_FIELDS} if s.paused_fraction is not None else {}),
                      **({"kmin": th.kmin, "kmax": th.kmax, "pmax": th.pmax} if th is not None else {})})
     return {"kind": "sample", "t": now, "ports": rows}
 
 
+#: a sample line's PFC figures (present only where a PFC stage was read)
+PFC_FIELDS = ("paused_fraction", "pauses_received", "pausing_fraction", "pauses_sent", "headroom_drops")
 _SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "queue_peak_bytes", "ce_marked_pps",
-                  "ce_fraction", "drops", "kmin", "kmax", "pmax")
+                  "ce_fraction", "drops", "kmin", "kmax", "pmax", *PFC_FIELDS)
 
 
 def _bucket(values: list, field: str) -> Any:
@@ -339,7 +434,7 @@ def _bucket(values: list, field: str) -> Any:
         return None
     if field in ("queue_bytes", "queue_peak_bytes"):
         return max(vals)            # a queue's peak matters more than its mean
-    if field == "drops":
+    if field in ("drops", "pauses_received", "pauses_sent", "headroom_drops"):
         return sum(vals)
     if field in ("kmin", "kmax", "pmax"):
         return vals[-1]             # what was in force at the bucket's end
