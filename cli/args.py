@@ -109,8 +109,8 @@ def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "co
                         "the controller-only baseline")
     p.add_argument("--no-ecn", action="store_true", help="no ECN marking stage on switch ports")
     p.add_argument("--ecn-policy", default=c.ecn_policy, metavar="NAME",
-                   help=f"the controller's dynamic-ECN policy: static, dynamic, pfc-aware, MODULE:CLASS or FILE.py (default "
-                        f"{c.ecn_policy})"
+                   help=f"the controller's dynamic-ECN policy: static, dynamic, pfc-aware, MODULE:CLASS or FILE.py "
+                        f"(default {c.ecn_policy})"
                         + ecn_policy_help)
     p.add_argument("--telemetry-interval-ms", type=int, default=c.telemetry_interval_ms, metavar="N",
                    help=f"the controller polls port statistics and the ECN stage every N ms (default "

@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("file", help="a telemetry file: the controller's --telemetry-out, or hpnlab run --out DIR's "
                                 "DIR/telemetry.jsonl")
     p.add_argument("--policy", help="replay every segment with this policy (static, dynamic, pfc-aware, "
-                                    "MODULE:CLASS or FILE.py[:CLASS]); default: each segment's own, checked against the file")
+                                    "MODULE:CLASS or FILE.py[:CLASS]); default: each segment's own, checked against "
+                                    "the file")
     p.add_argument("--option", action="append", type=_option, default=[], metavar="NAME=VALUE",
                    help="a policy option (e.g. pressure_ms=40 for dynamic); repeatable")
     p.add_argument("--changes", type=int, default=20, metavar="N", help="changes to print (default 20)")
