@@ -69,7 +69,12 @@ from hpnlab.fabric.workload.report import _save, read_json, write_json
 
 STATIC = ("low", "high", "dcqcn", "default")
 DYNAMIC = "dynamic"
+#: the settings that run a controller policy (each by its own name; ``dynamic`` by ``dynamic_policy``)
+POLICIES = (DYNAMIC, "pfc-aware")
+#: what ``--settings`` runs when not given
 SETTINGS = (*STATIC, DYNAMIC)
+#: every name ``--settings`` knows (pfc-aware: opt-in, for a lossless fabric)
+KNOWN_SETTINGS = (*STATIC, *POLICIES)
 NOT_MERGED = "not available (dynamic ECN not merged)"
 
 WORKLOADS = {
@@ -82,7 +87,14 @@ WORKLOADS = {
     "short": "incast:ranks=4,msg=4K,iters=100,warmup=15,gap=20ms",
     # an incast whose bursts overflow the root's port buffer beside the all-reduce (8 x 64 KiB)
     "overflow": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=64K,iters=25,warmup=6,gap=20ms",
+    # PFC's victim: the all-reduce (job 1, placed as ``allreduce`` alone is: its figure alone) beside an
+    # unrelated incast of 8 x 32 KiB bursts 10 ms apart for about as long; each job spans every leaf, so on a
+    # lossless fabric the incast's pauses climb from the root's leaf to the spines and the leaf uplinks the
+    # all-reduce's ring shares: its busbw over its busbw alone is the collateral damage
+    "victim": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=32K,iters=150,warmup=10,gap=10ms",
 }
+#: a workload -> the workloads it needs in the same comparison (its jobs alone, for the slowdown)
+NEEDS = {"victim": ("allreduce",)}
 #: what ``--workloads`` runs when not given (``alltoall`` and ``short`` only bound ``shared``;
 #: ``overflow`` is a burst no setting keeps within the buffer at the preset's rate)
 DEFAULT_WORKLOADS = ("incast", "allreduce", "mix", "shared")
@@ -90,7 +102,14 @@ _WORKLOAD_ALIASES = {"all_reduce": "allreduce", "elephants": "allreduce", "all-r
 
 #: figure -> whether higher is better (for the ratios and "best")
 METRICS = {"busbw_gbs": True, "p50_us": False, "p99_us": False, "queue_p99_bytes": False,
-           "ce_fraction": False, "drops": False, "wall_s": False}
+           "ce_fraction": False, "drops": False, "wall_s": False,
+           # priority flow control (None on a lossy fabric): pause frames the switches sent, the largest share
+           # of the run one port held its upstream paused, ports that paused, lossless packets the headroom dropped
+           "pauses": False, "paused_share_max": False, "ports_paused": False, "headroom_drops": False}
+#: the PFC figures (``summarize``), reported where a run had PFC
+PFC_METRICS = ("pauses", "paused_share_max", "ports_paused", "headroom_drops")
+#: how a workload is named when the comparison ran with and without PFC (``tag_pfc``)
+PFC_TAG = {True: "@pfc-on", False: "@pfc-off"}
 #: the figures the ratio table compares to the best static setting
 RATIO_METRICS = ("busbw_gbs", "p50_us", "p99_us")
 
@@ -114,8 +133,18 @@ def comma_list(text: str, flag: str, what: str, known: Sequence[str],
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
-    """``--workloads`` (comma list of ``WORKLOADS``' names)."""
-    return comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
+    """``--workloads`` (comma list of ``WORKLOADS``' names), with what each needs (``NEEDS``: ``victim``
+    brings ``allreduce``, its elephant job alone) added after it."""
+    chosen = comma_list(text, "--workloads", "workload", tuple(WORKLOADS), _WORKLOAD_ALIASES)
+    out: list[str] = []
+    for w in chosen:
+        out += [x for x in (w, *NEEDS.get(w, ())) if x not in out]
+    return tuple(out)
+
+
+def is_policy(setting: str) -> bool:
+    """A setting that runs a controller policy (``POLICIES``) rather than fixed thresholds."""
+    return setting in POLICIES
 
 
 def is_static(setting: str) -> bool:
@@ -137,7 +166,7 @@ def parse_settings(text: str) -> tuple[str, ...]:
     out: list[str] = []
     for item in (i.strip() for i in str(text).split(",") if i.strip()):
         if ":" not in item:
-            out += comma_list(item, "--settings", "ECN setting", tuple(SETTINGS))
+            out += comma_list(item, "--settings", "ECN setting", KNOWN_SETTINGS)
             continue
         item = item.upper()
         if item.count(":") != 2:
@@ -189,7 +218,11 @@ def summarize(doc: dict[str, Any]) -> dict[str, Any]:
     ecn = next((r["switch_ecn"] for r in results if r.get("switch_ecn")), None) or {}
     wrong = sum((row.get(m) or {}).get("wrong") or 0 for r in results for row in r.get("rows", [])
                 for m in ("oop", "ip"))
-    return {"busbw_gbs": statistics.fmean(busbw) if busbw else None, "p50_us": p50, "p99_us": p99,
+    pfc = next((r["switch_pfc"] for r in results if r.get("switch_pfc") and "error" not in r["switch_pfc"]), None)
+    return {**{m: (pfc or {}).get(m) if pfc is not None else None for m in PFC_METRICS},
+            "pfc": doc.get("meta", {}).get("pfc", "on" if pfc is not None else None),
+            "paused_ports": {k: v.get("paused_share") for k, v in (pfc or {}).get("per_port", {}).items()},
+            "busbw_gbs": statistics.fmean(busbw) if busbw else None, "p50_us": p50, "p99_us": p99,
             "messages": len(times), "queue_p99_bytes": ecn.get("queue_p99_bytes"),
             "ce_fraction": ecn.get("ce_fraction"), "drops": ecn.get("drops"),
             "wall_s": doc.get("meta", {}).get("wall_s"), "wrong": wrong,
@@ -259,7 +292,16 @@ WIN = 0.20
 LOSS = 0.05
 #: a mix's figures and the workload that runs the same job alone in the comparison
 PARTS = {"mix": {"busbw_gbs": "allreduce", "p99_us": "incast"},
-         "shared": {"busbw_gbs": "alltoall", "p99_us": "short"}}
+         "shared": {"busbw_gbs": "alltoall", "p99_us": "short"},
+         "victim": {"busbw_gbs": "allreduce"}}
+
+
+def part_of(workload: str, metric: str) -> str | None:
+    """The workload that runs ``workload``'s job of ``metric`` alone (``PARTS``), with the same PFC tag
+    (``victim@pfc-on`` -> ``allreduce@pfc-on``), or None."""
+    base, sep, tag = workload.partition("@")
+    part = PARTS.get(base, {}).get(metric)
+    return part + sep + tag if part else None
 
 
 def _overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -319,10 +361,11 @@ def interference(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[st
     within a few percent of its jobs alone leaves no policy a 20% win on it but by beating every
     setting on the job alone."""
     out: dict[str, dict[str, Any]] = {}
-    for mix, parts in PARTS.items():
-        if mix not in agg:
-            continue
-        for metric, alone in parts.items():
+    for mix in agg:
+        for metric in METRICS:
+            alone = part_of(mix, metric)
+            if alone is None:
+                continue
             best = best_static(agg[mix], metric)
             have = [(s, m) for s, f in agg.get(alone, {}).items() if (m := _median(f, metric)) is not None]
             if best is None or not have:
@@ -333,6 +376,58 @@ def interference(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[st
                                                "alone_setting": top[0], "alone_workload": alone,
                                                "ratio": best[1] / top[1] if top[1] else None,
                                                "of_line": best[1] * 8e9 / line if line else None}
+    return out
+
+
+def victim_slowdown(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """PFC's collateral damage: per victim workload (``victim``, with any PFC tag) and setting, the elephant
+    job's median busbw beside the incast over its median busbw alone under the same setting (``part_of``);
+    below 1 it was slowed. {workload: {setting: {"victim", "alone", "ratio", "within_spread"}}}."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for w, per in agg.items():
+        if w.partition("@")[0] != "victim" or (alone := part_of(w, "busbw_gbs")) not in agg:
+            continue
+        for s, f in per.items():
+            a = agg[alone].get(s) or {}
+            mine, theirs = _median(f, "busbw_gbs"), _median(a, "busbw_gbs")
+            if mine is None or theirs is None:
+                continue
+            lo, hi = f["busbw_gbs"], a["busbw_gbs"]
+            out.setdefault(w, {})[s] = {"victim": mine, "alone": theirs, "ratio": mine / theirs if theirs else None,
+                                        # the ranges overlap: the repetitions cannot tell a slowdown
+                                        "within_spread": lo["max"] >= hi["min"]}
+    return out
+
+
+def tag_pfc(comp: dict[str, Any], pfc: bool) -> dict[str, Any]:
+    """A comparison's records with each workload named for the PFC setting it ran under (``incast@pfc-on``),
+    so that comparisons with and without PFC :func:`merge` into one whose tables show both."""
+    records = [dict(rec, workload=rec["workload"].partition("@")[0] + PFC_TAG[pfc], pfc=pfc)
+               for rec in comp["records"]]
+    meta = {**comp["meta"], "pfc": "on" if pfc else "off",
+            "workloads": {w.partition("@")[0] + PFC_TAG[pfc]: spec for w, spec in comp["meta"]["workloads"].items()}}
+    return {**comp, "meta": meta, "records": records}
+
+
+def pfc_difference(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The difference PFC makes: per workload run both ways and setting, each figure's median with PFC over
+    its median without (busbw above 1: PFC helped; times, drops below 1: PFC helped).
+    {workload: {setting: {figure: ratio or None}}}."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for w in agg:
+        base, _, tag = w.partition("@")
+        off = base + PFC_TAG[False]
+        if "@" + tag != PFC_TAG[True] or off not in agg:
+            continue
+        for s, on_f in agg[w].items():
+            off_f = agg[off].get(s)
+            if off_f is None or "unavailable" in on_f or "unavailable" in off_f:
+                continue
+            row = {}
+            for m in ("busbw_gbs", "p99_us", "drops"):
+                a, b = _median(on_f, m), _median(off_f, m)
+                row[m] = a / b if a is not None and b else None
+            out.setdefault(base, {})[s] = row
     return out
 
 
@@ -347,7 +442,7 @@ def reach(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]
     bounded (None): the target is then not excluded."""
     out: dict[str, dict[str, Any]] = {}
     for w, per in agg.items():
-        part = PARTS.get(w, {}).get("p99_us")
+        part = part_of(w, "p99_us")
         alone = [(s, f["p99_us"]["min"]) for s, f in agg.get(part or "", {}).items()
                  if "unavailable" not in f and f.get("p99_us")]
         floor = min(alone, key=lambda x: x[1]) if alone else None
@@ -453,8 +548,47 @@ def format_report(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[
                 continue
             cells = " ".join(f"{'-' if per[s][m] is None else format(per[s][m], '.3f'):>10}" for m in RATIO_METRICS)
             lines.append(f"{w:<10} {s:<{sw}} {cells}   {best}")
-    verdict = format_targets(agg)
-    return "\n".join(lines + (["", verdict] if verdict else []))
+    lines += format_pfc(agg, settings, sw)
+    verdicts = [format_targets(agg, c) for c in POLICIES if any(c in per for per in agg.values())]
+    return "\n".join(lines + [x for v in verdicts if v for x in ("", v)])
+
+
+def format_pfc(agg: dict[str, dict[str, dict[str, Any]]], settings: Sequence[str], sw: int = 9) -> list[str]:
+    """The PFC figures per workload that had PFC, the victim's slowdown, the difference PFC made (lines;
+    none on a lossy comparison)."""
+    lines: list[str] = []
+    had = [w for w, per in agg.items() if any((f.get("pauses") or {}).get("n") for f in per.values())]
+    if had:
+        head = (f"{'workload':<16} {'setting':<{sw}} {'pause frames':>20} {'largest pause share':>22} "
+                f"{'ports paused':>14} {'headroom drops':>16}")
+        lines += ["## priority flow control: median [min-max] over repetitions (pause share: of the run, on the "
+                  "port that paused most)", head, "-" * len(head)]
+        for w in had:
+            for s in [s for s in settings if s in agg[w] and "unavailable" not in agg[w][s]]:
+                f = agg[w][s]
+                lines.append(f"{w:<16} {s:<{sw}} {spread_text(f['pauses'], '{:.0f}'):>20} "
+                             f"{spread_text(f['paused_share_max'], '{:.3f}'):>22} "
+                             f"{spread_text(f['ports_paused'], '{:.0f}'):>14} "
+                             f"{spread_text(f['headroom_drops'], '{:.0f}'):>16}")
+        lines.append("")
+    for w, per in victim_slowdown(agg).items():
+        lines.append(f"## {w}: the elephant job's busbw beside the incast over its busbw alone (same setting)")
+        for s in [s for s in settings if s in per]:
+            v = per[s]
+            lines.append(f"{w:<16} {s:<{sw}} {v['ratio']:.3f}  ({v['victim'] * 8e3:.2f} / {v['alone'] * 8e3:.2f} "
+                         f"Mbit/s{', ranges overlap' if v['within_spread'] else ''})")
+        lines.append("")
+    diff = pfc_difference(agg)
+    if diff:
+        lines += ["## the difference PFC makes: median with PFC over median without, per setting",
+                  f"{'workload':<16} {'setting':<{sw}} {'busbw':>8} {'msg p99':>8} {'drops':>8}"]
+        for w, per in diff.items():
+            for s in [s for s in settings if s in per]:
+                cells = (f"{'-' if per[s][m] is None else format(per[s][m], '.3f'):>8}"
+                         for m in ("busbw_gbs", "p99_us", "drops"))
+                lines.append(f"{w:<16} {s:<{sw}} " + " ".join(cells))
+        lines.append("")
+    return lines
 
 
 # ---- plots (matplotlib, imported when called) ------------------------------------------------
@@ -600,19 +734,19 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
     t0 = time.monotonic()
     for k, (rep, w, s) in enumerate(order):
         rec: dict[str, Any] = {"rep": rep, "workload": w, "setting": s}
-        if s == DYNAMIC and not dynamic_ok:
+        if is_policy(s) and not dynamic_ok:
             rec["unavailable"] = NOT_MERGED
             records.append(rec)
             continue
         say(f"[{k + 1}/{len(order)}] repetition {rep + 1}, {w}, ECN {s}")
-        kwargs: dict[str, Any] = {"ecn_thresholds": "default" if s == DYNAMIC else thresholds_arg(s)}
-        if s == DYNAMIC:
-            kwargs["ecn_policy"] = dynamic_policy
+        kwargs: dict[str, Any] = {"ecn_thresholds": "default" if is_policy(s) else thresholds_arg(s)}
+        if is_policy(s):
+            kwargs["ecn_policy"] = dynamic_policy if s == DYNAMIC else s
         started = time.monotonic()
         try:
             doc = run(plans[w], emu, progress=False, say=lambda m: None, **kwargs)
         except TypeError as exc:
-            if s != DYNAMIC:
+            if not is_policy(s):
                 raise
             rec["unavailable"] = f"{NOT_MERGED}: {exc}"
             records.append(rec)
@@ -628,14 +762,16 @@ def run_comparison(emu: Any, base: Any, workloads: Sequence[str], settings: Sequ
         sm = rec["summary"]
         say(f"  {rec['elapsed_s']:.1f} s: busbw {_num(sm['busbw_gbs'], 8e3, 'Mbit/s')}, msg p50/p99 "
             f"{_num(sm['p50_us'], 1e-3, 'ms')}/{_num(sm['p99_us'], 1e-3, 'ms')}, queue p99 "
-            f"{_num(sm['queue_p99_bytes'], 1e-3, 'KB')}, CE {_num(sm['ce_fraction'], 1, '')}, drops {sm['drops']}")
+            f"{_num(sm['queue_p99_bytes'], 1e-3, 'KB')}, CE {_num(sm['ce_fraction'], 1, '')}, drops {sm['drops']}"
+            + (f", pauses {sm['pauses']} (largest share {_num(sm['paused_share_max'], 1, '')}), headroom drops "
+               f"{sm['headroom_drops']}" if sm.get("pauses") is not None else ""))
         records.append(rec)
     agg = aggregate(records)
     meta = {"workloads": {w: WORKLOADS[w] for w in workloads}, "settings": list(settings), "repeat": repeat,
             "order": [list(x) for x in order], "wall_s": time.monotonic() - t0,
             "dynamic_available": dynamic_ok, "dynamic_policy": dynamic_policy, "plan": base.as_dict()}
     return {"meta": meta, "records": records, "aggregate": agg, "ratios": ratios(agg), "targets": targets(agg),
-            "interference": interference(agg), "reach": reach(agg)}
+            "interference": interference(agg), "reach": reach(agg), "victim": victim_slowdown(agg)}
 
 
 def repetition_times(records: list[dict[str, Any]]) -> dict[int, float]:
@@ -657,8 +793,10 @@ def save(comp: dict[str, Any], out_dir: str | Path, say: Callable[[str], None] =
     """Write ``compare.json`` first, then print the tables and draw the plots."""
 
     out_dir = Path(out_dir)
-    comp = {**comp, "targets": targets(comp["aggregate"]), "interference": interference(comp["aggregate"]),
-            "reach": reach(comp["aggregate"])}
+    agg = comp["aggregate"]
+    comp = {**comp, "targets": targets(agg), "interference": interference(agg), "reach": reach(agg),
+            "victim": victim_slowdown(agg), "pfc_difference": pfc_difference(agg),
+            **{f"targets_{c}": targets(agg, c) for c in POLICIES[1:] if any(c in per for per in agg.values())}}
     path = write_json(comp, out_dir / "compare.json")
     settings = comp["meta"]["settings"]
     say(format_report(comp["aggregate"], settings))
