@@ -81,6 +81,11 @@ def pfc_value(text: str) -> bool:
     return t == "on"
 
 
+def _one_pfc(value: bool | tuple[bool, ...] | None) -> bool | None:
+    """``--pfc`` of a command that takes several (``several``): its first (the command runs the others)."""
+    return value[0] if isinstance(value, tuple) else value
+
+
 def pfc_values(text: str) -> tuple[bool, ...]:
     """A comma list of ``on`` and ``off``, each setting once, in order."""
     values = tuple(dict.fromkeys(pfc_value(t) for t in text.split(",") if t.strip()))
@@ -90,9 +95,10 @@ def pfc_values(text: str) -> tuple[bool, ...]:
 
 
 def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "continue",
-                       ecn_policy_help: str = "") -> None:
+                       ecn_policy_help: str = "", several_pfc: bool = False) -> None:
     """The controller's and the ports' options every command that emulates takes (``emulation_options``
-    reads them). ``on_controller_loss``: this command's default answer to a dead controller."""
+    reads them). ``on_controller_loss``: this command's default answer to a dead controller; ``several_pfc``:
+    ``--pfc`` takes ``on,off`` (the command runs once per value and sets ``args.pfc`` to each in turn)."""
     from hpnlab.fabric.emulation.options import ON_CONTROLLER_LOSS, ROUTING_WEIGHTS, ControllerOptions, FailoverOptions
     c = ControllerOptions()            # the flags' defaults are the options' own
     loss_help = {
@@ -129,7 +135,7 @@ def add_emulation_args(p: argparse.ArgumentParser, on_controller_loss: str = "co
                         "vSwitch's machine-wide SSL setting is replaced for the run and put back after)")
     add_port_type_arg(p)
     add_arp_arg(p)
-    add_pfc_arg(p)
+    add_pfc_arg(p, several=several_pfc)
 
 
 def emulation_options(args: argparse.Namespace, extra_args: list[str] | tuple[str, ...] = (),
@@ -156,7 +162,7 @@ def emulation_options(args: argparse.Namespace, extra_args: list[str] | tuple[st
         controller=dataclasses.replace(ctl, **controller) if controller else ctl,
         ports=o.PortOptions(shape=ports.shape, ecn=not get("no_ecn", not ports.ecn),
                             port_type=get("port_type", ports.port_type), ovs_sched=get("ovs_sched", ports.ovs_sched),
-                            pfc=get("pfc", ports.pfc)),
+                            pfc=_one_pfc(get("pfc", ports.pfc))),
         failover=o.FailoverOptions(bfd_ms=get("bfd", failover.bfd_ms), bfd_mult=get("bfd_mult", failover.bfd_mult)),
         supervision=o.SupervisionOptions(lock_wait_s=max(0.0, get("lock_wait", supervision.lock_wait_s)),
                                          verify=not get("no_verify", not supervision.verify),

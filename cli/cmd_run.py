@@ -77,7 +77,8 @@ def register(sub) -> None:
                    help="--compare routing: comma list of ecmp, flowlet, spray, adaptive, adaptive+w (the default) "
                         "and reps (REPS's recycling); ecmp always runs, the ratios are to it")
     add_emulation_args(p, on_controller_loss="restart",
-                       ecn_policy_help="; with --compare ecn, the policy its dynamic setting runs (default dynamic)")
+                       ecn_policy_help="; with --compare ecn, the policy its dynamic setting runs (default dynamic)",
+                       several_pfc=True)
     p.add_argument("--timeline", metavar="FILE",
                    help="failure timeline (YAML/JSON, as for `hpnlab emulate`) run through every run of the "
                         "matrix, its times counted from each run's start")
@@ -131,6 +132,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         adjust_rates = compare_routing.comparison_rates
     elif args.modes:
         raise UserError("--modes chooses the routing modes of --compare routing (add --compare routing)")
+    # --pfc on,off (comparisons only): one emulation per value, one after the other (one at a time machine-wide)
+    pfcs: tuple[bool | None, ...] = tuple(args.pfc) if isinstance(args.pfc, tuple) else (args.pfc,)
+    if len(pfcs) > 1 and args.compare is None:
+        raise UserError("--pfc on,off runs a comparison both ways (add --compare ecn or --compare routing); "
+                        "a run takes --pfc on or --pfc off")
+    args.pfc = pfcs[0]
     web_args, metrics_port = web_controller_args(args)
     options = emulation_options(args, extra_args=web_args,
                                 routing_weights="weighted" if args.compare == "routing" else args.routing_weights)
@@ -177,6 +184,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"emulating {scenario.name}: {len(hosts)} hosts, {g.number_of_nodes() - len(hosts)} switches; "
         f"{runs} run(s); {rates_line}")
     out_dir = Path(args.out) if args.out else default_out("compare-ecn" if comparing is not None else "run")
+    if len(pfcs) > 1:
+        return _compare_both_ways(args, pfcs, scenario, options, plan, comparing, out_dir, say,
+                                  sizes_given=sizes_given, routing_collectives=routing_collectives)
     try:
         with Emulation(scenario, options) as emu, \
                 open_web(emu, args, metrics_port, say) as web:
@@ -217,7 +227,53 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if report.wrong_total(doc["results"]) else 0
 
 
-def keep_telemetry(emu, out_dir: Path, say) -> Path | None:
+def _compare_both_ways(args: argparse.Namespace, pfcs: tuple[bool | None, ...], scenario, options, plan,
+                       comparing: tuple[tuple[str, ...], tuple[str, ...]] | None, out_dir: Path, say, *,
+                       sizes_given: bool, routing_collectives: tuple[str, ...] | None) -> int:
+    """``--compare ecn|routing --pfc on,off``: the comparison on one emulation per PFC setting, one after
+    the other. ECN: one comparison whose workloads are named for the setting (``victim@pfc-on``), with the
+    difference PFC makes per workload and setting (``compare_ecn.pfc_difference``); routing: one folder per
+    setting (``OUT/pfc-on``, ``OUT/pfc-off``)."""
+    import dataclasses
+
+    from hpnlab.fabric.emulation import Emulation, EmulationError
+
+    comps: list[dict] = []
+    worst = 0
+    for pfc in pfcs:
+        tag = "on" if pfc else "off"
+        opts = dataclasses.replace(options, ports=dataclasses.replace(options.ports, pfc=pfc))
+        say(f"== PFC {tag} ==")
+        try:
+            with Emulation(scenario, opts) as emu:
+                md = emu.metadata
+                say(f"up in {emu.timings.get('up_s', 0):.1f} s: datapath {md.get('datapath')}, shaping "
+                    f"{md.get('shaping')}, ECN {md.get('ecn')}, PFC {'on' if getattr(emu, 'pfc', None) else 'off'}")
+                if args.compare == "routing":
+                    sub = argparse.Namespace(**{**vars(args), "out": str(out_dir / f"pfc-{tag}")})
+                    worst = max(worst, _compare_routing(sub, emu, plan, say, sized=sizes_given,
+                                                        collectives=routing_collectives))
+                    continue
+                assert comparing is not None
+                doc = compare.run_comparison(emu, plan, comparing[0], comparing[1], args.repeat, say=say,
+                                             dynamic_policy=args.ecn_policy if args.ecn_policy != "static"
+                                             else "dynamic")
+                doc["meta"].update(emulation=dict(md), timings=dict(emu.timings))
+                comps.append(compare.tag_pfc(doc, bool(getattr(emu, "pfc", None))))
+                keep_telemetry(emu, out_dir, say, name=f"telemetry-pfc-{tag}.jsonl")
+        except EmulationError as exc:
+            print(f"hpnlab: emulation failed (PFC {tag}): {exc}", file=sys.stderr)
+            return 1
+    if args.compare == "routing":
+        return worst
+    merged = compare.merge(comps)
+    merged["meta"].update(command=" ".join(sys.argv), scenario=spec.to_dict(scenario), uname=" ".join(os.uname()),
+                          pfc=[c["meta"]["pfc"] for c in comps], settings=list(comparing[1]) if comparing else [])
+    compare.save(merged, out_dir, say)
+    return 1 if any(f.get("wrong") for per in merged["aggregate"].values() for f in per.values()) else 0
+
+
+def keep_telemetry(emu, out_dir: Path, say, name: str = "telemetry.jsonl") -> Path | None:
     """The controller's whole telemetry file (every tick's per-port samples and every threshold change,
     the run's JSON has a summary of it) kept as ``out_dir/telemetry.jsonl`` before the emulation's
     run directory goes: ``python -m hpnlab.controller.ecn_replay`` replays it through a policy."""
@@ -225,7 +281,7 @@ def keep_telemetry(emu, out_dir: Path, say) -> Path | None:
     if src is None or not Path(src).is_file() or not Path(src).stat().st_size:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
-    dst = out_dir / "telemetry.jsonl"
+    dst = out_dir / name
     shutil.copyfile(src, dst)
     say(f"controller telemetry: {dst} (replay: python -m hpnlab.controller.ecn_replay {dst})")
     return dst

@@ -57,12 +57,23 @@ def test_a_value_other_than_on_or_off_is_refused(bad):
 @pytest.mark.parametrize("command", ["run", "emulate", "demo", "fidelity"])
 def test_every_command_that_emulates_takes_the_flag(command):
     parser = build_parser()
-    args = parser.parse_args([command, "mini-hpn", "--pfc", "on"] if command != "fidelity"
-                             else [command, "mini-hpn", "--pfc", "on,off"])
-    assert args.pfc in (True, (True, False))
+    several = command in ("fidelity", "run")          # they take on,off (run: for its comparisons)
+    args = parser.parse_args([command, "mini-hpn", "--pfc", "on,off" if several else "on"])
+    assert args.pfc == ((True, False) if several else True)
 
 
 def test_a_wrong_value_on_the_command_line_is_one_usage_line():
     r = subprocess.run([sys.executable, "-m", "hpnlab.cli", "run", "mini-hpn", "--pfc", "sometimes"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "--pfc takes on or off" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_takes_on_comma_off_for_its_comparisons_and_only_for_them():
+    parser = build_parser()
+    assert parser.parse_args(["run", "mini-hpn", "--compare", "ecn", "--pfc", "on,off"]).pfc == (True, False)
+    done = subprocess.run([sys.executable, "-m", "hpnlab.cli", "run", "mini-hpn", "--pfc", "on,off"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "hpnlab: --pfc on,off runs a comparison both ways (add --compare ecn or --compare routing); "
+        "a run takes --pfc on or --pfc off"]
