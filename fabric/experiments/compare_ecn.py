@@ -88,10 +88,10 @@ WORKLOADS = {
     # an incast whose bursts overflow the root's port buffer beside the all-reduce (8 x 64 KiB)
     "overflow": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=64K,iters=25,warmup=6,gap=20ms",
     # PFC's victim: the all-reduce (job 1, placed as ``allreduce`` alone is: its figure alone) beside an
-    # unrelated incast of 8 x 32 KiB bursts 10 ms apart for about as long; each job spans every leaf, so on a
+    # unrelated incast of 8 x 16 KiB bursts 20 ms apart for about as long; each job spans every leaf, so on a
     # lossless fabric the incast's pauses climb from the root's leaf to the spines and the leaf uplinks the
     # all-reduce's ring shares: its busbw over its busbw alone is the collateral damage
-    "victim": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=32K,iters=150,warmup=10,gap=10ms",
+    "victim": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=16K,iters=40,warmup=5,gap=20ms",
 }
 #: a workload -> the workloads it needs in the same comparison (its jobs alone, for the slowdown)
 NEEDS = {"victim": ("allreduce",)}
