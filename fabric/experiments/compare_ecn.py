@@ -27,6 +27,11 @@ the budget's rates, about 33 Mbit/s and MTU 4096 here)
     short       shared's short messages alone, on the same hosts   what a policy can win on shared)
     overflow    the all-reduce beside 8 senders x 64 KiB to one root, 25 times 20 ms apart after 6
                 warm-up bursts: bursts that overflow the root's port buffer (opt-in too)
+    victim      PFC's collateral damage (opt-in): the all-reduce beside an unrelated incast of 8 x 16 KiB, 40
+                times 20 ms apart; on a lossless fabric the incast's pauses climb to the spines and the leaf
+                uplinks the all-reduce shares; brings ``allreduce`` (its job alone: the slowdown)
+    phases      time-varying load on the same 4 hosts (opt-in): elephants alone, then short-message bursts,
+                then both (jobs started ``after`` a delay)
 
 Figures per (workload, setting), over the repetitions as median [min, max]
     busbw_gbs        the elephant jobs' busbw (every job but the incast: out-of-place, mean over sizes;
@@ -92,6 +97,11 @@ WORKLOADS = {
     # lossless fabric the incast's pauses climb from the root's leaf to the spines and the leaf uplinks the
     # all-reduce's ring shares: its busbw over its busbw alone is the collateral damage
     "victim": "all_reduce:ranks=4,size=1M,iters=3,warmup=1;incast:ranks=8,msg=16K,iters=40,warmup=5,gap=20ms",
+    # phases on the same 4 hosts (``after``: a job's start delay): elephants alone (a 512 KiB all-reduce,
+    # done well within 1.5 s at 10 Mbit/s), then from 1.5 s 3 x 4 KiB to one root every 20 ms (about 4.5 s
+    # at 10 Mbit/s), and from 3.5 s the elephants again beside them: no single static setting fits all three
+    "phases": "all_reduce:ranks=4,size=512K,iters=1,warmup=1;incast:ranks=4,msg=4K,iters=150,warmup=5,gap=20ms,"
+              "on=1,after=1.5s;all_reduce:ranks=4,size=512K,iters=1,warmup=1,on=1,after=3.5s",
 }
 #: a workload -> the workloads it needs in the same comparison (its jobs alone, for the slowdown)
 NEEDS = {"victim": ("allreduce",)}

@@ -260,16 +260,22 @@ class Plan:
                       entropy=run.entropy or "flow", line_rate_bps=line_rate_bps, mtu=mtu,
                       base_port=base + 100 * j if base else 0, root=spec.root if spec else self.root, perm=perm,
                       seed=self.seed, timeout_s=self.timeout_s, options=opts, job=j,
-                      labels=labels[j] if labels else None, gap_s=spec.gap_s if spec else 0.0)
+                      labels=labels[j] if labels else None, gap_s=spec.gap_s if spec else 0.0,
+                      after_s=spec.after_s if spec else 0.0)
             pl.validate(job)
             jobs.append(job)
         for job in jobs:
             own = [a for addrs in job.addrs for a in addrs]
             if len(set(own)) != len(own):
                 raise UserError("two ranks of one job share an address")
+        def host_owner(k: int) -> int:        # the job whose hosts job k runs on (itself, or the one on= names)
+            while self.specs and self.specs[k].on is not None:
+                k = self.specs[k].on
+            return k
+
         for a, b in itertools.combinations(range(len(jobs)), 2):
             shared = {x for addrs in jobs[a].addrs for x in addrs} & {x for addrs in jobs[b].addrs for x in addrs}
-            if shared and not (self.specs and self.specs[b].on == a):
+            if shared and host_owner(a) != host_owner(b):
                 raise UserError(f"jobs {a + 1} and {b + 1} share address {min(shared)}: concurrent jobs "
                                 f"use disjoint hosts unless one names the other with on=")
         return jobs

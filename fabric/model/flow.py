@@ -1454,7 +1454,7 @@ def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = 
     bytes, else ``default_size``. Hosts are taken in the fabric's order (``packed``) or a
     seeded random order (``random``); a job with ``on=`` takes the first hosts of the job it names
     instead. The emulator's ``iters`` and ``warmup`` change nothing
-    here (the model times one iteration); ``gap`` and ``root`` would, and are refused."""
+    here (the model times one iteration); ``gap``, ``after`` and ``root`` would, and are refused."""
     s = g.graph["scenario"]
     names = [n for n, d in g._node.items() if d["tier"] == 0]
     if placement == "random":
@@ -1469,6 +1469,9 @@ def mix_jobs(g: nx.MultiGraph, jobs: Sequence[Any], background: Sequence[Any] = 
             if spec.gap_s:
                 raise UserError(f"{where}: gap is the emulator's pause between iterations; the model times one "
                                 f"iteration with every job at once")
+            if spec.after_s:
+                raise UserError(f"{where}: after is the emulator's start delay; the model times one iteration "
+                                f"with every job at once")
             if spec.root:
                 raise UserError(f"{where}: the model's rooted collectives use rank 0 as the root")
             if spec.sizes is not None and spec.msg_bytes is None and len(spec.sizes) > 1:

@@ -76,6 +76,8 @@ def run_rank(job: Job, rank: int, emit: Callable[[dict], None] = _emit) -> dict:
         emit({"event": "ready", "rank": rank})
         if job.hold:
             wait_go(hold_timeout_s(job))
+        if job.after_s:
+            time.sleep(job.after_s)                    # a later phase: the other jobs started at go
         started_at = time.time()                       # wall clock: concurrent jobs' starts compare
         name = col.canonical(job.collective)
         perm = tuple(job.perm) if job.perm else None

@@ -18,6 +18,8 @@ Each item is ``COLLECTIVE[:key=value,...]``; keys (all optional):
     gap      pause before each iteration after the first (``20ms``, ``0.5s``; a bare number
              is milliseconds): repeated short messages rather than back-to-back ones
     root     the root rank of rooted collectives (default 0)
+    after    start this long after the jobs start together (``2s``, ``500ms``; default 0): jobs in
+             phases on the same ports (elephants, then short messages, then both)
     on       run on the hosts of an earlier job (``on=1``: rank r on job 1's rank r's host), sharing
              their NICs, as a training job's data-parallel elephants and its pipeline or expert
              messages share them; at most as many ranks as that job. Without it jobs get disjoint hosts
@@ -33,7 +35,7 @@ from typing import Any
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.workload import collectives as col
 
-KEYS = ("ranks", "size", "msg", "iters", "warmup", "gap", "root", "on")
+KEYS = ("ranks", "size", "msg", "iters", "warmup", "gap", "root", "on", "after")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class JobSpec:
     gap_s: float = 0.0
     root: int = 0
     on: int | None = None        # 0-based index of the earlier job whose hosts this one shares
+    after_s: float = 0.0         # start this long after the jobs start together
 
     def sizes_for(self, nranks: int, default: tuple[int, ...]) -> tuple[int, ...]:
         """The nccl-tests sizes this job runs with ``nranks`` ranks."""
@@ -73,6 +76,8 @@ class JobSpec:
             parts.append(f"root={self.root}")
         if self.on is not None:
             parts.append(f"on={self.on + 1}")
+        if self.after_s:
+            parts.append(f"after={self.after_s * 1e3:g}ms")
         return self.collective + (":" + ",".join(parts) if parts else "")
 
 
@@ -126,7 +131,7 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
                 fields[key] = _int(value, 1)
             elif key in ("warmup", "root"):
                 fields[key] = _int(value, 0)
-            elif key == "gap":
+            elif key in ("gap", "after"):
                 fields[key] = _duration_s(value)
             else:
                 sizes = tuple(col.parse_size(v) for v in value.split("/"))
@@ -136,7 +141,8 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
         except (ValueError, col.ScheduleError):
             want = {"ranks": "a whole number of at least 2", "iters": "a whole number of at least 1",
                     "warmup": "a whole number of 0 or more", "root": "a whole number of 0 or more",
-                    "gap": "a duration (20ms, 0.5s)", "size": "sizes in bytes (64K, 1M, 64K/1M)",
+                    "gap": "a duration (20ms, 0.5s)", "after": "a duration (2s, 500ms)",
+                    "size": "sizes in bytes (64K, 1M, 64K/1M)",
                     "msg": "a size in bytes (16K)",
                     "on": "the number of an earlier job (1 for the first)"}[key]
             raise UserError(f"{where}: {key}={value.strip()!r} is not {want}") from None
@@ -155,7 +161,8 @@ def parse_one(item: str, index: int = 1) -> JobSpec:
     return JobSpec(collective, ranks=ranks, sizes=fields.get("size"),
                    msg_bytes=fields["msg"][0] if "msg" in fields else None,
                    iterations=fields.get("iters"), warmup=fields.get("warmup"),
-                   gap_s=fields.get("gap", 0.0), root=root, on=None if on is None else on - 1)
+                   gap_s=fields.get("gap", 0.0), root=root, on=None if on is None else on - 1,
+                   after_s=fields.get("after", 0.0))
 
 
 def parse(text: str) -> tuple[JobSpec, ...]:

@@ -60,6 +60,7 @@ class Job:
     job: int = 0
     labels: list | None = None      # per rank: where it runs (host name), for messages
     gap_s: float = 0.0              # pause before each iteration after the first (repeated short messages)
+    after_s: float = 0.0            # start this long after the jobs start together (jobs in phases)
     hold: bool = False              # once up, wait for the launcher's "go" on stdin (concurrent jobs start together)
 
     @property
@@ -110,6 +111,8 @@ def validate(job: Job, ranks_here: int | None = None, mem_available_bytes: int |
         raise UserError("no sizes to run (check -b/-e)")
     if not job.gap_s >= 0:
         raise UserError(f"a job's gap between iterations must be 0 s or more, got {job.gap_s}")
+    if not job.after_s >= 0:
+        raise UserError(f"a job's start delay must be 0 s or more, got {job.after_s}")
     for size in job.sizes:
         col.build(name, n, size, root=job.root, perm=tuple(job.perm) if job.perm else None)
     if not 0 <= job.root < n:

@@ -8,6 +8,7 @@ from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.workload import jobspec, report
+from hpnlab.fabric.workload.placement import Job
 
 MIX = "all_reduce:ranks=4,size=4M;incast:ranks=5,msg=16K,iters=20,gap=20ms"
 
@@ -196,3 +197,29 @@ def test_aggregate_puts_per_message_figures_in_the_row_and_the_table_prints_them
     assert row["oop"]["messages"]["max_us"] == pytest.approx(4000)
     result = {"collective": "incast", "nranks": 3, "rows": [row]}
     assert "per-message completion, size 48 B (2 messages" in report.format_table(result)
+
+
+def test_after_is_a_start_delay_in_the_units_of_gap_and_round_trips():
+    first, later = jobspec.parse("all_reduce:ranks=4;incast:ranks=4,msg=4K,on=1,after=1.5s")
+    assert (first.after_s, later.after_s) == (0.0, 1.5)
+    assert jobspec.parse_one(later.describe()) == later
+
+
+def test_a_start_delay_that_is_not_a_duration_is_one_line():
+    with pytest.raises(UserError, match=r"after='soon' is not a duration"):
+        jobspec.parse("incast:after=soon")
+
+
+def test_each_job_of_a_plan_carries_its_start_delay_to_its_ranks(mini: nx.MultiGraph):
+    plan = experiment.Plan(job_specs="all_reduce:ranks=4,size=1M;all_reduce:ranks=4,size=1M,on=1,after=2s",
+                           transports="roce")
+    (jobs,) = plan.jobs_on(mini).values()
+    assert [j.after_s for j in jobs] == [0.0, 2.0]
+    assert Job.from_json(jobs[1].to_json()).after_s == 2.0
+
+
+def test_two_jobs_on_the_same_earlier_job_share_its_hosts(mini: nx.MultiGraph):
+    plan = experiment.Plan(job_specs="all_reduce:ranks=4,size=1M;incast:ranks=4,msg=4K,on=1;"
+                                     "all_reduce:ranks=4,size=1M,on=1,after=2s", transports="roce")
+    (jobs,) = plan.jobs_on(mini).values()
+    assert jobs[1].labels == jobs[2].labels == jobs[0].labels

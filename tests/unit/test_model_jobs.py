@@ -71,6 +71,7 @@ def test_background_jobs_come_after_the_timed_ones_and_are_marked(mini):
 
 @pytest.mark.parametrize("jobs, message", [
     ("all_reduce:ranks=4,gap=20ms", "gap is the emulator's"),
+    ("all_reduce:ranks=4;all_reduce:ranks=4,after=1s", "after is the emulator's start delay"),
     ("broadcast:ranks=4,root=2", "rank 0 as the root"),
     ("all_reduce:ranks=4,size=1M/4M", "one size per job"),
     ("all_reduce:ranks=12;all_to_all:ranks=8", "more than the 16 hosts"),
