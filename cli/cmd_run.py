@@ -54,7 +54,8 @@ def register(sub) -> None:
     p.add_argument("--jobs", default=str(DEFAULTS.jobs), metavar="N|SPECS",
                    help="concurrent jobs on disjoint hosts: a number of identical jobs (default 1), or different "
                         "jobs as 'COLLECTIVE:key=value,...;...' with keys ranks, size, msg (incast: bytes per "
-                        "sender), iters, warmup, gap (e.g. 20ms), root, on (on=1: on job 1's hosts); e.g. "
+                        "sender), iters, warmup, gap (e.g. 20ms), root, on (on=1: on job 1's hosts), after (a start "
+                        "delay, e.g. 2s); e.g. "
                         "'all_reduce:ranks=4,size=1M;incast:ranks=5,msg=16K,iters=20,gap=20ms'")
     p.add_argument("--ecn", metavar="SETTING",
                    help=f"ECN thresholds on every switch egress port: a preset ({', '.join(ecn_settings.PRESETS)}; "
