@@ -640,18 +640,45 @@ def threshold_series(doc: dict[str, Any], max_ports: int = 4) -> list[tuple[str,
             for rate, th in sorted(by_rate.items(), key=lambda x: float(x[0]))]
 
 
+def pause_series(doc: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """(seconds, the largest share of an interval any switch port was held paused) over a run, from its
+    controller telemetry (``paused_fraction`` per port, present where the run had PFC); empty without."""
+    ports = (doc.get("telemetry") or {}).get("ports") or {}
+    top: dict[float, float] = {}
+    for series in ports.values():
+        for t, v in zip(series.get("t") or [], series.get("paused_fraction") or [], strict=False):
+            if v is not None:
+                top[float(t)] = max(top.get(float(t), 0.0), float(v))
+    ts = sorted(top)
+    return ts, [top[t] for t in ts]
+
+
 def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Path) -> Path:
     """One row per workload: the largest switch queue over time and Kmin over time, one line per
-    setting (``docs``: (workload, setting) -> one run's document, e.g. the last repetition's)."""
+    setting (``docs``: (workload, setting) -> one run's document, e.g. the last repetition's), and
+    where the runs had PFC, the largest paused share of a port over time."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
 
     workloads = sorted({w for w, _ in docs})
-    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.2 * len(workloads)), squeeze=False)
+    paused = any(pause_series(doc)[0] for doc in docs.values())
+    cols = 3 if paused else 2
+    fig, axes = plt.subplots(len(workloads), cols, figsize=(5.5 * cols, 3.2 * len(workloads)), squeeze=False)
     for i, w in enumerate(workloads):
-        qa, ta = axes[i]
+        qa, ta = axes[i][0], axes[i][1]
+        if paused:
+            pa = axes[i][2]
+            for (ww, s), doc in sorted(docs.items()):
+                if ww == w:
+                    pt, pv = pause_series(doc)
+                    pa.plot(pt, pv, linewidth=1, label=s)
+            pa.set_title(f"{w}: largest paused share of a port")
+            pa.set_xlabel("time (s)")
+            pa.set_ylabel("paused share of the interval")
+            pa.grid(True, alpha=0.3)
+            pa.legend(fontsize=7)
         for (ww, s), doc in sorted(docs.items()):
             if ww != w:
                 continue
@@ -676,9 +703,9 @@ def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Pat
 def _colour(setting: str, own: list[str]) -> str:
     """A setting's colour in the plots: the presets and dynamic their own, settings of one's
     own the next ones in the order given (grey beyond)."""
-    if setting in SETTINGS:
-        return f"C{SETTINGS.index(setting)}"
-    k = len(SETTINGS) + own.index(setting) if setting in own else 9
+    if setting in KNOWN_SETTINGS:
+        return f"C{KNOWN_SETTINGS.index(setting)}"
+    k = len(KNOWN_SETTINGS) + own.index(setting) if setting in own else 9
     return f"C{min(k, 9)}"
 
 

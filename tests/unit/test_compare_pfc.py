@@ -128,3 +128,18 @@ def test_interference_and_reach_find_a_mixs_parts_under_the_same_pfc_tag():
     assert compare.part_of("mix@pfc-on", "p99_us") == "incast@pfc-on"
     assert compare.part_of("victim", "busbw_gbs") == "allreduce"
     assert compare.part_of("incast", "busbw_gbs") is None
+
+
+def test_pause_over_time_is_the_largest_paused_share_of_any_port_per_sample():
+    run = {"telemetry": {"ports": {"p0s0:1": {"t": [0.0, 0.2, 0.4], "paused_fraction": [0.0, 0.3, None]},
+                                   "p0s1:1": {"t": [0.0, 0.2, 0.4], "paused_fraction": [0.1, 0.2, 0.05]}}}}
+    assert compare.pause_series(run) == ([0.0, 0.2, 0.4], [0.1, 0.3, 0.05])
+    assert compare.pause_series({"telemetry": {"ports": {"p0s0:1": {"t": [0.0], "kmin": [1]}}}}) == ([], [])
+
+
+def test_the_plot_has_a_pause_column_where_the_runs_had_pfc(tmp_path):
+    pytest.importorskip("matplotlib")
+    run = pfc_doc(busbw=0.002, pauses=3, share=0.1)
+    run["telemetry"] = {"ports": {"p0s0:1": {"t": [0.0, 0.2], "paused_fraction": [0.0, 0.4], "kmin": [1, 1]}}}
+    path = compare.plot_comparison({("victim@pfc-on", "low"): run}, tmp_path / "plot.png")
+    assert path.is_file() and path.stat().st_size > 0
