@@ -38,14 +38,26 @@ def _rows(emu) -> list[dict]:
             if line.get("kind") == "sample" for row in line["ports"]]
 
 
+def _found_at(emu, timeout_s: float = 60.0) -> float:
+    """The controller's time of its first sample with pause figures (it looks for the PFC stage after start)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with_pfc = [line["t"] for line in telemetry.read_lines(emu.controller.telemetry_file)
+                    if line.get("kind") == "sample" and any("paused_fraction" in r for r in line["ports"])]
+        if with_pfc:
+            return float(with_pfc[0])
+        time.sleep(0.5)
+    raise AssertionError("the controller's telemetry never carried pause figures")
+
+
 def test_the_telemetry_of_a_lossless_run_carries_the_pause_of_the_ports_that_paused(emu):
-    start = time.monotonic()
+    start = _found_at(emu)
     before = emu.pfc.counters()
     udp_incast(emu, "h1", INCAST, seconds=3.0, port=9401, flows=4)
     time.sleep(1.0)                     # a few more ticks: the last interval's pause is written too
     after = emu.pfc.counters()
     assert sum((after[i].get("pauses_sent") or 0) - (before[i].get("pauses_sent") or 0) for i in after) > 0
-    rows = [r for r in _rows(emu) if r["t"] >= start - 1.0]
+    rows = [r for r in _rows(emu) if r["t"] >= start]
     assert rows and all("paused_fraction" in r and "pausing_fraction" in r for r in rows)
     # h1's leaf paused the spines (its ingress ports from them)...
     assert any(r["switch"] == "p0l0" and r["pauses_sent"] > 0 and r["pausing_fraction"] > 0 for r in rows)
