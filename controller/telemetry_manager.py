@@ -13,13 +13,23 @@ import networkx as nx
 
 from hpnlab.fabric.routing import compiler, telemetry, weights
 
-from . import codec, ecn_loop, ecn_policy, pfc_metrics, reconcile
+from . import codec, ecn_loop, ecn_policy, reconcile
 from .conf import Ecn, Routing
 from .control_file import ControlFile
 from .ofp import hub
 from .shell import Shell
 
 LOG = logging.getLogger("hpnlab.controller")
+
+
+def _open_pfc_stage(run_id: str | None) -> Any | None:
+    """The run's PFC stage (``pfc_metrics.open_stage``), or None; without prometheus-client (optional, the
+    controller extra) no PFC telemetry either."""
+    try:
+        from .pfc_metrics import open_stage  # prometheus-client is optional: imported only here
+    except ImportError:
+        return None
+    return open_stage(run_id)
 
 
 class TelemetryManager:
@@ -56,7 +66,7 @@ class TelemetryManager:
         out = open(cfg.telemetry_out, "w") if cfg.telemetry_out else None   # noqa: SIM115 (closed in close())
         loop = ecn_loop.EcnLoop(tel, ecn_policy.load(cfg.policy, mtu), cfg.actuator, mtu, out, cfg.stage_run,
                                 control=cfg.control, stage_keys=telemetry.port_renumbering(scenario_graph, app.graph),
-                                open_pfc=pfc_metrics.open_stage)
+                                open_pfc=_open_pfc_stage)
         LOG.info("telemetry every %g ms, ECN policy %s, actuator %s%s", cfg.telemetry_interval_ms, loop.policy.name,
                  loop.spec, f", written to {cfg.telemetry_out}" if out else "")
         return loop

@@ -269,8 +269,8 @@ class Plan:
             if len(set(own)) != len(own):
                 raise UserError("two ranks of one job share an address")
         def host_owner(k: int) -> int:        # the job whose hosts job k runs on (itself, or the one on= names)
-            while self.specs and self.specs[k].on is not None:
-                k = self.specs[k].on
+            while self.specs and (on := self.specs[k].on) is not None:
+                k = on
             return k
 
         for a, b in itertools.combinations(range(len(jobs)), 2):
