@@ -377,7 +377,10 @@ def test_a_receiver_whose_port_goes_down_tells_its_sender_which_leaves_the_plane
     t_down = _mono_us(t0, tx["paths"]["events"][0][0])
     on_1 = [ts for _s, typ, _p, _psn, ts, _d in fwd[1].log if typ == DATA]
     assert not any(_after(ts, t_down) and not _after(ts, _mono_us(t0, _events(tx, "alive")[0][0])) for ts in on_1)
-    assert tx["failover_retx"] > 0
+    # what plane 1 lost before the notice came back by the failover re-send alone (NACKs and the timer
+    # are off); whether anything was in flight when the port went down is timing, so not asserted
+    lost_on_1 = [e for e in fwd[1].log if e[1] == DATA and e[5]]
+    assert tx["failover_retx"] > 0 or not lost_on_1
 
 
 def test_a_pause_between_messages_is_an_idle_gap_not_a_stall():
