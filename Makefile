@@ -61,30 +61,21 @@ demo: install
 	$(HPNLAB) demo $(DEMO_SCENARIO)
 
 # Three stages, each in its folder of tests/: unit (pure, no root), emulation (root, real Open
-# vSwitch, Mininet, controller processes), and the full-kernel lane (a stock Debian kernel under
-# qemu). The lane's guest runs its own tests (tests/kernel) beside the emulation stage, which leaves
-# more than half of this machine's two cores idle (measured with vmstat: 52-68% idle); it then
-# serves as the second machine, and tests/remote run here only once the emulation stage is over
-# (both build emulations). Every stage runs even when an earlier one failed; the lane's output is
-# printed after the emulation stage's; the run ends with one line per stage.
+# vSwitch, Mininet, controller processes), then the full-kernel lane (a stock Debian kernel under
+# qemu). Every stage runs even when an earlier one failed; the run ends with one line per stage.
 UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS) --durations=15
 EMU_ARGS   := tests/emulation -q --durations=25
 
 test: install
-	@rm -f .test-stages .test-emulation-done .test-lane.log .test-lane.rc; \
+	@rm -f .test-stages; \
 	stage() { name=$$1; shift; t0=$$(date +%s); "$$@"; rc=$$?; \
 	  echo "$$name rc=$$rc $$(( $$(date +%s) - t0 ))s" >> .test-stages; return 0; }; \
 	stage unit $(PYTEST) $(UNIT_ARGS); \
-	lane_t0=$$(date +%s); \
-	( HPNLAB_SECOND_MACHINE_AFTER="$(CURDIR)/.test-emulation-done" \
-	  HPNLAB_SECOND_MACHINE_TIMEOUT=$${HPNLAB_SECOND_MACHINE_TIMEOUT:-3600} \
-	  $(MAKE) --no-print-directory test-kernel > .test-lane.log 2>&1; echo $$? > .test-lane.rc ) & lane=$$!; \
-	stage emulation $(PYTEST) $(EMU_ARGS); touch .test-emulation-done; \
-	wait $$lane; echo "== the full-kernel lane (its tests ran beside the emulation stage)"; cat .test-lane.log; \
-	echo "kernel rc=$$(cat .test-lane.rc 2>/dev/null || echo 1) $$(( $$(date +%s) - lane_t0 ))s (from the emulation stage's start)" >> .test-stages; \
+	stage emulation $(PYTEST) $(EMU_ARGS); \
+	stage kernel $(MAKE) --no-print-directory test-kernel; \
 	echo "== test stages"; failed=0; \
 	while read -r name rc secs; do echo "  $$name: $${rc#rc=} ($$secs)"; [ "$${rc#rc=}" = 0 ] || failed=1; done < .test-stages; \
-	rm -f .test-stages .test-emulation-done .test-lane.log .test-lane.rc; exit $$failed
+	rm -f .test-stages; exit $$failed
 
 test-unit: venv
 	$(PYTEST) $(UNIT_ARGS)

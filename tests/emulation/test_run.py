@@ -57,8 +57,12 @@ def test_spray_puts_a_real_share_of_every_ranks_bytes_on_both_planes_and_flow_ke
         assert set(res["tx_bytes_by_plane"]) == set(res["hosts"])
     for host, per_plane in spray["tx_bytes_by_plane"].items():
         assert len(per_plane) == 2 and min(per_plane) >= 0.35 * sum(per_plane), (host, per_plane)
+    # a one-path flow whose timer fired twice in a row moves to a new path, maybe on the other plane
+    # (path migration): whether a loaded machine delays an ACK that long is timing, so such a rank is
+    # not held to one plane
+    migrated = {flow["hosts"][f["src"]] for f in flow.get("flows", []) if f.get("migrations")}
     for host, per_plane in flow["tx_bytes_by_plane"].items():
-        assert max(per_plane) >= 0.9 * sum(per_plane), (host, per_plane)
+        assert host in migrated or max(per_plane) >= 0.9 * sum(per_plane), (host, per_plane)
     # and the bytes counted are the collective's: at least each rank's buffer per iteration
     for res in (flow, spray):
         for per_plane in res["tx_bytes_by_plane"].values():
