@@ -3,6 +3,7 @@ tables, and a setting that is not available."""
 import json
 
 import pytest
+from support.compare_stand_ins import FakeEmu, FakePlan
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.experiments import compare_ecn as compare
@@ -81,7 +82,7 @@ def test_run_comparison_passes_a_setting_of_ones_own_as_thresholds():
         seen.append(ecn_thresholds)
         return doc(busbw=0.002)
 
-    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["8K:128K:0.01"], 1, say=lambda m: None,
+    comp = compare.run_comparison(FakeEmu(), FakePlan(), ["allreduce"], ["8K:128K:0.01"], 1, say=lambda m: None,
                                   run=run)
     assert seen == ["8K,128K,0.01"]
     assert "8K:128K:0.01" in compare.format_report(comp["aggregate"], ["8K:128K:0.01"])
@@ -195,28 +196,13 @@ def test_dynamic_is_detected_from_the_run_signature():
     assert not compare.dynamic_supported(old) and compare.dynamic_supported(new)
 
 
-class _FakeEmu:
-    graph = None
-
-
-class _FakePlan:
-    def replace(self, **kw):
-        return self
-
-    def jobs_on(self, g):
-        return {}
-
-    def as_dict(self):
-        return {}
-
-
 def test_run_comparison_marks_dynamic_unavailable_and_passes_each_static_setting():
     calls = []
 
     def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None):
         calls.append(ecn_thresholds)
         return doc(busbw=0.001, msg_ms=[5, 6])
-    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["incast"], ["low", "dynamic", "dcqcn"], 2,
+    comp = compare.run_comparison(FakeEmu(), FakePlan(), ["incast"], ["low", "dynamic", "dcqcn"], 2,
                                   say=lambda m: None, run=run)
     assert calls == ["low", "dcqcn", "dcqcn", "low"]
     assert comp["aggregate"]["incast"]["dynamic"] == {"unavailable": compare.NOT_MERGED}
@@ -229,7 +215,7 @@ def test_run_comparison_passes_the_policy_for_dynamic_when_the_run_takes_it():
     def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None, ecn_policy=None):
         calls.append((ecn_thresholds, ecn_policy))
         return doc(busbw=0.001)
-    compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["dynamic"], 1, say=lambda m: None, run=run)
+    compare.run_comparison(FakeEmu(), FakePlan(), ["allreduce"], ["dynamic"], 1, say=lambda m: None, run=run)
     assert calls == [("default", "dynamic")]
 
 
@@ -239,7 +225,7 @@ def test_the_dynamic_setting_runs_a_policy_of_ones_own_and_records_which():
     def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None, ecn_policy=None):
         calls.append((ecn_thresholds, ecn_policy))
         return doc(busbw=0.001)
-    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["low", "dynamic"], 1, say=lambda m: None,
+    comp = compare.run_comparison(FakeEmu(), FakePlan(), ["allreduce"], ["low", "dynamic"], 1, say=lambda m: None,
                                   run=run, dynamic_policy="mine.py:Mine")
     assert sorted(calls, key=str) == sorted([("low", None), ("default", "mine.py:Mine")], key=str)
     assert comp["meta"]["dynamic_policy"] == "mine.py:Mine"
@@ -253,7 +239,7 @@ def test_a_failed_run_is_reported_and_the_others_kept():
         if n[0] == 2:
             raise UserError("rank 3 (h7) died")
         return doc(busbw=0.001)
-    comp = compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["low"], 3, say=lambda m: None, run=run)
+    comp = compare.run_comparison(FakeEmu(), FakePlan(), ["allreduce"], ["low"], 3, say=lambda m: None, run=run)
     f = comp["aggregate"]["allreduce"]["low"]
     assert f["runs"] == 2 and f["failed"] == ["failed: rank 3 (h7) died"]
     assert "one repetition failed: rank 3 (h7) died" in compare.format_report(comp["aggregate"])
@@ -264,7 +250,7 @@ def test_the_command_writes_json_then_tables_and_plots(monkeypatch, tmp_path, ca
     import hpnlab.fabric.emulation as emulation
     from hpnlab.cli import main
 
-    class Emu(_FakeEmu):
+    class Emu(FakeEmu):
         caps = None
 
         def __init__(self, scenario, options=None, **kw):

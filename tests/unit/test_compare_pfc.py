@@ -3,6 +3,7 @@ the pfc-aware setting, and one comparison of the same cells with and without PFC
 from __future__ import annotations
 
 import pytest
+from support.compare_stand_ins import FakeEmu, FakePlan
 
 from hpnlab.fabric.experiments import compare_ecn as compare
 from hpnlab.fabric.workload import jobspec
@@ -20,21 +21,6 @@ def doc(busbw=None, msg_ms=()):
                         "rows": [{"size": 1, "ip": None,
                                   "oop": {"wrong": 0, "message_times_s": [m / 1e3 for m in msg_ms]}}]})
     return {"meta": {"wall_s": 1.0}, "results": results}
-
-
-class _FakeEmu:
-    graph = None
-
-
-class _FakePlan:
-    def replace(self, **kw):
-        return self
-
-    def jobs_on(self, g):
-        return {}
-
-    def as_dict(self):
-        return {}
 
 
 def pfc_doc(busbw=None, msg_ms=(), pauses=0, share=0.0, ports=0, headroom_drops=0):
@@ -79,7 +65,7 @@ def test_run_comparison_runs_pfc_aware_as_its_own_policy_beside_dynamic():
     def run(plan, emu, *, progress=True, say=None, ecn_thresholds=None, ecn_policy=None):
         calls.append((ecn_thresholds, ecn_policy))
         return pfc_doc(busbw=0.001)
-    compare.run_comparison(_FakeEmu(), _FakePlan(), ["allreduce"], ["dynamic", "pfc-aware"], 1, say=lambda m: None,
+    compare.run_comparison(FakeEmu(), FakePlan(), ["allreduce"], ["dynamic", "pfc-aware"], 1, say=lambda m: None,
                            run=run)
     assert sorted(calls) == [("default", "dynamic"), ("default", "pfc-aware")]
 
