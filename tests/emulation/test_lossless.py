@@ -14,7 +14,9 @@ import time
 import pytest
 
 from hpnlab.fabric.emulation.traffic import udp_incast as _udp_incast
+from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.experiments.runner import switch_drops
+from hpnlab.fabric.workload import report
 
 pytestmark = [pytest.mark.emulation, pytest.mark.controller]
 
@@ -55,6 +57,20 @@ def _quiet(emu, timeout_s: float = 20.0) -> None:
 
 def _delta(before: dict, after: dict, key: str) -> dict[str, int]:
     return {k: (after[k].get(key) or 0) - (before[k].get(key) or 0) for k in after}
+
+
+def _delivered_with_no_drop(emu, plan) -> tuple[dict, dict, dict]:
+    """Run ``plan`` on the lossless fabric: every element arrives correct and no switch drops a packet,
+    neither beyond its headroom nor on a lossy priority. Returns (the result, the PFC counters before
+    and after)."""
+    before = emu.pfc.counters()
+    doc = experiment.run(plan, emu, progress=False)
+    after = emu.pfc.counters()
+    [res] = doc["results"]
+    assert report.wrong_total(doc["results"]) == 0
+    assert sum(_delta(before, after, "headroom_drops").values()) == 0
+    assert sum(_delta(before, after, "lossy_drops").values()) == 0
+    return res, before, after
 
 
 def _drops(emu) -> int:
@@ -144,18 +160,9 @@ def test_a_roce_incast_waits_at_the_paused_nics_and_is_delivered_whole_with_noth
     """The roce transport's NIC scheduler reads its ports' pause state: seven senders into one port
     (no DCQCN, so nothing but pause holds them) wait while their NICs are paused, and the gather
     arrives correct with no headroom or lossy drop in any switch."""
-    from hpnlab.fabric.experiments import runner as experiment
-    from hpnlab.fabric.workload import report
-
-    plan = experiment.Plan(collectives="incast", transports="roce", entropies="flow", sizes="1M", iterations=2,
-                           warmup=0, ranks=8, inplace=False, dcqcn=False, timeout_s=60.0)
-    before = emu.pfc.counters()
-    doc = experiment.run(plan, emu, progress=False)
-    after = emu.pfc.counters()
-    [res] = doc["results"]
-    assert report.wrong_total(doc["results"]) == 0
-    assert sum(_delta(before, after, "headroom_drops").values()) == 0
-    assert sum(_delta(before, after, "lossy_drops").values()) == 0
+    res, before, after = _delivered_with_no_drop(emu, experiment.Plan(
+        collectives="incast", transports="roce", entropies="flow", sizes="1M", iterations=2, warmup=0, ranks=8,
+        inplace=False, dcqcn=False, timeout_s=60.0))
     received = _delta(before, after, "pauses_received")
     assert sum(v for k, v in received.items() if not after[k]["switch_port"]) > 0   # host NICs were paused ...
     assert report.flow_totals(res).get("pause_waits", 0) > 0                # ... and their senders waited
@@ -167,18 +174,9 @@ def test_a_sprayed_roce_all_to_all_is_delivered_whole_without_a_hole_taken_for_a
     all-to-all arrives correct with no switch or receive-socket drop, its receivers NACK no hole by its
     age (a packet held behind a pause on one path while the others deliver), and no retransmission timer
     fires while its flow's own NIC port is paused."""
-    from hpnlab.fabric.experiments import runner as experiment
-    from hpnlab.fabric.workload import report
-
-    plan = experiment.Plan(collectives="all_to_all", transports="roce", entropies="spray", sizes="1M",
-                           iterations=1, warmup=0, ranks=8, inplace=False, timeout_s=60.0)
-    before = emu.pfc.counters()
-    doc = experiment.run(plan, emu, progress=False)
-    after = emu.pfc.counters()
-    [res] = doc["results"]
-    assert report.wrong_total(doc["results"]) == 0
-    assert sum(_delta(before, after, "headroom_drops").values()) == 0
-    assert sum(_delta(before, after, "lossy_drops").values()) == 0
+    res, _, _ = _delivered_with_no_drop(emu, experiment.Plan(
+        collectives="all_to_all", transports="roce", entropies="spray", sizes="1M", iterations=1, warmup=0,
+        ranks=8, inplace=False, timeout_s=60.0))
     info, totals = res["transport_info"], report.flow_totals(res)
     assert info["pause_holds_timer"] and info["lossless_holes"]
     assert res["socket_drops"] == 0
