@@ -10,6 +10,8 @@
 #        then serves as the second machine (saves a boot); where the second machine cannot run
 #        here, the two parts run as before (run.sh, then this script).
 #
+# One run at a time: a second run waits for the first (an flock on /run/hpnlab/second-machine.lock,
+# HPNLAB_SECOND_MACHINE_WAIT s at most, default 1800); the tap a killed run left is removed.
 # What it makes, and removes on every exit: a tap device (hpnlab-sm0) with 169.254.77.1/30,
 # the guest's NIC on its other end with 169.254.77.2/30 (no route beyond the /30 on either
 # side: nothing but the two machines is reachable), an ed25519 key made for this run (the
@@ -60,9 +62,8 @@ SERVE=0; [ "${1:-}" = --serve ] && { SERVE=1; shift; }
 TAP=${HPNLAB_SECOND_MACHINE_TAP:-hpnlab-sm0}
 HOST_IP=169.254.77.1
 GUEST_IP=169.254.77.2
-if [ -e "/sys/class/net/$TAP" ]; then
-    lane_die "$TAP exists already: another second-machine run is up, or one was killed (ip link del $TAP)"
-fi
+# one run at a time (a second waits for the first); a tap a killed run left is removed
+lane_hold_link "$TAP"
 
 IMG=$("$LANE_DIR/build.sh" | tail -1)
 case ${PIPESTATUS[0]} in
