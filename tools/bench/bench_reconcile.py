@@ -16,7 +16,8 @@ machine may be busy):
               and making their desired tables and indexes (patched from the previous ones)
     diff      diffing only those switches against what they confirmed
     plan      ordering the first step (downstream first, groups, entropy; see reconcile.plan);
-              with ``--plan-before REV``, beside it the plan of that revision on the same inputs
+              with ``--plan-before REV``, beside it the plan of that revision on the same inputs;
+              and first, a cold start's first plan (every switch of the plane connected, empty)
 and the messages each update sends, by kind, counted on what the reconciler sends. Side by side,
 in the same run: the same with the full recompile of the plane (compile_fabric(...,
 incremental=False), what the reconciler did before the patch).
@@ -176,6 +177,21 @@ def measure(rec: reconcile.Reconciler, leaf: str, port: int, repeat: int, before
     return out
 
 
+def cold_start(g, policy: str, plane: int, repeat: int, before: ModuleType | None, before_rev: str) -> None:
+    """The first plan of a cold start (every switch of the plane connected, every table empty: the
+    step that sends everything), CPU seconds over the repetitions; with ``before`` side by side."""
+    ix = compiler.index_of(g)
+    only = [sw.name for sw in ix.planes[plane]]
+    rec = reconcile.Reconciler(g, policy, compile_fn=functools.partial(_plane_only, compiler.compile_fabric, only))
+    items = [it for sw in only for it in reconcile.diff({}, rec.desired[sw], sw)]
+    args: tuple = (rec.ix, {}, rec.desired, items, None, {})
+    now = [plan_cpu(reconcile, args) for _ in range(repeat)]
+    line = f"  cold start, first plan: {len(items):,} items on {len(only)} switches, {spread(now)} ms"
+    if before is not None:
+        line += f"; with reconcile.py of {before_rev}: {spread([plan_cpu(before, args) for _ in range(repeat)])} ms"
+    print(line)
+
+
 def bench(name: str, policy: str, target_s: float, repeat: int, full: bool, before: ModuleType | None = None,
           before_rev: str = "") -> bool:
     g = graph.build(spec.load(name))
@@ -197,6 +213,7 @@ def bench(name: str, policy: str, target_s: float, repeat: int, full: bool, befo
                   f"CPU ms median [min-max]")
         results[label] = measure(rec, leaf, port, repeat, before if label == "patched" else None)
         del rec
+    cold_start(g, policy, plane, repeat, before, before_rev)
     print(f"  {'':9} {'event':9} {'compile':>22} {'compare':>22} {'diff':>22} {'recompile + diff':>22}")
     for label, res in results.items():
         for ev, row in res.items():
