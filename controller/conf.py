@@ -36,7 +36,8 @@ import yaml
 
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing import telemetry
-from hpnlab.fabric.routing.compiler import ARP_MODES, ROUTING_POLICIES
+from hpnlab.fabric.routing.compiler import ARP_MODES, DEFAULT_ARP, DEFAULT_POLICY, ROUTING_POLICIES
+from hpnlab.fabric.routing.weights import DEFAULT_MODE as DEFAULT_WEIGHTS
 from hpnlab.fabric.routing.weights import MODES as WEIGHTS_MODES
 from hpnlab.fabric.scenario import graph, spec
 from hpnlab.fabric.scenario.arguments import add_scenario_args
@@ -68,10 +69,10 @@ class Metrics:
 @dataclass(frozen=True)
 class Routing:
     """What the compiler is asked for."""
-    policy: str = "aggregate"                 # compiler.ROUTING_POLICIES
-    arp: str = "gateway"                      # compiler.ARP_MODES
+    policy: str = DEFAULT_POLICY              # compiler.ROUTING_POLICIES
+    arp: str = DEFAULT_ARP                    # compiler.ARP_MODES
     fast_failover: bool = True                # False: the controller-only baseline (--no-fast-failover)
-    weights: str = "ecmp"                     # fabric/routing/weights.py MODES
+    weights: str = DEFAULT_WEIGHTS            # fabric/routing/weights.py MODES
     weights_control: str | None = None        # the harness's file of live weights-mode changes
     confirm_timeout_s: float = 5.0            # a barrier or read-back unanswered this long: the switch is read back
 

@@ -36,7 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpnlab.fabric.routing.compiler import DEFAULT_ARP
 from hpnlab.fabric.routing.telemetry import DEFAULT_INTERVAL_MS
+from hpnlab.fabric.routing.weights import DEFAULT_MODE as DEFAULT_WEIGHTS
 from hpnlab.fabric.routing.weights import MODES as ROUTING_WEIGHTS  # the controller's: equal, or load-following
 from hpnlab.fabric.workload.ecn import STATIC_POLICY
 
@@ -81,9 +83,9 @@ class ControllerOptions:
     #: OpenFlow over TLS with the files of this directory (tools/scripts/make_test_ca.sh); None: plain TCP
     tls_dir: str | Path | None = None
     #: the multipath weights: ecmp (equal) or weighted (load-following, live switchable)
-    routing_weights: str = "ecmp"
+    routing_weights: str = DEFAULT_WEIGHTS
     #: how the leaves answer ARP (fabric/routing/compiler.py ARP_MODES)
-    arp: str = "gateway"
+    arp: str = DEFAULT_ARP
     #: local protection (fast-failover groups); False: the controller-only baseline
     fast_failover: bool = True
     #: the dynamic-ECN policy (controller/ecn_policy.py) and the telemetry interval (ms)
@@ -119,7 +121,7 @@ class ControllerOptions:
             out += _collect(lambda: tls_files(self.tls_dir or ""))
         if self.routing_weights not in ROUTING_WEIGHTS:
             out.append(f"unknown routing weights {self.routing_weights!r}: use ecmp or weighted")
-        elif self.routing_weights != "ecmp" and not hpnlab:
+        elif self.routing_weights != DEFAULT_WEIGHTS and not hpnlab:
             out.append(f"routing weights {self.routing_weights!r} need the hpnlab controller (it decides them)")
         out += _collect(lambda: check_arp_mode(self.arp, self.kind))
         if self.ecn_policy != STATIC_POLICY and not hpnlab:

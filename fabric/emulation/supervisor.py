@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import networkx as nx
 import yaml
 
+from hpnlab.fabric.routing.weights import DEFAULT_MODE as DEFAULT_WEIGHTS
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 
@@ -83,7 +84,7 @@ def own_args(options: ControllerOptions) -> list[str]:
         args.append("--no-fast-failover")
     if options.kind == "hpnlab":
         args += ["--arp", options.arp]
-    if options.routing_weights != "ecmp":
+    if options.routing_weights != DEFAULT_WEIGHTS:
         args += ["--routing-weights", options.routing_weights]
     return args
 

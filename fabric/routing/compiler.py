@@ -165,6 +165,7 @@ from hpnlab.fabric.routing.entropy import PORT_BITS, TIER_NAMES, EntropyMap, ent
 from hpnlab.fabric.scenario.addressing import ip_int, ip_str, prefix_int
 
 ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
+DEFAULT_POLICY = ROUTING_POLICIES[0]    # the controller's, the emulation's and the model's default
 
 TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY, TABLE_BOUNCED = 0, 1, 2, 3
 ETH_IPV4, ETH_ARP = 0x0800, 0x0806
@@ -192,6 +193,7 @@ GATEWAY_MAC = "0e:00:00:00:00:02"
 #: (Open vSwitch's NXM move; OpenFlow 1.5's copy-field); "per-host" each peer's own MAC from the
 #: address plan, set-field only (any OpenFlow 1.3 switch), one flow per host port and peer
 ARP_MODES = ("gateway", "per-host")
+DEFAULT_ARP = ARP_MODES[0]
 #: per-host mode: a leaf gets ARP responder flows (one per host port and peer of its plane) only up
 #: to this many; above it (planes of thousands of hosts) ARP is answered by the controller alone
 ARP_RESPONDER_MAX_FLOWS = 4096
@@ -1934,9 +1936,9 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
     return SwitchState(sw.name, sw.dpid, tuple(flows), groups)
 
 
-def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = "aggregate",
+def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = DEFAULT_POLICY,
                    switches: Iterable[str] | None = None, fast_failover: bool = True,
-                   incremental: bool = True, arp: str = "gateway") -> dict[str, SwitchState]:
+                   incremental: bool = True, arp: str = DEFAULT_ARP) -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only).
 
     ``arp``: how leaves answer ARP in the switch (``ARP_MODES``, see ``arp_responders``).

@@ -64,6 +64,7 @@ from hpnlab.fabric.routing.telemetry import PortKey, PortTelemetry
 
 LOG = logging.getLogger("hpnlab.fabric.routing.weights")
 MODES = ("ecmp", "weighted")
+DEFAULT_MODE = MODES[0]      # equal shares: the controller's and the emulation's default
 SetKey = tuple[str, int]        # (switch, metadata value of the set)
 
 
