@@ -11,6 +11,7 @@ masked. The ARP responders' move action is Open vSwitch's NXM move (``NXActionRe
 """
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 from typing import Any
@@ -37,7 +38,11 @@ LOG = logging.getLogger("hpnlab.controller")
 
 # ---- encoding: reconciler messages -> OpenFlow 1.3 ------------------------------------------
 
+@functools.lru_cache(maxsize=1 << 16)
 def encode_match(parser, match: tuple):
+    """os-ken's OFPMatch of a canonical match, one object per match (os-ken only reads it when it
+    serialises a message): the same routes and entropy matches recur on every switch of a plane, and
+    building the OFPMatch was 17 s of a 360-switch cold start's 21 s of encoding (issue 53)."""
     fields = {}
     for name, value in match:
         if name in compiler.IPV4_FIELDS:
