@@ -105,7 +105,7 @@ lint: $(VENV)/.docs-installed
 	@rc=0; \
 	echo "ruff check $(LINT_PATHS)"; $(VENV)/bin/ruff check $(LINT_PATHS) || rc=1; \
 	echo "mypy $(LINT_PATHS)"; \
-	MYPYPATH=$(MYPY_TREE):tests:topologies:tools/bench:tools/probes $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies tools/bench tools/probes tools/scripts/docs_reference.py \
+	MYPYPATH=$(MYPY_TREE):tests:topologies:tools/bench:tools/probes:tools/scripts $(VENV)/bin/mypy $(MYPY_TREE)/hpnlab tests topologies tools/bench tools/probes tools/scripts/docs_reference.py tools/scripts/code_figures.py \
 	  > $(MYPY_TREE)/report.txt 2>&1 || rc=1; \
 	sed -e 's#^$(MYPY_TREE)/hpnlab/##' $(MYPY_TREE)/report.txt; \
 	exit $$rc

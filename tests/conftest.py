@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 from support.fabrics import shared_runs_together
-from support.paths import BENCH, PROBES
+from support.paths import BENCH, PROBES, SCRIPTS
 
 #: fixtures shared by folders of tests: the web view's browser, the controller app on fake datapaths, and
 #: pytester for the pytest plugin's tests
 pytest_plugins = ["support.browser", "support.controller_app", "pytester"]
 
-# The benchmarks and probes are scripts, not installed: their pure parts are tested by name
-# (``import bench_failover``, ``import ovs_floor``), as the scripts import each other.
-for _folder in (BENCH, PROBES):
+# The benchmarks, probes and scripts are not installed: their pure parts are tested by name
+# (``import bench_failover``, ``import ovs_floor``, ``import code_figures``), as the scripts import each other.
+for _folder in (BENCH, PROBES, SCRIPTS):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

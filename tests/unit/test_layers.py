@@ -5,28 +5,13 @@ Every import of an ``hpnlab`` module counts, at module top or inside a function,
 and no two modules import each other, directly or round a circle."""
 from __future__ import annotations
 
-import ast
 from collections import defaultdict
-from pathlib import Path
 
 import networkx as nx
 import pytest
+from code_figures import edges, modules
 from support.layers import LAYERS, SIDEWAYS
 from support.paths import REPO
-
-FOLDERS = {"fabric": "hpnlab.fabric", "controller": "hpnlab.controller", "cli": "hpnlab.cli",
-           "topologies": "hpnlab.topologies"}
-
-
-def modules() -> dict[str, Path]:
-    out = {}
-    for folder, pkg in FOLDERS.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            out[".".join([pkg, *parts])] = path
-    return out
 
 
 def package(module: str) -> str:
@@ -37,35 +22,8 @@ def package(module: str) -> str:
     return "hpnlab.fabric.base"
 
 
-def imports(mods: dict[str, Path]) -> list[tuple[str, str]]:
-    """(importer, imported module) for every import of a project module, anywhere in the file."""
-    edges = []
-    for name, path in mods.items():
-        is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    here = name.split(".") if is_pkg else name.split(".")[:-1]
-                    here = here[:len(here) - node.level + 1]
-                    base = ".".join(here + ([node.module] if node.module else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) ==
-                  "import_module" and node.args and isinstance(node.args[0], ast.Constant)):
-                targets = [str(node.args[0].value)]
-            for t in targets:
-                while t and t not in mods:
-                    t = t.rpartition(".")[0]
-                if t and t != name:
-                    edges.append((name, t))
-    return edges
-
-
-MODS = modules()
-EDGES = imports(MODS)
+MODS = modules(REPO)
+EDGES = edges(MODS)[0]
 
 
 def allowed(a: str, b: str) -> bool:

@@ -17,18 +17,19 @@ from pathlib import Path
 
 import networkx as nx
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[2])
-FOLDERS = {"fabric": "hpnlab.fabric", "controller": "hpnlab.controller", "topologies": "hpnlab.topologies"}
-FOLDERS["cli" if (ROOT / "cli").is_dir() else "tools"] = "hpnlab.cli"
+HERE = Path(__file__).resolve().parents[2]
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = HERE) -> dict[str, Path]:
+    """Every module of a checkout by its import name (tests/unit/test_layers.py reads the same)."""
+    folders = {"fabric": "hpnlab.fabric", "controller": "hpnlab.controller", "topologies": "hpnlab.topologies",
+               "cli" if (root / "cli").is_dir() else "tools": "hpnlab.cli"}
     out = {}
-    for folder, pkg in FOLDERS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
+    for folder, pkg in folders.items():
+        for path in sorted((root / folder).rglob("*.py")):
             if folder == "tools" and "kernel_lane" in path.parts:
                 continue
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            parts = list(path.relative_to(root / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join([pkg, *parts])] = path
@@ -44,6 +45,9 @@ def package(m: str, mods: dict[str, Path]) -> str:
 
 
 def edges(mods: dict[str, Path]) -> tuple[list[tuple[str, str]], int]:
+    """(importer, imported module) for every import of a project module anywhere in a file (at
+    module top, inside a function, ``importlib.import_module`` of a literal name), and how many of
+    those imports are inside functions."""
     out, inner = [], 0
     for name, path in mods.items():
         tree = ast.parse(path.read_text())
@@ -79,7 +83,9 @@ def sizes(mods: dict[str, Path]) -> tuple[list, list]:
     classes, funcs = [], []
     for name, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text())):
-            n = (node.end_lineno or node.lineno) - node.lineno + 1 if hasattr(node, "lineno") else 0
+            if not isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            n = (node.end_lineno or node.lineno) - node.lineno + 1
             if isinstance(node, ast.ClassDef):
                 methods = sum(isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) for b in node.body)
                 classes.append((n, methods, f"{name}.{node.name}"))
@@ -99,12 +105,13 @@ def params(path: Path, cls: str, meth: str = "__init__") -> int:
 
 
 def main() -> int:
-    mods = modules()
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    mods = modules(root)
     es, inner = edges(mods)
     pk = collections.Counter((package(a, mods), package(b, mods)) for a, b in es
                              if package(a, mods) != package(b, mods))
     g = nx.DiGraph(list(pk))
-    print(f"checkout {ROOT}: {len(mods)} modules, {len(es)} imports of project modules, {inner} inside functions")
+    print(f"checkout {root}: {len(mods)} modules, {len(es)} imports of project modules, {inner} inside functions")
     module_cycles = list(nx.simple_cycles(nx.DiGraph(es)))
     print(f"package cycles: {len(list(nx.simple_cycles(g)))}; module cycles: {len(module_cycles)}")
     for c in nx.simple_cycles(g):
