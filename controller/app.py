@@ -126,7 +126,7 @@ class HpnController(BaseApp):
         while True:
             hub.sleep(TICK_S)
             self.wiring.tick()
-            self.handle(reconcile.Tick())
+            self.handle(reconcile.Tick(backlog=self.events.qsize()))
             self.rollout.poll()
 
     def rebase(self, g: nx.MultiGraph) -> None:
@@ -158,6 +158,7 @@ class HpnController(BaseApp):
                     self.arp.sent(dp.id, ofmsg.xid, msg)
             if isinstance(msg, reconcile.WipeTables) and self.wiring.enabled:
                 self.wiring.lldp_rule(dp)          # the wipe took it too
+        self.reconciler.sent(time.monotonic())      # a switch's time to confirm counts from here
         self._update_metrics()
         if isinstance(event, reconcile.BarrierReply):
             self.rollout.poll()

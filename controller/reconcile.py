@@ -27,7 +27,14 @@ What it owns
                     switch that reconnects with its tables kept by fail mode secure, changes
                     nothing that is already right: no flow or group is deleted and re-added).
                     An OpenFlow error, or a barrier not answered within ``confirm_timeout_s``,
-                    resynchronises the switch the same way.
+                    resynchronises the switch the same way. That time is the switch's only:
+                    it counts from when the messages left (``sent``, which the app calls once
+                    it has encoded and sent them, not from when they were decided), and no
+                    timeout fires while the controller has events waiting (``Tick.backlog``):
+                    the answer may be among them. A controller slowed by its own work (a
+                    first plan over hundreds of switches, read-back replies queued behind
+                    others) otherwise read back switches that had answered, which made it
+                    slower still (issue 53: 17,280 needless read-backs at alibaba-hpn).
     which flows and groups are ours
                     every flow and every group on a fabric switch. OpenFlow 1.3 groups carry no
                     cookie, so they cannot be told apart by owner; a fabric switch is this
@@ -158,7 +165,9 @@ class Error:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passes: confirmations older than the timeout resynchronise their switch."""
+    """Time passes: confirmations older than the timeout resynchronise their switch, unless the
+    controller has ``backlog`` events not yet handled (an answer may be waiting among them)."""
+    backlog: int = 0
 
 
 @dataclass(frozen=True)
@@ -956,6 +965,7 @@ class Reconciler:
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
+        self._unsent: list[_Pending | _Resync] = []     # stamped by the last handle(), for sent()
         if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
             compile_fn = functools.partial(compile_fn, fast_failover=False)
         if arp != "gateway":     # how leaves answer ARP (compiler.arp_responders)
@@ -1021,7 +1031,16 @@ class Reconciler:
             if was_enabled:
                 gc.enable()
 
+    def sent(self, now: float) -> None:
+        """The messages the last :meth:`handle` returned left the controller at ``now``: their
+        switches' time to confirm them counts from here (the time spent deciding, encoding and
+        sending them is the controller's)."""
+        for waiting in self._unsent:
+            waiting.sent_at = max(waiting.sent_at, now)
+        self._unsent.clear()
+
     def _handle(self, event: Event, now: float) -> list[Message]:
+        self._unsent.clear()
         out: list[Message] = []
         recompiles = self.counters["recompiles"]
         if isinstance(event, SwitchUp):
@@ -1039,7 +1058,8 @@ class Reconciler:
                           event.switch, event.type, event.code, event.xid)
                 out += self._resync(event.switch, now)
         elif isinstance(event, Tick):
-            out += self._timeouts(now)
+            if event.backlog == 0:
+                out += self._timeouts(now)
         elif isinstance(event, (FlowStatsReply, GroupDescReply)):
             self._read_back(event)
         elif isinstance(event, Restate):
@@ -1125,7 +1145,8 @@ class Reconciler:
         confirmed nothing and no step starts (see :meth:`_read_back`)."""
         self.dirty.add(sw)       # what it holds is unknown until it is read back
         flow_xid, group_xid = self._next_xid(), self._next_xid()
-        self.resyncing[sw] = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})
+        self.resyncing[sw] = resync = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})
+        self._unsent.append(resync)
         return [FlowStatsRequest(sw, flow_xid), GroupDescRequest(sw, group_xid)]
 
     def _timeouts(self, now: float) -> list[Message]:
@@ -1306,7 +1327,9 @@ class Reconciler:
                         changes.append((mod.key, mod.group if isinstance(mod, GroupMod) else mod.actions))
                 xid = self._next_xid()
                 out.append(Barrier(sw, xid))
-                self.pending.setdefault(sw, []).append(_Pending(xid, now, changes))
+                pending = _Pending(xid, now, changes)
+                self.pending.setdefault(sw, []).append(pending)
+                self._unsent.append(pending)
         return out
 
     def _next_xid(self) -> int:

@@ -200,6 +200,45 @@ def test_a_confirmation_that_does_not_arrive_in_time_resynchronises_the_switch(m
     assert rec.handle(reconcile.BarrierReply("p0l0", barrier.xid)) == []     # too late: the resync decides
 
 
+def test_the_time_to_confirm_counts_from_when_the_messages_left_not_from_when_they_were_decided(mini_hpn):
+    """A plan and its encoding that take the controller 30 s are not the switch's silence."""
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    barrier = connect_empty(rec, "p0l0", now=10.0)[-1]
+    rec.sent(40.0)
+    assert rec.handle(reconcile.Tick(), now=41.5) == []
+    request, groups = rec.handle(reconcile.Tick(), now=42.5)
+    assert isinstance(request, reconcile.FlowStatsRequest) and request.switch == "p0l0"
+    assert isinstance(groups, reconcile.GroupDescRequest) and groups.switch == "p0l0"
+    assert rec.handle(reconcile.BarrierReply("p0l0", barrier.xid)) == []
+
+
+def test_a_read_back_also_counts_from_when_its_requests_left(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    rec.handle(reconcile.SwitchUp("p0l0"), now=10.0)
+    rec.sent(20.0)
+    assert rec.handle(reconcile.Tick(), now=21.0) == []
+    assert [type(m) for m in rec.handle(reconcile.Tick(), now=22.5)] == [reconcile.FlowStatsRequest,
+                                                                         reconcile.GroupDescRequest]
+
+
+def test_sent_restamps_only_what_the_last_handle_returned(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    connect_empty(rec, "p0l0", now=10.0)
+    rec.sent(10.0)
+    rec.handle(reconcile.SwitchUp("p0l1"), now=11.0)
+    rec.sent(30.0)               # p0l1's read-back left late; p0l0's barrier had left at 10
+    request, groups = rec.handle(reconcile.Tick(), now=12.5)
+    assert (request.switch, groups.switch) == ("p0l0", "p0l0")
+
+
+def test_no_confirmation_times_out_while_the_controller_has_events_waiting(mini_hpn):
+    """The barrier's answer may be one of the events not yet handled."""
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    connect_empty(rec, "p0l0", now=10.0)
+    assert rec.handle(reconcile.Tick(backlog=40), now=30.0) == []
+    assert [m.switch for m in rec.handle(reconcile.Tick(backlog=0), now=30.0)] == ["p0l0", "p0l0"]
+
+
 def test_a_switch_that_goes_down_is_routed_around_and_forgotten(mini_hpn):
     rec = installed(mini_hpn)
     answer(rec, rec.handle(reconcile.SwitchDown("p0s0")))
