@@ -212,9 +212,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--deployment-out", metavar="FILE", default=Wiring.deployment_out,
                    help=f"where --deployment auto writes the discovered map (default {Wiring.deployment_out})")
     p.add_argument("--confirm-timeout-s", type=float, default=Routing.confirm_timeout_s, metavar="S",
-                   help="a switch that has not answered a barrier or a read-back within S seconds is read back again "
-                        f"(default {Routing.confirm_timeout_s:g}; raise it for thousands of switches on a busy "
-                        "controller, docs/guides/switches.md)")
+                   help="a switch that has not answered a barrier or a read-back within S seconds of its being "
+                        "sent is read back again; no timeout runs while the controller has events waiting "
+                        f"(default {Routing.confirm_timeout_s:g})")
     p.add_argument("--discovery-s", type=float, default=Wiring.discovery_s, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned "
