@@ -89,12 +89,12 @@ Telemetry carries it per port and interval (``fabric/routing/telemetry.py``: ``p
 ``pauses_received`` as a transmitter; ``pausing_fraction``, ``pauses_sent`` as an ingress; None
 where the run has no PFC). The rules, before ``dynamic``'s:
 
-P1. **paused** — the port's downstream held it paused for at least ``pause_share`` of the interval
-    or sent it any pause, and the port carried traffic or holds a queue: cut (Kmin x ``step_down``,
+P1. **paused** — the port's downstream held it paused for at least ``pause_share`` (5%) of the
+    interval, and the port carried traffic or holds a queue: cut (Kmin x ``step_down``,
     Pmax + ``pmax_step``, every ``hold_down_s``). Marks here reach exactly the senders whose traffic
     fills the paused queue; the pause itself would stop innocent flows as well.
 P2. **its switch pauses upstream** — some port of the same switch, as an ingress, paused its
-    upstream (``pausing_fraction >= pause_share`` or any pause sent): cut on every port of that
+    upstream (``pausing_fraction >= pause_share``): cut on every port of that
     switch that carries traffic and holds at least a frame of its buffer (the egress queues where
     the held bytes sit: per-ingress accounting says which ingress to pause, not which egress holds
     the bytes, so every queue holding some is marked harder). Ports without a queue keep theirs.
@@ -315,7 +315,10 @@ class PfcAwarePolicy(DynamicPolicy):
     """``dynamic`` with pause as a signal, for a lossless fabric (see the module docstring's last part)."""
 
     name = "pfc-aware"
-    PARAMS: ClassVar[dict[str, float]] = {**DynamicPolicy.PARAMS, "pause_share": 0.01, "calm_s": 1.0}
+    # pause_share 0.05, not 0.01 with any pause frame counting (2026-12-07): in the victim comparison
+    # (docs/results/2026-12-07-ecn-pfc-victim.md) half of the policy's 346 cuts answered pauses of at most
+    # 5% of an interval, and the victim ran at half the busbw of the best static setting
+    PARAMS: ClassVar[dict[str, float]] = {**DynamicPolicy.PARAMS, "pause_share": 0.05, "calm_s": 1.0}
 
     def __init__(self, mtu: int = 1500, **options: Any) -> None:
         super().__init__(mtu, **options)
@@ -334,14 +337,14 @@ class PfcAwarePolicy(DynamicPolicy):
 
     def paused(self, s: PortTelemetry) -> bool:
         """Its downstream paused this port's transmitter in the interval."""
-        return (s.paused_fraction or 0.0) >= self.p["pause_share"] or (s.pauses_received or 0) > 0
+        return (s.paused_fraction or 0.0) >= self.p["pause_share"]
 
     def rule(self, now: float, key: PortKey, s: PortTelemetry, cur: Thresholds, st: _PortState, traffic: bool,
              ports: Mapping[PortKey, PortTelemetry]) -> Step | None:
         p = self.p
         q = self.queue(s)
         share, sent = self._switch_pausing.get(key[0], (0.0, 0))
-        spreading = share >= p["pause_share"] or sent > 0
+        spreading = share >= p["pause_share"]
         if self.paused(s) and (traffic or q > 0):
             st.last_pause = now
             return self.cut(cur, f"paused by its downstream {s.paused_fraction or 0.0:.0%} of the interval "

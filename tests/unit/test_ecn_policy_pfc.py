@@ -59,8 +59,14 @@ def test_a_port_its_downstream_pauses_lowers_kmin_and_raises_pmax():
     assert after.pmax > START.pmax
 
 
-def test_a_single_pause_frame_is_a_signal_too():
-    after = run(PfcAwarePolicy(), lambda t, c: {KEY: port(t, utilisation=0.5, queue=2000, paused=0.0,
+def test_pauses_that_held_the_port_for_less_than_pause_share_of_the_interval_cut_nothing():
+    after = run(PfcAwarePolicy(), lambda t, c: {KEY: port(t, utilisation=0.5, queue=2000, paused=0.04,
+                                                          pauses_received=3)}, 3)[-1][KEY]
+    assert after == START
+
+
+def test_a_pause_of_pause_share_of_the_interval_is_a_signal():
+    after = run(PfcAwarePolicy(), lambda t, c: {KEY: port(t, utilisation=0.5, queue=2000, paused=0.05,
                                                           pauses_received=1)}, 1)[-1][KEY]
     assert after.kmin < START.kmin
 
@@ -72,6 +78,14 @@ def test_pause_spreading_upstream_from_the_switch_cuts_its_ports_that_hold_a_que
     after = run(PfcAwarePolicy(mtu=1500), spreading, 2)[-1]
     assert after[KEY].kmin < START.kmin
     assert after[OTHER] == START
+
+
+def test_a_switch_that_paused_its_upstream_briefly_is_no_pause_spreading():
+    def brief(t, c):             # port 2 sent pauses that held its upstream 2% of the interval
+        return {KEY: port(t, utilisation=0.6, queue=4 * FRAME),
+                OTHER: port(t, utilisation=0.6, queue=0, pausing=0.02, pauses_sent=3)}
+    after = run(PfcAwarePolicy(mtu=1500), brief, 2)[-1]
+    assert after[KEY].kmin >= START.kmin         # not cut (busy and queued, it may rise as dynamic's would)
 
 
 def test_dynamic_ignores_pause_where_the_queue_is_below_its_pressure_mark():
