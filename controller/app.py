@@ -53,6 +53,8 @@ from .telemetry_manager import TelemetryManager
 from .wiring_manager import WiringManager
 
 TICK_S = 1.0
+#: a tick that finds the controller used this share of a CPU since the last one finds it busy
+BUSY_CPU_SHARE = 0.8
 LOG = logging.getLogger("hpnlab.controller")
 
 
@@ -123,10 +125,16 @@ class HpnController(BaseApp):
         super().close()
 
     def _tick_loop(self) -> None:
+        wall, cpu = time.monotonic(), time.process_time()
         while True:
             hub.sleep(TICK_S)
             self.wiring.tick()
-            self.handle(reconcile.Tick(backlog=self.events.qsize()))
+            # the controller's share of a CPU since the last tick: near 1, an answer may be waiting on
+            # its side (os-ken parsing a reply, an event queued), not the switch's
+            now_wall, now_cpu = time.monotonic(), time.process_time()
+            share = (now_cpu - cpu) / max(now_wall - wall, 1e-3)
+            wall, cpu = now_wall, now_cpu
+            self.handle(reconcile.Tick(backlog=self.events.qsize(), busy=share >= BUSY_CPU_SHARE))
             self.rollout.poll()
 
     def rebase(self, g: nx.MultiGraph) -> None:

@@ -103,6 +103,10 @@ import networkx as nx
 from hpnlab.fabric.routing import compiler
 
 LOG = logging.getLogger("hpnlab.controller.reconcile")
+#: a switch's confirmation timeout doubles after each of its timeouts, up to this multiple
+MAX_BACKOFF = 32
+#: while the controller is busy (events waiting, a CPU used up) timeouts run this many times longer
+BUSY_PATIENCE = 10
 
 FlowKey = tuple          # (table, priority, match) with match sorted by field name
 Actions = tuple          # compiler.Flow actions
@@ -165,9 +169,12 @@ class Error:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passes: confirmations older than the timeout resynchronise their switch, unless the
-    controller has ``backlog`` events not yet handled (an answer may be waiting among them)."""
+    """Time passes: a switch that owes an answer and has said nothing for its timeout is resynchronised.
+    ``backlog``: events the controller has not handled yet; ``busy``: the controller used (nearly) all
+    of a CPU since the last tick. Either way an answer may be waiting on the controller's side, so
+    the timeouts run :data:`BUSY_PATIENCE` times longer."""
     backlog: int = 0
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -966,6 +973,8 @@ class Reconciler:
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
         self._unsent: list[_Pending | _Resync] = []     # stamped by the last handle(), for sent()
+        self._heard: dict[str, float] = {}              # switch -> when it last answered (barrier, read-back)
+        self._backoff: dict[str, int] = {}              # switch -> its timeout's multiple after timeouts
         if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
             compile_fn = functools.partial(compile_fn, fast_failover=False)
         if arp != "gateway":     # how leaves answer ARP (compiler.arp_responders)
@@ -1050,6 +1059,7 @@ class Reconciler:
         elif isinstance(event, PortStatus):
             self._port_status(event.switch, event.ports)
         elif isinstance(event, BarrierReply):
+            self._heard[event.switch] = now
             self._barrier_reply(event.switch, event.xid)
         elif isinstance(event, Error):
             if event.switch in self.connected:
@@ -1058,9 +1068,9 @@ class Reconciler:
                           event.switch, event.type, event.code, event.xid)
                 out += self._resync(event.switch, now)
         elif isinstance(event, Tick):
-            if event.backlog == 0:
-                out += self._timeouts(now)
+            out += self._timeouts(now, busy=event.busy or event.backlog > 0)
         elif isinstance(event, (FlowStatsReply, GroupDescReply)):
+            self._heard[event.switch] = now
             self._read_back(event)
         elif isinstance(event, Restate):
             self.counters["restates"] += 1
@@ -1098,6 +1108,8 @@ class Reconciler:
             return
         self.connected.discard(sw)
         self._forget(sw)
+        self._heard.pop(sw, None)
+        self._backoff.pop(sw, None)
         self.failed_switches.add(sw)
         self._recompile()
 
@@ -1134,6 +1146,10 @@ class Reconciler:
                     table[key] = value
             if p.xid == xid:
                 break
+        if not queue and sw in self._backoff:     # answered everything: halve its timeout's multiple
+            self._backoff[sw] //= 2
+            if self._backoff[sw] <= 1:
+                del self._backoff[sw]
 
     def _resync(self, sw: str, now: float) -> list[Message]:
         self.counters["resyncs"] += 1
@@ -1149,14 +1165,24 @@ class Reconciler:
         self._unsent.append(resync)
         return [FlowStatsRequest(sw, flow_xid), GroupDescRequest(sw, group_xid)]
 
-    def _timeouts(self, now: float) -> list[Message]:
+    def _timeouts(self, now: float, busy: bool = False) -> list[Message]:
+        """Resynchronise each switch that owes an answer and has been silent for its timeout: silent
+        since the later of the oldest unanswered request's sending and the switch's last answer (a
+        switch working through a long step answers its barriers one by one), for ``confirm_timeout_s``
+        doubled after each of its timeouts up to :data:`MAX_BACKOFF` times (halved each time it has
+        answered everything), and :data:`BUSY_PATIENCE` times that while the controller is busy."""
         out: list[Message] = []
         for sw in sorted(self.connected):
             queue = self.pending.get(sw)
             resync = self.resyncing.get(sw)
             sent = queue[0].sent_at if queue else resync.sent_at if resync else None
-            if sent is not None and now - sent > self.confirm_timeout_s:
-                LOG.warning("%s: no confirmation within %.1f s: resynchronising it", sw, self.confirm_timeout_s)
+            if sent is None:
+                continue
+            limit = self.confirm_timeout_s * self._backoff.get(sw, 1) * (BUSY_PATIENCE if busy else 1)
+            if now - max(sent, self._heard.get(sw, sent)) > limit:
+                LOG.warning("%s: no answer within %.1f s%s: resynchronising it", sw, limit,
+                            " (the controller busy)" if busy else "")
+                self._backoff[sw] = min(self._backoff.get(sw, 1) * 2, MAX_BACKOFF)
                 out += self._resync(sw, now)
         return out
 

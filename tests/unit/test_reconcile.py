@@ -231,12 +231,51 @@ def test_sent_restamps_only_what_the_last_handle_returned(mini_hpn):
     assert (request.switch, groups.switch) == ("p0l0", "p0l0")
 
 
-def test_no_confirmation_times_out_while_the_controller_has_events_waiting(mini_hpn):
-    """The barrier's answer may be one of the events not yet handled."""
+def test_while_the_controller_has_events_waiting_a_timeout_runs_ten_times_longer(mini_hpn):
+    """The barrier's answer may be one of the events not yet handled; a switch that is really silent is
+    still found, later."""
     rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
     connect_empty(rec, "p0l0", now=10.0)
-    assert rec.handle(reconcile.Tick(backlog=40), now=30.0) == []
-    assert [m.switch for m in rec.handle(reconcile.Tick(backlog=0), now=30.0)] == ["p0l0", "p0l0"]
+    assert rec.handle(reconcile.Tick(backlog=40), now=29.0) == []
+    assert [m.switch for m in rec.handle(reconcile.Tick(backlog=40), now=30.5)] == ["p0l0", "p0l0"]
+
+
+def test_while_the_controller_uses_up_its_cpu_a_timeout_runs_ten_times_longer(mini_hpn):
+    """os-ken parses a reply before it becomes an event: a controller at full CPU may hold the answer."""
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    connect_empty(rec, "p0l0", now=10.0)
+    assert rec.handle(reconcile.Tick(busy=True), now=29.0) == []
+    assert rec.handle(reconcile.Tick(busy=False), now=29.0) != []
+
+
+def test_a_switch_that_answers_its_barriers_one_by_one_is_not_timed_out(mini_hpn):
+    """Silence counts from its last answer: a long step confirms barrier by barrier."""
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    barriers = [m for m in connect_empty(rec, "p0l0", now=10.0) if isinstance(m, reconcile.Barrier)]
+    assert len(barriers) >= 2
+    rec.handle(reconcile.BarrierReply("p0l0", barriers[0].xid), now=11.9)
+    assert rec.handle(reconcile.Tick(), now=13.5) == []
+    assert [m.switch for m in rec.handle(reconcile.Tick(), now=14.0)] == ["p0l0", "p0l0"]
+
+
+def test_each_timeout_of_a_switch_doubles_its_next_one(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    connect_empty(rec, "p0l0", now=10.0)
+    assert len(rec.handle(reconcile.Tick(), now=12.5)) == 2           # 2 s: read back
+    assert rec.handle(reconcile.Tick(), now=16.0) == []               # the read-back's: 4 s
+    assert len(rec.handle(reconcile.Tick(), now=16.6)) == 2
+    assert rec.handle(reconcile.Tick(), now=24.5) == []               # then 8 s
+    assert len(rec.handle(reconcile.Tick(), now=24.7)) == 2
+
+
+def test_a_switch_that_answered_everything_again_has_a_shorter_timeout(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0)
+    connect_empty(rec, "p0l0", now=10.0)
+    read = rec.handle(reconcile.Tick(), now=12.5)                     # timed out once: 4 s now
+    answer(rec, read, now=13.0)                                       # read back, installed, confirmed: 2 s
+    assert rec.settled
+    rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}), now=20.0)
+    assert [m.switch for m in rec.handle(reconcile.Tick(), now=22.5)].count("p0l0") == 2
 
 
 def test_a_switch_that_goes_down_is_routed_around_and_forgotten(mini_hpn):
