@@ -212,9 +212,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--deployment-out", metavar="FILE", default=Wiring.deployment_out,
                    help=f"where --deployment auto writes the discovered map (default {Wiring.deployment_out})")
     p.add_argument("--confirm-timeout-s", type=float, default=Routing.confirm_timeout_s, metavar="S",
-                   help="a switch that has not answered a barrier or a read-back within S seconds of its being "
-                        "sent is read back again; no timeout runs while the controller has events waiting "
-                        f"(default {Routing.confirm_timeout_s:g})")
+                   help="a switch that owes an answer (barrier, read-back) and has been silent for S seconds is "
+                        "read back again; doubled per switch after each of its timeouts, and 10 times longer "
+                        f"while the controller is busy (default {Routing.confirm_timeout_s:g})")
     p.add_argument("--discovery-s", type=float, default=Wiring.discovery_s, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned "
