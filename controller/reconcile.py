@@ -27,14 +27,16 @@ What it owns
                     switch that reconnects with its tables kept by fail mode secure, changes
                     nothing that is already right: no flow or group is deleted and re-added).
                     An OpenFlow error, or a barrier not answered within ``confirm_timeout_s``,
-                    resynchronises the switch the same way. That time is the switch's only:
-                    it counts from when the messages left (``sent``, which the app calls once
-                    it has encoded and sent them, not from when they were decided), and no
-                    timeout fires while the controller has events waiting (``Tick.backlog``):
-                    the answer may be among them. A controller slowed by its own work (a
-                    first plan over hundreds of switches, read-back replies queued behind
-                    others) otherwise read back switches that had answered, which made it
-                    slower still (issue 53: 17,280 needless read-backs at alibaba-hpn).
+                    resynchronises the switch the same way. That time is the switch's silence:
+                    from the later of when the messages left (``sent``, which the app calls once
+                    it has encoded and sent them, not from when they were decided) and the
+                    switch's last answer; doubled per switch after each of its timeouts; and
+                    10 times longer while the controller is busy (``Tick.backlog``,
+                    ``Tick.busy``), when the answer may be waiting on the controller's side. A
+                    controller slowed by its own work (a first plan over hundreds of switches,
+                    read-back replies queued behind others) otherwise read back switches that
+                    had answered, which made it slower still (issue 53: 17,280 needless
+                    read-backs at alibaba-hpn). See :meth:`Reconciler._timeouts`.
     which flows and groups are ours
                     every flow and every group on a fabric switch. OpenFlow 1.3 groups carry no
                     cookie, so they cannot be told apart by owner; a fabric switch is this
