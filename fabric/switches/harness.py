@@ -121,6 +121,8 @@ class Run:
         self._stop(self.switches)
         if self._own_dir and exc_type is None:
             shutil.rmtree(self.dir, ignore_errors=True)
+        elif self._own_dir:       # kept for its logs, and said so: nothing else would remove it
+            print(f"hpnlab switches: run directory kept for its logs: {self.dir}", file=sys.stderr)
 
     @staticmethod
     def _stop(proc: subprocess.Popen | None, sig: int = signal.SIGTERM) -> None:
