@@ -18,10 +18,10 @@ logged and ignored.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, ClassVar
 
-import greenlet  # type: ignore[import-untyped]
 import networkx as nx
 
 from hpnlab.fabric.routing import compiler
@@ -59,32 +59,6 @@ BUSY_CPU_SHARE = 0.8
 LOG = logging.getLogger("hpnlab.controller")
 
 
-class _OneAtATime:
-    """One :meth:`HpnController.handle` at a time across greenthreads, re-entrant within one. A
-    handle blocks in ``send_msg`` when a switch's send queue is full; without this the tick loop's
-    handle ran meanwhile and slipped a read-back between a step's messages, whose read-back then
-    missed groups the rest of the step added (GROUP_EXISTS errors, resynchronised, again and again:
-    alibaba-hpn's cold start on simulated switches)."""
-
-    def __init__(self) -> None:
-        self._gate = hub.Semaphore(1)
-        self._owner: Any = None
-        self._depth = 0
-
-    def __enter__(self) -> None:
-        me = greenlet.getcurrent()       # a greenthread under eventlet; a thread's own greenlet otherwise
-        if self._owner is not me:
-            self._gate.acquire()
-            self._owner = me
-        self._depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            self._owner = None
-            self._gate.release()
-
-
 class HpnController(BaseApp):
     OFP_VERSIONS: ClassVar[list[int]] = [ofproto_v1_3.OFP_VERSION]
 
@@ -103,7 +77,12 @@ class HpnController(BaseApp):
         self.graph: nx.MultiGraph = self.adoption.graph
         self.index = compiler.index_of(self.graph)
         self.datapaths: dict[str, Any] = {}             # switch name -> connected os-ken Datapath
-        self._one_at_a_time = _OneAtATime()
+        # One handle at a time across greenthreads, re-entrant within one (the launcher patches threading
+        # for eventlet, so this lock is per greenthread). A handle blocks in send_msg when a switch's send
+        # queue is full; without it the tick loop's handle ran meanwhile and slipped a read-back between a
+        # step's messages, which then missed the groups the rest of the step added (GROUP_EXISTS errors,
+        # resynchronised, again and again: alibaba-hpn's cold start on simulated switches).
+        self._one_at_a_time = threading.RLock()
         self.started = time.monotonic()
         self.metrics: Any = None
         self.metrics_served = bool(cfg.metrics.port)
@@ -184,7 +163,7 @@ class HpnController(BaseApp):
     # ---- plumbing ------------------------------------------------------------------------
     def handle(self, event: reconcile.Event) -> None:
         """Give the reconciler one event and send what it answers (one event at a time: see
-        :class:`_OneAtATime`)."""
+        ``_one_at_a_time``)."""
         with self._one_at_a_time:
             self._handle(event)
 

@@ -1,16 +1,16 @@
-"""The controller app handles one event at a time (controller/app.py, ``_OneAtATime``): a handle blocked
+"""The controller app handles one event at a time (controller/app.py, ``_one_at_a_time``): a handle blocked
 sending to a switch is not overtaken by another greenthread's (the tick loop's read-back slipped between
-a step's messages), while a handle may call handle again (the wiring and rollout managers do)."""
+a step's messages), while a handle may call handle again (the wiring and rollout managers do). Threads
+stand in for greenthreads here: the launcher patches threading for eventlet, so the same lock is per
+greenthread there."""
 from __future__ import annotations
 
 import threading
 import time
 
-from hpnlab.controller.app import _OneAtATime
 
-
-def test_a_second_caller_waits_until_the_first_has_finished():
-    gate, order = _OneAtATime(), []
+def test_a_second_handle_waits_until_the_first_has_finished(app):
+    gate, order = app._one_at_a_time, []
     inside = threading.Event()
 
     def first():
@@ -33,8 +33,8 @@ def test_a_second_caller_waits_until_the_first_has_finished():
     assert order == ["first in", "first out", "second in"]
 
 
-def test_a_handle_may_call_handle_again():
-    gate, order = _OneAtATime(), []
+def test_a_handle_may_call_handle_again(app):
+    gate, order = app._one_at_a_time, []
     done = threading.Event()
 
     def nested():
