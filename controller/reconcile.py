@@ -968,9 +968,9 @@ class Reconciler:
     ``compile_fn`` (graph, failures, policy, switches=...) -> {switch: SwitchState}:
     compiler.compile_fabric unless a test gives its own."""
 
-    def __init__(self, g: nx.MultiGraph, policy: str = "aggregate", confirm_timeout_s: float = 5.0,
+    def __init__(self, g: nx.MultiGraph, policy: str = compiler.DEFAULT_POLICY, confirm_timeout_s: float = 5.0,
                  compile_fn: CompileFn = compiler.compile_fabric, fast_failover: bool = True,
-                 arp: str = "gateway"):
+                 arp: str = compiler.DEFAULT_ARP):
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
@@ -979,7 +979,7 @@ class Reconciler:
         self._backoff: dict[str, int] = {}              # switch -> its timeout's multiple after timeouts
         if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
             compile_fn = functools.partial(compile_fn, fast_failover=False)
-        if arp != "gateway":     # how leaves answer ARP (compiler.arp_responders)
+        if arp != compiler.DEFAULT_ARP:     # how leaves answer ARP (compiler.arp_responders)
             compile_fn = functools.partial(compile_fn, arp=arp)
         self.fast_failover = fast_failover
         self.arp = arp

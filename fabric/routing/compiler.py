@@ -1295,7 +1295,7 @@ _MARKED_TO_BOUNCED = Flow(TABLE_CLASSIFY, PRIO_MARKED, (("eth_type", ETH_IPV4), 
 _MARKED_DROP = Flow(TABLE_CLASSIFY, PRIO_MARKED_DROP, (("eth_type", ETH_IPV4), ("eth_src", BOUNCE_MAC)), ())
 
 
-def arp_responders(ix: FabricIndex, leaf: str, arp: str = "gateway") -> tuple[Flow, ...]:
+def arp_responders(ix: FabricIndex, leaf: str, arp: str = DEFAULT_ARP) -> tuple[Flow, ...]:
     """The ARP responder flows of a leaf (table 0, above the ARP-to-controller entry): a request
     from one of its host ports is turned into the reply in the switch and sent back out of the port
     it came in on. Anything else (a reply, a probe from 0.0.0.0, an address outside the plane, an
@@ -1347,7 +1347,7 @@ def arp_responders(ix: FabricIndex, leaf: str, arp: str = "gateway") -> tuple[Fl
     return flows
 
 
-def with_arp(g: nx.MultiGraph, state: SwitchState, mode: str, compiled: str = "gateway") -> SwitchState:
+def with_arp(g: nx.MultiGraph, state: SwitchState, mode: str, compiled: str = DEFAULT_ARP) -> SwitchState:
     """A leaf's ``state`` (compiled with ARP mode ``compiled``) answering ARP in ``mode`` instead: only
     its responder flows change (the last-hop routes are the same in both modes). One value per state,
     so that a state the compile reused stays the same object and diffs skip it. The per-leaf ARP
@@ -1862,7 +1862,7 @@ def _keep_detours(acts: tuple, hacts: tuple, dead: set, pr: _Protection, rank: M
 
 
 def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tree,
-                  block_cache: dict, pr: _Protection, arp: str = "gateway") -> SwitchState:
+                  block_cache: dict, pr: _Protection, arp: str = DEFAULT_ARP) -> SwitchState:
     own = ix.own_flows.get(sw.name)
     if own is None:
         own = ix.own_flows[sw.name] = _own_flow(ix, sw)
@@ -2001,7 +2001,7 @@ def _dead_ports(ix: FabricIndex, failures: Failures) -> dict[str, set[int]]:
 
 
 def _compile(g, failures: Failures, policy: str, switches, incremental: bool = True,
-             arp: str = "gateway") -> dict[str, SwitchState]:
+             arp: str = DEFAULT_ARP) -> dict[str, SwitchState]:
     ix = index_of(g)
     wanted = None if switches is None else set(switches)
     out: dict[str, SwitchState] = {}
@@ -2083,7 +2083,7 @@ def minimum_routes(g: nx.MultiGraph) -> dict[str, int]:
     return out
 
 
-def route_summary(g: nx.MultiGraph, policy: str = "aggregate", failures: Failures | None = None) -> dict:
+def route_summary(g: nx.MultiGraph, policy: str = DEFAULT_POLICY, failures: Failures | None = None) -> dict:
     """Per-switch and per-POD flow and route counts of the compiled fabric.
 
     ``switches``: {name: {"flows", "routes", "minimum_routes"}};
@@ -2122,7 +2122,7 @@ def deaggregated(states: Mapping[str, SwitchState], healthy: Mapping[str, Switch
     return n
 
 
-def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str, arp: str = "gateway",
+def arp_answer(g: nx.MultiGraph, leaf: str, target_ip: str, arp: str = DEFAULT_ARP,
                in_port: int | None = None) -> str | None:
     """The MAC a leaf answers for ``target_ip`` (the controller's proxy ARP), or None: only for
     hosts of its plane, and never to the host behind ``in_port`` for its own address (a reply to

@@ -742,7 +742,7 @@ class Verdict(Findings):
 
 
 def prove_failure(g: nx.MultiGraph, failure: Failure, pairs: Iterable[tuple[Port, Port]],
-                  states: Mapping | None = None, policy: str = "aggregate", exact: bool = False,
+                  states: Mapping | None = None, policy: str = compiler.DEFAULT_POLICY, exact: bool = False,
                   costs: Costs | None = None, net: FabricTables | None = None) -> Verdict:
     """Walk ``pairs`` through the tables compiled for ``failure`` (``states`` if given).
     ``exact``: every pair by the interpreter's send_branches instead of the set walker.
@@ -892,7 +892,7 @@ def _reduced_pairs(sym: SymmetryIndex, failure: Failure) -> list[tuple[Port, Por
 
 
 def prove(g: nx.MultiGraph, *, links: bool = True, switches: bool = True, pairs: bool = False,
-          plane: bool = False, exhaustive: bool = False, policy: str = "aggregate",
+          plane: bool = False, exhaustive: bool = False, policy: str = compiler.DEFAULT_POLICY,
           states: Callable[[compiler.Failures | None], Mapping] | None = None,
           progress: Callable[[str], None] | None = None) -> Proof:
     """Prove failure tolerance of ``g``: the healthy fabric, then each failure class.

@@ -284,8 +284,8 @@ class WeightedTables:
         self._widened: dict[int, tuple[SwitchState, SwitchState]] = {}    # id(compiled) -> (compiled, widened)
         self._sets: dict[int, tuple[SwitchState, dict[int, EntropySet]]] = {}
 
-    def __call__(self, g: nx.MultiGraph, failures: compiler.Failures | None = None, policy: str = "aggregate",
-                 **kw: Any) -> dict[str, SwitchState]:
+    def __call__(self, g: nx.MultiGraph, failures: compiler.Failures | None = None,
+                 policy: str = compiler.DEFAULT_POLICY, **kw: Any) -> dict[str, SwitchState]:
         states = self.compile_fn(g, failures, policy, **kw)
         dead = compiler.dead_ports(g, failures) if failures else {}
         out = {}
