@@ -113,20 +113,15 @@ def samples_of(line: Mapping[str, Any], rates: Mapping[PortKey, float]) -> dict[
         kw: dict[str, Any] = {attr: float(row.get(name) or 0.0) * scale for name, attr, scale in _ROW_FLOATS}
         out[key] = PortTelemetry(t=t, rate_bps=rates[key], queue_bytes=row.get("queue_bytes"),
                                  queue_peak_bytes=row.get("queue_peak_bytes"), drops=int(row.get("drops") or 0),
-                                 fan_in=int(row.get("fan_in") or 0), **kw, **_pfc_of(row, pfc))
+                                 fan_in=int(row.get("fan_in") or 0), **kw,
+                                 **(telemetry.pfc_fields(row) if pfc else {}))
         fan_in[key[0]] = max(fan_in.get(key[0], 0), out[key].fan_in)
     for key, rate in rates.items():
         if key not in out:
-            out[key] = PortTelemetry(t=t, rate_bps=rate, fan_in=fan_in.get(key[0], 0), **_pfc_of({}, pfc))
+            # a port the line leaves out paused nothing: zeros on a line with PFC, None without
+            out[key] = PortTelemetry(t=t, rate_bps=rate, fan_in=fan_in.get(key[0], 0),
+                                     **(telemetry.pfc_fields({}) if pfc else {}))
     return out
-
-
-def _pfc_of(row: Mapping[str, Any], pfc: bool) -> dict[str, Any]:
-    """A row's pause figures as the live loop's samples carry them: None on a line without PFC, zeros for a
-    port the line leaves out (it paused nothing) on a line with PFC."""
-    if not pfc:
-        return {}
-    return {f: (float if f.endswith("fraction") else int)(row.get(f) or 0) for f in telemetry.PFC_FIELDS}
 
 
 def _recorded_in_force(line: Mapping[str, Any]) -> dict[PortKey, Thresholds]:

@@ -348,13 +348,7 @@ class Telemetry:
     def _pfc_fields(self, key: PortKey) -> dict[str, Any]:
         """The port's pause figures of the interval: None without a PFC stage, zeros while it paused nothing
         (or before its second reading)."""
-        if not self.pfc:
-            return {}
-        r = self._pfc_rates.get(key) or {}
-        return {"paused_fraction": float(r.get("paused_fraction", 0.0)),
-                "pauses_received": int(r.get("pauses_received", 0)),
-                "pausing_fraction": float(r.get("pausing_fraction", 0.0)),
-                "pauses_sent": int(r.get("pauses_sent", 0)), "headroom_drops": int(r.get("headroom_drops", 0))}
+        return pfc_fields(self._pfc_rates.get(key) or {}) if self.pfc else {}
 
     def sample(self, now: float) -> dict[PortKey, PortTelemetry]:
         """One sample per egress port from the latest readings; appended to each port's series.
@@ -424,6 +418,12 @@ def sample_line(now: float, samples: Mapping[PortKey, PortTelemetry], thresholds
 
 #: a sample line's PFC figures (present only where a PFC stage was read)
 PFC_FIELDS = ("paused_fraction", "pauses_received", "pausing_fraction", "pauses_sent", "headroom_drops")
+
+
+def pfc_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A port's pause figures as :class:`PortTelemetry` takes them, from a mapping that has some of them
+    (an interval's rates, a telemetry file's row): fractions as floats, counts as ints, a missing one 0."""
+    return {f: (float if f.endswith("fraction") else int)(row.get(f) or 0) for f in PFC_FIELDS}
 _SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "queue_peak_bytes", "ce_marked_pps",
                   "ce_fraction", "drops", "kmin", "kmax", "pmax", *PFC_FIELDS)
 
