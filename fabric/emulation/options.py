@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpnlab.fabric.routing.compiler import DEFAULT_ARP
+from hpnlab.fabric.routing.compiler import DEFAULT_ARP, DEFAULT_FAST_FAILOVER
 from hpnlab.fabric.routing.telemetry import DEFAULT_INTERVAL_MS
 from hpnlab.fabric.routing.weights import DEFAULT_MODE as DEFAULT_WEIGHTS
 from hpnlab.fabric.routing.weights import MODES as ROUTING_WEIGHTS  # the controller's: equal, or load-following
@@ -87,7 +87,7 @@ class ControllerOptions:
     #: how the leaves answer ARP (fabric/routing/compiler.py ARP_MODES)
     arp: str = DEFAULT_ARP
     #: local protection (fast-failover groups); False: the controller-only baseline
-    fast_failover: bool = True
+    fast_failover: bool = DEFAULT_FAST_FAILOVER
     #: the dynamic-ECN policy (controller/ecn_policy.py) and the telemetry interval (ms)
     ecn_policy: str = STATIC_POLICY
     telemetry_interval_ms: int = DEFAULT_INTERVAL_MS

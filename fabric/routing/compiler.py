@@ -166,6 +166,8 @@ from hpnlab.fabric.scenario.addressing import ip_int, ip_str, prefix_int
 
 ROUTING_POLICIES = ("aggregate", "host-routes")   # how routes are built (not the transport's entropy policies)
 DEFAULT_POLICY = ROUTING_POLICIES[0]    # the controller's, the emulation's and the model's default
+#: local protection (fast-failover groups) by default; False is the controller-only baseline
+DEFAULT_FAST_FAILOVER = True
 
 TABLE_CLASSIFY, TABLE_ROUTE, TABLE_ENTROPY, TABLE_BOUNCED = 0, 1, 2, 3
 ETH_IPV4, ETH_ARP = 0x0800, 0x0806
@@ -1937,7 +1939,7 @@ def _switch_state(ix: FabricIndex, sw: _Sw, acts: tuple, policy: str, tree: _Tre
 
 
 def compile_fabric(g: nx.MultiGraph, failures: Failures | None = None, policy: str = DEFAULT_POLICY,
-                   switches: Iterable[str] | None = None, fast_failover: bool = True,
+                   switches: Iterable[str] | None = None, fast_failover: bool = DEFAULT_FAST_FAILOVER,
                    incremental: bool = True, arp: str = DEFAULT_ARP) -> dict[str, SwitchState]:
     """The desired state of every live switch (or of ``switches`` only).
 
