@@ -90,7 +90,8 @@ class HpnController(BaseApp):
         self.arp = ArpManager(self, cfg.routing.arp)
         self.reconciler = reconcile.Reconciler(self.graph, self.policy, cfg.routing.confirm_timeout_s,
                                                fast_failover=cfg.routing.fast_failover,
-                                               compile_fn=self.telemetry.compile_fn, arp=self.arp.mode)
+                                               compile_fn=self.telemetry.compile_fn, arp=self.arp.mode,
+                                               reads_at_once=cfg.routing.reads_at_once)
         self._counted = dict(self.reconciler.counters)  # counters already passed to the metrics
         self._recompiled_at = (time.time(), self.started)   # (wall, monotonic) of the last compile, for /health
         self._start_metrics(cfg)
@@ -154,7 +155,8 @@ class HpnController(BaseApp):
         fallen_back, hold = self.reconciler.arp_leaves, self.reconciler.hold
         self.reconciler = reconcile.Reconciler(g, self.policy, self.reconciler.confirm_timeout_s,
                                                fast_failover=self.reconciler.fast_failover,
-                                               compile_fn=self.telemetry.compile_fn, arp=self.arp.mode)
+                                               compile_fn=self.telemetry.compile_fn, arp=self.arp.mode,
+                                               reads_at_once=self.reconciler.reads_at_once)
         self.reconciler.hold = hold
         for leaf, mode in sorted(fallen_back.items()):       # the per-leaf ARP fallback outlives the renumbering
             self.reconciler.handle(reconcile.ArpMode(leaf, mode))

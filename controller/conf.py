@@ -34,9 +34,16 @@ from typing import Any
 
 import yaml
 
+from hpnlab.controller.reconcile import CONFIRM_TIMEOUT_S, READS_AT_ONCE
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.routing import telemetry
-from hpnlab.fabric.routing.compiler import ARP_MODES, DEFAULT_ARP, DEFAULT_POLICY, ROUTING_POLICIES
+from hpnlab.fabric.routing.compiler import (
+    ARP_MODES,
+    DEFAULT_ARP,
+    DEFAULT_FAST_FAILOVER,
+    DEFAULT_POLICY,
+    ROUTING_POLICIES,
+)
 from hpnlab.fabric.routing.weights import DEFAULT_MODE as DEFAULT_WEIGHTS
 from hpnlab.fabric.routing.weights import MODES as WEIGHTS_MODES
 from hpnlab.fabric.scenario import graph, spec
@@ -71,10 +78,11 @@ class Routing:
     """What the compiler is asked for."""
     policy: str = DEFAULT_POLICY              # compiler.ROUTING_POLICIES
     arp: str = DEFAULT_ARP                    # compiler.ARP_MODES
-    fast_failover: bool = True                # False: the controller-only baseline (--no-fast-failover)
+    fast_failover: bool = DEFAULT_FAST_FAILOVER  # False: the controller-only baseline (--no-fast-failover)
     weights: str = DEFAULT_WEIGHTS            # fabric/routing/weights.py MODES
     weights_control: str | None = None        # the harness's file of live weights-mode changes
-    confirm_timeout_s: float = 5.0            # a barrier or read-back unanswered this long: the switch is read back
+    confirm_timeout_s: float = CONFIRM_TIMEOUT_S  # a barrier or read-back unanswered this long: the switch is read back
+    reads_at_once: int = READS_AT_ONCE           # switches read back at once (the others wait their turn)
 
 
 @dataclass(frozen=True)
@@ -215,6 +223,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                    help="a switch that owes an answer (barrier, read-back) and has been silent for S seconds is "
                         "read back again; doubled per switch after each of its timeouts, and 10 times longer "
                         f"while the controller is busy (default {Routing.confirm_timeout_s:g})")
+    p.add_argument("--reads-at-once", type=int, default=Routing.reads_at_once, metavar="N",
+                   help="read back at most N switches' tables at once (at a start, a restart, a resynchronisation); "
+                        "the others wait their turn, their confirmation timeouts not yet running "
+                        f"(default {Routing.reads_at_once})")
     p.add_argument("--discovery-s", type=float, default=Wiring.discovery_s, metavar="S",
                    help="LLDP discovery: decide the wiring once nothing new (switch, port, link) was learnt for S "
                         "seconds, or as soon as every expected link was heard as planned "
@@ -276,6 +288,8 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
         raise UserError("--rollout staged needs LLDP discovery: not with --on-miswire off")
     if args.confirm_timeout_s <= 0:
         raise UserError(f"--confirm-timeout-s must be > 0, got {args.confirm_timeout_s:g}")
+    if args.reads_at_once < 1:
+        raise UserError(f"--reads-at-once must be at least 1, got {args.reads_at_once}")
     if args.discovery_s < 0:
         raise UserError(f"--discovery-s must be >= 0, got {args.discovery_s:g}")
     if args.dry_run_timeout <= 0:
@@ -294,7 +308,7 @@ def from_namespace(args: argparse.Namespace) -> ControllerConfig:
         metrics=Metrics(port=args.metrics_port, listen=args.metrics_listen or None),
         routing=Routing(policy=args.policy, arp=args.arp, fast_failover=not args.no_fast_failover,
                         weights=args.routing_weights, weights_control=args.weights_control or None,
-                        confirm_timeout_s=float(args.confirm_timeout_s)),
+                        confirm_timeout_s=float(args.confirm_timeout_s), reads_at_once=int(args.reads_at_once)),
         ecn=Ecn(policy=args.ecn_policy, actuator=args.ecn_actuator, telemetry_interval_ms=float(telemetry_ms),
                 telemetry_out=_path(args.telemetry_out), control=args.ecn_control or None,
                 stage_run=args.ecn_stage_run or None),
@@ -339,6 +353,7 @@ def values(conf: ControllerConfig) -> dict[str, Any]:
         "metrics_listen": conf.metrics.listen,
         "policy": r.policy, "arp": r.arp, "no_fast_failover": not r.fast_failover, "routing_weights": r.weights,
         "weights_control": r.weights_control, "confirm_timeout_s": r.confirm_timeout_s,
+        "reads_at_once": r.reads_at_once,
         "ecn_policy": e.policy, "ecn_actuator": e.actuator, "telemetry_interval_ms": e.telemetry_interval_ms,
         "telemetry_out": e.telemetry_out, "ecn_control": e.control, "ecn_stage_run": e.stage_run,
         "on_miswire": w.on_miswire, "wiring_out": w.out, "discovery_s": w.discovery_s, "deployment": w.deployment,

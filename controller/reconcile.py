@@ -109,6 +109,12 @@ LOG = logging.getLogger("hpnlab.controller.reconcile")
 MAX_BACKOFF = 32
 #: while the controller is busy (events waiting, a CPU used up) timeouts run this many times longer
 BUSY_PATIENCE = 10
+#: a barrier or read-back unanswered this long (seconds, before backing off): the switch is read back
+CONFIRM_TIMEOUT_S = 5.0
+#: switches read back at once; the others wait their turn, their timeouts not yet running. Hundreds of
+#: large tables asked for at once are answered and decoded one after another, and the last ones' time
+#: ran out before they were reached: each timeout asked for a whole table again (hpn-130k's restart)
+READS_AT_ONCE = 16
 
 FlowKey = tuple          # (table, priority, match) with match sorted by field name
 Actions = tuple          # compiler.Flow actions
@@ -968,12 +974,17 @@ class Reconciler:
     ``compile_fn`` (graph, failures, policy, switches=...) -> {switch: SwitchState}:
     compiler.compile_fabric unless a test gives its own."""
 
-    def __init__(self, g: nx.MultiGraph, policy: str = compiler.DEFAULT_POLICY, confirm_timeout_s: float = 5.0,
-                 compile_fn: CompileFn = compiler.compile_fabric, fast_failover: bool = True,
-                 arp: str = compiler.DEFAULT_ARP):
+    def __init__(self, g: nx.MultiGraph, policy: str = compiler.DEFAULT_POLICY,
+                 confirm_timeout_s: float = CONFIRM_TIMEOUT_S, compile_fn: CompileFn = compiler.compile_fabric,
+                 fast_failover: bool = compiler.DEFAULT_FAST_FAILOVER,
+                 arp: str = compiler.DEFAULT_ARP, reads_at_once: int = READS_AT_ONCE):
+        if reads_at_once < 1:
+            raise ValueError(f"reads_at_once must be at least 1, got {reads_at_once}")
         self.graph = g
         self.policy = policy
         self.confirm_timeout_s = confirm_timeout_s
+        self.reads_at_once = reads_at_once
+        self._to_read: dict[str, None] = {}             # switches waiting for a read-back slot, in order
         self._unsent: list[_Pending | _Resync] = []     # stamped by the last handle(), for sent()
         self._heard: dict[str, float] = {}              # switch -> when it last answered (barrier, read-back)
         self._backoff: dict[str, int] = {}              # switch -> its timeout's multiple after timeouts
@@ -1014,7 +1025,8 @@ class Reconciler:
         self.pending: dict[str, list[_Pending]] = {}
         self.resyncing: dict[str, _Resync] = {}
         self._xid = 0
-        self.counters = {"recompiles": 0, "restates": 0, "resyncs": 0, "reads": 0, "errors": 0, "steps": 0, "cycles": 0,
+        self.counters = {"recompiles": 0, "restates": 0, "resyncs": 0, "reads": 0, "reads_queued": 0, "errors": 0,
+                         "steps": 0, "cycles": 0,
                          "arp_fallbacks": 0, "add": 0, "modify": 0, "delete": 0, "group_add": 0, "group_modify": 0,
                          "group_delete": 0}
         self.last_recompiled_planes: tuple[int, ...] = ()
@@ -1083,6 +1095,7 @@ class Reconciler:
             raise TypeError(f"not a reconciler event: {event!r}")
         if recompiles != self.counters["recompiles"] and self._converging_since is None:
             self._converging_since = now
+        out += self._start_reads(now)
         out += self._step(now)
         if self._converging_since is not None and not self._outstanding() and not (self.dirty & self.connected):
             took = now - self._converging_since
@@ -1120,6 +1133,7 @@ class Reconciler:
         disconnected, or is about to be read back)."""
         self.pending.pop(sw, None)
         self.resyncing.pop(sw, None)
+        self._to_read.pop(sw, None)
         self.confirmed.pop(sw, None)
         self._changed_keys.pop(sw, None)
         self._prev.pop(sw, None)
@@ -1160,12 +1174,26 @@ class Reconciler:
 
     def _read_held(self, sw: str, now: float) -> list[Message]:
         """Ask what ``sw`` holds (its flows and its groups); until both answers are complete it has
-        confirmed nothing and no step starts (see :meth:`_read_back`)."""
+        confirmed nothing and no step starts (see :meth:`_read_back`). With ``reads_at_once`` switches
+        being read already, it waits its turn (:meth:`_start_reads`)."""
         self.dirty.add(sw)       # what it holds is unknown until it is read back
+        if len(self.resyncing) >= self.reads_at_once:
+            self.counters["reads_queued"] += 1
+            self._to_read[sw] = None
+            return []
         flow_xid, group_xid = self._next_xid(), self._next_xid()
         self.resyncing[sw] = resync = _Resync(flow_xid, group_xid, now, waiting={flow_xid, group_xid})
         self._unsent.append(resync)
         return [FlowStatsRequest(sw, flow_xid), GroupDescRequest(sw, group_xid)]
+
+    def _start_reads(self, now: float) -> list[Message]:
+        """Read back the switches waiting their turn, while fewer than ``reads_at_once`` are being read."""
+        out: list[Message] = []
+        while self._to_read and len(self.resyncing) < self.reads_at_once:
+            sw = next(iter(self._to_read))
+            del self._to_read[sw]
+            out += self._read_held(sw, now)
+        return out
 
     def _timeouts(self, now: float, busy: bool = False) -> list[Message]:
         """Resynchronise each switch that owes an answer and has been silent for its timeout: silent
@@ -1297,7 +1325,7 @@ class Reconciler:
         return changed
 
     def _outstanding(self) -> bool:
-        return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing)
+        return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing) or bool(self._to_read)
 
     def _step(self, now: float) -> list[Message]:
         if self.hold or self._outstanding() or not self.dirty:

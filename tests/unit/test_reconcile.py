@@ -67,10 +67,16 @@ def test_a_switch_that_connects_is_asked_what_it_holds_before_anything_else(mini
     assert [type(m) for m in msgs] == [reconcile.FlowStatsRequest, reconcile.GroupDescRequest]
 
 
+def read_requests(msgs: list) -> tuple[reconcile.FlowStatsRequest, reconcile.GroupDescRequest]:
+    """The two requests that read a switch back, and nothing else."""
+    flows, groups = msgs
+    assert isinstance(flows, reconcile.FlowStatsRequest) and isinstance(groups, reconcile.GroupDescRequest)
+    return flows, groups
+
+
 def connect_empty(rec: reconcile.Reconciler, sw: str, now: float = 0.0) -> list:
     """``sw`` connects and reports that it holds nothing: what the reconciler sends then."""
-    flows, groups = rec.handle(reconcile.SwitchUp(sw), now)
-    assert isinstance(flows, reconcile.FlowStatsRequest) and isinstance(groups, reconcile.GroupDescRequest)
+    flows, groups = read_requests(rec.handle(reconcile.SwitchUp(sw), now))
     assert rec.handle(reconcile.FlowStatsReply(sw, flows.xid), now) == []
     return rec.handle(reconcile.GroupDescReply(sw, groups.xid), now)
 
@@ -276,6 +282,73 @@ def test_a_switch_that_answered_everything_again_has_a_shorter_timeout(mini_hpn)
     assert rec.settled
     rec.handle(reconcile.PortStatus("p0l0", {port(mini_hpn, "p0l0", "p0s0", "p0l0"): False}), now=20.0)
     assert [m.switch for m in rec.handle(reconcile.Tick(), now=22.5)].count("p0l0") == 2
+
+
+def reads(msgs: list) -> list[str]:
+    """The switches a batch of messages asks to read back (each once)."""
+    return [m.switch for m in msgs if isinstance(m, reconcile.FlowStatsRequest)]
+
+
+def test_no_more_switches_are_read_back_at_once_than_allowed(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=2)
+    asked = [reads(rec.handle(reconcile.SwitchUp(sw))) for sw in ("p0l0", "p0l1", "p0s0")]
+    assert asked == [["p0l0"], ["p0l1"], []]
+    assert len(rec.resyncing) == 2 and rec.counters["reads_queued"] == 1
+
+
+def test_a_switch_waiting_its_turn_is_read_back_once_another_read_completes(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=1)
+    flows, groups = read_requests(rec.handle(reconcile.SwitchUp("p0l0")))
+    rec.handle(reconcile.SwitchUp("p0l1"))
+    assert rec.handle(reconcile.FlowStatsReply("p0l0", flows.xid)) == []
+    assert reads(rec.handle(reconcile.GroupDescReply("p0l0", groups.xid))) == ["p0l1"]
+
+
+def test_a_switch_waiting_its_turn_does_not_time_out(mini_hpn):
+    """Its timeout starts when its requests leave, not when it was queued."""
+    rec = reconcile.Reconciler(mini_hpn, confirm_timeout_s=2.0, reads_at_once=1)
+    rec.handle(reconcile.SwitchUp("p0l0"), now=0.0)
+    rec.handle(reconcile.SwitchUp("p0l1"), now=0.0)
+    assert reads(rec.handle(reconcile.Tick(), now=2.5)) == ["p0l0"]     # the one being read, again
+    assert "p0l1" not in rec.resyncing and rec.counters["resyncs"] == 1
+
+
+def test_a_switch_that_disconnects_while_waiting_its_turn_is_not_read_back(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=1)
+    flows, groups = read_requests(rec.handle(reconcile.SwitchUp("p0l0")))
+    rec.handle(reconcile.SwitchUp("p0l1"))
+    rec.handle(reconcile.SwitchDown("p0l1"))
+    rec.handle(reconcile.FlowStatsReply("p0l0", flows.xid))
+    assert reads(rec.handle(reconcile.GroupDescReply("p0l0", groups.xid))) == []
+
+
+def test_a_disconnect_frees_its_read_back_slot_for_the_next_switch(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=1)
+    rec.handle(reconcile.SwitchUp("p0l0"))
+    rec.handle(reconcile.SwitchUp("p0l1"))
+    assert reads(rec.handle(reconcile.SwitchDown("p0l0"))) == ["p0l1"]
+
+
+def test_nothing_is_installed_while_switches_wait_to_be_read_back(mini_hpn):
+    """A step needs every connected switch read back: no half-known fabric is planned for."""
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=1)
+    flows, groups = read_requests(rec.handle(reconcile.SwitchUp("p0l0")))
+    rec.handle(reconcile.SwitchUp("p0l1"))
+    rec.handle(reconcile.FlowStatsReply("p0l0", flows.xid))
+    msgs = rec.handle(reconcile.GroupDescReply("p0l0", groups.xid))
+    assert not any(isinstance(m, (reconcile.FlowMod, reconcile.GroupMod)) for m in msgs)
+
+
+def test_with_one_read_at_a_time_a_whole_fabric_still_ends_installed(mini_hpn):
+    rec = reconcile.Reconciler(mini_hpn, reads_at_once=1)
+    msgs = [m for sw in graph.switches(mini_hpn) for m in rec.handle(reconcile.SwitchUp(sw))]
+    answer(rec, msgs)
+    assert rec.settled and rec.confirmed == rec.desired
+
+
+def test_reads_at_once_below_one_is_refused(mini_hpn):
+    with pytest.raises(ValueError, match="reads_at_once"):
+        reconcile.Reconciler(mini_hpn, reads_at_once=0)
 
 
 def test_a_switch_that_goes_down_is_routed_around_and_forgotten(mini_hpn):
