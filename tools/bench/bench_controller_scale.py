@@ -137,9 +137,12 @@ def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict
             run.send(f"link {word} {leaf} {spine}")
             _st, took, n = settle_after(run, want, since, args.timeout)
             times.append(took)
+            cpu = run.controller_usage()["cpu_s"] - before
             if word == "down":
-                cpu_down.append(run.controller_usage()["cpu_s"] - before)
+                cpu_down.append(cpu)
                 changed = n
+            print(f"  link {leaf}-{spine} {word}: {took * 1000:.0f} ms to the last barrier, {n} switches changed, "
+                  f"controller CPU {cpu * 1000:.0f} ms, {load()}", flush=True)    # kept if the run is stopped
             time.sleep(0.5)       # the controller's tick and stragglers: not counted in the next event
     return {"link": f"{leaf}-{spine}", "failure_s": down, "recovery_s": up, "failure_controller_cpu_s": cpu_down,
             "failure_switches_changed": changed}
@@ -148,6 +151,7 @@ def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict
 def restart(args, run: harness.Run, expected: dict) -> dict:
     before = run.stats()["switches"]
     mods = sum(s["flow_mods"] + s["group_mods"] for s in before.values())
+    reads = sum(s["reads"] for s in before.values())
     run.stop_the_controller()
     since = time.time()
     run.start_the_controller()
@@ -156,8 +160,13 @@ def restart(args, run: harness.Run, expected: dict) -> dict:
     run.wait_log("controller.log", "routes installed on", run.controller, args.timeout)   # nothing outstanding
     st = run.wait(run.settled(expected), args.timeout)
     last_read = max(s["read_at"] for s in st["switches"].values())
-    return {"restart_changes": sum(s["flow_mods"] + s["group_mods"] for s in st["switches"].values()) - mods,
-            "restart_read_back_s": last_read - since}
+    out = {"restart_changes": sum(s["flow_mods"] + s["group_mods"] for s in st["switches"].values()) - mods,
+           "restart_read_back_s": last_read - since,
+           "restart_reads": sum(s["reads"] for s in st["switches"].values()) - reads}
+    print(f"  controller restart: every switch read back in {out['restart_read_back_s']:.1f} s "
+          f"({out['restart_reads']} tables read for {len(st['switches'])} switches), "
+          f"{out['restart_changes']} changes sent, {load()}", flush=True)
+    return out
 
 
 def main() -> None:
@@ -222,6 +231,7 @@ def main() -> None:
             print(f"| controller restart with the switches holding their tables: changes sent | "
                   f"{fmt(col['restart_changes'], '', 0)} |")
             print(f"| restart: until every switch was read back | {fmt(col['restart_read_back_s'], ' s', 1)} |")
+            print(f"| restart: tables read (one per switch without timeouts) | {fmt(col['restart_reads'], '', 0)} |")
         print(f"| simulated switches: CPU per switch (whole run) | "
               f"{fmt([r['switches_cpu_s'] / n * 1000 for r in runs], ' ms', 1)} |")
         print(f"| simulated switches: peak RSS per switch | "
