@@ -453,6 +453,7 @@ class TableIndex:
         self.by_prio: dict[tuple[int, int], dict[int, tuple]] = {}
         self.groups: dict[int, compiler.Group] = {}
         self.by_meta: dict[int, dict[int, dict[int, dict[FlowKey, Actions]]]] = {}  # table -> mask -> value -> entries
+        self._met: dict[tuple[int, int], frozenset[Actions]] = {}     # (table, metadata) -> met(): kept when patched
         if build:
             for key, value in table.items():
                 if key.__class__ is GroupKey:
@@ -484,6 +485,31 @@ class TableIndex:
                 if key.__class__ is not GroupKey and key[0] == table_id:
                     self._count(index, key, value)
         return index
+
+    def met(self, table_id: int, meta: int) -> frozenset[Actions]:
+        """The actions of the entries of a table that a packet with this metadata can meet: of
+        those the metadata matches, per pattern of the other fields only the highest-priority
+        one (an avoid-one-port entry hides its set's entry), when entries of several metadata
+        masks match (with one mask, entries of one pattern and two priorities are not made).
+        Kept per (table, metadata), and by a patched index for the tables whose entries did not change."""
+        found = self._met.get((table_id, meta))
+        if found is not None:
+            return found
+        matched = [entries for mask, values in self.meta_index(table_id).items()
+                   if (entries := values.get(meta & mask))]
+        if len(matched) == 1:
+            found = frozenset(matched[0].values())
+        else:
+            best: dict[tuple, tuple[int, Actions]] = {}
+            for entries in matched:
+                for key, entry in entries.items():
+                    pattern = tuple([kv for kv in key[2] if kv[0] != "metadata"])
+                    have = best.get(pattern)
+                    if have is None or have[0] < key[1]:
+                        best[pattern] = (key[1], entry)
+            found = frozenset(entry for _prio, entry in best.values())
+        self._met[table_id, meta] = found
+        return found
 
     @staticmethod
     def _count(index: dict, key: tuple, value: Actions | None) -> None:
@@ -533,6 +559,7 @@ class TableIndex:
                                              for m, vs in self.by_meta[key[0]].items()}
                 self._count(index, key, new)
         out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
+        out._met = {tm: acts for tm, acts in self._met.items() if tm[0] in self.by_meta and tm[0] not in metas}
         out.routes = out._sorted()
         return out
 
@@ -590,26 +617,8 @@ class _Forwarding:
                     if ff:
                         break          # of a fast-failover group only the first live bucket
             elif kind == "goto":
-                for entry in self._met(act[1], meta):
+                for entry in self.index.met(act[1], meta):
                     self._walk(entry, meta, ports, groups, depth + 1)
-
-    def _met(self, table_id: int, meta: int) -> set[Actions]:
-        """The actions of the entries of a table that a packet with this metadata can meet: of
-        those the metadata matches, per pattern of the other fields only the highest-priority
-        one (an avoid-one-port entry hides its set's entry), when entries of several metadata
-        masks match (with one mask, entries of one pattern and two priorities are not made)."""
-        matched = [entries for mask, values in self.index.meta_index(table_id).items()
-                   if (entries := values.get(meta & mask))]
-        if len(matched) == 1:
-            return set(matched[0].values())
-        best: dict[tuple, tuple[int, Actions]] = {}
-        for entries in matched:
-            for key, entry in entries.items():
-                pattern = tuple([kv for kv in key[2] if kv[0] != "metadata"])
-                found = best.get(pattern)
-                if found is None or found[0] < key[1]:
-                    best[pattern] = (key[1], entry)
-        return {entry for _prio, entry in best.values()}
 
     def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
         """The prefixes of the routes whose actions lead through any of ``group_ids``."""

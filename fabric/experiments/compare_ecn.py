@@ -663,16 +663,16 @@ def plot_comparison(docs: dict[tuple[str, str], dict[str, Any]], path: str | Pat
 
 
     workloads = sorted({w for w, _ in docs})
-    paused = any(pause_series(doc)[0] for doc in docs.values())
+    pauses = {key: pause_series(doc) for key, doc in docs.items()}
+    paused = any(t for t, _ in pauses.values())
     cols = 3 if paused else 2
     fig, axes = plt.subplots(len(workloads), cols, figsize=(5.5 * cols, 3.2 * len(workloads)), squeeze=False)
     for i, w in enumerate(workloads):
         qa, ta = axes[i][0], axes[i][1]
         if paused:
             pa = axes[i][2]
-            for (ww, s), doc in sorted(docs.items()):
+            for (ww, s), (pt, pv) in sorted(pauses.items()):
                 if ww == w:
-                    pt, pv = pause_series(doc)
                     pa.plot(pt, pv, linewidth=1, label=s)
             pa.set_title(f"{w}: largest paused share of a port")
             pa.set_xlabel("time (s)")

@@ -602,6 +602,24 @@ def test_a_desired_table_patched_from_the_previous_one_is_the_compiled_table(nam
             assert patched.meta_index(compiler.TABLE_ENTROPY) == scratch.meta_index(compiler.TABLE_ENTROPY)
 
 
+def test_a_patched_index_meets_the_entries_its_table_holds_not_those_it_remembered(mini_hpn):
+    """What a metadata meets in table 2 is kept per index, and a patched index keeps it only
+    for tables whose entries did not change."""
+    before = reconcile.switch_table(compiler.compile_fabric(mini_hpn)["p0l0"])
+    old = reconcile.TableIndex(before)
+    metas = {meta for values in old.meta_index(compiler.TABLE_ENTROPY).values() for meta in values}
+    remembered = {meta: old.met(compiler.TABLE_ENTROPY, meta) for meta in metas}
+    key = next(k for k in before if not reconcile.is_group(k) and k[0] == compiler.TABLE_ENTROPY)
+    table = dict(before)
+    table[key] = (("output", 4242),)
+    patched = old.patched(table, [key])
+    scratch = reconcile.TableIndex(table)
+    assert any(patched.met(compiler.TABLE_ENTROPY, m) != remembered[m] for m in metas)
+    assert all(patched.met(compiler.TABLE_ENTROPY, m) == scratch.met(compiler.TABLE_ENTROPY, m) for m in metas)
+    unchanged = old.patched(dict(before), [key])
+    assert all(unchanged.met(compiler.TABLE_ENTROPY, m) == remembered[m] for m in metas)
+
+
 def test_a_switch_whose_flows_mostly_changed_gets_its_table_built_anew(mini_hpn):
     healthy = compiler.compile_fabric(mini_hpn)
     failed = compiler.compile_fabric(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]))
