@@ -95,7 +95,7 @@ import logging
 import time
 import weakref
 from collections import ChainMap, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from typing import NamedTuple
@@ -454,6 +454,7 @@ class TableIndex:
         self.groups: dict[int, compiler.Group] = {}
         self.by_meta: dict[int, dict[int, dict[int, dict[FlowKey, Actions]]]] = {}  # table -> mask -> value -> entries
         self._met: dict[tuple[int, int], frozenset[Actions]] = {}     # (table, metadata) -> met(): kept when patched
+        self._starts: dict[tuple[int, int], list[int]] = {}           # (priority, mask) -> its nets sorted: starts()
         if build:
             for key, value in table.items():
                 if key.__class__ is GroupKey:
@@ -475,6 +476,14 @@ class TableIndex:
 
     def _sorted(self) -> list[tuple[int, int, dict]]:
         return sorted(((p, m, d) for (p, m), d in self.by_prio.items() if d), key=lambda r: -r[0])
+
+    def starts(self, prio: int, mask: int) -> list[int]:
+        """The first addresses of the routes of one priority and mask, sorted (kept by a patched
+        index for the priorities and masks whose routes did not change)."""
+        found = self._starts.get((prio, mask))
+        if found is None:
+            found = self._starts[prio, mask] = sorted(self.by_prio.get((prio, mask), ()))
+        return found
 
     def meta_index(self, table_id: int) -> dict[int, dict[int, dict[FlowKey, Actions]]]:
         """One table's entries (key -> actions) by the metadata they match (mask -> value)."""
@@ -560,6 +569,7 @@ class TableIndex:
                 self._count(index, key, new)
         out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
         out._met = {tm: acts for tm, acts in self._met.items() if tm[0] in self.by_meta and tm[0] not in metas}
+        out._starts = {level: nets for level, nets in self._starts.items() if level not in copied}
         out.routes = out._sorted()
         return out
 
@@ -581,6 +591,26 @@ class _Forwarding:
             if hit is not None:
                 return hit
         return None, ()
+
+    def run(self, address: int) -> tuple[FlowKey | None, Actions, int]:
+        """:meth:`lookup`, and the last address from ``address`` on that meets the same entry: the end
+        of the route's prefix, or earlier where a route that comes first starts (none does: it
+        would have been met)."""
+        routes = self.index.routes
+        end = compiler.FULL
+        hit, level = None, 0
+        for _prio, mask, nets in routes:
+            hit = nets.get(address & mask)
+            if hit is not None:
+                end = (address & mask) | (~mask & compiler.FULL)
+                break
+            level += 1
+        for prio, mask, _nets in routes[:level]:
+            starts = self.index.starts(prio, mask)
+            k = bisect.bisect_right(starts, address)
+            if k < len(starts) and starts[k] <= end:
+                end = starts[k] - 1
+        return (hit[0], hit[1], end) if hit is not None else (None, (), end)
 
     def resolve(self, actions: Actions) -> tuple[frozenset[int], frozenset[int]]:
         """(ports, group ids on the way) of an action list."""
@@ -646,16 +676,22 @@ def _plane_addresses(ix: compiler.FabricIndex) -> dict[int, list[int]]:
     return out
 
 
-def _covered(addresses: list[int], prefixes: Iterable[tuple[int, int]]) -> list[int]:
-    """The addresses (sorted) that any of the prefixes covers, each once."""
+def _covered(addresses: list[int], prefixes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The addresses (sorted) that any of the prefixes covers, as ranges of their positions in
+    ``addresses`` ([start, end)), sorted, each address in one."""
     ranges = sorted((net & mask, (net & mask) | (~mask & compiler.FULL)) for net, mask in prefixes)
-    out: list[int] = []
+    out: list[tuple[int, int]] = []
     end = -1
     for lo, hi in ranges:
         lo = max(lo, end + 1)
         if lo > hi:
             continue
-        out += addresses[bisect.bisect_left(addresses, lo):bisect.bisect_right(addresses, hi)]
+        i, j = bisect.bisect_left(addresses, lo), bisect.bisect_right(addresses, hi)
+        if i < j:
+            if out and out[-1][1] == i:
+                out[-1] = (out[-1][0], j)
+            else:
+                out.append((i, j))
         end = hi
     return out
 
@@ -725,10 +761,7 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
         by_switch.setdefault(it.switch, []).append(it)
     deps: dict[Item, set[Item]] = {}      # item -> the items to be confirmed first (only items that wait)
     soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
-    touching: dict[tuple[str, int], list[Item]] = {}     # (switch, address) -> its items for it
-    next_hops: dict[tuple[str, int], frozenset[str]] = {}
-    left: dict[tuple[str, int], frozenset[str]] = {}       # (switch, address) -> next hops it stops using
-    drops: set[tuple[str, int]] = set()                    # (switch, address) it forwarded and now drops
+    runs: dict[str, list[_Run]] = {}       # switch -> the runs of addresses whose forwarding it changes
     live = live_ports(ix, failures)
     addresses = _plane_addresses(ix)
     fresh: set[str] = set()          # switches that route nothing yet and will
@@ -759,9 +792,10 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                     deps.setdefault(it, set()).update(routes_and_other)
         if pair is not None:
             live_here = live(sw)     # one memo of the switch's ports for both tables
-            _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here), _Forwarding(pair[1], live_here),
-                                route_items, group_items, addresses.get(ix.sw[sw].plane, []), touching, next_hops,
-                                left, drops)
+            found = _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here), _Forwarding(pair[1], live_here),
+                                        route_items, group_items, addresses.get(ix.sw[sw].plane, []))
+            if found:
+                runs[sw] = found
     # A switch installed anew (back from a failure: no route yet) goes first: fast-failover groups that
     # watch its ports send to it as soon as they are live, and what it forwards meanwhile is
     # nothing. The others' forwarding changes wait until all of its items are confirmed.
@@ -776,32 +810,26 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
             if sw not in fresh:
                 for it in its:
                     deps.setdefault(it, set()).add(first)
-        touching = {k: its for k, its in touching.items() if k[0] not in fresh}
-    touched = {sw for sw, _address in touching}
-    stopped: dict[tuple[str, int], list[str]] = {}      # (switch that drops, address) -> who stops sending to it
-    for (sw, address), hops in left.items():
-        for peer in hops:
-            if (peer, address) in drops:
-                stopped.setdefault((peer, address), []).append(sw)
+        runs = {sw: rs for sw, rs in runs.items() if sw not in fresh}
+    ends = {sw: [r.end for r in rs] for sw, rs in runs.items()}
     relevant: dict[frozenset[str], tuple[str, ...]] = {}    # next hops -> those that have items at all
-    for (sw, address), its in touching.items():
-        hops = next_hops[sw, address]
-        peers = relevant.get(hops)
-        if peers is None:
-            peers = relevant[hops] = tuple(p for p in hops if p in touched)
-        for peer in peers:
-            downstream = touching.get((peer, address))
-            if downstream:
-                for it in its:
-                    deps.setdefault(it, set()).update(downstream)
-    # A switch that stops forwarding an address (a drop where it forwarded) waits until the
-    # switches that sent it there have stopped (a detour through it keeps delivering until then).
-    for (sw, address), upstream in stopped.items():
-        dropping = touching.get((sw, address))
-        if dropping:
-            for up in upstream:
-                for it in dropping:
-                    deps.setdefault(it, set()).update(touching[up, address])
+    for rs in runs.values():
+        for run in rs:
+            peers = relevant.get(run.peers)
+            if peers is None:
+                peers = relevant[run.peers] = tuple(p for p in run.peers if p in runs)
+            for peer in peers:
+                for downstream in _overlapping(runs[peer], ends[peer], run):
+                    for it in run.items:
+                        deps.setdefault(it, set()).update(downstream.items)
+            # A switch that stops forwarding an address (a drop where it forwarded) waits until the
+            # switches that sent it there have stopped (a detour through it keeps delivering until then).
+            for peer in run.gone:
+                if peer in runs:
+                    for dropping in _overlapping(runs[peer], ends[peer], run):
+                        if dropping.dropped:
+                            for it in dropping.items:
+                                deps.setdefault(it, set()).update(run.items)
     # Only items that wait for something can be on a cycle, and only through items that wait too.
     waiting = {it: deps.get(it, set()).union(soft.get(it, ())) for it in deps.keys() | soft.keys()}
     order = {it: {d for d in ds if d in waiting} for it, ds in waiting.items()}
@@ -859,13 +887,24 @@ def _reference_deps(its: list[Item], group_items: Mapping[int, Item], old_table:
                     deps.setdefault(deleted[gid], set()).add(it)
 
 
+class _Run(NamedTuple):
+    """Addresses ``addresses[start:end]`` of a plane whose forwarding at one switch changes alike:
+    the items responsible, the new next hops, whether it now drops what it forwarded, the next
+    hops it stops using."""
+    start: int
+    end: int
+    items: list
+    peers: frozenset[str]
+    dropped: bool
+    gone: frozenset[str]
+
+
 def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding,
                         route_items: Mapping[tuple, Item], group_items: Mapping[int, Item],
-                        plane_addresses: list[int], touching: dict[tuple[str, int], list[Item]],
-                        next_hops: dict[tuple[str, int], frozenset[str]],
-                        left: dict[tuple[str, int], frozenset[str]], drops: set[tuple[str, int]]) -> None:
-    """For each address whose forwarding at ``sw`` changes: the items responsible, the new next hops,
-    the next hops it stops using (``left``) and whether it now drops what it forwarded (``drops``)."""
+                        plane_addresses: list[int]) -> list[_Run]:
+    """The runs of addresses whose forwarding at ``sw`` changes (sorted, disjoint): for each, the
+    items responsible, the new next hops, the next hops it stops using and whether it now drops
+    what it forwarded."""
     # Only an address a changed route covers, or one whose route leads through a changed group,
     # can be forwarded differently: for the rest both tables agree.
     prefixes = [p for p in (_route_prefix(key[2]) for key in route_items) if p is not None]
@@ -874,25 +913,39 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
         prefixes += old.prefixes_via(gids) + new.prefixes_via(gids)
     peers_of: dict[frozenset[int], frozenset[str]] = {}
     # Every address that meets the same old and new entry changes the same way: decided once per
-    # such pair (the addresses of one route share it), then written per address.
+    # such pair, for a whole run of addresses that meet the same entries in both tables.
     decided: dict[tuple, tuple[list[Item], frozenset[str], bool, frozenset[str]] | None] = {}
-    for address in _covered(plane_addresses, prefixes):
-        old_key, old_actions = old.lookup(address)
-        new_key, new_actions = new.lookup(address)
-        pair = (old_key, old_actions, new_key, new_actions)
-        if pair in decided:
-            change = decided[pair]
-        else:
-            change = decided[pair] = _change(ix, sw, old, new, pair, route_items, group_items, peers_of)
-        if change is None:
-            continue
-        its, peers, dropped, gone = change
-        touching[sw, address] = its
-        next_hops[sw, address] = peers
-        if dropped:
-            drops.add((sw, address))
-        if gone:
-            left[sw, address] = gone
+    runs: list[_Run] = []
+    last = None
+    for i, j in _covered(plane_addresses, prefixes):
+        k = i
+        while k < j:
+            address = plane_addresses[k]
+            old_key, old_actions, old_end = old.run(address)
+            new_key, new_actions, new_end = new.run(address)
+            m = bisect.bisect_right(plane_addresses, min(old_end, new_end), k + 1, j)
+            pair = (old_key, old_actions, new_key, new_actions)
+            if pair in decided:
+                change = decided[pair]
+            else:
+                change = decided[pair] = _change(ix, sw, old, new, pair, route_items, group_items, peers_of)
+            if change is not None:
+                if last is change and runs[-1].end == k:
+                    runs[-1] = runs[-1]._replace(end=m)
+                else:
+                    runs.append(_Run(k, m, *change))
+            last = change
+            k = m
+    return runs
+
+
+def _overlapping(runs: list[_Run], ends: list[int], run: _Run) -> Iterator[_Run]:
+    """The runs (sorted, disjoint; ``ends`` their ends) that share an address with ``run``."""
+    for k in range(bisect.bisect_right(ends, run.start), len(runs)):
+        other = runs[k]
+        if other.start >= run.end:
+            break
+        yield other
 
 
 def _change(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwarding, pair: tuple,

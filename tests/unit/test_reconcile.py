@@ -620,6 +620,38 @@ def test_a_patched_index_meets_the_entries_its_table_holds_not_those_it_remember
     assert all(unchanged.met(compiler.TABLE_ENTROPY, m) == remembered[m] for m in metas)
 
 
+def runs_after_a_failure(g, policy: str) -> tuple[int, int]:
+    """Every plane-0 switch's table after a link failure, walked run by run: (runs, addresses walked);
+    asserts that every address of a run meets what its first address meets."""
+    ix = compiler.index_of(g)
+    addresses = reconcile._plane_addresses(ix)[0]
+    failed = compiler.compile_fabric(g, compiler.Failures.of([("p0l0", "p0s0", 0)]), policy)
+    runs = walked = 0
+    for sw in sorted(s for s in failed if ix.sw[s].plane == 0):
+        fwd = reconcile._Forwarding(reconcile.TableIndex(reconcile.switch_table(failed[sw])), lambda port: True)
+        k = 0
+        while k < len(addresses):
+            key, actions, end = fwd.run(addresses[k])
+            following = [a for a in addresses[k:] if a <= end]
+            assert following and all(fwd.lookup(a) == (key, actions) for a in following)
+            k += len(following)
+            runs += 1
+        walked += len(addresses)
+    return runs, walked
+
+
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
+def test_every_address_of_a_run_meets_the_entry_its_first_address_meets(mini_hpn, policy):
+    """A plan decides once per run of addresses: a run may not cross a route's end or the start
+    of a route that comes first (after a failure, more specific routes sit inside aggregates)."""
+    runs_after_a_failure(mini_hpn, policy)
+
+
+def test_with_aggregated_routes_a_run_spans_several_addresses(mini_hpn):
+    runs, walked = runs_after_a_failure(mini_hpn, "aggregate")
+    assert runs < walked / 2
+
+
 def test_a_switch_whose_flows_mostly_changed_gets_its_table_built_anew(mini_hpn):
     healthy = compiler.compile_fabric(mini_hpn)
     failed = compiler.compile_fabric(mini_hpn, compiler.Failures.of([("p0l0", "p0s0", 0)]))

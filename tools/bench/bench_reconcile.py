@@ -100,9 +100,14 @@ def plan_cpu(module: ModuleType, args: tuple) -> float:
     def key(k):
         return module.GroupKey(*k) if reconcile.is_group(k) else k
     mine = [module.Item(it.switch, key(it.key), it.actions) for it in items]
+    # the tables of the items' switches (all plan reads) with that module's group keys: its own code
+    # tells groups from flows by their class
+    switches = {it.switch for it in items}
+    confirmed = {sw: {key(k): v for k, v in confirmed.get(sw, {}).items()} for sw in switches}
+    desired = {sw: {key(k): v for k, v in desired.get(sw, {}).items()} for sw in switches}
     indexes = {}
-    for sw in {it.switch for it in items}:
-        indexes[sw] = [module.TableIndex(confirmed.get(sw, {})), module.TableIndex(desired.get(sw, {}))]
+    for sw in switches:
+        indexes[sw] = [module.TableIndex(confirmed[sw]), module.TableIndex(desired[sw])]
     module._plane_addresses(ix)
     c = time.process_time()
     module.plan(ix, confirmed, desired, mine, failures, indexes)
