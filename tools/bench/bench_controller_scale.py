@@ -94,7 +94,8 @@ def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Pa
               f"CPU {usage['cpu_s']:.1f} s, peak RSS {usage['peak_rss_mib']:.0f} MiB, {load()}", flush=True)
         if args.repeat and profile is None:
             out.update(failures(args, run, g, names, expected))
-            out.update(restart(args, run, expected))
+            if args.restart:
+                out.update(restart(args, run, expected))
             st = run.stats()
             out["switches_cpu_s"], out["switches_peak_rss_mib"] = st["cpu_s"], st["peak_rss_kib"] / 1024
         return out
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--planes", help="simulate only these planes (e.g. 0)")
     ap.add_argument("--cold", type=int, default=3, help="cold starts (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="link failures (and recoveries) per run (default 5)")
+    ap.add_argument("--no-restart", dest="restart", action="store_false",
+                    help="leave out the controller restart over the running switches")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--window", type=float, metavar="S",
                     help="instead: watch one cold start for at most S seconds, printing progress every 10 s")
@@ -234,6 +237,8 @@ def main() -> None:
         print(f"| messages the switches received per second | {fmt(col['messages_per_s'], '', 0)} |")
         print(f"| controller CPU for the cold start | {fmt(col['controller_cpu_s'], ' s', 1)} |")
         print(f"| controller peak RSS | {fmt(col['controller_peak_rss_mib'], ' MiB', 0)} |")
+        if "restart_changes" not in col:
+            col["restart_changes"] = col["restart_read_back_s"] = col["restart_idle_s"] = col["restart_reads"] = []
         if "failure_s" in col:
             down = [x for r in runs for x in r["failure_s"]]
             up = [x for r in runs for x in r["recovery_s"]]
