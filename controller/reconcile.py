@@ -1050,6 +1050,7 @@ class Reconciler:
         self._unsent: list[_Pending | _Resync] = []     # stamped by the last handle(), for sent()
         self._heard: dict[str, float] = {}              # switch -> when it last answered (barrier, read-back)
         self._backoff: dict[str, int] = {}              # switch -> its timeout's multiple after timeouts
+        self._deaggregated: dict[str, tuple] = {}      # switch -> (its state, its routes there only for failures)
         if not fast_failover:    # the controller-only baseline (compiler.compile_fabric's docstring)
             compile_fn = functools.partial(compile_fn, fast_failover=False)
         if arp != compiler.DEFAULT_ARP:     # how leaves answer ARP (compiler.arp_responders)
@@ -1104,7 +1105,15 @@ class Reconciler:
         return all(self.confirmed[sw] == self.desired.get(sw, {}) for sw in self.dirty & self.connected)
 
     def deaggregated(self) -> int:
-        return compiler.deaggregated(self.states, self.healthy)
+        """Routes present only because of failures (compiler.deaggregated), counted again only for the
+        switches whose desired state changed since the last count."""
+        total = 0
+        for sw, st in self.states.items():
+            known = self._deaggregated.get(sw)
+            if known is None or known[0] is not st:
+                known = self._deaggregated[sw] = (st, compiler.deaggregated({sw: st}, self.healthy))
+            total += known[1]
+        return total
 
     # ---- events ------------------------------------------------------------------------
     def handle(self, event: Event, now: float = 0.0) -> list[Message]:

@@ -743,3 +743,13 @@ def test_after_every_single_link_failure_and_repair_every_switch_holds_what_a_fu
             (u, v, k)
         answer(rec, rec.handle(reconcile.PortStatus(u, {port: True})))
         assert {sw: rec.confirmed[sw] for sw in healthy} == healthy, (u, v, k, "repaired")
+
+
+def test_the_count_of_routes_there_only_for_failures_follows_each_failure_and_recovery(mini_hpn):
+    rec = installed(mini_hpn)
+    assert rec.deaggregated() == 0
+    p = port(mini_hpn, "p0l0", "p0s0", "p0l0")
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {p: False})))
+    assert rec.deaggregated() == compiler.deaggregated(rec.states, rec.healthy) > 0
+    answer(rec, rec.handle(reconcile.PortStatus("p0l0", {p: True})))
+    assert rec.deaggregated() == 0
