@@ -274,7 +274,9 @@ def metrics_page(docs: list[MetricDoc] | None = None) -> str:
         GENERATED_NOTE, "# Prometheus metrics\n",
         "The controller serves these on `http://LISTEN:PORT/metrics` with `--metrics-port PORT` "
         "(and `/health` beside them: see [the controller's deployment](../guides/deployment.md)). "
-        f"{len(docs)} metrics, generated from `hpnlab.controller.metrics.Metrics`; a counter is exported with "
+        f"{len(docs)} metrics, generated from `hpnlab.controller.metrics.Metrics`; the reconciler's gauges and "
+        "counters are brought up to date once a second (the controller's tick), `/health` at each request; "
+        "a counter is exported with "
         "the `_total` suffix shown here; the `hpnlab_pfc_*` ones only while an emulation with priority flow control "
         "runs ([the lossless guide](../guides/lossless.md)). Grafana dashboards: "
         "`controller/grafana/hpnlab-controller.json`, `controller/grafana/hpnlab-ecn.json` and "
