@@ -585,17 +585,10 @@ class _Forwarding:
         self.live = live
         self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
 
-    def lookup(self, address: int) -> tuple[FlowKey | None, Actions]:
-        for _prio, mask, nets in self.index.routes:
-            hit = nets.get(address & mask)
-            if hit is not None:
-                return hit
-        return None, ()
-
     def run(self, address: int) -> tuple[FlowKey | None, Actions, int]:
-        """:meth:`lookup`, and the last address from ``address`` on that meets the same entry: the end
-        of the route's prefix, or earlier where a route that comes first starts (none does: it
-        would have been met)."""
+        """The route ``address`` meets (longest prefix first: (key, actions), or (None, ()) for none),
+        and the last address from ``address`` on that meets the same one: the end of the route's
+        prefix, or earlier where a route that comes first starts (none does: it would have been met)."""
         routes = self.index.routes
         end = compiler.FULL
         hit, level = None, 0
@@ -916,7 +909,6 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
     # such pair, for a whole run of addresses that meet the same entries in both tables.
     decided: dict[tuple, tuple[list[Item], frozenset[str], bool, frozenset[str]] | None] = {}
     runs: list[_Run] = []
-    last = None
     for i, j in _covered(plane_addresses, prefixes):
         k = i
         while k < j:
@@ -930,11 +922,11 @@ def _forwarding_changes(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new
             else:
                 change = decided[pair] = _change(ix, sw, old, new, pair, route_items, group_items, peers_of)
             if change is not None:
-                if last is change and runs[-1].end == k:
+                # the run before ends here with the same change (one items list per decided pair): extend it
+                if runs and runs[-1].end == k and runs[-1].items is change[0]:
                     runs[-1] = runs[-1]._replace(end=m)
                 else:
                     runs.append(_Run(k, m, *change))
-            last = change
             k = m
     return runs
 

@@ -620,6 +620,16 @@ def test_a_patched_index_meets_the_entries_its_table_holds_not_those_it_remember
     assert all(unchanged.met(compiler.TABLE_ENTROPY, m) == remembered[m] for m in metas)
 
 
+def route_met(index: reconcile.TableIndex, address: int) -> tuple:
+    """The route an address meets, looked up alone: the first of the index's routes (by priority) whose
+    prefix covers it, (None, ()) for none."""
+    for _prio, mask, nets in index.routes:
+        hit = nets.get(address & mask)
+        if hit is not None:
+            return hit
+    return None, ()
+
+
 def runs_after_a_failure(g, policy: str) -> tuple[int, int]:
     """Every plane-0 switch's table after a link failure, walked run by run: (runs, addresses walked);
     asserts that every address of a run meets what its first address meets."""
@@ -633,7 +643,7 @@ def runs_after_a_failure(g, policy: str) -> tuple[int, int]:
         while k < len(addresses):
             key, actions, end = fwd.run(addresses[k])
             following = [a for a in addresses[k:] if a <= end]
-            assert following and all(fwd.lookup(a) == (key, actions) for a in following)
+            assert following and all(route_met(fwd.index, a) == (key, actions) for a in following)
             k += len(following)
             runs += 1
         walked += len(addresses)
