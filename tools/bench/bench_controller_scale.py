@@ -237,8 +237,6 @@ def main() -> None:
         print(f"| messages the switches received per second | {fmt(col['messages_per_s'], '', 0)} |")
         print(f"| controller CPU for the cold start | {fmt(col['controller_cpu_s'], ' s', 1)} |")
         print(f"| controller peak RSS | {fmt(col['controller_peak_rss_mib'], ' MiB', 0)} |")
-        if "restart_changes" not in col:
-            col["restart_changes"] = col["restart_read_back_s"] = col["restart_idle_s"] = col["restart_reads"] = []
         if "failure_s" in col:
             down = [x for r in runs for x in r["failure_s"]]
             up = [x for r in runs for x in r["recovery_s"]]
@@ -250,12 +248,13 @@ def main() -> None:
                   f"{fmt([x * 1000 for x in cpu], ' ms', 0)} |")
             print(f"| link back up: event to last barrier | {fmt([x * 1000 for x in up], ' ms', 0)} |")
             print(f"| controller restart with the switches holding their tables: changes sent | "
-                  f"{fmt(col['restart_changes'], '', 0)} |")
+                  f"{fmt(col.get('restart_changes', []), '', 0)} |")
             print(f"| restart: until the last switch was asked for its tables | "
-                  f"{fmt(col['restart_read_back_s'], ' s', 1)} |")
+                  f"{fmt(col.get('restart_read_back_s', []), ' s', 1)} |")
             print(f"| restart: until the controller was idle (every table decoded, differences sent) | "
-                  f"{fmt(col['restart_idle_s'], ' s', 1)} |")
-            print(f"| restart: tables read (one per switch without timeouts) | {fmt(col['restart_reads'], '', 0)} |")
+                  f"{fmt(col.get('restart_idle_s', []), ' s', 1)} |")
+            print(f"| restart: tables read (one per switch without timeouts) | "
+                  f"{fmt(col.get('restart_reads', []), '', 0)} |")
         print(f"| simulated switches: CPU per switch (whole run) | "
               f"{fmt([r['switches_cpu_s'] / n * 1000 for r in runs], ' ms', 1)} |")
         print(f"| simulated switches: peak RSS per switch | "
