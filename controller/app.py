@@ -125,6 +125,8 @@ class HpnController(BaseApp):
         thread = super().start()
         if not self.dry_run:         # a dry run answers no barrier: no timeouts, no resyncs
             self.threads.append(hub.spawn(self._tick_loop))
+        elif self.metrics:           # ...but its gauges still follow what it has read, once a tick
+            self.threads.append(hub.spawn(self._metrics_loop))
         if self.telemetry.ecn is not None:
             self.threads.append(hub.spawn(self.telemetry.run))
         return thread
@@ -145,6 +147,12 @@ class HpnController(BaseApp):
             wall, cpu = now_wall, now_cpu
             self.handle(reconcile.Tick(backlog=self.events.qsize(), busy=share >= BUSY_CPU_SHARE))
             self.rollout.poll()
+
+    def _metrics_loop(self) -> None:
+        while True:
+            hub.sleep(TICK_S)
+            with self._one_at_a_time:
+                self._update_metrics()
 
     def rebase(self, g: nx.MultiGraph) -> None:
         """Run on ``g`` from now on (the adoption manager's: numbers found at run time): a new index and a new

@@ -65,22 +65,21 @@ def test_the_report_counts_per_switch_and_names_who_did_not_answer(desired):
 
 # ---- the app in dry-run mode (fake datapaths, real os-ken messages) ---------------------------
 
-def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(tmp_path):
-    pytest.importorskip("os_ken")
+def _answer_every_switch(app, hand_deleted: str = "p0l2") -> None:
+    """Every switch of mini-hpn connects to ``app`` (a dry run) and answers its questions with its desired
+    tables, less one route flow on ``hand_deleted``; asserts the dry run asks and sends nothing else."""
     from os_ken.controller import ofp_event
     from os_ken.ofproto import ofproto_v1_3_parser as parser
     from support.fake_switch import (
         FakeDatapath,
         answer_flow_stats,
         answer_group_desc,
-        controller_app,
         dpids,
         group_desc,
         stats_entry,
     )
 
     from hpnlab.controller.codec import encode
-    app = controller_app(tmp_path, dry_run=True)
     dps = {name: FakeDatapath(dpid) for name, dpid in dpids().items()}
     for name, dp in dps.items():
         app.on_features(ofp_event.EventOFPSwitchFeatures(parser.OFPSwitchFeatures(dp, datapath_id=dp.id)))
@@ -90,7 +89,7 @@ def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(
         assert app.dry_run_report() is None
         want = app.reconciler.desired[name]
         flows = {k: a for k, a in want.items() if not reconcile.is_group(k)}
-        if name == "p0l2":
+        if name == hand_deleted:
             del flows[route_key(flows)]
         groups = [encode(dp, reconcile.GroupMod(name, "add", g.group_id, g.kind, g.buckets))[0]
                   for k, g in want.items() if reconcile.is_group(k)]
@@ -99,7 +98,34 @@ def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(
         answer_flow_stats(app, dp, flow_req, [stats_entry(k, a) for k, a in flows.items()])
         answer_group_desc(app, dp, group_req, [group_desc(g) for g in groups])
         assert dp.take() == [], f"{name}: a dry run sent something"
+
+
+def test_the_app_in_dry_run_sends_only_the_questions_and_reports_the_difference(tmp_path):
+    pytest.importorskip("os_ken")
+    from support.fake_switch import controller_app
+    app = controller_app(tmp_path, dry_run=True)
+    _answer_every_switch(app)
     rep = app.dry_run_report()
     assert rep is not None and rep["missing"] == []
     changed = {sw: r for sw, r in rep["switches"].items() if r["add"] or r["modify"] or r["delete"]}
     assert list(changed) == ["p0l2"] and len(changed["p0l2"]["add"]) == 1
+
+
+def test_a_dry_runs_gauges_follow_what_the_switches_hold_though_it_runs_no_tick(tmp_path):
+    pytest.importorskip("os_ken")
+    pytest.importorskip("prometheus_client")
+    from os_ken.lib import hub
+    from support.fake_switch import controller_app
+
+    from hpnlab.controller.app import TICK_S
+    app = controller_app(tmp_path, dry_run=True)
+    _answer_every_switch(app)
+    held = {sw: sum(not reconcile.is_group(k) for k in table) for sw, table in app.reconciler.confirmed.items()}
+    assert held["p0l2"] == sum(not reconcile.is_group(k) for k in app.reconciler.desired["p0l2"]) - 1
+    app.start()
+    try:
+        hub.sleep(TICK_S * 1.5)
+        assert {sw: app.metrics.flows.labels(sw)._value.get() for sw in held} == held
+    finally:
+        for thread in app.threads:
+            hub.kill(thread)
