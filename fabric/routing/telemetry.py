@@ -424,6 +424,8 @@ def pfc_fields(row: Mapping[str, Any]) -> dict[str, Any]:
     """A port's pause figures as :class:`PortTelemetry` takes them, from a mapping that has some of them
     (an interval's rates, a telemetry file's row): fractions as floats, counts as ints, a missing one 0."""
     return {f: (float if f.endswith("fraction") else int)(row.get(f) or 0) for f in PFC_FIELDS}
+
+
 _SERIES_FIELDS = ("tx_mbps", "utilisation", "rx_mbps", "queue_bytes", "queue_peak_bytes", "ce_marked_pps",
                   "ce_fraction", "drops", "kmin", "kmax", "pmax", *PFC_FIELDS)
 
