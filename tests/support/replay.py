@@ -227,6 +227,9 @@ class Replay:
         assert self.reconciler.settled, "the reconciler did not settle"
         for sw, table in self.reconciler.confirmed.items():
             assert table == self.table(sw), f"{sw}: confirmed state differs from the switch's tables"
+        for sw in self.reconciler.connected:
+            assert self.reconciler.confirmed.get(sw) == self.reconciler.desired.get(sw, {}), \
+                f"{sw}: settled, but what it holds is not its desired table"
         failures = self.net.failures
         leaf = {(h, p["plane"], p["rail"]): p["leaf"] for h in fgraph.hosts(self.g)
                 for p in fgraph.host_ports(self.g, h)}
