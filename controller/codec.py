@@ -17,8 +17,8 @@ import struct
 from typing import Any
 
 from hpnlab.controller import reconcile, rollout
-from hpnlab.fabric.routing import compiler, telemetry
-from hpnlab.fabric.scenario.addressing import ip_int, ip_str
+from hpnlab.fabric.routing import compiler, ofdecode, telemetry
+from hpnlab.fabric.scenario.addressing import ip_str
 
 from .ofp import arp, ether_types, ethernet, ipv4, lldp, packet, tcp, udp
 
@@ -74,7 +74,7 @@ def encode_action(ofp, parser, act: tuple):
     if act[0] == "set_field":
         return parser.OFPActionSetField(**{act[1]: ip_str(act[2]) if act[1] in compiler.IPV4_FIELDS else act[2]})
     if act[0] == "move":       # a whole field into another of the same width (Open vSwitch's NXM move)
-        return parser.NXActionRegMove(src_field=act[1], dst_field=act[2], n_bits=_FIELD_BITS[act[1]])
+        return parser.NXActionRegMove(src_field=act[1], dst_field=act[2], n_bits=ofdecode.FIELD_BITS[act[1]])
     return None
 
 
@@ -146,55 +146,19 @@ def encode(dp, msg: reconcile.Message | telemetry.PortStatsRequest) -> list:
 
 # ---- decoding: OpenFlow 1.3 -> reconciler values -----------------------------------------------
 
-_FIELD_BITS = {"metadata": 64, "ipv4_dst": 32, "ipv4_src": 32, "udp_src": 16, "tcp_src": 16,
-               "udp_dst": 16, "tcp_dst": 16, "eth_type": 16, "in_port": 32, "arp_spa": 32, "arp_tpa": 32}
-
-
 def decode_match(match) -> tuple:
-    """A match back into compiler fields; a masked field whose mask is all ones (as a switch may
-    report it) is the exact value."""
-    fields = []
-    for name, value in match.items():
-        if isinstance(value, tuple) and name in _FIELD_BITS and value[1] == (1 << _FIELD_BITS[name]) - 1:
-            value = value[0]
-        if name in compiler.IPV4_FIELDS:
-            value = (ip_int(value[0]), ip_int(value[1])) if isinstance(value, tuple) else ip_int(value)
-        fields.append((name, value))
-    return reconcile.canonical_match(fields)
+    """A match back into compiler fields (routing/ofdecode.py: a masked field whose mask is all ones, as a
+    switch may report it, is the exact value), in the reconciler's canonical order."""
+    return ofdecode.match(match.items())
 
 
 def decode_action(ofp, parser, act) -> tuple | None:
-    if isinstance(act, parser.OFPActionOutput):
-        return ("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port)
-    if isinstance(act, parser.OFPActionGroup):
-        return ("group", act.group_id)
-    if isinstance(act, parser.OFPActionSetField):
-        return ("set_field", act.key, ip_int(act.value) if act.key in compiler.IPV4_FIELDS else act.value)
-    load: Any = getattr(parser, "NXActionRegLoad", ())
-    if isinstance(act, load) and act.dst == "in_port_nxm" and act.ofs_nbits == 15:
-        return ("set_field", "in_port", act.value)
-    move: Any = getattr(parser, "NXActionRegMove", ())
-    if isinstance(act, move) and act.src_ofs == act.dst_ofs == 0:
-        # Open vSwitch reports the fields by their NXM headers, which os-ken names "arp_tpa_nxm"
-        return ("move", act.src_field.removesuffix("_nxm"), act.dst_field.removesuffix("_nxm"))
-    return None
+    return ofdecode.action(ofp, parser, act)
 
 
 def decode_actions(ofp, parser, instructions) -> tuple:
-    """Instructions back into compiler actions: apply-actions (outputs, groups, set_field) in their order, then
-    write-metadata, then goto (the order OpenFlow executes instructions in, whatever their order)."""
-    outputs, metadata, goto = [], [], []
-    for inst in instructions:
-        if isinstance(inst, parser.OFPInstructionActions):
-            for act in inst.actions:
-                decoded = decode_action(ofp, parser, act)
-                if decoded is not None:
-                    outputs.append(decoded)
-        elif isinstance(inst, parser.OFPInstructionWriteMetadata):
-            metadata.append(("metadata", inst.metadata))
-        elif isinstance(inst, parser.OFPInstructionGotoTable):
-            goto.append(("goto", inst.table_id))
-    return tuple(outputs + metadata + goto)
+    """Instructions back into compiler actions (routing/ofdecode.py)."""
+    return ofdecode.instructions(ofp, parser, instructions)
 
 
 def decode_flow_stats(dp, body) -> tuple:
@@ -208,15 +172,6 @@ def decode_flow_stats(dp, body) -> tuple:
                  for st in body if st.cookie not in OUT_OF_BAND_COOKIES)
 
 
-def _watch(ofp, kind: str, bucket):
-    """A decoded bucket's watch, as compiler.Group has it: a port, ("group", id) or None."""
-    if kind != "ff":
-        return None
-    if bucket.watch_port != ofp.OFPP_ANY:
-        return bucket.watch_port
-    return ("group", bucket.watch_group) if bucket.watch_group != ofp.OFPG_ANY else None
-
-
 def decode_group_desc(dp, body) -> tuple:
     """Every group of a group description reply, as compiler.Group values (every group on a fabric
     switch is the controller's: see reconcile's docstring)."""
@@ -228,10 +183,7 @@ def decode_group_desc(dp, body) -> tuple:
         if kind is None:
             LOG.warning("group %d of unknown type %d ignored", st.group_id, st.type)
             continue
-        buckets = tuple((_watch(ofp, kind, b),
-                         tuple(a for a in (decode_action(ofp, parser, act) for act in b.actions) if a is not None))
-                        for b in st.buckets)
-        out.append(compiler.Group(st.group_id, kind, buckets))
+        out.append(compiler.Group(st.group_id, kind, ofdecode.buckets(ofp, parser, kind, st.buckets)))
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ from os_ken.ofproto import ofproto_parser
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
 
-from hpnlab.fabric.scenario.addressing import ip_int
+from hpnlab.fabric.routing import ofdecode
 
 from . import tables
 
@@ -41,9 +41,6 @@ ERROR_CODES = {
     "bad_type": (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_TYPE),
     "bad_multipart": (ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_MULTIPART),
 }
-_IPV4 = frozenset({"ipv4_src", "ipv4_dst", "arp_spa", "arp_tpa"})
-_FIELD_BITS = {"metadata": 64, "ipv4_dst": 32, "ipv4_src": 32, "udp_src": 16, "tcp_src": 16, "udp_dst": 16,
-               "tcp_dst": 16, "eth_type": 16, "in_port": 32, "arp_spa": 32, "arp_tpa": 32}
 
 
 #: values many flows share (their instructions, the ports and groups they send to), kept once: most of a
@@ -80,19 +77,8 @@ def header(buf: bytes) -> tuple[int, int, int, int]:
 # ---- decoding ---------------------------------------------------------------------------------------
 
 def canonical_match(match: Any) -> tuple:
-    """An os-ken OFPMatch as the tables' canonical match: fields sorted, IPv4 addresses as ints, a mask of all
-    ones dropped."""
-    out = []
-    for name, value in match.items():
-        if isinstance(value, tuple):
-            v, m = value
-            if name in _IPV4:
-                v, m = ip_int(v), ip_int(m)
-            value = v if name in _FIELD_BITS and m == (1 << _FIELD_BITS[name]) - 1 else (v, m)
-        elif name in _IPV4:
-            value = ip_int(value)
-        out.append((name, value))
-    return tuple(sorted(out))
+    """An os-ken OFPMatch as the tables' canonical match: the compiler's fields (routing/ofdecode.py)."""
+    return ofdecode.match(match.items())
 
 
 def _targets(actions: Any, outputs: set, groups: set) -> None:
@@ -185,52 +171,24 @@ def packet_out(buf: bytes) -> tuple[int, list[int], bytes]:
 
 # ---- decoding what a switch holds into the compiler's values (for dumps and proofs) -------------------
 
-def _action(act: Any) -> tuple | None:
-    if isinstance(act, parser.OFPActionOutput):
-        return ("controller",) if act.port == ofp.OFPP_CONTROLLER else ("output", act.port)
-    if isinstance(act, parser.OFPActionGroup):
-        return ("group", act.group_id)
-    if isinstance(act, parser.OFPActionSetField):
-        return ("set_field", act.key, ip_int(act.value) if act.key in _IPV4 else act.value)
-    if isinstance(act, parser.NXActionRegLoad) and act.dst == "in_port_nxm":
-        return ("set_field", "in_port", act.value)
-    if isinstance(act, parser.NXActionRegMove):
-        return ("move", act.src_field.removesuffix("_nxm"), act.dst_field.removesuffix("_nxm"))
-    return None
-
-
 def compiler_match(match_body: bytes) -> tuple:
     return canonical_match(parser.OFPMatch.parser(match_body, 0))
 
 
 def compiler_actions(instructions_body: bytes) -> tuple:
-    """Instructions as the compiler's actions: apply-actions in order, then write-metadata, then goto."""
-    apply: list = []
-    meta: list = []
-    goto: list = []
+    """Instructions as the compiler's actions (routing/ofdecode.py: apply-actions in order, then
+    write-metadata, then goto)."""
+    insts = []
     off = 0
     while off < len(instructions_body):
-        inst = parser.OFPInstruction.parser(instructions_body, off)
+        insts.append(parser.OFPInstruction.parser(instructions_body, off))
         _t, ilen = struct.unpack_from("!HH", instructions_body, off)
         off += ilen
-        if isinstance(inst, parser.OFPInstructionActions):
-            apply += [a for a in map(_action, inst.actions) if a is not None]
-        elif isinstance(inst, parser.OFPInstructionWriteMetadata):
-            meta.append(("metadata", inst.metadata))
-        elif isinstance(inst, parser.OFPInstructionGotoTable):
-            goto.append(("goto", inst.table_id))
-    return tuple(apply + meta + goto)
+    return ofdecode.instructions(ofp, parser, insts)
 
 
 def compiler_buckets(kind: str, body: bytes) -> tuple:
-    out = []
-    for b in buckets(body, 0, len(body)):
-        watch: Any = None
-        if kind == "ff":
-            watch = b.watch_port if b.watch_port != ofp.OFPP_ANY else (
-                ("group", b.watch_group) if b.watch_group != ofp.OFPG_ANY else None)
-        out.append((watch, tuple(a for a in map(_action, b.actions) if a is not None)))
-    return tuple(out)
+    return ofdecode.buckets(ofp, parser, kind, buckets(body, 0, len(body)))
 
 
 # ---- encoding replies --------------------------------------------------------------------------------
