@@ -10,9 +10,11 @@ installs what connects):
                   received per second over that span, the controller's CPU seconds and peak RSS.
                   Repeated ``--cold`` times (a new controller and new switches each time).
     link failure  a leaf-spine link of the first simulated plane taken down (PortStatus at both ends) and
-                  brought back, ``--repeat`` times each: wall time from the injection to the last barrier a
-                  changed switch answered (every switch settled), switches changed, and the controller's CPU
-                  seconds over that span (its own compute: decode, recompile, diff, plan, encode, send).
+                  brought back, ``--repeat`` times each (``--events link,spine``: then that link's spine fails,
+                  its neighbours' ports towards it go down, and it returns with empty tables): wall time from
+                  the injection to the last barrier a changed switch answered (every switch settled), switches
+                  changed, and the controller's CPU seconds over that span (its own compute: decode,
+                  recompile, diff, plan, encode, send).
     restart       the controller stopped and started again with the switches holding their tables: flow and
                   group modifications sent (goal 0) and the time until every switch was read back and settled.
     switches      the simulated switches' own CPU seconds and peak RSS, per switch.
@@ -67,7 +69,11 @@ def first_leaf_spine(g, names: list[str]) -> tuple[str, str]:
 
 def settle_after(run: harness.Run, expected: dict, since: float, timeout_s: float) -> tuple[dict, float, int]:
     """Wait until settled after ``since``; (stats, seconds from ``since`` to the last barrier of a changed switch,
-    switches changed)."""
+    switches changed). The counts can match before the controller has sent anything (a spine's failure changes
+    the leaves' groups, not how many they hold), so it also waits for the controller to go idle; the time is
+    taken from the switches' own timestamps, so the wait does not add to it."""
+    run.wait(run.settled(expected, since), timeout_s)
+    quiet_since(run, timeout_s)
     st = run.wait(run.settled(expected, since), timeout_s)
     changed = [s for s in st["switches"].values() if s["changed_at"] and s["changed_at"] > since]
     last = max((s["barrier_at"] for s in changed), default=since)
@@ -93,7 +99,8 @@ def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Pa
               f"({out['from_first_message_s']:.1f} s from the first switch message, {msgs} messages), controller "
               f"CPU {usage['cpu_s']:.1f} s, peak RSS {usage['peak_rss_mib']:.0f} MiB, {load()}", flush=True)
         if args.repeat and profile is None:
-            out.update(failures(args, run, g, names, expected))
+            for kind in args.events:
+                out.update(failures(args, run, g, names, expected, kind))
             if args.restart:
                 out.update(restart(args, run, expected))
             st = run.stats()
@@ -127,11 +134,23 @@ def window(args, name: str, names: list[str], expected: dict) -> None:
                 break
 
 
-def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict:
+#: what ``--events`` can fail and bring back, and the key prefix of its figures in the JSON
+EVENTS = {"link": "", "spine": "spine_"}
+
+
+def failures(args, run: harness.Run, g, names: list[str], healthy: dict, kind: str = "link") -> dict:
+    """``kind`` "link": the first leaf-spine link of the simulated switches goes down (PortStatus at both ends)
+    and comes back; "spine": that link's spine fails (its connection drops, its neighbours' ports towards it go
+    down) and returns with empty tables. ``args.repeat`` times each."""
     leaf, spine = first_leaf_spine(g, names)
-    lids = [(min(leaf, spine), max(leaf, spine), k) for k in g[leaf][spine]]
-    failed = {n: c for n, c in harness.expected_counts(compiler.compile_fabric(g, compiler.Failures.of(lids)),
-                                                       ).items() if n in healthy}
+    if kind == "link":
+        what, fail = f"{leaf}-{spine}", compiler.Failures.of([(min(leaf, spine), max(leaf, spine), k)
+                                                             for k in g[leaf][spine]])
+        commands = {"down": f"link down {leaf} {spine}", "up": f"link up {leaf} {spine}"}
+    else:
+        what, fail = spine, compiler.Failures.of(switches=[spine])
+        commands = {"down": f"switch down {spine}", "up": f"switch up {spine}"}
+    failed = {n: c for n, c in harness.expected_counts(compiler.compile_fabric(g, fail)).items() if n in healthy}
     down: list[float] = []
     up: list[float] = []
     cpu_down: list[float] = []
@@ -140,18 +159,19 @@ def failures(args, run: harness.Run, g, names: list[str], healthy: dict) -> dict
         for word, want, times in (("down", failed, down), ("up", healthy, up)):
             before = run.controller_usage()["cpu_s"]
             since = time.time()
-            run.send(f"link {word} {leaf} {spine}")
+            run.send(commands[word])
             _st, took, n = settle_after(run, want, since, args.timeout)
             times.append(took)
             cpu = run.controller_usage()["cpu_s"] - before
             if word == "down":
                 cpu_down.append(cpu)
                 changed = n
-            print(f"  link {leaf}-{spine} {word}: {took * 1000:.0f} ms to the last barrier, {n} switches changed, "
+            print(f"  {kind} {what} {word}: {took * 1000:.0f} ms to the last barrier, {n} switches changed, "
                   f"controller CPU {cpu * 1000:.0f} ms, {load()}", flush=True)    # kept if the run is stopped
             time.sleep(0.5)       # the controller's tick and stragglers: not counted in the next event
-    return {"link": f"{leaf}-{spine}", "failure_s": down, "recovery_s": up, "failure_controller_cpu_s": cpu_down,
-            "failure_switches_changed": changed}
+    p = EVENTS[kind]
+    return {kind: what, f"{p}failure_s": down, f"{p}recovery_s": up, f"{p}failure_controller_cpu_s": cpu_down,
+            f"{p}failure_switches_changed": changed}
 
 
 def quiet_since(run: harness.Run, timeout_s: float, quiet_s: float = 3.0, share: float = 0.05) -> float:
@@ -188,12 +208,23 @@ def restart(args, run: harness.Run, expected: dict) -> dict:
     return out
 
 
+def events_arg(text: str) -> list[str]:
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in EVENTS]
+    if bad or not kinds:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(EVENTS)}, comma-separated")
+    return kinds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenario", nargs="+")
     ap.add_argument("--planes", help="simulate only these planes (e.g. 0)")
     ap.add_argument("--cold", type=int, default=3, help="cold starts (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="link failures (and recoveries) per run (default 5)")
+    ap.add_argument("--events", default="link", type=events_arg, metavar="KIND[,KIND]",
+                    help=f"what fails and returns --repeat times after each cold start, in order: "
+                         f"{', '.join(EVENTS)} (default link)")
     ap.add_argument("--no-restart", dest="restart", action="store_false",
                     help="leave out the controller restart over the running switches")
     ap.add_argument("--timeout", type=float, default=900.0)
@@ -237,24 +268,27 @@ def main() -> None:
         print(f"| messages the switches received per second | {fmt(col['messages_per_s'], '', 0)} |")
         print(f"| controller CPU for the cold start | {fmt(col['controller_cpu_s'], ' s', 1)} |")
         print(f"| controller peak RSS | {fmt(col['controller_peak_rss_mib'], ' MiB', 0)} |")
-        if "failure_s" in col:
-            down = [x for r in runs for x in r["failure_s"]]
-            up = [x for r in runs for x in r["recovery_s"]]
-            cpu = [x for r in runs for x in r["failure_controller_cpu_s"]]
-            print(f"| link {runs[0]['link']} down: event to last barrier ({len(down)} times, "
-                  f"{runs[0]['failure_switches_changed']} switches changed) | "
+        for kind, p in EVENTS.items():
+            if f"{p}failure_s" not in col:
+                continue
+            down = [x for r in runs for x in r[f"{p}failure_s"]]
+            up = [x for r in runs for x in r[f"{p}recovery_s"]]
+            cpu = [x for r in runs for x in r[f"{p}failure_controller_cpu_s"]]
+            print(f"| {kind} {runs[0][kind]} down: event to last barrier ({len(down)} times, "
+                  f"{runs[0][f'{p}failure_switches_changed']} switches changed) | "
                   f"{fmt([x * 1000 for x in down], ' ms', 0)} |")
             print(f"| its controller CPU (decode, recompile, diff, plan, encode, send) | "
                   f"{fmt([x * 1000 for x in cpu], ' ms', 0)} |")
-            print(f"| link back up: event to last barrier | {fmt([x * 1000 for x in up], ' ms', 0)} |")
+            print(f"| {kind} back up: event to last barrier | {fmt([x * 1000 for x in up], ' ms', 0)} |")
+        if "restart_changes" in col:
             print(f"| controller restart with the switches holding their tables: changes sent | "
-                  f"{fmt(col.get('restart_changes', []), '', 0)} |")
+                  f"{fmt(col['restart_changes'], '', 0)} |")
             print(f"| restart: until the last switch was asked for its tables | "
-                  f"{fmt(col.get('restart_read_back_s', []), ' s', 1)} |")
+                  f"{fmt(col['restart_read_back_s'], ' s', 1)} |")
             print(f"| restart: until the controller was idle (every table decoded, differences sent) | "
-                  f"{fmt(col.get('restart_idle_s', []), ' s', 1)} |")
+                  f"{fmt(col['restart_idle_s'], ' s', 1)} |")
             print(f"| restart: tables read (one per switch without timeouts) | "
-                  f"{fmt(col.get('restart_reads', []), '', 0)} |")
+                  f"{fmt(col['restart_reads'], '', 0)} |")
         print(f"| simulated switches: CPU per switch (whole run) | "
               f"{fmt([r['switches_cpu_s'] / n * 1000 for r in runs], ' ms', 1)} |")
         print(f"| simulated switches: peak RSS per switch | "
