@@ -67,17 +67,18 @@ def first_leaf_spine(g, names: list[str]) -> tuple[str, str]:
     raise SystemExit("no leaf-spine link among the simulated switches")
 
 
-def settle_after(run: harness.Run, expected: dict, since: float, timeout_s: float) -> tuple[dict, float, int]:
+def settle_after(run: harness.Run, expected: dict, since: float, timeout_s: float) -> tuple[dict, float, int, float]:
     """Wait until settled after ``since``; (stats, seconds from ``since`` to the last barrier of a changed switch,
-    switches changed). The counts can match before the controller has sent anything (a spine's failure changes
-    the leaves' groups, not how many they hold), so it also waits for the controller to go idle; the time is
-    taken from the switches' own timestamps, so the wait does not add to it."""
+    switches changed, the controller's CPU seconds when it went idle). The counts can match before the
+    controller has sent anything (a spine's failure changes the leaves' groups, not how many they hold), so it
+    also waits for the controller to go idle; the time is taken from the switches' own timestamps and the CPU at
+    the start of the idle span, so the wait adds to neither."""
     run.wait(run.settled(expected, since), timeout_s)
-    quiet_since(run, timeout_s)
+    _idle_at, cpu = quiet_since(run, timeout_s)
     st = run.wait(run.settled(expected, since), timeout_s)
     changed = [s for s in st["switches"].values() if s["changed_at"] and s["changed_at"] > since]
     last = max((s["barrier_at"] for s in changed), default=since)
-    return st, last - since, len(changed)
+    return st, last - since, len(changed), cpu
 
 
 def cold_start(args, name: str, g, names: list[str], expected: dict, profile: Path | None) -> dict:
@@ -160,9 +161,9 @@ def failures(args, run: harness.Run, g, names: list[str], healthy: dict, kind: s
             before = run.controller_usage()["cpu_s"]
             since = time.time()
             run.send(commands[word])
-            _st, took, n = settle_after(run, want, since, args.timeout)
+            _st, took, n, idle_cpu = settle_after(run, want, since, args.timeout)
             times.append(took)
-            cpu = run.controller_usage()["cpu_s"] - before
+            cpu = idle_cpu - before
             if word == "down":
                 cpu_down.append(cpu)
                 changed = n
@@ -174,15 +175,15 @@ def failures(args, run: harness.Run, g, names: list[str], healthy: dict, kind: s
             f"{p}failure_switches_changed": changed}
 
 
-def quiet_since(run: harness.Run, timeout_s: float, quiet_s: float = 3.0, share: float = 0.05) -> float:
+def quiet_since(run: harness.Run, timeout_s: float, quiet_s: float = 3.0, share: float = 0.05) -> tuple[float, float]:
     """When the controller went idle: the start of the first ``quiet_s`` seconds in which it used less
-    than ``share`` of a CPU."""
+    than ``share`` of a CPU, and its CPU seconds then."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         t0, cpu0 = time.time(), run.controller_usage()["cpu_s"]
         time.sleep(quiet_s)
         if run.controller_usage()["cpu_s"] - cpu0 < share * quiet_s:
-            return t0
+            return t0, cpu0
     raise harness.RunError(f"the controller was not idle within {timeout_s:g} s")
 
 
@@ -196,7 +197,7 @@ def restart(args, run: harness.Run, expected: dict) -> dict:
     st = run.wait(lambda st: all((s["read_at"] or 0) > since for s in st["switches"].values()), args.timeout)
     # every switch asked; the controller is done once it has decoded the answers and sent what differs:
     # it goes idle ("routes installed" is logged only when every switch of the fabric is connected)
-    idle_at = quiet_since(run, args.timeout)
+    idle_at, _cpu = quiet_since(run, args.timeout)
     st = run.wait(run.settled(expected), args.timeout)
     last_read = max(s["read_at"] for s in st["switches"].values())
     out = {"restart_changes": sum(s["flow_mods"] + s["group_mods"] for s in st["switches"].values()) - mods,
