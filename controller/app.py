@@ -281,9 +281,16 @@ class HpnController(BaseApp):
         up = msg.reason != ofp.OFPPR_DELETE and port_is_up(ofp, msg.desc)
         LOG.info("%s port %d %s", name, msg.desc.port_no, "up" if up else "down")
         self.wiring.port_seen(name, msg.desc, up)
-        self.handle(reconcile.PortStatus(name, self.wiring.filter(name, {msg.desc.port_no: up})))
+        self.handle(reconcile.PortStatus(name, self.wiring.filter(name, {msg.desc.port_no: up}),
+                                         more=self._port_status_queued()))
         if up:
             self.wiring.send_lldp(name)      # who is on the other end now
+
+    def _port_status_queued(self) -> bool:
+        """Another PortStatus waits in the app's event queue: a spine's failure reaches the controller as one
+        from each of its neighbours, and the reconciler recompiles once for all of them (PortStatus.more)."""
+        queued = getattr(self.events, "queue", None)       # os-ken's hub.Queue keeps its items in a deque
+        return queued is not None and any(isinstance(item[0], ofp_event.EventOFPPortStatus) for item in list(queued))
 
     @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def on_port_desc(self, ev):

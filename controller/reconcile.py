@@ -155,9 +155,13 @@ class SwitchDown:
 @dataclass(frozen=True)
 class PortStatus:
     """Ports of one switch seen up (True) or down (False): a PortStatus message, or all of a
-    switch's port descriptions at once."""
+    switch's port descriptions at once. ``more``: another PortStatus is already waiting behind this
+    one (a spine's failure reaches the controller as one PortStatus from each of its neighbours), so
+    the recompile may wait for it: it runs at the next event without ``more``, and nothing is sent
+    on the fabric's old state meanwhile."""
     switch: str
     ports: Mapping[int, bool]
+    more: bool = False
 
 
 @dataclass(frozen=True)
@@ -1072,6 +1076,7 @@ class Reconciler:
         # switches whose confirmed table may differ from the desired one (every other connected
         # switch that has confirmed anything holds exactly its desired table)
         self.dirty: set[str] = set()
+        self._recompile_due = False     # ports changed by a PortStatus with more to come (PortStatus.more)
         # for a switch that was clean when its desired table changed: the keys that may differ, and
         # its previous desired table (what it holds) with that table's index
         self._changed_keys: dict[str, set] = {}
@@ -1092,7 +1097,7 @@ class Reconciler:
     @property
     def settled(self) -> bool:
         """Nothing sent is waiting for a confirmation and every switch holds its desired state."""
-        if self._outstanding() or any(sw not in self.confirmed for sw in self.connected):
+        if self._recompile_due or self._outstanding() or any(sw not in self.confirmed for sw in self.connected):
             return False
         return all(self.confirmed[sw] == self.desired.get(sw, {}) for sw in self.dirty & self.connected)
 
@@ -1134,7 +1139,7 @@ class Reconciler:
         elif isinstance(event, SwitchDown):
             self._switch_down(event.switch)
         elif isinstance(event, PortStatus):
-            self._port_status(event.switch, event.ports)
+            self._port_status(event.switch, event.ports, defer=event.more)
         elif isinstance(event, BarrierReply):
             self._heard[event.switch] = now
             self._barrier_reply(event.switch, event.xid)
@@ -1156,11 +1161,14 @@ class Reconciler:
             self._arp_mode(event.leaf, event.mode)
         else:
             raise TypeError(f"not a reconciler event: {event!r}")
-        if recompiles != self.counters["recompiles"] and self._converging_since is None:
+        if self._recompile_due and not (isinstance(event, PortStatus) and event.more):
+            self._recompile()         # the PortStatus messages that came together, in one recompile
+        if (recompiles != self.counters["recompiles"] or self._recompile_due) and self._converging_since is None:
             self._converging_since = now
         out += self._start_reads(now)
         out += self._step(now)
-        if self._converging_since is not None and not self._outstanding() and not (self.dirty & self.connected):
+        if (self._converging_since is not None and not self._recompile_due and not self._outstanding()
+                and not (self.dirty & self.connected)):
             took = now - self._converging_since
             self._converging_since = None
             self.convergences.append(took)
@@ -1201,7 +1209,7 @@ class Reconciler:
         self._changed_keys.pop(sw, None)
         self._prev.pop(sw, None)
 
-    def _port_status(self, sw: str, ports: Mapping[int, bool]) -> None:
+    def _port_status(self, sw: str, ports: Mapping[int, bool], defer: bool = False) -> None:
         for port, up in ports.items():
             if self.ix.link_at(sw, port) is None:
                 continue
@@ -1209,7 +1217,10 @@ class Reconciler:
                 self.down_ports.discard((sw, port))
             else:
                 self.down_ports.add((sw, port))
-        self._recompile()
+        if defer:
+            self._recompile_due = True
+        else:
+            self._recompile()
 
     def _barrier_reply(self, sw: str, xid: int) -> None:
         queue = self.pending.get(sw, [])
@@ -1308,6 +1319,7 @@ class Reconciler:
         return compiler.Failures(frozenset(links), frozenset(self.failed_switches))
 
     def _recompile(self) -> None:
+        self._recompile_due = False
         failures = self._link_failures()
         if failures == self.failures:
             return
@@ -1392,7 +1404,7 @@ class Reconciler:
         return any(self.pending.get(sw) for sw in self.connected) or bool(self.resyncing) or bool(self._to_read)
 
     def _step(self, now: float) -> list[Message]:
-        if self.hold or self._outstanding() or not self.dirty:
+        if self.hold or self._recompile_due or self._outstanding() or not self.dirty:
             return []
         t0 = time.process_time()
         switches = sorted(sw for sw in self.dirty if sw in self.connected and sw in self.confirmed)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("os_ken")
 
 from os_ken.controller import ofp_event
-from os_ken.controller.handler import DEAD_DISPATCHER
+from os_ken.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER
 from os_ken.ofproto import ofproto_v1_3 as ofp
 from os_ken.ofproto import ofproto_v1_3_parser as parser
 from support.fake_switch import (
@@ -87,6 +87,26 @@ def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app)
     assert changed == expected and "p0l0" in changed
     assert all(sw.startswith("p0") for sw in changed)
     assert app.reconciler.settled
+
+
+def _port_down(dps, g, sw: str, other: str):
+    port = g.edges[sw, other, 0]["ports"][sw] if (sw, other, 0) in g.edges else g.edges[other, sw, 0]["ports"][sw]
+    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=b"x", config=0, state=ofp.OFPPS_LINK_DOWN,
+                          curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
+    return ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps[sw], ofp.OFPPR_MODIFY, desc))
+
+
+def test_port_statuses_queued_together_in_the_app_are_recompiled_once(app):
+    dps = connect_all(app)
+    first, second = (_port_down(dps, app.graph, leaf, "p0s0") for leaf in ("p0l0", "p0l1"))
+    app.events.put((second, MAIN_DISPATCHER))       # the second waits in os-ken's queue behind the first
+    app.on_port_status(first)
+    assert app.reconciler.counters["recompiles"] == 0 and not answer_barriers(app, dps)
+    app.events.get()
+    app.on_port_status(second)
+    answer_barriers(app, dps)
+    assert app.reconciler.counters["recompiles"] == 1 and app.reconciler.settled
+    assert app.reconciler.failures.links == {("p0l0", "p0s0", 0), ("p0l1", "p0s0", 0)}
 
 
 def _refused(app, dp, type_: int, code: int) -> list:

@@ -61,6 +61,41 @@ def test_a_link_failure_recompiles_only_its_plane(mini_hpn):
     assert all(rec.states[sw] is st for sw, st in plane1.items())
 
 
+def spine_ports_down(g, spine: str) -> list[reconcile.PortStatus]:
+    """A spine's failure as its neighbours report it: one PortStatus each, every one but the last with more
+    behind it."""
+    neighbours = sorted(g[spine])
+    return [reconcile.PortStatus(nb, {port(g, nb, spine, nb): False}, more=i < len(neighbours) - 1)
+            for i, nb in enumerate(neighbours)]
+
+
+def test_port_statuses_that_come_together_are_recompiled_once(mini_hpn):
+    rec = installed(mini_hpn)
+    for ev in spine_ports_down(mini_hpn, "p0s0"):
+        rec.handle(ev)
+    assert rec.counters["recompiles"] == 1
+    assert rec.failures.links == {(min(nb, "p0s0"), max(nb, "p0s0"), 0) for nb in mini_hpn["p0s0"]}
+
+
+def test_nothing_is_sent_while_more_port_statuses_are_waiting(mini_hpn):
+    rec = installed(mini_hpn)
+    *waiting, last = spine_ports_down(mini_hpn, "p0s0")
+    assert all(rec.handle(ev) == [] for ev in waiting)
+    assert not rec.settled and rec.counters["recompiles"] == 0
+    assert any(isinstance(m, reconcile.FlowMod | reconcile.GroupMod) for m in rec.handle(last))
+
+
+def test_a_recompile_left_waiting_runs_at_the_next_event_of_any_kind(mini_hpn):
+    rec = installed(mini_hpn)
+    *waiting, _last = spine_ports_down(mini_hpn, "p0s0")
+    for ev in waiting:
+        rec.handle(ev)
+    answer(rec, rec.handle(reconcile.Tick(), now=1.0), now=1.0)
+    assert rec.counters["recompiles"] == 1 and rec.settled
+    assert rec.confirmed == {sw: reconcile.switch_table(st) for sw, st in compiler.compile_fabric(
+        mini_hpn, rec.failures, "aggregate").items()}
+
+
 def test_a_switch_that_connects_is_asked_what_it_holds_before_anything_else(mini_hpn):
     rec = reconcile.Reconciler(mini_hpn)
     msgs = rec.handle(reconcile.SwitchUp("p0l0"))
