@@ -118,7 +118,9 @@ are routed anew, the spines and cores whose action towards them changed are rebu
 whose uplinks are intact moves only those destinations between its actions, and every other
 switch keeps its healthy state as the very same value (``_patched_actions``). Failures above
 the spines (spines, cores, spine-core and long-haul links) change the distances towards every
-destination: that plane is routed from scratch. Both give the same states (exceptions are
+destination: that plane is routed from scratch, and so is one where leaf failures touch more than
+``PATCH_LIMIT`` switches (a spine's every link down: the patch would cost twenty times more). Both give
+the same states (exceptions are
 kept in the plane's leaf order whatever computed them; tests/unit/test_compiler.py compares them
 for every single failure of the small presets).
 
@@ -741,15 +743,23 @@ def _local(ix: FabricIndex, plane: int, failures: Failures) -> set[str] | None:
     return touched
 
 
+#: above this many switches whose live links changed, a plane is routed anew instead of patched: the patch
+#: costs more per changed switch as they add up. hpn-130k plane 0, leaf-spine links of one spine failed
+#: (CPU, one run): 33 changed switches patched 376 ms, anew 519 ms; 65: 1,087 and 572 ms; 513 (the spine's
+#: every link): 8,815 and 403 ms. The two give the same actions.
+PATCH_LIMIT = 48
+
+
 def _patched_actions(ix: FabricIndex, plane: int, failures: Failures) -> dict[str, tuple[tuple, dict]]:
     """The same as ``_plane_actions(ix, plane, failures)``, made from the healthy plane's routing:
     only the destinations whose live uplinks changed are routed anew, only the spines and cores
     whose action towards them changed are rebuilt, and a leaf whose uplinks are intact moves only
     those destinations between its actions. Whatever does not change is the healthy value itself
     (the same object). Falls back to the full computation for failures of spines, cores and
-    links above the spines (they change the distances towards every destination)."""
+    links above the spines (they change the distances towards every destination), and where more
+    than ``PATCH_LIMIT`` switches are touched."""
     touched = _local(ix, plane, failures)
-    if touched is None:
+    if touched is None or len(touched) > PATCH_LIMIT:
         return _plane_actions(ix, plane, failures)
     h = ix.healthy_routing(plane)
     if not touched:

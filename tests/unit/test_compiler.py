@@ -257,6 +257,31 @@ def test_a_recompile_patched_from_the_healthy_plane_equals_a_full_compile_for_se
             compiler.compile_fabric(g, failures, policy, incremental=False)
 
 
+def test_failures_that_touch_more_switches_than_the_patch_limit_route_the_plane_anew(monkeypatch):
+    g = fabric("small-hpn")
+    failures = compiler.Failures.of([("p0l0", "p0s0", 0), ("p0l1", "p0s0", 0), ("p0l2", "p0s0", 0)])
+    ix = compiler.index_of(g)
+    routed_anew: list = []
+    full = compiler._plane_actions
+
+    def plane_actions(*args):
+        routed_anew.append(args)
+        return full(*args)
+
+    monkeypatch.setattr(compiler, "_plane_actions", plane_actions)
+    touched = compiler._local(ix, 0, failures)
+    assert touched is not None
+    monkeypatch.setattr(compiler, "PATCH_LIMIT", len(touched))
+    compiler._patched_actions(ix, 0, failures)
+    assert not routed_anew                      # at the limit: patched
+    monkeypatch.setattr(compiler, "PATCH_LIMIT", len(touched) - 1)
+    compiler._patched_actions(ix, 0, failures)
+    assert routed_anew                          # above it: routed anew...
+    for policy in compiler.ROUTING_POLICIES:    # ...and the states are the same
+        assert compiler.compile_fabric(g, failures, policy) == \
+            compiler.compile_fabric(g, failures, policy, incremental=False)
+
+
 def test_a_recompile_at_scale_equals_a_full_compile_on_a_sample_of_failures():
     """alibaba-hpn, plane 0 (what the reconciler recompiles): the first leaf's uplinks one by one,
     two leaves' links at once, and the leaf itself."""
