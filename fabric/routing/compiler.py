@@ -119,10 +119,9 @@ whose uplinks are intact moves only those destinations between its actions, and 
 switch keeps its healthy state as the very same value (``_patched_actions``). Failures above
 the spines (spines, cores, spine-core and long-haul links) change the distances towards every
 destination: that plane is routed from scratch, and so is one where leaf failures touch more than
-``PATCH_LIMIT`` switches (a spine's every link down: the patch would cost twenty times more). Both give
-the same states (exceptions are
-kept in the plane's leaf order whatever computed them; tests/unit/test_compiler.py compares them
-for every single failure of the small presets).
+``PATCH_LIMIT`` switches (a spine's every link down: the patch would cost twenty times more). Both
+give the same states (exceptions are kept in the plane's leaf order whatever computed them;
+tests/unit/test_compiler.py compares them for every single failure of the small presets).
 
 Routing: valley-free shortest paths, computed per destination leaf from the live links
 and switches (a failed switch takes its links with it). A packet goes down when the
