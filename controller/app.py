@@ -149,7 +149,7 @@ class HpnController(BaseApp):
             self.rollout.poll()
 
     def _metrics_loop(self) -> None:
-        while True:
+        while self.is_active:        # ends with the app: a dry run's process stops once its report is out
             hub.sleep(TICK_S)
             with self._one_at_a_time:
                 self._update_metrics()
