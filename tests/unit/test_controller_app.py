@@ -71,14 +71,18 @@ def test_flows_count_as_installed_only_once_the_switch_answers_the_barrier(app):
     assert app.reconciler.confirmed["p0l0"] == app.reconciler.desired["p0l0"]
 
 
+def _port_down(dps, g, sw: str, other: str):
+    """``sw``'s port towards ``other`` reported down (a PortStatus event from its datapath)."""
+    desc = parser.OFPPort(port_no=g.edges[sw, other, 0]["ports"][sw], hw_addr="00:00:00:00:00:01",
+                          name=f"{sw}-eth".encode(), config=0, state=ofp.OFPPS_LINK_DOWN, curr=0, advertised=0,
+                          supported=0, peer=0, curr_speed=0, max_speed=0)
+    return ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps[sw], ofp.OFPPR_MODIFY, desc))
+
+
 def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app):
     dps = connect_all(app)
     g = app.graph
-    port = g.edges["p0l0", "p0s0", 0]["ports"]["p0l0"]
-    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=b"p0l0-eth", config=0,
-                          state=ofp.OFPPS_LINK_DOWN, curr=0, advertised=0, supported=0, peer=0,
-                          curr_speed=0, max_speed=0)
-    app.on_port_status(ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps["p0l0"], ofp.OFPPR_MODIFY, desc)))
+    app.on_port_status(_port_down(dps, g, "p0l0", "p0s0"))
     sent = answer_barriers(app, dps)
     changed = {dp_name for dp_name, dp in dps.items() for d, m in sent if d is dp and isinstance(m, parser.OFPFlowMod)}
     healthy = compiler.compile_fabric(g)
@@ -87,13 +91,6 @@ def test_a_port_going_down_updates_exactly_the_switches_whose_tables_change(app)
     assert changed == expected and "p0l0" in changed
     assert all(sw.startswith("p0") for sw in changed)
     assert app.reconciler.settled
-
-
-def _port_down(dps, g, sw: str, other: str):
-    port = g.edges[sw, other, 0]["ports"][sw] if (sw, other, 0) in g.edges else g.edges[other, sw, 0]["ports"][sw]
-    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=b"x", config=0, state=ofp.OFPPS_LINK_DOWN,
-                          curr=0, advertised=0, supported=0, peer=0, curr_speed=0, max_speed=0)
-    return ofp_event.EventOFPPortStatus(parser.OFPPortStatus(dps[sw], ofp.OFPPR_MODIFY, desc))
 
 
 def test_port_statuses_queued_together_in_the_app_are_recompiled_once(app):
