@@ -134,7 +134,7 @@ def _alive(pid):
 
 def test_a_rank_killed_mid_run_stops_the_others_and_leaves_nothing_running():
     job = Job("all_reduce", [[f"127.0.0.{i}"] for i in range(2, 6)], [1 << 20], iters=50,
-                    warmup=0, line_rate_bps=20e6, base_port=22000, timeout_s=30)
+                    warmup=0, line_rate_bps=20e6, base_port=22000, timeout_s=300)
     started = {}
 
     def on_started(popens):
@@ -151,7 +151,7 @@ def test_a_rank_killed_mid_run_stops_the_others_and_leaves_nothing_running():
     msg = str(info.value)
     assert "rank 2 (127.0.0.4) died" in msg and "the other ranks were stopped" in msg
     assert "\n" not in msg
-    assert time.monotonic() - t0 < 25            # it did not wait for the peers' own timeouts
+    assert time.monotonic() - t0 < 150           # it did not wait for the peers' own timeouts (300 s)
     assert not any(_alive(pid) for pid in started["pids"])
 
 
