@@ -65,8 +65,8 @@ demo: install
 # qemu). The emulation stage leaves more than half of this machine's two cores idle (it waits on
 # links, timers and processes: 0.86 cores busy on average, measured with tools/scripts/cpu_busy.sh);
 # the unit stage and the lane's guest (its own tests, tests/kernel) run beside it at the lowest
-# CPU priority (nice 19), so they take the idle time and the emulation's timing is not theirs to
-# stretch. The lane's guest then serves as the second machine, and tests/remote run once the
+# CPU priority (tools/scripts/beside.sh: nice 19 in a session whose scheduling group is niced
+# too), so they take the idle time and the emulation's timing is not theirs to stretch. The lane's guest then serves as the second machine, and tests/remote run once the
 # emulation stage is over (both build emulations on this machine's Open vSwitch). Every stage runs
 # even when another failed; the unit stage's and the lane's output are printed after the emulation
 # stage's; the run ends with one line per stage.
@@ -82,9 +82,9 @@ test: install
 	@rm -f .test-stages .test-emulation-done .test-unit.log .test-lane.log; \
 	stage() { name=$$1; shift; t0=$$(date +%s); "$$@"; rc=$$?; \
 	  echo "$$name rc=$$rc $$(( $$(date +%s) - t0 ))s" >> .test-stages; return 0; }; \
-	( stage unit nice -n 19 $(PYTEST) $(UNIT_ARGS) > .test-unit.log 2>&1 ) & unit=$$!; \
-	( $(LANE_BESIDE) stage kernel nice -n 19 $(MAKE) --no-print-directory test-kernel > .test-lane.log 2>&1 ) & lane=$$!; \
-	echo "== the unit stage and the full-kernel lane run beside the emulation stage (nice 19); their output follows it"; \
+	( stage unit tools/scripts/beside.sh $$$$ $(PYTEST) $(UNIT_ARGS) > .test-unit.log 2>&1 ) & unit=$$!; \
+	( $(LANE_BESIDE) stage kernel tools/scripts/beside.sh $$$$ $(MAKE) --no-print-directory test-kernel > .test-lane.log 2>&1 ) & lane=$$!; \
+	echo "== the unit stage and the full-kernel lane run beside the emulation stage on idle CPU (tools/scripts/beside.sh); their output follows it"; \
 	stage emulation $(PYTEST) $(EMU_ARGS); touch .test-emulation-done; \
 	wait $$unit; echo "== the unit stage"; cat .test-unit.log; \
 	wait $$lane; echo "== the full-kernel lane"; cat .test-lane.log; \
