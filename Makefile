@@ -60,38 +60,13 @@ ovs:
 demo: install
 	$(HPNLAB) demo $(DEMO_SCENARIO)
 
-# Three stages, each in its folder of tests/: unit (pure, no root), emulation (root, real Open
-# vSwitch, Mininet, controller processes) and the full-kernel lane (a stock Debian kernel under
-# qemu). The emulation stage leaves more than half of this machine's two cores idle (it waits on
-# links, timers and processes: 0.86 cores busy on average, measured with tools/scripts/cpu_busy.sh);
-# the unit stage and the lane's guest (its own tests, tests/kernel) run beside it at the lowest
-# CPU priority (tools/scripts/beside.sh: nice 19 in a session whose scheduling group is niced
-# too), so they take the idle time and the emulation's timing is not theirs to stretch. The lane's guest then serves as the second machine, and tests/remote run once the
-# emulation stage is over (both build emulations on this machine's Open vSwitch). Every stage runs
-# even when another failed; the unit stage's and the lane's output are printed after the emulation
-# stage's; the run ends with one line per stage.
+# Three stages: unit (pure), emulation, the full-kernel lane; the lane and the unit stage run
+# beside the emulation stage on the CPU it leaves idle (see tools/scripts/test_stages.sh).
 UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS) --durations=15
 EMU_ARGS   := tests/emulation -q --durations=25
-# the lane beside the emulation stage gets only idle CPU: its guest's limits are widened to match
-LANE_BESIDE := export HPNLAB_KERNEL_LANE_TIMEOUT=$${HPNLAB_KERNEL_LANE_TIMEOUT:-1800} \
-	HPNLAB_KERNEL_LANE_TEST_TIMEOUT=$${HPNLAB_KERNEL_LANE_TEST_TIMEOUT:-900} \
-	HPNLAB_SECOND_MACHINE_TIMEOUT=$${HPNLAB_SECOND_MACHINE_TIMEOUT:-3600} \
-	HPNLAB_SECOND_MACHINE_AFTER="$(CURDIR)/.test-emulation-done";
 
 test: install
-	@rm -f .test-stages .test-emulation-done .test-unit.log .test-lane.log; \
-	stage() { name=$$1; shift; t0=$$(date +%s); "$$@"; rc=$$?; \
-	  echo "$$name rc=$$rc $$(( $$(date +%s) - t0 ))s" >> .test-stages; return 0; }; \
-	( stage unit tools/scripts/beside.sh $$$$ $(PYTEST) $(UNIT_ARGS) > .test-unit.log 2>&1 ) & unit=$$!; \
-	( $(LANE_BESIDE) stage kernel tools/scripts/beside.sh $$$$ $(MAKE) --no-print-directory test-kernel > .test-lane.log 2>&1 ) & lane=$$!; \
-	echo "== the unit stage and the full-kernel lane run beside the emulation stage on idle CPU (tools/scripts/beside.sh); their output follows it"; \
-	stage emulation $(PYTEST) $(EMU_ARGS); touch .test-emulation-done; \
-	wait $$unit; echo "== the unit stage"; cat .test-unit.log; \
-	wait $$lane; echo "== the full-kernel lane"; cat .test-lane.log; \
-	echo "== test stages"; failed=0; \
-	while read -r name rc secs; do echo "  $$name: $${rc#rc=} ($$secs)"; [ "$${rc#rc=}" = 0 ] || failed=1; done < .test-stages; \
-	for s in unit emulation kernel; do grep -q "^$$s " .test-stages || { echo "  $$s: did not report"; failed=1; }; done; \
-	rm -f .test-stages .test-emulation-done .test-unit.log .test-lane.log; exit $$failed
+	@PYTEST="$(PYTEST)" UNIT_ARGS="$(UNIT_ARGS)" EMU_ARGS="$(EMU_ARGS)" MAKE="$(MAKE)" tools/scripts/test_stages.sh
 
 test-unit: venv
 	$(PYTEST) $(UNIT_ARGS)

@@ -7,8 +7,9 @@
 # on in Debian's and Ubuntu's kernels): the scheduler first shares the CPU between sessions, and
 # Mininet's hosts and Open vSwitch each run in sessions of their own, so a niced task in make's
 # session still took its session's full share from them (measured: a deployment test's install
-# took 15.7 s instead of 8.2 s). So COMMAND gets a session of its own whose group is niced too
-# (/proc/self/autogroup; where the kernel has no autogroups, the task's nice is what counts).
+# took 15.7 s instead of 8.2 s). So COMMAND gets a session of its own whose group is niced to 19
+# (/proc/self/autogroup), and within it keeps its own priorities; where the kernel has no
+# autogroups, COMMAND runs at nice 19 instead.
 #
 # If PARENT_PID ends first (make interrupted), COMMAND's process group is ended: nothing is left
 # running that this script started. Exit: COMMAND's status.
@@ -19,8 +20,11 @@ if [ "$(ps -o sid= $$ | tr -d ' ')" != $$ ]; then
     # not yet the leader of a session of our own: become one (setsid forks where we lead a group)
     exec setsid -w "$0" "$parent" "$@"
 fi
-[ -w /proc/self/autogroup ] && echo 19 > /proc/self/autogroup 2>/dev/null
-nice -n 19 "$@" &
+if echo 19 2>/dev/null > /proc/self/autogroup; then
+    "$@" &                  # the session's group is niced: within it, COMMAND orders its own parts
+else
+    nice -n 19 "$@" &       # no autogroups here: the tasks' own nice is what the scheduler weighs
+fi
 child=$!
 trap 'kill -TERM -- -$$ 2>/dev/null' TERM INT
 while kill -0 "$child" 2>/dev/null; do
