@@ -50,10 +50,10 @@ from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import ecn as ecn_settings
 from hpnlab.fabric.workload import placement as pl
 from hpnlab.fabric.workload import report
+from hpnlab.fabric.workload.jobs import Job, validate
 from hpnlab.fabric.workload.jobspec import JobSpec, check_on, host_job
 from hpnlab.fabric.workload.jobspec import label as mix_label
 from hpnlab.fabric.workload.jobspec import parse as parse_jobs
-from hpnlab.fabric.workload.placement import Job
 
 RECOVERIES = ("selective", "gobackn")
 PERMUTATIONS = ("shift", "random")
@@ -222,7 +222,7 @@ class Plan:
                 labels: list[list[str]] | None = None, base_port: int | None = None,
                 entropy_map: dict | None = None) -> list[Job]:
         """The jobs of one run on given addresses (per job, per rank, one address per plane),
-        each checked (``hpnlab.fabric.workload.placement.validate``). ``entropy_map``: the fabric's
+        each checked (``hpnlab.fabric.workload.jobs.validate``). ``entropy_map``: the fabric's
         (``hpnlab.fabric.routing.compiler.entropy_map``), for the roce transport's source ports."""
         base = self.base_port if base_port is None else base_port
         if not base and len(addrs_per_job) > 1:
@@ -262,7 +262,7 @@ class Plan:
                       seed=self.seed, timeout_s=self.timeout_s, options=opts, job=j,
                       labels=labels[j] if labels else None, gap_s=spec.gap_s if spec else 0.0,
                       after_s=spec.after_s if spec else 0.0)
-            pl.validate(job)
+            validate(job)
             jobs.append(job)
         for job in jobs:
             own = [a for addrs in job.addrs for a in addrs]

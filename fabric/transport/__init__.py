@@ -21,7 +21,7 @@ A rank that stops answering raises :class:`PeerLost` naming the rank and its add
 """
 from __future__ import annotations
 
-from hpnlab.fabric.workload.placement import ENTROPIES, TRANSPORTS
+from hpnlab.fabric.workload.jobs import ENTROPIES, TRANSPORTS
 
 from .base import PeerLost, Transport, TransportError
 from .entropy import ENTROPY_POLICIES

@@ -46,7 +46,7 @@ from hpnlab.fabric import transport as tmod
 from hpnlab.fabric.errors import UserError
 from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import report
-from hpnlab.fabric.workload.placement import Job, validate
+from hpnlab.fabric.workload.jobs import Job, validate
 
 # ---- worker ----------------------------------------------------------------------------
 

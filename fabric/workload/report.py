@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from hpnlab.fabric.workload import collectives as col
 
 if TYPE_CHECKING:
-    from hpnlab.fabric.workload.placement import Job
+    from hpnlab.fabric.workload.jobs import Job
 
 GB = 1e9
 

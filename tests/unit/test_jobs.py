@@ -8,7 +8,7 @@ from hpnlab.fabric.experiments import runner as experiment
 from hpnlab.fabric.scenario import graph as fgraph
 from hpnlab.fabric.scenario import spec
 from hpnlab.fabric.workload import jobspec, report
-from hpnlab.fabric.workload.placement import Job
+from hpnlab.fabric.workload.jobs import Job
 
 MIX = "all_reduce:ranks=4,size=4M;incast:ranks=5,msg=16K,iters=20,gap=20ms"
 

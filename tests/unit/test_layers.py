@@ -56,3 +56,15 @@ def test_the_routing_and_scenario_layers_import_no_engine(pkg):
         if package(a) == pkg:
             below[package(b)].add(b)
     assert set(below) <= {p for p, n in LAYERS.items() if n <= LAYERS[pkg]} | {"hpnlab.fabric.base"}
+
+
+def test_a_rank_process_imports_neither_the_fabric_graph_nor_networkx():
+    """Every rank of every collective is a process of its own: what ``ranks`` imports, each pays at
+    its start (networkx and the scenario graph were half of it). The job it runs is plain data."""
+    import subprocess
+    import sys
+    code = ("import sys, hpnlab.fabric.transport.ranks; "
+            "print(sorted(m for m in sys.modules if m == 'networkx' or m.startswith('hpnlab.fabric.scenario.')"
+            " and m != 'hpnlab.fabric.scenario.addressing'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -18,7 +18,8 @@ from hpnlab.fabric.experiments.runner import Plan, sweep
 from hpnlab.fabric.transport import ranks
 from hpnlab.fabric.workload import collectives as col
 from hpnlab.fabric.workload import report
-from hpnlab.fabric.workload.placement import Job, place
+from hpnlab.fabric.workload.jobs import Job
+from hpnlab.fabric.workload.placement import place
 
 ROOT = REPO
 HPNLAB = [sys.executable, "-m", "hpnlab.cli"]
@@ -245,7 +246,7 @@ def test_the_progress_line_carries_nccl_tests_busbw_of_the_size_just_done():
     """The bar (and the browser view, through the same callback) shows busbw so far: rank 0's median
     out-of-place time, times nccl-tests' factor; nothing when no time was measured."""
     from hpnlab.fabric.transport import ranks
-    from hpnlab.fabric.workload.placement import Job
+    from hpnlab.fabric.workload.jobs import Job
     job = Job("all_reduce", addrs=[["10.0.0.1"], ["10.0.0.2"], ["10.0.0.3"], ["10.0.0.4"]], sizes=[1 << 20])
     # 1 MiB in 10 ms: algbw 0.839 Gbit/s; all-reduce on 4 ranks: x 2*3/4 = 1.26 Gbit/s
     assert ranks._busbw_so_far(job, 1 << 20, 0.01) == ", busbw 1.26 Gbit/s (rank 0)"
