@@ -172,7 +172,9 @@ def test_a_whole_plane_that_stops_delivering_is_avoided():
     assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
     tx = _flow(tx_stats, "tx", 0, 1)
     dead = _events(tx, "dead")
-    assert sorted(idx for _, idx in dead) == [2, 3]
+    # both of the plane's paths, each maybe twice: on a loaded machine a starved receiver can get a
+    # live path found dead before the plane fails; its probe brings it back, and it dies with the plane
+    assert {idx for _, idx in dead} == {2, 3}
     t_plane = _mono_us(t0, max(t for t, _ in dead))
     assert not any(typ == DATA and _after(ts, t_plane) for _s, typ, _p, _psn, ts, _d in fwd[1].log)
     assert tx["timeouts"] == 0 and tx["failover_retx"] > 0
@@ -195,7 +197,7 @@ def test_a_plane_that_stops_delivering_is_found_dead_even_when_timeouts_fire_fas
     (sent, tx_stats), (got, rx_stats) = out[0], out[1]
     assert got == sent and exactly_once(_merged(tx_stats, rx_stats)) is True
     tx = _flow(tx_stats, "tx", 0, 1)
-    assert sorted(idx for _, idx in _events(tx, "dead")) == [2, 3]
+    assert {idx for _, idx in _events(tx, "dead")} == {2, 3}     # each maybe twice on a loaded machine (above)
     assert tx["timeouts"] > 0                  # the timer did fire before the plane was found dead
 
 

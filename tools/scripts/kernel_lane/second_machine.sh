@@ -21,8 +21,7 @@
 # Environment: HPNLAB_SECOND_MACHINE_TIMEOUT (s the guest serves at most, default 900),
 # HPNLAB_KERNEL_LANE_BOOT_TIMEOUT (s until sshd is up, default 240), HPNLAB_KERNEL_LANE=skip,
 # HPNLAB_SECOND_MACHINE_PROFILE=1 (before the tests, time what every guest-side step is made
-# of: a new ssh connection, a command on it, a rank's Python start), HPNLAB_SECOND_MACHINE_AFTER=FILE
-# (run the remote tests only once FILE exists: make test's emulation stage runs beside the lane).
+# of: a new ssh connection, a command on it, a rank's Python start).
 # With --kernel-tests also HPNLAB_KERNEL_LANE_TIMEOUT and HPNLAB_KERNEL_LANE_TEST_TIMEOUT (as run.sh).
 # Exit: 0 passed or skipped with one line "second machine: SKIPPED: <why>"; 1 failed.
 set -uo pipefail
@@ -180,16 +179,6 @@ fi
 grep "hpnlab-lane:" "$CONSOLE" | sed 's/^/  /'
 echo "$GUEST_IP $(cut -d' ' -f1,2 "$OUT/ssh/host_key.pub")" > "$RUN/known_hosts"
 say "up in $(( $(date +%s) - t0 )) s"
-if [ -n "${HPNLAB_SECOND_MACHINE_AFTER:-}" ] && [ $SERVE = 0 ]; then
-    # make test: the emulation stage runs on this machine beside the lane's own tests; the remote
-    # tests build emulations too, so they start once it is over (it touches this file)
-    say "waiting for the emulation stage to end ($HPNLAB_SECOND_MACHINE_AFTER)"
-    while [ ! -e "$HPNLAB_SECOND_MACHINE_AFTER" ]; do
-        kill -0 "$QPID" 2>/dev/null || { say "FAILED: the guest ended while waiting"; exit 1; }
-        sleep 2
-    done
-    say "the emulation stage is over; the remote tests start"
-fi
 
 export HPNLAB_SECOND_MACHINE="$GUEST_IP" HPNLAB_SSH_IDENTITY="$RUN/ssh-id" HPNLAB_SSH_KNOWN_HOSTS="$RUN/known_hosts" \
        HPNLAB_REMOTE_PYTHON=/opt/hpnlab-venv/bin/python HPNLAB_SECOND_MACHINE_CONTROLLER_IP="$HOST_IP"
