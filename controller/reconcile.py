@@ -459,6 +459,9 @@ class TableIndex:
         self.by_meta: dict[int, dict[int, dict[int, dict[FlowKey, Actions]]]] = {}  # table -> mask -> value -> entries
         self._met: dict[tuple[int, int], frozenset[Actions]] = {}     # (table, metadata) -> met(): kept when patched
         self._starts: dict[tuple[int, int], list[int]] = {}           # (priority, mask) -> its nets sorted: starts()
+        #: (table, metadata, depth) of a goto -> what walking it found (_Forwarding.goto), kept when patched
+        #: unless an entry it read or a group on its way changed
+        self.gotos: dict[tuple[int, int, int], _Goto] = {}
         if build:
             for key, value in table.items():
                 if key.__class__ is GroupKey:
@@ -548,11 +551,14 @@ class TableIndex:
         out.groups = self.groups
         copied: set = set()
         metas: dict[int, dict] = {}
+        touched: list[tuple[int, int, int]] = []     # (table, metadata, mask) of each changed entry of another table
+        changed_groups: set[int] = set()
         for key in keys:
             old, new = self.table.get(key), table.get(key)
             if old == new:
                 continue
             if key.__class__ is GroupKey:
+                changed_groups.add(key.group_id)
                 if out.groups is self.groups:
                     out.groups = dict(self.groups)
                 if new is None:
@@ -565,29 +571,58 @@ class TableIndex:
                     copied.add((key[1], prefix[1]))
                     out.by_prio[key[1], prefix[1]] = dict(self.by_prio.get((key[1], prefix[1]), {}))
                 self._set_route(out.by_prio, key, new)
-            elif key[0] in self.by_meta:
-                index = metas.get(key[0])
-                if index is None:    # copied down to the entries (the index of the table before stays as it was)
-                    index = metas[key[0]] = {m: {v: dict(c) for v, c in vs.items()}
-                                             for m, vs in self.by_meta[key[0]].items()}
-                self._count(index, key, new)
+            else:
+                meta, mask = _metadata_match(key[2])
+                touched.append((key[0], meta & mask, mask))
+                if key[0] in self.by_meta:
+                    index = metas.get(key[0])
+                    if index is None:    # copied down to the entries (the index of the table before stays as it was)
+                        index = metas[key[0]] = {m: {v: dict(c) for v, c in vs.items()}
+                                                 for m, vs in self.by_meta[key[0]].items()}
+                    self._count(index, key, new)
         out.by_meta = {t: idx for t, idx in self.by_meta.items() if t not in metas} | metas
-        out._met = {tm: acts for tm, acts in self._met.items() if tm[0] in self.by_meta and tm[0] not in metas}
+
+        def unchanged(table_id: int, meta: int) -> bool:
+            """No changed entry of that table matches that metadata: what met() finds there is as before."""
+            return not any(t == table_id and meta & mask == value for t, value, mask in touched)
+        # what met() found stays known where no changed entry matches its metadata (a link failure adds
+        # the entries of a new metadata value: the others' stay), and so do the walks of gotos that read
+        # only such entries and passed no changed group
+        out._met = {tm: acts for tm, acts in self._met.items() if tm[0] in self.by_meta and unchanged(*tm)}
+        out.gotos = {k: hit for k, hit in self.gotos.items()
+                     if not hit.groups & changed_groups and all(unchanged(*tm) for tm in hit.reads)}
         out._starts = {level: nets for level, nets in self._starts.items() if level not in copied}
         out.routes = out._sorted()
         return out
+
+
+class _Goto(NamedTuple):
+    """What walking the entries a goto meets found: under which dead ports of the switch, the
+    (table, metadata) pairs whose entries it read, the ports and the groups on its way."""
+    dead: frozenset[int] | None
+    reads: frozenset[tuple[int, int]]
+    ports: frozenset[int]
+    groups: frozenset[int]
 
 
 class _Forwarding:
     """Where one switch sends each destination address, under one liveness: longest-prefix lookups
     in table 1, then the ports an action list resolves to (outputs, the entries of the table it goes
     to under the metadata it writes, group buckets; of a fast-failover group the first live bucket
-    only)."""
+    only).
 
-    def __init__(self, index: TableIndex, live: Callable[[int], bool]):
+    ``dead``: the switch's dead ports (what ``live`` says no to), when known: the walks of gotos
+    (a leaf's route fans out over its entropy entries, one per uplink at hpn-130k) are then kept in
+    the table's index and reused by the next plan while the entries they read, the groups on their
+    way and the dead ports are the same (most switches a link failure changes see none of that
+    change)."""
+
+    def __init__(self, index: TableIndex, live: Callable[[int], bool], dead: frozenset[int] | None = None):
         self.index = index
         self.live = live
+        self.dead = dead
         self._resolved: dict[Actions, tuple[frozenset[int], frozenset[int]]] = {}
+        self._gotos: dict[tuple[int, int, int], _Goto] = {}     # without ``dead``: this instance's only
 
     def run(self, address: int) -> tuple[FlowKey | None, Actions, int]:
         """The route ``address`` meets (longest prefix first: (key, actions), or (None, ()) for none),
@@ -619,7 +654,23 @@ class _Forwarding:
             out = self._resolved[actions] = (frozenset(ports), frozenset(groups))
         return out
 
-    def _walk(self, actions: Actions, meta: int, ports: set, groups: set, depth: int) -> None:
+    def goto(self, table_id: int, meta: int, depth: int) -> _Goto:
+        """Walk the entries of ``table_id`` a packet with ``meta`` meets (known ones reused)."""
+        key = (table_id, meta, depth)
+        known = self.index.gotos if self.dead is not None else self._gotos
+        hit = known.get(key)
+        if hit is not None and hit.dead == self.dead:
+            return hit
+        ports: set[int] = set()
+        groups: set[int] = set()
+        reads: set[tuple[int, int]] = {(table_id, meta)}
+        for entry in self.index.met(table_id, meta):
+            self._walk(entry, meta, ports, groups, depth, reads)
+        hit = known[key] = _Goto(self.dead, frozenset(reads), frozenset(ports), frozenset(groups))
+        return hit
+
+    def _walk(self, actions: Actions, meta: int, ports: set, groups: set, depth: int,
+              reads: set | None = None) -> None:
         if depth > _MAX_DEPTH:
             return
         for act in actions:
@@ -640,12 +691,17 @@ class _Forwarding:
                     if depth < _MAX_DEPTH and len(bucket_actions) == 1 and bucket_actions[0][0] == "output":
                         ports.add(bucket_actions[0][1])      # the usual bucket: one output
                     else:
-                        self._walk(bucket_actions, meta, ports, groups, depth + 1)
+                        self._walk(bucket_actions, meta, ports, groups, depth + 1, reads)
                     if ff:
                         break          # of a fast-failover group only the first live bucket
             elif kind == "goto":
-                for entry in self.index.met(act[1], meta):
-                    self._walk(entry, meta, ports, groups, depth + 1)
+                if depth + 1 > _MAX_DEPTH:
+                    continue
+                hit = self.goto(act[1], meta, depth + 1)
+                ports |= hit.ports
+                groups |= hit.groups
+                if reads is not None:
+                    reads |= hit.reads
 
     def prefixes_via(self, group_ids: set[int]) -> list[tuple[int, int]]:
         """The prefixes of the routes whose actions lead through any of ``group_ids``."""
@@ -693,26 +749,24 @@ def _covered(addresses: list[int], prefixes: Iterable[tuple[int, int]]) -> list[
     return out
 
 
-def live_ports(ix: compiler.FabricIndex, failures: compiler.Failures | None) -> Callable[[str], Callable[[int], bool]]:
-    """switch -> (port -> is it live?): a port is live unless its link or the switch across it failed."""
-    failures = failures or compiler.Failures()
+def _live(dead: frozenset[int], port: int) -> bool:
+    return port not in dead
 
-    def of_switch(sw: str) -> Callable[[int], bool]:
-        known: dict[int, bool] = {}      # a switch has few ports and a plan asks about them often
 
-        def live(port: int) -> bool:
-            found = known.get(port)
-            if found is None:
-                lid = ix.link_at(sw, port)
-                if lid is None:
-                    found = True
-                else:
-                    peer = lid[1] if lid[0] == sw else lid[0]
-                    found = lid not in failures.links and peer not in failures.switches
-                known[port] = found
-            return found
-        return live
-    return of_switch
+def dead_ports(ix: compiler.FabricIndex, failures: compiler.Failures | None) -> dict[str, frozenset[int]]:
+    """switch -> its dead ports, for the switches that have any: a port is dead when its link or the
+    switch across it failed."""
+    out: dict[str, set[int]] = {}
+    if failures:
+        ends = [(sw, lid) for lid in failures.links for sw in lid[:2]]
+        for failed in failures.switches:
+            node = ix.sw.get(failed)
+            ends += [(peer, lid) for _p, peer, lid in (node.up + node.down + node.lateral)] if node else []
+        for sw, lid in ends:
+            port = ix.port_of(sw, lid)
+            if port is not None:
+                out.setdefault(sw, set()).add(port)
+    return {sw: frozenset(ports) for sw, ports in out.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -759,7 +813,7 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
     deps: dict[Item, set[Item]] = {}      # item -> the items to be confirmed first (only items that wait)
     soft: dict[Item, list[Item]] = {}      # to go first, in the same step if the batch order allows
     runs: dict[str, list[_Run]] = {}       # switch -> the runs of addresses whose forwarding it changes
-    live = live_ports(ix, failures)
+    dead = dead_ports(ix, failures)
     addresses = _plane_addresses(ix)
     fresh: set[str] = set()          # switches that route nothing yet and will
     for sw, its in by_switch.items():
@@ -788,8 +842,10 @@ def plan(ix: compiler.FabricIndex, confirmed: Mapping[str, SwitchTable], desired
                 if it.actions is None and it.key[0] == compiler.TABLE_ENTROPY:
                     deps.setdefault(it, set()).update(routes_and_other)
         if pair is not None:
-            live_here = live(sw)     # one memo of the switch's ports for both tables
-            found = _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here), _Forwarding(pair[1], live_here),
+            dead_here = dead.get(sw, frozenset())
+            live_here = functools.partial(_live, dead_here)
+            found = _forwarding_changes(ix, sw, _Forwarding(pair[0], live_here, dead_here),
+                                        _Forwarding(pair[1], live_here, dead_here),
                                         route_items, group_items, addresses.get(ix.sw[sw].plane, []))
             if found:
                 runs[sw] = found
@@ -966,17 +1022,30 @@ def _change(ix: compiler.FabricIndex, sw: str, old: _Forwarding, new: _Forwardin
     return its, peers, bool(old_ports and not new_ports), gone
 
 
+_PEERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_PEERS_KEPT = 1 << 16          # port sets of switches kept per fabric index (a plan's use a few per switch)
+
+
 def _peers(ix: compiler.FabricIndex, sw: str, ports: frozenset[int],
            cache: dict[frozenset[int], frozenset[str]]) -> frozenset[str]:
-    """The switches across ``ports`` of ``sw`` (cached per port set)."""
+    """The switches across ``ports`` of ``sw`` (cached per port set, and per fabric index across plans:
+    at hpn-130k a leaf's route fans out over 128 uplinks, and most switches a plan looks at forward
+    over the same sets as at the plan before)."""
     peers = cache.get(ports)
     if peers is None:
-        found = set()
-        for port in ports:
-            lid = ix.link_at(sw, port)
-            if lid is not None:
-                found.add(lid[1] if lid[0] == sw else lid[0])
-        peers = cache[ports] = frozenset(found)
+        kept = _PEERS.get(ix)
+        if kept is None or len(kept) > _PEERS_KEPT:
+            kept = _PEERS[ix] = {}
+        peers = kept.get((sw, ports))
+        if peers is None:
+            link_at = ix.port_link.get
+            found = set()
+            for port in ports:
+                lid = link_at((sw, port))
+                if lid is not None:
+                    found.add(lid[1] if lid[0] == sw else lid[0])
+            peers = kept[sw, ports] = frozenset(found)
+        cache[ports] = peers
     return peers
 
 
@@ -1065,6 +1134,7 @@ class Reconciler:
         self._converging_since: float | None = None
         self.rebuild_above = 0.5     # a changed switch's table is patched unless more than this share changed
         self.ix = compiler.index_of(g)
+        _ = self.ix.port_link   # (switch, port) -> link, built now: not at the first failure (1.7 s at hpn-130k)
         self.down_ports: set[tuple[str, int]] = set()
         self.failed_switches: set[str] = set()      # connected once, then disconnected
         self.failures = compiler.Failures()

@@ -449,6 +449,16 @@ class FabricIndex:
             pr = self._protection[sw.name] = _protect(self, sw, healthy[sw.name], tree)
         return pr
 
+    def port_of(self, switch: str, lid: tuple) -> int | None:
+        """The port of ``switch`` on link ``lid`` (None: not one of its links)."""
+        node = self.sw.get(switch)
+        if node is None:
+            return None
+        for port, _n, link in node.up + node.down + node.lateral:
+            if link == lid:
+                return port
+        return next((h.port for h in node.hosts if h.link == lid), None)
+
     def link_at(self, switch: str, port: int) -> tuple | None:
         return self.port_link.get((switch, port))
 

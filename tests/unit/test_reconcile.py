@@ -639,7 +639,7 @@ def test_a_desired_table_patched_from_the_previous_one_is_the_compiled_table(nam
 
 def test_a_patched_index_meets_the_entries_its_table_holds_not_those_it_remembered(mini_hpn):
     """What a metadata meets in table 2 is kept per index, and a patched index keeps it only
-    for tables whose entries did not change."""
+    for the metadata values that no changed entry matches."""
     before = reconcile.switch_table(compiler.compile_fabric(mini_hpn)["p0l0"])
     old = reconcile.TableIndex(before)
     metas = {meta for values in old.meta_index(compiler.TABLE_ENTROPY).values() for meta in values}
@@ -653,6 +653,69 @@ def test_a_patched_index_meets_the_entries_its_table_holds_not_those_it_remember
     assert all(patched.met(compiler.TABLE_ENTROPY, m) == scratch.met(compiler.TABLE_ENTROPY, m) for m in metas)
     unchanged = old.patched(dict(before), [key])
     assert all(unchanged.met(compiler.TABLE_ENTROPY, m) == remembered[m] for m in metas)
+
+
+def entropy_metas(index: reconcile.TableIndex) -> set[int]:
+    return {meta for values in index.meta_index(compiler.TABLE_ENTROPY).values() for meta in values}
+
+
+def walk(index: reconcile.TableIndex, meta: int, dead: frozenset = frozenset()) -> tuple:
+    """The ports and groups the entries a metadata meets in table 2 lead to, under ``dead`` ports."""
+    hit = reconcile._Forwarding(index, lambda port: port not in dead, dead).goto(compiler.TABLE_ENTROPY, meta, 1)
+    return hit.ports, hit.groups
+
+
+@pytest.mark.parametrize("policy", compiler.ROUTING_POLICIES)
+@pytest.mark.parametrize("name", ["mini-hpn", "fat-tree-4", "mini-cross-campus"])
+def test_every_walk_a_patched_index_kept_is_the_walk_of_its_own_table(name, policy):
+    """The walk of a goto (the entries a metadata meets in table 2, the groups on their way) is kept in
+    the index, and by a patched index unless a changed entry or group could alter it: every walk of a
+    patched index, kept or walked anew, is that of an index built from its table."""
+    g = graph.build(spec.load(name))
+    switches = set(graph.switches(g))
+    link = next((u, v, k) for u, v, k in g.edges(keys=True) if u in switches and v in switches)
+    healthy = compiler.compile_fabric(g, None, policy)
+    after = compiler.compile_fabric(g, compiler.Failures.of([link]), policy)
+    kept = 0
+    for sw, new in after.items():
+        before = reconcile.switch_table(healthy[sw])
+        table, keys = reconcile.patched_table(healthy[sw], new, before, rebuild_above=float("inf"))
+        assert keys is not None
+        old = reconcile.TableIndex(before)
+        for meta in entropy_metas(old):
+            walk(old, meta)
+        patched, scratch = old.patched(table, keys), reconcile.TableIndex(table)
+        kept += len(patched.gotos)
+        for meta in entropy_metas(old) | entropy_metas(scratch):
+            assert walk(patched, meta) == walk(scratch, meta)
+    assert kept > 0
+
+
+def test_a_kept_walk_follows_a_changed_entry_and_a_changed_group(mini_hpn):
+    before = reconcile.switch_table(compiler.compile_fabric(mini_hpn)["p0l0"])
+    old = reconcile.TableIndex(before)
+    metas = entropy_metas(old)
+    walked = {meta: walk(old, meta) for meta in metas}
+    entry = next(k for k in before if not reconcile.is_group(k) and k[0] == compiler.TABLE_ENTROPY)
+    gid = next(g for meta in metas for g in walked[meta][1])
+    group = before[reconcile.GroupKey(gid)]
+    for key, value in ((entry, (("output", 4242),)),
+                       (reconcile.GroupKey(gid), group._replace(buckets=((None, (("output", 4343),)),), kind="all"))):
+        table = dict(before)
+        table[key] = value
+        patched = old.patched(table, [key])
+        assert any(walk(patched, meta) != walked[meta] for meta in metas)
+        assert all(walk(patched, meta) == walk(reconcile.TableIndex(table), meta) for meta in metas)
+
+
+def test_a_kept_walk_is_walked_again_under_other_dead_ports(mini_hpn):
+    table = reconcile.switch_table(compiler.compile_fabric(mini_hpn)["p0l0"])
+    index = reconcile.TableIndex(table)
+    meta = next(m for m in entropy_metas(index) if len(walk(index, m)[0]) > 1)
+    ports = walk(index, meta)[0]
+    port = min(ports)
+    assert walk(index, meta, frozenset([port])) == walk(reconcile.TableIndex(table), meta, frozenset([port]))
+    assert walk(index, meta) == (ports, walk(reconcile.TableIndex(table), meta)[1])
 
 
 def route_met(index: reconcile.TableIndex, address: int) -> tuple:
