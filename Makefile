@@ -60,8 +60,8 @@ ovs:
 demo: install
 	$(HPNLAB) demo $(DEMO_SCENARIO)
 
-# Three stages: unit (pure), emulation, the full-kernel lane; the lane and the unit stage run
-# beside the emulation stage on the CPU it leaves idle (see tools/scripts/test_stages.sh).
+# Three stages: unit (pure), emulation, the full-kernel lane; the unit stage runs beside the
+# emulation stage on the CPU it leaves idle, the lane after it (see tools/scripts/test_stages.sh).
 UNIT_ARGS  := tests/unit -q -n $(PURE_JOBS) --durations=15
 EMU_ARGS   := tests/emulation -q --durations=25
 

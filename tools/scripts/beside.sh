@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # beside.sh PARENT_PID COMMAND...: run COMMAND with only the CPU time others leave idle, for as
-# long as PARENT_PID lives (make test runs the unit stage and the full-kernel lane this way beside
-# the emulation stage).
+# long as PARENT_PID lives (make test runs the unit stage this way beside the emulation stage).
 #
 # nice alone is not enough where the kernel groups tasks by session (CONFIG_SCHED_AUTOGROUP,
 # on in Debian's and Ubuntu's kernels): the scheduler first shares the CPU between sessions, and

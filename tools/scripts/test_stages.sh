@@ -27,14 +27,9 @@ stage() {   # stage NAME COMMAND...: run it, append "NAME rc=RC SECONDSs" to $ST
     echo "$name rc=$rc $(( $(date +%s) - t0 ))s" >> "$STAGES"
 }
 
-if [ "${1:-}" = --beside ]; then     # in beside.sh's session
-    # shellcheck disable=SC2086
-    stage unit $PYTEST $UNIT_ARGS > "$UNIT_LOG" 2>&1
-    exit 0
-fi
-
 rm -f "$STAGES" "$UNIT_LOG"
-tools/scripts/beside.sh $$ "$0" --beside &
+# shellcheck disable=SC2086
+stage unit tools/scripts/beside.sh $$ $PYTEST $UNIT_ARGS > "$UNIT_LOG" 2>&1 &
 beside=$!
 echo "== the unit stage runs beside the emulation stage on the CPU it leaves idle; its output follows the lane's"
 # shellcheck disable=SC2086
