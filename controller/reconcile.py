@@ -1038,10 +1038,9 @@ def _peers(ix: compiler.FabricIndex, sw: str, ports: frozenset[int],
             kept = _PEERS[ix] = {}
         peers = kept.get((sw, ports))
         if peers is None:
-            link_at = ix.port_link.get
             found = set()
             for port in ports:
-                lid = link_at((sw, port))
+                lid = ix.link_at(sw, port)
                 if lid is not None:
                     found.add(lid[1] if lid[0] == sw else lid[0])
             peers = kept[sw, ports] = frozenset(found)
